@@ -1,0 +1,325 @@
+"""The grouped-convolution backward-weight problem: one frozen dataclass.
+
+dW[g, k, f..., c] = sum over n, o... of x[n, g, c, o*stride + f*dilation - pad_low] * dy[n, g, k, o]
+
+Everything else in convbw-mlir (the dialect op, the lowering, the reference, the CLIs) is derived from
+a :class:`ConvBwdWeightProblem`. Parsing and printing of ckProfiler and MIOpenDriver argument lines live
+in :mod:`convbw_mlir.formats`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+__all__ = [
+    "DTYPES",
+    "LAYOUTS",
+    "ConvBwdWeightProblem",
+    "Layout",
+    "resolve_layout",
+]
+
+#: Element types of x / dy / dw, with their size in bytes. Accumulation is always f32.
+DTYPES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4}
+
+_SPATIAL_IN = "DHW"  # input/output spatial letters, outermost first
+_SPATIAL_FILTER = "ZYX"  # filter spatial letters
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A layout family: the dimension order of x, dW and dy, spelled for 2-D.
+
+    The 1-D and 3-D members of a family drop or add spatial letters (``NHWGC`` -> ``NWGC`` /
+    ``NDHWGC``). ``ck_code`` is the ckProfiler layout argument, ``None`` for the PyTorch forms.
+    """
+
+    x: str
+    w: str
+    y: str
+    ck_code: int | None
+    grouped: bool  # False: no G dimension, so the problem must have G=1
+
+    @property
+    def name(self) -> str:
+        return f"{self.x}/{self.w}/{self.y}"
+
+    def spelled(self, rank: int) -> str:
+        """The family's name spelled for ``rank`` spatial dimensions (``NDHWGC/GKZYXC/NDHWGK``)."""
+        return "/".join(_spell(s, rank) for s in (self.x, self.w, self.y))
+
+    def dims(self, tensor: str, rank: int) -> tuple[str, ...]:
+        """Dimension letters of ``tensor`` ("x", "w" or "y") for ``rank`` spatial dimensions."""
+        return tuple(_spell(getattr(self, tensor), rank))
+
+
+def _spell(two_d: str, rank: int) -> str:
+    return two_d.replace("HW", _SPATIAL_IN[-rank:]).replace("YX", _SPATIAL_FILTER[-rank:])
+
+
+LAYOUTS: dict[str, Layout] = {
+    layout.name: layout
+    for layout in (
+        # ckProfiler's grouped_conv_bwd_weight layout codes 0..4
+        # (CK profiler/src/profile_grouped_conv_bwd_weight.cpp, "arg3: tensor layout").
+        Layout("GNCHW", "GKCYX", "GNKHW", 0, True),
+        Layout("GNHWC", "GKYXC", "GNHWK", 1, True),
+        Layout("NHWGC", "GKYXC", "NHWGK", 2, True),
+        Layout("NGCHW", "GKYXC", "NGKHW", 3, True),
+        Layout("NGCHW", "GKCYX", "NGKHW", 4, True),
+        # PyTorch's contiguous and channels-last memory formats, G=1 only.
+        Layout("NCHW", "KCYX", "NKHW", None, False),
+        Layout("NHWC", "KYXC", "NHWK", None, False),
+    )
+}
+DEFAULT_LAYOUT = "NHWGC/GKYXC/NHWGK"
+_LAYOUT_ALIASES = {"torch": "NCHW/KCYX/NKHW", "channels_last": "NHWC/KYXC/NHWK", "default": DEFAULT_LAYOUT}
+
+
+def resolve_layout(spec: str | int, rank: int | None = None) -> Layout:
+    """Find a layout family by name (any rank's spelling), alias or ckProfiler code.
+
+    Raises:
+        ValueError: unknown layout, naming it and listing the known ones.
+    """
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        for layout in LAYOUTS.values():
+            if layout.ck_code == spec:
+                return layout
+    elif isinstance(spec, str):
+        key = _LAYOUT_ALIASES.get(spec.lower(), spec.upper())
+        for layout in LAYOUTS.values():
+            ranks = (rank,) if rank else (1, 2, 3)
+            if key == layout.name or any(key == layout.spelled(r) for r in ranks):
+                return layout
+    known = ", ".join(f"{n} (ck {lay.ck_code})" if lay.ck_code is not None else n for n, lay in LAYOUTS.items())
+    raise ValueError(f"layout: unknown layout {spec!r}; known: {known}, aliases {', '.join(_LAYOUT_ALIASES)}")
+
+
+def _as_tuple(name: str, value: Any, rank: int) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * rank
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int or a sequence of {rank} ints, got {value!r}") from None
+    if len(items) != rank:
+        raise ValueError(f"{name}: expected {rank} values (one per spatial dimension), got {value!r}")
+    for v in items:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{name}: expected ints, got {value!r}")
+    return items
+
+
+@dataclass(frozen=True)
+class ConvBwdWeightProblem:
+    """One grouped N-d convolution weight-gradient problem.
+
+    Channel counts are per group (as ckProfiler's K and C). Spatial tuples run outermost first
+    (D, H, W); a plain int is broadcast to every spatial dimension.
+
+    Args:
+        groups: G, the number of groups.
+        batch: N.
+        in_channels: C per group.
+        out_channels: K per group.
+        input_size: spatial sizes of x (1 to 3 values).
+        filter_size: spatial sizes of the filter.
+        stride, dilation, pad_low, pad_high: per spatial dimension.
+        dtype: element type of x and dy ("f16", "bf16", "f32").
+        dw_dtype: element type of dW; defaults to ``dtype`` (ckProfiler's type 2 is bf16 in, f32 dW).
+        layout: layout family name, alias or ckProfiler code; see :data:`LAYOUTS`.
+
+    Raises:
+        ValueError / TypeError: naming the field and value, for any impossible problem.
+    """
+
+    groups: int
+    batch: int
+    in_channels: int
+    out_channels: int
+    input_size: tuple[int, ...]
+    filter_size: tuple[int, ...]
+    stride: tuple[int, ...] = 1  # type: ignore[assignment]
+    dilation: tuple[int, ...] = 1  # type: ignore[assignment]
+    pad_low: tuple[int, ...] = 0  # type: ignore[assignment]
+    pad_high: tuple[int, ...] = 0  # type: ignore[assignment]
+    dtype: str = "f16"
+    dw_dtype: str = None  # type: ignore[assignment]
+    layout: str = DEFAULT_LAYOUT
+    _layout: Layout = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise fields once, here
+        for name in ("groups", "batch", "in_channels", "out_channels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name}: expected an int, got {value!r}")
+            if value <= 0:
+                raise ValueError(f"{name}: must be positive, got {value}")
+        input_size = self.input_size
+        if isinstance(input_size, int) and not isinstance(input_size, bool):
+            input_size = (input_size,)
+        rank = len(input_size) if isinstance(input_size, (tuple, list)) else 0
+        if rank not in (1, 2, 3):
+            raise ValueError(f"input_size: expected 1 to 3 spatial sizes, got {self.input_size!r}")
+        for name in ("input_size", "filter_size", "stride", "dilation", "pad_low", "pad_high"):
+            set_(self, name, _as_tuple(name, input_size if name == "input_size" else getattr(self, name), rank))
+        for name in ("input_size", "filter_size", "stride", "dilation"):
+            for v in getattr(self, name):
+                if v <= 0:
+                    raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        for name in ("pad_low", "pad_high"):
+            if any(v < 0 for v in getattr(self, name)):
+                raise ValueError(f"{name}: pads must be non-negative, got {getattr(self, name)}")
+        for name in ("dtype", "dw_dtype"):
+            value = getattr(self, name)
+            if name == "dw_dtype" and value is None:
+                set_(self, name, self.dtype)
+            elif value not in DTYPES:
+                raise ValueError(f"{name}: unknown element type {value!r}; known: {', '.join(DTYPES)}")
+        layout = resolve_layout(self.layout, rank)
+        if not layout.grouped and self.groups != 1:
+            raise ValueError(f"layout: {layout.name} has no group dimension and needs groups=1, got groups={self.groups}")
+        set_(self, "layout", layout.name)
+        set_(self, "_layout", layout)
+        for i in range(rank):
+            span = self.dilation[i] * (self.filter_size[i] - 1) + 1
+            padded = self.input_size[i] + self.pad_low[i] + self.pad_high[i]
+            if span > padded:
+                raise ValueError(
+                    f"filter_size: filter_size[{i}]={self.filter_size[i]} with dilation {self.dilation[i]} spans {span}, "
+                    f"larger than the padded input {padded} (input_size[{i}]={self.input_size[i]}); the output would be empty"
+                )
+
+    # -- derived sizes ---------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """Number of spatial dimensions (1, 2 or 3)."""
+        return len(self.input_size)
+
+    @property
+    def output_size(self) -> tuple[int, ...]:
+        return tuple(
+            (i + pl + ph - d * (f - 1) - 1) // s + 1
+            for i, f, s, d, pl, ph in zip(
+                self.input_size, self.filter_size, self.stride, self.dilation, self.pad_low, self.pad_high
+            )
+        )
+
+    @property
+    def layout_family(self) -> Layout:
+        return self._layout
+
+    def dims(self, tensor: str) -> tuple[str, ...]:
+        """Dimension letters of "x", "dy" or "dw" in this problem's layout (e.g. ``N H W G C``)."""
+        return self._layout.dims({"x": "x", "dy": "y", "dw": "w"}[tensor], self.rank)
+
+    def _size(self, tensor: str, letter: str) -> int:
+        if letter in "NGCK":
+            return {"N": self.batch, "G": self.groups, "C": self.in_channels, "K": self.out_channels}[letter]
+        if letter in _SPATIAL_FILTER:
+            return self.filter_size[_SPATIAL_FILTER[-self.rank :].index(letter)]
+        spatial = self.input_size if tensor == "x" else self.output_size
+        return spatial[_SPATIAL_IN[-self.rank :].index(letter)]
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        """Shape of "x", "dy" or "dw" in this problem's layout."""
+        return tuple(self._size(tensor, d) for d in self.dims(tensor))
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        return self.shape("x")
+
+    @property
+    def dy_shape(self) -> tuple[int, ...]:
+        return self.shape("dy")
+
+    @property
+    def dw_shape(self) -> tuple[int, ...]:
+        return self.shape("dw")
+
+    @property
+    def gemm(self) -> tuple[int, int, int, int]:
+        """The implicit-GEMM view ``(G, M, N, K)``: M = K, N = C * prod(filter), K = N * prod(output)."""
+        return (
+            self.groups,
+            self.out_channels,
+            self.in_channels * math.prod(self.filter_size),
+            self.batch * math.prod(self.output_size),
+        )
+
+    @property
+    def flops(self) -> int:
+        g, m, n, k = self.gemm
+        return 2 * g * m * n * k
+
+    @property
+    def min_bytes(self) -> int:
+        """Bytes that must move at least: read x and dy once, write dW once."""
+        x = math.prod(self.x_shape) * DTYPES[self.dtype]
+        dy = math.prod(self.dy_shape) * DTYPES[self.dtype]
+        return x + dy + math.prod(self.dw_shape) * DTYPES[self.dw_dtype]
+
+    @property
+    def is_depthwise(self) -> bool:
+        return self.groups > 1 and self.in_channels == 1 and self.out_channels == 1
+
+    @property
+    def name(self) -> str:
+        """A short identifier, usable as a file name: ``2d_g1_n4_c64_k64_f3x3_i56x56_s1x1_d1x1_p1x1_1x1_f16``."""
+
+        def j(t: tuple[int, ...]) -> str:
+            return "x".join(map(str, t))
+
+        types = self.dtype if self.dw_dtype == self.dtype else f"{self.dtype}-{self.dw_dtype}"
+        code = self._layout.ck_code
+        lay = f"l{code}" if code is not None else self._layout.x.lower()
+        return (
+            f"{self.rank}d_g{self.groups}_n{self.batch}_c{self.in_channels}_k{self.out_channels}"
+            f"_f{j(self.filter_size)}_i{j(self.input_size)}_s{j(self.stride)}_d{j(self.dilation)}"
+            f"_p{j(self.pad_low)}_{j(self.pad_high)}_{types}_{lay}"
+        )
+
+    def with_(self, **changes: Any) -> ConvBwdWeightProblem:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ConvBwdWeightProblem:
+        known = {f.name for f in fields(cls) if f.init}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"problem: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    # Parsing and printing live in formats.py; these are the conveniences people look for here.
+    @classmethod
+    def from_ck(cls, line: str | list[str], **defaults: Any) -> ConvBwdWeightProblem:
+        """Parse a ckProfiler ``grouped_conv_bwd_weight`` line (whole, or the problem part alone)."""
+        from convbw_mlir.formats import parse_ck
+
+        return parse_ck(line, **defaults).problem
+
+    @classmethod
+    def from_miopen(cls, line: str | list[str]) -> ConvBwdWeightProblem:
+        """Parse a MIOpenDriver ``conv``/``convfp16``/``convbfp16`` backward-weight line."""
+        from convbw_mlir.formats import parse_miopen
+
+        return parse_miopen(line)
+
+    def to_ck(self, full: bool = False) -> str:
+        from convbw_mlir.formats import CkCommand
+
+        cmd = CkCommand(self)
+        return cmd.format() if full else cmd.format_problem()
+
+    def to_miopen(self) -> str:
+        from convbw_mlir.formats import format_miopen
+
+        return format_miopen(self)

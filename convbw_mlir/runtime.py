@@ -1,0 +1,145 @@
+"""Running compiled kernels through the IREE runtime (needs no compiler).
+
+One module for ``CompiledOp.run``, the CLI and the benchmarks: open a device of a driver, load a vmfb,
+move arrays to the device, call, time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DeviceError", "Kernel", "check_inputs", "numpy_dtype", "open_device", "time_calls"]
+
+_NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32}
+
+
+class DeviceError(RuntimeError):
+    """The driver has no usable device (e.g. no AMD GPU for hip)."""
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """numpy dtype for an element type name; bf16 is ``ml_dtypes.bfloat16`` (a dependency of iree-base-runtime)."""
+    if name == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(_NUMPY_DTYPES[name])
+
+
+_DEVICES: dict[tuple[str, int], Any] = {}
+
+
+def open_device(driver: str, index: int | None = None) -> Any:
+    """The ``index``-th device of ``driver`` (``local-task``, ``hip``, ``cuda``), opened once and reused.
+
+    Raises:
+        DeviceError: the driver cannot be loaded or has no such device.
+    """
+    import iree.runtime as rt
+
+    index = 0 if index is None else index
+    key = (driver, index)
+    if key in _DEVICES:
+        return _DEVICES[key]
+    hardware = {"hip": "an AMD GPU with the HIP runtime", "cuda": "an NVIDIA GPU with its driver"}.get(driver, "")
+    try:
+        drv = rt.get_driver(driver)
+        infos = drv.query_available_devices()
+    except (RuntimeError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DeviceError(f"device: the {driver} driver is not usable here ({hardware or 'see below'}): {reason}") from None
+    if driver.startswith("local"):
+        device = drv.create_default_device()
+    else:
+        if index >= len(infos):
+            raise DeviceError(
+                f"device: the {driver} driver found {len(infos)} device(s); index {index} does not exist"
+                + (f" (needs {hardware})" if hardware else "")
+            )
+        device = drv.create_device(infos[index]["device_id"])
+    _DEVICES[key] = device
+    return device
+
+
+def check_inputs(problem: Any, x: Any, dy: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Check x and dy against the problem's shapes and element type.
+
+    Raises:
+        TypeError: not arrays, or the wrong dtype.
+        ValueError: the wrong shape.
+    """
+    want = numpy_dtype(problem.dtype)
+    out = []
+    for name, arr, shape in (("x", x, problem.x_shape), ("dy", dy, problem.dy_shape)):
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"{name}: expected a numpy array, got {type(arr).__name__}")
+        if arr.dtype != want:
+            raise TypeError(f"{name}: expected dtype {want} ({problem.dtype}), got {arr.dtype}")
+        if tuple(arr.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {tuple(shape)} ({'/'.join(problem.dims(name))}), got {arr.shape}")
+        out.append(np.ascontiguousarray(arr))
+    return out[0], out[1]
+
+
+@dataclass
+class Kernel:
+    """A vmfb loaded on one device; ``__call__`` takes host or device arrays and returns a device array."""
+
+    vmfb: bytes
+    driver: str
+    device_index: int | None = None
+    function: str = "conv_bwd_weight"
+
+    def __post_init__(self) -> None:
+        import iree.runtime as rt
+
+        self.device = open_device(self.driver, self.device_index)
+        self.config = rt.Config(device=self.device)
+        module = rt.VmModule.copy_buffer(self.config.vm_instance, self.vmfb)
+        self._fn = rt.load_vm_module(module, self.config)[self.function]
+
+    def to_device(self, array: np.ndarray) -> Any:
+        import iree.runtime as rt
+
+        return rt.asdevicearray(self.device, array)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def run(self, *arrays: np.ndarray) -> np.ndarray:
+        """Copy inputs in, run once, copy the result out."""
+        return np.asarray(self(*[self.to_device(a) for a in arrays]).to_host())
+
+
+def time_calls(fn: Any, *args: Any, warmup: int = 2, min_reps: int = 20, min_seconds: float = 0.2) -> list[float]:
+    """Seconds per call of ``fn(*args)`` on device-resident arguments.
+
+    Calls are timed in batches that end by reading the last result back (so queued device work is
+    counted), until ``min_reps`` calls and ``min_seconds`` have passed. Returns one figure per batch.
+    """
+    for _ in range(warmup):
+        _sync(fn(*args))
+    samples: list[float] = []
+    start_all = time.perf_counter()
+    batch = 1
+    while len(samples) < min_reps or time.perf_counter() - start_all < min_seconds:
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            out = fn(*args)
+        _sync(out)
+        dt = (time.perf_counter() - t0) / batch
+        samples.append(dt)
+        if dt < 1e-3:  # short kernels: batch several calls so launch noise averages out
+            batch = min(64, batch * 2)
+        if len(samples) >= 10_000:
+            break
+    return samples
+
+
+def _sync(result: Any) -> None:
+    if hasattr(result, "to_host"):
+        result.to_host()

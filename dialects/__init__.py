@@ -1,0 +1,1 @@
+"""MLIR dialects of convbw-mlir (installed as ``convbw_mlir.dialects``)."""

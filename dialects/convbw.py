@@ -1,0 +1,174 @@
+"""The ``convbw`` dialect: one op, ``convbw.conv_bwd_weight``.
+
+    %dw = "convbw.conv_bwd_weight"(%x, %dy) {strides = array<i64: 1, 1>, dilations = array<i64: 1, 1>,
+            pad_low = array<i64: 1, 1>, pad_high = array<i64: 1, 1>, groups = 2 : i64,
+            layout = "NHWGC/GKYXC/NHWGK"} : (tensor<4x14x14x2x8xf16>, tensor<4x14x14x2x16xf16>)
+            -> tensor<2x16x3x3x8xf16>
+
+x and dy are operands, dW the result; the op's types carry N, C, K, the input and filter sizes and the
+element types, its attributes the rest. IREE's Python bindings register no IRDL, so the op lives as an
+unregistered op in generic form: contexts that hold it allow unregistered dialects, and
+:func:`verify_op` stands in for an ODS verifier, reporting through MLIR diagnostics at the op's location.
+That detail stays inside this module: the rest of the code builds, reads and checks the op through it.
+"""
+
+from __future__ import annotations
+
+from convbw_mlir.ir_imports import func_d, ir
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+__all__ = [
+    "OP_NAME",
+    "build_module",
+    "build_op",
+    "is_conv_bwd_weight",
+    "problem_of",
+    "tensor_type",
+    "verify_op",
+]
+
+OP_NAME = "convbw.conv_bwd_weight"
+FUNC_NAME = "conv_bwd_weight"
+_ARRAY_ATTRS = ("strides", "dilations", "pad_low", "pad_high")
+_FIELDS = {"strides": "stride", "dilations": "dilation", "pad_low": "pad_low", "pad_high": "pad_high"}
+_TYPE_NAMES = {"f16": "f16", "bf16": "bf16", "f32": "f32"}
+
+
+class OpError(ValueError):
+    """The op does not describe a valid problem; the message says why."""
+
+
+def tensor_type(problem: ConvBwdWeightProblem, tensor: str) -> ir.RankedTensorType:
+    """The tensor type of "x", "dy" or "dw" for ``problem`` (in the current context)."""
+    from convbw_mlir.ir_imports import element_type
+
+    dtype = problem.dw_dtype if tensor == "dw" else problem.dtype
+    return ir.RankedTensorType.get(problem.shape(tensor), element_type(dtype))
+
+
+def problem_location(problem: ConvBwdWeightProblem) -> ir.Location:
+    """A NameLoc naming the problem, so diagnostics on ops built from it say which problem."""
+    return ir.Location.name(f"conv_bwd_weight:{problem.name}")
+
+
+def build_op(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, loc: ir.Location | None = None) -> ir.Operation:
+    """Create ``convbw.conv_bwd_weight`` at the current insertion point."""
+    i64 = ir.IntegerType.get_signless(64)
+    attrs = {name: ir.DenseI64ArrayAttr.get(list(getattr(problem, _FIELDS[name]))) for name in _ARRAY_ATTRS}
+    attrs["groups"] = ir.IntegerAttr.get(i64, problem.groups)
+    attrs["layout"] = ir.StringAttr.get(problem.layout)
+    return ir.Operation.create(
+        OP_NAME,
+        results=[tensor_type(problem, "dw")],
+        operands=[x, dy],
+        attributes=attrs,
+        loc=loc or problem_location(problem),
+    )
+
+
+def build_module(problem: ConvBwdWeightProblem) -> ir.Module:
+    """A module with ``func.func @conv_bwd_weight(%x, %dy) -> dW`` holding one op (current context)."""
+    loc = problem_location(problem)
+    module = ir.Module.create(loc=loc)
+    with ir.InsertionPoint(module.body), loc:
+        x_t, dy_t, dw_t = (tensor_type(problem, t) for t in ("x", "dy", "dw"))
+        fn = func_d.FuncOp(FUNC_NAME, ir.FunctionType.get([x_t, dy_t], [dw_t]))
+        block = fn.add_entry_block()
+        with ir.InsertionPoint(block):
+            op = build_op(problem, block.arguments[0], block.arguments[1], loc)
+            func_d.ReturnOp([op.result])
+    module.operation.verify()
+    return module
+
+
+def is_conv_bwd_weight(op: ir.Operation | ir.OpView) -> bool:
+    return op.operation.name == OP_NAME
+
+
+def _shape_and_type(value_type: ir.Type, what: str) -> tuple[tuple[int, ...], str]:
+    if not isinstance(value_type, ir.RankedTensorType):
+        raise OpError(f"{what}: expected a ranked tensor, got {value_type}")
+    t = value_type
+    if not t.has_static_shape:
+        raise OpError(f"{what}: expected a static shape, got {t}")
+    name = str(t.element_type)
+    if name not in _TYPE_NAMES:
+        raise OpError(f"{what}: element type {name} is not one of f16, bf16, f32")
+    return tuple(t.shape), name
+
+
+def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
+    """Read the problem an op describes.
+
+    Raises:
+        OpError: missing or malformed attributes, wrong operand count, shapes that disagree.
+    """
+    op = op.operation
+    if len(op.operands) != 2 or len(op.results) != 1:
+        raise OpError(f"expected 2 operands (x, dy) and 1 result (dw), got {len(op.operands)} and {len(op.results)}")
+    attrs = {}
+    for name in (*_ARRAY_ATTRS, "groups", "layout"):
+        if name not in op.attributes:
+            raise OpError(f"missing attribute '{name}'")
+        attrs[name] = op.attributes[name]
+    for name in _ARRAY_ATTRS:
+        if not isinstance(attrs[name], ir.DenseI64ArrayAttr):
+            raise OpError(f"attribute '{name}' must be array<i64: ...>, got {attrs[name]}")
+    arrays = {name: tuple(attrs[name]) for name in _ARRAY_ATTRS}
+    if not isinstance(attrs["groups"], ir.IntegerAttr):
+        raise OpError(f"attribute 'groups' must be an integer, got {attrs['groups']}")
+    if not isinstance(attrs["layout"], ir.StringAttr):
+        raise OpError(f"attribute 'layout' must be a string, got {attrs['layout']}")
+    groups = attrs["groups"].value
+    layout = attrs["layout"].value
+    (x_shape, x_type), (dy_shape, dy_type) = (_shape_and_type(v.type, n) for v, n in zip(op.operands, ("x", "dy")))
+    dw_shape, dw_type = _shape_and_type(op.results[0].type, "dw")
+    if x_type != dy_type:
+        raise OpError(f"x and dy must share an element type, got {x_type} and {dy_type}")
+    rank = len(arrays["strides"])
+    try:
+        from convbw_mlir.problem import resolve_layout
+
+        family = resolve_layout(layout, rank if rank in (1, 2, 3) else None)
+        x_dims, w_dims = family.dims("x", rank), family.dims("w", rank)
+        if len(x_shape) != len(x_dims) or len(dw_shape) != len(w_dims):
+            raise OpError(
+                f"x rank {len(x_shape)} / dw rank {len(dw_shape)} do not fit layout {family.spelled(rank)} "
+                f"with {rank} spatial dimensions"
+            )
+        xs, ws = dict(zip(x_dims, x_shape)), dict(zip(w_dims, dw_shape))
+        spatial_in = [xs[d] for d in x_dims if d in "DHW"]
+        spatial_f = [ws[d] for d in w_dims if d in "ZYX"]
+        problem = ConvBwdWeightProblem(
+            groups=groups,
+            batch=xs["N"],
+            in_channels=xs["C"],
+            out_channels=ws["K"],
+            input_size=tuple(spatial_in),
+            filter_size=tuple(spatial_f),
+            stride=arrays["strides"],
+            dilation=arrays["dilations"],
+            pad_low=arrays["pad_low"],
+            pad_high=arrays["pad_high"],
+            dtype=x_type,
+            dw_dtype=dw_type,
+            layout=family.name,
+        )
+    except (ValueError, TypeError) as e:
+        if isinstance(e, OpError):
+            raise
+        raise OpError(str(e)) from None
+    for name, got in (("x", x_shape), ("dy", dy_shape), ("dw", dw_shape)):
+        want = problem.shape(name)
+        if got != want:
+            raise OpError(f"{name}: expected shape {'x'.join(map(str, want))} for this problem, got {'x'.join(map(str, got))}")
+    return problem
+
+
+def verify_op(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem | None:
+    """Check an op; on error emit it at the op's location and return None (an ODS verifier's role)."""
+    try:
+        return problem_of(op)
+    except OpError as e:
+        op.operation.location.emit_error(f"'{OP_NAME}' op {e}")
+        return None
