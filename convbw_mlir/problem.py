@@ -90,10 +90,17 @@ def resolve_layout(spec: str | int, rank: int | None = None) -> Layout:
                 return layout
     elif isinstance(spec, str):
         key = _LAYOUT_ALIASES.get(spec.lower(), spec.upper())
+        ranks = (rank,) if rank else (1, 2, 3)
         for layout in LAYOUTS.values():
-            ranks = (rank,) if rank else (1, 2, 3)
             if key == layout.name or any(key == layout.spelled(r) for r in ranks):
                 return layout
+        # The input layout alone ("NHWGC", "NCHW") names a family where it is unambiguous.
+        by_x = [lay for lay in LAYOUTS.values() if any(key == _spell(lay.x, r) for r in ranks)]
+        if len(by_x) == 1:
+            return by_x[0]
+        if len(by_x) > 1:
+            names = " or ".join(f"{lay.name} (ck {lay.ck_code})" for lay in by_x)
+            raise ValueError(f"layout: {spec!r} is ambiguous: {names}; give the whole x/w/y triple or the ck code")
     known = ", ".join(f"{n} (ck {lay.ck_code})" if lay.ck_code is not None else n for n, lay in LAYOUTS.items())
     raise ValueError(f"layout: unknown layout {spec!r}; known: {known}, aliases {', '.join(_LAYOUT_ALIASES)}")
 
@@ -102,6 +109,8 @@ def _as_tuple(name: str, value: Any, rank: int) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * rank
     try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
         items = tuple(value)
     except TypeError:
         raise TypeError(f"{name}: expected an int or a sequence of {rank} ints, got {value!r}") from None

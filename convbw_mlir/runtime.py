@@ -51,7 +51,9 @@ def open_device(driver: str, index: int | None = None) -> Any:
         infos = drv.query_available_devices()
     except (RuntimeError, ValueError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DeviceError(f"device: the {driver} driver is not usable here ({hardware or 'see below'}): {reason}") from None
+        reason = reason.split("UNAVAILABLE; ", 1)[-1].rstrip(": ")  # drop IREE's source-file prefix
+        needs = f" (needs {hardware})" if hardware else ""
+        raise DeviceError(f"device: the {driver} driver is not usable here{needs}: {reason}") from None
     if driver.startswith("local"):
         device = drv.create_default_device()
     else:

@@ -1,0 +1,34 @@
+# make run:  set up .venv and run the main example on the CPU (compile, run, verify, time)
+# make test: set up .venv, then pytest and lit
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test pytest lit lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: setup
+	$(PY) examples/quickstart.py
+
+pytest: setup
+	$(PY) -m pytest
+
+lit: setup
+	$(VENV)/bin/lit -sv lit
+
+test: pytest lit
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info lit/Output .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from convbw_mlir.cli import main
+
+sys.exit(main())

@@ -1,0 +1,227 @@
+"""The ``convbw`` command: compile and run one problem.
+
+    convbw run --miopen "convfp16 -F 4 -n 4 -c 64 -H 56 -W 56 -k 64 -y 3 -x 3 -p 1 -q 1 -u 1 -v 1 -l 1 -j 1 -m conv -g 1"
+    convbw run --ck "2 1 4 64 64 3 3 56 56 1 1 1 1 1 1 1 1" --target host --type f16
+    convbw run -g 2 -n 4 -c 8 -k 16 --input 14x14 --filter 3x3 --pad 1
+    convbw compile --ck "..." --target gfx942 --emit linalg -o out.mlir
+
+Errors are one line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from convbw_mlir.problem import DEFAULT_LAYOUT, DTYPES, ConvBwdWeightProblem
+
+__all__ = [
+    "ArgumentParser","add_problem_arguments", "main", "problem_from_args", "run_cli"]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage, so every error is one line (exit code 1)."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise ValueError(f"{self.prog}: {message}")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.lower().replace(",", "x").split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes like 56x56 or 3, got {text!r}") from None
+
+
+def add_problem_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """The problem flags shared by ``convbw`` and ``convbw-opt``."""
+    g = parser.add_argument_group("problem (named flags, or --ck / --miopen)")
+    g.add_argument("--ck", metavar="LINE", help="ckProfiler grouped_conv_bwd_weight arguments (whole line or problem part)")
+    g.add_argument("--miopen", metavar="LINE", help="MIOpenDriver line, e.g. 'convfp16 -F 4 -n 4 -c 64 ...'")
+    g.add_argument("-g", "--groups", type=int, default=1, help="G (default 1)")
+    g.add_argument("-n", "--batch", type=int, help="N")
+    g.add_argument("-c", "--in-channels", type=int, help="C per group")
+    g.add_argument("-k", "--out-channels", type=int, help="K per group")
+    g.add_argument("--input", type=_sizes, help="input spatial sizes, e.g. 56x56 (1 to 3 values)")
+    g.add_argument("--filter", type=_sizes, help="filter sizes, e.g. 3x3")
+    g.add_argument("--stride", type=_sizes, default=(1,), help="strides (one value broadcasts)")
+    g.add_argument("--dilation", type=_sizes, default=(1,), help="dilations")
+    g.add_argument("--pad", type=_sizes, help="symmetric pads")
+    g.add_argument("--pad-low", type=_sizes, help="left/top pads")
+    g.add_argument("--pad-high", type=_sizes, help="right/bottom pads")
+    g.add_argument("--layout", help=f"layout family or ckProfiler code 0-4 (default {DEFAULT_LAYOUT})")
+    g.add_argument("--type", "--dtype", dest="dtype", choices=list(DTYPES), help="element type of x and dy")
+    g.add_argument("--dw-type", dest="dw_dtype", choices=list(DTYPES), help="element type of dW (default: --type)")
+
+
+def _broadcast(name: str, values: tuple[int, ...] | None, rank: int, default: int) -> tuple[int, ...]:
+    if values is None:
+        return (default,) * rank
+    if len(values) == 1:
+        return values * rank
+    if len(values) != rank:
+        raise ValueError(f"--{name}: expected 1 or {rank} values, got {'x'.join(map(str, values))}")
+    return values
+
+
+def problem_from_args(args: argparse.Namespace) -> ConvBwdWeightProblem:
+    """Build the problem from parsed flags; ``--type``/``--dw-type``/``--layout`` override a parsed line.
+
+    Raises:
+        ValueError: missing or conflicting flags, or an invalid problem (naming the field).
+    """
+    overrides: dict[str, Any] = {}
+    if args.dtype:
+        overrides["dtype"] = args.dtype
+        overrides["dw_dtype"] = args.dw_dtype or args.dtype
+    elif args.dw_dtype:
+        overrides["dw_dtype"] = args.dw_dtype
+    if args.layout is not None:
+        overrides["layout"] = int(args.layout) if args.layout.isdigit() else args.layout
+    if args.ck and args.miopen:
+        raise ValueError("problem: give --ck or --miopen, not both")
+    if args.ck or args.miopen:
+        base = ConvBwdWeightProblem.from_ck(args.ck) if args.ck else ConvBwdWeightProblem.from_miopen(args.miopen)
+        return base.with_(**overrides) if overrides else base
+    missing = [f"--{n.replace('_', '-')}" for n in ("batch", "in_channels", "out_channels", "input", "filter")
+               if getattr(args, n) is None]  # fmt: skip
+    if missing:
+        raise ValueError(f"problem: missing {', '.join(missing)} (or give --ck / --miopen)")
+    rank = len(args.input)
+    if args.pad is not None and (args.pad_low is not None or args.pad_high is not None):
+        raise ValueError("--pad: give --pad or --pad-low/--pad-high, not both")
+    return ConvBwdWeightProblem(
+        groups=args.groups,
+        batch=args.batch,
+        in_channels=args.in_channels,
+        out_channels=args.out_channels,
+        input_size=args.input,
+        filter_size=_broadcast("filter", args.filter, rank, 1),
+        stride=_broadcast("stride", args.stride, rank, 1),
+        dilation=_broadcast("dilation", args.dilation, rank, 1),
+        pad_low=_broadcast("pad-low", args.pad if args.pad is not None else args.pad_low, rank, 0),
+        pad_high=_broadcast("pad-high", args.pad if args.pad is not None else args.pad_high, rank, 0),
+        **{"dtype": "f16", "layout": DEFAULT_LAYOUT, **overrides},
+    )
+
+
+def _write_atomic(path: str, data: bytes | str) -> None:
+    """Write ``path`` through a temporary file beside it, so a failure leaves nothing half-written."""
+    if path == "-":
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+        else:
+            sys.stdout.write(data)
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from convbw_mlir.compiler import compile_op
+    from convbw_mlir.reference import assert_close, random_inputs, reference
+    from convbw_mlir.runtime import check_inputs, time_calls
+
+    problem = problem_from_args(args)
+    print(f"problem: {problem.to_ck() if problem.layout_family.ck_code is not None else problem.name}")
+    print(f"layout:  {problem.layout_family.spelled(problem.rank)}  types: {problem.dtype} -> {problem.dw_dtype}")
+    t0 = time.perf_counter()
+    op = compile_op(problem, args.target)
+    print(f"compile: {time.perf_counter() - t0:.2f} s for {args.target}")
+    x, dy = random_inputs(problem, args.seed)
+    kernel = op.kernel(args.device)
+    x, dy = check_inputs(problem, x, dy)
+    xd, dyd = kernel.to_device(x), kernel.to_device(dy)
+    samples = time_calls(kernel, xd, dyd, min_reps=args.reps)
+    dw = op.run(x, dy, device=args.device)
+    med = statistics.median(samples)
+    print(f"time:    {med * 1e6:.1f} us (median of {len(samples)}), {problem.flops / med / 1e12:.4f} TFLOP/s")
+    if args.no_verify:
+        print("verify:  skipped")
+        return 0
+    err = assert_close(problem, dw, reference(problem, x, dy))
+    print(f"verify:  max error {err:.3g} (relative to the reference's RMS), PASS")
+    return 0
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from convbw_mlir.compiler import compile_op
+
+    problem = problem_from_args(args)
+    if args.emit == "vmfb" and args.output == "-" and sys.stdout.isatty():
+        raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
+    op = compile_op(problem, args.target)
+    data: bytes | str = op.vmfb if args.emit == "vmfb" else op.stages[args.emit]
+    _write_atomic(args.output, data)
+    if args.output != "-":
+        print(f"wrote {args.output} ({args.emit}, {args.target})", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from convbw_mlir.targets import TARGETS
+
+    parser = ArgumentParser(prog="convbw", description="Compile and run conv backward-weight kernels.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    run = sub.add_parser("run", help="compile, run on random data, verify, time")
+    comp = sub.add_parser("compile", help="compile and write the IR or the vmfb")
+    for p in (run, comp):
+        add_problem_arguments(p)
+        p.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET",
+                       help=f"one of {', '.join(TARGETS)} (default host)")  # fmt: skip
+    run.add_argument("--device", type=int, default=None, help="device index of the target's driver")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--reps", type=int, default=20, help="minimum timed repetitions")
+    run.add_argument("--no-verify", action="store_true", help="skip the float64 reference check")
+    run.set_defaults(func=_cmd_run)
+    comp.add_argument("--emit", choices=["convbw", "linalg", "vmfb"], default="linalg")
+    comp.add_argument("-o", "--output", default="-", help="output file, - for stdout")
+    comp.set_defaults(func=_cmd_compile)
+    return parser
+
+
+def run_cli(prog: str, build: Callable[[], argparse.ArgumentParser], argv: list[str] | None) -> int:
+    """Parse and dispatch; every error a user can cause becomes one line on stderr and exit code 1."""
+    from convbw_mlir.reference import ToleranceError
+    from convbw_mlir.runtime import DeviceError
+
+    errors: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError, DeviceError, ToleranceError)
+    try:
+        from convbw_mlir.compiler import CompileError
+
+        errors += (CompileError,)
+    except ImportError:  # pragma: no cover - runtime-only installs still report the other errors
+        pass
+    try:
+        args = build().parse_args(argv)
+        return args.func(args)
+    except errors as e:
+        message = str(e).strip().replace("\n", " | ") or type(e).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli("convbw", build_parser, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Shared fixtures: compiled kernels are cached for the whole session (compiles dominate test time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ROOT / "bench" / "suites"
+
+_CACHE: dict = {}
+
+
+def compiled_op(problem: ConvBwdWeightProblem, target: str = "host", **options):
+    """compile_op, memoized per (problem, target, options) across the test session."""
+    from convbw_mlir.compiler import compile_op
+
+    key = (problem, target, tuple(sorted(options.items())))
+    if key not in _CACHE:
+        _CACHE[key] = compile_op(problem, target, **options)
+    return _CACHE[key]
+
+
+def suite(name: str) -> list[tuple[str, str]]:
+    """(name, ckProfiler problem arguments) of bench/suites/<name>.tsv."""
+    rows = []
+    for line in (SUITES / f"{name}.tsv").read_text().splitlines():
+        if line.strip():
+            label, args = line.split("\t")
+            rows.append((label, args))
+    return rows
+
+
+@pytest.fixture(scope="session")
+def compiled():
+    return compiled_op
