@@ -1,6 +1,6 @@
 """The ``convbw`` command: compile and run one problem.
 
-    convbw run --miopen "convfp16 -F 4 -n 4 -c 64 -H 56 -W 56 -k 64 -y 3 -x 3 -p 1 -q 1 -u 1 -v 1 -l 1 -j 1 -m conv -g 1"
+    convbw run --miopen "convfp16 -F 4 -n 4 -c 64 -H 56 -W 56 -k 64 -y 3 -x 3 -p 1 -q 1 -m conv -g 1"
     convbw run --ck "2 1 4 64 64 3 3 56 56 1 1 1 1 1 1 1 1" --target host --type f16
     convbw run -g 2 -n 4 -c 8 -k 16 --input 14x14 --filter 3x3 --pad 1
     convbw compile --ck "..." --target gfx942 --emit linalg -o out.mlir
@@ -22,8 +22,7 @@ from typing import Any
 
 from convbw_mlir.problem import DEFAULT_LAYOUT, DTYPES, ConvBwdWeightProblem
 
-__all__ = [
-    "ArgumentParser","add_problem_arguments", "main", "problem_from_args", "run_cli"]
+__all__ = ["ArgumentParser", "add_problem_arguments", "main", "problem_from_args", "run_cli"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -43,7 +42,9 @@ def _sizes(text: str) -> tuple[int, ...]:
 def add_problem_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """The problem flags shared by ``convbw`` and ``convbw-opt``."""
     g = parser.add_argument_group("problem (named flags, or --ck / --miopen)")
-    g.add_argument("--ck", metavar="LINE", help="ckProfiler grouped_conv_bwd_weight arguments (whole line or problem part)")
+    g.add_argument(
+        "--ck", metavar="LINE", help="ckProfiler grouped_conv_bwd_weight arguments (whole line or problem part)"
+    )
     g.add_argument("--miopen", metavar="LINE", help="MIOpenDriver line, e.g. 'convfp16 -F 4 -n 4 -c 64 ...'")
     g.add_argument("-g", "--groups", type=int, default=1, help="G (default 1)")
     g.add_argument("-n", "--batch", type=int, help="N")

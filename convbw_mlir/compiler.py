@@ -20,7 +20,15 @@ from convbw_mlir import runtime
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, get_target
 
-__all__ = ["CompileError", "CompiledOp", "compile_module", "compile_op", "run_pipeline"]
+__all__ = [
+    "CompileError",
+    "CompiledOp",
+    "Intermediates",
+    "compile_module",
+    "compile_op",
+    "executable_intermediates",
+    "run_pipeline",
+]
 
 
 class CompileError(RuntimeError):
@@ -189,6 +197,44 @@ def compile_module(module_text: str | bytes, target: Target | str, extra_flags: 
         out = api.Output.open_membuffer()
         inv.output_vm_bytecode(out)
         return bytes(out.map_memory())
+
+
+@dataclass
+class Intermediates:
+    """IREE's dumped executable intermediates of one compile, by file name."""
+
+    target: str
+    files: dict[str, str]
+
+    # The machine-level text per family: AMD ISA (.rocmasm), the NVPTX LLVM IR that carries the
+    # llvm.nvvm.mma intrinsics (.optimized.ll; 3.13 dumps no .ptx), x86 assembly (.s).
+    _ISA_SUFFIX = {"cdna": ".rocmasm", "rdna": ".rocmasm", "nvidia": ".optimized.ll", "cpu": ".s"}
+
+    @property
+    def isa(self) -> str:
+        suffix = self._ISA_SUFFIX[get_target(self.target).family]
+        texts = [t for name, t in sorted(self.files.items()) if name.endswith(suffix)]
+        if not texts:
+            raise CompileError(f"isa: IREE dumped no *{suffix} file for {self.target} (got {sorted(self.files)})")
+        return "\n".join(texts)
+
+
+def executable_intermediates(
+    module_text: str | bytes, target: str, extra_flags: list[str] | None = None
+) -> Intermediates:
+    """Compile and return IREE's dumped executable intermediates (ISA text, LLVM IR).
+
+    Raises:
+        CompileError: IREE's diagnostics.
+    """
+    with tempfile.TemporaryDirectory(prefix="convbw-dump-") as d:
+        flags = [f"--iree-hal-dump-executable-intermediates-to={d}", *(extra_flags or [])]
+        compile_module(module_text, target, flags)
+        files = {}
+        for path in sorted(Path(d).iterdir()):
+            if path.suffix in (".ll", ".rocmasm", ".s"):
+                files[path.name] = path.read_text(errors="replace")
+    return Intermediates(target, files)
 
 
 def compile_op(

@@ -4,12 +4,15 @@ Importing this module loads the IREE compiler's bindings; modules that must work
 runtime installed (``runtime``, ``reference``, ``problem``) never import it at module level.
 """
 
-from iree.compiler import ir, passmanager  # noqa: F401
+from iree.compiler import (  # noqa: F401
+    ir,
+    passmanager,
+    rewrite,  # noqa: F401
+)
 from iree.compiler.dialects import arith as arith_d  # noqa: F401
 from iree.compiler.dialects import func as func_d  # noqa: F401
 from iree.compiler.dialects import linalg as linalg_d  # noqa: F401
 from iree.compiler.dialects import tensor as tensor_d  # noqa: F401
-from iree.compiler import rewrite  # noqa: F401
 
 ELEMENT_TYPES = {"f16": ir.F16Type.get, "bf16": ir.BF16Type.get, "f32": ir.F32Type.get}
 

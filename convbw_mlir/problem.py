@@ -191,7 +191,9 @@ class ConvBwdWeightProblem:
                 raise ValueError(f"{name}: unknown element type {value!r}; known: {', '.join(DTYPES)}")
         layout = resolve_layout(self.layout, rank)
         if not layout.grouped and self.groups != 1:
-            raise ValueError(f"layout: {layout.name} has no group dimension and needs groups=1, got groups={self.groups}")
+            raise ValueError(
+                f"layout: {layout.name} has no group dimension and needs groups=1, got groups={self.groups}"
+            )
         set_(self, "layout", layout.name)
         set_(self, "_layout", layout)
         for i in range(rank):
@@ -199,8 +201,9 @@ class ConvBwdWeightProblem:
             padded = self.input_size[i] + self.pad_low[i] + self.pad_high[i]
             if span > padded:
                 raise ValueError(
-                    f"filter_size: filter_size[{i}]={self.filter_size[i]} with dilation {self.dilation[i]} spans {span}, "
-                    f"larger than the padded input {padded} (input_size[{i}]={self.input_size[i]}); the output would be empty"
+                    f"filter_size: filter_size[{i}]={self.filter_size[i]} with dilation {self.dilation[i]} "
+                    f"spans {span}, larger than the padded input {padded} (input_size[{i}]={self.input_size[i]}); "
+                    "the output would be empty"
                 )
 
     # -- derived sizes ---------------------------------------------------------------------------

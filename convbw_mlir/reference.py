@@ -48,9 +48,7 @@ def reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray) -> n
     dy_mat = np.ascontiguousarray(np.moveaxis(dyc, 2, 1).reshape(g, k, n * math.prod(out)))
     dw = np.empty((g, k, p.in_channels, *p.filter_size))  # [G, K, C, filter...]
     for tap in itertools.product(*(range(f) for f in p.filter_size)):
-        window = tuple(
-            slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, p.dilation, out, p.stride)
-        )
+        window = tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, p.dilation, out, p.stride))
         xw = xc[(slice(None), slice(None), slice(None), *window)]  # [G, N, C, out...]
         x_mat = np.moveaxis(xw, 2, -1).reshape(g, n * math.prod(out), p.in_channels)
         dw[(slice(None), slice(None), slice(None), *tap)] = dy_mat @ x_mat

@@ -161,7 +161,9 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
     for name, got in (("x", x_shape), ("dy", dy_shape), ("dw", dw_shape)):
         want = problem.shape(name)
         if got != want:
-            raise OpError(f"{name}: expected shape {'x'.join(map(str, want))} for this problem, got {'x'.join(map(str, got))}")
+            raise OpError(
+                f"{name}: expected shape {'x'.join(map(str, want))} for this problem, got {'x'.join(map(str, got))}"
+            )
     return problem
 
 

@@ -1,6 +1,6 @@
 """Compile one grouped conv backward-weight problem for the CPU, run it, check it, time it.
 
-    python examples/quickstart.py            (what `make run` does)
+python examples/quickstart.py            (what `make run` does)
 """
 
 import statistics
@@ -15,7 +15,9 @@ problem = ConvBwdWeightProblem(
     input_size=(28, 28), filter_size=(3, 3), pad_low=1, pad_high=1, dtype="f16",
 )  # fmt: skip
 print(f"problem: ckProfiler args '{problem.to_ck()}' ({problem.layout}, {problem.dtype})")
-print(f"GEMM view per group: M={problem.gemm[1]} N={problem.gemm[2]} K={problem.gemm[3]}, {problem.flops / 1e9:.2f} GFLOP")
+print(
+    f"GEMM view per group: M={problem.gemm[1]} N={problem.gemm[2]} K={problem.gemm[3]}, {problem.flops / 1e9:.2f} GFLOP"
+)
 
 op = compile_op(problem, target="host")
 print(f"pipeline: {op.pipeline}")

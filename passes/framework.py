@@ -91,6 +91,9 @@ class ConvbwPass:
             self.run(op)
         except PassFailure:
             pass_.signal_pass_failure()
+        except Exception as e:  # a bug in a pass: report it where MLIR reports everything else
+            op.location.emit_error(f"{self.argument}: internal error: {type(e).__name__}: {e}")
+            pass_.signal_pass_failure()
 
     def fail(self, op: ir.Operation | ir.OpView, message: str) -> PassFailure:
         """Emit ``message`` at ``op``'s location; return the exception to raise."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
-from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, rewrite, tensor_d
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
+
+from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, rewrite, tensor_d
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["LowerToLinalg", "accumulator_dims", "build_contraction"]

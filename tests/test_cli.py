@@ -22,8 +22,8 @@ def test_run_from_a_miopen_line_verifies_and_reports_time_and_error():
 
 
 def test_run_with_named_flags_and_types(capsys):
-    rc = main(["run", "-g", "2", "-n", "2", "-c", "3", "-k", "5", "--input", "7x9", "--filter", "3", "--stride", "2x1",
-               "--pad-low", "1x0", "--pad-high", "0x2", "--type", "bf16", "--dw-type", "f32", "--reps", "2"])  # fmt: skip
+    flags = "-g 2 -n 2 -c 3 -k 5 --input 7x9 --filter 3 --stride 2x1 --pad-low 1x0 --pad-high 0x2 --type bf16"
+    rc = main(["run", *flags.split(), "--dw-type", "f32", "--reps", "2"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "types: bf16 -> f32" in out and "PASS" in out
@@ -34,7 +34,9 @@ def test_compile_emits_linalg_and_vmfb(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "linalg.generic" in text and "tensor.pad" in text
     out = tmp_path / "k.vmfb"
-    assert main(["compile", "--ck", "1 2 2 4 4 3 16 1 1 1 1", "--target", "sm_80", "--emit", "vmfb", "-o", str(out)]) == 0
+    assert (
+        main(["compile", "--ck", "1 2 2 4 4 3 16 1 1 1 1", "--target", "sm_80", "--emit", "vmfb", "-o", str(out)]) == 0
+    )
     assert out.read_bytes()[:2] == b"PK" and b"cuda-nvptx-fb" in out.read_bytes()
 
 
@@ -44,11 +46,17 @@ def test_compile_emits_linalg_and_vmfb(tmp_path, capsys):
         (["run", "--miopen", MIOPEN.replace("-F 4", "-F 2")], "convbw: error: -F: direction '2' is not supported"),
         (["run", "--ck", "2 1 4 8 8 3 3 2 2 1 1 1 1 0 0 0 0"], "convbw: error: filter_size: filter_size[0]=3"),
         (["run", "-n", "2", "-c", "3"], "convbw: error: problem: missing --out-channels, --input, --filter"),
-        (["run", "--ck", "1 1 1 4 4 3 8 1 1 0 0", "--target", "gfx908"], "convbw: error: convbw run: argument --target"),
+        (
+            ["run", "--ck", "1 1 1 4 4 3 8 1 1 0 0", "--target", "gfx908"],
+            "convbw: error: convbw run: argument --target",
+        ),
         (["run", "--ck", "1 1 1 4 4 3 8 1 1 0 0", "--target", "gfx942"], "convbw: error: device: the hip driver"),
         (["compile", "--input", "8xa"], "convbw: error: convbw compile: argument --input"),
         (["frobnicate"], "convbw: error: convbw: argument command: invalid choice"),
-        (["run", "--ck", "2 1 1 4 4 3 3 8 8 1 1 1 1 0 0 0 0", "--layout", "NGCHW"], "convbw: error: layout: 'NGCHW' is ambiguous"),
+        (
+            ["run", "--ck", "2 1 1 4 4 3 3 8 8 1 1 1 1 0 0 0 0", "--layout", "NGCHW"],
+            "convbw: error: layout: 'NGCHW' is ambiguous",
+        ),
         (["run", "--ck", "1 1 1 4 4 3 8 1 1 0 0", "--layout", "NCWH"], "convbw: error: layout: unknown layout 'NCWH'"),
     ],
 )

@@ -34,7 +34,9 @@ def test_ck_whole_command_line_keeps_switches_and_split_k():
     assert cmd.format() == line
 
 
-@pytest.mark.parametrize("code, types", [(0, ("f32", "f32")), (1, ("f16", "f16")), (2, ("bf16", "f32")), (5, ("bf16", "bf16"))])
+@pytest.mark.parametrize(
+    "code, types", [(0, ("f32", "f32")), (1, ("f16", "f16")), (2, ("bf16", "f32")), (5, ("bf16", "bf16"))]
+)
 def test_ck_type_codes(code, types):
     cmd = parse_ck(f"grouped_conv_bwd_weight {code} 2 1 1 0 1 1 1 1 4 4 3 8 1 1 0 0 0")
     assert (cmd.problem.dtype, cmd.problem.dw_dtype) == types
@@ -79,8 +81,10 @@ def test_miopen_2d_line_reads_totals_per_group_and_prints_back():
 
 def test_miopen_3d_flags_with_short_and_long_spellings():
     short = "conv -F 4 -n 2 -c 8 -! 4 -H 6 -W 6 -k 8 -@ 3 -y 3 -x 3 -$ 1 -p 1 -q 1 -# 2 -u 1 -v 1 -^ 1 -l 1 -j 1 -g 2"
-    long = ("conv --forw 4 --batchsize 2 --in_channels 8 --in_d 4 --in_h 6 --in_w 6 --out_channels 8 --fil_d 3 "
-            "--fil_h 3 --fil_w 3 --pad_d 1 --pad_h 1 --pad_w 1 --conv_stride_d 2 --group_count 2 --spatial_dim 3")
+    long = (
+        "conv --forw 4 --batchsize 2 --in_channels 8 --in_d 4 --in_h 6 --in_w 6 --out_channels 8 --fil_d 3 "
+        "--fil_h 3 --fil_w 3 --pad_d 1 --pad_h 1 --pad_w 1 --conv_stride_d 2 --group_count 2 --spatial_dim 3"
+    )
     a, b = parse_miopen(short), parse_miopen(long)
     assert a == b
     assert a.rank == 3 and a.input_size == (4, 6, 6) and a.stride == (2, 1, 1) and a.dtype == "f32"
@@ -98,7 +102,10 @@ def test_miopen_nhwc_layout_maps_to_ck_code_2():
     [
         (MIOPEN_2D.replace("-F 4", "-F 1"), "-F: direction '1' is not supported"),
         (MIOPEN_2D.replace("-m conv", "-m trans"), "-m: mode 'trans'"),
-        (MIOPEN_2D.replace("-g 1", "-g 3"), "-c: total channels 64 must be a positive multiple of the group count -g 3"),
+        (
+            MIOPEN_2D.replace("-g 1", "-g 3"),
+            "-c: total channels 64 must be a positive multiple of the group count -g 3",
+        ),
         (MIOPEN_2D + " -Z 1", "miopen flag: unknown flag '-Z'"),
         (MIOPEN_2D + " -t", "has none"),
         ("convint8 -F 4", "command: expected one of conv, convfp16, convbfp16"),

@@ -12,7 +12,9 @@ from convbw_mlir.reference import assert_close, random_inputs, reference
 
 
 def P(g, n, c, k, inp, filt, **kw):  # noqa: N802 - reads like the problem tuple
-    return ConvBwdWeightProblem(groups=g, batch=n, in_channels=c, out_channels=k, input_size=inp, filter_size=filt, **kw)
+    return ConvBwdWeightProblem(
+        groups=g, batch=n, in_channels=c, out_channels=k, input_size=inp, filter_size=filt, **kw
+    )
 
 
 MATRIX = {
@@ -38,7 +40,9 @@ def check(compiled, p: ConvBwdWeightProblem) -> None:
     op = compiled(p)
     x, dy = random_inputs(p, seed=1)
     dw = op.run(x, dy)
-    assert dw.shape == p.dw_shape and str(dw.dtype) == {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}[p.dw_dtype]
+    assert (
+        dw.shape == p.dw_shape and str(dw.dtype) == {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}[p.dw_dtype]
+    )
     assert_close(p, dw, reference(p, x, dy))
 
 

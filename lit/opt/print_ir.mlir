@@ -1,0 +1,18 @@
+// The IR printing flags print to stderr around the passes they name, like mlir-opt.
+// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-after-all -o /dev/null 2>&1 | FileCheck %s --check-prefix=ALL
+// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-before=convbw-lower-to-linalg -o /dev/null 2>&1 | FileCheck %s --check-prefix=BEFORE
+// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-after=cse -o /dev/null 2>&1 | FileCheck %s --check-prefix=AFTER
+
+// ALL:      // -----// IR Dump After convbw-lower-to-linalg //----- //
+// ALL:      linalg.generic
+// ALL:      // -----// IR Dump After cse //----- //
+// ALL-NOT:  IR Dump
+
+// BEFORE:      // -----// IR Dump Before convbw-lower-to-linalg //----- //
+// BEFORE-NEXT: module {
+// BEFORE:      "convbw.conv_bwd_weight"
+// BEFORE-NOT:  IR Dump
+
+// AFTER-NOT:  IR Dump After convbw-lower-to-linalg
+// AFTER:      // -----// IR Dump After cse //----- //
+// AFTER:      linalg.generic
