@@ -122,6 +122,10 @@ def _write_atomic(path: str, data: bytes | str) -> None:
             sys.stdout.write(data)
         return
     target = Path(path)
+    if target.exists() and not target.is_file():  # /dev/null, a fifo: write through, never replace it
+        with open(target, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:

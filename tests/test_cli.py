@@ -71,3 +71,22 @@ def test_compile_failure_leaves_no_output_file(tmp_path, capsys):
     out = tmp_path / "never.mlir"
     assert main(["compile", "--ck", "1 1 1 4 4 3 8 1 1 0 0", "--layout", "torch", "--type", "f64", "-o", str(out)]) == 1
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_output_to_a_device_or_fifo_writes_through_and_never_replaces_it(tmp_path):
+    import os
+    import stat
+    import threading
+
+    from convbw_mlir.cli import _write_atomic
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader.start()
+    _write_atomic(str(fifo), "module {}\n")
+    reader.join(timeout=10)
+    assert got == [b"module {}\n"]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # still the fifo, not a regular file moved over it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]

@@ -1,7 +1,7 @@
 // The IR printing flags print to stderr around the passes they name, like mlir-opt.
-// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-after-all -o /dev/null 2>&1 | FileCheck %s --check-prefix=ALL
-// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-before=convbw-lower-to-linalg -o /dev/null 2>&1 | FileCheck %s --check-prefix=BEFORE
-// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-after=cse -o /dev/null 2>&1 | FileCheck %s --check-prefix=AFTER
+// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-after-all -o %t.out 2>&1 | FileCheck %s --check-prefix=ALL
+// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-before=convbw-lower-to-linalg -o %t.out 2>&1 | FileCheck %s --check-prefix=BEFORE
+// RUN: %convbw-opt %S/Inputs/conv.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,cse)' --mlir-print-ir-after=cse -o %t.out 2>&1 | FileCheck %s --check-prefix=AFTER
 
 // ALL:      // -----// IR Dump After convbw-lower-to-linalg //----- //
 // ALL:      linalg.generic
