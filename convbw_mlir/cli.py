@@ -174,11 +174,35 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if args.emit == "vmfb" and args.output == "-" and sys.stdout.isatty():
         raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
     op = compile_op(problem, args.target)
+    if args.isa_report:
+        print(op.isa_report().summary())
+        return 0
     data: bytes | str = op.vmfb if args.emit == "vmfb" else op.stages[args.emit]
     _write_atomic(args.output, data)
     if args.output != "-":
         print(f"wrote {args.output} ({args.emit}, {args.target})", file=sys.stderr)
     return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from convbw_mlir.bench.artifacts import write_artifacts
+    from convbw_mlir.bench.suites import load_suite
+
+    problems = []
+    for dtype in args.types.split(","):
+        if dtype not in DTYPES:
+            raise ValueError(f"--types: unknown element type {dtype!r}; known: {', '.join(DTYPES)}")
+        for suite in args.suite:
+            problems += [(n, p) for n, p in load_suite(suite, dtype) if args.filter in n]
+    if not problems:
+        raise ValueError("--suite: no problems selected")
+    out = write_artifacts(problems, args.target, args.out)
+    print(f"wrote {len(problems)} problems for {args.target} to {out} (manifest.json)")
+    if args.compile_only:
+        return 0
+    from convbw_mlir.bench.run import main as run_main
+
+    return run_main([str(out), *(["--no-torch"] if args.target == "host" else [])])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,7 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
     comp.add_argument("--emit", choices=["convbw", "linalg", "vmfb"], default="linalg")
     comp.add_argument("-o", "--output", default="-", help="output file, - for stdout")
+    comp.add_argument("--isa-report", action="store_true", help="print the ISA report of a GPU target's kernels")
     comp.set_defaults(func=_cmd_compile)
+    bench = sub.add_parser("bench", help="compile every contender of suites (and run them unless --compile-only)")
+    bench.add_argument("--suite", action="append", required=True, help="suite name in bench/suites or a .tsv path")
+    bench.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
+    bench.add_argument("--types", default="f16", help="comma-separated element types (f16,bf16,f32)")
+    bench.add_argument("--filter", default="", help="only problems whose name contains this")
+    bench.add_argument("--compile-only", action="store_true", help="write the artifacts, run nothing")
+    bench.add_argument("--out", required=True, help="artifact folder (e.g. .art)")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

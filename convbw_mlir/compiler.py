@@ -77,6 +77,19 @@ class CompiledOp:
         x, dy = runtime.check_inputs(self.problem, x, dy)
         return self.kernel(device).run(x, dy).astype(runtime.numpy_dtype(self.problem.dw_dtype), copy=False)
 
+    def isa_report(self):  # -> convbw_mlir.isa.IsaReport
+        """The ISA report of this op's kernels (compiles again with IREE's intermediates dumped).
+
+        Raises:
+            ValueError: for the host target (no GPU ISA).
+        """
+        from convbw_mlir.isa import report
+
+        if not get_target(self.target).is_gpu:
+            raise ValueError(f"target: the ISA report is for GPU targets, not {self.target}")
+        extra = self.flags[len(get_target(self.target).iree_flags()) :]
+        return report(executable_intermediates(self.stages["linalg"], self.target, extra).files, self.target)
+
     # -- persistence -------------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``op.json``, ``kernel.vmfb`` and one ``<stage>.mlir`` per stage into ``directory``.
@@ -148,7 +161,11 @@ def run_pipeline(module: Any, pipeline: list, context: Any = None) -> None:
     with _collect_diagnostics(module.context) as diags:
         try:
             pm.run(module.operation)
-        except Exception as e:  # MLIRError: the diagnostics were captured by our handler
+        except Exception as e:
+            # An MLIRError carries its diagnostics itself; others went to our handler.
+            for d in getattr(e, "error_diagnostics", []):
+                diags.append(f"{d.location}: error: {d.message}")
+                diags.extend(f"{n.location}: note: {n.message}" for n in d.notes)
             raise CompileError("\n".join(diags) or str(e)) from None
 
 
@@ -205,6 +222,7 @@ class Intermediates:
 
     target: str
     files: dict[str, str]
+    vmfb: bytes = b""
 
     # The machine-level text per family: AMD ISA (.rocmasm), the NVPTX LLVM IR that carries the
     # llvm.nvvm.mma intrinsics (.optimized.ll; 3.13 dumps no .ptx), x86 assembly (.s).
@@ -229,12 +247,12 @@ def executable_intermediates(
     """
     with tempfile.TemporaryDirectory(prefix="convbw-dump-") as d:
         flags = [f"--iree-hal-dump-executable-intermediates-to={d}", *(extra_flags or [])]
-        compile_module(module_text, target, flags)
+        vmfb = compile_module(module_text, target, flags)
         files = {}
         for path in sorted(Path(d).iterdir()):
             if path.suffix in (".ll", ".rocmasm", ".s"):
                 files[path.name] = path.read_text(errors="replace")
-    return Intermediates(target, files)
+    return Intermediates(target, files, vmfb)
 
 
 def compile_op(

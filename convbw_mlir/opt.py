@@ -168,7 +168,9 @@ def _run_chunk(chunk: Chunk, args: argparse.Namespace, pipeline: list, io: dict)
                 before = str(module) if not args.verify_diagnostics else None
                 try:
                     build_pass_manager([element], ctx).run(module.operation)
-                except ir.MLIRError:
+                except ir.MLIRError as e:
+                    for d in e.error_diagnostics:  # raised with the error rather than sent to handlers
+                        collector._add(d)
                     if before is not None:
                         _write_reproducer(args, before, format_pipeline(pipeline[i:]), io)
                     return None, collector.diagnostics

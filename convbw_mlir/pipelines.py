@@ -25,13 +25,17 @@ def for_target(target: str, **options: Any) -> list[PipelineElement]:
     Raises:
         ValueError: unknown target, or an option no pass of this pipeline takes.
     """
-    get_target(target)
-    # Target-independent: every target, host included, so their numerics are tested on the CPU.
+    tgt = get_target(target)
+    # Target-independent rewrites run for every target, host included, so their numerics are tested on
+    # the CPU; the GPU passes only annotate the contraction for IREE.
     stages: list[str | tuple[str, dict[str, Any]]] = [
+        ("convbw-explicit-gemm", {}),
+        ("convbw-split-k", {"plan_for": target}),
         ("convbw-lower-to-linalg", {}),
-        "canonicalize",
-        "cse",
     ]
+    if tgt.is_gpu:
+        stages += [("convbw-tile", {"target": target}), ("convbw-map-mma", {"target": target})]
+    stages += ["canonicalize", "cse"]
     used: set[str] = set()
     elements = []
     for stage in stages:
@@ -39,6 +43,8 @@ def for_target(target: str, **options: Any) -> list[PipelineElement]:
             elements.append(PipelineElement(stage))
             continue
         argument, fixed = stage
+        if argument not in PASSES:  # a pass of this list not written yet must not pass silently
+            raise PipelineError(f"pipeline: {argument} is not registered")
         cls = PASSES[argument]
         names = {f.name for f in cls.option_fields()}
         mine = {k: v for k, v in options.items() if k in names}

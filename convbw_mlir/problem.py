@@ -226,7 +226,12 @@ class ConvBwdWeightProblem:
         return self._layout
 
     def dims(self, tensor: str) -> tuple[str, ...]:
-        """Dimension letters of "x", "dy" or "dw" in this problem's layout (e.g. ``N H W G C``)."""
+        """Dimension letters of "x", "dy" or "dw" in this problem's layout (e.g. ``N H W G C``), or of
+        "acc", the f32 accumulator every lowering uses: ``G K <filter> C`` (filter channel innermost;
+        no G in a G-less layout)."""
+        if tensor == "acc":
+            w = self._layout.dims("w", self.rank)
+            return (*(("G",) if "G" in w else ()), "K", *(d for d in w if d in _SPATIAL_FILTER), "C")
         return self._layout.dims({"x": "x", "dy": "y", "dw": "w"}[tensor], self.rank)
 
     def _size(self, tensor: str, letter: str) -> int:
@@ -234,7 +239,7 @@ class ConvBwdWeightProblem:
             return {"N": self.batch, "G": self.groups, "C": self.in_channels, "K": self.out_channels}[letter]
         if letter in _SPATIAL_FILTER:
             return self.filter_size[_SPATIAL_FILTER[-self.rank :].index(letter)]
-        spatial = self.input_size if tensor == "x" else self.output_size
+        spatial = self.input_size if tensor == "x" else self.output_size  # dy (acc/dw have no DHW)
         return spatial[_SPATIAL_IN[-self.rank :].index(letter)]
 
     def shape(self, tensor: str) -> tuple[int, ...]:

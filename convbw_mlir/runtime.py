@@ -117,12 +117,22 @@ class Kernel:
         return np.asarray(self(*[self.to_device(a) for a in arrays]).to_host())
 
 
-def time_calls(fn: Any, *args: Any, warmup: int = 2, min_reps: int = 20, min_seconds: float = 0.2) -> list[float]:
+def time_calls(
+    fn: Any, *args: Any, warmup: int = 2, min_reps: int = 20, min_seconds: float = 0.2, sync: Any = None
+) -> list[float]:
     """Seconds per call of ``fn(*args)`` on device-resident arguments.
 
-    Calls are timed in batches that end by reading the last result back (so queued device work is
-    counted), until ``min_reps`` calls and ``min_seconds`` have passed. Returns one figure per batch.
+    Calls are timed in batches that end by waiting for the device (reading the last result back, or
+    ``sync()`` where given, e.g. torch.cuda.synchronize), until ``min_reps`` batches and ``min_seconds``
+    have passed. Returns one figure per batch: its time divided by its number of calls.
     """
+
+    def _sync(result: Any) -> None:
+        if sync is not None:
+            sync()
+        elif hasattr(result, "to_host"):
+            result.to_host()
+
     for _ in range(warmup):
         _sync(fn(*args))
     samples: list[float] = []
@@ -140,8 +150,3 @@ def time_calls(fn: Any, *args: Any, warmup: int = 2, min_reps: int = 20, min_sec
         if len(samples) >= 10_000:
             break
     return samples
-
-
-def _sync(result: Any) -> None:
-    if hasattr(result, "to_host"):
-        result.to_host()

@@ -14,6 +14,7 @@ That detail stays inside this module: the rest of the code builds, reads and che
 
 from __future__ import annotations
 
+from convbw_mlir.heuristics import Split
 from convbw_mlir.ir_imports import func_d, ir
 from convbw_mlir.problem import ConvBwdWeightProblem
 
@@ -22,7 +23,10 @@ __all__ = [
     "build_module",
     "build_op",
     "is_conv_bwd_weight",
+    "problem_attr",
+    "problem_from_attr",
     "problem_of",
+    "split_of",
     "tensor_type",
     "verify_op",
 ]
@@ -51,15 +55,34 @@ def problem_location(problem: ConvBwdWeightProblem) -> ir.Location:
     return ir.Location.name(f"conv_bwd_weight:{problem.name}")
 
 
-def build_op(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, loc: ir.Location | None = None) -> ir.Operation:
-    """Create ``convbw.conv_bwd_weight`` at the current insertion point."""
+def partial_type(problem: ConvBwdWeightProblem, split: Split) -> ir.RankedTensorType:
+    """The result type of a split op: f32 partial sums ``[k_batch, g, k, f..., c]``."""
+    return ir.RankedTensorType.get([split.k_batch, *problem.shape("acc")], ir.F32Type.get())
+
+
+def build_op(
+    problem: ConvBwdWeightProblem,
+    x: ir.Value,
+    dy: ir.Value,
+    loc: ir.Location | None = None,
+    split: Split | None = None,
+) -> ir.Operation:
+    """Create ``convbw.conv_bwd_weight`` at the current insertion point.
+
+    With ``split``, the op is the first stage of a split-K: it carries ``k_batch``, ``split_dim`` and
+    ``split_chunk`` and yields f32 partial sums ``[k_batch, g, k, f..., c]`` instead of dW.
+    """
     i64 = ir.IntegerType.get_signless(64)
     attrs = {name: ir.DenseI64ArrayAttr.get(list(getattr(problem, _FIELDS[name]))) for name in _ARRAY_ATTRS}
     attrs["groups"] = ir.IntegerAttr.get(i64, problem.groups)
     attrs["layout"] = ir.StringAttr.get(problem.layout)
+    if split:
+        attrs["k_batch"] = ir.IntegerAttr.get(i64, split.k_batch)
+        attrs["split_dim"] = ir.StringAttr.get(split.dim)
+        attrs["split_chunk"] = ir.IntegerAttr.get(i64, split.chunk)
     return ir.Operation.create(
         OP_NAME,
-        results=[tensor_type(problem, "dw")],
+        results=[partial_type(problem, split) if split else tensor_type(problem, "dw")],
         operands=[x, dy],
         attributes=attrs,
         loc=loc or problem_location(problem),
@@ -125,12 +148,17 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
     dw_shape, dw_type = _shape_and_type(op.results[0].type, "dw")
     if x_type != dy_type:
         raise OpError(f"x and dy must share an element type, got {x_type} and {dy_type}")
+    split = split_of(op)
+    if split and dw_type != "f32":
+        raise OpError(f"a split op (k_batch = {split.k_batch}) yields f32 partial sums, got {dw_type}")
     rank = len(arrays["strides"])
     try:
         from convbw_mlir.problem import resolve_layout
 
         family = resolve_layout(layout, rank if rank in (1, 2, 3) else None)
         x_dims, w_dims = family.dims("x", rank), family.dims("w", rank)
+        if split:  # partial sums: [k_batch, g, k, f..., c]
+            w_dims = ("S", *(("G",) if "G" in w_dims else ()), "K", *(d for d in w_dims if d in "ZYX"), "C")
         if len(x_shape) != len(x_dims) or len(dw_shape) != len(w_dims):
             raise OpError(
                 f"x rank {len(x_shape)} / dw rank {len(dw_shape)} do not fit layout {family.spelled(rank)} "
@@ -158,13 +186,75 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
         if isinstance(e, OpError):
             raise
         raise OpError(str(e)) from None
+    if split:
+        if ws["S"] != split.k_batch:
+            raise OpError(f"partial sums: leading dimension {ws['S']} must equal k_batch = {split.k_batch}")
+        from convbw_mlir.heuristics import reduction_extents
+
+        extents = reduction_extents(problem)
+        if split.dim not in extents:
+            raise OpError(f"split_dim: '{split.dim}' is not a reduction loop; loops: {', '.join(extents)}")
+        if split.padded_extent < extents[split.dim] or (split.k_batch - 1) * split.chunk >= extents[split.dim]:
+            raise OpError(
+                f"split: k_batch {split.k_batch} x chunk {split.chunk} must cover loop '{split.dim}' "
+                f"of extent {extents[split.dim]} with no empty chunk"
+            )
     for name, got in (("x", x_shape), ("dy", dy_shape), ("dw", dw_shape)):
-        want = problem.shape(name)
+        want = (split.k_batch, *problem.shape("acc")) if (name == "dw" and split) else problem.shape(name)
         if got != want:
             raise OpError(
                 f"{name}: expected shape {'x'.join(map(str, want))} for this problem, got {'x'.join(map(str, got))}"
             )
     return problem
+
+
+def problem_attr(problem: ConvBwdWeightProblem) -> ir.DictAttr:
+    """The whole problem as a dictionary attribute (carried by the linalg form for the GPU passes)."""
+    i64 = ir.IntegerType.get_signless(64)
+    entries = {}
+    for key, value in problem.to_dict().items():
+        if isinstance(value, tuple):
+            entries[key] = ir.DenseI64ArrayAttr.get(list(value))
+        elif isinstance(value, int):
+            entries[key] = ir.IntegerAttr.get(i64, value)
+        else:
+            entries[key] = ir.StringAttr.get(value)
+    return ir.DictAttr.get(entries)
+
+
+def problem_from_attr(attr: ir.Attribute) -> ConvBwdWeightProblem:
+    """The inverse of :func:`problem_attr`."""
+    data = {}
+    for named in attr:
+        v = named.attr
+        if isinstance(v, ir.DenseI64ArrayAttr):
+            data[named.name] = tuple(v)
+        elif isinstance(v, ir.IntegerAttr):
+            data[named.name] = v.value
+        else:
+            data[named.name] = ir.StringAttr(v).value
+    return ConvBwdWeightProblem.from_dict(data)
+
+
+def split_of(op: ir.Operation | ir.OpView) -> Split | None:
+    """The split-K of an op (its ``k_batch``, ``split_dim``, ``split_chunk``), or None.
+
+    Raises:
+        OpError: an incomplete or malformed set of split attributes.
+    """
+    attrs = op.operation.attributes
+    present = [n for n in ("k_batch", "split_dim", "split_chunk") if n in attrs]
+    if not present:
+        return None
+    if len(present) != 3:
+        raise OpError("a split op needs all of 'k_batch', 'split_dim' and 'split_chunk'")
+    kb, dim, chunk = attrs["k_batch"], attrs["split_dim"], attrs["split_chunk"]
+    if not (isinstance(kb, ir.IntegerAttr) and isinstance(chunk, ir.IntegerAttr) and isinstance(dim, ir.StringAttr)):
+        raise OpError("'k_batch' and 'split_chunk' must be integers and 'split_dim' a string")
+    try:
+        return Split(dim.value, kb.value, chunk.value)
+    except ValueError as e:
+        raise OpError(str(e)) from None
 
 
 def verify_op(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem | None:

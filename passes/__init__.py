@@ -3,7 +3,13 @@
 Importing this package registers every pass under its pipeline argument in :data:`PASSES`.
 """
 
-from convbw_mlir.passes import lower_to_linalg  # noqa: F401  (registers convbw-lower-to-linalg)
+from convbw_mlir.passes import (  # noqa: F401  (each module registers its pass)
+    explicit_gemm,
+    lower_to_linalg,
+    map_mma,
+    split_k,
+    tile,
+)
 from convbw_mlir.passes.framework import (
     PASSES,
     ConvbwPass,

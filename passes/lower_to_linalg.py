@@ -2,17 +2,28 @@
 
 Each op becomes
 
-    tensor.pad x            only where a pad is non-zero
-    linalg.fill 0.0         the f32 accumulator, dW[g, k, f..., c] (filter channel innermost)
+    tensor.pad x (and dy)   only where a pad is non-zero (dy only for an uneven split-K)
+    linalg.fill 0.0         the f32 accumulator dW[g, k, f..., c] (filter channel innermost)
     linalg.generic          the contraction: ins(x, dy), parallel (g, k, f..., c), reduction (n, o...),
                             x indexed at o * stride + f * dilation, products accumulated in f32
-    linalg.generic          extf/truncf to dW's element type, only where it is not f32
+    tensor.expand_shape     only where loops of extent 1 were left out (see below)
+    linalg.generic          truncf to dW's element type, only where it is not f32
     linalg.transpose        to dW's layout, only where the filter channel is not innermost there
 
 x and dy are read in their own layout through the indexing maps, so no transposes appear on the
 inputs. The orientation matters: IREE 3.13's GPU codegen rejects the contraction with dy as the first
 operand ("failed to pack reduction dimensions for partial reduction"), and accepts input first, dy
 second and dW with the filter channel innermost on every GPU target (measured, ../shared/DESIGN.md).
+
+Loops of extent 1 (G=1, a 1x1 filter, K=1 or C=1 in depthwise, N=1) are left out of the generic and
+indexed as constant 0: IREE folds unit loops anyway, and leaving them out here means the loops that
+``convbw-tile`` and ``convbw-map-mma`` configure are exactly the loops IREE sees.
+
+An op carrying a split (``k_batch``, from ``convbw-split-k``) yields the f32 partial sums
+``[k_batch, g, k, f..., c]``: the split is one more parallel loop, outermost.
+
+The contraction generic carries ``convbw.contraction``, a dictionary describing the problem and its
+loops, which the GPU passes read.
 """
 
 from __future__ import annotations
@@ -22,89 +33,195 @@ from dataclasses import dataclass
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
+from convbw_mlir.heuristics import Split
 from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, rewrite, tensor_d
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-__all__ = ["LowerToLinalg", "accumulator_dims", "build_contraction"]
+__all__ = [
+    "CONTRACTION_ATTR",
+    "LowerToLinalg",
+    "accumulator_dims",
+    "build_contraction",
+    "contraction_loops",
+    "finish_dw",
+]
 
 PARALLEL = "#linalg.iterator_type<parallel>"
 REDUCTION = "#linalg.iterator_type<reduction>"
+CONTRACTION_ATTR = "convbw.contraction"
 
 
 def accumulator_dims(problem: ConvBwdWeightProblem) -> tuple[str, ...]:
     """Dimension letters of the f32 accumulator: ``G K <filter> C`` (no G for G-less layouts)."""
-    filt = tuple(d for d in problem.dims("dw") if d in "ZYX")
-    g = ("G",) if "G" in problem.dims("dw") else ()
-    return (*g, "K", *filt, "C")
+    return problem.dims("acc")
 
 
-def _iterator_dims(problem: ConvBwdWeightProblem) -> tuple[list[str], list[str]]:
-    """Loop names, parallel then reduction: (g, k, f0.., c) and (n, o0..)."""
-    r = problem.rank
-    par = (["g"] if "G" in problem.dims("dw") else []) + ["k"] + [f"f{i}" for i in range(r)] + ["c"]
-    red = ["n"] + [f"o{i}" for i in range(r)]
-    return par, red
+def _loop_of(problem: ConvBwdWeightProblem, letter: str) -> str:
+    """Accumulator letter -> loop name (g, k, f0.., c)."""
+    if letter in "ZYX":
+        filt = [d for d in problem.dims("dw") if d in "ZYX"]
+        return f"f{filt.index(letter)}"
+    return letter.lower()
 
 
-def _maps(problem: ConvBwdWeightProblem) -> list[ir.AffineMap]:
-    par, red = _iterator_dims(problem)
-    loops = par + red
+def contraction_loops(problem: ConvBwdWeightProblem, split: Split | None = None) -> tuple[dict[str, int], int]:
+    """The generic's loops in order, name -> extent, and how many of them are parallel.
+
+    Parallel: ``s`` (split) if any, then g, k, f0.., c; reduction: n, o0..; loops of extent 1 are left
+    out. A split loop's extent is its chunk.
+    """
+    extents = {"g": problem.groups, "k": problem.out_channels, "c": problem.in_channels, "n": problem.batch}
+    extents |= {f"f{i}": f for i, f in enumerate(problem.filter_size)}
+    extents |= {f"o{i}": o for i, o in enumerate(problem.output_size)}
+    if split:
+        extents[split.dim] = split.chunk
+    parallel = [_loop_of(problem, a) for a in accumulator_dims(problem)]
+    reduction = ["n"] + [f"o{i}" for i in range(problem.rank)]
+    loops: dict[str, int] = {"s": split.k_batch} if split else {}
+    loops |= {name: extents[name] for name in parallel if extents[name] > 1}
+    n_parallel = len(loops)
+    loops |= {name: extents[name] for name in reduction if extents[name] > 1}
+    return loops, n_parallel
+
+
+def _maps(problem: ConvBwdWeightProblem, split: Split | None, loops: list[str], n_parallel: int) -> list[ir.AffineMap]:
     d = {name: ir.AffineDimExpr.get(i) for i, name in enumerate(loops)}
+    zero = ir.AffineConstantExpr.get(0)
+
+    def loop(name: str) -> ir.AffineExpr:
+        """A loop's full index: its own variable, plus the split offset for the split loop."""
+        expr = d.get(name, zero)
+        if split and name == split.dim:
+            offset = d["s"] * split.chunk if split.chunk != 1 else d["s"]
+            expr = offset + expr if name in d else offset
+        return expr
+
+    def scaled(expr: ir.AffineExpr, factor: int) -> ir.AffineExpr:
+        return expr * factor if factor != 1 else expr
+
     spatial_in = [s for s in problem.dims("x") if s in "DHW"]
 
-    def spatial(i: int, with_filter: bool) -> ir.AffineExpr:
-        if not with_filter:
-            return d[f"o{i}"]
-        o = d[f"o{i}"] * problem.stride[i] if problem.stride[i] != 1 else d[f"o{i}"]
-        f = d[f"f{i}"] * problem.dilation[i] if problem.dilation[i] != 1 else d[f"f{i}"]
-        return o + f
-
-    def expr(letter: str, with_filter: bool) -> ir.AffineExpr:
+    def x_exprs(letter: str) -> list[ir.AffineExpr]:
         if letter in "DHW":
-            return spatial(spatial_in.index(letter), with_filter)
-        if letter in "ZYX":
-            return d[f"f{[s for s in problem.dims('dw') if s in 'ZYX'].index(letter)}"]
-        return d[letter.lower()]
+            i = spatial_in.index(letter)
+            return [scaled(loop(f"o{i}"), problem.stride[i]) + scaled(loop(f"f{i}"), problem.dilation[i])]
+        if split and split.dim == "n" and letter == "N":  # x's batch is expanded to [k_batch, chunk] too
+            return [d["s"], d.get("n", zero)]
+        return [loop(letter.lower())]
 
-    def amap(letters: tuple[str, ...], with_filter: bool) -> ir.AffineMap:
-        return ir.AffineMap.get(len(loops), 0, [expr(x, with_filter) for x in letters])
+    def dy_exprs(letter: str) -> list[ir.AffineExpr]:
+        name = f"o{spatial_in.index(letter)}" if letter in "DHW" else letter.lower()
+        if split and name == split.dim:  # dy's split dimension is expanded to [k_batch, chunk]
+            return [d["s"], d.get(name, zero)]
+        return [loop(name)]
+
+    acc = [d[name] for name in loops[:n_parallel]]
+
+    def amap(exprs: list[ir.AffineExpr]) -> ir.AffineMap:
+        return ir.AffineMap.get(len(loops), 0, exprs)
 
     return [
-        amap(problem.dims("x"), True),
-        amap(problem.dims("dy"), False),
-        amap(accumulator_dims(problem), False),
+        amap([e for s in problem.dims("x") for e in x_exprs(s)]),
+        amap([e for s in problem.dims("dy") for e in dy_exprs(s)]),
+        amap(acc),
     ]
 
 
-def _pad(problem: ConvBwdWeightProblem, x: ir.Value) -> ir.Value:
-    """tensor.pad of x's spatial dimensions; x itself when every pad is zero."""
-    if not any(problem.pad_low) and not any(problem.pad_high):
-        return x
-    letters = problem.dims("x")
-    spatial = [i for i, s in enumerate(letters) if s in "DHW"]
-    low, high = [0] * len(letters), [0] * len(letters)
-    for axis, pos in enumerate(spatial):
-        low[pos], high[pos] = problem.pad_low[axis], problem.pad_high[axis]
-    shape = list(problem.x_shape)
-    for pos in spatial:
-        shape[pos] += low[pos] + high[pos]
-    etype = element_type(problem.dtype)
-    pad = tensor_d.PadOp(ir.RankedTensorType.get(shape, etype), x, [], [], low, high)
-    block = pad.regions[0].blocks.append(*[ir.IndexType.get()] * len(letters))
+def _zero(etype: ir.Type) -> ir.Value:
+    return arith_d.ConstantOp(etype, ir.FloatAttr.get(etype, 0.0)).result
+
+
+def _pad(value: ir.Value, low: list[int], high: list[int]) -> ir.Value:
+    """tensor.pad with zeros; ``value`` itself when nothing is padded."""
+    if not any(low) and not any(high):
+        return value
+    src = value.type
+    shape = [s + lo + hi for s, lo, hi in zip(src.shape, low, high)]
+    pad = tensor_d.PadOp(ir.RankedTensorType.get(shape, src.element_type), value, [], [], low, high)
+    block = pad.regions[0].blocks.append(*[ir.IndexType.get()] * len(shape))
     with ir.InsertionPoint(block):
-        zero = arith_d.ConstantOp(etype, ir.FloatAttr.get(etype, 0.0))
-        tensor_d.YieldOp(zero)
+        tensor_d.YieldOp(_zero(src.element_type))
     return pad.result
+
+
+def _padded_inputs(
+    problem: ConvBwdWeightProblem, split: Split | None, x: ir.Value, dy: ir.Value
+) -> tuple[ir.Value, ir.Value]:
+    """Pad x by the problem's pads, and x and dy further where an uneven split reads past the end."""
+    x_dims, dy_dims = problem.dims("x"), problem.dims("dy")
+    x_low, x_high = [0] * len(x_dims), [0] * len(x_dims)
+    dy_high = [0] * len(dy_dims)
+    spatial = [s for s in x_dims if s in "DHW"]
+    for i, letter in enumerate(spatial):
+        pos = x_dims.index(letter)
+        x_low[pos], x_high[pos] = problem.pad_low[i], problem.pad_high[i]
+        out = problem.output_size[i]
+        if split and split.dim == f"o{i}":
+            out = split.padded_extent
+            dy_high[dy_dims.index(letter)] = out - problem.output_size[i]
+        # The last x row read, + 1, against the padded extent (an uneven split reads further).
+        needed = (out - 1) * problem.stride[i] + (problem.filter_size[i] - 1) * problem.dilation[i] + 1
+        have = problem.input_size[i] + problem.pad_low[i] + problem.pad_high[i]
+        x_high[pos] += max(0, needed - have)
+    if split and split.dim == "n":
+        extra = split.padded_extent - problem.batch
+        x_high[x_dims.index("N")] += extra
+        dy_high[dy_dims.index("N")] += extra
+    x, dy = _pad(x, x_low, x_high), _pad(dy, [0] * len(dy_dims), dy_high)
+    if split:
+        # The split dimension becomes [k_batch, chunk] in dy (and in x for a batch split), so that linalg
+        # sees both loops as plain dimensions of an operand (loop ranges are inferred from operand shapes)
+        # and, for a batch split, IREE still recognises a convolution (with s as one more batch loop).
+        letter = "N" if split.dim == "n" else spatial[int(split.dim[1:])]
+        dy = _expand_dim(dy, dy_dims.index(letter), split)
+        if letter == "N":
+            x = _expand_dim(x, x_dims.index("N"), split)
+    return x, dy
+
+
+def _expand_dim(value: ir.Value, pos: int, split: Split) -> ir.Value:
+    """tensor.expand_shape of dimension ``pos`` into [k_batch, chunk]."""
+    shape = list(value.type.shape)
+    rank = len(shape)
+    shape[pos : pos + 1] = [split.k_batch, split.chunk]
+    groups = [[i] for i in range(pos)] + [[pos, pos + 1]] + [[i + 1] for i in range(pos + 1, rank)]
+    i64 = ir.IntegerType.get_signless(64)
+    reassoc = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
+    out_t = ir.RankedTensorType.get(shape, value.type.element_type)
+    return tensor_d.ExpandShapeOp(out_t, value, reassoc, [], shape).result
+
+
+def _as_value(v: ir.Value | ir.OpView) -> ir.Value:
+    """The single result of a builder that returns the op (or already the value)."""
+    return v if isinstance(v, ir.Value) else v.operation.results[0]
+
+
+def _expand_units(value: ir.Value, full_shape: list[int]) -> ir.Value:
+    """tensor.expand_shape re-inserting the unit dimensions left out of ``value`` (exactly the 1s)."""
+    if list(value.type.shape) == full_shape:
+        return value
+    groups: list[list[int]] = []
+    pending: list[int] = []
+    for i, size in enumerate(full_shape):
+        pending.append(i)
+        if size > 1:
+            groups.append(pending)
+            pending = []
+    if pending and groups:
+        groups[-1].extend(pending)  # trailing unit dims join the last group; a 0-d source has no groups
+    i64 = ir.IntegerType.get_signless(64)
+    reassoc = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
+    out_t = ir.RankedTensorType.get(full_shape, value.type.element_type)
+    return tensor_d.ExpandShapeOp(out_t, value, reassoc, [], full_shape).result
 
 
 def _elementwise_cast(src: ir.Value, to: ir.Type) -> ir.Value:
     """f32 -> dW's element type, as one elementwise linalg.generic (arith.truncf)."""
-    src_t = ir.RankedTensorType(src.type)
-    out_t = ir.RankedTensorType.get(src_t.shape, to)
+    src_t = src.type
     empty = tensor_d.EmptyOp(src_t.shape, to)
-    ident = ir.AffineMap.get_identity(src_t.rank)
+    ident = ir.AffineMapAttr.get(ir.AffineMap.get_identity(src_t.rank))
     op = linalg_d.GenericOp(
-        [out_t], [src], [empty.result], ir.ArrayAttr.get([ir.AffineMapAttr.get(ident)] * 2),
+        [empty.result.type], [src], [empty.result], ir.ArrayAttr.get([ident, ident]),
         ir.ArrayAttr.get([ir.Attribute.parse(PARALLEL)] * src_t.rank),
     )  # fmt: skip
     block = op.regions[0].blocks.append(src_t.element_type, to)
@@ -113,29 +230,54 @@ def _elementwise_cast(src: ir.Value, to: ir.Type) -> ir.Value:
     return op.result
 
 
-def _as_value(v: ir.Value | ir.OpView) -> ir.Value:
-    """The single result of a builder that returns the op (or already the value)."""
-    return v if isinstance(v, ir.Value) else v.operation.results[0]
+def finish_dw(problem: ConvBwdWeightProblem, acc: ir.Value) -> ir.Value:
+    """The f32 accumulator ``[g, k, f..., c]`` -> dW: truncf where needed, transpose to dW's layout."""
+    dw = acc
+    if problem.dw_dtype != "f32":
+        dw = _elementwise_cast(dw, element_type(problem.dw_dtype))
+    letters = accumulator_dims(problem)
+    perm = [letters.index(letter) for letter in problem.dims("dw")]
+    if perm != list(range(len(perm))):
+        out = tensor_d.EmptyOp(problem.dw_shape, element_type(problem.dw_dtype))
+        dw = _as_value(linalg_d.transpose(dw, outs=[out.result], permutation=perm))
+    return dw
 
 
-def build_contraction(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value) -> ir.Value:
-    """Build the linalg form of ``problem`` at the current insertion point; returns dW (in its layout)."""
+def contraction_attr(problem: ConvBwdWeightProblem, split: Split | None, loops: dict[str, int]) -> ir.Attribute:
+    """``convbw.contraction``: the problem, its loops (names and extents, in order) and ``k_batch``."""
+    i64 = ir.IntegerType.get_signless(64)
+    entries = {
+        "problem": convbw.problem_attr(problem),
+        "loops": ir.ArrayAttr.get([ir.StringAttr.get(n) for n in loops]),
+        "extents": ir.DenseI64ArrayAttr.get(list(loops.values())),
+        "k_batch": ir.IntegerAttr.get(i64, split.k_batch if split else 1),
+    }
+    return ir.DictAttr.get(entries)
+
+
+def build_contraction(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, split: Split | None = None) -> ir.Value:
+    """Build the linalg form at the current insertion point.
+
+    Returns dW in its layout and type, or with a split, the f32 partial sums ``[k_batch, g, k, f..., c]``.
+    """
     f32 = ir.F32Type.get()
-    acc_letters = accumulator_dims(problem)
+    loops, n_parallel = contraction_loops(problem, split)
+    names = list(loops)
     sizes = dict(zip(problem.dims("dw"), problem.dw_shape))
-    acc_shape = [sizes[a] for a in acc_letters]
+    full_acc = ([split.k_batch] if split else []) + [sizes[a] for a in accumulator_dims(problem)]
+    acc_shape = [loops[n] for n in names[:n_parallel]]
     empty = tensor_d.EmptyOp(acc_shape, f32)
-    zero = arith_d.ConstantOp(f32, ir.FloatAttr.get(f32, 0.0))
-    init = _as_value(linalg_d.fill(zero.result, outs=[empty.result]))
-    par, red = _iterator_dims(problem)
-    iterators = [ir.Attribute.parse(PARALLEL)] * len(par) + [ir.Attribute.parse(REDUCTION)] * len(red)
+    init = _as_value(linalg_d.fill(_zero(f32), outs=[empty.result]))
+    x_in, dy_in = _padded_inputs(problem, split, x, dy)
+    iterators = [PARALLEL] * n_parallel + [REDUCTION] * (len(names) - n_parallel)
     generic = linalg_d.GenericOp(
         [ir.RankedTensorType.get(acc_shape, f32)],
-        [_pad(problem, x), dy],
+        [x_in, dy_in],
         [init],
-        ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in _maps(problem)]),
-        ir.ArrayAttr.get(iterators),
+        ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in _maps(problem, split, names, n_parallel)]),
+        ir.ArrayAttr.get([ir.Attribute.parse(it) for it in iterators]),
     )
+    generic.operation.attributes[CONTRACTION_ATTR] = contraction_attr(problem, split, loops)
     in_t = element_type(problem.dtype)
     block = generic.regions[0].blocks.append(in_t, in_t, f32)
     with ir.InsertionPoint(block):
@@ -143,15 +285,8 @@ def build_contraction(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value) 
         if problem.dtype != "f32":
             a, b = arith_d.ExtFOp(f32, a).result, arith_d.ExtFOp(f32, b).result
         linalg_d.YieldOp([arith_d.AddFOp(acc, arith_d.MulFOp(a, b).result).result])
-    dw = generic.result
-    if problem.dw_dtype != "f32":
-        dw = _elementwise_cast(dw, element_type(problem.dw_dtype))
-    perm = [acc_letters.index(letter) for letter in problem.dims("dw")]
-    if perm != list(range(len(perm))):
-        out_t = ir.RankedTensorType.get(problem.dw_shape, element_type(problem.dw_dtype))
-        out = tensor_d.EmptyOp(problem.dw_shape, out_t.element_type)
-        dw = _as_value(linalg_d.transpose(dw, outs=[out.result], permutation=perm))
-    return dw
+    result = _expand_units(generic.result, full_acc)
+    return result if split else finish_dw(problem, result)
 
 
 @register
@@ -159,8 +294,9 @@ class LowerToLinalg(ConvbwPass):
     argument = "convbw-lower-to-linalg"
     description = (
         "Replace each convbw.conv_bwd_weight with tensor.pad (only for non-zero pads), one linalg.generic "
-        "contraction (x first, dy second, f32 accumulator with the filter channel innermost), the cast to "
-        "dW's type and a transpose to dW's layout where needed."
+        "contraction (x first, dy second, f32 accumulator with the filter channel innermost, loops of extent 1 "
+        "left out), the cast to dW's type and a transpose to dW's layout where needed; a split op yields its "
+        "f32 partial sums."
     )
 
     @dataclass
@@ -173,9 +309,9 @@ class LowerToLinalg(ConvbwPass):
             raise self.fail(module, "invalid convbw.conv_bwd_weight op (see the errors above)")
 
         def lower(op: ir.Operation, rewriter: rewrite.PatternRewriter) -> bool:
-            problem = convbw.problem_of(op)
+            problem, split = convbw.problem_of(op), convbw.split_of(op)
             with rewriter.ip, op.location:
-                dw = build_contraction(problem, op.operands[0], op.operands[1])
+                dw = build_contraction(problem, op.operands[0], op.operands[1], split)
             rewriter.replace_op(op, [dw])
             return False  # matched
 

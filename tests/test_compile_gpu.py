@@ -23,6 +23,6 @@ def test_lowered_form_compiles_for_gpu_targets(compiled, name, target):
     # The vmfb is a zip holding the VM flatbuffer (identifier "IREE") and the target's executable format.
     assert op.vmfb[:2] == b"PK" and b"IREE" in op.vmfb[:128]
     assert (b"cuda-nvptx-fb" if target.startswith("sm_") else b"rocm-hsaco-fb") in op.vmfb
-    assert "linalg.generic" in op.stages["linalg"] and "convbw." not in op.stages["linalg"]
+    assert "linalg.generic" in op.stages["linalg"] and "convbw.conv_bwd_weight" not in op.stages["linalg"]
     assert op.flags[0] == {"gfx942": "--iree-hal-target-device=hip", "gfx1100": "--iree-hal-target-device=hip",
                            "sm_80": "--iree-hal-target-device=cuda"}[target]  # fmt: skip

@@ -36,8 +36,8 @@ MATRIX = {
 TYPES = {"f16": ("f16", "f16"), "bf16": ("bf16", "bf16"), "f32": ("f32", "f32"), "bf16_f32dw": ("bf16", "f32")}
 
 
-def check(compiled, p: ConvBwdWeightProblem) -> None:
-    op = compiled(p)
+def check(compiled, p: ConvBwdWeightProblem, **options) -> None:
+    op = compiled(p, "host", **options)
     x, dy = random_inputs(p, seed=1)
     dw = op.run(x, dy)
     assert (

@@ -1,0 +1,331 @@
+"""Compile side of the GPU benchmark: per problem, every contender as a vmfb plus a manifest.
+
+Contenders, all functions ``(x, dy) -> dW`` in the problem's layout, so the runner treats them alike:
+  * ``convbw``: our pipeline for the target.
+  * ``reference``: the GPU reference (as CK's PR 3216 added): x and dy converted to f32 first, the
+    plain contraction in f32 (no split-K, no tile config, no f16 matrix instructions: the ISA is
+    checked and recorded), dW in f32. Simple and obviously correct; it verifies big problems on the GPU.
+  * ``iree_direct``: IREE's default pipeline on the plain linalg form (``convbw-lower-to-linalg`` alone).
+  * ``iree_torch``: IREE's default on the form torch-mlir hands it: transposes around
+    ``linalg.conv_2d_nhwc_hwcf`` (x as [C, H, W, N] input, dy as [Ho, Wo, N, K] filter, stride and
+    dilation swapped). 2-D, G=1 only (the named op has no groups).
+  * ``iree_fusilli``: the torch form (or the direct one where there is none) with the weight-backward
+    flag set of iree-org/fusilli (../shared/DESIGN.md lists it; it includes IREE's split reduction).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+__all__ = ["CONTENDERS", "FUSILLI_FLAGS", "build_contender", "write_artifacts"]
+
+FUSILLI_FLAGS = [
+    "--iree-opt-level=O3",
+    "--iree-preprocessing-pass-pipeline=builtin.module(util.func(iree-preprocessing-convert-conv-filter-to-channels-last))",
+    "--iree-flow-enable-pad-handling",
+    "--iree-global-opt-propagate-transposes-through-conv",
+    "--iree-global-opt-enable-sink-transpose-through-pad",
+    "--iree-dispatch-creation-enable-fuse-padding-into-linalg-consumer-ops",
+    "--iree-dispatch-creation-enable-aggressive-reshape-movement",
+    "--iree-dispatch-creation-enable-split-reduction",
+]
+CONTENDERS = ("convbw", "reference", "iree_direct", "iree_torch", "iree_fusilli")
+
+
+def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
+    """A module with ``func @conv_bwd_weight(x, dy) -> result_type`` whose body ``body(x, dy)`` builds."""
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.ir_imports import func_d, ir
+
+    loc = convbw.problem_location(problem)
+    module = ir.Module.create(loc=loc)
+    with ir.InsertionPoint(module.body), loc:
+        x_t, dy_t = convbw.tensor_type(problem, "x"), convbw.tensor_type(problem, "dy")
+        fn = func_d.FuncOp("conv_bwd_weight", ir.FunctionType.get([x_t, dy_t], [result_type]))
+        block = fn.add_entry_block()
+        with ir.InsertionPoint(block):
+            func_d.ReturnOp([body(block.arguments[0], block.arguments[1])])
+    module.operation.verify()
+    return module
+
+
+def _extf(value: Any) -> Any:
+    """Elementwise f16/bf16 -> f32 as its own linalg.generic (identity for f32)."""
+    from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
+    from convbw_mlir.passes.lower_to_linalg import PARALLEL
+
+    t = value.type
+    if str(t.element_type) == "f32":
+        return value
+    f32 = ir.F32Type.get()
+    empty = tensor_d.EmptyOp(t.shape, f32)
+    ident = ir.AffineMapAttr.get(ir.AffineMap.get_identity(t.rank))
+    op = linalg_d.GenericOp(
+        [empty.result.type], [value], [empty.result], ir.ArrayAttr.get([ident, ident]),
+        ir.ArrayAttr.get([ir.Attribute.parse(PARALLEL)] * t.rank),
+    )  # fmt: skip
+    block = op.regions[0].blocks.append(t.element_type, f32)
+    with ir.InsertionPoint(block):
+        linalg_d.YieldOp([arith_d.ExtFOp(f32, block.arguments[0]).result])
+    return op.result
+
+
+def reference_module(problem: ConvBwdWeightProblem) -> Any:
+    from convbw_mlir.ir_imports import ir
+    from convbw_mlir.passes.lower_to_linalg import build_contraction
+
+    p32 = problem.with_(dtype="f32", dw_dtype="f32")
+    out_t = ir.RankedTensorType.get(problem.dw_shape, ir.F32Type.get())
+    return _function(problem, lambda x, dy: build_contraction(p32, _extf(x), _extf(dy)), out_t)
+
+
+def _transpose(value: Any, perm: list[int]) -> Any:
+    from convbw_mlir.ir_imports import linalg_d, tensor_d
+
+    shape = [value.type.shape[i] for i in perm]
+    out = tensor_d.EmptyOp(shape, value.type.element_type)
+    res = linalg_d.transpose(value, outs=[out.result], permutation=perm)
+    return res if hasattr(res, "type") else res.operation.results[0]
+
+
+def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
+    """The torch-mlir form (2-D, G=1), or None where it does not exist."""
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
+    from convbw_mlir.passes.lower_to_linalg import _elementwise_cast, _pad
+
+    p = problem
+    if p.rank != 2 or p.groups != 1:
+        return None
+
+    # Layouts with a size-1 G dimension: collapse it away first, then the same.
+    def body_any(x: Any, dy: Any) -> Any:
+        f32 = ir.F32Type.get()
+        xl, yl = list(p.dims("x")), list(p.dims("dy"))
+        if "G" in xl:
+            x = _drop_unit(x, xl.index("G"))
+            dy = _drop_unit(dy, yl.index("G"))
+            xl.remove("G")
+            yl.remove("G")
+        low, high = [0] * 4, [0] * 4
+        for i, letter in enumerate(("H", "W")):
+            low[xl.index(letter)], high[xl.index(letter)] = p.pad_low[i], p.pad_high[i]
+        xp = _pad(x, low, high)
+        x_in = _transpose(xp, [xl.index(d) for d in ("C", "H", "W", "N")])
+        dy_f = _transpose(dy, [yl.index(d) for d in ("H", "W", "N", "K")])
+        y, xs = p.filter_size
+        out_shape = [p.in_channels, y, xs, p.out_channels]
+        empty = tensor_d.EmptyOp(out_shape, f32)
+        zero = arith_d.ConstantOp(f32, ir.FloatAttr.get(f32, 0.0))
+        init = linalg_d.fill(zero.result, outs=[empty.result])
+        init = init if hasattr(init, "type") else init.operation.results[0]
+        # dW = x (*) dy with the roles swapped: the conv's stride is the problem's dilation and vice versa.
+        conv = linalg_d.conv_2d_nhwc_hwcf(x_in, dy_f, outs=[init], strides=list(p.dilation), dilations=list(p.stride))
+        conv = conv if hasattr(conv, "type") else conv.operation.results[0]
+        dw = conv  # [C, Y, X, K] f32
+        if p.dw_dtype != "f32":
+            from convbw_mlir.ir_imports import element_type
+
+            dw = _elementwise_cast(dw, element_type(p.dw_dtype))
+        wl = [d for d in p.dims("dw") if d != "G"]
+        src = ["C", "Y", "X", "K"]
+        dw = _transpose(dw, [src.index(d) for d in wl])
+        if "G" in p.dims("dw"):
+            dw = _add_unit(dw, p.dims("dw").index("G"), p.dw_shape)
+        return dw
+
+    return _function(p, body_any, convbw.tensor_type(p, "dw"))
+
+
+def _reassoc(groups: list[list[int]]) -> Any:
+    from convbw_mlir.ir_imports import ir
+
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
+
+
+def _unit_groups(rank: int, pos: int) -> list[list[int]]:
+    """Reassociation joining the unit dimension ``pos`` (of a rank-``rank`` tensor) to a neighbour."""
+    groups: list[list[int]] = []
+    for i in range(rank):
+        if i == pos and groups:
+            groups[-1].append(i)
+        elif i == pos + 1 and pos == 0:
+            groups.append([0, i])
+        elif i != pos:
+            groups.append([i])
+    return groups
+
+
+def _drop_unit(value: Any, pos: int) -> Any:
+    from convbw_mlir.ir_imports import ir, tensor_d
+
+    shape = list(value.type.shape)
+    new = shape[:pos] + shape[pos + 1 :]
+    out_t = ir.RankedTensorType.get(new, value.type.element_type)
+    return tensor_d.CollapseShapeOp(out_t, value, _reassoc(_unit_groups(len(shape), pos))).result
+
+
+def _add_unit(value: Any, pos: int, full_shape: tuple[int, ...]) -> Any:
+    from convbw_mlir.ir_imports import ir, tensor_d
+
+    out_t = ir.RankedTensorType.get(list(full_shape), value.type.element_type)
+    groups = _unit_groups(len(full_shape), pos)
+    return tensor_d.ExpandShapeOp(out_t, value, _reassoc(groups), [], list(full_shape)).result
+
+
+def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) -> tuple[str | None, list[str]]:
+    """(linalg IR text or None if the contender has no form for this problem, extra IREE flags)."""
+    from convbw_mlir.compiler import run_pipeline
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.ir_imports import ir, new_context
+    from convbw_mlir.passes import parse_pipeline
+    from convbw_mlir.pipelines import for_target
+
+    with new_context() as ctx, ir.Location.unknown():
+        if contender == "convbw":
+            module = convbw.build_module(problem)
+            run_pipeline(module, for_target(target), ctx)
+            return str(module), []
+        if contender == "reference":
+            module = reference_module(problem)
+            run_pipeline(module, parse_pipeline("canonicalize,cse"), ctx)
+            return str(module), []
+        torch_form = torch_style_module(problem)
+        if contender == "iree_torch":
+            return (str(torch_form) if torch_form is not None else None), []
+        if contender == "iree_fusilli" and torch_form is not None:
+            return str(torch_form), list(FUSILLI_FLAGS)
+        module = convbw.build_module(problem)
+        run_pipeline(module, parse_pipeline("convbw-lower-to-linalg,canonicalize,cse"), ctx)
+        return str(module), (list(FUSILLI_FLAGS) if contender == "iree_fusilli" else [])
+
+
+def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path,
+                       contenders: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
+    """In this process: compile ``contenders`` of one problem into ``folder``; a record per contender."""
+    from convbw_mlir.compiler import CompileError, compile_module, executable_intermediates
+    from convbw_mlir.isa import report
+    from convbw_mlir.targets import get_target
+
+    gpu = get_target(target).is_gpu
+    records: dict[str, Any] = {}
+    for contender in contenders:
+        try:
+            text, flags = build_contender(problem, contender, target)
+            if text is None:
+                records[contender] = {"ok": False, "error": "no such form for this problem"}
+                continue
+            path = f"{key}.{contender}.vmfb"
+            rec: dict[str, Any] = {"ok": True, "vmfb": path, "flags": flags}
+            if gpu and contender in ("convbw", "reference"):  # one compile gives the vmfb and the ISA
+                inter = executable_intermediates(text, target, flags)
+                vmfb = inter.vmfb
+                rep = report(inter.files, target)
+                rec["isa"] = rep.summary()
+                rec["mma_count"] = rep.main.mma_count
+            else:
+                vmfb = compile_module(text, target, flags)
+            if contender == "convbw":
+                rec["config"] = _config_of(text)
+            (folder / path).write_bytes(vmfb)
+            records[contender] = rec
+        except (CompileError, ValueError) as e:
+            records[contender] = {
+                "ok": False,
+                "error": str(e).strip().splitlines()[0][:400] if str(e).strip() else "error",
+            }
+    return records
+
+
+def _compile_isolated(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path,
+                      contenders: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
+    """compile_contenders in a child process: IREE 3.13 crashes on some inputs, which must not end the run."""
+    import subprocess
+
+    args = [json.dumps(problem.to_dict()), key, target, str(folder), ",".join(contenders)]
+    res = subprocess.run([sys.executable, "-m", "convbw_mlir.bench.artifacts", *args], capture_output=True, text=True)
+    if res.returncode == 0:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    if len(contenders) == 1:
+        return {contenders[0]: {"ok": False, "error": f"compiler crashed (exit {res.returncode})"}}
+    out: dict[str, Any] = {}
+    for c in contenders:  # find the one that crashes
+        out |= _compile_isolated(problem, key, target, folder, (c,))
+    return out
+
+
+def write_artifacts(
+    problems: list[tuple[str, ConvBwdWeightProblem]],
+    target: str,
+    out: str | os.PathLike,
+    contenders: tuple[str, ...] = CONTENDERS,
+) -> Path:
+    """Compile every contender of every problem into ``out`` and write ``out/manifest.json``.
+
+    A contender that fails to compile (or crashes the compiler) is recorded with its error: a result,
+    not the end of the run. The folder is built beside ``out`` and moved into place at the end.
+    """
+    from importlib.metadata import version
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    entries = []
+    try:
+        for i, (name, problem) in enumerate(problems, 1):
+            key = f"{name}.{problem.dtype}"
+            records = _compile_isolated(problem, key, target, tmp, contenders)
+            entries.append({"name": name, "key": key, "problem": problem.to_dict(), "contenders": records})
+            if sys.stderr.isatty():
+                print(f"\r{i}/{len(problems)} {key}", end="", file=sys.stderr)
+        manifest = {
+            "target": target,
+            "date": str(datetime.date.today()),
+            "iree_version": version("iree-base-compiler"),
+            "contenders": list(contenders),
+            "problems": entries,
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _config_of(text: str) -> dict[str, Any]:
+    """What our passes chose, read back from the IR: k_batch, strategy and tile."""
+    import re
+
+    cfg: dict[str, Any] = {}
+    m = re.search(r"k_batch = (\d+)", text)
+    cfg["k_batch"] = int(m.group(1)) if m else 1
+    m = re.search(r"convbw\.tile = \{([^}]*)\}", text)
+    if m:
+        for k, v in re.findall(r'(\w+) = ("[^"]*"|\d+)', m.group(1)):
+            cfg[k] = v.strip('"') if v.startswith('"') else int(v)
+    return cfg
+
+
+if __name__ == "__main__":  # the child of _compile_isolated
+    _problem, _key, _target, _folder, _contenders = sys.argv[1:6]
+    _records = compile_contenders(
+        ConvBwdWeightProblem.from_dict(json.loads(_problem)),
+        _key,
+        _target,
+        Path(_folder),
+        tuple(_contenders.split(",")),
+    )
+    print(json.dumps(_records))

@@ -1,0 +1,210 @@
+"""Compile every suite problem for every GPU target with our pipeline and with IREE's default, and
+tabulate the ISA report: the acceptance matrix of the GPU code generation (no GPU needed).
+
+    python -m convbw_mlir.bench.isa_matrix [--suite NAME ...] [--types f16,bf16] [--targets ...]
+        [--jobs 2] [--out bench/results/isa_<date>]
+
+Each (problem, type) is compiled in a child process, so that a compiler crash (IREE 3.13 segfaults on
+some inputs) is recorded as such instead of ending the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+__all__ = ["main"]
+
+GPU_TARGETS = ["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201", "sm_80"]
+MNEMONIC = {"cdna": "v_mfma", "rdna": "v_wmma", "nvidia": "llvm.nvvm.mma"}
+
+
+def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
+    """In this process: compile and report. flavor: ours (the target pipeline) or iree (plain lowering)."""
+    from convbw_mlir.compiler import executable_intermediates, run_pipeline
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.heuristics import choose_tile
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.isa import report
+    from convbw_mlir.passes import parse_pipeline
+    from convbw_mlir.pipelines import for_target
+    from convbw_mlir.problem import ConvBwdWeightProblem
+    from convbw_mlir.targets import TARGETS
+
+    problem = ConvBwdWeightProblem.from_ck(ck, dtype=dtype)
+    pipeline = for_target(target) if flavor == "ours" else parse_pipeline("convbw-lower-to-linalg,canonicalize,cse")
+    try:
+        with new_context() as ctx:
+            module = convbw.build_module(problem)
+            run_pipeline(module, pipeline, ctx)
+            text = str(module)
+        rep = report(executable_intermediates(text, target).files, target)
+    except Exception as e:  # a compile failure is a result here
+        return {"ok": False, "error": str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__}
+    main = rep.main
+    k_batch = text.count("k_batch = ") and int(text.split("k_batch = ", 1)[1].split(" ", 1)[0])
+    strategy = "mma" if 'strategy = "mma"' in text else ("simt" if 'strategy = "simt"' in text else "iree")
+    tile = choose_tile(problem, TARGETS[target]) if flavor == "ours" else None
+    return {
+        "ok": True,
+        "kernels": len(rep.kernels),
+        "mma": main.mma,
+        "mma_count": main.mma_count,
+        "vgpr": main.vgpr,
+        "agpr": main.agpr,
+        "sgpr": main.sgpr,
+        "lds": main.lds_bytes,
+        "scratch": rep.scratch_bytes,
+        "occupancy": main.occupancy,
+        "occupancy_limit": main.occupancy_limit,
+        "k_batch": k_batch or 1,
+        "strategy": strategy if flavor == "ours" else "iree",
+        "intended": tile.intrinsic if tile else None,
+    }
+
+
+def _child(args: list[str]) -> None:
+    ck, dtype, targets, flavors = args[0], args[1], args[2].split(","), args[3].split(",")
+    out = {f"{t}/{f}": compile_one(ck, dtype, t, f) for t in targets for f in flavors}
+    print(json.dumps(out))
+
+
+def _run_job(ck: str, dtype: str, targets: list[str], flavors: list[str]) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "convbw_mlir.bench.isa_matrix",
+        "--child",
+        ck,
+        dtype,
+        ",".join(targets),
+        ",".join(flavors),
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode == 0:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    if len(targets) * len(flavors) == 1:
+        return {f"{targets[0]}/{flavors[0]}": {"ok": False, "error": f"compiler crashed (exit {res.returncode})"}}
+    out: dict = {}  # find the crashing compile(s): one child each
+    for t in targets:
+        for f in flavors:
+            out |= _run_job(ck, dtype, [t], [f])
+    return out
+
+
+def _cell(r: dict, family: str) -> str:
+    if not r["ok"]:
+        return "FAIL"
+    mma = r["mma_count"]
+    return f"{mma}" if family else str(mma)
+
+
+def write_tables(results: list[dict], targets: list[str], out: Path) -> str:
+    from convbw_mlir.targets import TARGETS
+
+    lines = [
+        f"# ISA matrix, {datetime.date.today()} (iree-base-compiler {_iree_version()})",
+        "",
+        "Per problem, type and target: our pipeline's main kernel: matrix instructions in the ISA "
+        "(static count; `-` = SIMT strategy, none expected), scratch bytes (spills), occupancy "
+        "(waves/SIMD, AMD) and k_batch; `default` = IREE's own pipeline on the plain linalg form.",
+        "",
+    ]
+    header = "| problem | type | " + " | ".join(targets) + " |"
+    lines += [header, "|" + "---|" * (len(targets) + 2)]
+    default_fail, ours_fail, spills, missing_mma = [], [], [], []
+    for row in results:
+        cells = []
+        for t in targets:
+            r, d = row["res"][f"{t}/ours"], row["res"][f"{t}/iree"]
+            fam = TARGETS[t].family
+            if not r["ok"]:
+                ours_fail.append((row["name"], row["dtype"], t, r["error"]))
+                cells.append("**FAIL**")
+                continue
+            if not d["ok"]:
+                default_fail.append((row["name"], row["dtype"], t, d["error"]))
+            if r["scratch"]:
+                spills.append((row["name"], row["dtype"], t, r["scratch"]))
+            has = any(k.startswith(MNEMONIC[fam]) for k in r["mma"])
+            if r["strategy"] == "mma" and not has:
+                missing_mma.append((row["name"], row["dtype"], t))
+            mma = str(r["mma_count"]) if r["strategy"] != "simt" else "-"
+            occ = f" o{r['occupancy']}" if r.get("occupancy") else ""
+            kb = f" k{r['k_batch']}" if r["k_batch"] > 1 else ""
+            sp = f" **S{r['scratch']}**" if r["scratch"] else ""
+            dflt = "" if d["ok"] else " (default FAIL)"
+            cells.append(f"{mma}{occ}{kb}{sp}{dflt}")
+        lines.append(f"| {row['name']} | {row['dtype']} | " + " | ".join(cells) + " |")
+    total = len(results) * len(targets)
+    lines += [
+        "",
+        f"Compiles: {total} with our pipeline, {len(ours_fail)} failed; IREE default failed on {len(default_fail)}.",
+        f"Kernels given the MMA strategy without the target's matrix instructions: {len(missing_mma)}.",
+        f"Kernels with scratch (spills): {len(spills)}.",
+        "",
+        "## IREE's default fails, ours compiles",
+        "",
+    ]
+    lines += [
+        f"- {n} {dt} {t}: {e}"
+        for n, dt, t, e in default_fail
+        if (n, dt, t) not in {(a, b, c) for a, b, c, _ in ours_fail}
+    ]
+    lines += ["", "## Our pipeline fails", ""] + [f"- {n} {dt} {t}: {e}" for n, dt, t, e in ours_fail]
+    lines += ["", "## Spills", ""] + [f"- {n} {dt} {t}: {s} B scratch" for n, dt, t, s in spills]
+    lines += ["", "## MMA strategy without matrix instructions", ""] + [f"- {n} {dt} {t}" for n, dt, t in missing_mma]
+    text = "\n".join(lines) + "\n"
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=0) + "\n")
+    return text
+
+
+def _iree_version() -> str:
+    from importlib.metadata import version
+
+    return version("iree-base-compiler")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--child":
+        _child(argv[1:])
+        return 0
+    from convbw_mlir.bench.suites import load_suite
+
+    ap = argparse.ArgumentParser(prog="python -m convbw_mlir.bench.isa_matrix")
+    ap.add_argument("--suite", action="append", default=None)
+    ap.add_argument("--types", default="f16,bf16")
+    ap.add_argument("--targets", default=",".join(GPU_TARGETS))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N problems of each suite")
+    ap.add_argument("--out", default=f"bench/results/isa_{datetime.date.today()}")
+    args = ap.parse_args(argv)
+    targets = args.targets.split(",")
+    jobs = []
+    for suite in args.suite or ["ck_test_grouped_convnd_bwd_weight", "seeds", "models"]:
+        for name, p in load_suite(suite)[: args.limit or None]:
+            for dtype in args.types.split(","):
+                jobs.append((name, p.to_ck(), dtype))
+    results: list[dict] = []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [(j, pool.submit(_run_job, j[1], j[2], targets, ["ours", "iree"])) for j in jobs]
+        for i, ((name, ck, dtype), fut) in enumerate(futures, 1):
+            results.append({"name": name, "ck": ck, "dtype": dtype, "res": fut.result()})
+            if sys.stderr.isatty():
+                print(f"\r{i}/{len(jobs)} {name} {dtype}", end="", file=sys.stderr)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = write_tables(results, targets, out)
+    print(text.split("\n## ")[0].splitlines()[-4:] and "\n".join(text.split("\n## ")[0].splitlines()[-4:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

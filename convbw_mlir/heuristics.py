@@ -1,0 +1,185 @@
+"""Planning decisions shared by the passes, importable without the IREE compiler: how a reduction is
+split (split-K), which tile a target gets, and when a problem is too thin for matrix cores.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+__all__ = ["Split", "Tile", "auto_k_batch", "choose_tile", "pick_intrinsic", "plan_split", "reduction_extents"]
+
+
+@dataclass(frozen=True)
+class Split:
+    """A split of one reduction loop into ``k_batch`` chunks of ``chunk`` iterations.
+
+    ``dim`` is ``n`` (batch) or ``o0``/``o1``/``o2`` (an output spatial loop, outermost first). When
+    ``k_batch * chunk`` exceeds the loop's extent the last chunk reads zero padding: no work is
+    dropped and the padding contributes nothing.
+    """
+
+    dim: str
+    k_batch: int
+    chunk: int
+
+    def __post_init__(self) -> None:
+        if self.k_batch < 1 or self.chunk < 1:
+            raise ValueError(f"split: k_batch and chunk must be positive, got {self.k_batch} and {self.chunk}")
+
+    @property
+    def padded_extent(self) -> int:
+        return self.k_batch * self.chunk
+
+
+def reduction_extents(problem: ConvBwdWeightProblem) -> dict[str, int]:
+    """Extents of the reduction loops: ``n`` and ``o0``.. (output spatial, outermost first)."""
+    return {"n": problem.batch, **{f"o{i}": o for i, o in enumerate(problem.output_size)}}
+
+
+def plan_split(problem: ConvBwdWeightProblem, k_batch: int) -> Split | None:
+    """Split the reduction into (at most) ``k_batch`` chunks of the batch; None when nothing is split.
+
+    Only the batch loop is split: its chunks read whole images, x and dy get a plain [k_batch, chunk]
+    batch dimension, and IREE still sees a convolution (its IGEMM path and matrix cores stay). An
+    output-row split (index ``(s * chunk + o) * stride + f * dilation``) is valid linalg and
+    ``convbw-lower-to-linalg`` builds it for a ``split_dim = "o<i>"`` op, but IREE 3.13 crashes compiling
+    it (segfault, seen here on host, gfx942 and sm_80 with N=1 problems), so no plan produces one.
+    A batch shorter than ``k_batch`` yields fewer chunks, never empty ones (5 images in 3 -> 3 chunks of 2,
+    the last padded with a zero image).
+
+    Raises:
+        ValueError: ``k_batch`` below 1.
+    """
+    if not isinstance(k_batch, int) or isinstance(k_batch, bool) or k_batch < 1:
+        raise ValueError(f"k_batch: must be a positive integer, got {k_batch!r}")
+    n = problem.batch
+    if k_batch == 1 or n == 1:
+        return None
+    chunk = math.ceil(n / k_batch)
+    kb = math.ceil(n / chunk)
+    return Split("n", kb, chunk) if kb > 1 else None
+
+
+# -- tiles ------------------------------------------------------------------------------------------
+# Below these, a group's GEMM is too thin for matrix cores: every intrinsic is 16 wide in M and N, so
+# K (out channels) < 8 or C * filter < 16 wastes more than half of each instruction. Depthwise (K=C=1)
+# and ResNeXt-style 4-channel groups go to the split-K + vectorized-reduction strategy instead.
+MIN_MMA_M = 8
+MIN_MMA_N = 16
+# Each split of the reduction keeps at least this many reduction elements (N * prod(output) / k_batch):
+# shorter splits cost more in the second stage and in launch than they win in parallelism.
+MIN_SPLIT_REDUCTION = 256
+# Resident workgroups per CU the occupancy model assumes for the MMA kernels (4-wave workgroups, about
+# 128 VGPRs each on CDNA: 2 workgroups per SIMD-set); CK's equivalent comes from its kernel's occupancy.
+OCCUPANCY = 2
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A workgroup's work, in elements: an ``m`` (out channels) by ``n`` (in channels) tile of one
+    group and filter tap, ``k`` reduction elements per step, ``subgroups_m x subgroups_n`` waves,
+    ``stages`` of prefetch. ``intrinsic`` is the matrix instruction, or None for the SIMT strategy."""
+
+    m: int
+    n: int
+    k: int
+    subgroups_m: int
+    subgroups_n: int
+    stages: int
+    intrinsic: str | None
+
+    @property
+    def subgroups(self) -> int:
+        return self.subgroups_m * self.subgroups_n
+
+
+def _pow2_at_least(v: int, lo: int, hi: int) -> int:
+    p = lo
+    while p < v and p < hi:
+        p *= 2
+    return p
+
+
+def pick_intrinsic(problem: ConvBwdWeightProblem, target):  # -> Intrinsic | None
+    """The target's preferred matrix instruction for the problem's input type, or None (no MMA)."""
+    options = getattr(target, "intrinsics", {}).get(problem.dtype, ())
+    if not options:
+        return None
+    _, m, n, _ = problem.gemm
+    if problem.out_channels < MIN_MMA_M or problem.in_channels * math.prod(problem.filter_size) < MIN_MMA_N:
+        return None
+    return options[0]
+
+
+def choose_tile(problem: ConvBwdWeightProblem, target, **overrides: int) -> Tile:
+    """Workgroup tile, reduction step, subgroup layout and prefetch depth for ``problem`` on ``target``.
+
+    M tiles the out channels and N the in channels (the filter channel is innermost, so it is the loop the
+    N side of the instruction walks); each filter tap is its own tile. Tiles are powers of two from one
+    intrinsic up to 128, so that a small K or C (36, 3) pads to the next power of two, not to 128. Four
+    waves per workgroup; the reduction step keeps (m + n) * k * bytes within half the LDS, at most 64.
+    ``overrides`` (m, n, k, subgroups_m, subgroups_n, stages) replace any choice.
+    """
+    from convbw_mlir.problem import DTYPES
+
+    intr = pick_intrinsic(problem, target)
+    if intr is None:
+        return Tile(1, 1, 1, 1, 1, 1, None)
+    m = _pow2_at_least(problem.out_channels, intr.m, 128)
+    n = _pow2_at_least(problem.in_channels, intr.n, 128)
+    m, n = overrides.get("m", m), overrides.get("n", n)
+    # Four waves where the tile has room for them: 2 x 2, else along the longer side.
+    sg_m = 2 if m >= 2 * intr.m else 1
+    sg_n = 2 if n >= 2 * intr.n else 1
+    if sg_m * sg_n < 4 and m >= 4 * intr.m and sg_n == 1:
+        sg_m = 4
+    elif sg_m * sg_n < 4 and n >= 4 * intr.n and sg_m == 1:
+        sg_n = 4
+    sg_m, sg_n = overrides.get("subgroups_m", sg_m), overrides.get("subgroups_n", sg_n)
+    elem = DTYPES[problem.dtype]
+    k = 64
+    while k > intr.k and (m + n) * k * elem > target.lds_bytes // 2:
+        k //= 2
+    k = max(intr.k, overrides.get("k", k))
+    stages = overrides.get("stages", 2)
+    tile = Tile(m, n, k, sg_m, sg_n, stages, intr.name)
+    _check_tile(tile, intr, target, elem)
+    return tile
+
+
+def _check_tile(tile: Tile, intr, target, elem: int) -> None:
+    for name, size, sg, unit in (("m", tile.m, tile.subgroups_m, intr.m), ("n", tile.n, tile.subgroups_n, intr.n)):
+        if size % (sg * unit):
+            raise ValueError(f"tile-{name}: {size} is not a multiple of {sg} subgroups x {unit} ({intr.name})")
+    if tile.k % intr.k:
+        raise ValueError(f"tile-k: {tile.k} is not a multiple of the intrinsic's K {intr.k} ({intr.name})")
+    lds = (tile.m + tile.n) * tile.k * elem
+    if lds > target.lds_bytes:
+        raise ValueError(
+            f"tile: ({tile.m} + {tile.n}) x {tile.k} x {elem} B = {lds} B exceeds LDS {target.lds_bytes} B"
+        )
+
+
+def auto_k_batch(problem: ConvBwdWeightProblem, target) -> int:
+    """CK's occupancy rule (split_k_utils.hpp, get_best_occupancy_k_batch_value):
+    k_batch = floor(CUs * occupancy / grid), grid = G * ceil(M / TM) * ceil(N / TN) workgroups, clamped
+    to [1, 128] and so that each split keeps at least MIN_SPLIT_REDUCTION reduction elements.
+
+    For the SIMT strategy (no MMA) the grid counts one workgroup per 64 outputs of dW, the vector
+    reduction's tile. On the host (no CU model) it is 1.
+    """
+    if not getattr(target, "compute_units", 0):
+        return 1
+    tile = choose_tile(problem, target)
+    g, m, n, red = problem.gemm
+    if tile.intrinsic is None:
+        grid = math.ceil(g * m * n / 64)
+    else:
+        taps = math.prod(problem.filter_size)
+        grid = g * math.ceil(m / tile.m) * math.ceil(problem.in_channels / tile.n) * taps
+    k_batch = (target.compute_units * OCCUPANCY) // max(grid, 1)
+    k_batch = min(k_batch, 128, red // MIN_SPLIT_REDUCTION)
+    return max(1, k_batch)

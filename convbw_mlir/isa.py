@@ -1,0 +1,158 @@
+"""The ISA report: what IREE's dumped intermediates say about each kernel.
+
+AMD (``*.rocmasm``): counts of every MFMA/WMMA mnemonic, VGPR / AGPR / SGPR counts, LDS bytes, scratch
+bytes (spills) and the occupancy limit in waves per SIMD from registers and from LDS.
+NVIDIA (``*.optimized.ll``, the NVPTX LLVM IR; IREE 3.13 dumps no PTX): the count of ``mma.sync``
+intrinsics and the shared memory the kernel declares.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["KernelReport", "IsaReport", "parse_nvptx_ll", "parse_rocmasm", "report"]
+
+# Registers per SIMD lane and waves per SIMD: CDNA3 ISA guide ("512 VGPRs, unified with AGPRs", up to 8
+# waves per SIMD on gfx90a/gfx942/gfx950); RDNA3/RDNA4 ISA guides (1536 VGPRs per SIMD lane in wave32
+# mode, up to 16 waves per SIMD). VGPRs are allocated in granules of 8 (CDNA, unified) and 16 (RDNA wave32).
+_AMD_LIMITS = {"cdna": (512, 8, 8, 4), "rdna": (1536, 16, 16, 2)}  # regs, granule, max waves/SIMD, SIMDs/CU
+# LDS per CU: 64 KiB on CDNA2/3 and per WGP-half on RDNA; gfx950 has 160 KiB.
+_LDS_PER_CU = {"gfx950": 163840}
+
+
+@dataclass
+class KernelReport:
+    name: str
+    mma: dict[str, int] = field(default_factory=dict)  # mnemonic -> static count
+    vgpr: int | None = None
+    agpr: int | None = None
+    sgpr: int | None = None
+    lds_bytes: int = 0
+    scratch_bytes: int = 0
+    workgroup_size: int | None = None
+    occupancy: int | None = None  # waves per SIMD (AMD) allowed by registers and LDS
+    occupancy_limit: str = ""  # "vgpr", "lds" or "waves"
+
+    @property
+    def mma_count(self) -> int:
+        return sum(self.mma.values())
+
+
+@dataclass
+class IsaReport:
+    target: str
+    kernels: list[KernelReport]
+
+    @property
+    def main(self) -> KernelReport:
+        """The kernel doing the contraction: most matrix instructions, else most registers."""
+        return max(self.kernels, key=lambda k: (k.mma_count, k.vgpr or 0, k.lds_bytes))
+
+    @property
+    def scratch_bytes(self) -> int:
+        return max((k.scratch_bytes for k in self.kernels), default=0)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "kernels": [asdict(k) | {"mma_count": k.mma_count} for k in self.kernels]}
+
+    def summary(self) -> str:
+        k = self.main
+        mma = ", ".join(f"{n} x{c}" for n, c in sorted(k.mma.items())) or "none"
+        regs = f"vgpr {k.vgpr} agpr {k.agpr} sgpr {k.sgpr}" if k.vgpr is not None else "registers n/a"
+        occ = f"occupancy {k.occupancy} waves/SIMD ({k.occupancy_limit})" if k.occupancy else ""
+        return (
+            f"{self.target}: {len(self.kernels)} kernels; main {k.name}: mma [{mma}], {regs}, "
+            f"LDS {k.lds_bytes} B, scratch {self.scratch_bytes} B {occ}".rstrip()
+        )
+
+
+_KERNEL = re.compile(r"^\s*\.amdhsa_kernel\s+(\S+)", re.M)
+_DIRECTIVE = re.compile(r"^\s*\.amdhsa_(\w+)\s+(\d+)", re.M)
+_MMA_AMD = re.compile(r"^\s*(v_mfma_\w+|v_wmma_\w+|v_smfmac_\w+)", re.M)
+_FUNC = re.compile(r"^(\w+):\s*(?:;.*)?$", re.M)
+
+
+def parse_rocmasm(text: str, arch: str) -> list[KernelReport]:
+    """Kernels of an AMD ``.rocmasm`` file with their MMA mnemonics, registers, LDS, scratch, occupancy."""
+    family = "cdna" if arch.startswith("gfx9") else "rdna"
+    regs_total, granule, max_waves, simds = _AMD_LIMITS[family]
+    lds_cu = _LDS_PER_CU.get(arch, 65536)
+    # Instruction counts per function body: a body runs from its label to the next .amdhsa_kernel block.
+    bodies: dict[str, str] = {}
+    labels = list(_FUNC.finditer(text))
+    for i, m in enumerate(labels):
+        end = labels[i + 1].start() if i + 1 < len(labels) else len(text)
+        bodies[m.group(1)] = text[m.end() : end]
+    kernels = []
+    blocks = list(_KERNEL.finditer(text))
+    for m in blocks:
+        end = text.find(".end_amdhsa_kernel", m.end())
+        directives = {k: int(v) for k, v in _DIRECTIVE.findall(text[m.end() : end])}
+        name = m.group(1)
+        mma: dict[str, int] = {}
+        for mnemonic in _MMA_AMD.findall(bodies.get(name, "")):
+            mma[mnemonic] = mma.get(mnemonic, 0) + 1
+        vgpr_total = directives.get("next_free_vgpr")
+        accum = directives.get("accum_offset")
+        k = KernelReport(
+            name=name,
+            mma=mma,
+            # .amdhsa_accum_offset is where AGPRs start in the unified file; past next_free_vgpr: no AGPRs.
+            vgpr=min(accum, vgpr_total) if (accum is not None and vgpr_total is not None) else vgpr_total,
+            agpr=max(0, vgpr_total - accum) if (accum is not None and vgpr_total is not None) else 0,
+            sgpr=directives.get("next_free_sgpr"),
+            lds_bytes=directives.get("group_segment_fixed_size", 0),
+            scratch_bytes=directives.get("private_segment_fixed_size", 0),
+        )
+        wg = re.search(rf"\.name:\s+{re.escape(name)}\b.*?\.max_flat_workgroup_size:\s+(\d+)", text, re.S)
+        k.workgroup_size = int(wg.group(1)) if wg else None
+        if vgpr_total:
+            used = -(-vgpr_total // granule) * granule
+            by_vgpr = min(max_waves, regs_total // used)
+            limits = {"vgpr": by_vgpr, "waves": max_waves}
+            if k.lds_bytes and k.workgroup_size:
+                wave = 64 if family == "cdna" else 32
+                waves_per_wg = -(-k.workgroup_size // wave)
+                limits["lds"] = (lds_cu // k.lds_bytes) * waves_per_wg // simds
+            k.occupancy_limit, k.occupancy = min(limits.items(), key=lambda kv: kv[1])
+        kernels.append(k)
+    return kernels
+
+
+_LL_FUNC = re.compile(r"^define\s.*?@(\w+)\(", re.M)
+_MMA_NV = re.compile(r"call [^@]*@(llvm\.nvvm\.mma\.[\w.]+)")
+_SHARED = re.compile(r"^@(\S+)\s*=.*addrspace\(3\).*?\[(\d+) x (i8|half|float|i32|bfloat|i16)\]", re.M)
+_BYTES = {"i8": 1, "half": 2, "bfloat": 2, "i16": 2, "float": 4, "i32": 4}
+
+
+def parse_nvptx_ll(text: str) -> list[KernelReport]:
+    """Kernels of an NVPTX ``.optimized.ll`` with their ``mma.sync`` intrinsics and shared memory."""
+    shared = sum(int(n) * _BYTES[t] for _, n, t in _SHARED.findall(text))
+    funcs = list(_LL_FUNC.finditer(text))
+    kernels = []
+    for i, m in enumerate(funcs):
+        end = funcs[i + 1].start() if i + 1 < len(funcs) else len(text)
+        mma: dict[str, int] = {}
+        for name in _MMA_NV.findall(text[m.end() : end]):
+            mma[name] = mma.get(name, 0) + 1
+        kernels.append(KernelReport(name=m.group(1), mma=mma, lds_bytes=shared if len(funcs) == 1 else 0))
+    if len(funcs) > 1 and kernels:  # module-level shared globals: attribute them to the MMA kernel
+        max(kernels, key=lambda k: k.mma_count).lds_bytes = shared
+    return kernels
+
+
+def report(files: dict[str, str], target: str) -> IsaReport:
+    """The report for one compile's intermediates (``convbw_mlir.compiler.Intermediates.files``)."""
+    from convbw_mlir.targets import get_target
+
+    t = get_target(target)
+    kernels: list[KernelReport] = []
+    for name, text in sorted(files.items()):
+        if t.family in ("cdna", "rdna") and name.endswith(".rocmasm"):
+            kernels += parse_rocmasm(text, t.arch)
+        elif t.family == "nvidia" and name.endswith(".optimized.ll"):
+            kernels += parse_nvptx_ll(text)
+    if not kernels:
+        raise ValueError(f"isa: no {t.family} kernels in the intermediates ({sorted(files)})")
+    return IsaReport(target, kernels)

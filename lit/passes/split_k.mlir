@@ -1,0 +1,31 @@
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=2})' | FileCheck %s --check-prefix=OP
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=2},convbw-lower-to-linalg,canonicalize,cse)' | FileCheck %s --check-prefix=LINALG
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=3})' | FileCheck %s --check-prefix=UNEVEN
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=1})' | FileCheck %s --check-prefix=ONE
+// RUN: not %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=0})' 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: not %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=many})' 2>&1 | FileCheck %s --check-prefix=BADTEXT
+
+// Stage 1: the op with k_batch yields f32 partial sums [k_batch, g, k, y, x, c]; stage 2 reduces them in
+// f32 and converts to dW's type. N=4 splits into 2 chunks of 2 images.
+// OP:      %[[P:.+]] = "convbw.conv_bwd_weight"(%arg0, %arg1)
+// OP-SAME:   k_batch = 2 : i64
+// OP-SAME:   split_chunk = 2 : i64, split_dim = "n"
+// OP-SAME:   -> tensor<2x1x36x3x3x8xf32>
+// OP:      linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%[[P]] : tensor<2x1x36x3x3x8xf32>)
+// OP:      arith.addf
+// OP:      arith.truncf
+
+// The split is one more parallel loop, outermost; x and dy get their batch expanded to [2, 2].
+// LINALG: tensor.expand_shape %arg1 {{\[\[}}0, 1], [2], [3], [4], [5]] output_shape [2, 2, 7, 7, 1, 36]
+// LINALG: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]
+// LINALG-SAME: outs(%{{.+}} : tensor<2x36x3x3x8xf32>)
+// LINALG-SAME: k_batch = 2 : i64, loops = ["s", "k", "f0", "f1", "c", "n", "o0", "o1"]
+
+// 3 chunks of a batch of 4 would leave one empty: the batch gives 2 chunks of 2 (batch first).
+// UNEVEN: k_batch = 2 : i64
+// UNEVEN-SAME: split_chunk = 2
+
+// ONE-NOT: k_batch
+// ONE: "convbw.conv_bwd_weight"(%arg0, %arg1)
+// BAD: convbw-opt: error: convbw-split-k: k-batch: expected auto or a positive integer, got 0
+// BADTEXT: convbw-opt: error: convbw-split-k: option 'k-batch' expects an integer or one of auto, got 'many'

@@ -1,0 +1,29 @@
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile{target=gfx942},convbw-map-mma{target=gfx942})' | FileCheck %s --check-prefix=GFX942
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile{target=gfx950 tile-n=32},convbw-map-mma{target=gfx950})' | FileCheck %s --check-prefix=GFX950
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile{target=sm_80},convbw-map-mma{target=sm_80})' | FileCheck %s --check-prefix=SM80
+// RUN: %convbw-opt %S/Inputs/conv1x1.mlir --pass-pipeline='builtin.module(convbw-explicit-gemm,convbw-lower-to-linalg,convbw-tile{target=gfx942},convbw-map-mma{target=gfx942})' | FileCheck %s --check-prefix=GEMM
+// RUN: not %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile{target=gfx942 tile-m=24})' 2>&1 | FileCheck %s --check-prefix=BADTILE
+
+// K=36 pads to a 64 tile (next power of two, not 128), 4 waves along it; C=8 to one 16-wide intrinsic. IGEMM loops
+// [k, y, x, c, red]: workgroup in elements, subgroup and reduction in intrinsic counts, padding given.
+// GFX942: #translation = #iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<TileAndFuse> workgroup_size = [256, 1, 1] subgroup_size = 64
+// GFX942-SAME: prefetch_num_stages = 2
+// GFX942-SAME: use_igemm_convolution = true
+// GFX942: #compilation = #iree_codegen.compilation_info<lowering_config = #iree_gpu.lowering_config<{mma_kind = #iree_gpu.mma_layout<MFMA_F32_16x16x16_F16>, padding = [64, 1, 1, 16, 64], promote_operands = [0, 1], reduction = [0, 0, 0, 0, 4], subgroup = [1, 1, 1, 1, 0], workgroup = [64, 1, 1, 16, 0]}>, translation_info = #translation>
+// GFX942: linalg.generic
+// GFX942-SAME: compilation_info = #compilation
+// GFX942: convbw.tile = {intrinsic = "MFMA_F32_16x16x16_F16", k = 64 : i64, m = 64 : i64, n = 16 : i64, stages = 2 : i64, strategy = "mma", subgroups_m = 4 : i64, subgroups_n = 1 : i64}
+
+// gfx950 doubles the intrinsic's K: reduction 2 x 32 = 64 elements; tile-n overrides the N tile.
+// GFX950: mma_layout<MFMA_F32_16x16x32_F16>
+// GFX950-SAME: reduction = [0, 0, 0, 0, 2]
+// GFX950-SAME: workgroup = [64, 1, 1, 32, 0]
+
+// SM80: subgroup_size = 32
+// SM80: mma_layout<NV_MMA_SYNC_F32_16x8x16_F16>
+
+// A plain GEMM (after convbw-explicit-gemm) is left to IREE's contraction heuristics.
+// GEMM: strategy = "iree-contraction"
+// GEMM-NOT: compilation_info
+
+// BADTILE: error: convbw-tile: tile-m: 24 is not a multiple of 1 subgroups x 16 (MFMA_F32_16x16x16_F16)

@@ -1,0 +1,105 @@
+"""convbw-map-mma{target=<t>}: turn each ``convbw.tile`` of strategy ``mma`` into IREE's
+``compilation_info`` on the contraction (IREE honours a user's compilation_info on the root op).
+
+The config is IREE's TileAndFuse pipeline with ``use_igemm_convolution``, so it indexes the IGEMM
+loops: the generic's parallel loops in order ([s,] [g,] k, f..., c) and one collapsed reduction.
+Units (measured, ../shared/DESIGN.md): ``workgroup`` and ``padding`` in elements; ``subgroup`` and
+``reduction`` in intrinsic counts (reduction 4 with a K=16 intrinsic is 64 elements per step).
+``padding`` is given when a size is not a tile multiple (IREE fails "op was not bufferized" otherwise).
+TileAndFuse over VectorDistribute: it is the pipeline IREE itself picks for these convolutions and
+the one whose IGEMM path accepts every layout here; the ISA report shows the MMA instructions it emits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from convbw_mlir.dialects import convbw
+from convbw_mlir.passes.framework import ConvbwPass, option, register
+from convbw_mlir.passes.lower_to_linalg import CONTRACTION_ATTR
+from convbw_mlir.passes.tile import _GPU_TARGETS, TILE_ATTR, contractions, loops_of, read_tile
+
+from convbw_mlir.heuristics import Tile
+from convbw_mlir.ir_imports import ir
+from convbw_mlir.targets import TARGETS, Target
+
+__all__ = ["MapMma", "compilation_info"]
+
+
+def _i64_array(values: list[int]) -> ir.ArrayAttr:
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.IntegerAttr.get(i64, v) for v in values])
+
+
+def compilation_info(loops: list[str], extents: list[int], tile: Tile, target: Target, dtype: str) -> ir.Attribute:
+    """``#iree_codegen.compilation_info`` for a convolution contraction with ``loops`` (names, in order)."""
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    intr = next(i for i in target.intrinsics[dtype] if i.name == tile.intrinsic)
+    parallel = [n for n in loops if n in ("s", "g", "k", "c") or n.startswith("f")]
+    sizes = dict(zip(loops, extents))
+    workgroup, subgroup = [], []
+    for name in parallel:
+        if name == "k":
+            workgroup.append(tile.m)
+            subgroup.append(tile.m // (tile.subgroups_m * intr.m))
+        elif name == "c":
+            workgroup.append(tile.n)
+            subgroup.append(tile.n // (tile.subgroups_n * intr.n))
+        else:
+            workgroup.append(1)
+            subgroup.append(1)
+    workgroup.append(0)
+    subgroup.append(0)
+    reduction = [0] * len(parallel) + [tile.k // intr.k]
+    red_extent = 1
+    for name in loops[len(parallel) :]:
+        red_extent *= sizes[name]
+    config = {
+        "mma_kind": iree_gpu.MMAAttr.get(getattr(iree_gpu.MMAIntrinsic, tile.intrinsic)),
+        "promote_operands": _i64_array([0, 1]),
+        "workgroup": _i64_array(workgroup),
+        "subgroup": _i64_array(subgroup),
+        "reduction": _i64_array(reduction),
+    }
+    unaligned = sizes["k"] % tile.m or sizes["c"] % tile.n or red_extent % tile.k
+    if unaligned:
+        config["padding"] = _i64_array(workgroup[:-1] + [tile.k])
+    lowering = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(config))
+    options = iree_gpu.PipelineOptionsAttr.get(
+        prefetch_num_stages=tile.stages, no_reduce_shared_memory_bank_conflicts=False, use_igemm_convolution=True
+    )
+    translation = iree_codegen.TranslationInfoAttr.get(
+        iree_gpu.PipelineAttr.get(iree_gpu.LoweringPipeline.TileAndFuse),
+        workgroup_size=[tile.subgroups * target.subgroup_size, 1, 1],
+        subgroup_size=target.subgroup_size,
+        configuration=ir.DictAttr.get({"gpu_pipeline_options": options}),
+    )
+    return iree_codegen.CompilationInfoAttr.get(lowering, translation)
+
+
+@register
+class MapMma(ConvbwPass):
+    argument = "convbw-map-mma"
+    description = (
+        "Attach IREE's compilation_info (TileAndFuse, IGEMM, the target's MFMA/WMMA/MMA intrinsic, tiles from "
+        "convbw-tile) to each contraction tiled for matrix cores; other strategies keep IREE's own config."
+    )
+
+    @dataclass
+    class Options:
+        target: str = option("gfx942", "the GPU target (must match convbw-tile's)", _GPU_TARGETS)
+
+    def run(self, module: ir.Operation) -> None:
+        target = TARGETS[self.options.target]
+        for op in contractions(module):
+            if TILE_ATTR not in op.attributes:
+                raise self.fail(op, "the contraction has no convbw.tile; run convbw-tile first")
+            strategy, tile = read_tile(op)
+            if strategy != "mma":
+                continue
+            problem = convbw.problem_from_attr(op.attributes[CONTRACTION_ATTR]["problem"])
+            if tile.intrinsic not in {i.name for i in target.intrinsics.get(problem.dtype, ())}:
+                raise self.fail(op, f"intrinsic {tile.intrinsic} is not one of {target.name}'s for {problem.dtype}")
+            extents = list(op.attributes[CONTRACTION_ATTR]["extents"])
+            op.attributes["compilation_info"] = compilation_info(loops_of(op), extents, tile, target, problem.dtype)

@@ -1,0 +1,105 @@
+"""convbw-tile{target=<t> tile-m=.. tile-n=.. tile-k=.. subgroups-m=.. subgroups-n=.. stages=..}: choose
+each contraction's GPU strategy and tile, recorded as ``convbw.tile`` on the ``linalg.generic``.
+
+Three strategies:
+  * ``mma``: a workgroup tile of M (out channels) x N (in channels, the innermost filter channel) for one
+    group and filter tap, a reduction step, a subgroup layout and prefetch stages, sized from the target
+    model (:func:`convbw_mlir.heuristics.choose_tile`): within half the LDS, tiles that are powers of two
+    from one intrinsic up to 128 so that unaligned sizes (K=36, C=3, K=2376) pad only to the next one;
+    ``convbw-map-mma`` turns it into IREE's ``compilation_info``.
+  * ``simt``: depthwise and thin groups (K < 8 or C * filter < 16, or no K or C loop) get no matrix
+    instructions; their speed comes from split-K spreading the long reduction across workgroups, and
+    IREE's vector-distribution codegen for the rest.
+  * ``iree-contraction``: a GEMM without filter loops (after ``convbw-explicit-gemm``) is a plain
+    contraction, which IREE's own matmul heuristics tile well; we leave it to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from convbw_mlir.dialects import convbw
+from convbw_mlir.passes.framework import ConvbwPass, option, register
+from convbw_mlir.passes.lower_to_linalg import CONTRACTION_ATTR
+
+from convbw_mlir.heuristics import Tile, choose_tile
+from convbw_mlir.ir_imports import ir
+from convbw_mlir.targets import TARGETS
+
+__all__ = ["TILE_ATTR", "Tile", "TilePass", "contractions", "read_tile"]
+
+TILE_ATTR = "convbw.tile"
+_GPU_TARGETS = tuple(n for n, t in TARGETS.items() if t.is_gpu)
+
+
+def contractions(module: ir.Operation) -> list[ir.Operation]:
+    """The linalg.generic ops built by convbw-lower-to-linalg (they carry ``convbw.contraction``)."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "linalg.generic" and CONTRACTION_ATTR in op.attributes:
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return found
+
+
+def loops_of(op: ir.Operation) -> list[str]:
+    return [ir.StringAttr(a).value for a in op.attributes[CONTRACTION_ATTR]["loops"]]
+
+
+def read_tile(op: ir.Operation) -> tuple[str, Tile | None]:
+    """(strategy, tile) recorded by this pass."""
+    attr = op.attributes[TILE_ATTR]
+    strategy = ir.StringAttr(attr["strategy"]).value
+    if strategy != "mma":
+        return strategy, None
+    ints = {f: ir.IntegerAttr(attr[f]).value for f in ("m", "n", "k", "subgroups_m", "subgroups_n", "stages")}
+    return strategy, Tile(**ints, intrinsic=ir.StringAttr(attr["intrinsic"]).value)
+
+
+@register
+class TilePass(ConvbwPass):
+    argument = "convbw-tile"
+    description = (
+        "Choose each contraction's GPU strategy (mma, simt, iree-contraction) and, for mma, the workgroup tile "
+        "(M x N), reduction step, subgroup layout and prefetch stages from the target model; options override."
+    )
+
+    @dataclass
+    class Options:
+        target: str = option("gfx942", "the GPU target whose model sizes the tiles", _GPU_TARGETS)
+        tile_m: int | None = option(None, "workgroup tile over out channels (M), in elements")
+        tile_n: int | None = option(None, "workgroup tile over in channels (N), in elements")
+        tile_k: int | None = option(None, "reduction elements per step")
+        subgroups_m: int | None = option(None, "subgroups (waves/warps) along M")
+        subgroups_n: int | None = option(None, "subgroups along N")
+        stages: int | None = option(None, "prefetch stages (IREE's prefetch_num_stages)")
+
+    def run(self, module: ir.Operation) -> None:
+        target = TARGETS[self.options.target]
+        overrides = {
+            key: getattr(self.options, name)
+            for key, name in (("m", "tile_m"), ("n", "tile_n"), ("k", "tile_k"), ("subgroups_m", "subgroups_m"),
+                              ("subgroups_n", "subgroups_n"), ("stages", "stages"))
+            if getattr(self.options, name) is not None
+        }  # fmt: skip
+        i64 = ir.IntegerType.get_signless(64)
+        for op in contractions(module):
+            problem = convbw.problem_from_attr(op.attributes[CONTRACTION_ATTR]["problem"])
+            loops = loops_of(op)
+            if not any(name.startswith("f") for name in loops):
+                entries = {"strategy": ir.StringAttr.get("iree-contraction")}
+            else:
+                try:
+                    tile = choose_tile(problem, target, **overrides)
+                except ValueError as e:
+                    raise self.fail(op, str(e)) from None
+                if tile.intrinsic is None or "k" not in loops or "c" not in loops:
+                    entries = {"strategy": ir.StringAttr.get("simt")}
+                else:
+                    entries = {"strategy": ir.StringAttr.get("mma"), "intrinsic": ir.StringAttr.get(tile.intrinsic)}
+                    for name in ("m", "n", "k", "subgroups_m", "subgroups_n", "stages"):
+                        entries[name] = ir.IntegerAttr.get(i64, getattr(tile, name))
+            op.attributes[TILE_ATTR] = ir.DictAttr.get(entries)

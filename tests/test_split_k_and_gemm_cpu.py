@@ -1,0 +1,82 @@
+"""The target-independent rewrites (split-K, explicit GEMM) keep results exact on the CPU.
+
+Every split factor (1, 2, 3, 7 and auto as planned for gfx942) over the numerics matrix, batch splits
+and output-row splits (N=1), even and uneven, and the explicit-GEMM rewrite of 1x1 problems.
+"""
+
+import pytest
+from test_numerics_cpu import MATRIX, P, check
+
+from convbw_mlir.heuristics import auto_k_batch, plan_split
+from convbw_mlir.targets import TARGETS
+
+SPLIT_CASES = [
+    "1d_g2_stride3_dil2",
+    "2d_g2_stride2_asym",
+    "2d_depthwise_g24",
+    "2d_stride3_dil2",
+    "3d_g1",
+    "2d_odd_c3_k5_h7",
+]
+
+
+@pytest.mark.parametrize("k_batch", [1, 2, 3, 7])
+@pytest.mark.parametrize("name", SPLIT_CASES)
+def test_split_k_factors_match_reference(compiled, name, k_batch):
+    check(compiled, MATRIX[name], k_batch=k_batch)
+
+
+@pytest.mark.parametrize("name", SPLIT_CASES)
+def test_split_k_auto_for_gfx942_matches_reference(compiled, name):
+    p = MATRIX[name]
+    check(compiled, p, k_batch="auto", plan_for="gfx942")
+
+
+@pytest.mark.parametrize(
+    "p",
+    [
+        P(2, 5, 3, 4, (7,), (3,), stride=2, pad_low=2, pad_high=0),  # 1-D, 5 images in 3 chunks of 2
+        P(1, 5, 2, 3, (6, 6), (3, 3), pad_low=1, pad_high=1, dtype="bf16", dw_dtype="f32"),
+        P(4, 7, 2, 3, (5, 4, 3), (2, 2, 2), stride=(1, 2, 1), layout="NGCHW/GKCYX/NGKHW"),  # 7 in 3 chunks of 3
+    ],
+    ids=["1d_5_in_3", "bf16_f32_5_in_3", "3d_ck4_7_in_3"],
+)
+def test_uneven_batch_splits_pad_and_drop_no_work(compiled, p):
+    split = plan_split(p, 3)
+    assert split.k_batch * split.chunk > p.batch and (split.k_batch - 1) * split.chunk < p.batch
+    check(compiled, p, k_batch=3)
+    assert "k_batch = 3" in compiled(p, "host", k_batch=3).stages["linalg"]
+
+
+def test_a_batch_of_one_is_not_split(compiled):
+    p = P(1, 1, 4, 6, (13, 9), (3, 3), pad_low=1, pad_high=1)
+    assert plan_split(p, 7) is None
+    check(compiled, p, k_batch=7)
+    assert "k_batch = 1" in compiled(p, "host", k_batch=7).stages["linalg"]
+
+
+@pytest.mark.parametrize(
+    "p",
+    [
+        P(2, 4, 16, 8, (6, 6), (1, 1)),
+        P(1, 3, 5, 7, (4, 5, 3), (1, 1, 1), layout="GNCHW/GKCYX/GNKHW"),
+        P(1, 2, 8, 4, (9, 9), (1, 1), layout="NCHW/KCYX/NKHW", dtype="f32"),
+    ],
+    ids=["nhwgc", "3d_ck0", "torch_f32"],
+)
+def test_explicit_gemm_rewrite_matches_reference(compiled, p):
+    check(compiled, p)
+    check(compiled, p, k_batch=2)
+    assert "tensor.collapse_shape" in compiled(p).stages["linalg"]
+
+
+def test_auto_k_batch_follows_the_occupancy_rule():
+    gfx942 = TARGETS["gfx942"]
+    big_reduction = P(1, 32, 256, 256, (14, 14), (3, 3), pad_low=1, pad_high=1)
+    # grid = 1 * 2 * 2 * 9 taps = 36 workgroups; 304 CUs * 2 / 36 = 16
+    assert auto_k_batch(big_reduction, gfx942) == 16
+    short = P(1, 2, 256, 256, (13, 13), (3, 3), pad_low=1, pad_high=1)  # reduction 338: too short to split
+    assert auto_k_batch(short, gfx942) == 1
+    assert auto_k_batch(big_reduction, TARGETS["host"]) == 1
+    depthwise = P(144, 32, 1, 1, (56, 56), (3, 3), pad_low=1, pad_high=1)
+    assert 1 < auto_k_batch(depthwise, gfx942) <= 128
