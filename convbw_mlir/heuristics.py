@@ -39,7 +39,7 @@ def reduction_extents(problem: ConvBwdWeightProblem) -> dict[str, int]:
     return {"n": problem.batch, **{f"o{i}": o for i, o in enumerate(problem.output_size)}}
 
 
-def plan_split(problem: ConvBwdWeightProblem, k_batch: int) -> Split | None:
+def plan_split(problem: ConvBwdWeightProblem, k_batch: int, even: bool = False) -> Split | None:
     """Split the reduction into (at most) ``k_batch`` chunks of the batch; None when nothing is split.
 
     Only the batch loop is split: its chunks read whole images, x and dy get a plain [k_batch, chunk]
@@ -48,7 +48,9 @@ def plan_split(problem: ConvBwdWeightProblem, k_batch: int) -> Split | None:
     ``convbw-lower-to-linalg`` builds it for a ``split_dim = "o<i>"`` op, but IREE 3.13 crashes compiling
     it (segfault, seen here on host, gfx942 and sm_80 with N=1 problems), so no plan produces one.
     A batch shorter than ``k_batch`` yields fewer chunks, never empty ones (5 images in 3 -> 3 chunks of 2,
-    the last padded with a zero image).
+    the last padded with a zero image). ``even`` takes the largest divisor of N instead: on the H200 an
+    uneven split (N=32 in 6) produced NaNs in IREE's sm_80 code (the padded images were not zeros there;
+    exact on the CPU), and padding costs a copy of x, so automatic plans are even.
 
     Raises:
         ValueError: ``k_batch`` below 1.
@@ -58,6 +60,10 @@ def plan_split(problem: ConvBwdWeightProblem, k_batch: int) -> Split | None:
     n = problem.batch
     if k_batch == 1 or n == 1:
         return None
+    if even:  # the largest divisor of N not above k_batch: no padded images
+        k_batch = max(d for d in range(1, min(k_batch, n) + 1) if n % d == 0)
+        if k_batch == 1:
+            return None
     chunk = math.ceil(n / k_batch)
     kb = math.ceil(n / chunk)
     return Split("n", kb, chunk) if kb > 1 else None
@@ -164,22 +170,31 @@ def _check_tile(tile: Tile, intr, target, elem: int) -> None:
 
 
 def auto_k_batch(problem: ConvBwdWeightProblem, target) -> int:
-    """CK's occupancy rule (split_k_utils.hpp, get_best_occupancy_k_batch_value):
-    k_batch = floor(CUs * occupancy / grid), grid = G * ceil(M / TM) * ceil(N / TN) workgroups, clamped
-    to [1, 128] and so that each split keeps at least MIN_SPLIT_REDUCTION reduction elements.
+    """How many splits of the reduction, by strategy (the rules and the H200 measurements behind them
+    are in bench/results/h200_2026-11-21_tuning.md):
 
-    For the SIMT strategy (no MMA) the grid counts one workgroup per 64 outputs of dW, the vector
-    reduction's tile. On the host (no CU model) it is 1.
+    * matrix-core convolutions (G=1): CK's occupancy rule (split_k_utils.hpp,
+      get_best_occupancy_k_batch_value): k_batch = floor(CUs * occupancy / grid) with
+      grid = ceil(M / TM) * ceil(C / TN) * taps workgroups, clamped to [1, 128] and so that each split
+      keeps MIN_SPLIT_REDUCTION reduction elements;
+    * thin groups and depthwise (the SIMT strategy): as many splits as the batch allows (up to 128):
+      IREE gives each dW element of these one thread with a serial reduction, so parallelism comes from
+      splits only (mobilenetv2 G=144 56x56 N=32: 1049 us at 8 splits, 506 us at 32);
+    * grouped convolutions with matrix cores (G>1): 1; they already have G * taps workgroups, and a
+      split made them slower on the H200 (regnet G=8 C=64: 988 us split in 2, 751 us unsplit).
+
+    On the host (no CU model) it is 1. The split itself is planned even (a divisor of N).
     """
     if not getattr(target, "compute_units", 0):
         return 1
     tile = choose_tile(problem, target)
     g, m, n, red = problem.gemm
     if tile.intrinsic is None:
-        grid = math.ceil(g * m * n / 64)
-    else:
-        taps = math.prod(problem.filter_size)
-        grid = g * math.ceil(m / tile.m) * math.ceil(problem.in_channels / tile.n) * taps
+        return min(problem.batch, 128)
+    if problem.groups > 1:
+        return 1
+    taps = math.prod(problem.filter_size)
+    grid = math.ceil(m / tile.m) * math.ceil(problem.in_channels / tile.n) * taps
     k_batch = (target.compute_units * OCCUPANCY) // max(grid, 1)
     k_batch = min(k_batch, 128, red // MIN_SPLIT_REDUCTION)
     return max(1, k_batch)

@@ -10,6 +10,12 @@
 No im2col (CK's "explicit GEMM" for 1x1 bwd-weight). Lowered, the 1-D op has no filter loop and an
 identity x map: a batched GEMM over groups with M = K, N = C and the reduction N * H * W, which IREE
 compiles as a contraction rather than a convolution.
+
+``f32-inputs`` (set by the NVIDIA pipelines): on the H200, every f16 kernel IREE 3.13 made for these
+GEMMs from sm_80 code gave wrong dW (IREE's default on the direct, torch-mlir and fusilli forms, our
+own tile, and the reduction-innermost transpose alike: e.g. -613.5 for 27.7 on a 1x1 128x128 N=32 28x28
+layer; bench/results/h200_2026-11-21_tuning2.json), while the same contraction on f32 inputs (our GPU
+reference) matched numpy and cuDNN. Until that is understood, NVIDIA gets the f32 form: correct, slower.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
-from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
+from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
+from convbw_mlir.passes.lower_to_linalg import PARALLEL, _elementwise_cast
 
-from convbw_mlir.ir_imports import ir, tensor_d
+from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["ExplicitGemm", "as_gemm"]
@@ -48,6 +55,29 @@ def _reassociation(letters: tuple[str, ...], spatial: str) -> ir.ArrayAttr:
     return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
 
 
+def _extf(value: ir.Value) -> ir.Value:
+    """f16/bf16 -> f32 as its own elementwise linalg.generic."""
+    t = value.type
+    f32 = ir.F32Type.get()
+    empty = tensor_d.EmptyOp(t.shape, f32)
+    ident = ir.AffineMapAttr.get(ir.AffineMap.get_identity(t.rank))
+    op = linalg_d.GenericOp(
+        [empty.result.type], [value], [empty.result], ir.ArrayAttr.get([ident, ident]),
+        ir.ArrayAttr.get([ir.Attribute.parse(PARALLEL)] * t.rank),
+    )  # fmt: skip
+    block = op.regions[0].blocks.append(t.element_type, f32)
+    with ir.InsertionPoint(block):
+        linalg_d.YieldOp([arith_d.ExtFOp(f32, block.arguments[0]).result])
+    return op.result
+
+
+def _transpose(value: ir.Value, src: tuple[str, ...], dst: tuple[str, ...]) -> ir.Value:
+    shape = [value.type.shape[src.index(d)] for d in dst]
+    out = tensor_d.EmptyOp(shape, value.type.element_type)
+    res = linalg_d.transpose(value, outs=[out.result], permutation=[src.index(d) for d in dst])
+    return res if isinstance(res, ir.Value) else res.operation.results[0]
+
+
 @register
 class ExplicitGemm(ConvbwPass):
     argument = "convbw-explicit-gemm"
@@ -58,7 +88,12 @@ class ExplicitGemm(ConvbwPass):
 
     @dataclass
     class Options:
-        pass
+        reduction_innermost: bool = option(
+            False, "transpose channels-last x and dy so the reduction is innermost (layout NGCW) before the GEMM"
+        )
+        f32_inputs: bool = option(
+            False, "convert x and dy to f32 and contract in f32 (NVIDIA: IREE's f16 GEMM kernels gave wrong dW)"
+        )
 
     def run(self, module: ir.Operation) -> None:
         for op in collect_ops(module, convbw.OP_NAME):
@@ -75,10 +110,22 @@ class ExplicitGemm(ConvbwPass):
                 dy = tensor_d.CollapseShapeOp(
                     convbw.tensor_type(gemm, "dy"), op.operands[1], _reassociation(problem.dims("dy"), "DHW")
                 )
-                flat = convbw.build_op(gemm, x.result, dy.result, op.location)
-                dw_t = convbw.tensor_type(problem, "dw")
+                x_v, dy_v = x.result, dy.result
+                if self.options.reduction_innermost and gemm.layout_family.x in ("NHWGC", "GNHWC"):
+                    # [N, W, G, C] -> [N, G, C, W]: the family NGCHW/GKYXC/NGKHW (same dW layout)
+                    gemm_t = gemm.with_(layout=3)
+                    x_v = _transpose(x_v, gemm.dims("x"), gemm_t.dims("x"))
+                    dy_v = _transpose(dy_v, gemm.dims("dy"), gemm_t.dims("dy"))
+                    gemm = gemm_t
+                if self.options.f32_inputs and problem.dtype != "f32":
+                    x_v, dy_v = _extf(x_v), _extf(dy_v)
+                    gemm = gemm.with_(dtype="f32", dw_dtype="f32")
+                flat = convbw.build_op(gemm, x_v, dy_v, op.location)
+                dw_t = convbw.tensor_type(problem.with_(dw_dtype=gemm.dw_dtype), "dw")
                 dw = tensor_d.ExpandShapeOp(
                     dw_t, flat.result, _reassociation(problem.dims("dw"), "ZYX"), [], list(problem.dw_shape)
-                )
-            op.results[0].replace_all_uses_with(dw.result)
+                ).result
+                if gemm.dw_dtype != problem.dw_dtype:
+                    dw = _elementwise_cast(dw, element_type(problem.dw_dtype))
+            op.results[0].replace_all_uses_with(dw)
             op.erase()

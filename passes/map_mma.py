@@ -38,6 +38,7 @@ def compilation_info(loops: list[str], extents: list[int], tile: Tile, target: T
     intr = next(i for i in target.intrinsics[dtype] if i.name == tile.intrinsic)
     parallel = [n for n in loops if n in ("s", "g", "k", "c") or n.startswith("f")]
     sizes = dict(zip(loops, extents))
+    igemm = any(n.startswith("f") for n in loops)
     workgroup, subgroup = [], []
     for name in parallel:
         if name == "k":
@@ -49,12 +50,18 @@ def compilation_info(loops: list[str], extents: list[int], tile: Tile, target: T
         else:
             workgroup.append(1)
             subgroup.append(1)
-    workgroup.append(0)
-    subgroup.append(0)
-    reduction = [0] * len(parallel) + [tile.k // intr.k]
+    reductions = loops[len(parallel) :]
     red_extent = 1
-    for name in loops[len(parallel) :]:
+    for name in reductions:
         red_extent *= sizes[name]
+    if igemm:  # IGEMM collapses the reduction loops into one
+        workgroup.append(0)
+        subgroup.append(0)
+        reduction = [0] * len(parallel) + [tile.k // intr.k]
+    else:  # a plain contraction: one entry per loop; the innermost reduction loop feeds the intrinsic
+        workgroup += [0] * len(reductions)
+        subgroup += [0] * len(reductions)
+        reduction = [0] * len(parallel) + [1] * (len(reductions) - 1) + [tile.k // intr.k]
     config = {
         "mma_kind": iree_gpu.MMAAttr.get(getattr(iree_gpu.MMAIntrinsic, tile.intrinsic)),
         "promote_operands": _i64_array([0, 1]),
@@ -64,10 +71,11 @@ def compilation_info(loops: list[str], extents: list[int], tile: Tile, target: T
     }
     unaligned = sizes["k"] % tile.m or sizes["c"] % tile.n or red_extent % tile.k
     if unaligned:
-        config["padding"] = _i64_array(workgroup[:-1] + [tile.k])
+        red_pad = [tile.k] if igemm else [1] * (len(reductions) - 1) + [tile.k]
+        config["padding"] = _i64_array(workgroup[: len(parallel)] + red_pad)
     lowering = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(config))
     options = iree_gpu.PipelineOptionsAttr.get(
-        prefetch_num_stages=tile.stages, no_reduce_shared_memory_bank_conflicts=False, use_igemm_convolution=True
+        prefetch_num_stages=tile.stages, no_reduce_shared_memory_bank_conflicts=False, use_igemm_convolution=igemm
     )
     translation = iree_codegen.TranslationInfoAttr.get(
         iree_gpu.PipelineAttr.get(iree_gpu.LoweringPipeline.TileAndFuse),

@@ -83,9 +83,9 @@ class SplitK(ConvbwPass):
                 raise self.fail(op, "invalid convbw.conv_bwd_weight op")
             if convbw.split_of(op):
                 continue  # already split
-            kb = self.options.k_batch
-            kb = auto_k_batch(problem, target) if kb == "auto" else kb
-            split = plan_split(problem, kb)
+            auto = self.options.k_batch == "auto"
+            kb = auto_k_batch(problem, target) if auto else self.options.k_batch
+            split = plan_split(problem, kb, even=auto)
             if split is None:
                 continue
             with ir.InsertionPoint(op), op.location:

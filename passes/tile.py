@@ -1,7 +1,7 @@
 """convbw-tile{target=<t> tile-m=.. tile-n=.. tile-k=.. subgroups-m=.. subgroups-n=.. stages=..}: choose
 each contraction's GPU strategy and tile, recorded as ``convbw.tile`` on the ``linalg.generic``.
 
-Three strategies:
+Three strategies (the H200 measurements behind the choice: bench/results/h200_2026-11-21_tuning.md):
   * ``mma``: a workgroup tile of M (out channels) x N (in channels, the innermost filter channel) for one
     group and filter tap, a reduction step, a subgroup layout and prefetch stages, sized from the target
     model (:func:`convbw_mlir.heuristics.choose_tile`): within half the LDS, tiles that are powers of two
@@ -10,8 +10,9 @@ Three strategies:
   * ``simt``: depthwise and thin groups (K < 8 or C * filter < 16, or no K or C loop) get no matrix
     instructions; their speed comes from split-K spreading the long reduction across workgroups, and
     IREE's vector-distribution codegen for the rest.
-  * ``iree-contraction``: a GEMM without filter loops (after ``convbw-explicit-gemm``) is a plain
-    contraction, which IREE's own matmul heuristics tile well; we leave it to them.
+  * ``iree``: IREE's own configuration, for plain GEMMs (1x1 after ``convbw-explicit-gemm``; option
+    ``gemm=mma`` gives them our tile) and grouped convolutions (G>1; ``grouped=mma`` gives ours), where
+    IREE's tiles measured as fast or faster than ours (ResNeXt G=32 C=8: 765 us vs 1217 us).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def read_tile(op: ir.Operation) -> tuple[str, Tile | None]:
 class TilePass(ConvbwPass):
     argument = "convbw-tile"
     description = (
-        "Choose each contraction's GPU strategy (mma, simt, iree-contraction) and, for mma, the workgroup tile "
+        "Choose each contraction's GPU strategy (mma, simt, iree) and, for mma, the workgroup tile "
         "(M x N), reduction step, subgroup layout and prefetch stages from the target model; options override."
     )
 
@@ -76,6 +77,10 @@ class TilePass(ConvbwPass):
         subgroups_m: int | None = option(None, "subgroups (waves/warps) along M")
         subgroups_n: int | None = option(None, "subgroups along N")
         stages: int | None = option(None, "prefetch stages (IREE's prefetch_num_stages)")
+        gemm: str = option(
+            "iree", "plain GEMMs (1x1 after explicit-gemm): our mma tile, or IREE's own", ("mma", "iree")
+        )
+        grouped: str = option("iree", "grouped convolutions (G>1): our mma tile, or IREE's own", ("mma", "iree"))
 
     def run(self, module: ir.Operation) -> None:
         target = TARGETS[self.options.target]
@@ -89,17 +94,17 @@ class TilePass(ConvbwPass):
         for op in contractions(module):
             problem = convbw.problem_from_attr(op.attributes[CONTRACTION_ATTR]["problem"])
             loops = loops_of(op)
-            if not any(name.startswith("f") for name in loops):
-                entries = {"strategy": ir.StringAttr.get("iree-contraction")}
+            conv = any(name.startswith("f") for name in loops)
+            try:
+                tile = choose_tile(problem, target, **overrides)
+            except ValueError as e:
+                raise self.fail(op, str(e)) from None
+            if tile.intrinsic is None or "k" not in loops or "c" not in loops:
+                entries = {"strategy": ir.StringAttr.get("simt")}
+            elif (not conv and self.options.gemm == "iree") or (problem.groups > 1 and self.options.grouped == "iree"):
+                entries = {"strategy": ir.StringAttr.get("iree")}
             else:
-                try:
-                    tile = choose_tile(problem, target, **overrides)
-                except ValueError as e:
-                    raise self.fail(op, str(e)) from None
-                if tile.intrinsic is None or "k" not in loops or "c" not in loops:
-                    entries = {"strategy": ir.StringAttr.get("simt")}
-                else:
-                    entries = {"strategy": ir.StringAttr.get("mma"), "intrinsic": ir.StringAttr.get(tile.intrinsic)}
-                    for name in ("m", "n", "k", "subgroups_m", "subgroups_n", "stages"):
-                        entries[name] = ir.IntegerAttr.get(i64, getattr(tile, name))
+                entries = {"strategy": ir.StringAttr.get("mma"), "intrinsic": ir.StringAttr.get(tile.intrinsic)}
+                for name in ("m", "n", "k", "subgroups_m", "subgroups_n", "stages"):
+                    entries[name] = ir.IntegerAttr.get(i64, getattr(tile, name))
             op.attributes[TILE_ATTR] = ir.DictAttr.get(entries)

@@ -192,9 +192,12 @@ def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) 
     from convbw_mlir.pipelines import for_target
 
     with new_context() as ctx, ir.Location.unknown():
-        if contender == "convbw":
+        if contender == "convbw" or contender.startswith("convbw:"):
+            # "convbw:k_batch=8,gemm=mma": our pipeline with options (variants for tuning runs)
+            options = dict(kv.split("=", 1) for kv in contender.partition(":")[2].split(",") if kv)
+            options = {k: int(v) if v.isdigit() else v for k, v in options.items()}
             module = convbw.build_module(problem)
-            run_pipeline(module, for_target(target), ctx)
+            run_pipeline(module, for_target(target, **options), ctx)
             return str(module), []
         if contender == "reference":
             module = reference_module(problem)
@@ -225,9 +228,11 @@ def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, fol
             if text is None:
                 records[contender] = {"ok": False, "error": "no such form for this problem"}
                 continue
-            path = f"{key}.{contender}.vmfb"
+            path = f"{key}.{contender.replace(':', '.').replace(',', '.').replace('=', '')}.vmfb"
             rec: dict[str, Any] = {"ok": True, "vmfb": path, "flags": flags}
-            if gpu and contender in ("convbw", "reference"):  # one compile gives the vmfb and the ISA
+            if gpu and (
+                contender.startswith("convbw") or contender == "reference"
+            ):  # one compile gives the vmfb and the ISA
                 inter = executable_intermediates(text, target, flags)
                 vmfb = inter.vmfb
                 rep = report(inter.files, target)
@@ -235,7 +240,7 @@ def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, fol
                 rec["mma_count"] = rep.main.mma_count
             else:
                 vmfb = compile_module(text, target, flags)
-            if contender == "convbw":
+            if contender.startswith("convbw"):
                 rec["config"] = _config_of(text)
             (folder / path).write_bytes(vmfb)
             records[contender] = rec

@@ -23,7 +23,7 @@
 // SM80: mma_layout<NV_MMA_SYNC_F32_16x8x16_F16>
 
 // A plain GEMM (after convbw-explicit-gemm) is left to IREE's contraction heuristics.
-// GEMM: strategy = "iree-contraction"
+// GEMM: strategy = "iree"
 // GEMM-NOT: compilation_info
 
 // BADTILE: error: convbw-tile: tile-m: 24 is not a multiple of 1 subgroups x 16 (MFMA_F32_16x16x16_F16)
