@@ -11,15 +11,13 @@ Errors are one line on stderr and exit code 1.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from convbw_mlir.files import write_atomic
 from convbw_mlir.problem import DEFAULT_LAYOUT, DTYPES, ConvBwdWeightProblem
 
 __all__ = ["ArgumentParser", "add_problem_arguments", "main", "problem_from_args", "run_cli"]
@@ -113,33 +111,6 @@ def problem_from_args(args: argparse.Namespace) -> ConvBwdWeightProblem:
     )
 
 
-def _write_atomic(path: str, data: bytes | str) -> None:
-    """Write ``path`` through a temporary file beside it, so a failure leaves nothing half-written."""
-    if path == "-":
-        if isinstance(data, bytes):
-            sys.stdout.buffer.write(data)
-        else:
-            sys.stdout.write(data)
-        return
-    target = Path(path)
-    if target.exists() and not target.is_file():  # /dev/null, a fifo: write through, never replace it
-        with open(target, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from convbw_mlir.compiler import compile_op
     from convbw_mlir.reference import assert_close, random_inputs, reference
@@ -178,7 +149,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(op.isa_report().summary())
         return 0
     data: bytes | str = op.vmfb if args.emit == "vmfb" else op.stages[args.emit]
-    _write_atomic(args.output, data)
+    write_atomic(args.output, data)
     if args.output != "-":
         print(f"wrote {args.output} ({args.emit}, {args.target})", file=sys.stderr)
     return 0

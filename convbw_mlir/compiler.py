@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from convbw_mlir import runtime
+from convbw_mlir.files import atomic_directory
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, get_target
 
@@ -97,10 +97,7 @@ class CompiledOp:
         The files are written to a temporary folder beside it and moved into place at the end, so an
         interrupted save leaves nothing half-written.
         """
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        try:
+        with atomic_directory(directory) as tmp:
             (tmp / "kernel.vmfb").write_bytes(self.vmfb)
             for stage, text in self.stages.items():
                 (tmp / f"{stage}.mlir").write_text(text)
@@ -113,13 +110,7 @@ class CompiledOp:
                 "iree_version": self.iree_version,
             }
             (tmp / "op.json").write_text(json.dumps(meta, indent=1) + "\n")
-            if directory.exists():
-                shutil.rmtree(directory)
-            tmp.rename(directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return directory
+        return Path(directory)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> CompiledOp:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.cli import ArgumentParser, _write_atomic, add_problem_arguments, problem_from_args, run_cli
+from convbw_mlir.cli import ArgumentParser, add_problem_arguments, problem_from_args, run_cli
+from convbw_mlir.files import write_atomic
 
 __all__ = ["main"]
 
@@ -191,7 +192,7 @@ def _write_reproducer(args: argparse.Namespace, ir_text: str, pipeline: str, io:
     if args.reproducer:
         path = Path(args.reproducer)
     command = f"convbw-opt {path} --pass-pipeline='{pipeline}'"
-    _write_atomic(str(path), f"// Reproducer: {command}\n{ir_text}")
+    write_atomic(str(path), f"// Reproducer: {command}\n{ir_text}")
     io["stderr"].write(f"convbw-opt: reproducer written to {path}; replay with: {command}\n")
 
 
@@ -302,7 +303,7 @@ def _main(args: argparse.Namespace) -> int:
         return 1
     if args.emit == "mlir" and outputs and (not failed or args.split_input_file):
         # As mlir-opt: with --split-input-file the chunks that passed are still written.
-        _write_atomic(args.output, "// -----\n".join(outputs))
+        write_atomic(args.output, "// -----\n".join(outputs))
     if failed or args.emit == "mlir":
         return int(failed)
     return _emit_compiled(outputs[0], target, args)
@@ -314,9 +315,9 @@ def _emit_compiled(ir_text: str, target: str, args: argparse.Namespace) -> int:
     if args.emit == "vmfb":
         if args.output == "-" and sys.stdout.isatty():
             raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
-        _write_atomic(args.output, compile_module(ir_text, target))
+        write_atomic(args.output, compile_module(ir_text, target))
     else:
-        _write_atomic(args.output, executable_intermediates(ir_text, target).isa)
+        write_atomic(args.output, executable_intermediates(ir_text, target).isa)
     return 0
 
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
-from convbw_mlir.passes.lower_to_linalg import PARALLEL, _elementwise_cast
+from convbw_mlir.passes.lower_to_linalg import convert
 
-from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
+from convbw_mlir.ir_imports import element_type, ir, linalg_d, tensor_d
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["ExplicitGemm", "as_gemm"]
@@ -53,22 +53,6 @@ def _reassociation(letters: tuple[str, ...], spatial: str) -> ir.ArrayAttr:
             groups.append([i])
     i64 = ir.IntegerType.get_signless(64)
     return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
-
-
-def _extf(value: ir.Value) -> ir.Value:
-    """f16/bf16 -> f32 as its own elementwise linalg.generic."""
-    t = value.type
-    f32 = ir.F32Type.get()
-    empty = tensor_d.EmptyOp(t.shape, f32)
-    ident = ir.AffineMapAttr.get(ir.AffineMap.get_identity(t.rank))
-    op = linalg_d.GenericOp(
-        [empty.result.type], [value], [empty.result], ir.ArrayAttr.get([ident, ident]),
-        ir.ArrayAttr.get([ir.Attribute.parse(PARALLEL)] * t.rank),
-    )  # fmt: skip
-    block = op.regions[0].blocks.append(t.element_type, f32)
-    with ir.InsertionPoint(block):
-        linalg_d.YieldOp([arith_d.ExtFOp(f32, block.arguments[0]).result])
-    return op.result
 
 
 def _transpose(value: ir.Value, src: tuple[str, ...], dst: tuple[str, ...]) -> ir.Value:
@@ -118,7 +102,7 @@ class ExplicitGemm(ConvbwPass):
                     dy_v = _transpose(dy_v, gemm.dims("dy"), gemm_t.dims("dy"))
                     gemm = gemm_t
                 if self.options.f32_inputs and problem.dtype != "f32":
-                    x_v, dy_v = _extf(x_v), _extf(dy_v)
+                    x_v, dy_v = convert(x_v, ir.F32Type.get()), convert(dy_v, ir.F32Type.get())
                     gemm = gemm.with_(dtype="f32", dw_dtype="f32")
                 flat = convbw.build_op(gemm, x_v, dy_v, op.location)
                 dw_t = convbw.tensor_type(problem.with_(dw_dtype=gemm.dw_dtype), "dw")
@@ -126,6 +110,6 @@ class ExplicitGemm(ConvbwPass):
                     dw_t, flat.result, _reassociation(problem.dims("dw"), "ZYX"), [], list(problem.dw_shape)
                 ).result
                 if gemm.dw_dtype != problem.dw_dtype:
-                    dw = _elementwise_cast(dw, element_type(problem.dw_dtype))
+                    dw = convert(dw, element_type(problem.dw_dtype))
             op.results[0].replace_all_uses_with(dw)
             op.erase()

@@ -43,6 +43,7 @@ __all__ = [
     "accumulator_dims",
     "build_contraction",
     "contraction_loops",
+    "convert",
     "finish_dw",
 ]
 
@@ -215,9 +216,11 @@ def _expand_units(value: ir.Value, full_shape: list[int]) -> ir.Value:
     return tensor_d.ExpandShapeOp(out_t, value, reassoc, [], full_shape).result
 
 
-def _elementwise_cast(src: ir.Value, to: ir.Type) -> ir.Value:
-    """f32 -> dW's element type, as one elementwise linalg.generic (arith.truncf)."""
+def convert(src: ir.Value, to: ir.Type) -> ir.Value:
+    """Elementwise float conversion (arith.truncf or extf) as its own linalg.generic; ``src`` if equal."""
     src_t = src.type
+    if src_t.element_type == to:
+        return src
     empty = tensor_d.EmptyOp(src_t.shape, to)
     ident = ir.AffineMapAttr.get(ir.AffineMap.get_identity(src_t.rank))
     op = linalg_d.GenericOp(
@@ -225,8 +228,10 @@ def _elementwise_cast(src: ir.Value, to: ir.Type) -> ir.Value:
         ir.ArrayAttr.get([ir.Attribute.parse(PARALLEL)] * src_t.rank),
     )  # fmt: skip
     block = op.regions[0].blocks.append(src_t.element_type, to)
+    widen = ir.FloatType(to).width > ir.FloatType(src_t.element_type).width
     with ir.InsertionPoint(block):
-        linalg_d.YieldOp([arith_d.TruncFOp(to, block.arguments[0]).result])
+        cast = arith_d.ExtFOp if widen else arith_d.TruncFOp
+        linalg_d.YieldOp([cast(to, block.arguments[0]).result])
     return op.result
 
 
@@ -234,7 +239,7 @@ def finish_dw(problem: ConvBwdWeightProblem, acc: ir.Value) -> ir.Value:
     """The f32 accumulator ``[g, k, f..., c]`` -> dW: truncf where needed, transpose to dW's layout."""
     dw = acc
     if problem.dw_dtype != "f32":
-        dw = _elementwise_cast(dw, element_type(problem.dw_dtype))
+        dw = convert(dw, element_type(problem.dw_dtype))
     letters = accumulator_dims(problem)
     perm = [letters.index(letter) for letter in problem.dims("dw")]
     if perm != list(range(len(perm))):

@@ -78,14 +78,14 @@ def test_output_to_a_device_or_fifo_writes_through_and_never_replaces_it(tmp_pat
     import stat
     import threading
 
-    from convbw_mlir.cli import _write_atomic
+    from convbw_mlir.files import write_atomic
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got = []
     reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
     reader.start()
-    _write_atomic(str(fifo), "module {}\n")
+    write_atomic(str(fifo), "module {}\n")
     reader.join(timeout=10)
     assert got == [b"module {}\n"]
     assert stat.S_ISFIFO(fifo.stat().st_mode)  # still the fifo, not a regular file moved over it

@@ -18,12 +18,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from convbw_mlir.files import atomic_directory
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["CONTENDERS", "FUSILLI_FLAGS", "build_contender", "write_artifacts"]
@@ -58,34 +57,14 @@ def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
     return module
 
 
-def _extf(value: Any) -> Any:
-    """Elementwise f16/bf16 -> f32 as its own linalg.generic (identity for f32)."""
-    from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
-    from convbw_mlir.passes.lower_to_linalg import PARALLEL
-
-    t = value.type
-    if str(t.element_type) == "f32":
-        return value
-    f32 = ir.F32Type.get()
-    empty = tensor_d.EmptyOp(t.shape, f32)
-    ident = ir.AffineMapAttr.get(ir.AffineMap.get_identity(t.rank))
-    op = linalg_d.GenericOp(
-        [empty.result.type], [value], [empty.result], ir.ArrayAttr.get([ident, ident]),
-        ir.ArrayAttr.get([ir.Attribute.parse(PARALLEL)] * t.rank),
-    )  # fmt: skip
-    block = op.regions[0].blocks.append(t.element_type, f32)
-    with ir.InsertionPoint(block):
-        linalg_d.YieldOp([arith_d.ExtFOp(f32, block.arguments[0]).result])
-    return op.result
-
-
 def reference_module(problem: ConvBwdWeightProblem) -> Any:
     from convbw_mlir.ir_imports import ir
-    from convbw_mlir.passes.lower_to_linalg import build_contraction
+    from convbw_mlir.passes.lower_to_linalg import build_contraction, convert
 
     p32 = problem.with_(dtype="f32", dw_dtype="f32")
+    f32 = ir.F32Type.get()
     out_t = ir.RankedTensorType.get(problem.dw_shape, ir.F32Type.get())
-    return _function(problem, lambda x, dy: build_contraction(p32, _extf(x), _extf(dy)), out_t)
+    return _function(problem, lambda x, dy: build_contraction(p32, convert(x, f32), convert(dy, f32)), out_t)
 
 
 def _transpose(value: Any, perm: list[int]) -> Any:
@@ -101,7 +80,7 @@ def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
     """The torch-mlir form (2-D, G=1), or None where it does not exist."""
     from convbw_mlir.dialects import convbw
     from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
-    from convbw_mlir.passes.lower_to_linalg import _elementwise_cast, _pad
+    from convbw_mlir.passes.lower_to_linalg import _pad, convert
 
     p = problem
     if p.rank != 2 or p.groups != 1:
@@ -135,7 +114,7 @@ def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
         if p.dw_dtype != "f32":
             from convbw_mlir.ir_imports import element_type
 
-            dw = _elementwise_cast(dw, element_type(p.dw_dtype))
+            dw = convert(dw, element_type(p.dw_dtype))
         wl = [d for d in p.dims("dw") if d != "G"]
         src = ["C", "Y", "X", "K"]
         dw = _transpose(dw, [src.index(d) for d in wl])
@@ -282,11 +261,8 @@ def write_artifacts(
     """
     from importlib.metadata import version
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     entries = []
-    try:
+    with atomic_directory(out) as tmp:
         for i, (name, problem) in enumerate(problems, 1):
             key = f"{name}.{problem.dtype}"
             records = _compile_isolated(problem, key, target, tmp, contenders)
@@ -301,13 +277,7 @@ def write_artifacts(
             "problems": entries,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out)
 
 
 def _config_of(text: str) -> dict[str, Any]:
