@@ -16,6 +16,8 @@ GEMMs from sm_80 code gave wrong dW (IREE's default on the direct, torch-mlir an
 own tile, and the reduction-innermost transpose alike: e.g. -613.5 for 27.7 on a 1x1 128x128 N=32 28x28
 layer; bench/results/h200_2026-11-21_tuning2.json), while the same contraction on f32 inputs (our GPU
 reference) matched numpy and cuDNN. Until that is understood, NVIDIA gets the f32 form: correct, slower.
+A strided or padded 1x1 (no GEMM view) is a filter-free contraction for IREE too, so with ``f32-inputs``
+it gets the same f32 form, without the collapse.
 """
 
 from __future__ import annotations
@@ -84,8 +86,12 @@ class ExplicitGemm(ConvbwPass):
             problem = convbw.verify_op(op)
             if problem is None:
                 raise self.fail(op, "invalid convbw.conv_bwd_weight op")
+            if convbw.split_of(op):
+                continue
             gemm = as_gemm(problem)
-            if gemm is None or convbw.split_of(op):
+            if gemm is None:
+                if self.options.f32_inputs and all(f == 1 for f in problem.filter_size) and problem.dtype != "f32":
+                    self._f32_only(op, problem)  # a strided or padded 1x1: no GEMM view, same IREE issue
                 continue
             with ir.InsertionPoint(op), op.location:
                 x = tensor_d.CollapseShapeOp(
@@ -113,3 +119,14 @@ class ExplicitGemm(ConvbwPass):
                     dw = convert(dw, element_type(problem.dw_dtype))
             op.results[0].replace_all_uses_with(dw)
             op.erase()
+
+    @staticmethod
+    def _f32_only(op: ir.Operation, problem: ConvBwdWeightProblem) -> None:
+        """The op on f32 inputs, converted back: for 1x1 problems that are not plain GEMMs."""
+        f32 = ir.F32Type.get()
+        p32 = problem.with_(dtype="f32", dw_dtype="f32")
+        with ir.InsertionPoint(op), op.location:
+            new = convbw.build_op(p32, convert(op.operands[0], f32), convert(op.operands[1], f32), op.location)
+            dw = convert(new.result, element_type(problem.dw_dtype))
+        op.results[0].replace_all_uses_with(dw)
+        op.erase()
