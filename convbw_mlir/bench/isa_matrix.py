@@ -97,13 +97,6 @@ def _run_job(ck: str, dtype: str, targets: list[str], flavors: list[str]) -> dic
     return out
 
 
-def _cell(r: dict, family: str) -> str:
-    if not r["ok"]:
-        return "FAIL"
-    mma = r["mma_count"]
-    return f"{mma}" if family else str(mma)
-
-
 def write_tables(results: list[dict], targets: list[str], out: Path) -> str:
     from convbw_mlir.targets import TARGETS
 
