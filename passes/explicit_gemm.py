@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
-from convbw_mlir.passes.lower_to_linalg import convert
+from convbw_mlir.passes.lower_to_linalg import convert, reassociation, transpose
 
-from convbw_mlir.ir_imports import element_type, ir, linalg_d, tensor_d
+from convbw_mlir.ir_imports import element_type, ir, tensor_d
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["ExplicitGemm", "as_gemm"]
@@ -53,15 +53,7 @@ def _reassociation(letters: tuple[str, ...], spatial: str) -> ir.ArrayAttr:
             groups[-1].append(i)
         else:
             groups.append([i])
-    i64 = ir.IntegerType.get_signless(64)
-    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
-
-
-def _transpose(value: ir.Value, src: tuple[str, ...], dst: tuple[str, ...]) -> ir.Value:
-    shape = [value.type.shape[src.index(d)] for d in dst]
-    out = tensor_d.EmptyOp(shape, value.type.element_type)
-    res = linalg_d.transpose(value, outs=[out.result], permutation=[src.index(d) for d in dst])
-    return res if isinstance(res, ir.Value) else res.operation.results[0]
+    return reassociation(groups)
 
 
 @register
@@ -104,8 +96,8 @@ class ExplicitGemm(ConvbwPass):
                 if self.options.reduction_innermost and gemm.layout_family.x in ("NHWGC", "GNHWC"):
                     # [N, W, G, C] -> [N, G, C, W]: the family NGCHW/GKYXC/NGKHW (same dW layout)
                     gemm_t = gemm.with_(layout=3)
-                    x_v = _transpose(x_v, gemm.dims("x"), gemm_t.dims("x"))
-                    dy_v = _transpose(dy_v, gemm.dims("dy"), gemm_t.dims("dy"))
+                    x_v = transpose(x_v, [gemm.dims("x").index(d) for d in gemm_t.dims("x")])
+                    dy_v = transpose(dy_v, [gemm.dims("dy").index(d) for d in gemm_t.dims("dy")])
                     gemm = gemm_t
                 if self.options.f32_inputs and problem.dtype != "f32":
                     x_v, dy_v = convert(x_v, ir.F32Type.get()), convert(dy_v, ir.F32Type.get())

@@ -43,7 +43,11 @@ __all__ = [
     "accumulator_dims",
     "build_contraction",
     "contraction_loops",
+    "as_value",
     "convert",
+    "pad_zeros",
+    "reassociation",
+    "transpose",
     "finish_dw",
 ]
 
@@ -132,7 +136,7 @@ def _zero(etype: ir.Type) -> ir.Value:
     return arith_d.ConstantOp(etype, ir.FloatAttr.get(etype, 0.0)).result
 
 
-def _pad(value: ir.Value, low: list[int], high: list[int]) -> ir.Value:
+def pad_zeros(value: ir.Value, low: list[int], high: list[int]) -> ir.Value:
     """tensor.pad with zeros; ``value`` itself when nothing is padded."""
     if not any(low) and not any(high):
         return value
@@ -168,7 +172,7 @@ def _padded_inputs(
         extra = split.padded_extent - problem.batch
         x_high[x_dims.index("N")] += extra
         dy_high[dy_dims.index("N")] += extra
-    x, dy = _pad(x, x_low, x_high), _pad(dy, [0] * len(dy_dims), dy_high)
+    x, dy = pad_zeros(x, x_low, x_high), pad_zeros(dy, [0] * len(dy_dims), dy_high)
     if split:
         # The split dimension becomes [k_batch, chunk] in dy (and in x for a batch split), so that linalg
         # sees both loops as plain dimensions of an operand (loop ranges are inferred from operand shapes)
@@ -186,15 +190,26 @@ def _expand_dim(value: ir.Value, pos: int, split: Split) -> ir.Value:
     rank = len(shape)
     shape[pos : pos + 1] = [split.k_batch, split.chunk]
     groups = [[i] for i in range(pos)] + [[pos, pos + 1]] + [[i + 1] for i in range(pos + 1, rank)]
-    i64 = ir.IntegerType.get_signless(64)
-    reassoc = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
     out_t = ir.RankedTensorType.get(shape, value.type.element_type)
-    return tensor_d.ExpandShapeOp(out_t, value, reassoc, [], shape).result
+    return tensor_d.ExpandShapeOp(out_t, value, reassociation(groups), [], shape).result
 
 
-def _as_value(v: ir.Value | ir.OpView) -> ir.Value:
+def as_value(v: ir.Value | ir.OpView) -> ir.Value:
     """The single result of a builder that returns the op (or already the value)."""
     return v if isinstance(v, ir.Value) else v.operation.results[0]
+
+
+def reassociation(groups: list[list[int]]) -> ir.ArrayAttr:
+    """The reassociation attribute of tensor.expand_shape / collapse_shape."""
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
+
+
+def transpose(value: ir.Value, perm: list[int]) -> ir.Value:
+    """linalg.transpose of ``value`` into a new tensor, result dimension i = source dimension perm[i]."""
+    shape = [value.type.shape[i] for i in perm]
+    out = tensor_d.EmptyOp(shape, value.type.element_type)
+    return as_value(linalg_d.transpose(value, outs=[out.result], permutation=perm))
 
 
 def _expand_units(value: ir.Value, full_shape: list[int]) -> ir.Value:
@@ -210,10 +225,8 @@ def _expand_units(value: ir.Value, full_shape: list[int]) -> ir.Value:
             pending = []
     if pending and groups:
         groups[-1].extend(pending)  # trailing unit dims join the last group; a 0-d source has no groups
-    i64 = ir.IntegerType.get_signless(64)
-    reassoc = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
     out_t = ir.RankedTensorType.get(full_shape, value.type.element_type)
-    return tensor_d.ExpandShapeOp(out_t, value, reassoc, [], full_shape).result
+    return tensor_d.ExpandShapeOp(out_t, value, reassociation(groups), [], full_shape).result
 
 
 def convert(src: ir.Value, to: ir.Type) -> ir.Value:
@@ -243,8 +256,7 @@ def finish_dw(problem: ConvBwdWeightProblem, acc: ir.Value) -> ir.Value:
     letters = accumulator_dims(problem)
     perm = [letters.index(letter) for letter in problem.dims("dw")]
     if perm != list(range(len(perm))):
-        out = tensor_d.EmptyOp(problem.dw_shape, element_type(problem.dw_dtype))
-        dw = _as_value(linalg_d.transpose(dw, outs=[out.result], permutation=perm))
+        dw = transpose(dw, perm)
     return dw
 
 
@@ -272,7 +284,7 @@ def build_contraction(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, 
     full_acc = ([split.k_batch] if split else []) + [sizes[a] for a in accumulator_dims(problem)]
     acc_shape = [loops[n] for n in names[:n_parallel]]
     empty = tensor_d.EmptyOp(acc_shape, f32)
-    init = _as_value(linalg_d.fill(_zero(f32), outs=[empty.result]))
+    init = as_value(linalg_d.fill(_zero(f32), outs=[empty.result]))
     x_in, dy_in = _padded_inputs(problem, split, x, dy)
     iterators = [PARALLEL] * n_parallel + [REDUCTION] * (len(names) - n_parallel)
     generic = linalg_d.GenericOp(

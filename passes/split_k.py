@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
-from convbw_mlir.passes.lower_to_linalg import PARALLEL, REDUCTION, finish_dw
+from convbw_mlir.passes.lower_to_linalg import PARALLEL, REDUCTION, as_value, finish_dw
 
 from convbw_mlir.heuristics import auto_k_batch, plan_split
 from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
@@ -35,8 +35,7 @@ def reduce_partials(partials: ir.Value) -> ir.Value:
     f32 = ir.F32Type.get()
     empty = tensor_d.EmptyOp(shape, f32)
     zero = arith_d.ConstantOp(f32, ir.FloatAttr.get(f32, 0.0))
-    init = linalg_d.fill(zero.result, outs=[empty.result])
-    init = init if isinstance(init, ir.Value) else init.operation.results[0]
+    init = as_value(linalg_d.fill(zero.result, outs=[empty.result]))
     rank = len(shape)
     # Loops (d0..d{rank-1} = the result, d{rank} = the split), reduction last as linalg prefers.
     dims = [ir.AffineDimExpr.get(i) for i in range(rank + 1)]

@@ -67,20 +67,11 @@ def reference_module(problem: ConvBwdWeightProblem) -> Any:
     return _function(problem, lambda x, dy: build_contraction(p32, convert(x, f32), convert(dy, f32)), out_t)
 
 
-def _transpose(value: Any, perm: list[int]) -> Any:
-    from convbw_mlir.ir_imports import linalg_d, tensor_d
-
-    shape = [value.type.shape[i] for i in perm]
-    out = tensor_d.EmptyOp(shape, value.type.element_type)
-    res = linalg_d.transpose(value, outs=[out.result], permutation=perm)
-    return res if hasattr(res, "type") else res.operation.results[0]
-
-
 def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
     """The torch-mlir form (2-D, G=1), or None where it does not exist."""
     from convbw_mlir.dialects import convbw
     from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
-    from convbw_mlir.passes.lower_to_linalg import _pad, convert
+    from convbw_mlir.passes.lower_to_linalg import as_value, convert, pad_zeros, transpose
 
     p = problem
     if p.rank != 2 or p.groups != 1:
@@ -98,18 +89,17 @@ def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
         low, high = [0] * 4, [0] * 4
         for i, letter in enumerate(("H", "W")):
             low[xl.index(letter)], high[xl.index(letter)] = p.pad_low[i], p.pad_high[i]
-        xp = _pad(x, low, high)
-        x_in = _transpose(xp, [xl.index(d) for d in ("C", "H", "W", "N")])
-        dy_f = _transpose(dy, [yl.index(d) for d in ("H", "W", "N", "K")])
+        xp = pad_zeros(x, low, high)
+        x_in = transpose(xp, [xl.index(d) for d in ("C", "H", "W", "N")])
+        dy_f = transpose(dy, [yl.index(d) for d in ("H", "W", "N", "K")])
         y, xs = p.filter_size
         out_shape = [p.in_channels, y, xs, p.out_channels]
         empty = tensor_d.EmptyOp(out_shape, f32)
         zero = arith_d.ConstantOp(f32, ir.FloatAttr.get(f32, 0.0))
-        init = linalg_d.fill(zero.result, outs=[empty.result])
-        init = init if hasattr(init, "type") else init.operation.results[0]
+        init = as_value(linalg_d.fill(zero.result, outs=[empty.result]))
         # dW = x (*) dy with the roles swapped: the conv's stride is the problem's dilation and vice versa.
         conv = linalg_d.conv_2d_nhwc_hwcf(x_in, dy_f, outs=[init], strides=list(p.dilation), dilations=list(p.stride))
-        conv = conv if hasattr(conv, "type") else conv.operation.results[0]
+        conv = as_value(conv)
         dw = conv  # [C, Y, X, K] f32
         if p.dw_dtype != "f32":
             from convbw_mlir.ir_imports import element_type
@@ -117,19 +107,12 @@ def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
             dw = convert(dw, element_type(p.dw_dtype))
         wl = [d for d in p.dims("dw") if d != "G"]
         src = ["C", "Y", "X", "K"]
-        dw = _transpose(dw, [src.index(d) for d in wl])
+        dw = transpose(dw, [src.index(d) for d in wl])
         if "G" in p.dims("dw"):
             dw = _add_unit(dw, p.dims("dw").index("G"), p.dw_shape)
         return dw
 
     return _function(p, body_any, convbw.tensor_type(p, "dw"))
-
-
-def _reassoc(groups: list[list[int]]) -> Any:
-    from convbw_mlir.ir_imports import ir
-
-    i64 = ir.IntegerType.get_signless(64)
-    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
 
 
 def _unit_groups(rank: int, pos: int) -> list[list[int]]:
@@ -147,19 +130,21 @@ def _unit_groups(rank: int, pos: int) -> list[list[int]]:
 
 def _drop_unit(value: Any, pos: int) -> Any:
     from convbw_mlir.ir_imports import ir, tensor_d
+    from convbw_mlir.passes.lower_to_linalg import reassociation
 
     shape = list(value.type.shape)
     new = shape[:pos] + shape[pos + 1 :]
     out_t = ir.RankedTensorType.get(new, value.type.element_type)
-    return tensor_d.CollapseShapeOp(out_t, value, _reassoc(_unit_groups(len(shape), pos))).result
+    return tensor_d.CollapseShapeOp(out_t, value, reassociation(_unit_groups(len(shape), pos))).result
 
 
 def _add_unit(value: Any, pos: int, full_shape: tuple[int, ...]) -> Any:
     from convbw_mlir.ir_imports import ir, tensor_d
+    from convbw_mlir.passes.lower_to_linalg import reassociation
 
     out_t = ir.RankedTensorType.get(list(full_shape), value.type.element_type)
     groups = _unit_groups(len(full_shape), pos)
-    return tensor_d.ExpandShapeOp(out_t, value, _reassoc(groups), [], list(full_shape)).result
+    return tensor_d.ExpandShapeOp(out_t, value, reassociation(groups), [], list(full_shape)).result
 
 
 def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) -> tuple[str | None, list[str]]:
