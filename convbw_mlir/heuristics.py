@@ -7,9 +7,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 
-__all__ = ["Split", "Tile", "auto_k_batch", "choose_tile", "pick_intrinsic", "plan_split", "reduction_extents"]
+__all__ = [
+    "SimtTile",
+    "Split",
+    "Tile",
+    "auto_k_batch",
+    "choose_simt_tile",
+    "choose_tile",
+    "pick_intrinsic",
+    "plan_rows_split",
+    "plan_split",
+    "reduction_extents",
+    "rows_split_pays",
+    "simt_threads_fit",
+]
 
 
 @dataclass(frozen=True)
@@ -19,6 +32,10 @@ class Split:
     ``dim`` is ``n`` (batch) or ``o0``/``o1``/``o2`` (an output spatial loop, outermost first). When
     ``k_batch * chunk`` exceeds the loop's extent the last chunk reads zero padding: no work is
     dropped and the padding contributes nothing.
+
+    A comma-separated ``dim`` (``"n,o0"``, a *rows* split) names loops made parallel whole: every
+    combination (each image's each output row) is its own partial sum, ``chunk`` is 1 and ``k_batch``
+    the product of their extents. Nothing is reshaped for it: the loops simply stop being reductions.
     """
 
     dim: str
@@ -28,15 +45,56 @@ class Split:
     def __post_init__(self) -> None:
         if self.k_batch < 1 or self.chunk < 1:
             raise ValueError(f"split: k_batch and chunk must be positive, got {self.k_batch} and {self.chunk}")
+        if self.promoted and self.chunk != 1:
+            raise ValueError(f"split: a split over loops {self.dim} takes chunk 1, got {self.chunk}")
 
     @property
     def padded_extent(self) -> int:
         return self.k_batch * self.chunk
 
+    @property
+    def promoted(self) -> tuple[str, ...]:
+        """The loops a rows split makes parallel (empty for a chunked split of one loop)."""
+        return tuple(self.dim.split(",")) if "," in self.dim else ()
+
 
 def reduction_extents(problem: ConvBwdWeightProblem) -> dict[str, int]:
     """Extents of the reduction loops: ``n`` and ``o0``.. (output spatial, outermost first)."""
     return {"n": problem.batch, **{f"o{i}": o for i, o in enumerate(problem.output_size)}}
+
+
+# A rows split writes N * O0 partial sums of the accumulator, which stage 2 reads back. `auto` takes it
+# only while they are at most this fraction of the bytes of x and dy. H200 (sm_80 code, f16, the
+# SIMT problems of the suites, bench/results/h200_2026-11-22_depthwise.md), rows split vs batch split:
+# faster where partials / inputs was 0.06 (MobileNetV2 G=96 112x112 s2: 397 vs 1305 us) and 0.16
+# (G=144 56x56: 354 vs 452 us); even at 0.64 (G=384 14x14: 105 vs 106 us); slower at 0.99 and above
+# (G=960 7x7: 112 vs 78 us; EfficientNet 5x5 G=240: 351 vs 302 us, G=672: 377 vs 155 us; ResNeXt
+# G=32 C=K=4: 8844 vs 574 us).
+MAX_ROWS_PARTIAL_FRACTION = 0.25
+# The SIMT thread over a rows split holds C * taps f32 accumulators; beyond this they leave registers.
+MAX_THREAD_ACCUMULATORS = 64
+
+
+def plan_rows_split(problem: ConvBwdWeightProblem) -> Split | None:
+    """Each image's each first-output-row its own partial sum: loops ``n`` and ``o0`` made parallel.
+
+    For the SIMT strategy (depthwise, thin groups): with these loops parallel, a thread owns one (image,
+    row, channel) and all filter taps, and reads channels-last x and dy along the channel, coalesced;
+    IREE's reduction codegen instead gives each dW element a subgroup reducing along a strided
+    dimension. None where it does not apply: a 1-D problem (nothing would be left to reduce in a
+    partial) or fewer than 2 partials. Whether it pays is :func:`rows_split_pays`.
+    """
+    if problem.rank < 2:
+        return None
+    count = problem.batch * problem.output_size[0]
+    return Split("n,o0", count, 1) if count > 1 else None
+
+
+def rows_split_pays(problem: ConvBwdWeightProblem, split: Split) -> bool:
+    """Whether the rows split's partial sums are small against the inputs (:data:`MAX_ROWS_PARTIAL_FRACTION`)."""
+    partial_bytes = split.k_batch * math.prod(problem.shape("acc")) * 4
+    input_bytes = (math.prod(problem.x_shape) + math.prod(problem.dy_shape)) * DTYPES[problem.dtype]
+    return partial_bytes <= MAX_ROWS_PARTIAL_FRACTION * input_bytes
 
 
 def plan_split(problem: ConvBwdWeightProblem, k_batch: int, even: bool = False) -> Split | None:
@@ -129,8 +187,6 @@ def choose_tile(problem: ConvBwdWeightProblem, target, **overrides: int) -> Tile
     waves per workgroup; the reduction step keeps (m + n) * k * bytes within half the LDS, at most 64.
     ``overrides`` (m, n, k, subgroups_m, subgroups_n, stages) replace any choice.
     """
-    from convbw_mlir.problem import DTYPES
-
     intr = pick_intrinsic(problem, target)
     if intr is None:
         return Tile(1, 1, 1, 1, 1, 1, None)
@@ -167,6 +223,53 @@ def _check_tile(tile: Tile, intr, target, elem: int) -> None:
         raise ValueError(
             f"tile: ({tile.m} + {tile.n}) x {tile.k} x {elem} B = {lds} B exceeds LDS {target.lds_bytes} B"
         )
+
+
+def simt_threads_fit(problem: ConvBwdWeightProblem) -> bool:
+    """Whether a SIMT thread can hold all in channels x taps of its dW row (see :class:`SimtTile`)."""
+    return problem.in_channels * math.prod(problem.filter_size) <= MAX_THREAD_ACCUMULATORS
+
+
+@dataclass(frozen=True)
+class SimtTile:
+    """The SIMT strategy's workgroup over a rows split: ``rows`` output rows x ``groups`` groups x
+    ``channels`` out channels, one thread each; a thread owns all filter taps and in channels of its
+    (image, row, group, out channel) and reduces the rest of the row serially."""
+
+    rows: int
+    groups: int
+    channels: int
+
+    @property
+    def threads(self) -> int:
+        return self.rows * self.groups * self.channels
+
+
+def _largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
+
+
+def choose_simt_tile(problem: ConvBwdWeightProblem, target) -> SimtTile:
+    """Threads along the channels (out channels innermost, then groups: the innermost dimensions of
+    channels-last dy and x, so a subgroup's loads are contiguous), then output rows, up to four
+    subgroups per workgroup. Every size divides its loop (no partial tiles, no padding).
+    Measured (H200, MobileNetV2 G=144 3x3 56x56 N=32, bench/results/h200_2026-11-22_depthwise.md):
+    48 groups x 2 rows, 16 x 8 and 48 x 2 with a 4-deep reduction step all within 3%.
+    """
+    budget = 4 * target.subgroup_size
+    channels = _largest_divisor(problem.out_channels, budget)
+
+    def divisors(n: int, limit: int) -> list[int]:
+        return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+    # Whole subgroups first (G=144: 16 groups x 8 rows = 128 threads, not 72 x 1), then more threads,
+    # then more groups (wider contiguous loads).
+    candidates = [
+        SimtTile(rows, groups, channels)
+        for groups in divisors(problem.groups, budget // channels)
+        for rows in divisors(problem.output_size[0], budget // (channels * groups))
+    ]
+    return max(candidates, key=lambda t: (t.threads % target.subgroup_size == 0, t.threads, t.groups))
 
 
 def auto_k_batch(problem: ConvBwdWeightProblem, target) -> int:

@@ -46,8 +46,13 @@ class IsaReport:
 
     @property
     def main(self) -> KernelReport:
-        """The kernel doing the contraction: most matrix instructions, else most registers."""
-        return max(self.kernels, key=lambda k: (k.mma_count, k.vgpr or 0, k.lds_bytes))
+        """The kernel doing the contraction: most matrix instructions, else the one IREE named after a
+        convolution or matmul (its dispatch names say what they hold), else most registers."""
+
+        def contraction(k: KernelReport) -> bool:
+            return any(word in k.name for word in ("_conv_", "_matmul", "_contract"))
+
+        return max(self.kernels, key=lambda k: (k.mma_count, contraction(k), k.vgpr or 0, k.lds_bytes))
 
     @property
     def scratch_bytes(self) -> int:

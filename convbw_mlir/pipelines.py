@@ -29,8 +29,7 @@ def for_target(target: str, **options: Any) -> list[PipelineElement]:
     # Target-independent rewrites run for every target, host included, so their numerics are tested on
     # the CPU; the GPU passes only annotate the contraction for IREE.
     stages: list[str | tuple[str, dict[str, Any]]] = [
-        # NVIDIA: f32 GEMMs for 1x1 (IREE's f16 GEMM kernels gave wrong dW there; passes/explicit_gemm.py)
-        ("convbw-explicit-gemm", {"f32_inputs": tgt.family == "nvidia"}),
+        ("convbw-explicit-gemm", {}),
         ("convbw-split-k", {"plan_for": target}),
         ("convbw-lower-to-linalg", {}),
     ]

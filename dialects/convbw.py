@@ -14,6 +14,8 @@ That detail stays inside this module: the rest of the code builds, reads and che
 
 from __future__ import annotations
 
+import math
+
 from convbw_mlir.heuristics import Split
 from convbw_mlir.ir_imports import func_d, ir
 from convbw_mlir.problem import ConvBwdWeightProblem
@@ -192,9 +194,17 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
         from convbw_mlir.heuristics import reduction_extents
 
         extents = reduction_extents(problem)
-        if split.dim not in extents:
+        if split.promoted:
+            unknown = [d for d in split.promoted if d not in extents]
+            if unknown or len(set(split.promoted)) != len(split.promoted):
+                loops = ", ".join(extents)
+                raise OpError(f"split_dim: '{split.dim}' must name distinct reduction loops; loops: {loops}")
+            count = math.prod(extents[d] for d in split.promoted)
+            if split.k_batch != count:
+                raise OpError(f"split: k_batch {split.k_batch} must be {count}, the extents of {split.dim} multiplied")
+        elif split.dim not in extents:
             raise OpError(f"split_dim: '{split.dim}' is not a reduction loop; loops: {', '.join(extents)}")
-        if split.padded_extent < extents[split.dim] or (split.k_batch - 1) * split.chunk >= extents[split.dim]:
+        elif split.padded_extent < extents[split.dim] or (split.k_batch - 1) * split.chunk >= extents[split.dim]:
             raise OpError(
                 f"split: k_batch {split.k_batch} x chunk {split.chunk} must cover loop '{split.dim}' "
                 f"of extent {extents[split.dim]} with no empty chunk"

@@ -11,13 +11,8 @@ No im2col (CK's "explicit GEMM" for 1x1 bwd-weight). Lowered, the 1-D op has no 
 identity x map: a batched GEMM over groups with M = K, N = C and the reduction N * H * W, which IREE
 compiles as a contraction rather than a convolution.
 
-``f32-inputs`` (set by the NVIDIA pipelines): on the H200, every f16 kernel IREE 3.13 made for these
-GEMMs from sm_80 code gave wrong dW (IREE's default on the direct, torch-mlir and fusilli forms, our
-own tile, and the reduction-innermost transpose alike: e.g. -613.5 for 27.7 on a 1x1 128x128 N=32 28x28
-layer; bench/results/h200_2026-11-21_tuning2.json), while the same contraction on f32 inputs (our GPU
-reference) matched numpy and cuDNN. Until that is understood, NVIDIA gets the f32 form: correct, slower.
-A strided or padded 1x1 (no GEMM view) is a filter-free contraction for IREE too, so with ``f32-inputs``
-it gets the same f32 form, without the collapse.
+The contraction it lowers to is a GEMM, given to IREE dy first (``convbw-lower-to-linalg``,
+:func:`convbw_mlir.passes.lower_to_linalg.dy_first` says why).
 """
 
 from __future__ import annotations
@@ -26,9 +21,9 @@ from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
-from convbw_mlir.passes.lower_to_linalg import convert, reassociation, transpose
+from convbw_mlir.passes.lower_to_linalg import reassociation, transpose
 
-from convbw_mlir.ir_imports import element_type, ir, tensor_d
+from convbw_mlir.ir_imports import ir, tensor_d
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["ExplicitGemm", "as_gemm"]
@@ -69,9 +64,6 @@ class ExplicitGemm(ConvbwPass):
         reduction_innermost: bool = option(
             False, "transpose channels-last x and dy so the reduction is innermost (layout NGCW) before the GEMM"
         )
-        f32_inputs: bool = option(
-            False, "convert x and dy to f32 and contract in f32 (NVIDIA: IREE's f16 GEMM kernels gave wrong dW)"
-        )
 
     def run(self, module: ir.Operation) -> None:
         for op in collect_ops(module, convbw.OP_NAME):
@@ -82,8 +74,6 @@ class ExplicitGemm(ConvbwPass):
                 continue
             gemm = as_gemm(problem)
             if gemm is None:
-                if self.options.f32_inputs and all(f == 1 for f in problem.filter_size) and problem.dtype != "f32":
-                    self._f32_only(op, problem)  # a strided or padded 1x1: no GEMM view, same IREE issue
                 continue
             with ir.InsertionPoint(op), op.location:
                 x = tensor_d.CollapseShapeOp(
@@ -99,26 +89,13 @@ class ExplicitGemm(ConvbwPass):
                     x_v = transpose(x_v, [gemm.dims("x").index(d) for d in gemm_t.dims("x")])
                     dy_v = transpose(dy_v, [gemm.dims("dy").index(d) for d in gemm_t.dims("dy")])
                     gemm = gemm_t
-                if self.options.f32_inputs and problem.dtype != "f32":
-                    x_v, dy_v = convert(x_v, ir.F32Type.get()), convert(dy_v, ir.F32Type.get())
-                    gemm = gemm.with_(dtype="f32", dw_dtype="f32")
                 flat = convbw.build_op(gemm, x_v, dy_v, op.location)
-                dw_t = convbw.tensor_type(problem.with_(dw_dtype=gemm.dw_dtype), "dw")
                 dw = tensor_d.ExpandShapeOp(
-                    dw_t, flat.result, _reassociation(problem.dims("dw"), "ZYX"), [], list(problem.dw_shape)
+                    convbw.tensor_type(problem, "dw"),
+                    flat.result,
+                    _reassociation(problem.dims("dw"), "ZYX"),
+                    [],
+                    list(problem.dw_shape),
                 ).result
-                if gemm.dw_dtype != problem.dw_dtype:
-                    dw = convert(dw, element_type(problem.dw_dtype))
             op.results[0].replace_all_uses_with(dw)
             op.erase()
-
-    @staticmethod
-    def _f32_only(op: ir.Operation, problem: ConvBwdWeightProblem) -> None:
-        """The op on f32 inputs, converted back: for 1x1 problems that are not plain GEMMs."""
-        f32 = ir.F32Type.get()
-        p32 = problem.with_(dtype="f32", dw_dtype="f32")
-        with ir.InsertionPoint(op), op.location:
-            new = convbw.build_op(p32, convert(op.operands[0], f32), convert(op.operands[1], f32), op.location)
-            dw = convert(new.result, element_type(problem.dw_dtype))
-        op.results[0].replace_all_uses_with(dw)
-        op.erase()

@@ -2,16 +2,19 @@
 
 Each op becomes
 
-    tensor.pad x (and dy)   only where a pad is non-zero (dy only for an uneven split-K)
+    zero pad of x (and dy)  only where a pad is non-zero (dy only for an uneven split-K): an elementwise
+                            linalg.generic reading through tensor.extract (:func:`pad_by_gather` says why),
+                            or tensor.pad with ``frontend-form``
     linalg.fill 0.0         the f32 accumulator dW[g, k, f..., c] (filter channel innermost)
     linalg.generic          the contraction: ins(x, dy), parallel (g, k, f..., c), reduction (n, o...),
-                            x indexed at o * stride + f * dilation, products accumulated in f32
+                            x indexed at o * stride + f * dilation, products accumulated in f32;
+                            a GEMM (no filter loop) takes dy first (:func:`dy_first` says why)
     tensor.expand_shape     only where loops of extent 1 were left out (see below)
     linalg.generic          truncf to dW's element type, only where it is not f32
     linalg.transpose        to dW's layout, only where the filter channel is not innermost there
 
 x and dy are read in their own layout through the indexing maps, so no transposes appear on the
-inputs. The orientation matters: IREE 3.13's GPU codegen rejects the contraction with dy as the first
+inputs. The orientation matters: IREE 3.13's GPU codegen rejects the convolution with dy as the first
 operand ("failed to pack reduction dimensions for partial reduction"), and accepts input first, dy
 second and dW with the filter channel innermost on every GPU target (measured, ../shared/DESIGN.md).
 
@@ -31,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
-from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
+from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
 
 from convbw_mlir.heuristics import Split
 from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, rewrite, tensor_d
@@ -45,6 +48,7 @@ __all__ = [
     "contraction_loops",
     "as_value",
     "convert",
+    "pad_by_gather",
     "pad_zeros",
     "reassociation",
     "transpose",
@@ -73,23 +77,29 @@ def contraction_loops(problem: ConvBwdWeightProblem, split: Split | None = None)
     """The generic's loops in order, name -> extent, and how many of them are parallel.
 
     Parallel: ``s`` (split) if any, then g, k, f0.., c; reduction: n, o0..; loops of extent 1 are left
-    out. A split loop's extent is its chunk.
+    out. A split loop's extent is its chunk; a rows split puts its loops (n, o0) first among the parallel
+    ones instead of ``s``.
     """
     extents = {"g": problem.groups, "k": problem.out_channels, "c": problem.in_channels, "n": problem.batch}
     extents |= {f"f{i}": f for i, f in enumerate(problem.filter_size)}
     extents |= {f"o{i}": o for i, o in enumerate(problem.output_size)}
-    if split:
+    promoted = list(split.promoted) if split else []
+    if split and not promoted:
         extents[split.dim] = split.chunk
     parallel = [_loop_of(problem, a) for a in accumulator_dims(problem)]
-    reduction = ["n"] + [f"o{i}" for i in range(problem.rank)]
-    loops: dict[str, int] = {"s": split.k_batch} if split else {}
+    reduction = [name for name in ["n"] + [f"o{i}" for i in range(problem.rank)] if name not in promoted]
+    loops: dict[str, int] = {"s": split.k_batch} if split and not promoted else {}
+    loops |= {name: extents[name] for name in promoted if extents[name] > 1}
     loops |= {name: extents[name] for name in parallel if extents[name] > 1}
     n_parallel = len(loops)
     loops |= {name: extents[name] for name in reduction if extents[name] > 1}
     return loops, n_parallel
 
 
-def _maps(problem: ConvBwdWeightProblem, split: Split | None, loops: list[str], n_parallel: int) -> list[ir.AffineMap]:
+def _maps(
+    problem: ConvBwdWeightProblem, split: Split | None, loops: list[str], n_parallel: int, swap: bool
+) -> list[ir.AffineMap]:
+    """Indexing maps of (x, dy, accumulator), or (dy, x, accumulator) with ``swap``."""
     d = {name: ir.AffineDimExpr.get(i) for i, name in enumerate(loops)}
     zero = ir.AffineConstantExpr.get(0)
 
@@ -125,11 +135,22 @@ def _maps(problem: ConvBwdWeightProblem, split: Split | None, loops: list[str], 
     def amap(exprs: list[ir.AffineExpr]) -> ir.AffineMap:
         return ir.AffineMap.get(len(loops), 0, exprs)
 
-    return [
-        amap([e for s in problem.dims("x") for e in x_exprs(s)]),
-        amap([e for s in problem.dims("dy") for e in dy_exprs(s)]),
-        amap(acc),
-    ]
+    x_map = amap([e for s in problem.dims("x") for e in x_exprs(s)])
+    dy_map = amap([e for s in problem.dims("dy") for e in dy_exprs(s)])
+    return [dy_map, x_map, amap(acc)] if swap else [x_map, dy_map, amap(acc)]
+
+
+def dy_first(loops: list[str]) -> bool:
+    """Operand order of the contraction: dy first when it has no filter loop (a GEMM), x first otherwise.
+
+    A GEMM is given as M (k, from dy) by N (c, from x), the operand order matching the accumulator's.
+    IREE 3.13's f16 kernels for the x-first GEMM (accumulator [k, c] from operands (x, dy)) gave wrong dW
+    on the H200 from sm_80 code (max error 1.3x the largest value, half of all elements wrong, for
+    P x K x C = 25088 x 128 x 128 and 784 x 1024 x 1024), the dy-first form matched float64
+    (bench/results/h200_2026-11-22_gemm_order.md). Convolutions keep x first: IREE fails to
+    compile the dy-first conv form on every GPU target ("failed to pack reduction dimensions").
+    """
+    return not any(name.startswith("f") for name in loops)
 
 
 def _zero(etype: ir.Type) -> ir.Value:
@@ -149,8 +170,54 @@ def pad_zeros(value: ir.Value, low: list[int], high: list[int]) -> ir.Value:
     return pad.result
 
 
+def pad_by_gather(value: ir.Value, low: list[int], high: list[int]) -> ir.Value:
+    """Zero padding as an elementwise linalg.generic that reads ``value`` with tensor.extract.
+
+    out[i] = value[i - low] where every padded index is in range, else 0. Same result as tensor.pad;
+    the reason is speed: IREE 3.13 lowers tensor.pad to a "slow_memcpy" dispatch, which took 494 us for
+    a 64x56x56x256 f16 x on the H200 (sm_80 code) where this form took 135 us, and 187 us vs 77 us for
+    32x56x56x144 (ncu, bench/results/h200_2026-11-22_pad.md).
+    """
+    if not any(low) and not any(high):
+        return value
+    src = value.type
+    shape = [s + lo + hi for s, lo, hi in zip(src.shape, low, high)]
+    out_t = ir.RankedTensorType.get(shape, src.element_type)
+    identity = ir.AffineMap.get_identity(len(shape))
+    generic = linalg_d.GenericOp(
+        [out_t],
+        [],
+        [tensor_d.EmptyOp(shape, src.element_type).result],
+        ir.ArrayAttr.get([ir.AffineMapAttr.get(identity)]),
+        ir.ArrayAttr.get([ir.Attribute.parse(PARALLEL)] * len(shape)),
+    )
+    index_t = ir.IndexType.get()
+    block = generic.regions[0].blocks.append(src.element_type)
+    with ir.InsertionPoint(block):
+        zero_i = arith_d.ConstantOp(index_t, 0).result
+        inside = None
+        indices = []
+        for dim, (size, lo, hi) in enumerate(zip(src.shape, low, high)):
+            idx = linalg_d.IndexOp(dim).result
+            if not lo and not hi:
+                indices.append(idx)
+                continue
+            if lo:
+                idx = arith_d.SubIOp(idx, arith_d.ConstantOp(index_t, lo).result).result
+            # one unsigned compare covers both ends: idx - lo < 0 wraps to a huge value
+            ok = arith_d.CmpIOp(arith_d.CmpIPredicate.ult, idx, arith_d.ConstantOp(index_t, size).result).result
+            inside = ok if inside is None else arith_d.AndIOp(inside, ok).result
+            indices.append(idx)
+        # out-of-range lanes read element 0 (always valid), then select zero
+        safe = [arith_d.SelectOp(inside, i, zero_i).result if lo or hi else i
+                for i, lo, hi in zip(indices, low, high)]  # fmt: skip
+        read = tensor_d.ExtractOp(value, safe).result
+        linalg_d.YieldOp([arith_d.SelectOp(inside, read, _zero(src.element_type)).result])
+    return generic.result
+
+
 def _padded_inputs(
-    problem: ConvBwdWeightProblem, split: Split | None, x: ir.Value, dy: ir.Value
+    problem: ConvBwdWeightProblem, split: Split | None, x: ir.Value, dy: ir.Value, frontend_form: bool = False
 ) -> tuple[ir.Value, ir.Value]:
     """Pad x by the problem's pads, and x and dy further where an uneven split reads past the end."""
     x_dims, dy_dims = problem.dims("x"), problem.dims("dy")
@@ -172,8 +239,9 @@ def _padded_inputs(
         extra = split.padded_extent - problem.batch
         x_high[x_dims.index("N")] += extra
         dy_high[dy_dims.index("N")] += extra
-    x, dy = pad_zeros(x, x_low, x_high), pad_zeros(dy, [0] * len(dy_dims), dy_high)
-    if split:
+    pad = pad_zeros if frontend_form else pad_by_gather
+    x, dy = pad(x, x_low, x_high), pad(dy, [0] * len(dy_dims), dy_high)
+    if split and not split.promoted:
         # The split dimension becomes [k_batch, chunk] in dy (and in x for a batch split), so that linalg
         # sees both loops as plain dimensions of an operand (loop ranges are inferred from operand shapes)
         # and, for a batch split, IREE still recognises a convolution (with s as one more batch loop).
@@ -272,10 +340,15 @@ def contraction_attr(problem: ConvBwdWeightProblem, split: Split | None, loops: 
     return ir.DictAttr.get(entries)
 
 
-def build_contraction(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, split: Split | None = None) -> ir.Value:
+def build_contraction(
+    problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, split: Split | None = None, frontend_form: bool = False
+) -> ir.Value:
     """Build the linalg form at the current insertion point.
 
     Returns dW in its layout and type, or with a split, the f32 partial sums ``[k_batch, g, k, f..., c]``.
+    ``frontend_form``: tensor.pad and x first for every contraction, the plain form a frontend would hand
+    IREE (the benchmark's IREE-default contender and the GPU reference), instead of the gather pad and
+    the dy-first GEMM.
     """
     f32 = ir.F32Type.get()
     loops, n_parallel = contraction_loops(problem, split)
@@ -285,13 +358,14 @@ def build_contraction(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, 
     acc_shape = [loops[n] for n in names[:n_parallel]]
     empty = tensor_d.EmptyOp(acc_shape, f32)
     init = as_value(linalg_d.fill(_zero(f32), outs=[empty.result]))
-    x_in, dy_in = _padded_inputs(problem, split, x, dy)
+    x_in, dy_in = _padded_inputs(problem, split, x, dy, frontend_form)
+    swap = dy_first(names) and not frontend_form
     iterators = [PARALLEL] * n_parallel + [REDUCTION] * (len(names) - n_parallel)
     generic = linalg_d.GenericOp(
         [ir.RankedTensorType.get(acc_shape, f32)],
-        [x_in, dy_in],
+        [dy_in, x_in] if swap else [x_in, dy_in],
         [init],
-        ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in _maps(problem, split, names, n_parallel)]),
+        ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in _maps(problem, split, names, n_parallel, swap)]),
         ir.ArrayAttr.get([ir.Attribute.parse(it) for it in iterators]),
     )
     generic.operation.attributes[CONTRACTION_ATTR] = contraction_attr(problem, split, loops)
@@ -302,7 +376,13 @@ def build_contraction(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, 
         if problem.dtype != "f32":
             a, b = arith_d.ExtFOp(f32, a).result, arith_d.ExtFOp(f32, b).result
         linalg_d.YieldOp([arith_d.AddFOp(acc, arith_d.MulFOp(a, b).result).result])
-    result = _expand_units(generic.result, full_acc)
+    result = generic.result
+    if split and sum(loops.get(name, 1) > 1 for name in split.promoted) > 1:  # [n, o0, ...] -> [n * o0, ...]
+        shape = list(result.type.shape)
+        flat = ir.RankedTensorType.get([shape[0] * shape[1], *shape[2:]], f32)
+        groups = [[0, 1]] + [[i] for i in range(2, len(shape))]
+        result = tensor_d.CollapseShapeOp(flat, result, reassociation(groups)).result
+    result = _expand_units(result, full_acc)
     return result if split else finish_dw(problem, result)
 
 
@@ -310,15 +390,17 @@ def build_contraction(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value, 
 class LowerToLinalg(ConvbwPass):
     argument = "convbw-lower-to-linalg"
     description = (
-        "Replace each convbw.conv_bwd_weight with tensor.pad (only for non-zero pads), one linalg.generic "
-        "contraction (x first, dy second, f32 accumulator with the filter channel innermost, loops of extent 1 "
-        "left out), the cast to dW's type and a transpose to dW's layout where needed; a split op yields its "
-        "f32 partial sums."
+        "Replace each convbw.conv_bwd_weight with a zero pad (only for non-zero pads), one linalg.generic "
+        "contraction (x first, dy second; dy first for a GEMM; f32 accumulator with the filter channel innermost, "
+        "loops of extent 1 left out), the cast to dW's type and a transpose to dW's layout where needed; a split "
+        "op yields its f32 partial sums."
     )
 
     @dataclass
     class Options:
-        pass
+        frontend_form: bool = option(
+            False, "tensor.pad and x first everywhere: the plain form a frontend would hand IREE (for baselines)"
+        )
 
     def run(self, module: ir.Operation) -> None:
         ops = collect_ops(module, convbw.OP_NAME)
@@ -328,7 +410,7 @@ class LowerToLinalg(ConvbwPass):
         def lower(op: ir.Operation, rewriter: rewrite.PatternRewriter) -> bool:
             problem, split = convbw.problem_of(op), convbw.split_of(op)
             with rewriter.ip, op.location:
-                dw = build_contraction(problem, op.operands[0], op.operands[1], split)
+                dw = build_contraction(problem, op.operands[0], op.operands[1], split, self.options.frontend_form)
             rewriter.replace_op(op, [dw])
             return False  # matched
 

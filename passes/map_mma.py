@@ -19,11 +19,11 @@ from convbw_mlir.passes.framework import ConvbwPass, option, register
 from convbw_mlir.passes.lower_to_linalg import CONTRACTION_ATTR
 from convbw_mlir.passes.tile import _GPU_TARGETS, TILE_ATTR, contractions, loops_of, read_tile
 
-from convbw_mlir.heuristics import Tile
+from convbw_mlir.heuristics import SimtTile, Tile
 from convbw_mlir.ir_imports import ir
 from convbw_mlir.targets import TARGETS, Target
 
-__all__ = ["MapMma", "compilation_info"]
+__all__ = ["MapMma", "compilation_info", "simt_compilation_info"]
 
 
 def _i64_array(values: list[int]) -> ir.ArrayAttr:
@@ -86,6 +86,37 @@ def compilation_info(loops: list[str], extents: list[int], tile: Tile, target: T
     return iree_codegen.CompilationInfoAttr.get(lowering, translation)
 
 
+def simt_compilation_info(loops: list[str], extents: list[int], parallel: int, tile: SimtTile,
+                          target: Target) -> ir.Attribute:  # fmt: skip
+    """``#iree_codegen.compilation_info`` for the SIMT strategy over a rows split (no matrix instructions).
+
+    TileAndFuse with thread tiles: per workgroup ``rows`` of o0, ``groups`` of g, ``channels`` of k and
+    every filter tap and in channel; per thread one (n, o0, g, k) with all taps and in channels; the
+    remaining reduction loops one step at a time (a serial loop per thread).
+    """
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    per_workgroup = {"n": 1, "o0": tile.rows, "g": tile.groups, "k": tile.channels}
+    workgroup, thread = [], []
+    for name, extent in zip(loops[:parallel], extents[:parallel]):
+        whole = name.startswith("f") or name == "c"
+        workgroup.append(extent if whole else per_workgroup[name])
+        thread.append(extent if whole else 1)
+    reductions = len(loops) - parallel
+    config = {
+        "workgroup": _i64_array(workgroup + [0] * reductions),
+        "thread": _i64_array(thread + [0] * reductions),
+        "reduction": _i64_array([0] * parallel + [1] * reductions),
+    }
+    translation = iree_codegen.TranslationInfoAttr.get(
+        iree_gpu.PipelineAttr.get(iree_gpu.LoweringPipeline.TileAndFuse),
+        workgroup_size=[tile.threads, 1, 1],
+        subgroup_size=target.subgroup_size,
+    )
+    lowering = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(config))
+    return iree_codegen.CompilationInfoAttr.get(lowering, translation)
+
+
 @register
 class MapMma(ConvbwPass):
     argument = "convbw-map-mma"
@@ -104,10 +135,14 @@ class MapMma(ConvbwPass):
             if TILE_ATTR not in op.attributes:
                 raise self.fail(op, "the contraction has no convbw.tile; run convbw-tile first")
             strategy, tile = read_tile(op)
+            extents = list(op.attributes[CONTRACTION_ATTR]["extents"])
+            if strategy == "simt" and tile is not None:
+                parallel = sum("parallel" in str(it) for it in op.attributes["iterator_types"])
+                op.attributes["compilation_info"] = simt_compilation_info(loops_of(op), extents, parallel, tile, target)
+                continue
             if strategy != "mma":
                 continue
             problem = convbw.problem_from_attr(op.attributes[CONTRACTION_ATTR]["problem"])
             if tile.intrinsic not in {i.name for i in target.intrinsics.get(problem.dtype, ())}:
                 raise self.fail(op, f"intrinsic {tile.intrinsic} is not one of {target.name}'s for {problem.dtype}")
-            extents = list(op.attributes[CONTRACTION_ATTR]["extents"])
             op.attributes["compilation_info"] = compilation_info(loops_of(op), extents, tile, target, problem.dtype)

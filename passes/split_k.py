@@ -8,9 +8,16 @@
     %dw = truncf + transpose to dW's type and layout                     then convert (CK's TwoStage)
 
 The reduction N * prod(output) is split along the batch (:func:`convbw_mlir.heuristics.plan_split`
-says why not along output rows); an uneven split pads the last chunk with zero images, so no work is
-ever dropped. A batch of 1 is not split. ``auto`` follows CK's occupancy rule
+says why not into chunks of output rows); an uneven split pads the last chunk with zero images, so no
+work is ever dropped. A batch of 1 is not split. ``auto`` follows CK's occupancy rule
 (:func:`convbw_mlir.heuristics.auto_k_batch`) for ``plan-for``; k_batch = 1 leaves the op alone.
+
+``rows`` makes the batch and the first output loop parallel whole: one partial sum per image and
+output row, with no reshape (:func:`convbw_mlir.heuristics.plan_rows_split`; left alone where it does
+not apply). ``auto`` picks it on GPU targets for problems too thin for matrix cores (the SIMT strategy
+of ``convbw-tile``) whose threads can hold a dW row (:func:`convbw_mlir.heuristics.simt_threads_fit`)
+and whose partial sums stay small against the inputs (:func:`convbw_mlir.heuristics.rows_split_pays`),
+where it measured fastest, and the batch split elsewhere.
 """
 
 from __future__ import annotations
@@ -21,7 +28,14 @@ from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
 from convbw_mlir.passes.lower_to_linalg import PARALLEL, REDUCTION, as_value, finish_dw
 
-from convbw_mlir.heuristics import auto_k_batch, plan_split
+from convbw_mlir.heuristics import (
+    auto_k_batch,
+    pick_intrinsic,
+    plan_rows_split,
+    plan_split,
+    rows_split_pays,
+    simt_threads_fit,
+)
 from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
 from convbw_mlir.targets import TARGETS
 
@@ -58,19 +72,22 @@ class SplitK(ConvbwPass):
     description = (
         "Split the reduction N*prod(output) of each convbw.conv_bwd_weight into k-batch f32 partial sums "
         "(stage 1, the op with k_batch) and a reduction plus conversion to dW's type and layout (stage 2). "
-        "Uneven splits pad the last chunk with zeros; auto follows CK's occupancy rule for the target."
+        "Uneven splits pad the last chunk with zeros; rows gives each image's each output row a partial; "
+        "auto picks rows for thin problems on GPUs, else CK's occupancy rule for the target."
     )
 
     @dataclass
     class Options:
-        k_batch: int | str = option("auto", "number of splits, or auto (CK's occupancy rule)", ("auto",))
+        k_batch: int | str = option(
+            "auto", "number of batch splits, rows (one partial per image and output row), or auto", ("auto", "rows")
+        )
         plan_for: str = option("host", "target whose CU count and tiles auto plans for", tuple(TARGETS))
 
     def __init__(self, options=None, **kwargs) -> None:
         super().__init__(options, **kwargs)
         kb, tgt = self.options.k_batch, self.options.plan_for
-        if not (kb == "auto" or (isinstance(kb, int) and not isinstance(kb, bool) and kb >= 1)):
-            raise ValueError(f"k-batch: expected auto or a positive integer, got {kb!r}")
+        if not (kb in ("auto", "rows") or (isinstance(kb, int) and not isinstance(kb, bool) and kb >= 1)):
+            raise ValueError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
         if tgt not in TARGETS:
             raise ValueError(f"plan-for: unknown target {tgt!r}; known: {', '.join(TARGETS)}")
 
@@ -82,9 +99,15 @@ class SplitK(ConvbwPass):
                 raise self.fail(op, "invalid convbw.conv_bwd_weight op")
             if convbw.split_of(op):
                 continue  # already split
-            auto = self.options.k_batch == "auto"
-            kb = auto_k_batch(problem, target) if auto else self.options.k_batch
-            split = plan_split(problem, kb, even=auto)
+            kb = self.options.k_batch
+            simt = target.is_gpu and pick_intrinsic(problem, target) is None and simt_threads_fit(problem)
+            if kb == "rows" or (kb == "auto" and simt):
+                split = plan_rows_split(problem)
+                if kb == "auto" and (split is None or not rows_split_pays(problem, split)):  # split the batch
+                    split = plan_split(problem, auto_k_batch(problem, target), even=True)
+            else:
+                auto = kb == "auto"
+                split = plan_split(problem, auto_k_batch(problem, target) if auto else kb, even=auto)
             if split is None:
                 continue
             with ir.InsertionPoint(op), op.location:

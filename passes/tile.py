@@ -8,8 +8,10 @@ Three strategies (the H200 measurements behind the choice: bench/results/h200_20
     from one intrinsic up to 128 so that unaligned sizes (K=36, C=3, K=2376) pad only to the next one;
     ``convbw-map-mma`` turns it into IREE's ``compilation_info``.
   * ``simt``: depthwise and thin groups (K < 8 or C * filter < 16, or no K or C loop) get no matrix
-    instructions; their speed comes from split-K spreading the long reduction across workgroups, and
-    IREE's vector-distribution codegen for the rest.
+    instructions. Over a rows split (``convbw-split-k`` picks it for them) a thread per (image, output
+    row, group, out channel) holds all filter taps and in channels and reduces its row serially, threads
+    along the channels (:func:`convbw_mlir.heuristics.choose_simt_tile`); otherwise (1-D problems, batch
+    splits) IREE's own reduction codegen with split-K spreading the reduction across workgroups.
   * ``iree``: IREE's own configuration, for plain GEMMs (1x1 after ``convbw-explicit-gemm``; option
     ``gemm=mma`` gives them our tile) and grouped convolutions (G>1; ``grouped=mma`` gives ours), where
     IREE's tiles measured as fast or faster than ours (ResNeXt G=32 C=8: 765 us vs 1217 us), and
@@ -24,11 +26,11 @@ from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, option, register
 from convbw_mlir.passes.lower_to_linalg import CONTRACTION_ATTR
 
-from convbw_mlir.heuristics import Tile, choose_tile
+from convbw_mlir.heuristics import SimtTile, Tile, choose_simt_tile, choose_tile, simt_threads_fit
 from convbw_mlir.ir_imports import ir
 from convbw_mlir.targets import TARGETS
 
-__all__ = ["TILE_ATTR", "Tile", "TilePass", "contractions", "read_tile"]
+__all__ = ["SIMT_FIELDS", "TILE_ATTR", "Tile", "TilePass", "contractions", "read_tile", "rows_split"]
 
 TILE_ATTR = "convbw.tile"
 _GPU_TARGETS = tuple(n for n, t in TARGETS.items() if t.is_gpu)
@@ -51,10 +53,22 @@ def loops_of(op: ir.Operation) -> list[str]:
     return [ir.StringAttr(a).value for a in op.attributes[CONTRACTION_ATTR]["loops"]]
 
 
-def read_tile(op: ir.Operation) -> tuple[str, Tile | None]:
-    """(strategy, tile) recorded by this pass."""
+def rows_split(op: ir.Operation) -> bool:
+    """Whether the contraction is the first stage of a rows split (loops n and o0 parallel)."""
+    iterators = [str(it) for it in op.attributes["iterator_types"]]
+    parallel = {name for name, it in zip(loops_of(op), iterators) if "parallel" in it}
+    return bool(parallel & {"n", "o0"})
+
+
+SIMT_FIELDS = ("rows", "groups", "channels")
+
+
+def read_tile(op: ir.Operation) -> tuple[str, Tile | SimtTile | None]:
+    """(strategy, tile) recorded by this pass: a Tile for mma, a SimtTile for simt over a rows split."""
     attr = op.attributes[TILE_ATTR]
     strategy = ir.StringAttr(attr["strategy"]).value
+    if strategy == "simt" and "rows" in attr:
+        return strategy, SimtTile(**{f: ir.IntegerAttr(attr[f]).value for f in SIMT_FIELDS})
     if strategy != "mma":
         return strategy, None
     ints = {f: ir.IntegerAttr(attr[f]).value for f in ("m", "n", "k", "subgroups_m", "subgroups_n", "stages")}
@@ -102,6 +116,9 @@ class TilePass(ConvbwPass):
                 raise self.fail(op, str(e)) from None
             if tile.intrinsic is None or "k" not in loops or "c" not in loops:
                 entries = {"strategy": ir.StringAttr.get("simt")}
+                if rows_split(op) and simt_threads_fit(problem):
+                    simt = choose_simt_tile(problem, target)
+                    entries |= {name: ir.IntegerAttr.get(i64, getattr(simt, name)) for name in SIMT_FIELDS}
             elif (
                 (not conv and self.options.gemm == "iree")
                 or (problem.groups > 1 and self.options.grouped == "iree")

@@ -1,13 +1,21 @@
 """The target-independent rewrites (split-K, explicit GEMM) keep results exact on the CPU.
 
 Every split factor (1, 2, 3, 7 and auto as planned for gfx942) over the numerics matrix, batch splits
-and output-row splits (N=1), even and uneven, and the explicit-GEMM rewrite of 1x1 problems.
+and output-row splits (N=1), even and uneven, the rows split (each image's each output row its own
+partial sum), and the explicit-GEMM rewrite of 1x1 problems.
 """
 
 import pytest
 from test_numerics_cpu import MATRIX, P, check
 
-from convbw_mlir.heuristics import auto_k_batch, plan_split
+from convbw_mlir.heuristics import (
+    auto_k_batch,
+    choose_simt_tile,
+    plan_rows_split,
+    plan_split,
+    rows_split_pays,
+    simt_threads_fit,
+)
 from convbw_mlir.targets import TARGETS
 
 SPLIT_CASES = [
@@ -30,6 +38,43 @@ def test_split_k_factors_match_reference(compiled, name, k_batch):
 def test_split_k_auto_for_gfx942_matches_reference(compiled, name):
     p = MATRIX[name]
     check(compiled, p, k_batch="auto", plan_for="gfx942")
+
+
+@pytest.mark.parametrize("name", [n for n in SPLIT_CASES if MATRIX[n].rank >= 2])
+def test_rows_split_matches_reference(compiled, name):
+    p = MATRIX[name]
+    split = plan_rows_split(p)
+    assert split.k_batch == p.batch * p.output_size[0]
+    check(compiled, p, k_batch="rows")
+    assert f"k_batch = {split.k_batch} : i64" in compiled(p, "host", k_batch="rows").stages["linalg"]
+
+
+def test_rows_split_of_one_image_and_of_padded_strided_depthwise_match_reference(compiled):
+    one_image = P(1, 1, 4, 6, (13, 9), (3, 3), pad_low=1, pad_high=1)  # the n loop has extent 1
+    depthwise = P(6, 3, 1, 1, (7, 9), (3, 3), stride=(2, 1), pad_low=1, pad_high=(0, 2), dtype="bf16")
+    for p in (one_image, depthwise):
+        check(compiled, p, k_batch="rows")
+        assert "tensor.collapse_shape" in compiled(p, "host", k_batch="rows").stages["linalg"] or p.batch == 1
+
+
+def test_rows_split_pays_where_partials_are_small_and_simt_threads_fit_where_they_hold_a_dw_row():
+    assert plan_rows_split(P(1, 4, 3, 4, (9,), (3,))) is None  # 1-D: nothing left to reduce per partial
+    assert not simt_threads_fit(P(1, 4, 16, 4, (9, 9), (3, 3)))  # C x taps = 144 accumulators a thread
+    assert simt_threads_fit(P(240, 4, 1, 1, (9, 9), (5, 5)))
+    big_spatial = P(144, 32, 1, 1, (56, 56), (3, 3), pad_low=1, pad_high=1)  # partials 0.16 of the inputs
+    small_spatial = P(960, 32, 1, 1, (7, 7), (3, 3), pad_low=1, pad_high=1)  # partials 0.99 of the inputs
+    assert plan_rows_split(big_spatial).k_batch == 32 * 56
+    assert rows_split_pays(big_spatial, plan_rows_split(big_spatial))
+    assert not rows_split_pays(small_spatial, plan_rows_split(small_spatial))
+
+
+def test_simt_tile_fills_whole_subgroups_with_divisors_of_its_loops():
+    depthwise = P(144, 32, 1, 1, (56, 56), (3, 3), pad_low=1, pad_high=1)
+    tile = choose_simt_tile(depthwise, TARGETS["sm_80"])
+    assert (tile.rows, tile.groups, tile.channels) == (8, 16, 1)  # 128 threads, not 72 groups x 1 row
+    resnext = P(32, 32, 4, 4, (56, 56), (3, 3), pad_low=1, pad_high=1)
+    tile = choose_simt_tile(resnext, TARGETS["gfx942"])  # wave64: up to 256 threads
+    assert tile.channels == 4 and tile.threads % 64 == 0 and 32 % tile.groups == 0 and 56 % tile.rows == 0
 
 
 @pytest.mark.parametrize(
@@ -80,3 +125,20 @@ def test_auto_k_batch_follows_the_occupancy_rule():
     assert auto_k_batch(big_reduction, TARGETS["host"]) == 1
     depthwise = P(144, 32, 1, 1, (56, 56), (3, 3), pad_low=1, pad_high=1)
     assert 1 < auto_k_batch(depthwise, gfx942) <= 128
+
+
+def test_auto_picks_the_rows_split_for_thin_problems_on_gpus_only(compiled):
+    from convbw_mlir.dialects import convbw
+
+    from convbw_mlir.compiler import run_pipeline
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.pipelines import for_target
+
+    depthwise = P(8, 2, 1, 1, (64, 64), (3, 3), pad_low=1, pad_high=1)  # partials 0.14 of the inputs
+    dense = P(1, 8, 32, 32, (14, 14), (3, 3), pad_low=1, pad_high=1)
+    for p, target, want in ((depthwise, "gfx942", '"n,o0"'), (dense, "gfx942", '"n"'), (depthwise, "host", None)):
+        with new_context() as ctx:
+            module = convbw.build_module(p)
+            run_pipeline(module, for_target(target)[:2], ctx)  # explicit-gemm, split-k
+            text = str(module)
+        assert (f"split_dim = {want}" in text) if want else ("split_dim" not in text)

@@ -5,7 +5,8 @@ Contenders, all functions ``(x, dy) -> dW`` in the problem's layout, so the runn
   * ``reference``: the GPU reference (as CK's PR 3216 added): x and dy converted to f32 first, the
     plain contraction in f32 (no split-K, no tile config, no f16 matrix instructions: the ISA is
     checked and recorded), dW in f32. Simple and obviously correct; it verifies big problems on the GPU.
-  * ``iree_direct``: IREE's default pipeline on the plain linalg form (``convbw-lower-to-linalg`` alone).
+  * ``iree_direct``: IREE's default pipeline on the plain linalg form (``convbw-lower-to-linalg{frontend-form}``
+    alone: tensor.pad, x first).
   * ``iree_torch``: IREE's default on the form torch-mlir hands it: transposes around
     ``linalg.conv_2d_nhwc_hwcf`` (x as [C, H, W, N] input, dy as [Ho, Wo, N, K] filter, stride and
     dilation swapped). 2-D, G=1 only (the named op has no groups).
@@ -64,7 +65,11 @@ def reference_module(problem: ConvBwdWeightProblem) -> Any:
     p32 = problem.with_(dtype="f32", dw_dtype="f32")
     f32 = ir.F32Type.get()
     out_t = ir.RankedTensorType.get(problem.dw_shape, ir.F32Type.get())
-    return _function(problem, lambda x, dy: build_contraction(p32, convert(x, f32), convert(dy, f32)), out_t)
+
+    def body(x: Any, dy: Any) -> Any:  # tensor.pad and x first: the simplest form, as obvious as it gets
+        return build_contraction(p32, convert(x, f32), convert(dy, f32), frontend_form=True)
+
+    return _function(problem, body, out_t)
 
 
 def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
@@ -173,7 +178,7 @@ def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) 
         if contender == "iree_fusilli" and torch_form is not None:
             return str(torch_form), list(FUSILLI_FLAGS)
         module = convbw.build_module(problem)
-        run_pipeline(module, parse_pipeline("convbw-lower-to-linalg,canonicalize,cse"), ctx)
+        run_pipeline(module, parse_pipeline("convbw-lower-to-linalg{frontend-form=true},canonicalize,cse"), ctx)
         return str(module), (list(FUSILLI_FLAGS) if contender == "iree_fusilli" else [])
 
 

@@ -8,9 +8,12 @@
 // CHECK: %[[W:.+]] = "convbw.conv_bwd_weight"(%[[X]], %[[DY]]) {{.*}} -> tensor<2x8x1x16xf16>
 // CHECK: tensor.expand_shape %[[W]] {{\[\[}}0], [1], [2, 3], [4]] output_shape [2, 8, 1, 1, 16]
 
-// Lowered: a batched GEMM over groups, x's map is a projected permutation (no filter loop).
+// Lowered: a batched GEMM over groups, x's map is a projected permutation (no filter loop), and dy
+// comes first (M = k from dy, N = c from x, in the accumulator's order).
+// GEMM-DAG: #[[DYM:.+]] = affine_map<(d0, d1, d2, d3, d4) -> (d3, d4, d0, d1)>
 // GEMM-DAG: #[[XM:.+]] = affine_map<(d0, d1, d2, d3, d4) -> (d3, d4, d0, d2)>
-// GEMM: linalg.generic {indexing_maps = [#[[XM]], {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]}
+// GEMM: linalg.generic {indexing_maps = [#[[DYM]], #[[XM]], {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]}
+// GEMM-SAME: ins(%collapsed_0, %collapsed : tensor<4x36x2x8xf16>, tensor<4x36x2x16xf16>)
 // GEMM-SAME: loops = ["g", "k", "c", "n", "o0"]
 
 // NOT1X1-NOT: tensor.collapse_shape

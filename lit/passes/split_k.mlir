@@ -2,6 +2,8 @@
 // RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=2},convbw-lower-to-linalg,canonicalize,cse)' | FileCheck %s --check-prefix=LINALG
 // RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=3})' | FileCheck %s --check-prefix=UNEVEN
 // RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=1})' | FileCheck %s --check-prefix=ONE
+// RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=rows},convbw-lower-to-linalg,canonicalize,cse)' | FileCheck %s --check-prefix=ROWS
+// RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-split-k{plan-for=sm_80})' | FileCheck %s --check-prefix=AUTOROWS
 // RUN: not %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=0})' 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: not %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=many})' 2>&1 | FileCheck %s --check-prefix=BADTEXT
 
@@ -25,7 +27,21 @@
 // UNEVEN: k_batch = 2 : i64
 // UNEVEN-SAME: split_chunk = 2
 
+// A rows split: the batch and the first output loop become parallel whole (no expand_shape of x or
+// dy), one f32 partial per image and row, [n, o0, g, y, x], collapsed to [16, ...] for stage 2.
+// ROWS-NOT: tensor.expand_shape %arg
+// ROWS: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
+// ROWS-SAME: outs(%{{.+}} : tensor<2x8x16x3x3xf32>)
+// ROWS-SAME: k_batch = 16 : i64, loops = ["n", "o0", "g", "f0", "f1", "o1"]
+// ROWS: tensor.collapse_shape {{.*}} {{\[\[}}0, 1], [2], [3], [4]] : tensor<2x8x16x3x3xf32> into tensor<16x16x3x3xf32>
+// ROWS: linalg.generic {{.*}} ins(%{{.+}} : tensor<16x16x1x3x3x1xf32>)
+
+// auto on a GPU target: depthwise (too thin for matrix cores, partials small against x and dy) gets the
+// rows split.
+// AUTOROWS: k_batch = 16 : i64
+// AUTOROWS-SAME: split_chunk = 1 : i64, split_dim = "n,o0"
+
 // ONE-NOT: k_batch
 // ONE: "convbw.conv_bwd_weight"(%arg0, %arg1)
-// BAD: convbw-opt: error: convbw-split-k: k-batch: expected auto or a positive integer, got 0
-// BADTEXT: convbw-opt: error: convbw-split-k: option 'k-batch' expects an integer or one of auto, got 'many'
+// BAD: convbw-opt: error: convbw-split-k: k-batch: expected auto, rows or a positive integer, got 0
+// BADTEXT: convbw-opt: error: convbw-split-k: option 'k-batch' expects an integer or one of auto, rows, got 'many'

@@ -36,13 +36,14 @@ def build_op_reads_back_the_problem():
 # CHECK-LABEL: TEST: pipelines_are_one_definition
 @run
 def pipelines_are_one_definition():
-    # CHECK: builtin.module(convbw-explicit-gemm{reduction-innermost=false f32-inputs=false},
-    # CHECK-SAME: convbw-split-k{k-batch=auto plan-for=host},convbw-lower-to-linalg,canonicalize,cse)
+    # CHECK: builtin.module(convbw-explicit-gemm{reduction-innermost=false},
+    # CHECK-SAME: convbw-split-k{k-batch=auto plan-for=host},
+    # CHECK-SAME: convbw-lower-to-linalg{frontend-form=false},canonicalize,cse)
     print(pipeline_text("host"))
-    # CHECK: convbw-explicit-gemm{reduction-innermost=false f32-inputs=true}
+    # CHECK: convbw-split-k{k-batch=auto plan-for=sm_80}
     # CHECK-SAME: convbw-tile{target=sm_80 gemm=iree grouped=iree},convbw-map-mma{target=sm_80},canonicalize,cse)
     print(pipeline_text("sm_80"))
-    # CHECK: builtin.module(convbw-lower-to-linalg,cse)
+    # CHECK: builtin.module(convbw-lower-to-linalg{frontend-form=false},cse)
     print(format_pipeline(parse_pipeline("builtin.module(convbw-lower-to-linalg,cse)")))
 
 
