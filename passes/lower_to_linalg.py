@@ -140,17 +140,19 @@ def _maps(
     return [dy_map, x_map, amap(acc)] if swap else [x_map, dy_map, amap(acc)]
 
 
-def dy_first(loops: list[str]) -> bool:
-    """Operand order of the contraction: dy first when it has no filter loop (a GEMM), x first otherwise.
+def dy_first(problem: ConvBwdWeightProblem, loops: list[str]) -> bool:
+    """Operand order of the contraction: dy first for a GEMM (no filter loop, stride 1), x first otherwise.
 
     A GEMM is given as M (k, from dy) by N (c, from x), the operand order matching the accumulator's.
     IREE 3.13's f16 kernels for the x-first GEMM (accumulator [k, c] from operands (x, dy)) gave wrong dW
     on the H200 from sm_80 code (max error 1.3x the largest value, half of all elements wrong, for
     P x K x C = 25088 x 128 x 128 and 784 x 1024 x 1024), the dy-first form matched float64
     (bench/results/h200_2026-11-22_gemm_order.md). Convolutions keep x first: IREE fails to
-    compile the dy-first conv form on every GPU target ("failed to pack reduction dimensions").
+    compile the dy-first conv form on every GPU target ("failed to pack reduction dimensions"), and a
+    strided 1x1 (x read at o * stride) given dy first lost its matrix instructions on gfx1100 (IREE
+    compiled it as a plain reduction).
     """
-    return not any(name.startswith("f") for name in loops)
+    return not any(name.startswith("f") for name in loops) and all(s == 1 for s in problem.stride)
 
 
 def _zero(etype: ir.Type) -> ir.Value:
@@ -359,7 +361,7 @@ def build_contraction(
     empty = tensor_d.EmptyOp(acc_shape, f32)
     init = as_value(linalg_d.fill(_zero(f32), outs=[empty.result]))
     x_in, dy_in = _padded_inputs(problem, split, x, dy, frontend_form)
-    swap = dy_first(names) and not frontend_form
+    swap = dy_first(problem, names) and not frontend_form
     iterators = [PARALLEL] * n_parallel + [REDUCTION] * (len(names) - n_parallel)
     generic = linalg_d.GenericOp(
         [ir.RankedTensorType.get(acc_shape, f32)],
