@@ -64,13 +64,12 @@ def reduction_extents(problem: ConvBwdWeightProblem) -> dict[str, int]:
 
 
 # A rows split writes N * O0 partial sums of the accumulator, which stage 2 reads back. `auto` takes it
-# only while they are at most this fraction of the bytes of x and dy. H200 (sm_80 code, f16, the
-# SIMT problems of the suites, bench/results/h200_2026-11-22_depthwise.md), rows split vs batch split:
-# faster where partials / inputs was 0.06 (MobileNetV2 G=96 112x112 s2: 397 vs 1305 us) and 0.16
-# (G=144 56x56: 354 vs 452 us); even at 0.64 (G=384 14x14: 105 vs 106 us); slower at 0.99 and above
-# (G=960 7x7: 112 vs 78 us; EfficientNet 5x5 G=240: 351 vs 302 us, G=672: 377 vs 155 us; ResNeXt
-# G=32 C=K=4: 8844 vs 574 us).
-MAX_ROWS_PARTIAL_FRACTION = 0.25
+# only while they are at most this fraction of the bytes of x and dy. H200 (sm_80 code, f16, one run,
+# both forms with the gather pad; bench/results/h200_2026-11-22_depthwise.md), rows vs batch split (32):
+# partials/inputs 0.06 (MobileNetV2 G=96 112x112 s2): 403 vs 441 us; 0.16 (G=144 56x56): 331 vs 327;
+# 0.64 (G=384 14x14): 98 vs 71; 0.89 (EfficientNet 5x5 G=240): 512 vs 291; 1.29 (G=960 7x7): 103 vs
+# 73; 1.79 (5x5 G=672): 271 vs 135; ResNeXt G=32 C=K=4 (0.64): 8576 vs 530 us.
+MAX_ROWS_PARTIAL_FRACTION = 0.1
 # The SIMT thread over a rows split holds C * taps f32 accumulators; beyond this they leave registers.
 MAX_THREAD_ACCUMULATORS = 64
 
@@ -136,6 +135,10 @@ MIN_MMA_N = 16
 # Each split of the reduction keeps at least this many reduction elements (N * prod(output) / k_batch):
 # shorter splits cost more in the second stage and in launch than they win in parallelism.
 MIN_SPLIT_REDUCTION = 256
+# 1x1 problems too thin for matrix cores (K or C of a few channels): IREE 3.13's f16 reduction kernels
+# for them gave wrong dW on the H200 split 64 ways (N=64; CK's ck2d_a/c/d, K=C=4/3/5) and right ones
+# unsplit and split in 2 (134 us and 105 us for ck2d_a; bench/results/h200_2026-11-22_ck.md).
+MAX_THIN_GEMM_SPLITS = 2
 # Resident workgroups per CU the occupancy model assumes for the MMA kernels (4-wave workgroups, about
 # 128 VGPRs each on CDNA: 2 workgroups per SIMD-set); CK's equivalent comes from its kernel's occupancy.
 OCCUPANCY = 2
@@ -283,6 +286,7 @@ def auto_k_batch(problem: ConvBwdWeightProblem, target) -> int:
     * thin groups and depthwise (the SIMT strategy): as many splits as the batch allows (up to 128):
       IREE gives each dW element of these one thread with a serial reduction, so parallelism comes from
       splits only (mobilenetv2 G=144 56x56 N=32: 1049 us at 8 splits, 506 us at 32);
+    * GEMMs (1x1) too thin for matrix cores: at most :data:`MAX_THIN_GEMM_SPLITS`;
     * grouped convolutions with matrix cores (G>1): 1; they already have G * taps workgroups, and a
       split made them slower on the H200 (regnet G=8 C=64: 988 us split in 2, 751 us unsplit).
 
@@ -292,6 +296,8 @@ def auto_k_batch(problem: ConvBwdWeightProblem, target) -> int:
         return 1
     tile = choose_tile(problem, target)
     g, m, n, red = problem.gemm
+    if tile.intrinsic is None and math.prod(problem.filter_size) == 1:
+        return min(problem.batch, MAX_THIN_GEMM_SPLITS)
     if tile.intrinsic is None:
         return min(problem.batch, 128)
     if problem.groups > 1:

@@ -61,8 +61,8 @@ def test_rows_split_pays_where_partials_are_small_and_simt_threads_fit_where_the
     assert plan_rows_split(P(1, 4, 3, 4, (9,), (3,))) is None  # 1-D: nothing left to reduce per partial
     assert not simt_threads_fit(P(1, 4, 16, 4, (9, 9), (3, 3)))  # C x taps = 144 accumulators a thread
     assert simt_threads_fit(P(240, 4, 1, 1, (9, 9), (5, 5)))
-    big_spatial = P(144, 32, 1, 1, (56, 56), (3, 3), pad_low=1, pad_high=1)  # partials 0.16 of the inputs
-    small_spatial = P(960, 32, 1, 1, (7, 7), (3, 3), pad_low=1, pad_high=1)  # partials 0.99 of the inputs
+    big_spatial = P(96, 32, 1, 1, (112, 112), (3, 3), stride=2, pad_low=1, pad_high=1)  # partials 0.06 of inputs
+    small_spatial = P(144, 32, 1, 1, (56, 56), (3, 3), pad_low=1, pad_high=1)  # partials 0.16 of the inputs
     assert plan_rows_split(big_spatial).k_batch == 32 * 56
     assert rows_split_pays(big_spatial, plan_rows_split(big_spatial))
     assert not rows_split_pays(small_spatial, plan_rows_split(small_spatial))
@@ -115,6 +115,31 @@ def test_explicit_gemm_rewrite_matches_reference(compiled, p):
     assert "tensor.collapse_shape" in compiled(p).stages["linalg"]
 
 
+@pytest.mark.parametrize(
+    "p",
+    [
+        P(2, 3, 16, 8, (14,), (1,), stride=2),  # CK's ck1d_a shape class
+        P(2, 2, 16, 8, (8, 7), (1, 1), stride=(3, 2)),  # H=8 in steps of 3: the last row read is 6
+        P(1, 2, 8, 4, (5, 6, 7), (1, 1, 1), stride=2, layout="NGCHW/GKCYX/NGKHW"),
+    ],
+    ids=["1d_s2", "2d_s3x2_uneven", "3d_s2_ck4"],
+)
+def test_strided_1x1_becomes_a_gemm_on_the_subsampled_x(compiled, p):
+    check(compiled, p)
+    check(compiled, p, k_batch=2)
+    linalg = compiled(p).stages["linalg"]
+    # a copy of x at o * stride, then a 1-D GEMM (no filter loop, stride 1)
+    assert "* 2" in linalg or "* 3" in linalg
+    assert '"f0"' not in linalg and "stride = array<i64: 1>" in linalg
+
+
+def test_thin_gemms_split_at_most_twice_on_gpus():
+    thin = P(2, 64, 4, 4, (49,), (1,))  # CK's ck2d_a after convbw-explicit-gemm
+    assert auto_k_batch(thin, TARGETS["sm_80"]) == 2
+    depthwise_3x3 = P(144, 32, 1, 1, (56, 56), (3, 3), pad_low=1, pad_high=1)
+    assert auto_k_batch(depthwise_3x3, TARGETS["sm_80"]) == 32
+
+
 def test_auto_k_batch_follows_the_occupancy_rule():
     gfx942 = TARGETS["gfx942"]
     big_reduction = P(1, 32, 256, 256, (14, 14), (3, 3), pad_low=1, pad_high=1)
@@ -134,7 +159,7 @@ def test_auto_picks_the_rows_split_for_thin_problems_on_gpus_only(compiled):
     from convbw_mlir.ir_imports import new_context
     from convbw_mlir.pipelines import for_target
 
-    depthwise = P(8, 2, 1, 1, (64, 64), (3, 3), pad_low=1, pad_high=1)  # partials 0.14 of the inputs
+    depthwise = P(8, 2, 1, 1, (64, 128), (3, 3), pad_low=1, pad_high=1)  # partials 0.07 of the inputs
     dense = P(1, 8, 32, 32, (14, 14), (3, 3), pad_low=1, pad_high=1)
     for p, target, want in ((depthwise, "gfx942", '"n,o0"'), (dense, "gfx942", '"n"'), (depthwise, "host", None)):
         with new_context() as ctx:
