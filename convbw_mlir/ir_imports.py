@@ -13,6 +13,7 @@ from iree.compiler.dialects import arith as arith_d  # noqa: F401
 from iree.compiler.dialects import func as func_d  # noqa: F401
 from iree.compiler.dialects import linalg as linalg_d  # noqa: F401
 from iree.compiler.dialects import tensor as tensor_d  # noqa: F401
+from iree.compiler.dialects import util as util_d  # noqa: F401
 
 ELEMENT_TYPES = {"f16": ir.F16Type.get, "bf16": ir.BF16Type.get, "f32": ir.F32Type.get}
 
