@@ -137,7 +137,7 @@ MIN_MMA_N = 16
 MIN_SPLIT_REDUCTION = 256
 # 1x1 problems too thin for matrix cores (K or C of a few channels): IREE 3.13's f16 reduction kernels
 # for them gave wrong dW on the H200 split 64 ways (N=64; CK's ck2d_a/c/d, K=C=4/3/5) and right ones
-# unsplit and split in 2 (134 us and 105 us for ck2d_a; bench/results/h200_2026-11-22_ck.md).
+# unsplit and split in 2 (134 us and 105 us for ck2d_a; bench/results/h200_2026-11-22_gemm_order.md).
 MAX_THIN_GEMM_SPLITS = 2
 # Resident workgroups per CU the occupancy model assumes for the MMA kernels (4-wave workgroups, about
 # 128 VGPRs each on CDNA: 2 workgroups per SIMD-set); CK's equivalent comes from its kernel's occupancy.

@@ -51,7 +51,7 @@ def subsample(problem: ConvBwdWeightProblem, x: ir.Value) -> tuple[ConvBwdWeight
 
     A copy of its own, not a strided tensor.extract_slice: IREE 3.13 fuses such a slice into the GEMM's
     loads, and that kernel gave wrong dW on the H200 for a 1-D strided 1x1 (CK's ck1d_a, sm_80 code;
-    bench/results/h200_2026-11-22_ck.md). A util.optimization_barrier keeps IREE from fusing it back.
+    bench/results/h200_2026-11-22_gemm_order.md). A util.optimization_barrier keeps IREE from fusing it back.
     """
     if all(s == 1 for s in problem.stride):
         return problem, x
@@ -72,7 +72,8 @@ def subsample(problem: ConvBwdWeightProblem, x: ir.Value) -> tuple[ConvBwdWeight
         linalg_d.YieldOp([block.arguments[0]])
     # Keep the copy its own dispatch: fused into the GEMM (as IREE does when no reshape separates them,
     # the 1-D case), the GEMM became a SIMT reduction: 5336 us for CK's ck1d_a on the H200, 86 us for
-    # the 2-D ck2d_b whose collapse_shape keeps them apart (bench/results/h200_2026-11-22_ck.md).
+    # the 2-D ck2d_b whose collapse_shape keeps them apart; 101 us with the barrier
+    # (bench/results/h200_2026-11-22_gemm_order.md).
     return p1, util_d.OptimizationBarrierOp([out_t], [copy.result]).results[0]
 
 
