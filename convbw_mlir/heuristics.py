@@ -139,6 +139,10 @@ MIN_SPLIT_REDUCTION = 256
 # for them gave wrong dW on the H200 split 64 ways (N=64; CK's ck2d_a/c/d, K=C=4/3/5) and right ones
 # unsplit and split in 2 (134 us and 105 us for ck2d_a; bench/results/h200_2026-11-22_gemm_order.md).
 MAX_THIN_GEMM_SPLITS = 2
+# RDNA (wave32 WMMA): a 128 x 128 tile over 4 waves is 128 f32 accumulators a lane, and spilled
+# 128-144 B on gfx1100 and gfx1151 (CK's ck1d_b, ck2d_e, ck3d_b; bench/results/isa_2026-11-22.md);
+# 64 x 128 (64 a lane) compiled without scratch.
+RDNA_ACC_PER_LANE = 64
 # Resident workgroups per CU the occupancy model assumes for the MMA kernels (4-wave workgroups, about
 # 128 VGPRs each on CDNA: 2 workgroups per SIMD-set); CK's equivalent comes from its kernel's occupancy.
 OCCUPANCY = 2
@@ -204,6 +208,14 @@ def choose_tile(problem: ConvBwdWeightProblem, target, **overrides: int) -> Tile
     elif sg_m * sg_n < 4 and n >= 4 * intr.n and sg_m == 1:
         sg_n = 4
     sg_m, sg_n = overrides.get("subgroups_m", sg_m), overrides.get("subgroups_n", sg_n)
+    # RDNA: at most RDNA_ACC_PER_LANE f32 accumulators a lane, halving M (unless M was given)
+    while (
+        target.family == "rdna"
+        and "m" not in overrides
+        and m > intr.m * sg_m
+        and m * n // (sg_m * sg_n * target.subgroup_size) > RDNA_ACC_PER_LANE
+    ):
+        m //= 2
     elem = DTYPES[problem.dtype]
     k = 64
     while k > intr.k and (m + n) * k * elem > target.lds_bytes // 2:

@@ -1,5 +1,9 @@
-"""convbw-map-mma{target=<t>}: turn each ``convbw.tile`` of strategy ``mma`` into IREE's
-``compilation_info`` on the contraction (IREE honours a user's compilation_info on the root op).
+"""convbw-map-mma{target=<t>}: turn each ``convbw.tile`` of strategy ``mma`` (and ``simt`` over a rows
+split) into IREE's ``compilation_info`` on the contraction (IREE honours a user's compilation_info on
+the root op, unless it rebuilds the op: the ISA matrix marks where that happened).
+
+SIMT over a rows split: TileAndFuse with ``workgroup`` and ``thread`` tiles and a serial ``reduction``
+(:func:`simt_compilation_info`).
 
 The config is IREE's TileAndFuse pipeline with ``use_igemm_convolution``, so it indexes the IGEMM
 loops: the generic's parallel loops in order ([s,] [g,] k, f..., c) and one collapsed reduction.

@@ -8,14 +8,16 @@ Three strategies (the H200 measurements behind the choice: bench/results/h200_20
     from one intrinsic up to 128 so that unaligned sizes (K=36, C=3, K=2376) pad only to the next one;
     ``convbw-map-mma`` turns it into IREE's ``compilation_info``.
   * ``simt``: depthwise and thin groups (K < 8 or C * filter < 16, or no K or C loop) get no matrix
-    instructions. Over a rows split (``convbw-split-k`` picks it for them) a thread per (image, output
-    row, group, out channel) holds all filter taps and in channels and reduces its row serially, threads
-    along the channels (:func:`convbw_mlir.heuristics.choose_simt_tile`); otherwise (1-D problems, batch
+    instructions. Over a rows split (``convbw-split-k`` picks it where the partials are small) a thread
+    per (image, output row, group, out channel) holds all filter taps and in channels and reduces its
+    row serially, threads along the channels (:func:`convbw_mlir.heuristics.choose_simt_tile`); otherwise (1-D problems, batch
     splits) IREE's own reduction codegen with split-K spreading the reduction across workgroups.
   * ``iree``: IREE's own configuration, for plain GEMMs (1x1 after ``convbw-explicit-gemm``; option
-    ``gemm=mma`` gives them our tile) and grouped convolutions (G>1; ``grouped=mma`` gives ours), where
-    IREE's tiles measured as fast or faster than ours (ResNeXt G=32 C=8: 765 us vs 1217 us), and
-    channels-first layouts (x not C-innermost), where IREE hung compiling our tile.
+    ``gemm=mma`` attaches our tile, but IREE 3.13 rebuilds these ops and drops it: its executable
+    sources show the GEMM without a lowering_config) and grouped convolutions (G>1; ``grouped=mma``
+    gives ours, the RDNA pipelines' choice because IREE's spill there), where IREE's tiles measured as
+    fast or faster than ours on the H200 (ResNeXt G=32 C=8: 765 us vs 1217 us), and channels-first
+    layouts (x not C-innermost), where IREE hung compiling our tile.
 """
 
 from __future__ import annotations

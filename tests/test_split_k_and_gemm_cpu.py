@@ -9,8 +9,10 @@ import pytest
 from test_numerics_cpu import MATRIX, P, check
 
 from convbw_mlir.heuristics import (
+    RDNA_ACC_PER_LANE,
     auto_k_batch,
     choose_simt_tile,
+    choose_tile,
     plan_rows_split,
     plan_split,
     rows_split_pays,
@@ -167,3 +169,12 @@ def test_auto_picks_the_rows_split_for_thin_problems_on_gpus_only(compiled):
             run_pipeline(module, for_target(target)[:2], ctx)  # explicit-gemm, split-k
             text = str(module)
         assert (f"split_dim = {want}" in text) if want else ("split_dim" not in text)
+
+
+def test_rdna_tiles_hold_at_most_64_accumulators_a_lane_and_others_keep_128x128():
+    ck1d_b = P(2, 32, 256, 128, (28,), (3,), pad_low=1, pad_high=1)
+    rdna = choose_tile(ck1d_b, TARGETS["gfx1100"])
+    assert rdna.m * rdna.n // (rdna.subgroups * TARGETS["gfx1100"].subgroup_size) <= RDNA_ACC_PER_LANE
+    assert (rdna.m, rdna.n) == (64, 128)
+    assert (choose_tile(ck1d_b, TARGETS["gfx942"]).m, choose_tile(ck1d_b, TARGETS["sm_80"]).m) == (128, 128)
+    assert choose_tile(ck1d_b, TARGETS["gfx1100"], m=128).m == 128  # an explicit tile-m wins

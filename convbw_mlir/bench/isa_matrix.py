@@ -77,8 +77,13 @@ def honoured(intended: str | None, mnemonics: list[str]) -> bool:
     m = re.search(r"(\d+)x(\d+)x(\d+)", intended or "")
     if not m:
         return True
-    a, b, c = m.groups()
-    return any(f"{a}x{b}x{c}" in k or f"m{a}n{b}k{c}" in k for k in mnemonics)
+    a, b, c = (int(v) for v in m.groups())
+    for k in mnemonics:
+        got = re.search(r"(\d+)x(\d+)x(\d+)", k) or re.search(r"m(\d+)n(\d+)k(\d+)", k)
+        # same M x N, and K ours or a divisor of it: gfx90a runs MFMA_F32_16x16x16_BF16 as 16x16x8bf16
+        if got and (int(got[1]), int(got[2])) == (a, b) and c % int(got[3]) == 0:
+            return True
+    return False
 
 
 def _child(args: list[str]) -> None:
