@@ -10,8 +10,9 @@ Three strategies (the H200 measurements behind the choice: bench/results/h200_20
   * ``simt``: depthwise and thin groups (K < 8 or C * filter < 16, or no K or C loop) get no matrix
     instructions. Over a rows split (``convbw-split-k`` picks it where the partials are small) a thread
     per (image, output row, group, out channel) holds all filter taps and in channels and reduces its
-    row serially, threads along the channels (:func:`convbw_mlir.heuristics.choose_simt_tile`); otherwise (1-D problems, batch
-    splits) IREE's own reduction codegen with split-K spreading the reduction across workgroups.
+    row serially, threads along the channels (:func:`convbw_mlir.heuristics.choose_simt_tile`);
+    otherwise (1-D problems, batch splits) IREE's own reduction codegen with split-K spreading the
+    reduction across workgroups.
   * ``iree``: IREE's own configuration, for plain GEMMs (1x1 after ``convbw-explicit-gemm``; option
     ``gemm=mma`` attaches our tile, but IREE 3.13 rebuilds these ops and drops it: its executable
     sources show the GEMM without a lowering_config) and grouped convolutions (G>1; ``grouped=mma``
