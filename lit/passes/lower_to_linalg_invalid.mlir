@@ -55,3 +55,27 @@ func.func @dynamic_shape(%x: tensor<?x4x4x1x2xf16>, %dy: tensor<1x4x4x1x2xf16>) 
   %0 = "convbw.conv_bwd_weight"(%x, %dy) {dilations = array<i64: 1, 1>, groups = 1 : i64, layout = "NHWGC/GKYXC/NHWGK", pad_high = array<i64: 0, 0>, pad_low = array<i64: 0, 0>, strides = array<i64: 1, 1>} : (tensor<?x4x4x1x2xf16>, tensor<1x4x4x1x2xf16>) -> tensor<1x2x1x1x2xf16>
   return %0 : tensor<1x2x1x1x2xf16>
 }
+
+// -----
+
+func.func @rows_split_unknown_loop(%x: tensor<2x8x128x16x1xf16>, %dy: tensor<2x8x128x16x1xf16>) -> tensor<16x16x1x3x3x1xf32> {
+  // expected-error@+1 {{split_dim: 'n,o7' must name distinct reduction loops; loops: n, o0, o1}}
+  %0 = "convbw.conv_bwd_weight"(%x, %dy) {dilations = array<i64: 1, 1>, groups = 16 : i64, k_batch = 16 : i64, layout = "NHWGC/GKYXC/NHWGK", pad_high = array<i64: 1, 1>, pad_low = array<i64: 1, 1>, split_chunk = 1 : i64, split_dim = "n,o7", strides = array<i64: 1, 1>} : (tensor<2x8x128x16x1xf16>, tensor<2x8x128x16x1xf16>) -> tensor<16x16x1x3x3x1xf32>
+  return %0 : tensor<16x16x1x3x3x1xf32>
+}
+
+// -----
+
+func.func @rows_split_wrong_k_batch(%x: tensor<2x8x128x16x1xf16>, %dy: tensor<2x8x128x16x1xf16>) -> tensor<8x16x1x3x3x1xf32> {
+  // expected-error@+1 {{split: k_batch 8 must be 16, the extents of n,o0 multiplied}}
+  %0 = "convbw.conv_bwd_weight"(%x, %dy) {dilations = array<i64: 1, 1>, groups = 16 : i64, k_batch = 8 : i64, layout = "NHWGC/GKYXC/NHWGK", pad_high = array<i64: 1, 1>, pad_low = array<i64: 1, 1>, split_chunk = 1 : i64, split_dim = "n,o0", strides = array<i64: 1, 1>} : (tensor<2x8x128x16x1xf16>, tensor<2x8x128x16x1xf16>) -> tensor<8x16x1x3x3x1xf32>
+  return %0 : tensor<8x16x1x3x3x1xf32>
+}
+
+// -----
+
+func.func @rows_split_with_a_chunk(%x: tensor<2x8x128x16x1xf16>, %dy: tensor<2x8x128x16x1xf16>) -> tensor<16x16x1x3x3x1xf32> {
+  // expected-error@+1 {{split: a split over loops n,o0 takes chunk 1, got 2}}
+  %0 = "convbw.conv_bwd_weight"(%x, %dy) {dilations = array<i64: 1, 1>, groups = 16 : i64, k_batch = 16 : i64, layout = "NHWGC/GKYXC/NHWGK", pad_high = array<i64: 1, 1>, pad_low = array<i64: 1, 1>, split_chunk = 2 : i64, split_dim = "n,o0", strides = array<i64: 1, 1>} : (tensor<2x8x128x16x1xf16>, tensor<2x8x128x16x1xf16>) -> tensor<16x16x1x3x3x1xf32>
+  return %0 : tensor<16x16x1x3x3x1xf32>
+}
