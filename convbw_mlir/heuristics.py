@@ -19,6 +19,7 @@ __all__ = [
     "pick_intrinsic",
     "plan_rows_split",
     "plan_split",
+    "plan_split_k",
     "reduction_extents",
     "rows_split_pays",
     "simt_threads_fit",
@@ -56,6 +57,11 @@ class Split:
     def promoted(self) -> tuple[str, ...]:
         """The loops a rows split makes parallel (empty for a chunked split of one loop)."""
         return tuple(self.dim.split(",")) if "," in self.dim else ()
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    """The divisors of ``n`` up to ``limit`` (1 always among them)."""
+    return [d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0]
 
 
 def reduction_extents(problem: ConvBwdWeightProblem) -> dict[str, int]:
@@ -96,6 +102,22 @@ def rows_split_pays(problem: ConvBwdWeightProblem, split: Split) -> bool:
     return partial_bytes <= MAX_ROWS_PARTIAL_FRACTION * input_bytes
 
 
+def plan_split_k(problem: ConvBwdWeightProblem, target, k_batch: int | str) -> Split | None:
+    """The split ``convbw-split-k{k-batch}`` makes: ``rows`` (:func:`plan_rows_split`), a number of batch
+    splits (:func:`plan_split`), or ``auto``: on a GPU target the rows split for problems too thin for
+    matrix cores whose threads hold a dW row and whose partials pay (:func:`rows_split_pays`), else the
+    even batch split of :func:`auto_k_batch`."""
+    if k_batch == "rows":
+        return plan_rows_split(problem)
+    if k_batch != "auto":
+        return plan_split(problem, k_batch)
+    if target.is_gpu and pick_intrinsic(problem, target) is None and simt_threads_fit(problem):
+        rows = plan_rows_split(problem)
+        if rows is not None and rows_split_pays(problem, rows):
+            return rows
+    return plan_split(problem, auto_k_batch(problem, target), even=True)
+
+
 def plan_split(problem: ConvBwdWeightProblem, k_batch: int, even: bool = False) -> Split | None:
     """Split the reduction into (at most) ``k_batch`` chunks of the batch; None when nothing is split.
 
@@ -118,7 +140,7 @@ def plan_split(problem: ConvBwdWeightProblem, k_batch: int, even: bool = False) 
     if k_batch == 1 or n == 1:
         return None
     if even:  # the largest divisor of N not above k_batch: no padded images
-        k_batch = max(d for d in range(1, min(k_batch, n) + 1) if n % d == 0)
+        k_batch = max(_divisors(n, k_batch))
         if k_batch == 1:
             return None
     chunk = math.ceil(n / k_batch)
@@ -260,10 +282,6 @@ class SimtTile:
         return self.rows * self.groups * self.channels
 
 
-def _largest_divisor(n: int, limit: int) -> int:
-    return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
-
-
 def choose_simt_tile(problem: ConvBwdWeightProblem, target) -> SimtTile:
     """Threads along the channels (out channels innermost, then groups: the innermost dimensions of
     channels-last dy and x, so a subgroup's loads are contiguous), then output rows, up to four
@@ -272,17 +290,13 @@ def choose_simt_tile(problem: ConvBwdWeightProblem, target) -> SimtTile:
     48 groups x 2 rows, 16 x 8 and 48 x 2 with a 4-deep reduction step all within 3%.
     """
     budget = 4 * target.subgroup_size
-    channels = _largest_divisor(problem.out_channels, budget)
-
-    def divisors(n: int, limit: int) -> list[int]:
-        return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
-
+    channels = max(_divisors(problem.out_channels, budget))
     # Whole subgroups first (G=144: 16 groups x 8 rows = 128 threads, not 72 x 1), then more threads,
     # then more groups (wider contiguous loads).
     candidates = [
         SimtTile(rows, groups, channels)
-        for groups in divisors(problem.groups, budget // channels)
-        for rows in divisors(problem.output_size[0], budget // (channels * groups))
+        for groups in _divisors(problem.groups, budget // channels)
+        for rows in _divisors(problem.output_size[0], budget // (channels * groups))
     ]
     return max(candidates, key=lambda t: (t.threads % target.subgroup_size == 0, t.threads, t.groups))
 

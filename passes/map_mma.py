@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, option, register
 from convbw_mlir.passes.lower_to_linalg import CONTRACTION_ATTR
-from convbw_mlir.passes.tile import _GPU_TARGETS, TILE_ATTR, contractions, loops_of, read_tile
+from convbw_mlir.passes.tile import _GPU_TARGETS, TILE_ATTR, contractions, loops_of, parallel_loops, read_tile
 
 from convbw_mlir.heuristics import SimtTile, Tile
 from convbw_mlir.ir_imports import ir
@@ -35,9 +35,23 @@ def _i64_array(values: list[int]) -> ir.ArrayAttr:
     return ir.ArrayAttr.get([ir.IntegerAttr.get(i64, v) for v in values])
 
 
+def _tile_and_fuse(lowering: ir.Attribute, threads: int, target: Target,
+                   configuration: ir.DictAttr | None = None) -> ir.Attribute:  # fmt: skip
+    """``compilation_info`` pairing ``lowering`` with IREE's TileAndFuse pipeline on ``threads`` threads."""
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    translation = iree_codegen.TranslationInfoAttr.get(
+        iree_gpu.PipelineAttr.get(iree_gpu.LoweringPipeline.TileAndFuse),
+        workgroup_size=[threads, 1, 1],
+        subgroup_size=target.subgroup_size,
+        **({"configuration": configuration} if configuration is not None else {}),
+    )
+    return iree_codegen.CompilationInfoAttr.get(lowering, translation)
+
+
 def compilation_info(loops: list[str], extents: list[int], tile: Tile, target: Target, dtype: str) -> ir.Attribute:
     """``#iree_codegen.compilation_info`` for a convolution contraction with ``loops`` (names, in order)."""
-    from iree.compiler.dialects import iree_codegen, iree_gpu
+    from iree.compiler.dialects import iree_gpu
 
     intr = next(i for i in target.intrinsics[dtype] if i.name == tile.intrinsic)
     parallel = [n for n in loops if n in ("s", "g", "k", "c") or n.startswith("f")]
@@ -81,13 +95,8 @@ def compilation_info(loops: list[str], extents: list[int], tile: Tile, target: T
     options = iree_gpu.PipelineOptionsAttr.get(
         prefetch_num_stages=tile.stages, no_reduce_shared_memory_bank_conflicts=False, use_igemm_convolution=igemm
     )
-    translation = iree_codegen.TranslationInfoAttr.get(
-        iree_gpu.PipelineAttr.get(iree_gpu.LoweringPipeline.TileAndFuse),
-        workgroup_size=[tile.subgroups * target.subgroup_size, 1, 1],
-        subgroup_size=target.subgroup_size,
-        configuration=ir.DictAttr.get({"gpu_pipeline_options": options}),
-    )
-    return iree_codegen.CompilationInfoAttr.get(lowering, translation)
+    configuration = ir.DictAttr.get({"gpu_pipeline_options": options})
+    return _tile_and_fuse(lowering, tile.subgroups * target.subgroup_size, target, configuration)
 
 
 def simt_compilation_info(loops: list[str], extents: list[int], parallel: int, tile: SimtTile,
@@ -98,7 +107,7 @@ def simt_compilation_info(loops: list[str], extents: list[int], parallel: int, t
     every filter tap and in channel; per thread one (n, o0, g, k) with all taps and in channels; the
     remaining reduction loops one step at a time (a serial loop per thread).
     """
-    from iree.compiler.dialects import iree_codegen, iree_gpu
+    from iree.compiler.dialects import iree_gpu
 
     per_workgroup = {"n": 1, "o0": tile.rows, "g": tile.groups, "k": tile.channels}
     workgroup, thread = [], []
@@ -112,13 +121,7 @@ def simt_compilation_info(loops: list[str], extents: list[int], parallel: int, t
         "thread": _i64_array(thread + [0] * reductions),
         "reduction": _i64_array([0] * parallel + [1] * reductions),
     }
-    translation = iree_codegen.TranslationInfoAttr.get(
-        iree_gpu.PipelineAttr.get(iree_gpu.LoweringPipeline.TileAndFuse),
-        workgroup_size=[tile.threads, 1, 1],
-        subgroup_size=target.subgroup_size,
-    )
-    lowering = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(config))
-    return iree_codegen.CompilationInfoAttr.get(lowering, translation)
+    return _tile_and_fuse(iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(config)), tile.threads, target)
 
 
 @register
@@ -141,7 +144,7 @@ class MapMma(ConvbwPass):
             strategy, tile = read_tile(op)
             extents = list(op.attributes[CONTRACTION_ATTR]["extents"])
             if strategy == "simt" and tile is not None:
-                parallel = sum("parallel" in str(it) for it in op.attributes["iterator_types"])
+                parallel = len(parallel_loops(op))
                 op.attributes["compilation_info"] = simt_compilation_info(loops_of(op), extents, parallel, tile, target)
                 continue
             if strategy != "mma":

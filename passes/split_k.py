@@ -28,14 +28,7 @@ from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
 from convbw_mlir.passes.lower_to_linalg import PARALLEL, REDUCTION, as_value, finish_dw
 
-from convbw_mlir.heuristics import (
-    auto_k_batch,
-    pick_intrinsic,
-    plan_rows_split,
-    plan_split,
-    rows_split_pays,
-    simt_threads_fit,
-)
+from convbw_mlir.heuristics import plan_split_k
 from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
 from convbw_mlir.targets import TARGETS
 
@@ -99,15 +92,7 @@ class SplitK(ConvbwPass):
                 raise self.fail(op, "invalid convbw.conv_bwd_weight op")
             if convbw.split_of(op):
                 continue  # already split
-            kb = self.options.k_batch
-            simt = target.is_gpu and pick_intrinsic(problem, target) is None and simt_threads_fit(problem)
-            if kb == "rows" or (kb == "auto" and simt):
-                split = plan_rows_split(problem)
-                if kb == "auto" and (split is None or not rows_split_pays(problem, split)):  # split the batch
-                    split = plan_split(problem, auto_k_batch(problem, target), even=True)
-            else:
-                auto = kb == "auto"
-                split = plan_split(problem, auto_k_batch(problem, target) if auto else kb, even=auto)
+            split = plan_split_k(problem, target, self.options.k_batch)
             if split is None:
                 continue
             with ir.InsertionPoint(op), op.location:

@@ -33,7 +33,7 @@ from convbw_mlir.heuristics import SimtTile, Tile, choose_simt_tile, choose_tile
 from convbw_mlir.ir_imports import ir
 from convbw_mlir.targets import TARGETS
 
-__all__ = ["SIMT_FIELDS", "TILE_ATTR", "Tile", "TilePass", "contractions", "read_tile", "rows_split"]
+__all__ = ["SIMT_FIELDS", "TILE_ATTR", "Tile", "TilePass", "contractions", "parallel_loops", "read_tile", "rows_split"]
 
 TILE_ATTR = "convbw.tile"
 _GPU_TARGETS = tuple(n for n, t in TARGETS.items() if t.is_gpu)
@@ -56,11 +56,15 @@ def loops_of(op: ir.Operation) -> list[str]:
     return [ir.StringAttr(a).value for a in op.attributes[CONTRACTION_ATTR]["loops"]]
 
 
+def parallel_loops(op: ir.Operation) -> list[str]:
+    """The contraction's parallel loops, in order (they come first)."""
+    iterators = [str(it) for it in op.attributes["iterator_types"]]
+    return [name for name, it in zip(loops_of(op), iterators) if "parallel" in it]
+
+
 def rows_split(op: ir.Operation) -> bool:
     """Whether the contraction is the first stage of a rows split (loops n and o0 parallel)."""
-    iterators = [str(it) for it in op.attributes["iterator_types"]]
-    parallel = {name for name, it in zip(loops_of(op), iterators) if "parallel" in it}
-    return bool(parallel & {"n", "o0"})
+    return bool(set(parallel_loops(op)) & {"n", "o0"})
 
 
 SIMT_FIELDS = ("rows", "groups", "channels")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -72,8 +73,6 @@ def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
 def honoured(intended: str | None, mnemonics: list[str]) -> bool:
     """Whether the kernel uses our tile's intrinsic (M x N x K in its mnemonic). IREE drops a
     compilation_info in some cases (e.g. after fusing the split-K reshapes) and picks its own tile."""
-    import re
-
     m = re.search(r"(\d+)x(\d+)x(\d+)", intended or "")
     if not m:
         return True
