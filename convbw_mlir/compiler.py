@@ -209,7 +209,8 @@ def compile_module(module_text: str | bytes, target: Target | str, extra_flags: 
 
 @dataclass
 class Intermediates:
-    """IREE's dumped executable intermediates of one compile, by file name."""
+    """IREE's dumped executable intermediates of one compile (ISA, LLVM IR, and the configured
+    executables ``configured_*.mlir``), by file name."""
 
     target: str
     files: dict[str, str]
@@ -237,11 +238,13 @@ def executable_intermediates(
         CompileError: IREE's diagnostics.
     """
     with tempfile.TemporaryDirectory(prefix="convbw-dump-") as d:
-        flags = [f"--iree-hal-dump-executable-intermediates-to={d}", *(extra_flags or [])]
+        # the configured executables too: which lowering_config each kernel was compiled with
+        flags = [f"--iree-hal-dump-executable-intermediates-to={d}",
+                 f"--iree-hal-dump-executable-configurations-to={d}", *(extra_flags or [])]  # fmt: skip
         vmfb = compile_module(module_text, target, flags)
         files = {}
         for path in sorted(Path(d).iterdir()):
-            if path.suffix in (".ll", ".rocmasm", ".s"):
+            if path.suffix in (".ll", ".rocmasm", ".s") or path.name.startswith("configured_"):
                 files[path.name] = path.read_text(errors="replace")
     return Intermediates(target, files, vmfb)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["KernelReport", "IsaReport", "parse_nvptx_ll", "parse_rocmasm", "report"]
+__all__ = ["KernelReport", "IsaReport", "dropped_configs", "parse_nvptx_ll", "parse_rocmasm", "report"]
 
 # Registers per SIMD lane and waves per SIMD: CDNA3 ISA guide ("512 VGPRs, unified with AGPRs", up to 8
 # waves per SIMD on gfx90a/gfx942/gfx950); RDNA3/RDNA4 ISA guides (1536 VGPRs per SIMD lane in wave32
@@ -161,3 +161,21 @@ def report(files: dict[str, str], target: str) -> IsaReport:
     if not kernels:
         raise ValueError(f"isa: no {t.family} kernels in the intermediates ({sorted(files)})")
     return IsaReport(target, kernels)
+
+
+_LOWERING_CONFIG = re.compile(r"#iree_gpu\.lowering_config<\{.*?\}>")
+
+
+def dropped_configs(linalg_text: str, files: dict[str, str]) -> list[str]:
+    """Our lowering configs (in the input IR) that no kernel was compiled with.
+
+    IREE honours a ``compilation_info`` on the root op of a dispatch, but it drops it when it rebuilds
+    the op before codegen (unit-dimension folding did, until the lowering left no unit dimensions):
+    the configured executables (``configured_*.mlir`` in :class:`convbw_mlir.compiler.Intermediates`)
+    then carry IREE's own config instead. Both print the attribute the same way, so the text compares.
+    """
+    configured = "\n".join(text for name, text in files.items() if name.startswith("configured_"))
+    if not configured:
+        raise ValueError("isa: the intermediates hold no configured executables (configured_*.mlir)")
+    return [c for c in dict.fromkeys(_LOWERING_CONFIG.findall(linalg_text)) if c not in configured]
+

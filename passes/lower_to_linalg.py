@@ -47,6 +47,7 @@ __all__ = [
     "build_contraction",
     "contraction_loops",
     "as_value",
+    "drop_unit_dims",
     "convert",
     "pad_by_gather",
     "pad_zeros",
@@ -264,6 +265,34 @@ def _expand_dim(value: ir.Value, pos: int, split: Split) -> ir.Value:
     return tensor_d.ExpandShapeOp(out_t, value, reassociation(groups), [], shape).result
 
 
+def drop_unit_dims(value: ir.Value, amap: ir.AffineMap) -> tuple[ir.Value, ir.AffineMap]:
+    """Collapse away the operand's unit dimensions indexed by the constant 0 (G=1, a chunk of 1, ...).
+
+    IREE folds such dimensions itself, but by rebuilding the linalg.generic, and the rebuilt op has
+    lost every attribute of ours, ``compilation_info`` included: 39 kernels of the 2026-11-22 ISA matrix
+    ran IREE's own tile for that reason (bench/results/isa_2026-11-22.md, the ``i`` cells). Without
+    unit dimensions there is nothing to fold and the op reaches codegen as built.
+    """
+    shape = list(value.type.shape)
+    exprs = list(amap.results)
+    zero = ir.AffineConstantExpr.get(0)
+    keep = [i for i in range(len(shape)) if not (shape[i] == 1 and exprs[i] == zero)]
+    if len(keep) == len(shape):
+        return value, amap
+    groups: list[list[int]] = []
+    pending: list[int] = []
+    for i in range(len(shape)):
+        pending.append(i)
+        if i in keep:
+            groups.append(pending)
+            pending = []
+    if pending and groups:
+        groups[-1].extend(pending)  # trailing unit dims join the last kept dimension
+    out_t = ir.RankedTensorType.get([shape[i] for i in keep], value.type.element_type)
+    collapsed = tensor_d.CollapseShapeOp(out_t, value, reassociation(groups)).result
+    return collapsed, ir.AffineMap.get(amap.n_dims, amap.n_symbols, [exprs[i] for i in keep])
+
+
 def as_value(v: ir.Value | ir.OpView) -> ir.Value:
     """The single result of a builder that returns the op (or already the value)."""
     return v if isinstance(v, ir.Value) else v.operation.results[0]
@@ -363,11 +392,14 @@ def build_contraction(
     x_in, dy_in = _padded_inputs(problem, split, x, dy, frontend_form)
     swap = dy_first(problem, names) and not frontend_form
     iterators = [PARALLEL] * n_parallel + [REDUCTION] * (len(names) - n_parallel)
+    first_map, second_map, acc_map = _maps(problem, split, names, n_parallel, swap)
+    first, first_map = drop_unit_dims(dy_in if swap else x_in, first_map)
+    second, second_map = drop_unit_dims(x_in if swap else dy_in, second_map)
     generic = linalg_d.GenericOp(
         [ir.RankedTensorType.get(acc_shape, f32)],
-        [dy_in, x_in] if swap else [x_in, dy_in],
+        [first, second],
         [init],
-        ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in _maps(problem, split, names, n_parallel, swap)]),
+        ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in (first_map, second_map, acc_map)]),
         ir.ArrayAttr.get([ir.Attribute.parse(it) for it in iterators]),
     )
     generic.operation.attributes[CONTRACTION_ATTR] = contraction_attr(problem, split, loops)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -29,13 +28,11 @@ def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
     """In this process: compile and report. flavor: ours (the target pipeline) or iree (plain lowering)."""
     from convbw_mlir.compiler import executable_intermediates, run_pipeline
     from convbw_mlir.dialects import convbw
-    from convbw_mlir.heuristics import choose_tile
     from convbw_mlir.ir_imports import new_context
-    from convbw_mlir.isa import report
+    from convbw_mlir.isa import dropped_configs, report
     from convbw_mlir.passes import parse_pipeline
     from convbw_mlir.pipelines import for_target
     from convbw_mlir.problem import ConvBwdWeightProblem
-    from convbw_mlir.targets import TARGETS
 
     problem = ConvBwdWeightProblem.from_ck(ck, dtype=dtype)
     plain = "convbw-lower-to-linalg{frontend-form=true},canonicalize,cse"  # what a frontend hands IREE
@@ -45,13 +42,14 @@ def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
             module = convbw.build_module(problem)
             run_pipeline(module, pipeline, ctx)
             text = str(module)
-        rep = report(executable_intermediates(text, target).files, target)
+        files = executable_intermediates(text, target).files
+        rep = report(files, target)
+        dropped = dropped_configs(text, files)
     except Exception as e:  # a compile failure is a result here
         return {"ok": False, "error": str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__}
     main = rep.main
     k_batch = text.count("k_batch = ") and int(text.split("k_batch = ", 1)[1].split(" ", 1)[0])
     strategy = "mma" if 'strategy = "mma"' in text else ("simt" if 'strategy = "simt"' in text else "iree")
-    tile = choose_tile(problem, TARGETS[target]) if flavor == "ours" else None
     return {
         "ok": True,
         "kernels": len(rep.kernels),
@@ -66,23 +64,8 @@ def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
         "occupancy_limit": main.occupancy_limit,
         "k_batch": k_batch or 1,
         "strategy": strategy if flavor == "ours" else "iree",
-        "intended": tile.intrinsic if tile else None,
+        "dropped": len(dropped),  # our configs IREE did not compile with (configured executables)
     }
-
-
-def honoured(intended: str | None, mnemonics: list[str]) -> bool:
-    """Whether the kernel uses our tile's intrinsic (M x N x K in its mnemonic). IREE drops a
-    compilation_info in some cases (e.g. after fusing the split-K reshapes) and picks its own tile."""
-    m = re.search(r"(\d+)x(\d+)x(\d+)", intended or "")
-    if not m:
-        return True
-    a, b, c = (int(v) for v in m.groups())
-    for k in mnemonics:
-        got = re.search(r"(\d+)x(\d+)x(\d+)", k) or re.search(r"m(\d+)n(\d+)k(\d+)", k)
-        # same M x N, and K ours or a divisor of it: gfx90a runs MFMA_F32_16x16x16_BF16 as 16x16x8bf16
-        if got and (int(got[1]), int(got[2])) == (a, b) and c % int(got[3]) == 0:
-            return True
-    return False
 
 
 def _child(args: list[str]) -> None:
@@ -122,9 +105,8 @@ def write_tables(results: list[dict], targets: list[str], out: Path) -> str:
         "",
         "Per problem, type and target: our pipeline's main kernel: matrix instructions in the ISA "
         "(static count; `-` = SIMT strategy, none expected), scratch bytes (spills), occupancy "
-        "(waves/SIMD, AMD) and k_batch; `i` = IREE compiled its own tile, not ours (our compilation_info "
-        "was dropped: the kernel's instruction is not our tile's); `default` = IREE's own pipeline on the "
-        "plain linalg form.",
+        "(waves/SIMD, AMD) and k_batch; `i` = IREE compiled its own config, not ours (our compilation_info "
+        "is in no configured executable); `default` = IREE's own pipeline on the plain linalg form.",
         "",
     ]
     header = "| problem | type | " + " | ".join(targets) + " |"
@@ -146,7 +128,7 @@ def write_tables(results: list[dict], targets: list[str], out: Path) -> str:
             has = any(k.startswith(MNEMONIC[fam]) for k in r["mma"])
             if r["strategy"] == "mma" and not has:
                 missing_mma.append((row["name"], row["dtype"], t))
-            ours = r["strategy"] != "mma" or honoured(r["intended"], r["mma"])
+            ours = not r.get("dropped")
             if not ours:
                 dropped.append((row["name"], row["dtype"], t, r["k_batch"]))
             mma = str(r["mma_count"]) if r["strategy"] != "simt" else "-"
@@ -162,7 +144,7 @@ def write_tables(results: list[dict], targets: list[str], out: Path) -> str:
         f"Compiles: {total} with our pipeline, {len(ours_fail)} failed; IREE default failed on {len(default_fail)}.",
         f"Kernels given the MMA strategy without the target's matrix instructions: {len(missing_mma)}.",
         f"Kernels with scratch (spills): {len(spills)}.",
-        f"MMA-strategy kernels where IREE dropped our tile and used its own: {len(dropped)} "
+        f"Kernels where IREE dropped our config and used its own: {len(dropped)} "
         f"({sum(k > 1 for *_, k in dropped)} of them split-K).",
         "",
         "## IREE's default fails, ours compiles",

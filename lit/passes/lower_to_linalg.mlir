@@ -90,3 +90,19 @@ func.func @two_ops(%x: tensor<1x2x2x1x2xf16>, %dy: tensor<1x2x2x1x2xf16>) -> ten
   %2 = arith.addf %0, %1 : tensor<1x2x1x1x2xf16>
   return %2 : tensor<1x2x1x1x2xf16>
 }
+
+// -----
+
+// G=1 in a grouped layout: the unit G of x and dy is collapsed away before the contraction, so its maps
+// index no constant 0. IREE would fold it by rebuilding the generic, which drops compilation_info.
+// CHECK-DAG: #[[X1:.+]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d4, d1 + d5, d2 + d6, d3)>
+// CHECK-DAG: #[[DY1:.+]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d4, d5, d6, d0)>
+// CHECK-LABEL: func.func @unit_group
+// CHECK:       %[[XC:.+]] = tensor.collapse_shape %arg0 {{\[\[}}0], [1], [2], [3, 4]] : tensor<2x5x5x1x3xf16> into tensor<2x5x5x3xf16>
+// CHECK:       %[[DYC:.+]] = tensor.collapse_shape %arg1 {{\[\[}}0], [1], [2], [3, 4]] : tensor<2x3x3x1x4xf16> into tensor<2x3x3x4xf16>
+// CHECK:       linalg.generic {indexing_maps = [#[[X1]], #[[DY1]], #{{[a-z0-9_]+}}]
+// CHECK-SAME:    ins(%[[XC]], %[[DYC]] : tensor<2x5x5x3xf16>, tensor<2x3x3x4xf16>)
+func.func @unit_group(%x: tensor<2x5x5x1x3xf16>, %dy: tensor<2x3x3x1x4xf16>) -> tensor<1x4x3x3x3xf16> {
+  %0 = "convbw.conv_bwd_weight"(%x, %dy) {dilations = array<i64: 1, 1>, groups = 1 : i64, layout = "NHWGC/GKYXC/NHWGK", pad_high = array<i64: 0, 0>, pad_low = array<i64: 0, 0>, strides = array<i64: 1, 1>} : (tensor<2x5x5x1x3xf16>, tensor<2x3x3x1x4xf16>) -> tensor<1x4x3x3x3xf16>
+  return %0 : tensor<1x4x3x3x3xf16>
+}
