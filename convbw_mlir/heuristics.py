@@ -161,10 +161,11 @@ MIN_SPLIT_REDUCTION = 256
 # for them gave wrong dW on the H200 split 64 ways (N=64; CK's ck2d_a/c/d, K=C=4/3/5) and right ones
 # unsplit and split in 2 (134 us and 105 us for ck2d_a; bench/results/h200_2026-11-22_gemm_order.md).
 MAX_THIN_GEMM_SPLITS = 2
-# RDNA (wave32 WMMA): a 128 x 128 tile over 4 waves is 128 f32 accumulators a lane, and spilled
-# 128-144 B on gfx1100 and gfx1151 (CK's ck1d_b, ck2d_e, ck3d_b; bench/results/isa_2026-11-22.md);
-# 64 x 128 (64 a lane) compiled without scratch.
-RDNA_ACC_PER_LANE = 64
+# RDNA (wave32 WMMA), f32 accumulators a lane by input type: a 128 x 128 tile over 4 waves is 128 a
+# lane, and spilled 128-144 B on gfx1100 and gfx1151 (CK's ck1d_b, ck2d_e, ck3d_b;
+# bench/results/isa_2026-11-22.md); 64 x 128 (64 a lane) compiled without scratch in f16 but spilled
+# 36-100 B in bf16 (ck2d_e on gfx1100 and gfx1151, 3x3 256-channel layers on gfx1151); 32 x 128 did not.
+RDNA_ACC_PER_LANE = {"f16": 64, "bf16": 32}
 # Resident workgroups per CU the occupancy model assumes for the MMA kernels (4-wave workgroups, about
 # 128 VGPRs each on CDNA: 2 workgroups per SIMD-set); CK's equivalent comes from its kernel's occupancy.
 OCCUPANCY = 2
@@ -235,7 +236,7 @@ def choose_tile(problem: ConvBwdWeightProblem, target, **overrides: int) -> Tile
         target.family == "rdna"
         and "m" not in overrides
         and m > intr.m * sg_m
-        and m * n // (sg_m * sg_n * target.subgroup_size) > RDNA_ACC_PER_LANE
+        and m * n // (sg_m * sg_n * target.subgroup_size) > RDNA_ACC_PER_LANE.get(problem.dtype, 64)
     ):
         m //= 2
     elem = DTYPES[problem.dtype]

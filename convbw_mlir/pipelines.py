@@ -34,10 +34,12 @@ def for_target(target: str, **options: Any) -> list[PipelineElement]:
         ("convbw-lower-to-linalg", {}),
     ]
     if tgt.is_gpu:
-        # Grouped convolutions: IREE's own tiles measured as fast or faster on the H200 (passes/tile.py);
-        # on RDNA IREE's tiles spill (ResNeXt G=32 C=8 on gfx1100: 984 B scratch, ours: none).
-        grouped = "mma" if tgt.family == "rdna" else "iree"
-        stages += [("convbw-tile", {"target": target, "grouped": grouped}), ("convbw-map-mma", {"target": target})]
+        # Grouped convolutions and GEMMs: IREE's own tiles measured as fast or faster on the H200
+        # (passes/tile.py); on RDNA IREE's tiles spill (ResNeXt G=32 C=8 on gfx1100: 984 B scratch; the
+        # 1x1 GEMMs of CK's list: 428-492 B), ours do not.
+        own = "mma" if tgt.family == "rdna" else "iree"
+        tile = {"target": target, "grouped": own, "gemm": own}
+        stages += [("convbw-tile", tile), ("convbw-map-mma", {"target": target})]
     stages += ["canonicalize", "cse"]
     used: set[str] = set()
     elements = []

@@ -31,6 +31,7 @@ loops, which the GPU passes read.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
@@ -48,6 +49,7 @@ __all__ = [
     "contraction_loops",
     "as_value",
     "drop_unit_dims",
+    "merge_reduction_loops",
     "convert",
     "pad_by_gather",
     "pad_zeros",
@@ -293,6 +295,54 @@ def drop_unit_dims(value: ir.Value, amap: ir.AffineMap) -> tuple[ir.Value, ir.Af
     return collapsed, ir.AffineMap.get(amap.n_dims, amap.n_symbols, [exprs[i] for i in keep])
 
 
+def merge_reduction_loops(
+    operands: list[ir.Value], maps: list[ir.AffineMap], loops: dict[str, int], n_parallel: int
+) -> tuple[list[ir.Value], list[ir.AffineMap], dict[str, int]]:
+    """Merge consecutive reduction loops that every input reads as adjacent plain dimensions.
+
+    A GEMM's batch and output loops (``n``, ``o0``) are such a pair in channels-last layouts. IREE 3.13
+    merges them itself (dimension collapsing at dispatch creation), but by rebuilding the generic, which
+    drops ``compilation_info`` (CK's ck1d_a for gfx1100 ran IREE's own tile and spilled 492 B).
+    Merged here, the op reaches codegen as built. The merged loop is named ``a*b`` (``n*o0``) and the
+    inputs are collapsed to match; ``maps`` ends with the accumulator's, which holds no reduction loop.
+    """
+    names = list(loops)
+    inputs, acc_map = maps[:-1], maps[-1]
+    for i in range(n_parallel, len(names) - 1):
+        a = ir.AffineDimExpr.get(i)
+        if not all(_reads_adjacent(m, i) for m in inputs):
+            continue
+        values, results = [], []
+        for value, amap in zip(operands, inputs):
+            res = list(amap.results)
+            j = res.index(a)
+            shape = list(value.type.shape)
+            groups = [[k] for k in range(j)] + [[j, j + 1]] + [[k] for k in range(j + 2, len(shape))]
+            out_t = ir.RankedTensorType.get([*shape[:j], shape[j] * shape[j + 1], *shape[j + 2 :]],
+                                            value.type.element_type)  # fmt: skip
+            values.append(tensor_d.CollapseShapeOp(out_t, value, reassociation(groups)).result)
+            results.append(res[: j + 1] + res[j + 2 :])
+        # d_{i+1} disappears into d_i: later loops move down by one
+        shift = ir.AffineMap.get(len(names), 0, [ir.AffineDimExpr.get(k - (k > i)) for k in range(len(names))])
+        new_maps = [ir.AffineMap.get(len(names) - 1, 0, [e.compose(shift) for e in res])
+                    for res in [*results, list(acc_map.results)]]  # fmt: skip
+        merged = {name: loops[name] for name in names[:i]}
+        merged[f"{names[i]}*{names[i + 1]}"] = loops[names[i]] * loops[names[i + 1]]
+        merged |= {name: loops[name] for name in names[i + 2 :]}
+        return merge_reduction_loops(values, new_maps, merged, n_parallel)
+    return operands, maps, loops
+
+
+def _reads_adjacent(amap: ir.AffineMap, i: int) -> bool:
+    """Whether ``amap`` reads loops i and i + 1 as two adjacent plain results (d_i, d_i+1) and nowhere else."""
+    res = list(amap.results)
+    a, b = ir.AffineDimExpr.get(i), ir.AffineDimExpr.get(i + 1)
+    if a not in res or res.index(a) + 1 >= len(res) or res[res.index(a) + 1] != b:
+        return False
+    used = re.compile(rf"\bd({i}|{i + 1})\b")
+    return sum(len(used.findall(str(e))) for e in res) == 2
+
+
 def as_value(v: ir.Value | ir.OpView) -> ir.Value:
     """The single result of a builder that returns the op (or already the value)."""
     return v if isinstance(v, ir.Value) else v.operation.results[0]
@@ -395,6 +445,10 @@ def build_contraction(
     first_map, second_map, acc_map = _maps(problem, split, names, n_parallel, swap)
     first, first_map = drop_unit_dims(dy_in if swap else x_in, first_map)
     second, second_map = drop_unit_dims(x_in if swap else dy_in, second_map)
+    (first, second), (first_map, second_map, acc_map), loops = merge_reduction_loops(
+        [first, second], [first_map, second_map, acc_map], loops, n_parallel
+    )
+    iterators = iterators[: len(loops)]
     generic = linalg_d.GenericOp(
         [ir.RankedTensorType.get(acc_shape, f32)],
         [first, second],

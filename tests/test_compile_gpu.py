@@ -26,3 +26,30 @@ def test_lowered_form_compiles_for_gpu_targets(compiled, name, target):
     assert "linalg.generic" in op.stages["linalg"] and "convbw.conv_bwd_weight" not in op.stages["linalg"]
     assert op.flags[0] == {"gfx942": "--iree-hal-target-device=hip", "gfx1100": "--iree-hal-target-device=hip",
                            "sm_80": "--iree-hal-target-device=cuda"}[target]  # fmt: skip
+
+
+# G=1 (a unit group dimension in x and dy) split in 2, and a 1x1 GEMM whose batch and spatial loops IREE
+# would merge: both made IREE rebuild the contraction and compile its own config instead of ours.
+CONFIG_CASES = {
+    "split_conv_gfx942": (ConvBwdWeightProblem.from_ck("2 1 4 64 64 3 3 14 14 1 1 1 1 1 1 1 1"), "gfx942", 2),
+    "gemm_1x1_gfx1100": (ConvBwdWeightProblem.from_ck("2 2 8 64 64 1 1 7 7 1 1 1 1 0 0 0 0"), "gfx1100", 1),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIG_CASES))
+def test_our_compilation_info_is_what_iree_compiles_the_contraction_with(name):
+    from convbw_mlir.compiler import executable_intermediates, run_pipeline
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.isa import dropped_configs
+    from convbw_mlir.pipelines import for_target
+
+    problem, target, k_batch = CONFIG_CASES[name]
+    with new_context() as ctx:
+        module = convbw.build_module(problem)
+        run_pipeline(module, for_target(target, k_batch=k_batch), ctx)
+        text = str(module)
+    assert text.count("#iree_gpu.lowering_config<") == 1 and 'strategy = "mma"' in text
+    files = executable_intermediates(text, target).files
+    assert any(n.startswith("configured_") for n in files)
+    assert dropped_configs(text, files) == []

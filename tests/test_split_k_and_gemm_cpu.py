@@ -5,6 +5,8 @@ and output-row splits (N=1), even and uneven, the rows split (each image's each 
 partial sum), and the explicit-GEMM rewrite of 1x1 problems.
 """
 
+import dataclasses
+
 import pytest
 from test_numerics_cpu import MATRIX, P, check
 
@@ -171,10 +173,12 @@ def test_auto_picks_the_rows_split_for_thin_problems_on_gpus_only(compiled):
         assert (f"split_dim = {want}" in text) if want else ("split_dim" not in text)
 
 
-def test_rdna_tiles_hold_at_most_64_accumulators_a_lane_and_others_keep_128x128():
+def test_rdna_tiles_hold_at_most_64_accumulators_a_lane_32_in_bf16_and_others_keep_128x128():
     ck1d_b = P(2, 32, 256, 128, (28,), (3,), pad_low=1, pad_high=1)
     rdna = choose_tile(ck1d_b, TARGETS["gfx1100"])
-    assert rdna.m * rdna.n // (rdna.subgroups * TARGETS["gfx1100"].subgroup_size) <= RDNA_ACC_PER_LANE
+    assert rdna.m * rdna.n // (rdna.subgroups * TARGETS["gfx1100"].subgroup_size) <= RDNA_ACC_PER_LANE["f16"]
     assert (rdna.m, rdna.n) == (64, 128)
+    bf16 = choose_tile(dataclasses.replace(ck1d_b, dtype="bf16", dw_dtype="bf16"), TARGETS["gfx1100"])
+    assert (bf16.m, bf16.n) == (32, 128)
     assert (choose_tile(ck1d_b, TARGETS["gfx942"]).m, choose_tile(ck1d_b, TARGETS["sm_80"]).m) == (128, 128)
     assert choose_tile(ck1d_b, TARGETS["gfx1100"], m=128).m == 128  # an explicit tile-m wins

@@ -9,11 +9,14 @@
 // CHECK: tensor.expand_shape %[[W]] {{\[\[}}0], [1], [2, 3], [4]] output_shape [2, 8, 1, 1, 16]
 
 // Lowered: a batched GEMM over groups, x's map is a projected permutation (no filter loop), and dy
-// comes first (M = k from dy, N = c from x, in the accumulator's order).
-// GEMM-DAG: #[[DYM:.+]] = affine_map<(d0, d1, d2, d3, d4) -> (d3, d4, d0, d1)>
-// GEMM-DAG: #[[XM:.+]] = affine_map<(d0, d1, d2, d3, d4) -> (d3, d4, d0, d2)>
-// GEMM: linalg.generic {indexing_maps = [#[[DYM]], #[[XM]], {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]}
-// GEMM-SAME: ins(%collapsed_0, %collapsed : tensor<4x36x2x8xf16>, tensor<4x36x2x16xf16>)
-// GEMM-SAME: loops = ["g", "k", "c", "n", "o0"]
+// comes first (M = k from dy, N = c from x, in the accumulator's order). The batch and spatial loops are
+// adjacent in both inputs, so they are one reduction loop (n*o0 = 4 * 36) and the inputs 2-D per group.
+// GEMM-DAG: #[[DYM:.+]] = affine_map<(d0, d1, d2, d3) -> (d3, d0, d1)>
+// GEMM-DAG: #[[XM:.+]] = affine_map<(d0, d1, d2, d3) -> (d3, d0, d2)>
+// GEMM: %[[DY:.+]] = tensor.collapse_shape %arg1 {{\[\[}}0, 1, 2], [3], [4]] : tensor<4x6x6x2x8xf16> into tensor<144x2x8xf16>
+// GEMM: %[[X:.+]] = tensor.collapse_shape %arg0 {{\[\[}}0, 1, 2], [3], [4]] : tensor<4x6x6x2x16xf16> into tensor<144x2x16xf16>
+// GEMM: linalg.generic {indexing_maps = [#[[DYM]], #[[XM]], {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
+// GEMM-SAME: ins(%[[DY]], %[[X]] : tensor<144x2x8xf16>, tensor<144x2x16xf16>)
+// GEMM-SAME: loops = ["g", "k", "c", "n*o0"]
 
 // NOT1X1-NOT: tensor.collapse_shape
