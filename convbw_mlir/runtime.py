@@ -117,6 +117,12 @@ class Kernel:
         return np.asarray(self(*[self.to_device(a) for a in arrays]).to_host())
 
 
+# Each timed batch of calls lasts about this long (at most MAX_BATCH calls), so that the wait for the
+# device at its end is shared by the calls of a batch.
+BATCH_SECONDS = 2e-3
+MAX_BATCH = 64
+
+
 def time_calls(
     fn: Any, *args: Any, warmup: int = 2, min_reps: int = 20, min_seconds: float = 0.2, sync: Any = None
 ) -> list[float]:
@@ -125,6 +131,11 @@ def time_calls(
     Calls are timed in batches that end by waiting for the device (reading the last result back, or
     ``sync()`` where given, e.g. torch.cuda.synchronize), until ``min_reps`` batches and ``min_seconds``
     have passed. Returns one figure per batch: its time divided by its number of calls.
+
+    The batch size is fixed once, from one timed call after the warm-up (:data:`BATCH_SECONDS`), so every
+    sample of a kernel is taken the same way. It used to grow while a call took under 1 ms, which made
+    kernels near 1 ms bimodal: on the H200 the same kernel read 466-499 us in runs that batched and
+    1158 us in one that did not (audio_conv1d_k3_512_l3000, bench/results/h200_2026-11-22_tiles.md).
     """
 
     def _sync(result: Any) -> None:
@@ -135,18 +146,18 @@ def time_calls(
 
     for _ in range(warmup):
         _sync(fn(*args))
+    t0 = time.perf_counter()
+    _sync(fn(*args))
+    one = time.perf_counter() - t0
+    batch = max(1, min(MAX_BATCH, round(BATCH_SECONDS / max(one, 1e-9))))
     samples: list[float] = []
     start_all = time.perf_counter()
-    batch = 1
     while len(samples) < min_reps or time.perf_counter() - start_all < min_seconds:
         t0 = time.perf_counter()
         for _ in range(batch):
             out = fn(*args)
         _sync(out)
-        dt = (time.perf_counter() - t0) / batch
-        samples.append(dt)
-        if dt < 1e-3:  # short kernels: batch several calls so launch noise averages out
-            batch = min(64, batch * 2)
+        samples.append((time.perf_counter() - t0) / batch)
         if len(samples) >= 10_000:
             break
     return samples

@@ -38,8 +38,9 @@ CONFIG_CASES = {
 
 @pytest.mark.parametrize("name", list(CONFIG_CASES))
 def test_our_compilation_info_is_what_iree_compiles_the_contraction_with(name):
-    from convbw_mlir.compiler import executable_intermediates, run_pipeline
     from convbw_mlir.dialects import convbw
+
+    from convbw_mlir.compiler import executable_intermediates, run_pipeline
     from convbw_mlir.ir_imports import new_context
     from convbw_mlir.isa import dropped_configs
     from convbw_mlir.pipelines import for_target

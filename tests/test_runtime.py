@@ -12,7 +12,7 @@ import pytest
 from convbw_mlir.compiler import CompiledOp, compile_op
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.reference import assert_close, random_inputs, reference
-from convbw_mlir.runtime import DeviceError, open_device
+from convbw_mlir.runtime import DeviceError, open_device, time_calls
 
 SMALL = ConvBwdWeightProblem(2, 2, 4, 8, (6, 6), (3, 3), pad_low=1, pad_high=1)
 
@@ -102,3 +102,20 @@ def test_host_result_matches_reference_after_several_calls(compiled):
     for seed in range(3):
         x, dy = random_inputs(SMALL, seed=seed)
         assert_close(SMALL, op.run(x, dy), reference(SMALL, x, dy))
+
+
+def test_timing_batches_are_all_the_same_size_so_every_sample_is_taken_alike():
+    import time
+
+    calls: list[int] = []
+    syncs: list[int] = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(2e-4)  # about 10 calls a 2 ms batch
+
+    samples = time_calls(fn, warmup=2, min_reps=8, min_seconds=0.0, sync=lambda: syncs.append(len(calls)))
+    sizes = [b - a for a, b in zip(syncs[2:], syncs[3:])]  # after the warm-up and the sizing call
+    assert len(samples) == len(sizes) == 8
+    assert len(set(sizes)) == 1 and 1 < sizes[0] <= 64
+    assert all(2e-4 <= s < 2e-2 for s in samples)

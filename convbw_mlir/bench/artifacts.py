@@ -226,7 +226,7 @@ def _compile_isolated(problem: ConvBwdWeightProblem, key: str, target: str, fold
     """compile_contenders in a child process: IREE 3.13 crashes on some inputs, which must not end the run."""
     import subprocess
 
-    args = [json.dumps(problem.to_dict()), key, target, str(folder), ",".join(contenders)]
+    args = [json.dumps(problem.to_dict()), key, target, str(folder), ";".join(contenders)]
     res = subprocess.run([sys.executable, "-m", "convbw_mlir.bench.artifacts", *args], capture_output=True, text=True)
     if res.returncode == 0:
         return json.loads(res.stdout.strip().splitlines()[-1])
@@ -291,6 +291,6 @@ if __name__ == "__main__":  # the child of _compile_isolated
         _key,
         _target,
         Path(_folder),
-        tuple(_contenders.split(",")),
+        tuple(_contenders.split(";")),  # a contender may hold "convbw:a=1,b=2"
     )
     print(json.dumps(_records))
