@@ -208,13 +208,25 @@ def pick_intrinsic(problem: ConvBwdWeightProblem, target):  # -> Intrinsic | Non
     return options[0]
 
 
-def choose_tile(problem: ConvBwdWeightProblem, target, **overrides: int) -> Tile:
+# N tiles are halved (down to this) while the grid, splits included, is below OCCUPANCY workgroups a
+# CU. H200, sm_80 code, one run with every variant (bench/results/h200_2026-11-22_tiles.md): N 64
+# instead of 128 was 1.07x faster in geomean over the 22 MMA convolutions of the seeds and models
+# (1.1-1.33x on RetinaNet's heads, dilated 3x3, video s2, which have 18-216 workgroups against the
+# 132 SMs); it lost (0.81x) on RetinaNet K=2376, whose 342 workgroups fill the GPU already. M of 32
+# instead of 64-128 was 0.93x in geomean: M is not shrunk.
+MIN_OCCUPANCY_TILE_N = 64
+
+
+def choose_tile(problem: ConvBwdWeightProblem, target, k_batch: int | None = None, **overrides: int) -> Tile:
     """Workgroup tile, reduction step, subgroup layout and prefetch depth for ``problem`` on ``target``.
 
     M tiles the out channels and N the in channels (the filter channel is innermost, so it is the loop the
     N side of the instruction walks); each filter tap is its own tile. Tiles are powers of two from one
     intrinsic up to 128, so that a small K or C (36, 3) pads to the next power of two, not to 128. Four
     waves per workgroup; the reduction step keeps (m + n) * k * bytes within half the LDS, at most 64.
+    With ``k_batch`` (the split already planned), N is halved down to :data:`MIN_OCCUPANCY_TILE_N`
+    while ``grid * k_batch`` stays below ``OCCUPANCY`` workgroups a CU (:func:`_grid`); split-K planning
+    itself sizes the grid with the unshrunk tile (:func:`auto_k_batch`).
     ``overrides`` (m, n, k, subgroups_m, subgroups_n, stages) replace any choice.
     """
     intr = pick_intrinsic(problem, target)
@@ -222,6 +234,17 @@ def choose_tile(problem: ConvBwdWeightProblem, target, **overrides: int) -> Tile
         return Tile(1, 1, 1, 1, 1, 1, None)
     m = _pow2_at_least(problem.out_channels, intr.m, 128)
     n = _pow2_at_least(problem.in_channels, intr.n, 128)
+    cus = getattr(target, "compute_units", 0)
+    # Not on RDNA: its accumulator cap below halves M already, and 128 x 64 there spilled 72 B
+    # (RetinaNet K=C=256 13x13, gfx1100/gfx1201; lit/isa/mnemonics.test).
+    while (
+        k_batch is not None
+        and target.family != "rdna"
+        and "n" not in overrides
+        and n // 2 >= max(MIN_OCCUPANCY_TILE_N, 2 * intr.n)
+        and _grid(problem, m, n) * k_batch < cus * OCCUPANCY
+    ):
+        n //= 2
     m, n = overrides.get("m", m), overrides.get("n", n)
     # Four waves where the tile has room for them: 2 x 2, else along the longer side.
     sg_m = 2 if m >= 2 * intr.m else 1
@@ -248,6 +271,12 @@ def choose_tile(problem: ConvBwdWeightProblem, target, **overrides: int) -> Tile
     tile = Tile(m, n, k, sg_m, sg_n, stages, intr.name)
     _check_tile(tile, intr, target, elem)
     return tile
+
+
+def _grid(problem: ConvBwdWeightProblem, m: int, n: int) -> int:
+    """Workgroups of one split: groups x M tiles x N tiles x filter taps."""
+    taps = math.prod(problem.filter_size)
+    return problem.groups * math.ceil(problem.out_channels / m) * math.ceil(problem.in_channels / n) * taps
 
 
 def _check_tile(tile: Tile, intr, target, elem: int) -> None:
@@ -322,15 +351,14 @@ def auto_k_batch(problem: ConvBwdWeightProblem, target) -> int:
     if not getattr(target, "compute_units", 0):
         return 1
     tile = choose_tile(problem, target)
-    g, m, n, red = problem.gemm
+    red = problem.gemm[3]
     if tile.intrinsic is None and math.prod(problem.filter_size) == 1:
         return min(problem.batch, MAX_THIN_GEMM_SPLITS)
     if tile.intrinsic is None:
         return min(problem.batch, 128)
     if problem.groups > 1:
         return 1
-    taps = math.prod(problem.filter_size)
-    grid = math.ceil(m / tile.m) * math.ceil(problem.in_channels / tile.n) * taps
+    grid = _grid(problem, tile.m, tile.n)  # G = 1 here
     k_batch = (target.compute_units * OCCUPANCY) // max(grid, 1)
     k_batch = min(k_batch, 128, red // MIN_SPLIT_REDUCTION)
     return max(1, k_batch)

@@ -118,8 +118,9 @@ class Kernel:
 
 
 # Each timed batch of calls lasts about this long (at most MAX_BATCH calls), so that the wait for the
-# device at its end is shared by the calls of a batch.
-BATCH_SECONDS = 2e-3
+# device at its end, which reads the result back to the host, is shared by the calls of a batch: that
+# read-back cost 100-400 us a call on the H200 (2 ms batches measured 85 us kernels as 459 us).
+BATCH_SECONDS = 25e-3
 MAX_BATCH = 64
 
 
@@ -135,7 +136,8 @@ def time_calls(
     The batch size is fixed once, from one timed call after the warm-up (:data:`BATCH_SECONDS`), so every
     sample of a kernel is taken the same way. It used to grow while a call took under 1 ms, which made
     kernels near 1 ms bimodal: on the H200 the same kernel read 466-499 us in runs that batched and
-    1158 us in one that did not (audio_conv1d_k3_512_l3000, bench/results/h200_2026-11-22_tiles.md).
+    1158 us in one that did not, the read-back left unshared (audio_conv1d_k3_512_l3000,
+    bench/results/h200_2026-11-22_tiles.md).
     """
 
     def _sync(result: Any) -> None:

@@ -23,6 +23,8 @@ Three strategies (the H200 measurements behind the choice: bench/results/h200_20
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from convbw_mlir.dialects import convbw
@@ -82,6 +84,23 @@ def read_tile(op: ir.Operation) -> tuple[str, Tile | SimtTile | None]:
     return strategy, Tile(**ints, intrinsic=ir.StringAttr(attr["intrinsic"]).value)
 
 
+def _unpadded_reduction(tile: Tile, op: ir.Operation, target, dtype: str) -> Tile | None:
+    """The tile with a reduction step that divides a split GEMM's reduction, or None if none does.
+
+    IREE 3.13's sm_80 kernels for a split GEMM (loop ``s`` parallel) whose reduction our config pads
+    gave wrong dW on the H200: 1x1 K=C=128 N=32 28x28 split 32 (784 a split, step 64) and 16, and
+    K=C=1024 N=4 7x7 split 4; the same with step 16 (784 = 49 x 16), unsplit (padded), or with an
+    unpadded reduction were right (bench/results/h200_2026-11-22_tiles.md).
+    """
+    parallel = len(parallel_loops(op))
+    reduction = math.prod(list(op.attributes[CONTRACTION_ATTR]["extents"])[parallel:])
+    intr_k = next(i.k for i in target.intrinsics[dtype] if i.name == tile.intrinsic)
+    k = tile.k
+    while k >= intr_k and reduction % k:
+        k //= 2
+    return dataclasses.replace(tile, k=k) if k >= intr_k else None
+
+
 @register
 class TilePass(ConvbwPass):
     argument = "convbw-tile"
@@ -117,11 +136,16 @@ class TilePass(ConvbwPass):
             problem = convbw.problem_from_attr(op.attributes[CONTRACTION_ATTR]["problem"])
             loops = loops_of(op)
             conv = any(name.startswith("f") for name in loops)
+            k_batch = ir.IntegerAttr(op.attributes[CONTRACTION_ATTR]["k_batch"]).value
             try:
-                tile = choose_tile(problem, target, **overrides)
+                tile = choose_tile(problem, target, k_batch=k_batch, **overrides)
             except ValueError as e:
                 raise self.fail(op, str(e)) from None
-            if tile.intrinsic is None or "k" not in loops or "c" not in loops:
+            if tile.intrinsic is not None and not conv and "s" in loops:
+                tile = _unpadded_reduction(tile, op, target, problem.dtype)
+            if tile is None:  # a split GEMM whose reduction no step divides: IREE's own config
+                entries = {"strategy": ir.StringAttr.get("iree")}
+            elif tile.intrinsic is None or "k" not in loops or "c" not in loops:
                 entries = {"strategy": ir.StringAttr.get("simt")}
                 if rows_split(op) and simt_threads_fit(problem):
                     simt = choose_simt_tile(problem, target)

@@ -20,6 +20,7 @@ from convbw_mlir.heuristics import (
     rows_split_pays,
     simt_threads_fit,
 )
+from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import TARGETS
 
 SPLIT_CASES = [
@@ -182,3 +183,36 @@ def test_rdna_tiles_hold_at_most_64_accumulators_a_lane_32_in_bf16_and_others_ke
     assert (bf16.m, bf16.n) == (32, 128)
     assert (choose_tile(ck1d_b, TARGETS["gfx942"]).m, choose_tile(ck1d_b, TARGETS["sm_80"]).m) == (128, 128)
     assert choose_tile(ck1d_b, TARGETS["gfx1100"], m=128).m == 128  # an explicit tile-m wins
+
+
+def test_tiles_narrow_n_while_the_split_grid_leaves_the_gpu_idle_but_not_once_it_is_full():
+    sm80 = TARGETS["sm_80"]
+    head = P(1, 2, 256, 36, (13, 13), (3, 3), pad_low=1, pad_high=1)  # 1 x 2 x 9 = 18 workgroups
+    assert choose_tile(head, sm80).n == 128  # split-K planning sizes the grid with the plain tile
+    assert choose_tile(head, sm80, k_batch=1).n == 64
+    assert choose_tile(head, sm80, k_batch=1, n=128).n == 128  # an explicit tile-n wins
+    wide = P(1, 2, 256, 2376, (50, 50), (3, 3), pad_low=1, pad_high=1)  # 19 x 2 x 9 = 342 workgroups
+    assert choose_tile(wide, sm80, k_batch=1).n == 128
+    assert choose_tile(head, TARGETS["gfx1100"], k_batch=1).n == 128  # RDNA halves M instead
+
+
+@pytest.mark.parametrize(
+    "ck, k_batch, step",
+    [
+        ("2 1 32 128 128 1 1 28 28 1 1 1 1 0 0 0 0", 32, 16),  # 784 a split: 49 x 16
+        ("2 1 32 128 128 1 1 28 28 1 1 1 1 0 0 0 0", 1, 64),  # unsplit: padding is fine
+        ("2 1 4 128 128 1 1 7 7 1 1 1 1 0 0 0 0", 4, None),  # 49 a split: no step divides it
+    ],
+)
+def test_a_split_gemm_takes_a_reduction_step_that_divides_its_reduction_or_iree_s_config(ck, k_batch, step):
+    from convbw_mlir.dialects import convbw
+
+    from convbw_mlir.compiler import run_pipeline
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.pipelines import for_target
+
+    with new_context() as ctx:
+        module = convbw.build_module(ConvBwdWeightProblem.from_ck(ck))
+        run_pipeline(module, for_target("gfx1100", k_batch=k_batch), ctx)  # RDNA: our tiles on GEMMs
+        text = str(module)
+    assert (f"k = {step} : i64" in text and 'strategy = "mma"' in text) if step else 'strategy = "iree"' in text
