@@ -18,9 +18,11 @@ inputs. The orientation matters: IREE 3.13's GPU codegen rejects the convolution
 operand ("failed to pack reduction dimensions for partial reduction"), and accepts input first, dy
 second and dW with the filter channel innermost on every GPU target (measured, ../shared/DESIGN.md).
 
-Loops of extent 1 (G=1, a 1x1 filter, K=1 or C=1 in depthwise, N=1) are left out of the generic and
-indexed as constant 0: IREE folds unit loops anyway, and leaving them out here means the loops that
-``convbw-tile`` and ``convbw-map-mma`` configure are exactly the loops IREE sees.
+Loops of extent 1 (G=1, a 1x1 filter, K=1 or C=1 in depthwise, N=1) are left out of the generic, and
+the unit dimensions of x and dy they would index are collapsed away (:func:`drop_unit_dims`); a GEMM's
+reduction loops that both inputs read as adjacent dimensions are merged (:func:`merge_reduction_loops`).
+IREE would do both itself, by rebuilding the generic without our ``compilation_info``; done here, the
+loops that ``convbw-tile`` and ``convbw-map-mma`` configure are exactly the loops IREE compiles.
 
 An op carrying a split (``k_batch``, from ``convbw-split-k``) yields the f32 partial sums
 ``[k_batch, g, k, f..., c]``: the split is one more parallel loop, outermost.

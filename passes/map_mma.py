@@ -1,6 +1,7 @@
 """convbw-map-mma{target=<t>}: turn each ``convbw.tile`` of strategy ``mma`` (and ``simt`` over a rows
-split) into IREE's ``compilation_info`` on the contraction (IREE honours a user's compilation_info on
-the root op, unless it rebuilds the op: the ISA matrix marks where that happened).
+split) into IREE's ``compilation_info`` on the contraction. IREE honours a user's compilation_info on
+the root op unless it rebuilds the op first; the lowering leaves it nothing to rebuild (no unit
+dimensions, GEMM reduction loops merged), and the ISA matrix checks each kernel's configured config.
 
 SIMT over a rows split: TileAndFuse with ``workgroup`` and ``thread`` tiles and a serial ``reduction``
 (:func:`simt_compilation_info`).

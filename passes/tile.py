@@ -14,11 +14,13 @@ Three strategies (the H200 measurements behind the choice: bench/results/h200_20
     otherwise (1-D problems, batch splits) IREE's own reduction codegen with split-K spreading the
     reduction across workgroups.
   * ``iree``: IREE's own configuration, for plain GEMMs (1x1 after ``convbw-explicit-gemm``; option
-    ``gemm=mma`` attaches our tile, but IREE 3.13 rebuilds these ops and drops it: its executable
-    sources show the GEMM without a lowering_config) and grouped convolutions (G>1; ``grouped=mma``
-    gives ours, the RDNA pipelines' choice because IREE's spill there), where IREE's tiles measured as
-    fast or faster than ours on the H200 (ResNeXt G=32 C=8: 765 us vs 1217 us), and channels-first
-    layouts (x not C-innermost), where IREE hung compiling our tile.
+    ``gemm=mma`` gives ours, the RDNA pipelines' choice because IREE's spill there: on the H200 ours
+    was not faster, and IREE's sm_80 kernel with ours was wrong for split GEMMs whose reduction our
+    step pads, so a split GEMM takes a step that divides its reduction, or IREE's config), grouped
+    convolutions (G>1; ``grouped=mma`` gives ours, RDNA's choice because IREE's spill there), where
+    IREE's tiles measured as fast or faster than ours on the H200 (ResNeXt G=32 C=8: 807 us vs 1258 us,
+    bench/results/h200_2026-11-22_tiles.md), and channels-first layouts (x not C-innermost), where IREE
+    hung compiling our tile.
 """
 
 from __future__ import annotations
