@@ -73,3 +73,17 @@ def test_report_rebuilds_table_and_speedups_from_saved_results(artifacts, tmp_pa
     s = summarize(results)
     ours, base = s["rows"][0][1], s["rows"][0][2]
     assert s["rows"][0][4] == pytest.approx(base / ours)
+
+
+def test_gpu_reference_of_a_strided_1x1_copies_x_at_the_stride_and_matches_numpy():
+    from convbw_mlir.bench.artifacts import build_contender
+    from convbw_mlir.compiler import compile_module
+    from convbw_mlir.reference import assert_close, random_inputs, reference
+    from convbw_mlir.runtime import Kernel
+
+    problem = ConvBwdWeightProblem.from_ck("2 2 3 8 4 1 1 7 7 2 2 1 1 0 0 0 0")  # CK's ck2d_b, smaller
+    text, _ = build_contender(problem, "reference", "host")
+    assert "util.optimization_barrier" in text  # the subsample copy, its own dispatch
+    x, dy = random_inputs(problem, seed=3)
+    got = Kernel(compile_module(text, "host"), "local-task").run(x, dy)
+    assert_close(problem, got, reference(problem, x, dy))

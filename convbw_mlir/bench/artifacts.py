@@ -60,6 +60,7 @@ def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
 
 def reference_module(problem: ConvBwdWeightProblem) -> Any:
     from convbw_mlir.ir_imports import ir
+    from convbw_mlir.passes.explicit_gemm import as_gemm, subsample
     from convbw_mlir.passes.lower_to_linalg import build_contraction, convert
 
     p32 = problem.with_(dtype="f32", dw_dtype="f32")
@@ -67,7 +68,13 @@ def reference_module(problem: ConvBwdWeightProblem) -> Any:
     out_t = ir.RankedTensorType.get(problem.dw_shape, ir.F32Type.get())
 
     def body(x: Any, dy: Any) -> Any:  # tensor.pad and x first: the simplest form, as obvious as it gets
-        return build_contraction(p32, convert(x, f32), convert(dy, f32), frontend_form=True)
+        p, x32 = p32, convert(x, f32)
+        if as_gemm(p32) is not None:
+            # A strided 1x1 reads x at o * stride: a plain copy of those positions first. Read in place,
+            # IREE 3.13 failed to compile the f32 form for sm_80 ("failed to pack reduction dimensions
+            # for partial reduction"; CK's ck2d_b and ck3d_a).
+            p, x32 = subsample(p32, x32)
+        return build_contraction(p, x32, convert(dy, f32), frontend_form=True)
 
     return _function(problem, body, out_t)
 
