@@ -155,8 +155,11 @@ def plan_split(problem: ConvBwdWeightProblem, k_batch: int, even: bool = False) 
 MIN_MMA_M = 8
 MIN_MMA_N = 16
 # Each split of the reduction keeps at least this many reduction elements (N * prod(output) / k_batch):
-# shorter splits cost more in the second stage and in launch than they win in parallelism.
-MIN_SPLIT_REDUCTION = 256
+# shorter splits cost more in the second stage and in launch than they win in parallelism. 512, not
+# 256: of the suites' problems it changes two on sm_80, measured side by side three times on the H200
+# (bench/results/h200_2026-11-22_tiles.md, section 8): video_r3d 256 s2 (784) unsplit 144/137/123 us
+# vs split in 2 179/216/156; streamk 3x3 128 N=32 14x14 (6272) in 8 95/98/96 vs in 16 95/91/117.
+MIN_SPLIT_REDUCTION = 512
 # 1x1 problems too thin for matrix cores (K or C of a few channels): IREE 3.13's f16 reduction kernels
 # for them gave wrong dW on the H200 split 64 ways (N=64; CK's ck2d_a/c/d, K=C=4/3/5) and right ones
 # unsplit and split in 2 (134 us and 105 us for ck2d_a; bench/results/h200_2026-11-22_gemm_order.md).

@@ -147,9 +147,11 @@ def test_thin_gemms_split_at_most_twice_on_gpus():
 
 def test_auto_k_batch_follows_the_occupancy_rule():
     gfx942 = TARGETS["gfx942"]
-    big_reduction = P(1, 32, 256, 256, (14, 14), (3, 3), pad_low=1, pad_high=1)
+    big_reduction = P(1, 64, 256, 256, (14, 14), (3, 3), pad_low=1, pad_high=1)
     # grid = 1 * 2 * 2 * 9 taps = 36 workgroups; 304 CUs * 2 / 36 = 16
     assert auto_k_batch(big_reduction, gfx942) == 16
+    # half the batch: 32 * 196 = 6272 reduction elements keep 12 splits of MIN_SPLIT_REDUCTION (512)
+    assert auto_k_batch(dataclasses.replace(big_reduction, batch=32), gfx942) == 6272 // 512
     short = P(1, 2, 256, 256, (13, 13), (3, 3), pad_low=1, pad_high=1)  # reduction 338: too short to split
     assert auto_k_batch(short, gfx942) == 1
     assert auto_k_batch(big_reduction, TARGETS["host"]) == 1
