@@ -27,6 +27,7 @@ __all__ = [
     "compile_module",
     "compile_op",
     "executable_intermediates",
+    "lowered_text",
     "run_pipeline",
 ]
 
@@ -158,6 +159,22 @@ def run_pipeline(module: Any, pipeline: list, context: Any = None) -> None:
                 diags.append(f"{d.location}: error: {d.message}")
                 diags.extend(f"{n.location}: note: {n.message}" for n in d.notes)
             raise CompileError("\n".join(diags) or str(e)) from None
+
+
+def lowered_text(problem: ConvBwdWeightProblem, pipeline: list) -> str:
+    """The IR text of ``problem``'s convbw op after ``pipeline`` (a parsed pipeline, e.g. from
+    :func:`convbw_mlir.pipelines.for_target`), in a context of its own.
+
+    Raises:
+        CompileError: a pass failed.
+    """
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.ir_imports import new_context
+
+    with new_context() as ctx:
+        module = convbw.build_module(problem)
+        run_pipeline(module, pipeline, ctx)
+        return str(module)
 
 
 class _collect_diagnostics:  # noqa: N801 - used as a context manager, reads like a function

@@ -80,6 +80,10 @@ class Target:
     def is_gpu(self) -> bool:
         return self.family != "cpu"
 
+    def intrinsic(self, dtype: str, name: str) -> Intrinsic | None:
+        """The matrix instruction ``name`` for inputs of ``dtype``, or None if this target has none such."""
+        return next((i for i in self.intrinsics.get(dtype, ()) if i.name == name), None)
+
     def iree_flags(self) -> list[str]:
         """The IREE compiler flags selecting this target (verified against iree-base-compiler 3.13)."""
         if self.backend == "local":

@@ -280,21 +280,27 @@ def drop_unit_dims(value: ir.Value, amap: ir.AffineMap) -> tuple[ir.Value, ir.Af
     shape = list(value.type.shape)
     exprs = list(amap.results)
     zero = ir.AffineConstantExpr.get(0)
-    keep = [i for i in range(len(shape)) if not (shape[i] == 1 and exprs[i] == zero)]
-    if len(keep) == len(shape):
+    keep = [not (size == 1 and e == zero) for size, e in zip(shape, exprs)]
+    if all(keep):
         return value, amap
+    out_t = ir.RankedTensorType.get([s for s, k in zip(shape, keep) if k], value.type.element_type)
+    collapsed = tensor_d.CollapseShapeOp(out_t, value, reassociation(_unit_groups(keep))).result
+    return collapsed, ir.AffineMap.get(amap.n_dims, amap.n_symbols, [e for e, k in zip(exprs, keep) if k])
+
+
+def _unit_groups(kept: list[bool]) -> list[list[int]]:
+    """Reassociation groups joining each dropped dimension to the next kept one (trailing ones to the
+    last kept one); a shape with none kept has no groups (a 0-d tensor)."""
     groups: list[list[int]] = []
     pending: list[int] = []
-    for i in range(len(shape)):
+    for i, k in enumerate(kept):
         pending.append(i)
-        if i in keep:
+        if k:
             groups.append(pending)
             pending = []
     if pending and groups:
-        groups[-1].extend(pending)  # trailing unit dims join the last kept dimension
-    out_t = ir.RankedTensorType.get([shape[i] for i in keep], value.type.element_type)
-    collapsed = tensor_d.CollapseShapeOp(out_t, value, reassociation(groups)).result
-    return collapsed, ir.AffineMap.get(amap.n_dims, amap.n_symbols, [exprs[i] for i in keep])
+        groups[-1].extend(pending)
+    return groups
 
 
 def merge_reduction_loops(
@@ -367,16 +373,8 @@ def _expand_units(value: ir.Value, full_shape: list[int]) -> ir.Value:
     """tensor.expand_shape re-inserting the unit dimensions left out of ``value`` (exactly the 1s)."""
     if list(value.type.shape) == full_shape:
         return value
-    groups: list[list[int]] = []
-    pending: list[int] = []
-    for i, size in enumerate(full_shape):
-        pending.append(i)
-        if size > 1:
-            groups.append(pending)
-            pending = []
-    if pending and groups:
-        groups[-1].extend(pending)  # trailing unit dims join the last group; a 0-d source has no groups
     out_t = ir.RankedTensorType.get(full_shape, value.type.element_type)
+    groups = _unit_groups([size > 1 for size in full_shape])
     return tensor_d.ExpandShapeOp(out_t, value, reassociation(groups), [], full_shape).result
 
 

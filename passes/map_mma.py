@@ -54,7 +54,7 @@ def compilation_info(loops: list[str], extents: list[int], tile: Tile, target: T
     """``#iree_codegen.compilation_info`` for a convolution contraction with ``loops`` (names, in order)."""
     from iree.compiler.dialects import iree_gpu
 
-    intr = next(i for i in target.intrinsics[dtype] if i.name == tile.intrinsic)
+    intr = target.intrinsic(dtype, tile.intrinsic)
     parallel = [n for n in loops if n in ("s", "g", "k", "c") or n.startswith("f")]
     sizes = dict(zip(loops, extents))
     igemm = any(n.startswith("f") for n in loops)
@@ -151,6 +151,6 @@ class MapMma(ConvbwPass):
             if strategy != "mma":
                 continue
             problem = convbw.problem_from_attr(op.attributes[CONTRACTION_ATTR]["problem"])
-            if tile.intrinsic not in {i.name for i in target.intrinsics.get(problem.dtype, ())}:
+            if target.intrinsic(problem.dtype, tile.intrinsic) is None:
                 raise self.fail(op, f"intrinsic {tile.intrinsic} is not one of {target.name}'s for {problem.dtype}")
             op.attributes["compilation_info"] = compilation_info(loops_of(op), extents, tile, target, problem.dtype)

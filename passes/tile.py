@@ -96,7 +96,7 @@ def _unpadded_reduction(tile: Tile, op: ir.Operation, target, dtype: str) -> Til
     """
     parallel = len(parallel_loops(op))
     reduction = math.prod(list(op.attributes[CONTRACTION_ATTR]["extents"])[parallel:])
-    intr_k = next(i.k for i in target.intrinsics[dtype] if i.name == tile.intrinsic)
+    intr_k = target.intrinsic(dtype, tile.intrinsic).k
     k = tile.k
     while k >= intr_k and reduction % k:
         k //= 2

@@ -38,18 +38,12 @@ CONFIG_CASES = {
 
 @pytest.mark.parametrize("name", list(CONFIG_CASES))
 def test_our_compilation_info_is_what_iree_compiles_the_contraction_with(name):
-    from convbw_mlir.dialects import convbw
-
-    from convbw_mlir.compiler import executable_intermediates, run_pipeline
-    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.compiler import executable_intermediates, lowered_text
     from convbw_mlir.isa import dropped_configs
     from convbw_mlir.pipelines import for_target
 
     problem, target, k_batch = CONFIG_CASES[name]
-    with new_context() as ctx:
-        module = convbw.build_module(problem)
-        run_pipeline(module, for_target(target, k_batch=k_batch), ctx)
-        text = str(module)
+    text = lowered_text(problem, for_target(target, k_batch=k_batch))
     assert text.count("#iree_gpu.lowering_config<") == 1 and 'strategy = "mma"' in text
     files = executable_intermediates(text, target).files
     assert any(n.startswith("configured_") for n in files)

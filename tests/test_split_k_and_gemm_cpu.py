@@ -160,19 +160,13 @@ def test_auto_k_batch_follows_the_occupancy_rule():
 
 
 def test_auto_picks_the_rows_split_for_thin_problems_on_gpus_only(compiled):
-    from convbw_mlir.dialects import convbw
-
-    from convbw_mlir.compiler import run_pipeline
-    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.compiler import lowered_text
     from convbw_mlir.pipelines import for_target
 
     depthwise = P(8, 2, 1, 1, (64, 128), (3, 3), pad_low=1, pad_high=1)  # partials 0.07 of the inputs
     dense = P(1, 8, 32, 32, (14, 14), (3, 3), pad_low=1, pad_high=1)
     for p, target, want in ((depthwise, "gfx942", '"n,o0"'), (dense, "gfx942", '"n"'), (depthwise, "host", None)):
-        with new_context() as ctx:
-            module = convbw.build_module(p)
-            run_pipeline(module, for_target(target)[:2], ctx)  # explicit-gemm, split-k
-            text = str(module)
+        text = lowered_text(p, for_target(target)[:2])  # explicit-gemm, split-k
         assert (f"split_dim = {want}" in text) if want else ("split_dim" not in text)
 
 
@@ -207,14 +201,9 @@ def test_tiles_narrow_n_while_the_split_grid_leaves_the_gpu_idle_but_not_once_it
     ],
 )
 def test_a_split_gemm_takes_a_reduction_step_that_divides_its_reduction_or_iree_s_config(ck, k_batch, step):
-    from convbw_mlir.dialects import convbw
-
-    from convbw_mlir.compiler import run_pipeline
-    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.compiler import lowered_text
     from convbw_mlir.pipelines import for_target
 
-    with new_context() as ctx:
-        module = convbw.build_module(ConvBwdWeightProblem.from_ck(ck))
-        run_pipeline(module, for_target("gfx1100", k_batch=k_batch), ctx)  # RDNA: our tiles on GEMMs
-        text = str(module)
+    # RDNA: our tiles on GEMMs
+    text = lowered_text(ConvBwdWeightProblem.from_ck(ck), for_target("gfx1100", k_batch=k_batch))
     assert (f"k = {step} : i64" in text and 'strategy = "mma"' in text) if step else 'strategy = "iree"' in text

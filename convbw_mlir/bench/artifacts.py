@@ -161,20 +161,17 @@ def _add_unit(value: Any, pos: int, full_shape: tuple[int, ...]) -> Any:
 
 def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) -> tuple[str | None, list[str]]:
     """(linalg IR text or None if the contender has no form for this problem, extra IREE flags)."""
-    from convbw_mlir.compiler import run_pipeline
-    from convbw_mlir.dialects import convbw
+    from convbw_mlir.compiler import lowered_text, run_pipeline
     from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.passes import parse_pipeline
     from convbw_mlir.pipelines import for_target
 
+    if contender == "convbw" or contender.startswith("convbw:"):
+        # "convbw:k_batch=8,gemm=mma": our pipeline with options (variants for tuning runs)
+        options = dict(kv.split("=", 1) for kv in contender.partition(":")[2].split(",") if kv)
+        options = {k: int(v) if v.isdigit() else v for k, v in options.items()}
+        return lowered_text(problem, for_target(target, **options)), []
     with new_context() as ctx, ir.Location.unknown():
-        if contender == "convbw" or contender.startswith("convbw:"):
-            # "convbw:k_batch=8,gemm=mma": our pipeline with options (variants for tuning runs)
-            options = dict(kv.split("=", 1) for kv in contender.partition(":")[2].split(",") if kv)
-            options = {k: int(v) if v.isdigit() else v for k, v in options.items()}
-            module = convbw.build_module(problem)
-            run_pipeline(module, for_target(target, **options), ctx)
-            return str(module), []
         if contender == "reference":
             module = reference_module(problem)
             run_pipeline(module, parse_pipeline("canonicalize,cse"), ctx)
@@ -184,9 +181,8 @@ def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) 
             return (str(torch_form) if torch_form is not None else None), []
         if contender == "iree_fusilli" and torch_form is not None:
             return str(torch_form), list(FUSILLI_FLAGS)
-        module = convbw.build_module(problem)
-        run_pipeline(module, parse_pipeline("convbw-lower-to-linalg{frontend-form=true},canonicalize,cse"), ctx)
-        return str(module), (list(FUSILLI_FLAGS) if contender == "iree_fusilli" else [])
+    frontend = parse_pipeline("convbw-lower-to-linalg{frontend-form=true},canonicalize,cse")
+    return lowered_text(problem, frontend), (list(FUSILLI_FLAGS) if contender == "iree_fusilli" else [])
 
 
 def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path,

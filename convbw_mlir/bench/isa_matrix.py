@@ -26,9 +26,7 @@ MNEMONIC = {"cdna": "v_mfma", "rdna": "v_wmma", "nvidia": "llvm.nvvm.mma"}
 
 def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
     """In this process: compile and report. flavor: ours (the target pipeline) or iree (plain lowering)."""
-    from convbw_mlir.compiler import executable_intermediates, run_pipeline
-    from convbw_mlir.dialects import convbw
-    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.compiler import executable_intermediates, lowered_text
     from convbw_mlir.isa import dropped_configs, report
     from convbw_mlir.passes import parse_pipeline
     from convbw_mlir.pipelines import for_target
@@ -38,10 +36,7 @@ def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
     plain = "convbw-lower-to-linalg{frontend-form=true},canonicalize,cse"  # what a frontend hands IREE
     pipeline = for_target(target) if flavor == "ours" else parse_pipeline(plain)
     try:
-        with new_context() as ctx:
-            module = convbw.build_module(problem)
-            run_pipeline(module, pipeline, ctx)
-            text = str(module)
+        text = lowered_text(problem, pipeline)
         files = executable_intermediates(text, target).files
         rep = report(files, target)
         dropped = dropped_configs(text, files)
