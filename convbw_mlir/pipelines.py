@@ -19,27 +19,24 @@ def for_target(target: str, **options: Any) -> list[PipelineElement]:
 
     Args:
         target: a name from :data:`convbw_mlir.targets.TARGETS`.
-        **options: pass options by field name, applied to every pass that has that option
-            (e.g. ``k_batch=4``).
+        **options: pass options by field name, applied to every pass that has that option (the plan's
+            overrides, e.g. ``k_batch=4``, ``tile_m=64``; see :class:`convbw_mlir.plan.Overrides`).
 
     Raises:
-        ValueError: unknown target, or an option no pass of this pipeline takes.
+        ValueError: unknown target, an option no pass of this pipeline takes, or a value the plan refuses.
     """
     tgt = get_target(target)
-    # Target-independent rewrites run for every target, host included, so their numerics are tested on
-    # the CPU; the GPU passes only annotate the contraction for IREE.
+    # The plan decides everything; the target-independent rewrites that carry it out run for every
+    # target, host included, so their numerics are tested on the CPU; the GPU passes only annotate the
+    # contraction for IREE.
     stages: list[str | tuple[str, dict[str, Any]]] = [
+        ("convbw-plan", {"target": target}),
         ("convbw-explicit-gemm", {}),
-        ("convbw-split-k", {"plan_for": target}),
+        ("convbw-split-k", {}),
         ("convbw-lower-to-linalg", {}),
     ]
     if tgt.is_gpu:
-        # Grouped convolutions and GEMMs: IREE's own tiles measured as fast or faster on the H200
-        # (passes/tile.py); on RDNA IREE's tiles spill (ResNeXt G=32 C=8 on gfx1100: 984 B scratch; the
-        # 1x1 GEMMs of CK's list: 428-492 B), ours do not.
-        own = "mma" if tgt.family == "rdna" else "iree"
-        tile = {"target": target, "grouped": own, "gemm": own}
-        stages += [("convbw-tile", tile), ("convbw-map-mma", {"target": target})]
+        stages += [("convbw-tile", {}), ("convbw-map-mma", {})]
     stages += ["canonicalize", "cse"]
     used: set[str] = set()
     elements = []

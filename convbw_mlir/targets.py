@@ -40,6 +40,19 @@ _SM80 = {t: (Intrinsic(f"NV_MMA_SYNC_F32_16x8x16_{t.upper()}", 16, 8, 16),) for 
 
 
 @dataclass(frozen=True)
+class TilePolicy:
+    """How plans tile on a target family (each choice measured: docs/decisions.md)."""
+
+    gemm: str = "iree"  # plain GEMMs (1x1): "mma" = our tile, "iree" = IREE's own config
+    grouped: str = "iree"  # grouped convolutions (G > 1): "mma" or "iree"
+    narrow_n: bool = True  # halve the N tile while the split grid leaves compute units idle
+    acc_per_lane: tuple[tuple[str, int], ...] = ()  # cap of f32 accumulators a lane, by input type
+
+
+_RDNA_POLICY = TilePolicy(gemm="mma", grouped="mma", narrow_n=False, acc_per_lane=(("f16", 64), ("bf16", 32)))
+
+
+@dataclass(frozen=True)
 class Target:
     """One compile target and the hardware facts the GPU passes plan with.
 
@@ -75,6 +88,7 @@ class Target:
     peak_tflops: dict[str, float] = field(default_factory=dict, compare=False)
     bandwidth_gbs: float = 0.0
     extra_flags: tuple[str, ...] = field(default=())
+    tile_policy: TilePolicy = TilePolicy()
 
     @property
     def is_gpu(self) -> bool:
@@ -106,7 +120,9 @@ class Target:
 
 def _amd(name: str, family: str, desc: str, cus: int, wave: int, lds: int, regs: int, waves: int,
          intr: dict, peak: dict, bw: float) -> Target:  # fmt: skip
-    return Target(name, "hip", "hip", name, family, desc, cus, wave, lds, regs, waves, intr, peak, bw)
+    policy = _RDNA_POLICY if family == "rdna" else TilePolicy()
+    return Target(name, "hip", "hip", name, family, desc, cus, wave, lds, regs, waves, intr, peak, bw,
+                  tile_policy=policy)  # fmt: skip
 
 
 def _nv(name: str, desc: str, sms: int, smem: int, peak: dict, bw: float) -> Target:

@@ -6,7 +6,9 @@
             -> tensor<2x16x3x3x8xf16>
 
 x and dy are operands, dW the result; the op's types carry N, C, K, the input and filter sizes and the
-element types, its attributes the rest. IREE's Python bindings register no IRDL, so the op lives as an
+element types, its attributes the rest. ``convbw-plan`` adds ``plan = {strategy = "mma", target = ...}``
+(:class:`convbw_mlir.plan.Plan` as a dictionary); ``convbw-split-k`` adds ``k_batch``, ``split_dim`` and
+``split_chunk`` to the first stage of a split. IREE's Python bindings register no IRDL, so the op lives as an
 unregistered op in generic form: contexts that hold it allow unregistered dialects, and
 :func:`verify_op` stands in for an ODS verifier, reporting through MLIR diagnostics at the op's location.
 That detail stays inside this module: the rest of the code builds, reads and checks the op through it.
@@ -14,26 +16,32 @@ That detail stays inside this module: the rest of the code builds, reads and che
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
-from convbw_mlir.heuristics import Split
+from convbw_mlir.contraction import Split, check_split
 from convbw_mlir.ir_imports import func_d, ir
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = [
     "OP_NAME",
+    "PLAN_ATTR",
     "build_module",
     "build_op",
+    "dict_attr",
+    "dict_from_attr",
     "is_conv_bwd_weight",
     "problem_attr",
     "problem_from_attr",
+    "plan_of",
     "problem_of",
+    "set_plan",
     "split_of",
     "tensor_type",
     "verify_op",
 ]
 
 OP_NAME = "convbw.conv_bwd_weight"
+PLAN_ATTR = "plan"
 FUNC_NAME = "conv_bwd_weight"
 _ARRAY_ATTRS = ("strides", "dilations", "pad_low", "pad_high")
 _FIELDS = {"strides": "stride", "dilations": "dilation", "pad_low": "pad_low", "pad_high": "pad_high"}
@@ -68,11 +76,13 @@ def build_op(
     dy: ir.Value,
     loc: ir.Location | None = None,
     split: Split | None = None,
+    plan: ir.Attribute | None = None,
 ) -> ir.Operation:
     """Create ``convbw.conv_bwd_weight`` at the current insertion point.
 
     With ``split``, the op is the first stage of a split-K: it carries ``k_batch``, ``split_dim`` and
-    ``split_chunk`` and yields f32 partial sums ``[k_batch, g, k, f..., c]`` instead of dW.
+    ``split_chunk`` and yields f32 partial sums ``[k_batch, g, k, f..., c]`` instead of dW. ``plan`` (the
+    attribute of the op this one replaces) is carried over.
     """
     i64 = ir.IntegerType.get_signless(64)
     attrs = {name: ir.DenseI64ArrayAttr.get(list(getattr(problem, _FIELDS[name]))) for name in _ARRAY_ATTRS}
@@ -82,6 +92,8 @@ def build_op(
         attrs["k_batch"] = ir.IntegerAttr.get(i64, split.k_batch)
         attrs["split_dim"] = ir.StringAttr.get(split.dim)
         attrs["split_chunk"] = ir.IntegerAttr.get(i64, split.chunk)
+    if plan is not None:
+        attrs[PLAN_ATTR] = plan
     return ir.Operation.create(
         OP_NAME,
         results=[partial_type(problem, split) if split else tensor_type(problem, "dw")],
@@ -151,6 +163,7 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
     if x_type != dy_type:
         raise OpError(f"x and dy must share an element type, got {x_type} and {dy_type}")
     split = split_of(op)
+    plan_of(op)  # a malformed plan is an invalid op
     if split and dw_type != "f32":
         raise OpError(f"a split op (k_batch = {split.k_batch}) yields f32 partial sums, got {dw_type}")
     rank = len(arrays["strides"])
@@ -191,24 +204,10 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
     if split:
         if ws["S"] != split.k_batch:
             raise OpError(f"partial sums: leading dimension {ws['S']} must equal k_batch = {split.k_batch}")
-        from convbw_mlir.heuristics import reduction_extents
-
-        extents = reduction_extents(problem)
-        if split.promoted:
-            unknown = [d for d in split.promoted if d not in extents]
-            if unknown or len(set(split.promoted)) != len(split.promoted):
-                loops = ", ".join(extents)
-                raise OpError(f"split_dim: '{split.dim}' must name distinct reduction loops; loops: {loops}")
-            count = math.prod(extents[d] for d in split.promoted)
-            if split.k_batch != count:
-                raise OpError(f"split: k_batch {split.k_batch} must be {count}, the extents of {split.dim} multiplied")
-        elif split.dim not in extents:
-            raise OpError(f"split_dim: '{split.dim}' is not a reduction loop; loops: {', '.join(extents)}")
-        elif split.padded_extent < extents[split.dim] or (split.k_batch - 1) * split.chunk >= extents[split.dim]:
-            raise OpError(
-                f"split: k_batch {split.k_batch} x chunk {split.chunk} must cover loop '{split.dim}' "
-                f"of extent {extents[split.dim]} with no empty chunk"
-            )
+        try:
+            check_split(problem, split)
+        except ValueError as e:
+            raise OpError(str(e)) from None
     for name, got in (("x", x_shape), ("dy", dy_shape), ("dw", dw_shape)):
         want = (split.k_batch, *problem.shape("acc")) if (name == "dw" and split) else problem.shape(name)
         if got != want:
@@ -234,16 +233,73 @@ def problem_attr(problem: ConvBwdWeightProblem) -> ir.DictAttr:
 
 def problem_from_attr(attr: ir.Attribute) -> ConvBwdWeightProblem:
     """The inverse of :func:`problem_attr`."""
-    data = {}
-    for named in attr:
+    return ConvBwdWeightProblem.from_dict(dict_from_attr(attr))
+
+
+def dict_attr(data: dict[str, Any]) -> ir.DictAttr:
+    """Plain data (str, bool, int, nested dicts) as a dictionary attribute that prints and parses."""
+    i64 = ir.IntegerType.get_signless(64)
+
+    def attr(value: Any) -> ir.Attribute:
+        if isinstance(value, dict):
+            return dict_attr(value)
+        if isinstance(value, bool):
+            return ir.BoolAttr.get(value)
+        if isinstance(value, int):
+            return ir.IntegerAttr.get(i64, value)
+        if isinstance(value, str):
+            return ir.StringAttr.get(value)
+        raise TypeError(f"dict_attr: no attribute for {type(value).__name__} {value!r}")
+
+    return ir.DictAttr.get({key: attr(value) for key, value in data.items()})
+
+
+def dict_from_attr(attr: ir.Attribute) -> dict[str, Any]:
+    """The inverse of :func:`dict_attr` (integer arrays become tuples).
+
+    Raises:
+        OpError: an entry of another kind of attribute.
+    """
+    data: dict[str, Any] = {}
+    for named in ir.DictAttr(attr):
         v = named.attr
-        if isinstance(v, ir.DenseI64ArrayAttr):
+        if isinstance(v, ir.DictAttr):
+            data[named.name] = dict_from_attr(v)
+        elif isinstance(v, ir.BoolAttr):
+            data[named.name] = v.value
+        elif isinstance(v, ir.DenseI64ArrayAttr):
             data[named.name] = tuple(v)
         elif isinstance(v, ir.IntegerAttr):
             data[named.name] = v.value
+        elif isinstance(v, ir.StringAttr):
+            data[named.name] = v.value
         else:
-            data[named.name] = ir.StringAttr(v).value
-    return ConvBwdWeightProblem.from_dict(data)
+            raise OpError(f"entry '{named.name}': unexpected attribute {v}")
+    return data
+
+
+def plan_of(op: ir.Operation | ir.OpView):  # -> convbw_mlir.plan.Plan | None
+    """The plan ``convbw-plan`` attached to the op, or None.
+
+    Raises:
+        OpError: a malformed plan attribute.
+    """
+    from convbw_mlir.plan import Plan, PlanError
+
+    attrs = op.operation.attributes
+    if PLAN_ATTR not in attrs:
+        return None
+    if not isinstance(attrs[PLAN_ATTR], ir.DictAttr):
+        raise OpError(f"attribute '{PLAN_ATTR}' must be a dictionary, got {attrs[PLAN_ATTR]}")
+    try:
+        return Plan.from_dict(dict_from_attr(attrs[PLAN_ATTR]))
+    except PlanError as e:
+        raise OpError(str(e)) from None
+
+
+def set_plan(op: ir.Operation | ir.OpView, plan) -> None:
+    """Attach ``plan`` (a :class:`convbw_mlir.plan.Plan`) to the op."""
+    op.operation.attributes[PLAN_ATTR] = dict_attr(plan.to_dict())
 
 
 def split_of(op: ir.Operation | ir.OpView) -> Split | None:

@@ -7,6 +7,7 @@ from convbw_mlir.passes import (  # noqa: F401  (each module registers its pass)
     explicit_gemm,
     lower_to_linalg,
     map_mma,
+    plan,
     split_k,
     tile,
 )

@@ -59,9 +59,11 @@ def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
 
 
 def reference_module(problem: ConvBwdWeightProblem) -> Any:
+    from convbw_mlir.builders import convert
     from convbw_mlir.ir_imports import ir
-    from convbw_mlir.passes.explicit_gemm import as_gemm, subsample
-    from convbw_mlir.passes.lower_to_linalg import build_contraction, convert
+    from convbw_mlir.passes.explicit_gemm import subsample
+    from convbw_mlir.passes.lower_to_linalg import build_contraction
+    from convbw_mlir.plan import as_gemm
 
     p32 = problem.with_(dtype="f32", dw_dtype="f32")
     f32 = ir.F32Type.get()
@@ -81,9 +83,9 @@ def reference_module(problem: ConvBwdWeightProblem) -> Any:
 
 def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
     """The torch-mlir form (2-D, G=1), or None where it does not exist."""
+    from convbw_mlir.builders import as_value, convert, pad_zeros, transpose
     from convbw_mlir.dialects import convbw
     from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
-    from convbw_mlir.passes.lower_to_linalg import as_value, convert, pad_zeros, transpose
 
     p = problem
     if p.rank != 2 or p.groups != 1:
@@ -141,8 +143,8 @@ def _unit_groups(rank: int, pos: int) -> list[list[int]]:
 
 
 def _drop_unit(value: Any, pos: int) -> Any:
+    from convbw_mlir.builders import reassociation
     from convbw_mlir.ir_imports import ir, tensor_d
-    from convbw_mlir.passes.lower_to_linalg import reassociation
 
     shape = list(value.type.shape)
     new = shape[:pos] + shape[pos + 1 :]
@@ -151,8 +153,8 @@ def _drop_unit(value: Any, pos: int) -> Any:
 
 
 def _add_unit(value: Any, pos: int, full_shape: tuple[int, ...]) -> Any:
+    from convbw_mlir.builders import reassociation
     from convbw_mlir.ir_imports import ir, tensor_d
-    from convbw_mlir.passes.lower_to_linalg import reassociation
 
     out_t = ir.RankedTensorType.get(list(full_shape), value.type.element_type)
     groups = _unit_groups(len(full_shape), pos)

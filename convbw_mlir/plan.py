@@ -1,0 +1,564 @@
+"""The plan: every decision about how one problem is computed on one target, made once, here.
+
+:func:`decide` turns (problem, target, overrides) into a frozen :class:`Plan`: whether the problem is
+carried out as a GEMM, how its reduction is split (split-K), and the strategy with its tile:
+
+    mma   our matrix-core tile (workgroup M x N, reduction step, subgroups, prefetch) for IREE's
+          TileAndFuse pipeline, with the target's MFMA / WMMA / MMA intrinsic
+    simt  no matrix instructions (depthwise, thin groups): a thread per (image, row, group, channel)
+          over a rows split, else IREE's own reduction codegen over a batch split
+    iree  IREE's own configuration (and the host's CPU codegen)
+
+The passes only carry a plan out: ``convbw-plan`` attaches it to each ``convbw.conv_bwd_weight`` as
+its ``plan`` attribute (it prints and parses, so a pipeline replays from text), ``convbw-explicit-gemm``
+and ``convbw-split-k`` rewrite the op as it says, ``convbw-lower-to-linalg`` copies it onto the
+contraction, ``convbw-tile`` and ``convbw-map-mma`` turn it into IREE's ``compilation_info``. A plan is
+also the unit a tuner enumerates, stores and replays (:meth:`Plan.to_dict`, :meth:`Plan.from_dict`).
+
+This module imports without the IREE compiler. Each measured rule links its data in docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from convbw_mlir.contraction import Contraction, Split
+from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
+from convbw_mlir.targets import Intrinsic, Target, get_target
+
+__all__ = [
+    "Overrides",
+    "Plan",
+    "PlanError",
+    "SimtTile",
+    "Split",
+    "Strategy",
+    "Tile",
+    "as_gemm",
+    "choose_simt_tile",
+    "choose_tile",
+    "decide",
+    "pick_intrinsic",
+    "plan_rows_split",
+    "plan_split",
+    "plan_split_k",
+]
+
+
+class PlanError(ValueError):
+    """An override the plan cannot take; the message names the option and its value."""
+
+
+class Strategy(enum.StrEnum):
+    """How the contraction is computed (see the module docstring)."""
+
+    MMA = "mma"
+    SIMT = "simt"
+    IREE = "iree"
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A workgroup's work, in elements: an ``m`` (out channels) by ``n`` (in channels) tile of one
+    group and filter tap, ``k`` reduction elements per step, ``subgroups_m x subgroups_n`` waves,
+    ``stages`` of prefetch, and ``intrinsic``, the matrix instruction (IREE's name)."""
+
+    m: int
+    n: int
+    k: int
+    subgroups_m: int
+    subgroups_n: int
+    stages: int
+    intrinsic: str
+
+    @property
+    def subgroups(self) -> int:
+        return self.subgroups_m * self.subgroups_n
+
+
+@dataclass(frozen=True)
+class SimtTile:
+    """The SIMT strategy's workgroup over a rows split: ``rows`` output rows x ``groups`` groups x
+    ``channels`` out channels, one thread each; a thread owns all filter taps and in channels of its
+    (image, row, group, out channel) and reduces the rest of the row serially."""
+
+    rows: int
+    groups: int
+    channels: int
+
+    @property
+    def threads(self) -> int:
+        return self.rows * self.groups * self.channels
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
+
+    Attributes:
+        target: the target name.
+        strategy: mma, simt or iree.
+        gemm: carried out as a batched GEMM (an unpadded 1x1: ``convbw-explicit-gemm``).
+        reduction_innermost: the GEMM's channels-last x and dy transposed so the reduction is innermost.
+        split: the split-K of the reduction, or None.
+        tile: the matrix-core tile (strategy mma).
+        simt: the thread tile (strategy simt over a rows split).
+    """
+
+    target: str
+    strategy: Strategy
+    gemm: bool = False
+    reduction_innermost: bool = False
+    split: Split | None = None
+    tile: Tile | None = None
+    simt: SimtTile | None = None
+
+    @property
+    def target_info(self) -> Target:
+        return get_target(self.target)
+
+    @property
+    def k_batch(self) -> int:
+        return self.split.k_batch if self.split else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON and the IR attribute): entries that are None or False are left out."""
+        data: dict[str, Any] = {"target": self.target, "strategy": self.strategy.value, "gemm": self.gemm}
+        if self.reduction_innermost:
+            data["reduction_innermost"] = True
+        for name in ("split", "tile", "simt"):
+            part = getattr(self, name)
+            if part is not None:
+                data[name] = {f.name: getattr(part, f.name) for f in fields(part)}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            PlanError: a malformed plan (unknown entry, strategy or target, a tile missing a field).
+        """
+        known = {"target", "strategy", "gemm", "reduction_innermost", "split", "tile", "simt"}
+        unknown = set(data) - known
+        if unknown:
+            raise PlanError(f"plan: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        try:
+            get_target(data["target"])
+            strategy = Strategy(data["strategy"])
+            parts = {name: kind(**data[name]) for name, kind in (("split", Split), ("tile", Tile), ("simt", SimtTile))
+                     if data.get(name) is not None}  # fmt: skip
+            return cls(data["target"], strategy, bool(data.get("gemm", False)),
+                       bool(data.get("reduction_innermost", False)), **parts)  # fmt: skip
+        except KeyError as e:
+            raise PlanError(f"plan: missing entry {e}") from None
+        except (TypeError, ValueError) as e:
+            raise PlanError(f"plan: {e}") from None
+
+
+# -- the options a user (or a tuner) may give ---------------------------------------------------------
+@dataclass(frozen=True)
+class Overrides:
+    """Choices that replace the plan's own (pipeline spelling: ``k-batch``, ``tile-m`` ...).
+
+    Attributes:
+        k_batch: ``auto``, ``rows`` (one partial per image and output row) or a number of batch splits.
+        plan_for: the target whose facts size the split (default: the target itself).
+        tile_m, tile_n, tile_k: the MMA workgroup tile and reduction step, in elements.
+        subgroups_m, subgroups_n: waves / warps along M and N.
+        stages: prefetch stages (IREE's ``prefetch_num_stages``).
+        gemm, grouped: ``mma`` (our tile) or ``iree`` (IREE's own) for plain GEMMs and grouped
+            convolutions; None takes the target's tile policy.
+        reduction_innermost: transpose a channels-last GEMM's x and dy so the reduction is innermost.
+    """
+
+    k_batch: int | str = "auto"
+    plan_for: str | None = None
+    tile_m: int | None = None
+    tile_n: int | None = None
+    tile_k: int | None = None
+    subgroups_m: int | None = None
+    subgroups_n: int | None = None
+    stages: int | None = None
+    gemm: str | None = None
+    grouped: str | None = None
+    reduction_innermost: bool = False
+
+    _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
+
+    def __post_init__(self) -> None:
+        kb = self.k_batch
+        if not (kb in ("auto", "rows") or (_is_int(kb) and kb >= 1)):
+            raise PlanError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
+        if self.plan_for is not None:
+            _target(self.plan_for, "plan-for")
+        for name in self._TILE:
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and value >= 1):
+                raise PlanError(f"{_spelled(name)}: expected a positive integer, got {value!r}")
+        for name in ("gemm", "grouped"):
+            value = getattr(self, name)
+            if value not in (None, "mma", "iree"):
+                raise PlanError(f"{name}: expected mma or iree, got {value!r}")
+        if not isinstance(self.reduction_innermost, bool):
+            raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
+
+    @property
+    def tile(self) -> dict[str, int]:
+        """The tile overrides given, by :class:`Tile` field (``m``, ``n``, ``k``, ``subgroups_m`` ...)."""
+        key = {"tile_m": "m", "tile_n": "n", "tile_k": "k"}
+        return {key.get(n, n): getattr(self, n) for n in self._TILE if getattr(self, n) is not None}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _spelled(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _target(name: str, option: str) -> Target:
+    try:
+        return get_target(name)
+    except ValueError as e:
+        raise PlanError(f"{option}: {str(e).removeprefix('target: ')}") from None
+
+
+# -- the one entry ------------------------------------------------------------------------------------
+def decide(problem: ConvBwdWeightProblem, target: str, split: Split | None = None, **overrides: Any) -> Plan:
+    """Every decision for ``problem`` on ``target``.
+
+    Args:
+        problem: the problem as the user gave it.
+        target: a target name (:data:`convbw_mlir.targets.TARGETS`).
+        split: a split already made (an op that arrives split); None lets the plan choose.
+        **overrides: fields of :class:`Overrides`.
+
+    Raises:
+        PlanError: an unknown target or override, a value out of range, a tile the target cannot run,
+            or a tile given for a problem whose strategy takes none.
+    """
+    tgt = _target(target, "target")
+    try:
+        opts = Overrides(**overrides)
+    except TypeError:
+        known = ", ".join(_spelled(f.name) for f in fields(Overrides))
+        unknown = ", ".join(_spelled(k) for k in overrides if k not in {f.name for f in fields(Overrides)})
+        raise PlanError(f"options: unknown {unknown}; known: {known}") from None
+    planner = _target(opts.plan_for, "plan-for") if opts.plan_for else tgt
+    work = effective_problem(problem, opts.reduction_innermost)
+    gemm = work is not problem
+    if split is None:
+        split = plan_split_k(work, planner, opts.k_batch)
+    base = Plan(target, Strategy.IREE, gemm, opts.reduction_innermost and gemm, split)
+    if not tgt.is_gpu:
+        return _no_tile(base, opts, "IREE's CPU codegen")
+    return _gpu_strategy(base, work, tgt, opts)
+
+
+def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
+    """Strategy and tile of a GPU plan whose GEMM form and split are decided."""
+    contraction = Contraction.build(work, plan.split)
+    policy = tgt.tile_policy
+    intr = pick_intrinsic(work, tgt)
+    if intr is None or not contraction.has_gemm_dims:
+        simt = None
+        if contraction.is_rows_split and simt_threads_fit(work):
+            simt = choose_simt_tile(work, tgt)
+        return _no_tile(replace(plan, strategy=Strategy.SIMT, simt=simt), opts, "too thin for matrix cores")
+    try:
+        tile = choose_tile(work, tgt, intr, k_batch=plan.k_batch, **opts.tile)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    if not contraction.is_convolution and contraction.has_split_loop:
+        tile = _unpadded_reduction(tile, contraction.reduction_extent, intr)
+        if tile is None:
+            return _no_tile(plan, opts, "a split GEMM whose reduction no step divides")
+    if not contraction.is_convolution and (opts.gemm or policy.gemm) == "iree":
+        return _no_tile(plan, opts, f"a GEMM: IREE's own config on {tgt.name} (option gemm=mma gives ours)")
+    if work.groups > 1 and (opts.grouped or policy.grouped) == "iree":
+        return _no_tile(plan, opts, f"grouped: IREE's own config on {tgt.name} (option grouped=mma gives ours)")
+    if work.layout_family.x[-1] != "C":
+        # Our IGEMM tile assumes C innermost in x: docs/decisions.md#channels-first-layouts
+        return _no_tile(plan, opts, "channels-first x: IREE's own config")
+    return replace(plan, strategy=Strategy.MMA, tile=tile)
+
+
+def _no_tile(plan: Plan, opts: Overrides, why: str) -> Plan:
+    """``plan`` as it is; a tile override would be dropped silently, so it is refused instead."""
+    if opts.tile:
+        name = _spelled(next(n for n in Overrides._TILE if getattr(opts, n) is not None))
+        raise PlanError(f"{name}: strategy {plan.strategy.value} takes no tile here ({why})")
+    return plan
+
+
+def effective_problem(problem: ConvBwdWeightProblem, reduction_innermost: bool = False) -> ConvBwdWeightProblem:
+    """The problem the contraction computes: its GEMM form where :func:`as_gemm` applies (with the
+    reduction-innermost layout if asked and possible), else ``problem`` itself."""
+    gemm = as_gemm(problem)
+    if gemm is None:
+        return problem
+    if reduction_innermost and gemm.layout_family.x in ("NHWGC", "GNHWC"):
+        return gemm.with_(layout=3)  # [N, W, G, C] -> [N, G, C, W]: NGCHW/GKYXC/NGKHW, same dW layout
+    return gemm
+
+
+def as_gemm(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem | None:
+    """The equivalent 1-D problem with the spatial dimensions flattened, or None if not an unpadded 1x1.
+
+    A strided 1x1 reads x only at o * stride: its GEMM takes that subsample of x.
+    """
+    one = all(f == 1 for f in problem.filter_size)
+    if not one or any(problem.pad_low) or any(problem.pad_high):
+        return None
+    if problem.rank == 1 and problem.stride == (1,):
+        return None  # already the GEMM form
+    flat = math.prod(problem.output_size)
+    return problem.with_(input_size=(flat,), filter_size=(1,), stride=1, dilation=1, pad_low=0, pad_high=0)
+
+
+# -- split-K ------------------------------------------------------------------------------------------
+# Rows split: partials at most this fraction of the input bytes: docs/decisions.md#rows-split
+MAX_ROWS_PARTIAL_FRACTION = 0.1
+# The SIMT thread over a rows split holds C * taps f32 accumulators; beyond this they leave registers.
+MAX_THREAD_ACCUMULATORS = 64
+# Each split keeps at least this many reduction elements: docs/decisions.md#split-minimum
+MIN_SPLIT_REDUCTION = 512
+# Thin 1x1 problems split at most this often (IREE's kernels were wrong beyond): docs/decisions.md#thin-gemm-splits
+MAX_THIN_GEMM_SPLITS = 2
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    """The divisors of ``n`` up to ``limit`` (1 always among them)."""
+    return [d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0]
+
+
+def plan_rows_split(problem: ConvBwdWeightProblem) -> Split | None:
+    """Each image's each first-output-row its own partial sum: loops ``n`` and ``o0`` made parallel.
+
+    For the SIMT strategy: with these loops parallel, a thread owns one (image, row, channel) and all
+    filter taps, and reads channels-last x and dy along the channel, coalesced. None for a 1-D problem
+    (nothing would be left to reduce in a partial) or fewer than 2 partials.
+    """
+    if problem.rank < 2:
+        return None
+    count = problem.batch * problem.output_size[0]
+    return Split("n,o0", count, 1) if count > 1 else None
+
+
+def rows_split_pays(problem: ConvBwdWeightProblem, split: Split) -> bool:
+    """Whether the rows split's partial sums are small against the inputs (:data:`MAX_ROWS_PARTIAL_FRACTION`)."""
+    partial_bytes = split.k_batch * math.prod(problem.shape("acc")) * 4
+    input_bytes = (math.prod(problem.x_shape) + math.prod(problem.dy_shape)) * DTYPES[problem.dtype]
+    return partial_bytes <= MAX_ROWS_PARTIAL_FRACTION * input_bytes
+
+
+def uses_matrix_cores(problem: ConvBwdWeightProblem, target: Target) -> bool:
+    """Whether the target has an intrinsic for the problem and both GEMM dimensions are real loops."""
+    return pick_intrinsic(problem, target) is not None and problem.out_channels > 1 and problem.in_channels > 1
+
+
+def plan_split_k(problem: ConvBwdWeightProblem, target: Target, k_batch: int | str) -> Split | None:
+    """The split for ``k_batch``: ``rows`` (:func:`plan_rows_split`), a number of batch splits
+    (:func:`plan_split`), or ``auto``: on a GPU the rows split for problems too thin for matrix cores
+    whose threads hold a dW row and whose partials pay, else the even batch split of :func:`auto_k_batch`."""
+    if k_batch == "rows":
+        return plan_rows_split(problem)
+    if k_batch != "auto":
+        return plan_split(problem, k_batch)
+    if target.is_gpu and not uses_matrix_cores(problem, target) and simt_threads_fit(problem):
+        rows = plan_rows_split(problem)
+        if rows is not None and rows_split_pays(problem, rows):
+            return rows
+    return plan_split(problem, auto_k_batch(problem, target), even=True)
+
+
+def plan_split(problem: ConvBwdWeightProblem, k_batch: int, even: bool = False) -> Split | None:
+    """Split the reduction into (at most) ``k_batch`` chunks of the batch; None when nothing is split.
+
+    Only the batch loop is split: its chunks read whole images and IREE still sees a convolution. (An
+    output-row split is valid linalg and the lowering builds it for ``split_dim = "o<i>"``, but IREE
+    3.13 crashes compiling it: docs/decisions.md#no-row-chunks.) A batch shorter than ``k_batch``
+    yields fewer chunks, never empty ones (5 images in 3 -> 3 chunks of 2, the last padded with a zero
+    image). ``even`` takes the largest divisor of N instead (docs/decisions.md#even-splits).
+
+    Raises:
+        PlanError: ``k_batch`` below 1.
+    """
+    if not _is_int(k_batch) or k_batch < 1:
+        raise PlanError(f"k-batch: expected a positive integer, got {k_batch!r}")
+    n = problem.batch
+    if k_batch == 1 or n == 1:
+        return None
+    if even:  # the largest divisor of N not above k_batch: no padded images
+        k_batch = max(_divisors(n, k_batch))
+        if k_batch == 1:
+            return None
+    chunk = math.ceil(n / k_batch)
+    kb = math.ceil(n / chunk)
+    return Split("n", kb, chunk) if kb > 1 else None
+
+
+def auto_k_batch(problem: ConvBwdWeightProblem, target: Target) -> int:
+    """How many splits of the reduction, by strategy (docs/decisions.md#auto-k-batch):
+
+    * matrix-core convolutions (G=1): CK's occupancy rule (split_k_utils.hpp,
+      get_best_occupancy_k_batch_value): k_batch = floor(CUs * occupancy / grid), clamped to [1, 128]
+      and so that each split keeps :data:`MIN_SPLIT_REDUCTION` reduction elements;
+    * thin groups and depthwise (SIMT): as many splits as the batch allows (up to 128);
+    * 1x1 problems too thin for matrix cores: at most :data:`MAX_THIN_GEMM_SPLITS`;
+    * grouped convolutions with matrix cores (G>1): 1.
+
+    On the host (no CU model) it is 1.
+    """
+    if not target.compute_units:
+        return 1
+    intr = pick_intrinsic(problem, target)
+    if intr is None and math.prod(problem.filter_size) == 1:
+        return min(problem.batch, MAX_THIN_GEMM_SPLITS)
+    if intr is None:
+        return min(problem.batch, 128)
+    if problem.groups > 1:
+        return 1
+    tile = choose_tile(problem, target, intr)  # the grid before N is narrowed for the split
+    k_batch = (target.compute_units * OCCUPANCY) // max(_grid(problem, tile.m, tile.n), 1)
+    k_batch = min(k_batch, 128, problem.gemm[3] // MIN_SPLIT_REDUCTION)
+    return max(1, k_batch)
+
+
+# -- MMA tiles ----------------------------------------------------------------------------------------
+# Below these a group's GEMM is too thin for 16-wide intrinsics (more than half of each wasted).
+MIN_MMA_M = 8
+MIN_MMA_N = 16
+# Resident workgroups per CU the occupancy model assumes (4-wave workgroups of ~128 VGPRs on CDNA).
+OCCUPANCY = 2
+# N tiles are halved down to this while the split grid leaves CUs idle: docs/decisions.md#narrow-n
+MIN_OCCUPANCY_TILE_N = 64
+
+
+def pick_intrinsic(problem: ConvBwdWeightProblem, target: Target) -> Intrinsic | None:
+    """The target's preferred matrix instruction for the problem's input type, or None (no MMA)."""
+    options = target.intrinsics.get(problem.dtype, ())
+    if not options:
+        return None
+    if problem.out_channels < MIN_MMA_M or problem.in_channels * math.prod(problem.filter_size) < MIN_MMA_N:
+        return None
+    return options[0]
+
+
+def _pow2_at_least(v: int, lo: int, hi: int) -> int:
+    p = lo
+    while p < v and p < hi:
+        p *= 2
+    return p
+
+
+def choose_tile(
+    problem: ConvBwdWeightProblem, target: Target, intr: Intrinsic, k_batch: int | None = None, **overrides: int
+) -> Tile:
+    """Workgroup tile, reduction step, subgroup layout and prefetch depth for ``problem`` on ``target``.
+
+    M tiles the out channels and N the in channels (the filter channel is innermost, so it is the loop
+    the N side of the instruction walks); each filter tap is its own tile. Tiles are powers of two from
+    one intrinsic up to 128, so that a small K or C (36, 3) pads to the next power of two, not to 128.
+    Four waves per workgroup; the reduction step keeps (m + n) * k * bytes within half the LDS, at most
+    64. With ``k_batch`` (the split already planned), N is halved down to :data:`MIN_OCCUPANCY_TILE_N`
+    while ``grid * k_batch`` stays below ``OCCUPANCY`` workgroups a CU, where the target's tile policy
+    says so; a policy's accumulator cap halves M instead. ``overrides`` (m, n, k, subgroups_m,
+    subgroups_n, stages) replace any choice.
+
+    Raises:
+        ValueError: a tile the intrinsic or the LDS cannot take.
+    """
+    policy = target.tile_policy
+    m = _pow2_at_least(problem.out_channels, intr.m, 128)
+    n = _pow2_at_least(problem.in_channels, intr.n, 128)
+    while (
+        k_batch is not None
+        and policy.narrow_n
+        and "n" not in overrides
+        and n // 2 >= max(MIN_OCCUPANCY_TILE_N, 2 * intr.n)
+        and _grid(problem, m, n) * k_batch < target.compute_units * OCCUPANCY
+    ):
+        n //= 2
+    m, n = overrides.get("m", m), overrides.get("n", n)
+    # Four waves where the tile has room for them: 2 x 2, else along the longer side.
+    sg_m = 2 if m >= 2 * intr.m else 1
+    sg_n = 2 if n >= 2 * intr.n else 1
+    if sg_m * sg_n < 4 and m >= 4 * intr.m and sg_n == 1:
+        sg_m = 4
+    elif sg_m * sg_n < 4 and n >= 4 * intr.n and sg_m == 1:
+        sg_n = 4
+    sg_m, sg_n = overrides.get("subgroups_m", sg_m), overrides.get("subgroups_n", sg_n)
+    # At most the policy's f32 accumulators a lane (docs/decisions.md#rdna-accumulators), halving M.
+    cap = dict(policy.acc_per_lane).get(problem.dtype)
+    while (
+        cap is not None
+        and "m" not in overrides
+        and m > intr.m * sg_m
+        and m * n // (sg_m * sg_n * target.subgroup_size) > cap
+    ):
+        m //= 2
+    elem = DTYPES[problem.dtype]
+    k = 64
+    while k > intr.k and (m + n) * k * elem > target.lds_bytes // 2:
+        k //= 2
+    k = max(intr.k, overrides.get("k", k))
+    tile = Tile(m, n, k, sg_m, sg_n, overrides.get("stages", 2), intr.name)
+    _check_tile(tile, intr, target, elem)
+    return tile
+
+
+def _grid(problem: ConvBwdWeightProblem, m: int, n: int) -> int:
+    """Workgroups of one split: groups x M tiles x N tiles x filter taps."""
+    taps = math.prod(problem.filter_size)
+    return problem.groups * math.ceil(problem.out_channels / m) * math.ceil(problem.in_channels / n) * taps
+
+
+def _check_tile(tile: Tile, intr: Intrinsic, target: Target, elem: int) -> None:
+    for name, size, sg, unit in (("m", tile.m, tile.subgroups_m, intr.m), ("n", tile.n, tile.subgroups_n, intr.n)):
+        if size % (sg * unit):
+            raise ValueError(f"tile-{name}: {size} is not a multiple of {sg} subgroups x {unit} ({intr.name})")
+    if tile.k % intr.k:
+        raise ValueError(f"tile-k: {tile.k} is not a multiple of the intrinsic's K {intr.k} ({intr.name})")
+    lds = (tile.m + tile.n) * tile.k * elem
+    if lds > target.lds_bytes:
+        raise ValueError(
+            f"tile: ({tile.m} + {tile.n}) x {tile.k} x {elem} B = {lds} B exceeds LDS {target.lds_bytes} B"
+        )
+
+
+def _unpadded_reduction(tile: Tile, reduction: int, intr: Intrinsic) -> Tile | None:
+    """The tile with a reduction step that divides a split GEMM's reduction, or None if none does
+    (IREE's sm_80 kernels were wrong where our step padded it: docs/decisions.md#split-gemm-step)."""
+    k = tile.k
+    while k >= intr.k and reduction % k:
+        k //= 2
+    return replace(tile, k=k) if k >= intr.k else None
+
+
+# -- SIMT ---------------------------------------------------------------------------------------------
+def simt_threads_fit(problem: ConvBwdWeightProblem) -> bool:
+    """Whether a SIMT thread can hold all in channels x taps of its dW row (see :class:`SimtTile`)."""
+    return problem.in_channels * math.prod(problem.filter_size) <= MAX_THREAD_ACCUMULATORS
+
+
+def choose_simt_tile(problem: ConvBwdWeightProblem, target: Target) -> SimtTile:
+    """Threads along the channels (out channels innermost, then groups: the innermost dimensions of
+    channels-last dy and x, so a subgroup's loads are contiguous), then output rows, up to four
+    subgroups per workgroup. Every size divides its loop (no partial tiles, no padding);
+    docs/decisions.md#simt-tile."""
+    budget = 4 * target.subgroup_size
+    channels = max(_divisors(problem.out_channels, budget))
+    # Whole subgroups first (G=144: 16 groups x 8 rows = 128 threads, not 72 x 1), then more threads,
+    # then more groups (wider contiguous loads).
+    candidates = [
+        SimtTile(rows, groups, channels)
+        for groups in _divisors(problem.groups, budget // channels)
+        for rows in _divisors(problem.output_size[0], budget // (channels * groups))
+    ]
+    return max(candidates, key=lambda t: (t.threads % target.subgroup_size == 0, t.threads, t.groups))

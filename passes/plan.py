@@ -1,0 +1,81 @@
+"""convbw-plan{target=<t> k-batch=.. tile-m=.. ...}: decide each ``convbw.conv_bwd_weight``'s plan and
+attach it to the op as its ``plan`` attribute.
+
+    %dw = convbw.conv_bwd_weight(%x, %dy) {...}
+  ->
+    %dw = convbw.conv_bwd_weight(%x, %dy) {..., plan = {gemm = false, strategy = "mma", target = "gfx942",
+            split = {chunk = 8 : i64, dim = "n", k_batch = 4 : i64},
+            tile = {intrinsic = "MFMA_F32_16x16x16_F16", k = 64 : i64, m = 128 : i64, ...}}}
+
+The decision is :func:`convbw_mlir.plan.decide`'s; the options are its overrides, validated there
+(a wrong value fails when the pipeline is parsed). An op that already carries a plan keeps it, so a
+plan written in the input IR (or by an earlier run) is replayed as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from convbw_mlir.dialects import convbw
+from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
+
+from convbw_mlir.ir_imports import ir
+from convbw_mlir.plan import Overrides, PlanError, decide
+from convbw_mlir.targets import TARGETS
+
+__all__ = ["PlanPass"]
+
+
+@register
+class PlanPass(ConvbwPass):
+    argument = "convbw-plan"
+    description = (
+        "Decide each convbw.conv_bwd_weight's plan for the target (GEMM form, split-K, strategy mma/simt/iree "
+        "and tile) and attach it as the op's plan attribute; options override the plan's choices."
+    )
+
+    @dataclass
+    class Options:
+        target: str = option("host", "the target the plan is for", tuple(TARGETS))
+        k_batch: int | str = option(
+            "auto", "number of batch splits, rows (one partial per image and output row), or auto", ("auto", "rows")
+        )
+        plan_for: str | None = option(None, "target whose CU count sizes the split (default: target)", tuple(TARGETS))
+        tile_m: int | None = option(None, "workgroup tile over out channels (M), in elements")
+        tile_n: int | None = option(None, "workgroup tile over in channels (N), in elements")
+        tile_k: int | None = option(None, "reduction elements per step")
+        subgroups_m: int | None = option(None, "subgroups (waves/warps) along M")
+        subgroups_n: int | None = option(None, "subgroups along N")
+        stages: int | None = option(None, "prefetch stages (IREE's prefetch_num_stages)")
+        gemm: str | None = option(None, "plain GEMMs (1x1): our mma tile or IREE's own (default: the target's)",
+                                  ("mma", "iree"))  # fmt: skip
+        grouped: str | None = option(None, "grouped convolutions (G>1): mma or iree (default: the target's)",
+                                     ("mma", "iree"))  # fmt: skip
+        reduction_innermost: bool = option(
+            False, "transpose a channels-last GEMM's x and dy so the reduction is innermost (layout NGCW)"
+        )
+
+    def __init__(self, options=None, **kwargs) -> None:
+        super().__init__(options, **kwargs)
+        if self.options.target not in TARGETS:
+            raise PlanError(f"target: unknown target {self.options.target!r}; known: {', '.join(TARGETS)}")
+        self.overrides()  # validate now, so a bad option fails when the pipeline is built
+
+    def overrides(self) -> dict:
+        fields = asdict(self.options)
+        fields.pop("target")
+        Overrides(**fields)
+        return fields
+
+    def run(self, module: ir.Operation) -> None:
+        for op in collect_ops(module, convbw.OP_NAME):
+            problem = convbw.verify_op(op)
+            if problem is None:
+                raise self.fail(op, "invalid convbw.conv_bwd_weight op")
+            if convbw.PLAN_ATTR in op.attributes:
+                continue
+            try:
+                plan = decide(problem, self.options.target, convbw.split_of(op), **self.overrides())
+            except PlanError as e:
+                raise self.fail(op, str(e)) from None
+            convbw.set_plan(op, plan)
