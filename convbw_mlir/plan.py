@@ -271,7 +271,7 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
             simt = choose_simt_tile(work, tgt)
         return _no_tile(replace(plan, strategy=Strategy.SIMT, simt=simt), opts, "too thin for matrix cores")
     try:
-        tile = choose_tile(work, tgt, intr, k_batch=plan.k_batch, **opts.tile)
+        tile = choose_tile(work, tgt, plan.k_batch, intr, **opts.tile)
     except ValueError as e:
         raise PlanError(str(e)) from None
     if not contraction.is_convolution and contraction.has_split_loop:
@@ -424,7 +424,7 @@ def auto_k_batch(problem: ConvBwdWeightProblem, target: Target) -> int:
         return min(problem.batch, 128)
     if problem.groups > 1:
         return 1
-    tile = choose_tile(problem, target, intr)  # the grid before N is narrowed for the split
+    tile = choose_tile(problem, target, intrinsic=intr)  # the grid before N is narrowed for the split
     k_batch = (target.compute_units * OCCUPANCY) // max(_grid(problem, tile.m, tile.n), 1)
     k_batch = min(k_batch, 128, problem.gemm[3] // MIN_SPLIT_REDUCTION)
     return max(1, k_batch)
@@ -458,7 +458,11 @@ def _pow2_at_least(v: int, lo: int, hi: int) -> int:
 
 
 def choose_tile(
-    problem: ConvBwdWeightProblem, target: Target, intr: Intrinsic, k_batch: int | None = None, **overrides: int
+    problem: ConvBwdWeightProblem,
+    target: Target,
+    k_batch: int | None = None,
+    intrinsic: Intrinsic | None = None,
+    **overrides: int,
 ) -> Tile:
     """Workgroup tile, reduction step, subgroup layout and prefetch depth for ``problem`` on ``target``.
 
@@ -469,11 +473,14 @@ def choose_tile(
     64. With ``k_batch`` (the split already planned), N is halved down to :data:`MIN_OCCUPANCY_TILE_N`
     while ``grid * k_batch`` stays below ``OCCUPANCY`` workgroups a CU, where the target's tile policy
     says so; a policy's accumulator cap halves M instead. ``overrides`` (m, n, k, subgroups_m,
-    subgroups_n, stages) replace any choice.
+    subgroups_n, stages) replace any choice; ``intrinsic`` defaults to :func:`pick_intrinsic`'s.
 
     Raises:
-        ValueError: a tile the intrinsic or the LDS cannot take.
+        ValueError: no intrinsic for the problem, or a tile the intrinsic or the LDS cannot take.
     """
+    intr = intrinsic or pick_intrinsic(problem, target)
+    if intr is None:
+        raise ValueError(f"tile: {target.name} has no matrix instruction for {problem.name} ({problem.dtype})")
     policy = target.tile_policy
     m = _pow2_at_least(problem.out_channels, intr.m, 128)
     n = _pow2_at_least(problem.in_channels, intr.n, 128)

@@ -10,8 +10,7 @@ import dataclasses
 import pytest
 from test_numerics_cpu import MATRIX, P, check
 
-from convbw_mlir.heuristics import (
-    RDNA_ACC_PER_LANE,
+from convbw_mlir.plan import (
     auto_k_batch,
     choose_simt_tile,
     choose_tile,
@@ -166,14 +165,14 @@ def test_auto_picks_the_rows_split_for_thin_problems_on_gpus_only(compiled):
     depthwise = P(8, 2, 1, 1, (64, 128), (3, 3), pad_low=1, pad_high=1)  # partials 0.07 of the inputs
     dense = P(1, 8, 32, 32, (14, 14), (3, 3), pad_low=1, pad_high=1)
     for p, target, want in ((depthwise, "gfx942", '"n,o0"'), (dense, "gfx942", '"n"'), (depthwise, "host", None)):
-        text = lowered_text(p, for_target(target)[:2])  # explicit-gemm, split-k
+        text = lowered_text(p, for_target(target)[:3])  # plan, explicit-gemm, split-k
         assert (f"split_dim = {want}" in text) if want else ("split_dim" not in text)
 
 
 def test_rdna_tiles_hold_at_most_64_accumulators_a_lane_32_in_bf16_and_others_keep_128x128():
     ck1d_b = P(2, 32, 256, 128, (28,), (3,), pad_low=1, pad_high=1)
     rdna = choose_tile(ck1d_b, TARGETS["gfx1100"])
-    assert rdna.m * rdna.n // (rdna.subgroups * TARGETS["gfx1100"].subgroup_size) <= RDNA_ACC_PER_LANE["f16"]
+    assert rdna.m * rdna.n // (rdna.subgroups * TARGETS["gfx1100"].subgroup_size) <= dict(TARGETS["gfx1100"].tile_policy.acc_per_lane)["f16"]
     assert (rdna.m, rdna.n) == (64, 128)
     bf16 = choose_tile(dataclasses.replace(ck1d_b, dtype="bf16", dw_dtype="bf16"), TARGETS["gfx1100"])
     assert (bf16.m, bf16.n) == (32, 128)

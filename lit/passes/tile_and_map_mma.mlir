@@ -1,10 +1,11 @@
-// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile{target=gfx942},convbw-map-mma{target=gfx942})' | FileCheck %s --check-prefix=GFX942
-// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile{target=gfx950 tile-n=32},convbw-map-mma{target=gfx950})' | FileCheck %s --check-prefix=GFX950
-// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile{target=sm_80},convbw-map-mma{target=sm_80})' | FileCheck %s --check-prefix=SM80
-// RUN: %convbw-opt %S/Inputs/conv1x1.mlir --pass-pipeline='builtin.module(convbw-explicit-gemm,convbw-lower-to-linalg,convbw-tile{target=gfx942},convbw-map-mma{target=gfx942})' | FileCheck %s --check-prefix=GEMM
-// RUN: not %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile{target=gfx942 tile-m=24})' 2>&1 | FileCheck %s --check-prefix=BADTILE
-// RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=rows},convbw-lower-to-linalg,convbw-tile{target=sm_80},convbw-map-mma{target=sm_80})' | FileCheck %s --check-prefix=SIMT
-// RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-split-k{k-batch=2},convbw-lower-to-linalg,convbw-tile{target=sm_80},convbw-map-mma{target=sm_80})' | FileCheck %s --check-prefix=SIMTBATCH
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-plan{target=gfx942},convbw-lower-to-linalg,convbw-tile,convbw-map-mma)' | FileCheck %s --check-prefix=GFX942
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-plan{target=gfx950 tile-n=32},convbw-lower-to-linalg,convbw-tile,convbw-map-mma)' | FileCheck %s --check-prefix=GFX950
+// RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-plan{target=sm_80},convbw-lower-to-linalg,convbw-tile,convbw-map-mma)' | FileCheck %s --check-prefix=SM80
+// RUN: %convbw-opt %S/Inputs/conv1x1.mlir --pass-pipeline='builtin.module(convbw-plan{target=gfx942},convbw-explicit-gemm,convbw-lower-to-linalg,convbw-tile,convbw-map-mma)' | FileCheck %s --check-prefix=GEMM
+// RUN: not %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-plan{target=gfx942 tile-m=24},convbw-lower-to-linalg,convbw-tile)' 2>&1 | FileCheck %s --check-prefix=BADTILE
+// RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-plan{target=sm_80 k-batch=rows},convbw-split-k,convbw-lower-to-linalg,convbw-tile,convbw-map-mma)' | FileCheck %s --check-prefix=SIMT
+// RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-plan{target=sm_80 k-batch=2},convbw-split-k,convbw-lower-to-linalg,convbw-tile,convbw-map-mma)' | FileCheck %s --check-prefix=SIMTBATCH
+// RUN: not %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-lower-to-linalg,convbw-tile)' 2>&1 | FileCheck %s --check-prefix=NOPLAN
 
 // K=36 pads to a 64 tile (next power of two, not 128), 4 waves along it; C=8 to one 16-wide intrinsic. IGEMM loops
 // [k, y, x, c, red]: workgroup in elements, subgroup and reduction in intrinsic counts, padding given.
@@ -28,7 +29,7 @@
 // GEMM: strategy = "iree"
 // GEMM-NOT: compilation_info
 
-// BADTILE: error: convbw-tile: tile-m: 24 is not a multiple of 1 subgroups x 16 (MFMA_F32_16x16x16_F16)
+// BADTILE: error: convbw-plan: tile-m: 24 is not a multiple of 1 subgroups x 16 (MFMA_F32_16x16x16_F16)
 
 // Depthwise over a rows split: the SIMT config. Loops [n, o0, g, f0, f1 | o1]: a workgroup of 8 rows x 16
 // groups = 128 threads (whole warps), each thread one (n, o0, g) with all 3x3 taps, o1 reduced serially.
@@ -39,3 +40,6 @@
 // Over a batch split it keeps IREE's own reduction config.
 // SIMTBATCH: convbw.tile = {strategy = "simt"}
 // SIMTBATCH-NOT: compilation_info
+
+// The GPU passes carry out the plan the contraction holds; without one they say which pass makes it.
+// NOPLAN: error: convbw-tile: the contraction has no plan; run convbw-plan before convbw-lower-to-linalg

@@ -36,13 +36,12 @@ def build_op_reads_back_the_problem():
 # CHECK-LABEL: TEST: pipelines_are_one_definition
 @run
 def pipelines_are_one_definition():
-    # CHECK: builtin.module(convbw-explicit-gemm{reduction-innermost=false},
-    # CHECK-SAME: convbw-split-k{k-batch=auto plan-for=host},
-    # CHECK-SAME: convbw-lower-to-linalg{frontend-form=false},canonicalize,cse)
+    # CHECK: builtin.module(convbw-plan{target=host k-batch=auto reduction-innermost=false},
+    # CHECK-SAME: convbw-explicit-gemm,convbw-split-k,convbw-lower-to-linalg{frontend-form=false},canonicalize,cse)
     print(pipeline_text("host"))
-    # CHECK: convbw-split-k{k-batch=auto plan-for=sm_80}
-    # CHECK-SAME: convbw-tile{target=sm_80 gemm=iree grouped=iree},convbw-map-mma{target=sm_80},canonicalize,cse)
-    print(pipeline_text("sm_80"))
+    # CHECK: convbw-plan{target=sm_80 k-batch=8 tile-m=64 reduction-innermost=false}
+    # CHECK-SAME: convbw-tile,convbw-map-mma,canonicalize,cse)
+    print(pipeline_text("sm_80", k_batch=8, tile_m=64))
     # CHECK: builtin.module(convbw-lower-to-linalg{frontend-form=false},cse)
     print(format_pipeline(parse_pipeline("builtin.module(convbw-lower-to-linalg,cse)")))
 
