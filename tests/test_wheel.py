@@ -97,12 +97,26 @@ def test_installed_commands_run_outside_the_checkout(installed, cmd, expected):
     assert expected in _run(cmd, installed["cwd"], installed["env"])
 
 
-def test_installed_bench_reads_a_shipped_suite_compiles_and_runs_it_on_the_host(installed):
+@pytest.fixture(scope="module")
+def host_artifacts(installed) -> Path:
     out = installed["cwd"] / "art"
     cmd = ["convbw", "bench", "--suite", "ck_test_grouped_convnd_bwd_weight", "--filter", "ck1d_f", "--target", "host"]
-    _run([*cmd, "--out", str(out)], installed["cwd"], installed["env"])
-    results = json.loads((out / "results.json").read_text())
-    assert "ck1d_f" in json.dumps(results)
+    _run([*cmd, "--compile-only", "--out", str(out)], installed["cwd"], installed["env"])
+    return out
+
+
+def test_installed_bench_compiles_a_problem_of_a_shipped_suite(host_artifacts):
+    manifest = json.loads((host_artifacts / "manifest.json").read_text())
+    assert [p["name"] for p in manifest["problems"]] == ["ck1d_f"]
+
+
+def test_installed_bench_runner_runs_the_artifacts_without_the_compiler(installed, host_artifacts):
+    # The GPU machine has iree-base-runtime only: make `import iree.compiler` fail, as it would there.
+    code = "import runpy, sys; sys.modules['iree.compiler'] = None; sys.argv[0] = 'run'; "
+    code += "runpy.run_module('convbw_mlir.bench.run', run_name='__main__')"
+    _run([installed["python"], "-c", code, str(host_artifacts), "--no-torch"], installed["cwd"], installed["env"])
+    (problem,) = json.loads((host_artifacts / "results.json").read_text())["problems"]
+    assert problem["name"] == "ck1d_f" and problem["contenders"]["convbw"]["status"] == "ok"
 
 
 def test_installed_convbw_compiles_a_tiny_problem_for_the_host(installed):
