@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--isa-report", action="store_true", help="print the ISA report of a GPU target's kernels")
     comp.set_defaults(func=_cmd_compile)
     bench = sub.add_parser("bench", help="compile every contender of suites (and run them unless --compile-only)")
-    bench.add_argument("--suite", action="append", required=True, help="suite name in bench/suites or a .tsv path")
+    bench.add_argument("--suite", action="append", required=True, help="shipped suite name or .tsv path")
     bench.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
     bench.add_argument("--types", default="f16", help="comma-separated element types (f16,bf16,f32)")
     bench.add_argument("--filter", default="", help="only problems whose name contains this")

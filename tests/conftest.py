@@ -9,7 +9,7 @@ import pytest
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITES = ROOT / "bench" / "suites"
+SUITES = ROOT / "convbw_mlir" / "suites"
 
 _CACHE: dict = {}
 
@@ -25,7 +25,7 @@ def compiled_op(problem: ConvBwdWeightProblem, target: str = "host", **options):
 
 
 def suite(name: str) -> list[tuple[str, str]]:
-    """(name, ckProfiler problem arguments) of bench/suites/<name>.tsv."""
+    """(name, ckProfiler problem arguments) of convbw_mlir/suites/<name>.tsv."""
     rows = []
     for line in (SUITES / f"{name}.tsv").read_text().splitlines():
         if line.strip():

@@ -1,28 +1,35 @@
-"""Problem suites (bench/suites/*.tsv): ``name<TAB>ckProfiler problem arguments``."""
+"""Problem suites (package data ``convbw_mlir/suites/*.tsv``): ``name<TAB>ckProfiler problem arguments``."""
 
 from __future__ import annotations
 
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-__all__ = ["SUITES_DIR", "load_suite"]
+__all__ = ["SUITES_DIR", "load_suite", "suite_names"]
 
-SUITES_DIR = Path(__file__).resolve().parents[2] / "bench" / "suites"
+# Package data, so a wheel install finds the suites as well as a checkout does.
+SUITES_DIR: Traversable = files("convbw_mlir") / "suites"
+
+
+def suite_names() -> list[str]:
+    """Names of the suites shipped with the package (``load_suite`` accepts each)."""
+    return sorted(f.name.removesuffix(".tsv") for f in SUITES_DIR.iterdir() if f.name.endswith(".tsv"))
 
 
 def load_suite(path: str | Path, dtype: str = "f16") -> list[tuple[str, ConvBwdWeightProblem]]:
-    """(name, problem) per line; ``path`` is a file or a suite name in bench/suites.
+    """(name, problem) per line; ``path`` is a .tsv file or the name of a shipped suite.
 
     Raises:
         FileNotFoundError: no such suite. ValueError: a malformed line (with its line number).
     """
-    p = Path(path)
+    p: Path | Traversable = Path(path)
     if not p.is_file():
         p = SUITES_DIR / f"{path}.tsv"
     if not p.is_file():
-        known = ", ".join(sorted(f.stem for f in SUITES_DIR.glob("*.tsv")))
-        raise FileNotFoundError(f"suite: {path} is neither a file nor a suite name ({known})")
+        raise FileNotFoundError(f"suite: {path} is neither a file nor a suite name ({', '.join(suite_names())})")
     out = []
     for i, line in enumerate(p.read_text().splitlines(), 1):
         if not line.strip() or line.startswith("#"):
