@@ -12,6 +12,8 @@ file; a child killed by a signal, or past its time limit, becomes :class:`Compil
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import pickle
 import signal
@@ -63,7 +65,7 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
     """``fn(*args, **kwargs)`` in a child process; its result, or the exception it raised, re-raised here.
 
     Args:
-        fn: a module-level function (or a class's method), pickled by name.
+        fn: a module-level function (or a class's method): the child imports it by name.
         *args, **kwargs: its arguments (picklable).
         what: what is being compiled, for the error message (e.g. ``"<problem> for gfx942"``).
         timeout: seconds before the child is killed; None waits for ever.
@@ -75,7 +77,13 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
     """
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout: must be > 0 seconds, got {timeout!r}")
-    payload = pickle.dumps((fn, args, kwargs))
+    module = fn.__module__
+    if module == "__main__":  # run as `python -m pkg.mod`: the child finds it under its real name
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is None:
+            raise ValueError(f"fn: {fn.__qualname__} is defined in a script; a child process cannot import it")
+        module = spec.name
+    payload = pickle.dumps(((module, fn.__qualname__), args, kwargs))
     fd, result_path = tempfile.mkstemp(prefix="convbw-isolate-", suffix=".pickle")
     os.close(fd)
     result = Path(result_path)
@@ -100,8 +108,9 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
 
 
 def _child(result_path: str) -> None:
-    fn, args, kwargs = pickle.loads(sys.stdin.buffer.read())
+    (module, qualname), args, kwargs = pickle.loads(sys.stdin.buffer.read())
     try:
+        fn = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
         out = ("ok", fn(*args, **kwargs))
     except Exception as e:  # the parent re-raises it
         out = ("error", e)

@@ -109,3 +109,16 @@ def test_isolated_call_rejects_a_non_positive_timeout():
         call(np.zeros, 1, what="x", timeout=0)
     with pytest.raises(ValueError, match="timeout: applies to isolate=True"):
         compile_op(SMALL, "host", timeout=5)
+
+
+def test_isolated_call_finds_a_function_of_a_module_run_with_python_m(tmp_path):
+    # `python -m convbw_mlir.bench.isa_matrix` hands its own functions over: they live in `__main__` there.
+    (tmp_path / "twice_mod.py").write_text(
+        "from convbw_mlir.isolate import call\n"
+        "def twice(x):\n    return 2 * x\n"
+        "if __name__ == '__main__':\n    print(call(twice, 21, what='x'))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-m", "twice_mod"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout == "42\n"
