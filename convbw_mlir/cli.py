@@ -5,7 +5,8 @@
     convbw run -g 2 -n 4 -c 8 -k 16 --input 14x14 --filter 3x3 --pad 1
     convbw compile --ck "..." --target gfx942 --emit linalg -o out.mlir
 
-Errors are one line on stderr and exit code 1.
+Errors are one line on stderr and exit code 1. The IREE compile runs in a child process
+(:mod:`convbw_mlir.isolate`), so that an IREE crash is reported as such.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from convbw_mlir.files import write_atomic
 from convbw_mlir.problem import DEFAULT_LAYOUT, DTYPES, ConvBwdWeightProblem
 
-__all__ = ["ArgumentParser", "add_problem_arguments", "main", "problem_from_args", "run_cli"]
+__all__ = ["ArgumentParser", "add_problem_arguments", "main", "problem_from_args", "run_cli", "write_output"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -28,6 +30,31 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         raise ValueError(f"{self.prog}: {message}")
+
+
+def write_output(path: str, data: bytes | str, flag: str = "-o") -> None:
+    """Write an output file atomically (``-``: stdout).
+
+    Raises:
+        ValueError: it cannot be written; names ``flag`` and ``path``, not the temporary file beside it.
+    """
+    try:
+        write_atomic(path, data)
+    except OSError as e:  # it names the folder or the temporary file beside the path: name the path
+        blocker = next((p for p in Path(path).parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise ValueError(f"{flag}: cannot write {path}: {blocker} is not a folder") from None
+        raise ValueError(f"{flag}: cannot write {path}: {e.strerror or e}") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -120,7 +147,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"problem: {problem.to_ck() if problem.layout_family.ck_code is not None else problem.name}")
     print(f"layout:  {problem.layout_family.spelled(problem.rank)}  types: {problem.dtype} -> {problem.dw_dtype}")
     t0 = time.perf_counter()
-    op = compile_op(problem, args.target)
+    op = compile_op(problem, args.target, isolate=True)
     print(f"compile: {time.perf_counter() - t0:.2f} s for {args.target}")
     x, dy = random_inputs(problem, args.seed)
     kernel = op.kernel(args.device)
@@ -139,17 +166,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir.compiler import CompiledOp, compile_op
+    from convbw_mlir.isolate import call
 
     problem = problem_from_args(args)
     if args.emit == "vmfb" and args.output == "-" and sys.stdout.isatty():
         raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
-    op = compile_op(problem, args.target)
+    op = compile_op(problem, args.target, isolate=True)
     if args.isa_report:
-        print(op.isa_report().summary())
+        print(call(CompiledOp.isa_report, op, what=f"{problem.name} for {args.target}").summary())
         return 0
     data: bytes | str = op.vmfb if args.emit == "vmfb" else op.stages[args.emit]
-    write_atomic(args.output, data)
+    write_output(args.output, data)
     if args.output != "-":
         print(f"wrote {args.output} ({args.emit}, {args.target})", file=sys.stderr)
     return 0
@@ -189,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"one of {', '.join(TARGETS)} (default host)")  # fmt: skip
     run.add_argument("--device", type=int, default=None, help="device index of the target's driver")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--reps", type=int, default=20, help="minimum timed repetitions")
+    run.add_argument("--reps", type=_positive, default=20, help="minimum timed repetitions (>= 1)")
     run.add_argument("--no-verify", action="store_true", help="skip the float64 reference check")
     run.set_defaults(func=_cmd_run)
     comp.add_argument("--emit", choices=["convbw", "linalg", "vmfb"], default="linalg")

@@ -6,8 +6,10 @@ inside :func:`compile_op` and nowhere at module level.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,8 +201,22 @@ class _collect_diagnostics:  # noqa: N801 - used as a context manager, reads lik
         self._handler.detach()
 
 
-def compile_module(module_text: str | bytes, target: Target | str, extra_flags: list[str] | None = None) -> bytes:
+def compile_module(
+    module_text: str | bytes,
+    target: Target | str,
+    extra_flags: list[str] | None = None,
+    source_name: str = "source.mlir",
+) -> bytes:
     """Compile MLIR (text or bytecode of linalg on tensors) to a vmfb in process through iree.compiler.api.
+
+    IREE crashes the process on some inputs (unregistered ops, some LLVM aborts): run this through
+    :func:`convbw_mlir.isolate.call` where the input is not trusted.
+
+    Args:
+        module_text: the module, MLIR text or bytecode.
+        target: a target name or :class:`Target`.
+        extra_flags: more IREE compiler flags.
+        source_name: the file name IREE's diagnostics give as location.
 
     Raises:
         CompileError: IREE's diagnostics.
@@ -215,13 +231,69 @@ def compile_module(module_text: str | bytes, target: Target | str, extra_flags: 
     except Exception as e:
         raise CompileError(f"flags: {e}") from None
     inv = session.invocation()
-    with _collect_diagnostics(session.context) as diags:
-        source = api.Source.wrap_buffer(session, module_text.encode() if isinstance(module_text, str) else module_text)
+    with _iree_diagnostics(inv) as diags:
+        data = module_text.encode() if isinstance(module_text, str) else module_text
+        source = api.Source.wrap_buffer(session, data, buffer_name=source_name)
         if not inv.parse_source(source) or not inv.execute():
             raise CompileError("\n".join(diags) or f"IREE failed to compile for {target.name}")
         out = api.Output.open_membuffer()
         inv.output_vm_bytecode(out)
         return bytes(out.map_memory())
+
+
+_SEVERITY = {0: "note", 1: "warning", 2: "error", 3: "remark"}  # embedding_api.h: iree_compiler_diagnostic_severity_t
+_FILE_LOC = re.compile(r"^(\S+:\d+:\d+): (.*)$", re.S)
+
+
+def _split_location(text: str) -> tuple[str, str]:
+    """``("file:1:2", message)`` or ``("loc(...)", message)`` from IREE's "loc: message"; ``("", text)``."""
+    if m := _FILE_LOC.match(text):
+        return m.group(1), m.group(2)
+    if text.startswith("loc("):
+        depth, quoted = 0, False
+        for i, ch in enumerate(text):
+            quoted = quoted != (ch == '"')
+            depth += 0 if quoted else (ch == "(") - (ch == ")")
+            if depth == 0 and not quoted and text[i + 1 : i + 3] == ": ":
+                return text[: i + 1], text[i + 3 :]
+    return "", text
+
+
+class _iree_diagnostics:  # noqa: N801 - used as a context manager, reads like a function
+    """Capture an IREE invocation's diagnostics as ``loc: severity: message`` lines.
+
+    IREE calls a context's diagnostic handler from its worker threads and from inside ctypes calls
+    that released the GIL; an MLIR-bindings handler then aborts the interpreter ("PyThreadState_Get:
+    the GIL is released"). A ctypes callback takes the GIL itself, so IREE's C callback API is used.
+    The invocation is closed on exit, while the callback is still alive.
+    """
+
+    def __init__(self, inv: Any) -> None:
+        self.inv = inv
+        self.lines: list[str] = []
+
+    def _add(self, severity: int, message: int, size: int, _user: int) -> None:
+        # IREE formats a diagnostic as "loc: message", its notes as further paragraphs.
+        text = ctypes.string_at(message, size).decode(errors="replace")
+        sev = _SEVERITY.get(severity, "error")
+        for i, para in enumerate(p.strip() for p in text.split("\n\n") if p.strip()):
+            loc, message = _split_location(para)
+            self.lines.append(f"{loc}: {sev if i == 0 else 'note'}: {message}" if loc else f"{sev}: {message}")
+
+    def __enter__(self) -> list[str]:
+        from iree.compiler.api import ctypes_dl
+
+        callback_t = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+        enable = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, callback_t, ctypes.c_void_p)(
+            ("ireeCompilerInvocationEnableCallbackDiagnostics", ctypes_dl._dylib)
+        )
+        self._callback = callback_t(self._add)
+        enable(self.inv._inv_p, 0, self._callback, None)
+        return self.lines
+
+    def __exit__(self, *exc: Any) -> None:
+        self.inv.close()  # IREE may still report while the invocation lives: close it first
+        self._callback = None
 
 
 @dataclass
@@ -270,6 +342,9 @@ def compile_op(
     problem: ConvBwdWeightProblem,
     target: str = "host",
     extra_flags: list[str] | None = None,
+    *,
+    isolate: bool = False,
+    timeout: float | None = None,
     **options: Any,
 ) -> CompiledOp:
     """Compile ``problem`` for ``target`` through the target's pipeline and IREE.
@@ -278,12 +353,24 @@ def compile_op(
         problem: the problem.
         target: ``host``, an AMD ``gfx*`` or an NVIDIA ``sm_*`` name (see :data:`convbw_mlir.targets.TARGETS`).
         extra_flags: more IREE compiler flags.
+        isolate: compile in a child process (:mod:`convbw_mlir.isolate`), so that an IREE crash raises
+            :class:`CompileError` here instead of ending this process.
+        timeout: with ``isolate``, seconds before the child is killed (None: no limit).
         **options: pass options for the target pipeline (see :func:`convbw_mlir.pipelines.for_target`).
 
     Raises:
         ValueError: unknown target or option.
-        CompileError: a pass or IREE failed.
+        CompileError: a pass or IREE failed; with ``isolate``, also IREE crashed or timed out
+            (:class:`convbw_mlir.isolate.CompilerCrash`).
     """
+    if isolate:
+        from convbw_mlir.isolate import call
+
+        get_target(target)  # a bad name is the caller's ValueError, before a child starts
+        what = f"{problem.name} for {target}"
+        return call(compile_op, problem, target, extra_flags, what=what, timeout=timeout, **options)
+    if timeout is not None:
+        raise ValueError("timeout: applies to isolate=True compiles only")
     import iree.compiler
 
     from convbw_mlir.dialects import convbw

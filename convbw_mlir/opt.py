@@ -8,24 +8,27 @@
 
 A failing pass prints its diagnostics (file:line:col), writes a reproducer (the IR the failing pass
 saw, with the replay command in its first line) next to the output, and exits with code 1.
+``--emit=vmfb|isa`` compiles in a child process (:mod:`convbw_mlir.isolate`): an IREE crash is an error
+line, not the end of the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.cli import ArgumentParser, add_problem_arguments, problem_from_args, run_cli
-from convbw_mlir.files import write_atomic
+from convbw_mlir.cli import ArgumentParser, add_problem_arguments, problem_from_args, run_cli, write_output
 
 __all__ = ["main"]
 
 SPLIT_MARKER = re.compile(r"^// -----\s*$", re.M)
 _LOC = re.compile(r'"([^"]*)":(\d+):(\d+)')
+_CONVBW_OP = re.compile(r'"(convbw\.\w+)"\s*\(')  # a convbw op in generic form (they are unregistered)
 
 
 class OptError(ValueError):
@@ -177,7 +180,9 @@ def _run_chunk(chunk: Chunk, args: argparse.Namespace, pipeline: list, io: dict)
                     return None, collector.diagnostics
                 if args.mlir_print_ir_after_all or element.argument in args.mlir_print_ir_after:
                     io["stderr"].write(_ir_dump(f"After {name}", module))
-            return str(module), collector.diagnostics
+            # IREE's diagnostics then point into the input file (or the problem) rather than a reprint.
+            text = module.operation.get_asm(enable_debug_info=True) if args.emit != "mlir" else str(module)
+            return text, collector.diagnostics
     finally:
         handle.detach()
 
@@ -192,7 +197,11 @@ def _write_reproducer(args: argparse.Namespace, ir_text: str, pipeline: str, io:
     if args.reproducer:
         path = Path(args.reproducer)
     command = f"convbw-opt {path} --pass-pipeline='{pipeline}'"
-    write_atomic(str(path), f"// Reproducer: {command}\n{ir_text}")
+    try:
+        write_output(str(path), f"// Reproducer: {command}\n{ir_text}", flag="--reproducer")
+    except ValueError as e:  # the pass error it was meant to record is still reported, and exits 1
+        io["stderr"].write(f"convbw-opt: error: {e}\n")
+        return
     io["stderr"].write(f"convbw-opt: reproducer written to {path}; replay with: {command}\n")
 
 
@@ -245,8 +254,17 @@ def _pipeline(args: argparse.Namespace) -> list:
     if args.pass_pipeline and args.convbw_pipeline:
         raise ValueError("--pass-pipeline: give --pass-pipeline or --convbw-pipeline, not both")
     if args.convbw_pipeline:
-        return for_target(args.convbw_pipeline)
-    return parse_pipeline(args.pass_pipeline) if args.pass_pipeline else []
+        pipeline = for_target(args.convbw_pipeline)
+    else:
+        pipeline = parse_pipeline(args.pass_pipeline) if args.pass_pipeline else []
+    known = [e.argument for e in pipeline]
+    for flag, names in (("--mlir-print-ir-before", args.mlir_print_ir_before),
+                        ("--mlir-print-ir-after", args.mlir_print_ir_after)):  # fmt: skip
+        for name in names:
+            if name not in known:
+                listed = ", ".join(dict.fromkeys(known)) or "none (no pipeline given)"
+                raise ValueError(f"{flag}: no pass {name!r} in the pipeline; its passes: {listed}")
+    return pipeline
 
 
 def _read_input(args: argparse.Namespace) -> tuple[str, str]:
@@ -303,21 +321,30 @@ def _main(args: argparse.Namespace) -> int:
         return 1
     if args.emit == "mlir" and outputs and (not failed or args.split_input_file):
         # As mlir-opt: with --split-input-file the chunks that passed are still written.
-        write_atomic(args.output, "// -----\n".join(outputs))
+        write_output(args.output, "// -----\n".join(outputs))
     if failed or args.emit == "mlir":
         return int(failed)
-    return _emit_compiled(outputs[0], target, args)
+    return _emit_compiled(outputs[0], target, filename, args)
 
 
-def _emit_compiled(ir_text: str, target: str, args: argparse.Namespace) -> int:
+def _emit_compiled(ir_text: str, target: str, filename: str, args: argparse.Namespace) -> int:
     from convbw_mlir.compiler import compile_module, executable_intermediates
+    from convbw_mlir.isolate import call
 
+    remaining = sorted(set(_CONVBW_OP.findall(ir_text)))
+    if remaining:  # IREE does not know them and segfaults on them
+        how = f"--convbw-pipeline={target}" if target else "--convbw-pipeline=<target>"
+        raise ValueError(f"--emit={args.emit}: the module still holds {', '.join(remaining)} ops; "
+                         f"lower them first, e.g. {how}")  # fmt: skip
+    if args.emit == "vmfb" and args.output == "-" and sys.stdout.isatty():
+        raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
+    what = f"{filename} for {target}"
+    # The bindings parse text as file "-": name the input file, so that IREE's errors point into it.
+    ir_text = re.sub(r'\bloc\("-":(?=\d)', lambda _: f"loc({json.dumps(filename)}:", ir_text)
     if args.emit == "vmfb":
-        if args.output == "-" and sys.stdout.isatty():
-            raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
-        write_atomic(args.output, compile_module(ir_text, target))
+        write_output(args.output, call(compile_module, ir_text, target, source_name=filename, what=what))
     else:
-        write_atomic(args.output, executable_intermediates(ir_text, target).isa)
+        write_output(args.output, call(executable_intermediates, ir_text, target, what=what).isa)
     return 0
 
 

@@ -58,6 +58,14 @@ def test_compile_emits_linalg_and_vmfb(tmp_path, capsys):
             "convbw: error: layout: 'NGCHW' is ambiguous",
         ),
         (["run", "--ck", "1 1 1 4 4 3 8 1 1 0 0", "--layout", "NCWH"], "convbw: error: layout: unknown layout 'NCWH'"),
+        (
+            ["run", "--ck", "1 1 1 4 4 3 8 1 1 0 0", "--reps", "-5"],
+            "convbw: error: convbw run: argument --reps: must be >= 1, got -5",
+        ),
+        (
+            ["run", "--ck", "1 1 1 4 4 3 8 1 1 0 0", "--reps", "0"],
+            "convbw: error: convbw run: argument --reps: must be >= 1, got 0",
+        ),
     ],
 )
 def test_errors_are_one_line_and_exit_code_1(argv, message, capsys):
@@ -90,3 +98,20 @@ def test_output_to_a_device_or_fifo_writes_through_and_never_replaces_it(tmp_pat
     assert got == [b"module {}\n"]
     assert stat.S_ISFIFO(fifo.stat().st_mode)  # still the fifo, not a regular file moved over it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_iree_failure_is_one_error_line_and_the_command_exits_1():
+    # IREE rejects the 2**63-byte tensors from its worker threads: this aborted Python (exit 134).
+    argv = ["compile", "-n", "1", "-c", "1", "-k", "1", "--input", "4611686018427387904", "--filter", "1"]
+    res = subprocess.run([sys.executable, "-m", "convbw_mlir", *argv], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.startswith("convbw: error: ") and res.stderr.count("\n") == 1
+    assert "Fatal Python error" not in res.stderr and "Traceback" not in res.stderr
+
+
+def test_output_errors_name_the_output_path_not_a_temporary_file_or_its_folder(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "k.mlir"
+    assert main(["compile", "--ck", "1 1 2 4 4 3 8 1 1 0 0", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"convbw: error: -o: cannot write {out}: {tmp_path / 'file'} is not a folder\n"

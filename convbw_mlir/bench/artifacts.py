@@ -229,14 +229,17 @@ def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, fol
 def _compile_isolated(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path,
                       contenders: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
     """compile_contenders in a child process: IREE 3.13 crashes on some inputs, which must not end the run."""
-    import subprocess
+    from convbw_mlir.isolate import CompilerCrash, call
 
-    args = [json.dumps(problem.to_dict()), key, target, str(folder), ";".join(contenders)]
-    res = subprocess.run([sys.executable, "-m", "convbw_mlir.bench.artifacts", *args], capture_output=True, text=True)
-    if res.returncode == 0:
-        return json.loads(res.stdout.strip().splitlines()[-1])
+    try:
+        records = call(compile_contenders, problem, key, target, folder, contenders, what=f"{key} for {target}")
+        return json.loads(json.dumps(records))  # as the manifest holds them
+    except CompilerCrash as e:
+        status = e.returncode
+    except Exception:  # one compile_contenders does not record: the child's exit status 1, as a crash
+        status = 1
     if len(contenders) == 1:
-        return {contenders[0]: {"ok": False, "error": f"compiler crashed (exit {res.returncode})"}}
+        return {contenders[0]: {"ok": False, "error": f"compiler crashed (exit {status})"}}
     out: dict[str, Any] = {}
     for c in contenders:  # find the one that crashes
         out |= _compile_isolated(problem, key, target, folder, (c,))
@@ -287,15 +290,3 @@ def _config_of(text: str) -> dict[str, Any]:
         for k, v in re.findall(r'(\w+) = ("[^"]*"|\d+)', m.group(1)):
             cfg[k] = v.strip('"') if v.startswith('"') else int(v)
     return cfg
-
-
-if __name__ == "__main__":  # the child of _compile_isolated
-    _problem, _key, _target, _folder, _contenders = sys.argv[1:6]
-    _records = compile_contenders(
-        ConvBwdWeightProblem.from_dict(json.loads(_problem)),
-        _key,
-        _target,
-        Path(_folder),
-        tuple(_contenders.split(";")),  # a contender may hold "convbw:a=1,b=2"
-    )
-    print(json.dumps(_records))

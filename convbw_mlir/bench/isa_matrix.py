@@ -4,8 +4,8 @@ tabulate the ISA report: the acceptance matrix of the GPU code generation (no GP
     python -m convbw_mlir.bench.isa_matrix [--suite NAME ...] [--types f16,bf16] [--targets ...]
         [--jobs 2] [--out bench/results/isa_<date>]
 
-Each (problem, type) is compiled in a child process, so that a compiler crash (IREE 3.13 segfaults on
-some inputs) is recorded as such instead of ending the run.
+Each (problem, type) is compiled in a child process (:mod:`convbw_mlir.isolate`), so that a compiler
+crash (IREE 3.13 segfaults on some inputs) is recorded as such instead of ending the run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,29 +62,24 @@ def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
     }
 
 
-def _child(args: list[str]) -> None:
-    ck, dtype, targets, flavors = args[0], args[1], args[2].split(","), args[3].split(",")
-    out = {f"{t}/{f}": compile_one(ck, dtype, t, f) for t in targets for f in flavors}
-    print(json.dumps(out))
+def compile_many(ck: str, dtype: str, targets: list[str], flavors: list[str]) -> dict:
+    """In this process: :func:`compile_one` for every target and flavor, keyed ``target/flavor``."""
+    return {f"{t}/{f}": compile_one(ck, dtype, t, f) for t in targets for f in flavors}
 
 
 def _run_job(ck: str, dtype: str, targets: list[str], flavors: list[str]) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "convbw_mlir.bench.isa_matrix",
-        "--child",
-        ck,
-        dtype,
-        ",".join(targets),
-        ",".join(flavors),
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode == 0:
-        return json.loads(res.stdout.strip().splitlines()[-1])
+    from convbw_mlir.isolate import CompilerCrash, call
+
+    try:
+        out = call(compile_many, ck, dtype, targets, flavors, what=f"'{ck}' ({dtype}) for {','.join(targets)}")
+        return json.loads(json.dumps(out))  # as the results file holds them
+    except CompilerCrash as e:
+        status = e.returncode
+    except Exception:  # compile_one records every error; anything else ended the child with status 1
+        status = 1
     if len(targets) * len(flavors) == 1:
-        return {f"{targets[0]}/{flavors[0]}": {"ok": False, "error": f"compiler crashed (exit {res.returncode})"}}
-    out: dict = {}  # find the crashing compile(s): one child each
+        return {f"{targets[0]}/{flavors[0]}": {"ok": False, "error": f"compiler crashed (exit {status})"}}
+    out = {}  # find the crashing compile(s): one child each
     for t in targets:
         for f in flavors:
             out |= _run_job(ck, dtype, [t], [f])
@@ -168,9 +162,6 @@ def _iree_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--child":
-        _child(argv[1:])
-        return 0
     from convbw_mlir.bench.suites import load_suite
 
     ap = argparse.ArgumentParser(prog="python -m convbw_mlir.bench.isa_matrix")

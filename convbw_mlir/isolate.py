@@ -1,0 +1,126 @@
+"""Run a compile in a child process, so that an IREE crash does not end the caller.
+
+IREE 3.13 kills the compiling process on some inputs (a segfault on unregistered ops, LLVM aborts such
+as "Cannot select"). :func:`call` runs a function in ``python -m convbw_mlir.isolate``: the function and
+its arguments go in pickled on stdin, the result (or the exception it raised) comes back pickled in a
+file; a child killed by a signal, or past its time limit, becomes :class:`CompilerCrash`.
+
+    vmfb = call(compile_module, text, "host", what="conv.mlir for host")
+
+``compile_op(..., isolate=True)``, the CLI and the batch builds of ``convbw_mlir.bench`` all use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from convbw_mlir.compiler import CompileError
+
+__all__ = ["CompilerCrash", "call"]
+
+
+class CompilerCrash(CompileError):
+    """The child process died (a signal or a non-zero exit) or ran past its time limit.
+
+    Attributes:
+        returncode: the child's exit status (negative: the signal), None after a timeout.
+        stderr: what the child wrote to stderr.
+    """
+
+    def __init__(self, message: str, returncode: int | None, stderr: str = "") -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr = stderr
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.returncode, self.stderr))
+
+
+def _how(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit {returncode}"
+
+
+def _last_line(text: str) -> str:
+    # The last thing a dying compiler says ("LLVM ERROR: Cannot select ...") is the useful part.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith((" ", "\t", "#"))]
+    return lines[-1][:300] if lines else ""
+
+
+def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = None, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a child process; its result, or the exception it raised, re-raised here.
+
+    Args:
+        fn: a module-level function (or a class's method): the child imports it by name.
+        *args, **kwargs: its arguments (picklable).
+        what: what is being compiled, for the error message (e.g. ``"<problem> for gfx942"``).
+        timeout: seconds before the child is killed; None waits for ever.
+
+    Raises:
+        CompilerCrash: the child died ("IREE crashed (SIGSEGV) compiling <what>") or timed out.
+        ValueError: ``timeout`` is not positive.
+        Exception: whatever ``fn`` raised in the child (CompileError, ValueError, ...).
+    """
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout: must be > 0 seconds, got {timeout!r}")
+    module = fn.__module__
+    if module == "__main__":  # run as `python -m pkg.mod`: the child finds it under its real name
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is None:
+            raise ValueError(f"fn: {fn.__qualname__} is defined in a script; a child process cannot import it")
+        module = spec.name
+    payload = pickle.dumps(((module, fn.__qualname__), args, kwargs))
+    fd, result_path = tempfile.mkstemp(prefix="convbw-isolate-", suffix=".pickle")
+    os.close(fd)
+    result = Path(result_path)
+    try:
+        cmd = [sys.executable, "-m", "convbw_mlir.isolate", result_path]
+        try:
+            res = subprocess.run(cmd, input=payload, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            err = (e.stderr or b"").decode(errors="replace")
+            raise CompilerCrash(f"IREE timed out after {timeout:g} s compiling {what}", None, err) from None
+        err = res.stderr.decode(errors="replace")
+        if res.returncode != 0 or result.stat().st_size == 0:
+            tail = _last_line(err)
+            message = f"IREE crashed ({_how(res.returncode)}) compiling {what}" + (f": {tail}" if tail else "")
+            raise CompilerCrash(message, res.returncode, err)
+        status, value = pickle.loads(result.read_bytes())
+    finally:
+        result.unlink(missing_ok=True)
+    if status == "error":
+        raise value
+    return value
+
+
+def _child(result_path: str) -> None:
+    (module, qualname), args, kwargs = pickle.loads(sys.stdin.buffer.read())
+    try:
+        fn = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+        out = ("ok", fn(*args, **kwargs))
+    except Exception as e:  # the parent re-raises it
+        out = ("error", e)
+    try:
+        data = pickle.dumps(out)
+    except Exception as e:  # what does not pickle: its type and message still travel
+        what = f"{type(out[1]).__name__}: {out[1]}" if out[0] == "error" else f"the result did not pickle: {e}"
+        data = pickle.dumps(("error", CompileError(what)))
+    Path(result_path).write_bytes(data)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
