@@ -199,6 +199,9 @@ def sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarra
     """dW in float64 at the given dW indices only: one dot product over the reduction (N and the output
     positions a tap sees inside the input) per entry, reading x and dy in place.
 
+    Entries of one group and filter tap share one pass over that tap's window of x and dy, the
+    channels innermost, so a channels-last x is read in memory order once per (group, tap).
+
     Args:
         problem: the problem.
         x, dy: the inputs, in the problem's layout.
@@ -212,21 +215,19 @@ def sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarra
     """
     p = problem
     idx = _dw_indices(p, indices)
-    xc = _canonical(p, x, "x", "GNCS")  # views: [G, N, C, in...]
-    dyc = _canonical(p, dy, "dy", "GNKS")  # [G, N, K, out...]
+    xc = _canonical(p, x, "x", "GNSC")  # views: [G, N, in..., C]
+    dyc = _canonical(p, dy, "dy", "GNSK")  # [G, N, out..., K]
     letters = p.dims("dw")
     pos = {d: letters.index(d) for d in letters}
     taps = [pos[d] for d in "ZYX"[-p.rank :]]
-    per_image = max(1, math.prod(p.output_size))
-    rows = max(1, _CHUNK // per_image)  # images per partial dot product
+    groups = idx[:, pos["G"]] if "G" in pos else np.zeros(len(idx), np.int64)
+    by_tap: dict[tuple[int, ...], list[int]] = {}
+    for i, key in enumerate(zip(groups.tolist(), *(idx[:, t].tolist() for t in taps))):
+        by_tap.setdefault(key, []).append(i)
     out = np.zeros(len(idx))
-    for i, index in enumerate(idx):
-        g = int(index[pos["G"]]) if "G" in pos else 0
-        k, c = int(index[pos["K"]]), int(index[pos["C"]])
+    for (g, *tap), members in by_tap.items():
         xs, ds = [], []
-        for f, s, d, lo, size, osize in zip(
-            (int(index[t]) for t in taps), p.stride, p.dilation, p.pad_low, p.input_size, p.output_size
-        ):
+        for f, s, d, lo, size, osize in zip(tap, p.stride, p.dilation, p.pad_low, p.input_size, p.output_size):
             # output positions o whose input position o * s + f * d - lo lies inside the input
             first = max(0, -((f * d - lo) // s))
             last = min(osize - 1, (size - 1 + lo - f * d) // s)
@@ -234,10 +235,15 @@ def sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarra
                 break
             xs.append(slice(first * s + f * d - lo, last * s + f * d - lo + 1, s))
             ds.append(slice(first, last + 1))
-        else:
-            xv, dv = xc[(g, slice(None), c, *xs)], dyc[(g, slice(None), k, *ds)]
-            out[i] = sum(
-                np.vdot(xv[n : n + rows].astype(np.float64).ravel(), dv[n : n + rows].astype(np.float64).ravel())
-                for n in range(0, p.batch, rows)
-            )
+        else:  # the tap sees some input: sum over images a chunk at a time
+            xv, dv = xc[(g, slice(None), *xs)], dyc[(g, slice(None), *ds)]  # [N, o..., C], [N, o..., K]
+            cs, ks = idx[members, pos["C"]], idx[members, pos["K"]]
+            rows = max(1, _CHUNK // max(1, len(members) * math.prod(dv.shape[1:-1])))
+            acc = np.zeros(len(members))
+            for n in range(0, p.batch, rows):
+                # f16/bf16 -> f32 is exact and SIMD in numpy (-> f64 is not); einsum multiplies in f64
+                xm = np.take(xv[n : n + rows], cs, axis=-1).astype(np.float32).reshape(-1, len(members))
+                dm = np.take(dv[n : n + rows], ks, axis=-1).astype(np.float32).reshape(-1, len(members))
+                acc += np.einsum("ij,ij->j", xm, dm, dtype=np.float64)
+            out[members] = acc
     return out
