@@ -32,9 +32,6 @@ import numpy as np
 
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.reference import sample_indices, sample_reference, tolerance
-from convbw_mlir.runtime import format_bytes
-
-GiB = 2**30
 
 
 def cases(tiny: bool = False) -> dict[str, ConvBwdWeightProblem]:
@@ -66,7 +63,7 @@ def compile_all(out: Path, target: str, tiny: bool, only: str) -> None:
         t0 = time.perf_counter()
         op = compile_op(p, target)
         op.save(out / name)
-        sizes = ", ".join(f"{t} {format_bytes(math.prod(p.shape(t)) * DTYPES[p.dtype])}" for t in ("x", "dy"))
+        sizes = ", ".join(f"{t} {math.prod(p.shape(t)) * DTYPES[p.dtype]:,} B" for t in ("x", "dy"))
         print(f"{name}: {p.to_ck()} ({sizes}) compiled for {target} in {time.perf_counter() - t0:.1f} s")
     (out / "cases.json").write_text(json.dumps({"target": target, "tiny": tiny}) + "\n")
 
@@ -121,7 +118,7 @@ def run_all(art: Path, samples: int, seed: int, device: int | None, only: str) -
         else:
             verdict = "PASS" if row["ok"] else "WRONG"
             print(
-                f"{row['case']}: x {format_bytes(row['x_bytes'])}, dy {format_bytes(row['dy_bytes'])}: "
+                f"{row['case']}: x {row['x_bytes']:,} B, dy {row['dy_bytes']:,} B: "
                 f"max error {row['max_error']} over {row['samples']} samples (tolerance {row['tolerance']:.3g}) "
                 f"{verdict}; run {row['run_s']} s, inputs {row['inputs_s']} s, reference {row['reference_s']} s"
             )

@@ -134,3 +134,44 @@ def test_cli_sizes_over_int64_are_one_line_naming_the_field(argv, message, capsy
     assert main(["run", *[a for kv in base.items() for a in kv]]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"convbw: error: {message}") and err.count("\n") == 1
+
+
+# -- bench/large_operands.py, its cases shrunk (--tiny) and run on the CPU -------------------------------
+
+
+def _large_operands():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "large_operands.py"
+    spec = importlib.util.spec_from_file_location("large_operands", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_large_operand_cases_cross_2_and_4_gib():
+    sizes = {name: dict(buffers(p)) for name, p in _large_operands().cases().items()}
+    assert sizes["x_under_2g"]["x"] < 2**31 - 1 < sizes["x_over_2g"]["x"] < 2**32 < sizes["x_over_4g"]["x"]
+    assert sizes["gemm_x_over_4g"]["x"] > 2**32 and "x padded" not in sizes["gemm_x_over_4g"]
+    assert sizes["dy_over_4g"]["dy"] > 2**32 > 2**31 > sizes["dy_over_4g"]["x"]
+
+
+def test_large_operands_script_compiles_runs_and_catches_a_wrong_entry(tmp_path, monkeypatch, capsys):
+    from convbw_mlir.compiler import CompiledOp
+
+    bench = _large_operands()
+    args = ["--tiny", "--target", "host", "--filter", "gemm"]
+    assert bench.main(["--compile-only", "--out", str(tmp_path), *args]) == 0
+    assert bench.main(["--run", str(tmp_path), "--samples", "16", "--filter", "gemm"]) == 0
+    assert "gemm_x_over_4g: x 4,147,200 B, dy 4,147,200 B: max error" in capsys.readouterr().out
+    run = CompiledOp.run
+
+    def one_wrong_entry(self, x, dy, device=None):
+        dw = run(self, x, dy, device)
+        dw[-1, -1, -1, -1, -1] += 1.0  # the last entry is always sampled
+        return dw
+
+    monkeypatch.setattr(CompiledOp, "run", one_wrong_entry)
+    assert bench.main(["--run", str(tmp_path), "--samples", "16"]) == 1
+    assert "WRONG" in capsys.readouterr().out
