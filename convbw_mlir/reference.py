@@ -30,7 +30,7 @@ __all__ = [
 # same rounded values), so what differs is the rounding of dW itself and the f32 accumulation order.
 _EPS = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24}
 
-# Elements drawn or summed at a time: bounds the float32/float64 scratch of the large-array paths (64 MiB).
+# Elements drawn or gathered at a time: bounds the float32 scratch of the large-array paths (32 MiB).
 _CHUNK = 1 << 23
 
 

@@ -38,7 +38,7 @@ def test_every_target_backend_has_limits_with_sources():
 def test_iree_313_takes_operands_over_2_and_4_gib_on_every_backend():
     over_4g = OVER_2G.with_(batch=16)
     assert dict(buffers(UNDER_2G))["x"] < 2**31 < dict(buffers(OVER_2G))["x"] < 2**32 < dict(buffers(over_4g))["x"]
-    for target in ("host", "gfx942", "sm_80"):
+    for target in ("host", "gfx942", "sm_80", TARGETS["sm_80"]):  # a name, or the Target compile_op holds
         for p in (UNDER_2G, OVER_2G, over_4g):
             check_limits(p, target)
     assert LIMITS["hip"].buffer_instruction_bytes == INT32_MAX  # the 32-bit path AMD leaves above 2 GiB
