@@ -11,7 +11,7 @@ from convbw_mlir import limits
 from convbw_mlir.cli import main
 from convbw_mlir.limits import INT32_MAX, LIMITS, MAX_BINDING_BYTES, buffers, check_limits
 from convbw_mlir.problem import INT64_MAX, ConvBwdWeightProblem
-from convbw_mlir.reference import random_inputs, reference
+from convbw_mlir.reference import random_inputs, reference, reference_bytes
 from convbw_mlir.runtime import NotEnoughMemoryError, available_memory, check_memory
 from convbw_mlir.targets import TARGETS
 
@@ -90,6 +90,25 @@ def test_random_inputs_refuse_arrays_that_do_not_fit_before_allocating_them(monk
     with_available(monkeypatch, 3 * GiB)
     with pytest.raises(NotEnoughMemoryError, match=r"^dy: 2.0 GiB needed \(4.0 GiB with the 2.0 GiB before it\)"):
         random_inputs(OVER_2G)
+
+
+@pytest.mark.parametrize(
+    "p",
+    [
+        ConvBwdWeightProblem(1, 8, 32, 32, (64, 64), (3, 3), pad_low=1, pad_high=1),
+        ConvBwdWeightProblem(2, 4, 16, 64, (40, 40), (1, 1)),
+        ConvBwdWeightProblem(1, 8, 32, 32, (64, 64), (3, 3), stride=2, layout=0),
+    ],
+)
+def test_reference_bytes_estimates_the_peak_numpy_allocates(p):
+    x, dy = random_inputs(p)
+    tracemalloc.start()
+    try:
+        reference(p, x, dy)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak * 0.99 <= reference_bytes(p) <= peak * 1.3
 
 
 def test_reference_refuses_float64_copies_that_do_not_fit(monkeypatch):
