@@ -77,7 +77,7 @@ class CompiledOp:
             TypeError / ValueError: arrays of the wrong dtype or shape.
             runtime.DeviceError: no device for the target's driver.
         """
-        x, dy = runtime.check_inputs(self.problem, x, dy)
+        x, dy = runtime.check_inputs(self.problem, x, dy, driver=self.driver)
         return self.kernel(device).run(x, dy).astype(runtime.numpy_dtype(self.problem.dw_dtype), copy=False)
 
     def isa_report(self):  # -> convbw_mlir.isa.IsaReport

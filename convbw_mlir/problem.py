@@ -10,11 +10,13 @@ in :mod:`convbw_mlir.formats`.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 __all__ = [
     "DTYPES",
+    "INT64_MAX",
     "LAYOUTS",
     "ConvBwdWeightProblem",
     "Layout",
@@ -23,6 +25,9 @@ __all__ = [
 
 #: Element types of x / dy / dw, with their size in bytes. Accumulation is always f32.
 DTYPES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4}
+
+#: Largest size and byte count a problem may have: MLIR shapes, IREE's buffer sizes and numpy's are int64.
+INT64_MAX = 2**63 - 1
 
 _SPATIAL_IN = "DHW"  # input/output spatial letters, outermost first
 _SPATIAL_FILTER = "ZYX"  # filter spatial letters
@@ -105,20 +110,50 @@ def resolve_layout(spec: str | int, rank: int | None = None) -> Layout:
     raise ValueError(f"layout: unknown layout {spec!r}; known: {known}, aliases {', '.join(_LAYOUT_ALIASES)}")
 
 
-def _as_tuple(name: str, value: Any, rank: int) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * rank
+def _int(name: str, value: Any, whole: Any = None) -> int:
+    """``value`` as a Python int: ints and numpy integers (0-d integer arrays too); not bools or floats.
+
+    Raises:
+        TypeError: not an integer, naming ``name`` and ``whole`` (the value the user gave).
+    """
+    if not isinstance(value, bool):
+        try:
+            number = operator.index(value)  # the integer protocol: numpy integers have it, floats do not
+        except TypeError:
+            pass
+        else:
+            if number > INT64_MAX:
+                raise ValueError(f"{name}: {number} does not fit in int64 (max {INT64_MAX})")
+            return number
+    shown = value if whole is None else whole
+    raise TypeError(f"{name}: expected ints, got {shown!r}")
+
+
+def _ints(name: str, value: Any) -> tuple[int, ...] | int:
+    """An int (a scalar) or a tuple of ints (a 1-D sequence or integer array), as Python ints.
+
+    Raises:
+        TypeError: neither, naming ``name`` and the value.
+    """
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name}: expected an int or a sequence of ints, got {value!r}")
     try:
-        if isinstance(value, (str, bytes)):
-            raise TypeError
+        return _int(name, value)
+    except TypeError:
+        pass
+    try:
         items = tuple(value)
     except TypeError:
-        raise TypeError(f"{name}: expected an int or a sequence of {rank} ints, got {value!r}") from None
+        raise TypeError(f"{name}: expected an int or a sequence of ints, got {value!r}") from None
+    return tuple(_int(name, v, value) for v in items)
+
+
+def _as_tuple(name: str, value: Any, rank: int) -> tuple[int, ...]:
+    items = _ints(name, value)
+    if isinstance(items, int):
+        return (items,) * rank
     if len(items) != rank:
         raise ValueError(f"{name}: expected {rank} values (one per spatial dimension), got {value!r}")
-    for v in items:
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"{name}: expected ints, got {value!r}")
     return items
 
 
@@ -163,15 +198,17 @@ class ConvBwdWeightProblem:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise fields once, here
         for name in ("groups", "batch", "in_channels", "out_channels"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name}: expected an int, got {value!r}")
+            try:
+                value = _int(name, getattr(self, name))
+            except TypeError:
+                raise TypeError(f"{name}: expected an int, got {getattr(self, name)!r}") from None
             if value <= 0:
                 raise ValueError(f"{name}: must be positive, got {value}")
-        input_size = self.input_size
-        if isinstance(input_size, int) and not isinstance(input_size, bool):
+            set_(self, name, value)
+        input_size = _ints("input_size", self.input_size)
+        if isinstance(input_size, int):
             input_size = (input_size,)
-        rank = len(input_size) if isinstance(input_size, (tuple, list)) else 0
+        rank = len(input_size)
         if rank not in (1, 2, 3):
             raise ValueError(f"input_size: expected 1 to 3 spatial sizes, got {self.input_size!r}")
         for name in ("input_size", "filter_size", "stride", "dilation", "pad_low", "pad_high"):
@@ -189,7 +226,13 @@ class ConvBwdWeightProblem:
                 set_(self, name, self.dtype)
             elif value not in DTYPES:
                 raise ValueError(f"{name}: unknown element type {value!r}; known: {', '.join(DTYPES)}")
-        layout = resolve_layout(self.layout, rank)
+        spec = self.layout
+        if not isinstance(spec, str) and not isinstance(spec, bool):
+            try:
+                spec = operator.index(spec)  # a ckProfiler code given as a numpy integer
+            except TypeError:
+                pass
+        layout = resolve_layout(spec, rank)
         if not layout.grouped and self.groups != 1:
             raise ValueError(
                 f"layout: {layout.name} has no group dimension and needs groups=1, got groups={self.groups}"
@@ -205,6 +248,29 @@ class ConvBwdWeightProblem:
                     f"spans {span}, larger than the padded input {padded} (input_size[{i}]={self.input_size[i]}); "
                     "the output would be empty"
                 )
+        self._check_int64_sizes()
+
+    def _check_int64_sizes(self) -> None:
+        """Refuse a problem whose reduction, or some tensor's element or byte count, overflows int64."""
+
+        def refuse(what: str, formula: str, factors: list[int], dtype: str | None = None) -> None:
+            count = math.prod(factors)
+            nbytes = count * DTYPES[dtype] if dtype else count
+            if nbytes > INT64_MAX:
+                in_bytes = f" ({nbytes} bytes in {dtype})" if dtype else ""
+                raise ValueError(
+                    f"{what}: {formula} = {' * '.join(map(str, factors))} = {count} elements{in_bytes}, "
+                    f"more than int64 holds ({INT64_MAX})"
+                )
+
+        padded = [i + pl + ph for i, pl, ph in zip(self.input_size, self.pad_low, self.pad_high)]
+        n, g, c, k = self.batch, self.groups, self.in_channels, self.out_channels
+        refuse("reduction", "batch * output_size", [n, *self.output_size])
+        refuse("x", "batch * input_size * groups * in_channels", [n, *self.input_size, g, c], self.dtype)
+        # the lowering materialises x with its pads (the gather generic) on every target
+        refuse("x padded", "batch * (input_size + pads) * groups * in_channels", [n, *padded, g, c], self.dtype)
+        refuse("dy", "batch * output_size * groups * out_channels", [n, *self.output_size, g, k], self.dtype)
+        refuse("dw", "groups * out_channels * filter_size * in_channels", [g, k, *self.filter_size, c], self.dw_dtype)
 
     # -- derived sizes ---------------------------------------------------------------------------
     @property

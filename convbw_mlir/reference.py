@@ -2,6 +2,8 @@
 
 Vectorized per filter tap: for each tap the strided window of the padded input is one batched matmul
 ``dy[g, k, (n, o...)] @ x[g, (n, o...), c]`` (BLAS), so a ResNet-50 layer with N=32 takes seconds.
+For problems too large for float64 copies of x and dy, :func:`sample_reference` computes chosen dW
+entries only, one dot product over the reduction each, reading x and dy in place.
 """
 
 from __future__ import annotations
@@ -13,11 +15,23 @@ import numpy as np
 
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-__all__ = ["ToleranceError", "assert_close", "random_inputs", "reference", "tolerance"]
+__all__ = [
+    "ToleranceError",
+    "assert_close",
+    "random_inputs",
+    "reference",
+    "reference_bytes",
+    "sample_indices",
+    "sample_reference",
+    "tolerance",
+]
 
 # Unit roundoff of each element type: the rounding of inputs is shared with the reference (it sees the
 # same rounded values), so what differs is the rounding of dW itself and the f32 accumulation order.
 _EPS = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24}
+
+# Elements drawn or gathered at a time: bounds the float32 scratch of the large-array paths (32 MiB).
+_CHUNK = 1 << 23
 
 
 def _canonical(problem: ConvBwdWeightProblem, arr: np.ndarray, tensor: str, order: str) -> np.ndarray:
@@ -35,9 +49,29 @@ def _canonical(problem: ConvBwdWeightProblem, arr: np.ndarray, tensor: str, orde
     return np.transpose(a, perm)
 
 
-def reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """dW in float64, in the problem's dW layout."""
+def reference_bytes(problem: ConvBwdWeightProblem) -> int:
+    """Memory :func:`reference` takes at its peak: float64 copies of x, of x padded, of dy (two), of one
+    tap's window of x, and dW."""
     p = problem
+    padded = math.prod(i + lo + hi for i, lo, hi in zip(p.input_size, p.pad_low, p.pad_high))
+    _, _, _, red = p.gemm
+    x_elems = p.groups * p.batch * p.in_channels
+    dy_elems = math.prod(p.dy_shape)
+    return 8 * (x_elems * math.prod(p.input_size) + x_elems * padded + 2 * dy_elems + red * p.groups * p.in_channels
+                + math.prod(p.dw_shape))  # fmt: skip
+
+
+def reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dW in float64, in the problem's dW layout.
+
+    Raises:
+        NotEnoughMemoryError: its float64 copies would not fit in memory (checked before allocating);
+            :func:`sample_reference` checks chosen entries of such problems.
+    """
+    from convbw_mlir.runtime import check_memory
+
+    p = problem
+    check_memory([("reference (float64 copies of x and dy; sample_reference needs none)", reference_bytes(p))])
     xc = _canonical(p, x, "x", "GNCS").astype(np.float64)  # [G, N, C, in...]
     dyc = _canonical(p, dy, "dy", "GNKS").astype(np.float64)  # [G, N, K, out...]
     pads = [(0, 0)] * 3 + list(zip(p.pad_low, p.pad_high))
@@ -107,11 +141,109 @@ def assert_close(problem: ConvBwdWeightProblem, got: np.ndarray, want: np.ndarra
 
 
 def random_inputs(problem: ConvBwdWeightProblem, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Unit-normal x and dy in the problem's layout and element type."""
-    from convbw_mlir.runtime import numpy_dtype
+    """Unit-normal x and dy in the problem's layout and element type.
 
-    rng = np.random.default_rng(seed)
+    Drawn in float32 a chunk at a time straight into the arrays (the same values as one draw of each),
+    so the arrays themselves are all the memory it takes.
+
+    Raises:
+        NotEnoughMemoryError: x and dy would not fit in memory (checked before allocating).
+    """
+    from convbw_mlir.runtime import check_memory, numpy_dtype
+
     dt = numpy_dtype(problem.dtype)
-    x = rng.standard_normal(problem.x_shape, dtype=np.float32).astype(dt)
-    dy = rng.standard_normal(problem.dy_shape, dtype=np.float32).astype(dt)
-    return x, dy
+    sizes = [math.prod(problem.x_shape), math.prod(problem.dy_shape)]
+    scratch = 4 * min(_CHUNK, max(sizes))
+    check_memory([("x", sizes[0] * dt.itemsize), ("dy", sizes[1] * dt.itemsize), ("float32 scratch", scratch)])
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for shape in (problem.x_shape, problem.dy_shape):
+        arr = np.empty(shape, dt)
+        flat = arr.reshape(-1)
+        for start in range(0, flat.size, _CHUNK):
+            flat[start : start + _CHUNK] = rng.standard_normal(min(_CHUNK, flat.size - start), dtype=np.float32)
+        arrays.append(arr)
+    return arrays[0], arrays[1]
+
+
+def _dw_indices(problem: ConvBwdWeightProblem, indices: object) -> np.ndarray:
+    """``indices`` as an (m, rank of dW) int64 array of in-range dW indices."""
+    shape = problem.dw_shape
+    letters = "/".join(problem.dims("dw"))
+    idx = np.asarray(indices)
+    if idx.size == 0:
+        idx = idx.reshape(0, len(shape))
+    if idx.ndim != 2 or idx.shape[1] != len(shape):
+        raise ValueError(
+            f"indices: expected an (m, {len(shape)}) array of dW indices ({letters}), got shape {idx.shape}"
+        )
+    if idx.size and (idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer)):
+        raise TypeError(f"indices: expected integers, got dtype {idx.dtype}")
+    bad = np.flatnonzero(((idx < 0) | (idx >= np.array(shape))).any(axis=1))
+    if bad.size:
+        raise ValueError(f"indices: {tuple(int(i) for i in idx[bad[0]])} is outside dW's shape {shape} ({letters})")
+    return idx.astype(np.int64)
+
+
+def sample_indices(problem: ConvBwdWeightProblem, count: int = 64, seed: int = 0) -> np.ndarray:
+    """``count`` dW indices (an (m, rank of dW) array) to check a large result by: dW's first and last
+    entries, then uniformly random ones."""
+    rng = np.random.default_rng(seed)
+    shape = np.array(problem.dw_shape)
+    corners = np.stack([np.zeros_like(shape), shape - 1])
+    drawn = rng.integers(0, shape, size=(max(count - 2, 0), len(shape)))
+    return np.concatenate([corners, drawn])[:count]
+
+
+def sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray, indices: object) -> np.ndarray:
+    """dW in float64 at the given dW indices only: one dot product over the reduction (N and the output
+    positions a tap sees inside the input) per entry, reading x and dy in place.
+
+    Entries of one group and filter tap share one pass over that tap's window of x and dy, the
+    channels innermost, so a channels-last x is read in memory order once per (group, tap).
+
+    Args:
+        problem: the problem.
+        x, dy: the inputs, in the problem's layout.
+        indices: (m, rank of dW) integer indices into dW in the problem's layout (see :func:`sample_indices`).
+
+    Returns:
+        An (m,) float64 array, entry i the reference value of ``dw[tuple(indices[i])]``.
+
+    Raises:
+        ValueError / TypeError: indices of the wrong shape or type, or outside dW.
+    """
+    p = problem
+    idx = _dw_indices(p, indices)
+    xc = _canonical(p, x, "x", "GNSC")  # views: [G, N, in..., C]
+    dyc = _canonical(p, dy, "dy", "GNSK")  # [G, N, out..., K]
+    letters = p.dims("dw")
+    pos = {d: letters.index(d) for d in letters}
+    taps = [pos[d] for d in "ZYX"[-p.rank :]]
+    groups = idx[:, pos["G"]] if "G" in pos else np.zeros(len(idx), np.int64)
+    by_tap: dict[tuple[int, ...], list[int]] = {}
+    for i, key in enumerate(zip(groups.tolist(), *(idx[:, t].tolist() for t in taps))):
+        by_tap.setdefault(key, []).append(i)
+    out = np.zeros(len(idx))
+    for (g, *tap), members in by_tap.items():
+        xs, ds = [], []
+        for f, s, d, lo, size, osize in zip(tap, p.stride, p.dilation, p.pad_low, p.input_size, p.output_size):
+            # output positions o whose input position o * s + f * d - lo lies inside the input
+            first = max(0, -((f * d - lo) // s))
+            last = min(osize - 1, (size - 1 + lo - f * d) // s)
+            if first > last:
+                break
+            xs.append(slice(first * s + f * d - lo, last * s + f * d - lo + 1, s))
+            ds.append(slice(first, last + 1))
+        else:  # the tap sees some input: sum over images a chunk at a time
+            xv, dv = xc[(g, slice(None), *xs)], dyc[(g, slice(None), *ds)]  # [N, o..., C], [N, o..., K]
+            cs, ks = idx[members, pos["C"]], idx[members, pos["K"]]
+            rows = max(1, _CHUNK // max(1, len(members) * math.prod(dv.shape[1:-1])))
+            acc = np.zeros(len(members))
+            for n in range(0, p.batch, rows):
+                # f16/bf16 -> f32 is exact and SIMD in numpy (-> f64 is not); einsum multiplies in f64
+                xm = np.take(xv[n : n + rows], cs, axis=-1).astype(np.float32).reshape(-1, len(members))
+                dm = np.take(dv[n : n + rows], ks, axis=-1).astype(np.float32).reshape(-1, len(members))
+                acc += np.einsum("ij,ij->j", xm, dm, dtype=np.float64)
+            out[members] = acc
+    return out

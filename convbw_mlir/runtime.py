@@ -6,13 +6,26 @@ move arrays to the device, call, time.
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DeviceError", "Kernel", "check_inputs", "numpy_dtype", "open_device", "time_calls"]
+__all__ = [
+    "DeviceError",
+    "Kernel",
+    "NotEnoughMemoryError",
+    "available_memory",
+    "check_inputs",
+    "check_memory",
+    "format_bytes",
+    "numpy_dtype",
+    "open_device",
+    "time_calls",
+]
 
 _NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32}
 
@@ -67,15 +80,76 @@ def open_device(driver: str, index: int | None = None) -> Any:
     return device
 
 
-def check_inputs(problem: Any, x: Any, dy: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Check x and dy against the problem's shapes and element type.
+class NotEnoughMemoryError(MemoryError, ValueError):
+    """Arrays would not fit in the memory available; raised before allocating them.
+
+    A ``ValueError`` too, so the CLIs report it as one line like any other bad input.
+    """
+
+
+def available_memory() -> int | None:
+    """Bytes a new allocation can take now: Linux's MemAvailable (free plus reclaimable cache, the
+    figure psutil reports), else the free pages; None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no such sysconf name on this platform
+        return None
+
+
+def format_bytes(n: int) -> str:
+    """``954.0 GiB``, ``12.5 MiB``: sizes as people read them in messages."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def check_memory(needs: list[tuple[str, int]], available: int | None = None) -> None:
+    """Refuse, before allocating, arrays that will not fit in memory together.
+
+    Args:
+        needs: (name, bytes) of each array, in the order they will be allocated; all stay alive.
+        available: bytes available; default :func:`available_memory` (no check where it is unknown).
+
+    Raises:
+        NotEnoughMemoryError: naming the first array that does not fit, what it needs and what is available.
+    """
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    total = 0
+    for name, nbytes in needs:
+        before, total = total, total + nbytes
+        if total > available:
+            with_others = f" ({format_bytes(total)} with the {format_bytes(before)} before it)" if before else ""
+            raise NotEnoughMemoryError(
+                f"{name}: {format_bytes(nbytes)} needed{with_others}, {format_bytes(available)} available"
+            )
+
+
+def check_inputs(problem: Any, x: Any, dy: Any, driver: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Check x and dy against the problem's shapes and element type, and that running fits in memory.
+
+    Args:
+        problem: the :class:`~convbw_mlir.problem.ConvBwdWeightProblem`.
+        x, dy: numpy arrays in the problem's layout.
+        driver: the runtime driver that will run them; for ``local-*`` drivers the device buffers
+            (copies of x and dy, x with its pads, dW) are host memory and are counted too.
 
     Raises:
         TypeError: not arrays, or the wrong dtype.
         ValueError: the wrong shape.
+        NotEnoughMemoryError: the copies running needs do not fit in the memory available.
     """
     want = numpy_dtype(problem.dtype)
-    out = []
+    arrays = []
     for name, arr, shape in (("x", x, problem.x_shape), ("dy", dy, problem.dy_shape)):
         if not isinstance(arr, np.ndarray):
             raise TypeError(f"{name}: expected a numpy array, got {type(arr).__name__}")
@@ -83,8 +157,19 @@ def check_inputs(problem: Any, x: Any, dy: Any) -> tuple[np.ndarray, np.ndarray]
             raise TypeError(f"{name}: expected dtype {want} ({problem.dtype}), got {arr.dtype}")
         if tuple(arr.shape) != tuple(shape):
             raise ValueError(f"{name}: expected shape {tuple(shape)} ({'/'.join(problem.dims(name))}), got {arr.shape}")
-        out.append(np.ascontiguousarray(arr))
-    return out[0], out[1]
+        arrays.append(arr)
+    needs = [
+        (f"{name} (contiguous copy)", a.nbytes) for name, a in zip(("x", "dy"), arrays) if not a.flags.c_contiguous
+    ]
+    if driver is not None and driver.startswith("local"):
+        needs += [("x (device copy)", arrays[0].nbytes), ("dy (device copy)", arrays[1].nbytes)]
+        if any(problem.pad_low) or any(problem.pad_high):  # the lowering materialises x with its pads
+            padded = [i + lo + hi for i, lo, hi in zip(problem.input_size, problem.pad_low, problem.pad_high)]
+            elems = problem.batch * problem.groups * problem.in_channels * math.prod(padded)
+            needs.append(("x padded (device)", elems * want.itemsize))
+        needs.append(("dw (device)", math.prod(problem.dw_shape) * numpy_dtype(problem.dw_dtype).itemsize))
+    check_memory(needs)
+    return np.ascontiguousarray(arrays[0]), np.ascontiguousarray(arrays[1])
 
 
 @dataclass

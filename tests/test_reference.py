@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from convbw_mlir.problem import LAYOUTS, ConvBwdWeightProblem
-from convbw_mlir.reference import ToleranceError, assert_close, random_inputs, reference
+from convbw_mlir.reference import (
+    ToleranceError,
+    assert_close,
+    random_inputs,
+    reference,
+    sample_indices,
+    sample_reference,
+)
 
 
 def direct(p: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
@@ -57,3 +64,79 @@ def test_assert_close_rejects_a_single_wrong_entry():
         assert_close(p, nan, want)
     with pytest.raises(ToleranceError, match="shape"):
         assert_close(p, want[0], want)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_sample_reference_equals_the_full_reference_at_every_dw_index(layout, rank):
+    groups = 2 if LAYOUTS[layout].grouped else 1
+    sizes = {1: (9,), 2: (7, 6), 3: (5, 4, 6)}[rank]
+    # stride, dilation and asymmetric pads make some taps see the padding only at one edge
+    p = ConvBwdWeightProblem(
+        groups=groups, batch=3, in_channels=3, out_channels=2, input_size=sizes, filter_size=(3,) * rank,
+        stride=(2,) + (1,) * (rank - 1), dilation=(1,) * (rank - 1) + (2,), pad_low=(2,) + (0,) * (rank - 1),
+        pad_high=(0,) * (rank - 1) + (3,), dtype="f32", layout=layout,
+    )  # fmt: skip
+    x, dy = random_inputs(p, seed=rank)
+    want = reference(p, x, dy)
+    every = np.argwhere(np.ones(p.dw_shape, dtype=bool))
+    np.testing.assert_allclose(sample_reference(p, x, dy, every), want[tuple(every.T)], rtol=1e-12, atol=1e-12)
+
+
+def test_sample_reference_of_a_tap_that_sees_only_padding_is_zero():
+    # one output position; taps 0-2 and 5-6 of the 7-wide filter read only the pads
+    p = ConvBwdWeightProblem(1, 2, 1, 1, (2,), (7,), pad_low=3, pad_high=3, stride=4, dtype="f32")
+    x, dy = random_inputs(p)
+    want = reference(p, x, dy)
+    every = np.argwhere(np.ones(p.dw_shape, dtype=bool))
+    got = sample_reference(p, x, dy, every)
+    np.testing.assert_allclose(got, want[tuple(every.T)], rtol=1e-12, atol=1e-12)
+    assert (got == 0).any() and (got != 0).any()
+
+
+def test_sample_reference_sums_in_chunks_of_images_like_one_dot_product(monkeypatch):
+    import convbw_mlir.reference as ref
+
+    p = ConvBwdWeightProblem(2, 7, 3, 4, (6, 5), (3, 3), pad_low=1, pad_high=1, dtype="f32")
+    x, dy = random_inputs(p)
+    idx = sample_indices(p, 40)
+    whole = sample_reference(p, x, dy, idx)
+    monkeypatch.setattr(ref, "_CHUNK", 31)  # one image (30 output positions) a partial sum
+    np.testing.assert_allclose(sample_reference(p, x, dy, idx), whole, rtol=1e-12)
+    np.testing.assert_allclose(whole, reference(p, x, dy)[tuple(idx.T)], rtol=1e-12)
+
+
+def test_sample_indices_hold_the_first_and_last_entries_and_stay_in_range():
+    p = ConvBwdWeightProblem(2, 4, 8, 8, (8, 8), (3, 3), pad_low=1, pad_high=1)
+    idx = sample_indices(p, 50, seed=3)
+    assert idx.shape == (50, 5)
+    assert tuple(idx[0]) == (0, 0, 0, 0, 0) and tuple(idx[1]) == tuple(s - 1 for s in p.dw_shape)
+    assert ((idx >= 0) & (idx < np.array(p.dw_shape))).all()
+
+
+@pytest.mark.parametrize(
+    "indices, exc, message",
+    [
+        ([(0, 0, 0, 0)], ValueError, r"indices: expected an \(m, 5\) array of dW indices \(G/K/Y/X/C\)"),
+        ([(0, 0, 0, 3, 0)], ValueError, r"indices: \(0, 0, 0, 3, 0\) is outside dW's shape \(2, 8, 3, 3, 8\)"),
+        ([(0, -1, 0, 0, 0)], ValueError, "outside dW's shape"),
+        ([(0.0, 0, 0, 0, 0)], TypeError, "indices: expected integers, got dtype float64"),
+    ],
+)
+def test_sample_reference_refuses_bad_indices(indices, exc, message):
+    p = ConvBwdWeightProblem(2, 4, 8, 8, (8, 8), (3, 3), pad_low=1, pad_high=1)
+    x, dy = random_inputs(p)
+    with pytest.raises(exc, match=message):
+        sample_reference(p, x, dy, indices)
+
+
+def test_random_inputs_drawn_in_chunks_equal_one_draw_of_each(monkeypatch):
+    import convbw_mlir.reference as ref
+
+    p = ConvBwdWeightProblem(2, 3, 5, 4, (7, 6), (3, 3), dtype="bf16")
+    monkeypatch.setattr(ref, "_CHUNK", 100)
+    x, dy = random_inputs(p, seed=5)
+    rng = np.random.default_rng(5)
+    assert x.dtype == dy.dtype and str(x.dtype) == "bfloat16"
+    np.testing.assert_array_equal(x, rng.standard_normal(p.x_shape, dtype=np.float32).astype(x.dtype))
+    np.testing.assert_array_equal(dy, rng.standard_normal(p.dy_shape, dtype=np.float32).astype(x.dtype))
