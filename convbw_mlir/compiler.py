@@ -19,6 +19,7 @@ import numpy as np
 
 from convbw_mlir import runtime
 from convbw_mlir.files import atomic_directory
+from convbw_mlir.limits import check_limits
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, get_target
 
@@ -379,6 +380,7 @@ def compile_op(
     from convbw_mlir.pipelines import for_target
 
     tgt = get_target(target)
+    check_limits(problem, tgt)
     pipeline = for_target(target, **options)
     with new_context() as ctx:
         module = convbw.build_module(problem)
