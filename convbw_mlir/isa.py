@@ -178,4 +178,3 @@ def dropped_configs(linalg_text: str, files: dict[str, str]) -> list[str]:
     if not configured:
         raise ValueError("isa: the intermediates hold no configured executables (configured_*.mlir)")
     return [c for c in dict.fromkeys(_LOWERING_CONFIG.findall(linalg_text)) if c not in configured]
-

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -190,6 +191,10 @@ class Overrides:
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
     def __post_init__(self) -> None:
+        for name in ("k_batch", *self._TILE):  # numpy integers are integers too
+            value = getattr(self, name)
+            if not isinstance(value, int | str | None) and _integral(value):
+                object.__setattr__(self, name, int(value))
         kb = self.k_batch
         if not (kb in ("auto", "rows") or (_is_int(kb) and kb >= 1)):
             raise PlanError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
@@ -215,6 +220,17 @@ class Overrides:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integral(value: Any) -> bool:
+    """A non-bool integer of another library (numpy's), which ``operator.index`` accepts."""
+    if type(value).__name__.startswith("bool"):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _spelled(name: str) -> str:
@@ -324,7 +340,7 @@ def as_gemm(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem | None:
 # -- split-K ------------------------------------------------------------------------------------------
 # Rows split: partials at most this fraction of the input bytes: docs/decisions.md#rows-split
 MAX_ROWS_PARTIAL_FRACTION = 0.1
-# The SIMT thread over a rows split holds C * taps f32 accumulators; beyond this they leave registers.
+# A SIMT thread holds C * taps f32 accumulators, at most this many in registers: docs/decisions.md#rows-split
 MAX_THREAD_ACCUMULATORS = 64
 # Each split keeps at least this many reduction elements: docs/decisions.md#split-minimum
 MIN_SPLIT_REDUCTION = 512
@@ -431,10 +447,10 @@ def auto_k_batch(problem: ConvBwdWeightProblem, target: Target) -> int:
 
 
 # -- MMA tiles ----------------------------------------------------------------------------------------
-# Below these a group's GEMM is too thin for 16-wide intrinsics (more than half of each wasted).
+# Below these a group's GEMM wastes over half of a 16-wide intrinsic: docs/decisions.md#strategy-choice
 MIN_MMA_M = 8
 MIN_MMA_N = 16
-# Resident workgroups per CU the occupancy model assumes (4-wave workgroups of ~128 VGPRs on CDNA).
+# Resident workgroups per CU the occupancy model assumes: docs/decisions.md#narrow-n
 OCCUPANCY = 2
 # N tiles are halved down to this while the split grid leaves CUs idle: docs/decisions.md#narrow-n
 MIN_OCCUPANCY_TILE_N = 64

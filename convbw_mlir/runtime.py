@@ -202,9 +202,7 @@ class Kernel:
         return np.asarray(self(*[self.to_device(a) for a in arrays]).to_host())
 
 
-# Each timed batch of calls lasts about this long (at most MAX_BATCH calls), so that the wait for the
-# device at its end, which reads the result back to the host, is shared by the calls of a batch: that
-# read-back cost 100-400 us a call on the H200 (2 ms batches measured 85 us kernels as 459 us).
+# A timed batch lasts about this long, sharing its final read-back among its calls: docs/decisions.md#timing-batches
 BATCH_SECONDS = 25e-3
 MAX_BATCH = 64
 
@@ -219,10 +217,7 @@ def time_calls(
     have passed. Returns one figure per batch: its time divided by its number of calls.
 
     The batch size is fixed once, from one timed call after the warm-up (:data:`BATCH_SECONDS`), so every
-    sample of a kernel is taken the same way. It used to grow while a call took under 1 ms, which made
-    kernels near 1 ms bimodal: on the H200 the same kernel read 466-499 us in runs that batched and
-    1158 us in one that did not, the read-back left unshared (audio_conv1d_k3_512_l3000,
-    bench/results/h200_2026-11-22_tiles.md).
+    sample of a kernel is taken the same way (docs/decisions.md#timing-batches).
     """
 
     def _sync(result: Any) -> None:

@@ -30,6 +30,8 @@ MATRIX = {
     "2d_1x1": P(2, 4, 16, 8, (6, 6), (1, 1)),
     "2d_1x1_stride2": P(1, 4, 16, 8, (7, 7), (1, 1), stride=2),
     "2d_filter_equals_input": P(1, 4, 3, 4, (5, 5), (5, 5)),
+    # one output row of a strided 3x3 over 4 input rows: x holds a row the filter never reads
+    "2d_single_output_row_stride2": P(1, 2, 4, 4, (4, 8), (3, 3), stride=(2, 1)),
     "3d_g1": P(1, 2, 4, 8, (4, 6, 6), (3, 3, 3), pad_low=1, pad_high=1),
     "3d_g2_stride2_asym": P(2, 1, 3, 5, (5, 7, 6), (2, 3, 3), stride=(1, 2, 2), pad_low=(0, 1, 1), pad_high=(1, 0, 1)),
 }

@@ -172,7 +172,10 @@ def test_auto_picks_the_rows_split_for_thin_problems_on_gpus_only(compiled):
 def test_rdna_tiles_hold_at_most_64_accumulators_a_lane_32_in_bf16_and_others_keep_128x128():
     ck1d_b = P(2, 32, 256, 128, (28,), (3,), pad_low=1, pad_high=1)
     rdna = choose_tile(ck1d_b, TARGETS["gfx1100"])
-    assert rdna.m * rdna.n // (rdna.subgroups * TARGETS["gfx1100"].subgroup_size) <= dict(TARGETS["gfx1100"].tile_policy.acc_per_lane)["f16"]
+    assert (
+        rdna.m * rdna.n // (rdna.subgroups * TARGETS["gfx1100"].subgroup_size)
+        <= dict(TARGETS["gfx1100"].tile_policy.acc_per_lane)["f16"]
+    )
     assert (rdna.m, rdna.n) == (64, 128)
     bf16 = choose_tile(dataclasses.replace(ck1d_b, dtype="bf16", dw_dtype="bf16"), TARGETS["gfx1100"])
     assert (bf16.m, bf16.n) == (32, 128)

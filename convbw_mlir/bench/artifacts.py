@@ -11,7 +11,7 @@ Contenders, all functions ``(x, dy) -> dW`` in the problem's layout, so the runn
     ``linalg.conv_2d_nhwc_hwcf`` (x as [C, H, W, N] input, dy as [Ho, Wo, N, K] filter, stride and
     dilation swapped). 2-D, G=1 only (the named op has no groups).
   * ``iree_fusilli``: the torch form (or the direct one where there is none) with the weight-backward
-    flag set of iree-org/fusilli (../shared/DESIGN.md lists it; it includes IREE's split reduction).
+    flag set of iree-org/fusilli (docs/decisions.md#fusilli-flags; it includes IREE's split reduction).
 """
 
 from __future__ import annotations

@@ -1,0 +1,118 @@
+"""The plan: every decision for a problem on a target is made once, by convbw_mlir.plan.decide, and
+the plan travels through the IR as data that round-trips and replays."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from convbw_mlir.plan import Plan, PlanError, SimtTile, Split, Strategy, Tile, decide
+from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.targets import TARGETS, TilePolicy
+
+DENSE = ConvBwdWeightProblem.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1")
+GROUPED = ConvBwdWeightProblem.from_ck("2 32 32 8 8 3 3 28 28 1 1 1 1 1 1 1 1")
+DEPTHWISE = ConvBwdWeightProblem.from_ck("2 96 32 1 1 3 3 112 112 2 2 1 1 1 1 1 1")  # rows split pays
+ONE_BY_ONE = ConvBwdWeightProblem.from_ck("2 1 32 128 128 1 1 28 28 1 1 1 1 0 0 0 0")
+
+
+def test_a_plan_round_trips_through_plain_data_and_is_hashable():
+    plan = decide(DENSE, "gfx942", k_batch=4)
+    again = Plan.from_dict(plan.to_dict())
+    assert again == plan and hash(again) == hash(plan)
+    assert plan.to_dict()["split"] == {"dim": "n", "k_batch": 4, "chunk": 8}
+    assert {plan, again} == {plan}  # usable as a key of a tuner's table
+
+
+def test_each_family_of_problem_gets_its_strategy_from_one_decision():
+    assert decide(DENSE, "gfx942").strategy is Strategy.MMA
+    assert decide(DENSE, "host").strategy is Strategy.IREE  # IREE's CPU codegen, no tile
+    assert decide(GROUPED, "sm_80").strategy is Strategy.IREE  # the target's policy for grouped problems
+    assert decide(GROUPED, "gfx1100").strategy is Strategy.MMA  # RDNA's policy: our tiles
+    assert decide(GROUPED, "sm_80", grouped="mma").strategy is Strategy.MMA  # an override wins
+    dw = decide(DEPTHWISE, "sm_80")
+    assert dw.strategy is Strategy.SIMT and dw.split.promoted == ("n", "o0") and isinstance(dw.simt, SimtTile)
+    gemm = decide(ONE_BY_ONE, "gfx942")
+    assert gemm.gemm and gemm.strategy is Strategy.IREE
+    assert decide(ONE_BY_ONE, "gfx942", gemm="mma").tile is not None
+
+
+def test_the_split_and_the_tile_are_sized_for_the_planning_target():
+    sm80 = decide(DENSE, "sm_80")
+    assert sm80.split is not None and sm80.tile.intrinsic == "NV_MMA_SYNC_F32_16x8x16_F16"
+    host_for_gpu = decide(DENSE, "host", plan_for="sm_80")
+    assert host_for_gpu.split == sm80.split and host_for_gpu.tile is None
+    assert decide(DENSE, "host").split is None  # no CU model, no split
+
+
+def test_a_target_s_tile_policy_comes_from_the_target_table_alone(monkeypatch):
+    custom = dataclasses.replace(TARGETS["gfx942"], name="gfx942x", tile_policy=TilePolicy(grouped="mma"))
+    monkeypatch.setitem(TARGETS, "gfx942x", custom)
+    assert decide(GROUPED, "gfx942").strategy is Strategy.IREE
+    plan = decide(GROUPED, "gfx942x")
+    assert plan.strategy is Strategy.MMA and plan.target == "gfx942x"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"tile_m": -16}, "tile-m: expected a positive integer, got -16"),
+        ({"tile_m": 0}, "tile-m: expected a positive integer, got 0"),
+        ({"tile_k": 1.5}, "tile-k: expected a positive integer, got 1.5"),
+        ({"stages": True}, "stages: expected a positive integer, got True"),
+        ({"k_batch": 0}, "k-batch: expected auto, rows or a positive integer, got 0"),
+        ({"k_batch": "some"}, "k-batch: expected auto, rows or a positive integer, got 'some'"),
+        ({"grouped": "ours"}, "grouped: expected mma or iree, got 'ours'"),
+        ({"plan_for": "gfx908"}, "plan-for: unknown target 'gfx908'"),
+        ({"tile_q": 3}, "options: unknown tile-q"),
+        ({"tile_m": 24}, "tile-m: 24 is not a multiple of"),
+        ({"tile_m": 4096, "tile_k": 64}, "exceeds LDS"),
+    ],
+)
+def test_bad_overrides_are_refused_naming_the_option_and_value(overrides, message):
+    with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        decide(DENSE, "gfx942", **overrides)
+
+
+def test_a_tile_given_where_the_strategy_takes_none_is_refused_not_dropped():
+    with pytest.raises(PlanError, match="tile-m: strategy iree takes no tile here .grouped"):
+        decide(GROUPED, "sm_80", tile_m=64)
+    with pytest.raises(PlanError, match="tile-n: strategy simt takes no tile here"):
+        decide(DEPTHWISE, "sm_80", tile_n=64)
+    with pytest.raises(PlanError, match="target: unknown target 'gfx908'"):
+        decide(DENSE, "gfx908")
+
+
+def test_a_malformed_plan_is_refused_with_what_is_wrong():
+    good = decide(DENSE, "gfx942").to_dict()
+    with pytest.raises(PlanError, match="unknown entries speed"):
+        Plan.from_dict({**good, "speed": 3})
+    with pytest.raises(PlanError, match="'fast' is not a valid Strategy"):
+        Plan.from_dict({**good, "strategy": "fast"})
+    with pytest.raises(PlanError, match="missing entry 'target'"):
+        Plan.from_dict({k: v for k, v in good.items() if k != "target"})
+    with pytest.raises(PlanError, match="unknown target"):
+        Plan.from_dict({**good, "target": "gfx908"})
+
+
+def test_the_passes_carry_out_the_plan_in_the_ir_instead_of_deciding_again():
+    from convbw_mlir.compiler import lowered_text
+    from convbw_mlir.pipelines import for_target
+
+    plan = decide(DENSE, "gfx942", k_batch=2, tile_m=64, tile_n=32, stages=3)
+    text = lowered_text(DENSE, for_target("gfx942", k_batch=2, tile_m=64, tile_n=32, stages=3))
+    assert "k_batch = 2 : i64" in text and "workgroup = [1, 64, 1, 1, 32, 0]" in text
+    assert "prefetch_num_stages = 3" in text
+    assert plan.tile == Tile(64, 32, 64, 2, 2, 3, "MFMA_F32_16x16x16_F16")
+    assert plan.split == Split("n", 2, 16)
+
+
+def test_numpy_integers_are_taken_as_overrides_and_numpy_floats_and_bools_are_not():
+    plan = decide(DENSE, "gfx942", k_batch=np.int64(2), tile_m=np.int32(64))
+    assert plan.split.k_batch == 2 and plan.tile.m == 64 and type(plan.tile.m) is int
+    with pytest.raises(PlanError, match="k-batch"):
+        decide(DENSE, "gfx942", k_batch=np.float64(2.0))
+    with pytest.raises(PlanError, match="tile-m"):
+        decide(DENSE, "gfx942", tile_m=np.bool_(True))
