@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from convbw_mlir import runtime
-from convbw_mlir.files import atomic_directory
+from convbw_mlir.files import VERSION_RE, read_versioned, write_versioned
 from convbw_mlir.limits import check_limits
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, get_target
@@ -66,7 +66,12 @@ class CompiledOp:
         return get_target(self.target).driver
 
     def kernel(self, device: int | None = None) -> runtime.Kernel:
-        """The vmfb loaded on device ``device`` of this target's driver (loaded once)."""
+        """The vmfb loaded on device ``device`` of this target's driver (loaded once).
+
+        Raises:
+            TypeError / ValueError: ``device`` is not None or an int >= 0.
+        """
+        device = _device_index(device)
         if device not in self._kernels:
             self._kernels[device] = runtime.Kernel(self.vmfb, self.driver, device)
         return self._kernels[device]
@@ -74,10 +79,16 @@ class CompiledOp:
     def run(self, x: np.ndarray, dy: np.ndarray, device: int | None = None) -> np.ndarray:
         """Compute dW for ``x`` and ``dy`` (numpy arrays in the problem's layout and type).
 
+        Args:
+            device: the index of the device among the driver's devices (None: the first); the CPU
+                driver has one device, whatever the index.
+
         Raises:
-            TypeError / ValueError: arrays of the wrong dtype or shape.
+            TypeError / ValueError: arrays of the wrong dtype or shape, or a ``device`` that is not
+                None or an int >= 0.
             runtime.DeviceError: no device for the target's driver.
         """
+        device = _device_index(device)
         x, dy = runtime.check_inputs(self.problem, x, dy, driver=self.driver)
         return self.kernel(device).run(x, dy).astype(runtime.numpy_dtype(self.problem.dw_dtype), copy=False)
 
@@ -96,52 +107,118 @@ class CompiledOp:
 
     # -- persistence -------------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write ``op.json``, ``kernel.vmfb`` and one ``<stage>.mlir`` per stage into ``directory``.
+        """Save into the artifact folder ``directory`` (created if missing); returns ``directory``.
 
-        The files are written to a temporary folder beside it and moved into place at the end, so an
-        interrupted save leaves nothing half-written.
+        The folder holds ``op.json`` (the problem, target, pipeline and flags, and ``files``: the name of
+        a ``v-<32 hex>`` subfolder) and that subfolder, which holds ``kernel.vmfb``, one ``<stage>.mlir``
+        per stage and its own ``op.json`` (it loads on its own too).
+
+        Promises:
+            - Save writes and removes only its own files; a folder holding anything else (or an
+              ``op.json`` that is not a CompiledOp's) is refused before anything is written there.
+            - Replacing an earlier artifact (of this layout or the older flat one) is atomic: a load
+              sees the old artifact or the new one, whole; a save that fails or is killed leaves the old.
+            - Concurrent saves into one folder, from threads or processes, all succeed: the last wins.
+            - Folders and files get the usual permissions (0777 / 0666 less the umask).
+
+        Raises:
+            ValueError: ``directory`` holds something that no save wrote (the message names the folder
+                and one such entry), or is not a folder.
         """
-        with atomic_directory(directory) as tmp:
-            (tmp / "kernel.vmfb").write_bytes(self.vmfb)
-            for stage, text in self.stages.items():
-                (tmp / f"{stage}.mlir").write_text(text)
-            meta = {
-                "problem": self.problem.to_dict(),
-                "target": self.target,
-                "pipeline": self.pipeline,
-                "flags": self.flags,
-                "stages": list(self.stages),
-                "iree_version": self.iree_version,
-            }
-            (tmp / "op.json").write_text(json.dumps(meta, indent=1) + "\n")
+        meta = {
+            "problem": self.problem.to_dict(),
+            "target": self.target,
+            "pipeline": self.pipeline,
+            "flags": self.flags,
+            "stages": list(self.stages),
+            "iree_version": self.iree_version,
+        }
+        files = {"kernel.vmfb": bytes(self.vmfb), "op.json": _json_bytes(meta)}
+        files |= {f"{stage}.mlir": text.encode() for stage, text in self.stages.items()}
+        write_versioned(
+            directory,
+            files,
+            "op.json",
+            index=lambda version: _json_bytes({**meta, "files": version}),
+            legacy_names=_flat_layout_names,
+        )
         return Path(directory)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> CompiledOp:
-        """Read what :meth:`save` wrote (needs only the IREE runtime).
+        """Read what :meth:`save` wrote (needs only the IREE runtime); also reads the older flat layout
+        (``op.json``, ``kernel.vmfb`` and the ``.mlir`` files side by side).
+
+        An artifact is native code that :meth:`run` executes: load only artifacts from a trusted source.
+        A load concurrent with saves into the same folder returns one complete artifact, never a mix.
 
         Raises:
-            FileNotFoundError / ValueError: a missing or malformed artifact folder.
+            FileNotFoundError: ``directory`` holds no ``op.json``, or a file of the artifact is missing.
+            ValueError: a malformed artifact folder.
         """
         directory = Path(directory)
         meta_path = directory / "op.json"
         if not meta_path.is_file():
             raise FileNotFoundError(f"artifact: {meta_path} does not exist (not a saved CompiledOp)")
         try:
-            meta = json.loads(meta_path.read_text())
-            problem = ConvBwdWeightProblem.from_dict(meta["problem"])
-            stages = {s: (directory / f"{s}.mlir").read_text() for s in meta["stages"]}
-            return cls(
-                problem=problem,
-                target=meta["target"],
-                stages=stages,
-                vmfb=(directory / "kernel.vmfb").read_bytes(),
-                pipeline=meta["pipeline"],
-                flags=list(meta["flags"]),
-                iree_version=meta.get("iree_version", ""),
-            )
-        except (KeyError, json.JSONDecodeError, TypeError) as e:
-            raise ValueError(f"artifact: {meta_path} is malformed: {e}") from None
+            return read_versioned(directory, "op.json", lambda raw: cls._from_files(directory, raw))
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"artifact: {e.filename} does not exist ({directory} is incomplete)") from None
+        except (KeyError, json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
+            raise ValueError(f"artifact: {meta_path} is malformed: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def _from_files(cls, directory: Path, raw: bytes) -> CompiledOp:
+        """The op whose ``op.json`` holds ``raw``; its files are in ``directory`` or the version it names."""
+        meta = json.loads(raw)
+        folder = directory
+        if "files" in meta:
+            if not isinstance(meta["files"], str) or not VERSION_RE.fullmatch(meta["files"]):
+                raise ValueError(
+                    f"artifact: {directory / 'op.json'}: files: expected v-<32 hex>, got {meta['files']!r}"
+                )
+            folder = directory / meta["files"]
+        return cls(
+            problem=ConvBwdWeightProblem.from_dict(meta["problem"]),
+            target=meta["target"],
+            stages={s: (folder / f"{s}.mlir").read_text() for s in meta["stages"]},
+            vmfb=(folder / "kernel.vmfb").read_bytes(),
+            pipeline=meta["pipeline"],
+            flags=list(meta["flags"]),
+            iree_version=meta.get("iree_version", ""),
+        )
+
+
+def _device_index(device: Any) -> int | None:
+    """``device`` checked: None or an int >= 0 (numpy ints too, as an int)."""
+    if device is None:
+        return None
+    if isinstance(device, bool) or not isinstance(device, int | np.integer):
+        raise TypeError(f"device: expected a device index (an int >= 0) or None, got {device!r}")
+    if device < 0:
+        raise ValueError(f"device: expected a device index (an int >= 0) or None, got {device}")
+    return int(device)
+
+
+def _json_bytes(data: dict) -> bytes:
+    return (json.dumps(data, indent=1) + "\n").encode()
+
+
+def _flat_layout_names(raw: bytes) -> list[str]:
+    """The files of the flat layout that the ``op.json`` holding ``raw`` describes (none for a versioned one).
+
+    Raises:
+        ValueError: ``raw`` is not a CompiledOp's ``op.json``.
+    """
+    try:
+        meta = json.loads(raw)
+        if not isinstance(meta, dict) or not {"problem", "target", "stages"} <= meta.keys():
+            raise ValueError("not a CompiledOp's op.json")
+        if "files" in meta:
+            return []
+        return ["kernel.vmfb", *(f"{s}.mlir" for s in meta["stages"] if isinstance(s, str) and "/" not in s)]
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+        raise ValueError(f"not a CompiledOp's op.json: {e}") from None
 
 
 def run_pipeline(module: Any, pipeline: list, context: Any = None) -> None:

@@ -1,6 +1,7 @@
 """CompiledOp.run input checks, devices, save/load, and the runtime-only import path."""
 
 import ctypes.util
+import json
 import os
 import subprocess
 import sys
@@ -55,7 +56,8 @@ def test_missing_cuda_device_index_is_a_clear_error():
 def test_save_and_load_round_trip_runs_the_same_kernel(compiled, tmp_path):
     op = compiled(SMALL)
     out = op.save(tmp_path / "art" / "small")
-    assert sorted(p.name for p in out.iterdir()) == ["convbw.mlir", "kernel.vmfb", "linalg.mlir", "op.json"]
+    version = out / json.loads((out / "op.json").read_text())["files"]  # the layout: tests/test_artifacts.py
+    assert sorted(p.name for p in version.iterdir()) == ["convbw.mlir", "kernel.vmfb", "linalg.mlir", "op.json"]
     assert not [p for p in (tmp_path / "art").iterdir() if p.name.startswith(".")]  # no temporaries left
     loaded = CompiledOp.load(out)
     assert loaded.problem == SMALL and loaded.stages == op.stages and loaded.pipeline == op.pipeline
