@@ -12,7 +12,14 @@ import pytest
 from convbw_mlir.bench.artifacts import write_artifacts
 from convbw_mlir.bench.report import main as report_main
 from convbw_mlir.bench.report import summarize
-from convbw_mlir.bench.run import _sample_reference, error_stats, run_manifest, sample_indices, tolerance_rms
+from convbw_mlir.bench.run import (
+    _sample_reference,
+    _status_of,
+    error_stats,
+    run_manifest,
+    sample_indices,
+    tolerance_rms,
+)
 from convbw_mlir.compiler import compile_op
 from convbw_mlir.problem import ConvBwdWeightProblem
 
@@ -76,6 +83,7 @@ def test_report_rebuilds_table_and_speedups_from_saved_results(artifacts, tmp_pa
     assert (
         "| dense.f16 |" in text and "| grouped.bf16 |" in text and "geomean speedup vs the better IREE default" in text
     )
+    assert "## Accuracy against float64" in text and "- crashed: none" in text
     s = summarize(results)
     ours, base = s["rows"][0][1], s["rows"][0][2]
     assert s["rows"][0][4] == pytest.approx(base / ours)
@@ -148,6 +156,21 @@ def test_a_kernel_that_raises_is_recorded_alone_and_the_rest_runs(artifacts, tmp
     assert r["convbw"]["status"] == "failed" and r["convbw"]["error"]
     assert r["convbw"]["config"]["k_batch"] == 1  # the compile side's record is kept
     assert all(r[n]["status"] == "ok" for n in ("iree_direct", "iree_torch", "iree_fusilli"))
+
+
+def test_device_faults_seen_on_the_h100_read_crashed_and_other_errors_failed():
+    # both messages as the H100 gave them (bench/results/h100_2026-11-23_crash.json)
+    seen = [
+        "Error invoking function: c/runtime/src/iree/hal/drivers/cuda/cuda_device.c:190: ABORTED; CUDA error "
+        "'CUDA_ERROR_ILLEGAL_ADDRESS' (700): an illegal memory access was encountered; while invoking native "
+        "function hal.fence.await; while calling variadic import;",
+        "Error invoking function: ABORTED; while invoking native function hal.device.queue.dealloca; "
+        "while calling import;",
+    ]
+    assert [_status_of(m) for m in seen] == ["crashed", "crashed"]
+    assert (
+        _status_of(RuntimeError("Error creating vm module from FlatBuffer: INVALID_ARGUMENT; FlatBuffer")) == "failed"
+    )
 
 
 def test_beyond_numpy_every_verdict_rests_on_the_float64_sample_and_a_wrong_gpu_reference_is_caught(

@@ -50,10 +50,16 @@ SAMPLE_SEED = 11
 CHILD_TIMEOUT_S = 900
 # Exit status of a child that stopped after a failed contender, so the problem's next one gets a fresh process.
 _RESTART = 3
-# Messages of device faults: after one the process's context is unusable (CUDA_ERROR_ILLEGAL_ADDRESS seen on H100).
-_FAULT = re.compile(
-    r"CUDA_ERROR_\w+|cudaError\w+|hipError\w+|illegal (memory )?(address|access)|device.{0,10}lost", re.I
-)
+# Device faults: after one the process's context is unusable. IREE reports CUDA errors as ABORTED; on the H100
+# (2026-11-23) a faulting kernel surfaced as "ABORTED; CUDA error 'CUDA_ERROR_ILLEGAL_ADDRESS'" at the result's
+# fence, or as a bare "ABORTED; ... hal.device.queue.dealloca" where the dealloca met the failed queue first.
+_FAULT = re.compile(r"CUDA_ERROR_\w+|cudaError\w+|hipError\w+|illegal (memory )?(address|access)|\bABORTED\b")
+
+
+def _status_of(error: BaseException | str) -> str:
+    """``crashed`` for an error that names a device fault, else ``failed``."""
+    return "crashed" if _FAULT.search(str(error)) else "failed"
+
 
 # Significand bits (without the implicit one) and smallest normal exponent of each dW type.
 _FORMAT = {"f16": (10, -14), "bf16": (7, -126), "f32": (23, -126)}
@@ -407,8 +413,7 @@ def _child(spec: dict) -> int:
             else:
                 res = _run_contender(folder, prob, contenders[name], driver, device)
         except Exception as e:  # noqa: BLE001 - recorded; the next contender runs in a fresh process
-            status = "crashed" if _FAULT.search(str(e)) else "failed"
-            emit(event="result", name=name, result={"status": status, "error": _first_line(e)})
+            emit(event="result", name=name, result={"status": _status_of(e), "error": _first_line(e)})
             return _RESTART
         emit(event="result", name=name, result=res)
     emit(event="done")
@@ -469,6 +474,8 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
                     pending = ev["name"]
                 elif ev["event"] == "result":
                     results[ev["name"]], pending = ev["result"], None
+                    if ev["result"].get("status") in ("crashed", "failed"):
+                        log(f"  {entry['key']}: {ev['name']}: {ev['result']['status']}: {ev['result'].get('error')}")
                 elif ev["event"] == "done":
                     done = True
             if done:
