@@ -146,6 +146,54 @@ def test_a_kernel_that_kills_its_process_reads_crashed_and_every_other_result_st
         assert grouped["contenders"][name]["status"] == "ok", name
 
 
+def _hanging_kernel(problem: ConvBwdWeightProblem) -> bytes:
+    """A vmfb with the contenders' signature whose every thread loops forever."""
+    from convbw_mlir.compiler import compile_module
+
+    xs, ys, ws = ("x".join(map(str, s)) for s in (problem.x_shape, problem.dy_shape, problem.dw_shape))
+    rank = len(problem.dw_shape)
+    idx = ", ".join(f"d{i}" for i in range(rank))
+    text = f"""
+func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tensor<{ws}xf16> {{
+  %t0 = arith.constant true
+  %t = util.optimization_barrier %t0 : i1
+  %z = arith.constant 0.0 : f16
+  %e = tensor.empty() : tensor<{ws}xf16>
+  %r = linalg.generic {{indexing_maps = [affine_map<({idx}) -> ({idx})>],
+                        iterator_types = [{", ".join(['"parallel"'] * rank)}]}} outs(%e : tensor<{ws}xf16>) {{
+  ^bb0(%o: f16):
+    %v = scf.while (%a = %z) : (f16) -> f16 {{
+      scf.condition(%t) %a : f16
+    }} do {{
+    ^bb1(%b: f16):
+      %n = arith.addf %b, %b : f16
+      scf.yield %n : f16
+    }}
+    linalg.yield %v : f16
+  }} -> tensor<{ws}xf16>
+  return %r : tensor<{ws}xf16>
+}}"""
+    return compile_module(text, "host")
+
+
+def test_a_kernel_that_never_ends_is_killed_and_reads_crashed_and_the_rest_runs(artifacts, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(artifacts, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    (bad / manifest["problems"][0]["contenders"]["iree_torch"]["vmfb"]).write_bytes(_hanging_kernel(DENSE))
+    results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None, timeout_s=10)
+    r = results["problems"][0]["contenders"]
+    assert r["iree_torch"] == {"status": "crashed", "error": "no progress for 10 s (killed)"}
+    assert all(r[n]["status"] == "ok" for n in ("convbw", "iree_direct", "iree_fusilli"))
+
+
+def test_runner_cli_rejects_a_timeout_that_is_not_positive(artifacts, capsys):
+    from convbw_mlir.bench.run import main
+
+    assert main([str(artifacts), "--timeout", "0"]) == 1
+    assert capsys.readouterr().err.strip() == "error: --timeout: expected seconds > 0, got 0.0"
+
+
 def test_a_kernel_that_raises_is_recorded_alone_and_the_rest_runs(artifacts, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(artifacts, bad)

@@ -46,8 +46,8 @@ NUMPY_REFERENCE_MAX_FLOPS = 4e10
 # dW entries checked against float64 per problem: each costs one dot product of the reduction length on the host.
 SAMPLE_ENTRIES = 256
 SAMPLE_SEED = 11
-# A child that hangs (a kernel that never ends) is killed after this long; its contender reads crashed.
-CHILD_TIMEOUT_S = 900
+# A child silent this long (a kernel that never ends) is killed; the contender it was running reads crashed.
+STEP_TIMEOUT_S = 600
 # Exit status of a child that stopped after a failed contender, so the problem's next one gets a fresh process.
 _RESTART = 3
 # Device faults: after one the process's context is unusable. IREE reports CUDA errors as ABORTED; on the H100
@@ -427,7 +427,7 @@ def _child(spec: dict) -> int:
 def _death(rc: int | None, stderr: str, timeout_s: float) -> str:
     """Why a child ended without a result: its signal or exit status, and the last line it wrote."""
     if rc is None:
-        how = f"timed out after {timeout_s:.0f} s (killed)"
+        how = f"no progress for {timeout_s:g} s (killed)"
     elif rc < 0:
         try:
             how = f"process killed by {signal.Signals(-rc).name}"
@@ -438,6 +438,21 @@ def _death(rc: int | None, stderr: str, timeout_s: float) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     fault = next((ln for ln in reversed(lines) if _FAULT.search(ln)), lines[-1] if lines else "")
     return f"{how}: {fault[:240]}" if fault else how
+
+
+def _wait(child: subprocess.Popen, events: Path, timeout_s: float) -> int | None:
+    """The child's exit status, or None where it wrote no event for ``timeout_s`` (then it is killed)."""
+    last_size, deadline = -1, time.monotonic() + timeout_s
+    while (rc := child.poll()) is None:
+        size = events.stat().st_size if events.exists() else 0
+        if size != last_size:  # each contender's start and result is an event: progress
+            last_size, deadline = size, time.monotonic() + timeout_s
+        elif time.monotonic() > deadline:
+            child.kill()
+            child.wait()
+            return None
+        time.sleep(0.05)
+    return rc
 
 
 def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log) -> tuple[dict[str, Any], str | None]:
@@ -461,10 +476,7 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
             (Path(tmp) / "spec.json").write_text(json.dumps(spec))
             cmd = [sys.executable, "-m", "convbw_mlir.bench.run", "--child", str(Path(tmp) / "spec.json")]
             with open(err_path, "w") as err:
-                try:
-                    rc: int | None = subprocess.run(cmd, stdout=err, stderr=err, timeout=timeout_s).returncode
-                except subprocess.TimeoutExpired:  # subprocess.run has killed it
-                    rc = None
+                rc = _wait(subprocess.Popen(cmd, stdout=err, stderr=err), ev_path, timeout_s)
             pending, done = None, False
             for line in ev_path.read_text().splitlines() if ev_path.exists() else []:
                 ev = json.loads(line)
@@ -503,12 +515,13 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
 
 
 def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, driver: str | None = None,
-                 use_torch: bool = True, log=print, timeout_s: float = CHILD_TIMEOUT_S,
+                 use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
                  numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS) -> dict:  # fmt: skip
     """Run every problem of a manifest, each in child processes; returns the results (see the module docstring).
 
-    ``timeout_s`` bounds each child (a hung kernel reads crashed); ``numpy_max_flops`` bounds the problems
-    checked against the whole numpy float64 reference (every one is checked on a float64 sample).
+    ``timeout_s`` bounds each step of a child (the reference, a contender: a hung kernel reads crashed);
+    ``numpy_max_flops`` bounds the problems checked against the whole numpy float64 reference (every one
+    is checked on a float64 sample).
     """
     from convbw_mlir.targets import RUNS_SM80, get_target
 
@@ -568,10 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", type=int, default=None)
     ap.add_argument("--driver", default=None, help="override the manifest target's driver")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--timeout", type=float, default=CHILD_TIMEOUT_S, help="seconds a problem's child may run")
+    ap.add_argument("--timeout", type=float, default=STEP_TIMEOUT_S, help="seconds one contender may run")
     args = ap.parse_args(argv)
-    if args.timeout <= 0:
-        ap.error(f"--timeout: expected seconds > 0, got {args.timeout}")
+    if not args.timeout > 0:
+        print(f"error: --timeout: expected seconds > 0, got {args.timeout}", file=sys.stderr)
+        return 1
     from convbw_mlir.bench.report import write_report
 
     t0 = time.time()
