@@ -311,31 +311,32 @@ class _Problem:
         if not np.all(np.isfinite(got)):
             bad = tuple(int(i) for i in np.argwhere(~np.isfinite(got))[0])
             return {"status": "WRONG", "error": f"dw: non-finite value {got[bad]} at index {bad}"}
-        s = error_stats(got.ravel()[self.indices], self.exact, dw_dtype, self.rms)
-        peak = self.peak
-        res: dict[str, Any] = {"error_rms": s["error_rms"], "error_ulps": s["error_ulps"]}
-        where, value, want_v, tol_used, err = int(self.indices[s["worst"]]), None, None, 0.0, s["error_rms"]
+        flat = got.ravel()
+        sample = error_stats(flat[self.indices], self.exact, dw_dtype, self.rms)
+        res: dict[str, Any] = {"error_rms": sample["error_rms"], "error_ulps": sample["error_ulps"]}
+        peak, full = self.peak, None
         if self.want is not None:
             full = error_stats(got, self.want, dw_dtype)
-            peak = max(peak, full["peak"])
             res["error_rms_full"] = full["error_rms"]
-        tol = tolerance_rms(p, dw_dtype, peak, mma)
-        res["tolerance_rms"] = tol
-        if s["error_rms"] > tol:
-            value, want_v = got.ravel()[where], float(self.exact[s["worst"]])
-        elif self.want is not None and full["error_rms"] > tol + self.want_tol:
-            where, err, tol_used = full["worst"], full["error_rms"], self.want_tol
-            value, want_v = got.ravel()[where], float(self.want.ravel()[where])
-        if value is not None:
-            idx = tuple(int(i) for i in np.unravel_index(where, p.dw_shape))
-            against = "float64" if tol_used == 0.0 else "the GPU reference"
-            res["status"] = "WRONG"
+            peak = max(peak, full["peak"])
+        tol = res["tolerance_rms"] = tolerance_rms(p, dw_dtype, peak, mma)
+        # (error, its tolerance, flat index, exact value, what it was compared with) of each failed check
+        failed = []
+        if sample["error_rms"] > tol:
+            at = sample["worst"]
+            failed.append((sample["error_rms"], tol, int(self.indices[at]), float(self.exact[at]), "float64"))
+        if full is not None and full["error_rms"] > tol + self.want_tol:
+            against = "float64" if self.want_tol == 0.0 else "the GPU reference"
+            at = full["worst"]
+            failed.append((full["error_rms"], tol + self.want_tol, at, float(self.want.ravel()[at]), against))
+        res["status"] = "WRONG" if failed else "ok"
+        if failed:
+            err, limit, at, want, against = failed[0]
+            idx = tuple(int(i) for i in np.unravel_index(at, p.dw_shape))
             res["error"] = (
-                f"dw: error {err:.3g} RMS > tolerance {tol + tol_used:.3g} RMS vs {against} at index {idx}: "
-                f"got {value:.6g}, want {want_v:.6g}"
+                f"dw: error {err:.3g} RMS > tolerance {limit:.3g} RMS vs {against} at index {idx}: "
+                f"got {flat[at]:.6g}, want {want:.6g}"
             )
-        else:
-            res["status"] = "ok"
         return res
 
 
