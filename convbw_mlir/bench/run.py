@@ -1,6 +1,7 @@
 """Run side of the benchmark: needs only iree-base-runtime, numpy and (if importable) torch.
 
     python -m convbw_mlir.bench.run DIR [--filter SUBSTR] [--out results.json] [--device N] [--driver D]
+                                        [--no-torch] [--timeout SECONDS]
 
 For each problem of ``DIR/manifest.json`` a child process (so that a kernel that faults the GPU, which
 poisons the process's CUDA context, costs only its own result) makes random x and dy (seeded),
