@@ -1,15 +1,25 @@
 """The benchmark's halves on the CPU: artifacts written and loaded, the runner checking and timing
-every contender (and catching a wrong one), the report rebuilt from saved results."""
+every contender (and catching a wrong one, surviving one that kills its process), the float64 sample
+check and its tolerance, the report rebuilt from saved results."""
 
 import json
+import math
 import shutil
 
+import numpy as np
 import pytest
 
 from convbw_mlir.bench.artifacts import write_artifacts
 from convbw_mlir.bench.report import main as report_main
 from convbw_mlir.bench.report import summarize
-from convbw_mlir.bench.run import run_manifest
+from convbw_mlir.bench.run import (
+    _sample_reference,
+    _status_of,
+    error_stats,
+    run_manifest,
+    sample_indices,
+    tolerance_rms,
+)
 from convbw_mlir.compiler import compile_op
 from convbw_mlir.problem import ConvBwdWeightProblem
 
@@ -42,10 +52,12 @@ def test_runner_checks_and_times_every_contender_on_the_host(artifacts):
     results = run_manifest(artifacts, use_torch=False, log=lambda _: None)
     assert [r["key"] for r in results["problems"]] == ["dense.f16", "grouped.bf16"]
     dense = results["problems"][0]
-    assert dense["reference_checked"] == "numpy"
+    assert dense["reference_checked"] == "numpy" and dense["reference_check"]["status"] == "ok"
     for name in ("convbw", "iree_direct", "iree_torch", "iree_fusilli"):
         r = dense["contenders"][name]
-        assert r["status"] == "ok" and r["max_error"] < 2e-3 and r["n"] >= 20 and r["p10_s"] <= r["median_s"]
+        assert r["status"] == "ok" and r["n"] >= 20 and r["p10_s"] <= r["median_s"]
+        # an f16 result off by its own rounding only: half an ulp, about 2^-11 RMS at the largest entries
+        assert r["error_ulps"] <= 0.5 + 1e-6 and r["error_rms"] < 2e-3 and r["error_rms_full"] < r["tolerance_rms"]
     assert results["problems"][1]["contenders"]["iree_torch"]["status"] == "no kernel"
 
 
@@ -58,7 +70,8 @@ def test_runner_reports_a_wrong_kernel_as_wrong(artifacts, tmp_path):
     (bad / manifest["problems"][0]["contenders"]["iree_direct"]["vmfb"]).write_bytes(wrong.vmfb)
     results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None)
     r = results["problems"][0]["contenders"]["iree_direct"]
-    assert r["status"] == "WRONG" and "max error" in r["error"] and "median_s" not in r
+    assert r["status"] == "WRONG" and "RMS > tolerance" in r["error"] and "median_s" not in r
+    assert r["error_rms"] > 0.1 and r["error_rms"] > 100 * r["tolerance_rms"]
 
 
 def test_report_rebuilds_table_and_speedups_from_saved_results(artifacts, tmp_path):
@@ -70,6 +83,7 @@ def test_report_rebuilds_table_and_speedups_from_saved_results(artifacts, tmp_pa
     assert (
         "| dense.f16 |" in text and "| grouped.bf16 |" in text and "geomean speedup vs the better IREE default" in text
     )
+    assert "## Accuracy against float64" in text and "- crashed: none" in text
     s = summarize(results)
     ours, base = s["rows"][0][1], s["rows"][0][2]
     assert s["rows"][0][4] == pytest.approx(base / ours)
@@ -87,3 +101,208 @@ def test_gpu_reference_of_a_strided_1x1_copies_x_at_the_stride_and_matches_numpy
     x, dy = random_inputs(problem, seed=3)
     got = Kernel(compile_module(text, "host"), "local-task").run(x, dy)
     assert_close(problem, got, reference(problem, x, dy))
+
+
+def _segfaulting_kernel(problem: ConvBwdWeightProblem) -> bytes:
+    """A vmfb with the contenders' signature that reads x a terabyte past its end: SIGSEGV on the host."""
+    from convbw_mlir.compiler import compile_module
+
+    xs, ys, ws = ("x".join(map(str, s)) for s in (problem.x_shape, problem.dy_shape, problem.dw_shape))
+    rank, zeros = len(problem.dw_shape), ", ".join(["%c0"] * (len(problem.x_shape) - 1))
+    idx = ", ".join(f"d{i}" for i in range(rank))
+    text = f"""
+func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tensor<{ws}xf16> {{
+  %far0 = arith.constant 1099511627776 : index
+  %far = util.optimization_barrier %far0 : index
+  %c0 = arith.constant 0 : index
+  %e = tensor.empty() : tensor<{ws}xf16>
+  %r = linalg.generic {{indexing_maps = [affine_map<({idx}) -> ({idx})>],
+                        iterator_types = [{", ".join(['"parallel"'] * rank)}]}} outs(%e : tensor<{ws}xf16>) {{
+  ^bb0(%o: f16):
+    %v = tensor.extract %x[%far, {zeros}] : tensor<{xs}xf16>
+    linalg.yield %v : f16
+  }} -> tensor<{ws}xf16>
+  return %r : tensor<{ws}xf16>
+}}"""
+    return compile_module(text, "host")
+
+
+def test_a_kernel_that_kills_its_process_reads_crashed_and_every_other_result_stands(artifacts, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(artifacts, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    (bad / manifest["problems"][0]["contenders"]["iree_direct"]["vmfb"]).write_bytes(_segfaulting_kernel(DENSE))
+    lines = []
+    results = run_manifest(bad, use_torch=False, log=lines.append)
+    dense, grouped = results["problems"]
+    crashed = dense["contenders"]["iree_direct"]
+    assert crashed["status"] == "crashed" and "SIGSEGV" in crashed["error"], crashed
+    assert any("iree_direct" in line and "SIGSEGV" in line for line in lines)
+    # the contenders before and after it, and the next problem, as if nothing had happened
+    assert dense["reference_checked"] == "numpy"
+    for name in ("convbw", "iree_torch", "iree_fusilli"):
+        assert dense["contenders"][name]["status"] == "ok", name
+    for name in ("convbw", "iree_direct", "iree_fusilli"):
+        assert grouped["contenders"][name]["status"] == "ok", name
+
+
+def _hanging_kernel(problem: ConvBwdWeightProblem) -> bytes:
+    """A vmfb with the contenders' signature whose every thread loops forever."""
+    from convbw_mlir.compiler import compile_module
+
+    xs, ys, ws = ("x".join(map(str, s)) for s in (problem.x_shape, problem.dy_shape, problem.dw_shape))
+    rank = len(problem.dw_shape)
+    idx = ", ".join(f"d{i}" for i in range(rank))
+    text = f"""
+func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tensor<{ws}xf16> {{
+  %t0 = arith.constant true
+  %t = util.optimization_barrier %t0 : i1
+  %z = arith.constant 0.0 : f16
+  %e = tensor.empty() : tensor<{ws}xf16>
+  %r = linalg.generic {{indexing_maps = [affine_map<({idx}) -> ({idx})>],
+                        iterator_types = [{", ".join(['"parallel"'] * rank)}]}} outs(%e : tensor<{ws}xf16>) {{
+  ^bb0(%o: f16):
+    %v = scf.while (%a = %z) : (f16) -> f16 {{
+      scf.condition(%t) %a : f16
+    }} do {{
+    ^bb1(%b: f16):
+      %n = arith.addf %b, %b : f16
+      scf.yield %n : f16
+    }}
+    linalg.yield %v : f16
+  }} -> tensor<{ws}xf16>
+  return %r : tensor<{ws}xf16>
+}}"""
+    return compile_module(text, "host")
+
+
+def test_a_kernel_that_never_ends_is_killed_and_reads_crashed_and_the_rest_runs(artifacts, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(artifacts, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    (bad / manifest["problems"][0]["contenders"]["iree_torch"]["vmfb"]).write_bytes(_hanging_kernel(DENSE))
+    results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None, timeout_s=10)
+    r = results["problems"][0]["contenders"]
+    assert r["iree_torch"] == {"status": "crashed", "error": "no progress for 10 s (killed)"}
+    assert all(r[n]["status"] == "ok" for n in ("convbw", "iree_direct", "iree_fusilli"))
+
+
+def test_runner_cli_rejects_a_timeout_that_is_not_positive(artifacts, capsys):
+    from convbw_mlir.bench.run import main
+
+    assert main([str(artifacts), "--timeout", "0"]) == 1
+    assert capsys.readouterr().err.strip() == "error: --timeout: expected seconds > 0, got 0.0"
+
+
+def test_a_kernel_that_raises_is_recorded_alone_and_the_rest_runs(artifacts, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(artifacts, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    (bad / manifest["problems"][0]["contenders"]["convbw"]["vmfb"]).write_bytes(b"not a vmfb")
+    results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None)
+    r = results["problems"][0]["contenders"]
+    assert r["convbw"]["status"] == "failed" and r["convbw"]["error"]
+    assert r["convbw"]["config"]["k_batch"] == 1  # the compile side's record is kept
+    assert all(r[n]["status"] == "ok" for n in ("iree_direct", "iree_torch", "iree_fusilli"))
+
+
+def test_device_faults_seen_on_the_h100_read_crashed_and_other_errors_failed():
+    # both messages as the H100 gave them (bench/results/h100_2026-11-23_crash.json)
+    seen = [
+        "Error invoking function: c/runtime/src/iree/hal/drivers/cuda/cuda_device.c:190: ABORTED; CUDA error "
+        "'CUDA_ERROR_ILLEGAL_ADDRESS' (700): an illegal memory access was encountered; while invoking native "
+        "function hal.fence.await; while calling variadic import;",
+        "Error invoking function: ABORTED; while invoking native function hal.device.queue.dealloca; "
+        "while calling import;",
+    ]
+    assert [_status_of(m) for m in seen] == ["crashed", "crashed"]
+    assert (
+        _status_of(RuntimeError("Error creating vm module from FlatBuffer: INVALID_ARGUMENT; FlatBuffer")) == "failed"
+    )
+
+
+def test_beyond_numpy_every_verdict_rests_on_the_float64_sample_and_a_wrong_gpu_reference_is_caught(
+    artifacts, tmp_path
+):
+    # numpy_max_flops=0 makes the small problems run as the large ones do: no whole float64 reference
+    results = run_manifest(artifacts, filt="dense", use_torch=False, log=lambda _: None, numpy_max_flops=0)
+    dense = results["problems"][0]
+    assert dense["reference_checked"] == "float64 sample (256 entries)"
+    assert dense["reference_check"]["status"] == "ok" and dense["reference_check"]["entries"] == 256
+    assert dense["contenders"]["convbw"]["status"] == "ok" and "error_rms_full" in dense["contenders"]["convbw"]
+
+    bad = tmp_path / "bad"
+    shutil.copytree(artifacts, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    wrong = compile_op(DENSE.with_(pad_low=(2, 0), pad_high=(0, 2), dw_dtype="f32"), "host")
+    (bad / manifest["problems"][0]["contenders"]["reference"]["vmfb"]).write_bytes(wrong.vmfb)
+    results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None, numpy_max_flops=0)
+    dense = results["problems"][0]
+    assert dense["reference_checked"].startswith("GPU reference WRONG vs float64")
+    r = dense["contenders"]["convbw"]  # judged on the sample alone, not against the wrong reference
+    assert r["status"] == "ok" and "error_rms_full" not in r
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        DENSE,
+        GROUPED,
+        ConvBwdWeightProblem(1, 2, 3, 5, (11,), (4,), stride=2, dilation=2, pad_low=3, pad_high=0),
+        ConvBwdWeightProblem(2, 2, 3, 2, (5, 6, 7), (2, 3, 2), stride=(1, 2, 3), pad_low=(0, 1, 2), pad_high=1),
+        ConvBwdWeightProblem(1, 2, 3, 4, (7, 8), (3, 3), stride=3, dilation=(1, 2), pad_low=4, layout="torch"),
+        ConvBwdWeightProblem(3, 2, 2, 3, (6, 5), (2, 2), pad_low=(1, 0), pad_high=(0, 3), layout=0, dtype="bf16"),
+    ],
+    ids=["dense", "grouped_bf16", "1d_dilated", "3d_strided", "torch_pad_beyond_filter", "gnchw_asymmetric"],
+)
+def test_sampled_float64_reference_equals_the_full_one_for_every_layout_and_shape(problem):
+    from convbw_mlir.reference import random_inputs, reference
+
+    x, dy = random_inputs(problem, seed=5)
+    full = reference(problem, x, dy).ravel()
+    every = np.arange(full.size)
+    assert np.allclose(_sample_reference(problem, x, dy, every), full, rtol=1e-12, atol=1e-12)
+    few = sample_indices(problem, entries=7, seed=1)
+    assert len(set(few)) == 7 and np.allclose(_sample_reference(problem, x, dy, few), full[few], rtol=1e-12)
+
+
+def test_errors_are_in_rms_units_and_ulps_of_the_type():
+    exact = np.array([1.0, -2.0, 0.0, 4.0])  # rms 2.29
+    got = exact + np.array([0, 0, 0, 2.0**-8])  # one f16 ulp at 4 is 2^-8
+    s = error_stats(got, exact, "f16")
+    assert s["error_ulps"] == pytest.approx(1.0) and s["error_rms"] == pytest.approx(2.0**-8 / math.sqrt(5.25))
+    assert s["worst"] == 3 and s["peak"] == pytest.approx(4 / math.sqrt(5.25))
+    # near zero an error is measured at the typical magnitude: an f16 ulp at rms 2.29 is 2^-9
+    s = error_stats(exact + np.array([0, 0, 2.0**-9, 0]), exact, "f16")
+    assert s["error_ulps"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="dw_dtype: unknown element type 'f64'"):
+        tolerance_rms(DENSE, "f64", 1.0)
+
+
+def _truncating_dot(products: np.ndarray, k: int) -> np.ndarray:
+    """Rows of ``products`` summed as a tensor core does: k exact products a step into an f32 truncated to zero."""
+    acc = np.zeros(products.shape[0])
+    for step in range(0, products.shape[1], k):
+        exact = acc + products[:, step : step + k].sum(axis=1)
+        rounded = exact.astype(np.float32).astype(np.float64)
+        over = np.abs(rounded) > np.abs(exact)  # rounded away from zero: step back one f32
+        rounded[over] = np.nextafter(rounded[over].astype(np.float32), np.float32(0)).astype(np.float64)
+        acc = rounded
+    return acc
+
+
+def test_tolerance_covers_a_truncating_accumulator_over_a_long_reduction_and_no_more():
+    # 64 dW entries, L = 2^16 f16 products each, accumulated in one chain of L/16 truncated steps
+    problem = ConvBwdWeightProblem(1, 16, 4, 1, (64, 64), (1, 1), dtype="f16", dw_dtype="f32")
+    length = problem.gemm[3]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, length)).astype(np.float16).astype(np.float64)
+    b = rng.standard_normal((64, length)).astype(np.float16).astype(np.float64)
+    exact = (a * b).sum(axis=1)
+    got = _truncating_dot(a * b, 16)
+    s = error_stats(got, exact, "f32")
+    tol = tolerance_rms(problem, "f32", s["peak"])
+    # the model (u n / sqrt(3) per entry) predicts the size: within the tolerance, not 100 times below it
+    assert tol / 100 < s["error_rms"] < tol
+    # round to nearest over the same chain is far more accurate: the reference kernel's model is tighter
+    assert tolerance_rms(problem, "f32", s["peak"], mma=False) < tol / 10

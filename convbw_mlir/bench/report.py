@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-__all__ = ["geomean", "summarize", "write_report"]
+__all__ = ["accuracy", "geomean", "summarize", "write_report"]
 
 IREE_DEFAULTS = ("iree_direct", "iree_torch")
 
@@ -61,7 +61,8 @@ def markdown(results: dict) -> str:
         "",
         f"IREE {results['iree_version']}. Times in µs (median); TFLOP/s of convbw; speedup = contender time / "
         "convbw time; roof = fraction of the roofline max(flops/peak, bytes/bandwidth) convbw reaches. "
-        "WRONG = result failed the check against the GPU reference (never counted as a win).",
+        "WRONG = result failed the float64 check (never counted as a win); crashed = the kernel faulted "
+        "the device or killed its process (the problem's other contenders ran in a fresh process).",
         "",
         "| problem | convbw µs | TFLOP/s | roof | IREE direct µs | IREE torch µs | IREE+fusilli µs | cuDNN µs "
         "| vs IREE default | vs cuDNN | k_batch | strategy |",
@@ -96,6 +97,55 @@ def markdown(results: dict) -> str:
         if r.get("status") == "WRONG"
     ]
     lines.append(f"- wrong results: {', '.join(f'{k} ({n})' for k, n in wrong) if wrong else 'none'}")
+    crashed = [
+        f"{row['key']} ({n}: {r.get('error', '')})"
+        for row in results["problems"]
+        for n, r in row["contenders"].items()
+        if r.get("status") == "crashed"
+    ]
+    lines.append(f"- crashed: {'; '.join(crashed) if crashed else 'none'}")
+    return "\n".join(lines) + "\n" + accuracy(results)
+
+
+def _err(r: dict) -> str:
+    """A result's worst error against float64: RMS units, ulps of its type, and the verdict where not ok."""
+    if "error_rms" not in r:
+        return r.get("status", "-")
+    cell = f"{r['error_rms']:.2g} ({r['error_ulps']:.3g} ulp)"
+    return cell if r.get("status") == "ok" else f"**{r.get('status')}** {cell}"
+
+
+def accuracy(results: dict) -> str:
+    """Per problem: the GPU reference's check and every result's worst error against float64."""
+    names = ["convbw", "iree_direct", "iree_torch", "iree_fusilli", "cudnn"]
+    lines = [
+        "",
+        "## Accuracy against float64",
+        "",
+        "Worst error of a random sample of dW entries against float64 (`error_rms`: in units of the RMS of dW; "
+        "ulp: of dW's type at max(|dW|, RMS)). Tolerance: one rounding to dW's type plus 8 standard deviations of "
+        "f32 accumulation over the reduction length L (docs/tolerances.md); the reference column's is its own "
+        "(f32, round to nearest where it has no matrix instructions). Results are also checked whole against "
+        "the numpy reference or the GPU reference (`checked against`).",
+        "",
+        "| problem | L | checked against | GPU reference (f32) | " + " | ".join(names) + " | tolerance (RMS) |",
+        "|---|---|---|---|" + "---|" * len(names) + "---|",
+    ]
+    for row in results["problems"]:
+        ref = row.get("reference_check", {})
+        tol = next((r["tolerance_rms"] for r in row["contenders"].values() if "tolerance_rms" in r), None)
+        against = row.get("reference_checked", "") or "-"
+        if against.startswith("GPU reference WRONG"):
+            against = "float64 sample only"
+        elif against.startswith("float64 sample"):
+            against = "GPU reference"
+        ref_cell = _err(ref) if ref else f"failed: {row.get('reference_error', '-')}"[:80]
+        cells = [_err(row["contenders"].get(n, {})) for n in names]
+        lines.append(
+            f"| {row['key']} | {row.get('reduction_length', '-')} | {against} | {ref_cell} | "
+            + " | ".join(cells)
+            + f" | {f'{tol:.2g}' if tol else '-'} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -1,22 +1,35 @@
 """Run side of the benchmark: needs only iree-base-runtime, numpy and (if importable) torch.
 
     python -m convbw_mlir.bench.run DIR [--filter SUBSTR] [--out results.json] [--device N] [--driver D]
+                                        [--no-torch] [--timeout SECONDS]
 
-For each problem of ``DIR/manifest.json``: random x and dy (seeded), device-resident; the GPU reference
-computes dW, checked against the numpy float64 reference where that takes seconds; every contender's
-dW is checked against the GPU reference (a wrong result is reported as wrong and not timed as a win);
-each contender is timed the same way (warm-up, then batches of calls each ended by reading the
-result back, at least 20 batches and 0.2 s, median and spread); cuDNN through torch
-(``torch.backends.cudnn.benchmark = True``, channels-last, the same layout and type) is timed the same way.
-Writes JSON, a markdown table and a PNG plot next to ``--out``.
+For each problem of ``DIR/manifest.json`` a child process (so that a kernel that faults the GPU, which
+poisons the process's CUDA context, costs only its own result) makes random x and dy (seeded),
+device-resident; runs the GPU reference and checks it against float64 on a random sample of dW entries
+(and against the whole numpy float64 reference where that takes seconds); then runs every contender and
+cuDNN through torch (``torch.backends.cudnn.benchmark = True``, channels-last, the same layout and type).
+Each result is checked against float64 on the sample and against the whole reference (numpy's, or the GPU
+reference where it passed its check), with tolerances derived from the reduction length and the types
+(docs/tolerances.md); errors are reported in units of the RMS of dW and in ulps of dW's type. A wrong
+result is reported as WRONG and not timed as a win. Each contender is timed the same way (warm-up, then
+batches of calls each ended by reading the result back, at least 20 batches and 0.2 s, median and spread).
+A contender whose child dies, hangs, or raises a device fault is recorded as ``crashed`` with its message;
+the problem's other contenders then run in a fresh child. Writes JSON, a markdown table and a PNG plot
+next to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,19 +37,149 @@ from typing import Any
 import numpy as np
 
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.reference import ToleranceError, assert_close, random_inputs, reference
+from convbw_mlir.reference import random_inputs, reference
 from convbw_mlir.runtime import Kernel, time_calls
 
-__all__ = ["main", "run_manifest"]
+__all__ = ["error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
 
 # numpy's float64 reference runs at a few GFLOP/s: use it where it takes seconds.
 NUMPY_REFERENCE_MAX_FLOPS = 4e10
+# dW entries checked against float64 per problem: each costs one dot product of the reduction length on the host.
+SAMPLE_ENTRIES = 256
+SAMPLE_SEED = 11
+# A child silent this long (a kernel that never ends) is killed; the contender it was running reads crashed.
+STEP_TIMEOUT_S = 600
+# Exit status of a child that stopped after a failed contender, so the problem's next one gets a fresh process.
+_RESTART = 3
+# Device faults: after one the process's context is unusable. IREE reports CUDA errors as ABORTED; on the H100
+# (2026-11-23) a faulting kernel surfaced as "ABORTED; CUDA error 'CUDA_ERROR_ILLEGAL_ADDRESS'" at the result's
+# fence, or as a bare "ABORTED; ... hal.device.queue.dealloca" where the dealloca met the failed queue first.
+_FAULT = re.compile(r"CUDA_ERROR_\w+|cudaError\w+|hipError\w+|illegal (memory )?(address|access)|\bABORTED\b")
+
+
+def _status_of(error: BaseException | str) -> str:
+    """``crashed`` for an error that names a device fault, else ``failed``."""
+    return "crashed" if _FAULT.search(str(error)) else "failed"
+
+
+# Significand bits (without the implicit one) and smallest normal exponent of each dW type.
+_FORMAT = {"f16": (10, -14), "bf16": (7, -126), "f32": (23, -126)}
+_U32 = 2.0**-24  # unit roundoff of the f32 accumulator
+# Products an f16/bf16 matrix instruction adds per update of the f32 accumulator (mma.sync m16n8k16).
+MMA_K = 16
+# Standard deviations the max over up to 1e8 entries may reach: P(|Z| > 8) = 1.2e-15.
+K_SIGMA = 8.0
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
     s = sorted(samples)
     q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1)))]  # noqa: E731
     return {"median_s": statistics.median(s), "p10_s": q(0.1), "p90_s": q(0.9), "n": len(s)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Accuracy: float64 on a sample of dW entries, errors in RMS units and ulps, tolerances (docs/tolerances.md)
+
+
+def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma: bool = True) -> float:
+    """Largest ``max|got - exact| / rms(exact)`` a correct kernel with f32 accumulation may show.
+
+    One rounding of dW to ``dw_dtype`` (at most u * peak RMS, ``peak`` = max|dW| / rms) plus the f32
+    accumulation error over L = N * prod(output) products, K_SIGMA standard deviations of it: with matrix
+    instructions (``mma``) the accumulator is truncated, not rounded (Fasi et al. 2021, "Numerical behavior
+    of NVIDIA tensor cores"), a bias that grows like u * n / sqrt(3) RMS over a chain of n = L / MMA_K updates;
+    without (round to nearest, a serial sum) it grows like u * sqrt(L / 6). Derivation: docs/tolerances.md.
+    """
+    if dw_dtype not in _FORMAT:
+        raise ValueError(f"dw_dtype: unknown element type {dw_dtype!r}; known: {', '.join(_FORMAT)}")
+    mant, _ = _FORMAT[dw_dtype]
+    length = problem.gemm[3]
+    acc = math.ceil(length / MMA_K) / math.sqrt(3) if mma else math.sqrt(length / 6)
+    return 2.0 ** -(mant + 1) * peak + K_SIGMA * _U32 * acc
+
+
+def _ulp(magnitude: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of ``dtype`` numbers at ``magnitude`` (> 0), subnormals included."""
+    mant, emin = _FORMAT[dtype]
+    exp = np.maximum(np.floor(np.log2(np.maximum(magnitude, np.finfo(np.float64).tiny))), emin)
+    return np.exp2(exp - mant)
+
+
+def error_stats(got: np.ndarray, exact: np.ndarray, dtype: str, rms: float | None = None) -> dict[str, Any]:
+    """Worst error of ``got`` against ``exact`` (float64, same shape): in RMS units and in ulps of ``dtype``.
+
+    ``error_rms`` = max|got - exact| / rms(exact); ``error_ulps`` = max of |got - exact| over the spacing
+    of ``dtype`` at max(|exact|, rms) (entries near zero measured at the typical magnitude, where a
+    cancellation leaves them); ``worst`` = the index of the entry with the largest error.
+    """
+    got = np.asarray(got, dtype=np.float64).ravel()
+    exact = np.asarray(exact, dtype=np.float64).ravel()
+    rms = float(np.sqrt(np.mean(exact**2))) if rms is None else rms
+    rms = rms or 1.0
+    diff = np.abs(got - exact)
+    worst = int(diff.argmax()) if diff.size else 0
+    return {
+        "error_rms": float(diff[worst] / rms) if diff.size else 0.0,
+        "error_ulps": float((diff / _ulp(np.maximum(np.abs(exact), rms), dtype)).max()) if diff.size else 0.0,
+        "peak": float(np.abs(exact).max() / rms) if diff.size else 0.0,
+        "worst": worst,
+        "rms": rms,
+    }
+
+
+def sample_indices(problem: ConvBwdWeightProblem, entries: int = SAMPLE_ENTRIES, seed: int = SAMPLE_SEED) -> np.ndarray:
+    """Sorted flat indices into dW (its layout) of ``entries`` distinct random entries, or all of them."""
+    size = math.prod(problem.dw_shape)
+    if size <= entries:
+        return np.arange(size)
+    return np.sort(np.random.default_rng(seed).choice(size, entries, replace=False))
+
+
+def _canonical(problem: ConvBwdWeightProblem, a: np.ndarray, tensor: str, order: str) -> np.ndarray:
+    """``a`` (the problem's layout) as a contiguous [G, ``order``[0], ``order``[1], spatial...] array."""
+    letters = list(problem.dims(tensor))
+    if "G" not in letters:
+        a, letters = a[..., None], [*letters, "G"]
+    spatial = [i for i, s in enumerate(letters) if s in "DHWZYX"]
+    return np.ascontiguousarray(np.transpose(a, [letters.index("G"), *map(letters.index, order), *spatial]))
+
+
+def _sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """float64 dW at flat ``indices`` of dW: one dot product over the reduction per entry.
+
+    Private until ``reference.sample_reference(problem, x, dy, indices)`` lands; then switch to it.
+    """
+    p = problem
+    xc = _canonical(p, x, "x", "CN")  # [G, C, N, in...], the inputs' own type: copies stay small
+    dyc = _canonical(p, dy, "dy", "KN")  # [G, K, N, out...]
+    letters = list(p.dims("dw"))
+    coords = np.unravel_index(indices, p.dw_shape)
+    pick = {s: coords[i] for i, s in enumerate(letters)}
+    taps = [coords[i] for i, s in enumerate(letters) if s in "ZYX"]
+    g_of = pick.get("G", np.zeros_like(indices))
+    out = np.empty(len(indices))
+    dy64, dy_key = None, None
+    order = np.lexsort((pick["K"], g_of))  # entries of one (g, k) share a float64 copy of dy[g, k]
+    for j in order:
+        g, k, c = int(g_of[j]), int(pick["K"][j]), int(pick["C"][j])
+        if dy_key != (g, k):
+            dy64, dy_key = dyc[g, k].astype(np.float64), (g, k)
+        xs, ys = [slice(None)], [slice(None)]
+        for d, t in enumerate(int(tap[j]) for tap in taps):
+            s, dil, low, size, n_out = p.stride[d], p.dilation[d], p.pad_low[d], p.input_size[d], p.output_size[d]
+            # output positions o whose input o * s + t * dil - low lies inside x
+            lo = max(0, -((t * dil - low) // s))
+            hi = min(n_out, (size - 1 + low - t * dil) // s + 1)
+            if hi <= lo:
+                break
+            start = lo * s + t * dil - low
+            xs.append(slice(start, start + (hi - lo - 1) * s + 1, s))
+            ys.append(slice(lo, hi))
+        else:
+            out[j] = np.vdot(dy64[tuple(ys)], xc[g, c][tuple(xs)].astype(np.float64))
+            continue
+        out[j] = 0.0  # the tap never meets x: only padding
+    return out
 
 
 class Torch:
@@ -121,20 +264,275 @@ def _torch() -> Torch | None:
     return tw if tw.ok else None
 
 
+# ----------------------------------------------------------------------------------------------------------
+# One problem, in a child process
+
+
+def _first_line(e: BaseException) -> str:
+    """The line of an error that names a device fault, else its first line (IREE's messages run long)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
+    return next((ln for ln in lines if _FAULT.search(ln)), lines[0])[:300]
+
+
+class _Problem:
+    """What the checks of one problem need: inputs, the float64 sample, the whole reference if any."""
+
+    def __init__(self, p: ConvBwdWeightProblem, state: Path, numpy_max_flops: float) -> None:
+        self.p = p
+        self.x, self.dy = random_inputs(p, seed=7)
+        saved = state / "check.npz"
+        if saved.exists():  # an earlier child of this problem made them
+            data = np.load(saved)
+            self.indices, self.exact = data["indices"], data["exact"]
+            self.want = data["want"] if data["want"].size else None
+            self.want_tol = float(data["want_tol"])
+        else:
+            self.indices = sample_indices(p)
+            self.exact = _sample_reference(p, self.x, self.dy, self.indices)
+            # the whole reference, and the tolerance it adds (the GPU reference's own, where it stands in)
+            self.want = reference(p, self.x, self.dy) if p.flops <= numpy_max_flops else None
+            self.want_tol = 0.0
+        self.rms = float(np.sqrt(np.mean(self.exact**2))) or 1.0
+        self.peak = float(np.abs(self.exact).max()) / self.rms if self.exact.size else 0.0
+        self.saved = saved
+        if not saved.exists():
+            self.save()
+
+    def save(self) -> None:
+        want = np.empty(0) if self.want is None else self.want
+        np.savez(self.saved, indices=self.indices, exact=self.exact, want=want, want_tol=self.want_tol)
+
+    def check(self, got: np.ndarray, dw_dtype: str, mma: bool = True) -> dict[str, Any]:
+        """Errors of ``got`` (a whole dW) and the verdict: status ok or WRONG with the worst entry."""
+        p = self.p
+        got = np.asarray(got)
+        if got.shape != tuple(p.dw_shape):
+            return {"status": "WRONG", "error": f"shape: got {got.shape}, expected {tuple(p.dw_shape)}"}
+        got = got.astype(np.float64)
+        if not np.all(np.isfinite(got)):
+            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(got))[0])
+            return {"status": "WRONG", "error": f"dw: non-finite value {got[bad]} at index {bad}"}
+        flat = got.ravel()
+        sample = error_stats(flat[self.indices], self.exact, dw_dtype, self.rms)
+        res: dict[str, Any] = {"error_rms": sample["error_rms"], "error_ulps": sample["error_ulps"]}
+        peak, full = self.peak, None
+        if self.want is not None:
+            full = error_stats(got, self.want, dw_dtype)
+            res["error_rms_full"] = full["error_rms"]
+            peak = max(peak, full["peak"])
+        tol = res["tolerance_rms"] = tolerance_rms(p, dw_dtype, peak, mma)
+        # (error, its tolerance, flat index, exact value, what it was compared with) of each failed check
+        failed = []
+        if sample["error_rms"] > tol:
+            at = sample["worst"]
+            failed.append((sample["error_rms"], tol, int(self.indices[at]), float(self.exact[at]), "float64"))
+        if full is not None and full["error_rms"] > tol + self.want_tol:
+            against = "float64" if self.want_tol == 0.0 else "the GPU reference"
+            at = full["worst"]
+            failed.append((full["error_rms"], tol + self.want_tol, at, float(self.want.ravel()[at]), against))
+        res["status"] = "WRONG" if failed else "ok"
+        if failed:
+            err, limit, at, want, against = failed[0]
+            idx = tuple(int(i) for i in np.unravel_index(at, p.dw_shape))
+            res["error"] = (
+                f"dw: error {err:.3g} RMS > tolerance {limit:.3g} RMS vs {against} at index {idx}: "
+                f"got {flat[at]:.6g}, want {want:.6g}"
+            )
+        return res
+
+
+def _run_reference(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None) -> dict[str, Any]:
+    """Run the GPU reference and check it; where it holds and numpy's is out of reach, it is ``prob.want``."""
+    if not rec.get("ok"):
+        checked = "numpy" if prob.want is not None else f"float64 sample ({len(prob.indices)} entries) only"
+        return {"reference_error": rec.get("error", "no kernel"), "reference_checked": checked}
+    gpu = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device).run(prob.x, prob.dy)
+    # its ISA is checked at compile time: without matrix instructions it rounds to nearest
+    check = prob.check(gpu, "f32", mma=bool(rec.get("mma_count", 1)))
+    check["entries"] = len(prob.indices)
+    fields: dict[str, Any] = {"reference_check": check}
+    if check["status"] != "ok":
+        fields["reference_checked"] = f"GPU reference WRONG vs float64: {check['error']}"
+    elif prob.want is not None:
+        fields["reference_checked"] = "numpy"
+    else:
+        prob.want, prob.want_tol = gpu.astype(np.float64), check["tolerance_rms"]
+        fields["reference_checked"] = f"float64 sample ({len(prob.indices)} entries)"
+    return fields
+
+
+def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None) -> dict[str, Any]:
+    if not rec.get("ok"):
+        return {"status": "no kernel", "error": rec.get("error", "")}
+    kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
+    xd, dyd = kernel.to_device(prob.x), kernel.to_device(prob.dy)
+    res = prob.check(np.asarray(kernel(xd, dyd).to_host()), prob.p.dw_dtype)
+    if res["status"] == "ok":
+        res |= _stats(time_calls(kernel, xd, dyd))
+    return res
+
+
+def _run_cudnn(prob: _Problem, torch_: Torch | None) -> dict[str, Any]:
+    if torch_ is None:
+        return {"status": "n/a", "error": "no CUDA torch"}
+    why = torch_.supports(prob.p)
+    if why:
+        return {"status": "n/a", "error": why}
+    call, to_ours = torch_.prepare(prob.p, prob.x, prob.dy)
+    res = prob.check(to_ours(call()), prob.p.dw_dtype)
+    if res["status"] == "ok":
+        res |= _stats(time_calls(call, sync=torch_.sync))
+    return res
+
+
+def _child(spec: dict) -> int:
+    """Run the contenders ``spec["names"]`` of one problem, writing one JSON event a line to ``spec["events"]``.
+
+    Returns 0 when all ran, :data:`_RESTART` after one that raised (its error recorded): whatever it did
+    to the device, the problem's next contender gets a fresh process.
+    """
+    folder, state = Path(spec["folder"]), Path(spec["state"])
+    entry, driver, device = spec["entry"], spec["driver"], spec["device"]
+    events = open(spec["events"], "a", buffering=1)  # noqa: SIM115 - line-buffered, each event lands at once
+
+    def emit(**event: Any) -> None:
+        events.write(json.dumps(event) + "\n")
+        events.flush()
+        os.fsync(events.fileno())
+
+    torch_ = _torch() if spec["use_torch"] and driver == "cuda" else None
+    emit(event="device", name=torch_.name if torch_ else driver)
+    prob = _Problem(ConvBwdWeightProblem.from_dict(entry["problem"]), state, spec["numpy_max_flops"])
+    contenders = entry["contenders"]
+    for name in spec["names"]:
+        emit(event="start", name=name)
+        try:
+            if name == "reference":
+                res = _run_reference(folder, prob, contenders.get("reference", {}), driver, device)
+                prob.save()
+            elif name == "cudnn":
+                res = _run_cudnn(prob, torch_)
+            else:
+                res = _run_contender(folder, prob, contenders[name], driver, device)
+        except Exception as e:  # noqa: BLE001 - recorded; the next contender runs in a fresh process
+            emit(event="result", name=name, result={"status": _status_of(e), "error": _first_line(e)})
+            return _RESTART
+        emit(event="result", name=name, result=res)
+    emit(event="done")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The parent: one child per problem, a fresh one after a contender that failed or killed its process
+
+
+def _death(rc: int | None, stderr: str, timeout_s: float) -> str:
+    """Why a child ended without a result: its signal or exit status, and the last line it wrote."""
+    if rc is None:
+        how = f"no progress for {timeout_s:g} s (killed)"
+    elif rc < 0:
+        try:
+            how = f"process killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            how = f"process killed by signal {-rc}"
+    else:
+        how = f"process exited with status {rc}"
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    fault = next((ln for ln in reversed(lines) if _FAULT.search(ln)), lines[-1] if lines else "")
+    return f"{how}: {fault[:240]}" if fault else how
+
+
+def _wait(child: subprocess.Popen, events: Path, timeout_s: float) -> int | None:
+    """The child's exit status, or None where it wrote no event for ``timeout_s`` (then it is killed)."""
+    last_size, deadline = -1, time.monotonic() + timeout_s
+    while (rc := child.poll()) is None:
+        size = events.stat().st_size if events.exists() else 0
+        if size != last_size:  # each contender's start and result is an event: progress
+            last_size, deadline = size, time.monotonic() + timeout_s
+        elif time.monotonic() > deadline:
+            child.kill()
+            child.wait()
+            return None
+        time.sleep(0.05)
+    return rc
+
+
+def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log) -> tuple[dict[str, Any], str | None]:
+    """One problem's row (reference fields and every contender's result) and the device name.
+
+    ``options``: driver, device, use_torch, numpy_max_flops, as the children take them.
+    """
+    names = ["reference", *(n for n in entry["contenders"] if n != "reference")]
+    if options["use_torch"] and options["driver"] == "cuda":
+        names.append("cudnn")
+    results: dict[str, dict] = {}
+    device_name = None
+    with tempfile.TemporaryDirectory(prefix="convbw-run-") as tmp:
+        for attempt in range(len(names) + 1):
+            todo = [n for n in names if n not in results]
+            if not todo:
+                break
+            ev_path, err_path = Path(tmp) / f"events{attempt}.jsonl", Path(tmp) / f"stderr{attempt}.txt"
+            spec = {"folder": str(folder), "entry": entry, "names": todo, "state": tmp, "events": str(ev_path)}
+            spec |= options
+            (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+            cmd = [sys.executable, "-m", "convbw_mlir.bench.run", "--child", str(Path(tmp) / "spec.json")]
+            with open(err_path, "w") as err:
+                rc = _wait(subprocess.Popen(cmd, stdout=err, stderr=err), ev_path, timeout_s)
+            pending, done = None, False
+            for line in ev_path.read_text().splitlines() if ev_path.exists() else []:
+                ev = json.loads(line)
+                if ev["event"] == "device":
+                    device_name = ev["name"]
+                elif ev["event"] == "start":
+                    pending = ev["name"]
+                elif ev["event"] == "result":
+                    results[ev["name"]], pending = ev["result"], None
+                    if ev["result"].get("status") in ("crashed", "failed"):
+                        log(f"  {entry['key']}: {ev['name']}: {ev['result']['status']}: {ev['result'].get('error')}")
+                elif ev["event"] == "done":
+                    done = True
+            if done:
+                break
+            if rc == _RESTART:
+                continue
+            why = _death(rc, err_path.read_text(errors="replace"), timeout_s)
+            log(f"  {entry['key']}: {pending or 'the child'}: {why}")
+            if pending is None:  # died outside any contender (inputs, sample): nothing else will fare better
+                for n in todo:
+                    results[n] = {"status": "crashed", "error": why}
+                break
+            results[pending] = {"status": "crashed", "error": why}
+    row: dict[str, Any] = {}
+    ref = results.pop("reference", {})
+    if "status" in ref:  # the reference itself failed or crashed
+        row["reference_error"] = ref.get("error", ref["status"])
+    else:
+        row |= ref
+    row["contenders"] = {n: results.get(n, {"status": "crashed", "error": "never ran"}) for n in names[1:]}
+    for name, rec in entry["contenders"].items():
+        if "config" in rec and name in row["contenders"]:
+            row["contenders"][name]["config"] = rec["config"]
+    return row, device_name
+
+
 def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, driver: str | None = None,
-                 use_torch: bool = True, log=print) -> dict:  # fmt: skip
-    """Run every problem of a manifest; returns the results dictionary (see the module docstring)."""
+                 use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
+                 numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS) -> dict:  # fmt: skip
+    """Run every problem of a manifest, each in child processes; returns the results (see the module docstring).
+
+    ``timeout_s`` bounds each step of a child (the reference, a contender: a hung kernel reads crashed);
+    ``numpy_max_flops`` bounds the problems checked against the whole numpy float64 reference (every one
+    is checked on a float64 sample).
+    """
     from convbw_mlir.targets import RUNS_SM80, get_target
 
-    folder = Path(folder)
+    folder = Path(folder).resolve()
     manifest = json.loads((folder / "manifest.json").read_text())
     target = get_target(manifest["target"])
     driver = driver or target.driver
-    torch_ = _torch() if use_torch and driver == "cuda" else None
-    device_name = torch_.name if torch_ else driver
-    roof = next((t for key, t in RUNS_SM80.items() if key in device_name), None)
     results: dict[str, Any] = {
-        "device": device_name,
+        "device": driver,
         "driver": driver,
         "target": manifest["target"],
         "iree_version": manifest["iree_version"],
@@ -147,65 +545,15 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
         p = ConvBwdWeightProblem.from_dict(entry["problem"])
         row: dict[str, Any] = {"name": entry["name"], "key": entry["key"], "flops": p.flops, "bytes": p.min_bytes}
         row["depthwise_or_grouped"] = p.groups > 1
+        row["reduction_length"] = p.gemm[3]
+        options = {"driver": driver, "device": device, "use_torch": use_torch, "numpy_max_flops": numpy_max_flops}
+        checked, device_name = _run_problem(folder, entry, options, timeout_s, log)
+        if device_name and results["device"] == driver:
+            results["device"] = device_name
+        roof = next((t for key, t in RUNS_SM80.items() if key in results["device"]), None)
         if roof:
             row["roofline_s"] = roof.roofline_seconds(p.flops, p.min_bytes, p.dtype)
-        x, dy = random_inputs(p, seed=7)
-        contenders = entry["contenders"]
-        want = None
-        ref = contenders.get("reference", {})
-        if ref.get("ok"):
-            try:
-                kernel = Kernel((folder / ref["vmfb"]).read_bytes(), driver, device)
-                want = kernel.run(x, dy).astype(np.float64)
-            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-                row["reference_error"] = str(e)[:300]
-        if p.flops <= NUMPY_REFERENCE_MAX_FLOPS:
-            exact = reference(p, x, dy)
-            if want is not None:
-                try:
-                    assert_close(p.with_(dw_dtype="f32"), want, exact)
-                    row["reference_checked"] = "numpy"
-                except ToleranceError as e:
-                    row["reference_checked"] = f"GPU reference WRONG vs numpy: {e}"
-            want = exact if want is None else want
-        row["contenders"] = {}
-        for name, rec in contenders.items():
-            if name == "reference":
-                continue
-            res: dict[str, Any] = {}
-            if not rec.get("ok"):
-                res = {"status": "no kernel", "error": rec.get("error", "")}
-            else:
-                try:
-                    kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
-                    xd, dyd = kernel.to_device(x), kernel.to_device(dy)
-                    got = np.asarray(kernel(xd, dyd).to_host())
-                    err = assert_close(p, got, want) if want is not None else None
-                    res = {"status": "ok", "max_error": err}
-                    res |= _stats(time_calls(kernel, xd, dyd))
-                except ToleranceError as e:
-                    res = {"status": "WRONG", "error": str(e)}
-                except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-                    res = {"status": "failed", "error": str(e).strip().splitlines()[0][:300]}
-            if "config" in rec:
-                res["config"] = rec["config"]
-            row["contenders"][name] = res
-        if torch_:
-            why = torch_.supports(p)
-            if why:
-                row["contenders"]["cudnn"] = {"status": "n/a", "error": why}
-            else:
-                try:
-                    call, to_ours = torch_.prepare(p, x, dy)
-                    got = to_ours(call())
-                    err = assert_close(p, got, want) if want is not None else None
-                    res = {"status": "ok", "max_error": err}
-                    res |= _stats(time_calls(call, sync=torch_.sync))
-                except ToleranceError as e:
-                    res = {"status": "WRONG", "error": str(e)}
-                except Exception as e:  # noqa: BLE001
-                    res = {"status": "failed", "error": str(e).strip().splitlines()[0][:300]}
-                row["contenders"]["cudnn"] = res
+        row |= checked
         results["problems"].append(row)
         log(_line(row))
     return results
@@ -222,6 +570,12 @@ def _line(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:  # a child of _run_problem
+        code = _child(json.loads(Path(argv[1]).read_text()))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # no teardown: after a device fault, releasing the device can hang or abort
     ap = argparse.ArgumentParser(prog="python -m convbw_mlir.bench.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("folder")
     ap.add_argument("--filter", default="")
@@ -229,11 +583,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", type=int, default=None)
     ap.add_argument("--driver", default=None, help="override the manifest target's driver")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--timeout", type=float, default=STEP_TIMEOUT_S, help="seconds one contender may run")
     args = ap.parse_args(argv)
+    if not args.timeout > 0:
+        print(f"error: --timeout: expected seconds > 0, got {args.timeout}", file=sys.stderr)
+        return 1
     from convbw_mlir.bench.report import write_report
 
     t0 = time.time()
-    results = run_manifest(args.folder, args.filter, args.device, args.driver, not args.no_torch)
+    results = run_manifest(
+        args.folder, args.filter, args.device, args.driver, not args.no_torch, timeout_s=args.timeout
+    )
     out = Path(args.out or Path(args.folder) / "results.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
