@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.reference import random_inputs, reference
+from convbw_mlir.reference import random_inputs, reference, sample_reference
 from convbw_mlir.runtime import Kernel, time_calls
 
 __all__ = ["error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
@@ -133,53 +133,6 @@ def sample_indices(problem: ConvBwdWeightProblem, entries: int = SAMPLE_ENTRIES,
     if size <= entries:
         return np.arange(size)
     return np.sort(np.random.default_rng(seed).choice(size, entries, replace=False))
-
-
-def _canonical(problem: ConvBwdWeightProblem, a: np.ndarray, tensor: str, order: str) -> np.ndarray:
-    """``a`` (the problem's layout) as a contiguous [G, ``order``[0], ``order``[1], spatial...] array."""
-    letters = list(problem.dims(tensor))
-    if "G" not in letters:
-        a, letters = a[..., None], [*letters, "G"]
-    spatial = [i for i, s in enumerate(letters) if s in "DHWZYX"]
-    return np.ascontiguousarray(np.transpose(a, [letters.index("G"), *map(letters.index, order), *spatial]))
-
-
-def _sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """float64 dW at flat ``indices`` of dW: one dot product over the reduction per entry.
-
-    Private until ``reference.sample_reference(problem, x, dy, indices)`` lands; then switch to it.
-    """
-    p = problem
-    xc = _canonical(p, x, "x", "CN")  # [G, C, N, in...], the inputs' own type: copies stay small
-    dyc = _canonical(p, dy, "dy", "KN")  # [G, K, N, out...]
-    letters = list(p.dims("dw"))
-    coords = np.unravel_index(indices, p.dw_shape)
-    pick = {s: coords[i] for i, s in enumerate(letters)}
-    taps = [coords[i] for i, s in enumerate(letters) if s in "ZYX"]
-    g_of = pick.get("G", np.zeros_like(indices))
-    out = np.empty(len(indices))
-    dy64, dy_key = None, None
-    order = np.lexsort((pick["K"], g_of))  # entries of one (g, k) share a float64 copy of dy[g, k]
-    for j in order:
-        g, k, c = int(g_of[j]), int(pick["K"][j]), int(pick["C"][j])
-        if dy_key != (g, k):
-            dy64, dy_key = dyc[g, k].astype(np.float64), (g, k)
-        xs, ys = [slice(None)], [slice(None)]
-        for d, t in enumerate(int(tap[j]) for tap in taps):
-            s, dil, low, size, n_out = p.stride[d], p.dilation[d], p.pad_low[d], p.input_size[d], p.output_size[d]
-            # output positions o whose input o * s + t * dil - low lies inside x
-            lo = max(0, -((t * dil - low) // s))
-            hi = min(n_out, (size - 1 + low - t * dil) // s + 1)
-            if hi <= lo:
-                break
-            start = lo * s + t * dil - low
-            xs.append(slice(start, start + (hi - lo - 1) * s + 1, s))
-            ys.append(slice(lo, hi))
-        else:
-            out[j] = np.vdot(dy64[tuple(ys)], xc[g, c][tuple(xs)].astype(np.float64))
-            continue
-        out[j] = 0.0  # the tap never meets x: only padding
-    return out
 
 
 class Torch:
@@ -288,7 +241,9 @@ class _Problem:
             self.want_tol = float(data["want_tol"])
         else:
             self.indices = sample_indices(p)
-            self.exact = _sample_reference(p, self.x, self.dy, self.indices)
+            self.exact = sample_reference(
+                p, self.x, self.dy, np.stack(np.unravel_index(self.indices, p.dw_shape), axis=1)
+            )
             # the whole reference, and the tolerance it adds (the GPU reference's own, where it stands in)
             self.want = reference(p, self.x, self.dy) if p.flops <= numpy_max_flops else None
             self.want_tol = 0.0
