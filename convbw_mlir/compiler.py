@@ -20,6 +20,7 @@ import numpy as np
 from convbw_mlir import runtime
 from convbw_mlir.files import VERSION_RE, read_versioned, write_versioned
 from convbw_mlir.limits import check_limits
+from convbw_mlir.plan import Plan, PlanError
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, get_target
 
@@ -50,6 +51,9 @@ class CompiledOp:
         vmfb: the IREE VM flatbuffer.
         pipeline: the replayable convbw pipeline string.
         flags: the IREE compiler flags used.
+        iree_version: the IREE compiler's version.
+        plan: the :class:`convbw_mlir.plan.Plan` the pipeline carried out (None for artifacts saved
+            before plans existed).
     """
 
     problem: ConvBwdWeightProblem
@@ -59,6 +63,7 @@ class CompiledOp:
     pipeline: str
     flags: list[str]
     iree_version: str = ""
+    plan: Plan | None = None
     _kernels: dict[Any, runtime.Kernel] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -133,6 +138,8 @@ class CompiledOp:
             "stages": list(self.stages),
             "iree_version": self.iree_version,
         }
+        if self.plan is not None:
+            meta["plan"] = self.plan.to_dict()
         files = {"kernel.vmfb": bytes(self.vmfb), "op.json": _json_bytes(meta)}
         files |= {f"{stage}.mlir": text.encode() for stage, text in self.stages.items()}
         write_versioned(
@@ -186,6 +193,7 @@ class CompiledOp:
             pipeline=meta["pipeline"],
             flags=list(meta["flags"]),
             iree_version=meta.get("iree_version", ""),
+            plan=Plan.from_dict(meta["plan"]) if meta.get("plan") else None,
         )
 
 
@@ -421,6 +429,7 @@ def compile_op(
     target: str = "host",
     extra_flags: list[str] | None = None,
     *,
+    plan: Plan | None = None,
     isolate: bool = False,
     timeout: float | None = None,
     **options: Any,
@@ -431,6 +440,8 @@ def compile_op(
         problem: the problem.
         target: ``host``, an AMD ``gfx*`` or an NVIDIA ``sm_*`` name (see :data:`convbw_mlir.targets.TARGETS`).
         extra_flags: more IREE compiler flags.
+        plan: a plan to carry out as it is (e.g. one a tuner stored) instead of deciding one; it must
+            be for ``target`` and takes no ``options``.
         isolate: compile in a child process (:mod:`convbw_mlir.isolate`), so that an IREE crash raises
             :class:`CompileError` here instead of ending this process.
         timeout: with ``isolate``, seconds before the child is killed (None: no limit).
@@ -446,7 +457,7 @@ def compile_op(
 
         get_target(target)  # a bad name is the caller's ValueError, before a child starts
         what = f"{problem.name} for {target}"
-        return call(compile_op, problem, target, extra_flags, what=what, timeout=timeout, **options)
+        return call(compile_op, problem, target, extra_flags, plan=plan, what=what, timeout=timeout, **options)
     if timeout is not None:
         raise ValueError("timeout: applies to isolate=True compiles only")
     import iree.compiler
@@ -458,13 +469,17 @@ def compile_op(
 
     tgt = get_target(target)
     check_limits(problem, tgt)
+    if plan is not None and (options or plan.target != target):
+        why = f"options {', '.join(options)} given too" if options else f"it is for {plan.target}"
+        raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
     pipeline = for_target(target, **options)
     with new_context() as ctx:
-        module = convbw.build_module(problem)
+        module = convbw.build_module(problem, plan)
         stages = {"convbw": str(module)}
         run_pipeline(module, pipeline, ctx)
         stages["linalg"] = str(module)
         bytecode = _bytecode(module)
+        plan = _plan_carried_out(module)
     vmfb = compile_module(bytecode, tgt, extra_flags)
     return CompiledOp(
         problem=problem,
@@ -474,7 +489,16 @@ def compile_op(
         pipeline=format_pipeline(pipeline),
         flags=tgt.iree_flags() + list(extra_flags or []),
         iree_version=getattr(iree.compiler, "__version__", "") or _iree_version(),
+        plan=plan,
     )
+
+
+def _plan_carried_out(module: Any) -> Plan | None:
+    """The plan the lowered module's contraction records (one contraction per problem)."""
+    from convbw_mlir.contraction import Contraction, contractions
+
+    found = [Contraction.of_op(op).plan for op in contractions(module.operation)]
+    return Plan.from_dict(found[0]) if found and found[0] else None
 
 
 def _bytecode(module: Any) -> bytes:

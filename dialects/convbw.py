@@ -103,8 +103,9 @@ def build_op(
     )
 
 
-def build_module(problem: ConvBwdWeightProblem) -> ir.Module:
-    """A module with ``func.func @conv_bwd_weight(%x, %dy) -> dW`` holding one op (current context)."""
+def build_module(problem: ConvBwdWeightProblem, plan=None) -> ir.Module:
+    """A module with ``func.func @conv_bwd_weight(%x, %dy) -> dW`` holding one op (current context),
+    carrying ``plan`` (a :class:`convbw_mlir.plan.Plan`) where given."""
     loc = problem_location(problem)
     module = ir.Module.create(loc=loc)
     with ir.InsertionPoint(module.body), loc:
@@ -113,6 +114,8 @@ def build_module(problem: ConvBwdWeightProblem) -> ir.Module:
         block = fn.add_entry_block()
         with ir.InsertionPoint(block):
             op = build_op(problem, block.arguments[0], block.arguments[1], loc)
+            if plan is not None:
+                set_plan(op, plan)
             func_d.ReturnOp([op.result])
     module.operation.verify()
     return module
