@@ -75,6 +75,25 @@ _MMA_AMD = re.compile(r"^\s*(v_mfma_\w+|v_wmma_\w+|v_smfmac_\w+)", re.M)
 _FUNC = re.compile(r"^(\w+):\s*(?:;.*)?$", re.M)
 
 
+_METADATA = re.compile(r"^\s*\.amdgpu_metadata\s*$(.*?)^\s*\.end_amdgpu_metadata", re.M | re.S)
+# amdhsa.kernels entries start at "  - "; their own keys sit at 4 spaces (the args' at 8), in any order.
+_ENTRY = re.compile(r"^  - ", re.M)
+_ENTRY_NAME = re.compile(r"^ {4}\.name:\s+(\S+)", re.M)
+_ENTRY_WG = re.compile(r"^ {4}\.max_flat_workgroup_size:\s+(\d+)", re.M)
+
+
+def _workgroup_sizes(text: str) -> dict[str, int]:
+    """Kernel name -> ``.max_flat_workgroup_size`` from the code object metadata (YAML) of a ``.rocmasm``."""
+    sizes: dict[str, int] = {}
+    for meta in _METADATA.findall(text):
+        for entry in _ENTRY.split(meta)[1:]:
+            entry = "    " + entry  # the first key shares the "  - " line
+            name, wg = _ENTRY_NAME.search(entry), _ENTRY_WG.search(entry)
+            if name and wg:
+                sizes[name.group(1)] = int(wg.group(1))
+    return sizes
+
+
 def parse_rocmasm(text: str, target: Target | str) -> list[KernelReport]:
     """Kernels of an AMD ``.rocmasm`` file with their MMA mnemonics, registers, LDS, scratch, occupancy.
 
@@ -84,6 +103,7 @@ def parse_rocmasm(text: str, target: Target | str) -> list[KernelReport]:
             register file, allocation granule, waves per SIMD, SIMDs and LDS per CU bound the occupancy.
     """
     t = get_target(target) if isinstance(target, str) else target
+    workgroup_sizes = _workgroup_sizes(text)
     # Instruction counts per function body: a body runs from its label to the next .amdhsa_kernel block.
     bodies: dict[str, str] = {}
     labels = list(_FUNC.finditer(text))
@@ -111,8 +131,7 @@ def parse_rocmasm(text: str, target: Target | str) -> list[KernelReport]:
             lds_bytes=directives.get("group_segment_fixed_size", 0),
             scratch_bytes=directives.get("private_segment_fixed_size", 0),
         )
-        wg = re.search(rf"\.name:\s+{re.escape(name)}\b.*?\.max_flat_workgroup_size:\s+(\d+)", text, re.S)
-        k.workgroup_size = int(wg.group(1)) if wg else None
+        k.workgroup_size = workgroup_sizes.get(name)
         if vgpr_total:
             # LLVM's occupancy rule: a wave holds its registers rounded up to the allocation granule.
             used = -(-vgpr_total // t.register_granule) * t.register_granule

@@ -104,7 +104,8 @@ class Target:
         max_waves_per_simd: resident waves per SIMD at most.
         register_file: 32-bit registers per SIMD lane, shared by the waves resident on that SIMD.
         register_granule: a wave's registers are allocated in multiples of this (per lane).
-        isa_suffix: the file of IREE's dumped intermediates that holds the machine-level text.
+        isa_suffix: the file of IREE's dumped intermediates that holds the machine-level text
+            (``.rocmasm`` AMD assembly; ``.optimized.ll`` NVPTX LLVM IR, as 3.13 dumps no PTX; ``.s`` x86).
         tile_policy: how plans tile on this target (:class:`TilePolicy`).
     """
 
