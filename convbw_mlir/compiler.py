@@ -391,13 +391,10 @@ class Intermediates:
     files: dict[str, str]
     vmfb: bytes = b""
 
-    # The machine-level text per family: AMD ISA (.rocmasm), the NVPTX LLVM IR that carries the
-    # llvm.nvvm.mma intrinsics (.optimized.ll; 3.13 dumps no .ptx), x86 assembly (.s).
-    _ISA_SUFFIX = {"cdna": ".rocmasm", "rdna": ".rocmasm", "nvidia": ".optimized.ll", "cpu": ".s"}
-
     @property
     def isa(self) -> str:
-        suffix = self._ISA_SUFFIX[get_target(self.target).family]
+        """The machine-level text: the dumped files named by the target's ``isa_suffix``."""
+        suffix = get_target(self.target).isa_suffix
         texts = [t for name, t in sorted(self.files.items()) if name.endswith(suffix)]
         if not texts:
             raise CompileError(f"isa: IREE dumped no *{suffix} file for {self.target} (got {sorted(self.files)})")

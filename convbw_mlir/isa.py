@@ -3,7 +3,9 @@
 AMD (``*.rocmasm``): counts of every MFMA/WMMA mnemonic, VGPR / AGPR / SGPR counts, LDS bytes, scratch
 bytes (spills) and the occupancy limit in waves per SIMD from registers and from LDS.
 NVIDIA (``*.optimized.ll``, the NVPTX LLVM IR; IREE 3.13 dumps no PTX): the count of ``mma.sync``
-intrinsics and the shared memory the kernel declares.
+intrinsics and the shared memory the kernel declares. Which file to read and every hardware limit
+(register file and granule, waves per SIMD, SIMDs and LDS per CU, wave size) come from the target's
+entry in :data:`convbw_mlir.targets.TARGETS`.
 """
 
 from __future__ import annotations
@@ -11,14 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["KernelReport", "IsaReport", "dropped_configs", "parse_nvptx_ll", "parse_rocmasm", "report"]
+from convbw_mlir.targets import Target, get_target
 
-# Registers per SIMD lane and waves per SIMD: CDNA3 ISA guide ("512 VGPRs, unified with AGPRs", up to 8
-# waves per SIMD on gfx90a/gfx942/gfx950); RDNA3/RDNA4 ISA guides (1536 VGPRs per SIMD lane in wave32
-# mode, up to 16 waves per SIMD). VGPRs are allocated in granules of 8 (CDNA, unified) and 16 (RDNA wave32).
-_AMD_LIMITS = {"cdna": (512, 8, 8, 4), "rdna": (1536, 16, 16, 2)}  # regs, granule, max waves/SIMD, SIMDs/CU
-# LDS per CU: 64 KiB on CDNA2/3 and per WGP-half on RDNA; gfx950 has 160 KiB.
-_LDS_PER_CU = {"gfx950": 163840}
+__all__ = ["KernelReport", "IsaReport", "dropped_configs", "parse_nvptx_ll", "parse_rocmasm", "report"]
 
 
 @dataclass
@@ -78,11 +75,35 @@ _MMA_AMD = re.compile(r"^\s*(v_mfma_\w+|v_wmma_\w+|v_smfmac_\w+)", re.M)
 _FUNC = re.compile(r"^(\w+):\s*(?:;.*)?$", re.M)
 
 
-def parse_rocmasm(text: str, arch: str) -> list[KernelReport]:
-    """Kernels of an AMD ``.rocmasm`` file with their MMA mnemonics, registers, LDS, scratch, occupancy."""
-    family = "cdna" if arch.startswith("gfx9") else "rdna"
-    regs_total, granule, max_waves, simds = _AMD_LIMITS[family]
-    lds_cu = _LDS_PER_CU.get(arch, 65536)
+_METADATA = re.compile(r"^\s*\.amdgpu_metadata\s*$(.*?)^\s*\.end_amdgpu_metadata", re.M | re.S)
+# amdhsa.kernels entries start at "  - "; their own keys sit at 4 spaces (the args' at 8), in any order.
+_ENTRY = re.compile(r"^  - ", re.M)
+_ENTRY_NAME = re.compile(r"^ {4}\.name:\s+(\S+)", re.M)
+_ENTRY_WG = re.compile(r"^ {4}\.max_flat_workgroup_size:\s+(\d+)", re.M)
+
+
+def _workgroup_sizes(text: str) -> dict[str, int]:
+    """Kernel name -> ``.max_flat_workgroup_size`` from the code object metadata (YAML) of a ``.rocmasm``."""
+    sizes: dict[str, int] = {}
+    for meta in _METADATA.findall(text):
+        for entry in _ENTRY.split(meta)[1:]:
+            entry = "    " + entry  # the first key shares the "  - " line
+            name, wg = _ENTRY_NAME.search(entry), _ENTRY_WG.search(entry)
+            if name and wg:
+                sizes[name.group(1)] = int(wg.group(1))
+    return sizes
+
+
+def parse_rocmasm(text: str, target: Target | str) -> list[KernelReport]:
+    """Kernels of an AMD ``.rocmasm`` file with their MMA mnemonics, registers, LDS, scratch, occupancy.
+
+    Args:
+        text: the ``.rocmasm`` text.
+        target: the :class:`~convbw_mlir.targets.Target` (or its name) the file was compiled for; its
+            register file, allocation granule, waves per SIMD, SIMDs and LDS per CU bound the occupancy.
+    """
+    t = get_target(target) if isinstance(target, str) else target
+    workgroup_sizes = _workgroup_sizes(text)
     # Instruction counts per function body: a body runs from its label to the next .amdhsa_kernel block.
     bodies: dict[str, str] = {}
     labels = list(_FUNC.finditer(text))
@@ -110,16 +131,15 @@ def parse_rocmasm(text: str, arch: str) -> list[KernelReport]:
             lds_bytes=directives.get("group_segment_fixed_size", 0),
             scratch_bytes=directives.get("private_segment_fixed_size", 0),
         )
-        wg = re.search(rf"\.name:\s+{re.escape(name)}\b.*?\.max_flat_workgroup_size:\s+(\d+)", text, re.S)
-        k.workgroup_size = int(wg.group(1)) if wg else None
+        k.workgroup_size = workgroup_sizes.get(name)
         if vgpr_total:
-            used = -(-vgpr_total // granule) * granule
-            by_vgpr = min(max_waves, regs_total // used)
-            limits = {"vgpr": by_vgpr, "waves": max_waves}
+            # LLVM's occupancy rule: a wave holds its registers rounded up to the allocation granule.
+            used = -(-vgpr_total // t.register_granule) * t.register_granule
+            by_vgpr = min(t.max_waves_per_simd, t.register_file // used)
+            limits = {"vgpr": by_vgpr, "waves": t.max_waves_per_simd}
             if k.lds_bytes and k.workgroup_size:
-                wave = 64 if family == "cdna" else 32
-                waves_per_wg = -(-k.workgroup_size // wave)
-                limits["lds"] = (lds_cu // k.lds_bytes) * waves_per_wg // simds
+                waves_per_wg = -(-k.workgroup_size // t.subgroup_size)
+                limits["lds"] = (t.lds_per_cu // k.lds_bytes) * waves_per_wg // t.simds_per_cu
             k.occupancy_limit, k.occupancy = min(limits.items(), key=lambda kv: kv[1])
         kernels.append(k)
     return kernels
@@ -149,15 +169,14 @@ def parse_nvptx_ll(text: str) -> list[KernelReport]:
 
 def report(files: dict[str, str], target: str) -> IsaReport:
     """The report for one compile's intermediates (``convbw_mlir.compiler.Intermediates.files``)."""
-    from convbw_mlir.targets import get_target
-
     t = get_target(target)
+    parse = {".rocmasm": lambda text: parse_rocmasm(text, t), ".optimized.ll": parse_nvptx_ll}.get(t.isa_suffix)
+    if parse is None:
+        raise ValueError(f"isa: no report for {t.family} ISA ({t.isa_suffix} files); target {target!r}")
     kernels: list[KernelReport] = []
     for name, text in sorted(files.items()):
-        if t.family in ("cdna", "rdna") and name.endswith(".rocmasm"):
-            kernels += parse_rocmasm(text, t.arch)
-        elif t.family == "nvidia" and name.endswith(".optimized.ll"):
-            kernels += parse_nvptx_ll(text)
+        if name.endswith(t.isa_suffix):
+            kernels += parse(text)
     if not kernels:
         raise ValueError(f"isa: no {t.family} kernels in the intermediates ({sorted(files)})")
     return IsaReport(target, kernels)

@@ -4,6 +4,9 @@ tabulate the ISA report: the acceptance matrix of the GPU code generation (no GP
     python -m convbw_mlir.bench.isa_matrix [--suite NAME ...] [--types f16,bf16] [--targets ...]
         [--jobs 2] [--out bench/results/isa_<date>]
 
+The targets (default: every GPU entry of :data:`convbw_mlir.targets.TARGETS`) and the matrix
+instructions expected of each come from that table.
+
 Each (problem, type) is compiled in a child process (:mod:`convbw_mlir.isolate`), so that a compiler
 crash (IREE 3.13 segfaults on some inputs) is recorded as such instead of ending the run.
 """
@@ -17,10 +20,28 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "matrix_targets", "write_tables"]
 
-GPU_TARGETS = ["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201", "sm_80"]
-MNEMONIC = {"cdna": "v_mfma", "rdna": "v_wmma", "nvidia": "llvm.nvvm.mma"}
+
+def matrix_targets(spec: str | None = None) -> list[str]:
+    """The targets of the matrix: the comma-separated names in ``spec``, or every GPU target of the table.
+
+    Raises:
+        ValueError: an unknown name, or one that is not a GPU target.
+    """
+    from convbw_mlir.targets import TARGETS, gpu_targets
+
+    if not spec:
+        return [t.name for t in gpu_targets()]
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    gpus = [t.name for t in gpu_targets()]
+    for n in names:
+        if n not in gpus:
+            why = "not a GPU target" if n in TARGETS else "unknown target"
+            raise ValueError(f"targets: {n!r} is {why}; GPU targets: {', '.join(gpus)}")
+    if not names:
+        raise ValueError(f"targets: {spec!r} names no target")
+    return names
 
 
 def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
@@ -105,7 +126,6 @@ def write_tables(results: list[dict], targets: list[str], out: Path) -> str:
         cells = []
         for t in targets:
             r, d = row["res"][f"{t}/ours"], row["res"][f"{t}/iree"]
-            fam = TARGETS[t].family
             if not r["ok"]:
                 ours_fail.append((row["name"], row["dtype"], t, r["error"]))
                 cells.append("**FAIL**")
@@ -114,7 +134,7 @@ def write_tables(results: list[dict], targets: list[str], out: Path) -> str:
                 default_fail.append((row["name"], row["dtype"], t, d["error"]))
             if r["scratch"]:
                 spills.append((row["name"], row["dtype"], t, r["scratch"]))
-            has = any(k.startswith(MNEMONIC[fam]) for k in r["mma"])
+            has = bool(TARGETS[t].mnemonics(row["dtype"]) & r["mma"].keys())
             if r["strategy"] == "mma" and not has:
                 missing_mma.append((row["name"], row["dtype"], t))
             ours = not r.get("dropped")
@@ -167,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m convbw_mlir.bench.isa_matrix")
     ap.add_argument("--suite", action="append", default=None)
     ap.add_argument("--types", default="f16,bf16")
-    ap.add_argument("--targets", default=",".join(GPU_TARGETS))
+    ap.add_argument("--targets", default="", help="comma-separated (default: every GPU target of the table)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="only the first N problems of each suite")
     ap.add_argument("--out", default=f"bench/results/isa_{datetime.date.today()}")
     args = ap.parse_args(argv)
-    targets = args.targets.split(",")
+    try:
+        targets = matrix_targets(args.targets)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     jobs = []
     for suite in args.suite or ["ck_test_grouped_convnd_bwd_weight", "seeds", "models"]:
         for name, p in load_suite(suite)[: args.limit or None]:
