@@ -173,12 +173,16 @@ def test_intrinsic_mnemonics_match_the_committed_isa_matrix():
     assert checked > 100
 
 
-def test_pipelines_tile_as_the_table_says():
-    from convbw_mlir.pipelines import for_target
+def test_plans_tile_as_the_table_says():
+    from convbw_mlir.plan import Strategy, decide
+    from convbw_mlir.problem import ConvBwdWeightProblem
 
+    grouped = ConvBwdWeightProblem.from_ck("2 32 32 8 8 3 3 28 28 1 1 1 1 1 1 1 1")
+    gemm = ConvBwdWeightProblem.from_ck("2 1 32 128 128 1 1 28 28 1 1 1 1 0 0 0 0")
     for t in gpu_targets():
-        (tile,) = [e.convbw.options for e in for_target(t.name) if e.argument == "convbw-tile"]
-        assert (tile.gemm, tile.grouped) == (t.tile_policy.gemm, t.tile_policy.grouped), t.name
+        for problem, policy in ((grouped, t.tile_policy.grouped), (gemm, t.tile_policy.gemm)):
+            want = Strategy.MMA if policy == "mma" else Strategy.IREE
+            assert decide(problem, t.name, k_batch=1).strategy is want, (t.name, problem.name)
 
 
 @pytest.mark.parametrize(
