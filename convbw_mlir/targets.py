@@ -38,9 +38,8 @@ class TilePolicy:
     acc_per_lane: tuple[tuple[str, int], ...] = ()  # cap of f32 accumulators a lane, by input type
 
 
-# RDNA (bench/results/isa_2026-11-22.md): IREE's tiles spill (ResNeXt G=32 C=8 on gfx1100: 984 B scratch;
-# CK's 1x1 GEMMs: 428-492 B), ours do not; a halved N (128 x 64) spilled 72 B (RetinaNet K=C=256 13x13);
-# 128 f32 accumulators a lane spilled 128-144 B, 64 a lane spilled 36-100 B in bf16 only.
+# RDNA: IREE's tiles spill where ours do not, and so do a halved N or more accumulators a lane:
+# docs/decisions.md#strategy-choice and #rdna-accumulators.
 _RDNA_POLICY = TilePolicy(gemm="mma", grouped="mma", narrow_n=False, acc_per_lane=(("f16", 64), ("bf16", 32)))
 
 
@@ -53,7 +52,7 @@ def _mma(prefix: str, dtype: str, shapes: tuple[tuple[int, int, int], ...], mnem
 
 
 # IREE's intrinsic names: compiler/src/iree/compiler/Codegen/Dialect/GPU/IR/IREEGPUEnums.td (MMAIntrinsic).
-# Mnemonics as LLVM prints them (bench/results/isa_2026-11-22_final.json): gfx90a in the pre-gfx940
+# Mnemonics as LLVM prints them (checked against the committed ISA matrices): gfx90a in the pre-gfx940
 # spelling (v_mfma_f32_16x16x16f16, bf16 "_1k" forms), gfx940+ with an underscore before the type.
 _F16_SHAPES = ((16, 16, 16), (32, 32, 8))  # gfx90a / gfx942: 16x16x16 and 32x32x8, 16x16x4 for f32
 _CDNA2 = {
@@ -70,7 +69,7 @@ _CDNA4 = {  # gfx950 doubles K: 16x16x32 and 32x32x16 (CDNA4 ISA guide, "MFMA" t
             "v_mfma_f32_{m}x{n}x{k}_" + t)
     for t in ("f16", "bf16", "f32")
 }  # fmt: skip
-# gfx11 and gfx12 print the same WMMA mnemonic; their operand forms differ (DESIGN.md: 16 vs 8 f16 a lane).
+# gfx11 and gfx12 print the same WMMA mnemonic; their operand forms differ (16 vs 8 f16 a lane).
 _RDNA3 = {t: _mma("WMMAR3_F32", t, ((16, 16, 16),), "v_wmma_f32_{m}x{n}x{k}_" + t) for t in ("f16", "bf16")}
 _RDNA4 = {t: _mma("WMMAR4_F32", t, ((16, 16, 16),), "v_wmma_f32_{m}x{n}x{k}_" + t) for t in ("f16", "bf16")}
 _SM80 = {  # the NVVM intrinsics are named after the accumulator types (f16 in, f32 out: .f32.f32)
@@ -181,7 +180,7 @@ class Target:
                 "--iree-llvmcpu-target-cpu=host",
             ]
         elif self.backend == "hip":
-            # 3.13 spells the chip flag --iree-rocm-target (not --iree-hip-target): DESIGN.md.
+            # 3.13 spells the chip flag --iree-rocm-target (not --iree-hip-target).
             flags = ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
         else:
             flags = ["--iree-hal-target-device=cuda", f"--iree-cuda-target={self.arch}"]
@@ -250,9 +249,8 @@ TARGETS: dict[str, Target] = {
     )
 }  # fmt: skip
 
-# The Hopper parts that run our sm_80 code (through the driver's PTX JIT). mma.sync, the instruction
-# sm_80 code uses, peaks at 643 TFLOP/s on an H200 in a register-only loop and copies move 4.25 TB/s
-# (measured, ../shared/DESIGN.md); datasheets: H100 SXM 132 SMs 3.35 TB/s, H200 132 SMs 4.8 TB/s;
+# The Hopper parts that run our sm_80 code (through the driver's PTX JIT); the mma.sync peak and copy
+# bandwidth are measured (docs/decisions.md#sm80-on-hopper); datasheets: H100 SXM 132 SMs 3.35 TB/s;
 # CUDA guide cc 9.0: 227 KiB shared memory a block, 228 KiB an SM, 64 warps an SM.
 RUNS_SM80 = {
     "H100": _nv("H100", "H100 SXM running sm_80 PTX", 132, 232448, 233472, 64,
