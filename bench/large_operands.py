@@ -68,7 +68,29 @@ def compile_all(out: Path, target: str, tiny: bool, only: str) -> None:
     (out / "cases.json").write_text(json.dumps({"target": target, "tiny": tiny}) + "\n")
 
 
-def run_case(path: Path, samples: int, seed: int, device: int | None) -> dict:
+def tail_inputs(p: ConvBwdWeightProblem, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """x and dy that are zero except in the images whose bytes, in the larger of the two, reach past the
+    last 2 GiB or 4 GiB boundary it crosses; those images random. dW then comes from those images alone:
+    a kernel whose offsets wrap at the boundary reads zeros there instead and gets dW wrong by its whole
+    size, far beyond any rounding. Returns x, dy and the first such image."""
+    elem = DTYPES[p.dtype]
+    big = "x" if math.prod(p.x_shape) >= math.prod(p.dy_shape) else "dy"
+    total = math.prod(p.shape(big)) * elem
+    boundary = 2**32 if total > 2**32 else 2**31
+    first = min(boundary // (total // p.batch), p.batch - 1)
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for t in ("x", "dy"):
+        a = np.zeros(p.shape(t), dtype=np.float16)  # calloc: untouched pages cost nothing
+        n_axis = p.dims(t).index("N")
+        tail = [slice(None)] * a.ndim
+        tail[n_axis] = slice(first, None)
+        a[tuple(tail)] = rng.standard_normal(a[tuple(tail)].shape, dtype=np.float32)
+        arrays.append(a)
+    return arrays[0], arrays[1], first
+
+
+def run_case(path: Path, samples: int, seed: int, device: int | None, tail: bool = False) -> dict:
     """Run one saved case and check ``samples`` dW entries against float64; the result as a dict."""
     from convbw_mlir.compiler import CompiledOp
     from convbw_mlir.reference import random_inputs
@@ -77,7 +99,10 @@ def run_case(path: Path, samples: int, seed: int, device: int | None) -> dict:
     p = op.problem
     row: dict = {"case": path.name, "problem": p.to_ck(), "target": op.target, "x_bytes": 0, "dy_bytes": 0}
     t0 = time.perf_counter()
-    x, dy = random_inputs(p, seed)
+    if tail:
+        x, dy, row["first_nonzero_image"] = tail_inputs(p, seed)
+    else:
+        x, dy = random_inputs(p, seed)
     row.update(x_bytes=x.nbytes, dy_bytes=dy.nbytes, inputs_s=round(time.perf_counter() - t0, 2))
     t0 = time.perf_counter()
     dw = op.run(x, dy, device=device)
@@ -104,11 +129,12 @@ def run_case(path: Path, samples: int, seed: int, device: int | None) -> dict:
     return row
 
 
-def run_all(art: Path, samples: int, seed: int, device: int | None, only: str) -> int:
+def run_all(art: Path, samples: int, seed: int, device: int | None, only: str, tail: bool = False) -> int:
     rows = []
-    for path in sorted(d for d in art.iterdir() if (d / "op.json").is_file() and only in d.name):
+    names = only.split(",")
+    for path in sorted(d for d in art.iterdir() if (d / "op.json").is_file() and any(n in d.name for n in names)):
         try:
-            row = run_case(path, samples, seed, device)
+            row = run_case(path, samples, seed, device, tail)
         except Exception as e:  # one failing case (device fault, memory) must not hide the others
             row = {"case": path.name, "ok": False, "error": f"{type(e).__name__}: {e}"}
             traceback.print_exc(file=sys.stderr)
@@ -122,7 +148,9 @@ def run_all(art: Path, samples: int, seed: int, device: int | None, only: str) -
                 f"max error {row['max_error']} over {row['samples']} samples (tolerance {row['tolerance']:.3g}) "
                 f"{verdict}; run {row['run_s']} s, inputs {row['inputs_s']} s, reference {row['reference_s']} s"
             )
-    (art / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (art / "results.json").write_text(
+            json.dumps(rows, indent=1) + "\n"
+        )  # after each case: a timeout keeps the rest
     return 0 if rows and all(r["ok"] for r in rows) else 1
 
 
@@ -134,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="artifact folder for --compile-only")
     ap.add_argument("--target", default="sm_80", help="compile target (default sm_80)")
     ap.add_argument("--tiny", action="store_true", help="the same cases with spatial sizes / 32")
-    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--filter", default="", help="only cases whose name contains one of these (comma-separated)")
+    ap.add_argument(
+        "--tail",
+        action="store_true",
+        help="inputs zero but past the last 2/4 GiB boundary (a wrapped offset reads zeros: dW ~ 0)",
+    )
     ap.add_argument("--samples", type=int, default=64, help="dW entries checked per case (default 64)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", type=int, default=None, help="device index of the target's driver")
@@ -144,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--compile-only needs --out DIR")
         compile_all(args.out, args.target, args.tiny, args.filter)
         return 0
-    return run_all(args.run, args.samples, args.seed, args.device, args.filter)
+    return run_all(args.run, args.samples, args.seed, args.device, args.filter, args.tail)
 
 
 if __name__ == "__main__":
