@@ -108,8 +108,51 @@ def test_runner_records_a_segfault_and_keeps_going(runner):
 @pytest.mark.parametrize("known", KNOWN_FAILURES, ids=[k.name for k in KNOWN_FAILURES])
 @pytest.mark.xfail(strict=True, reason="known failure, not fixed yet: remove it from KNOWN_FAILURES once fixed")
 def test_known_failure_reproducer_compiles_and_matches(runner, known):
-    p = ConvBwdWeightProblem.from_ck(known.ck)
+    p = known.problem
     x, dy = make_inputs(p)
-    answer = runner.call("run", p, dict(known.options), x, dy)
+    answer = runner.call("run", p, dict(known.options), x, dy, known.compiles, fresh=True)
     assert answer["status"] == "ok", answer.get("message", answer)
     assert max_error(answer["dw"], oracle_dw(p, x, dy)) <= tolerance(p)
+
+
+class _FakeRunner:
+    """Answers every request with one canned reply (the bookkeeping tests need no compiler)."""
+
+    starts = 0
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def call(self, *request, fresh=False):
+        return self.answer
+
+
+def _case(**changes) -> Case:
+    fields = dict(groups=1, batch=2, in_channels=1, out_channels=1, input_size=(4, 8), filter_size=(3, 3),
+                  stride=(2, 1), dtype="f16", layout="NHWGC/GKYXC/NHWGK")  # fmt: skip
+    fields.update(changes)
+    return Case(tuple(fields.items()), ())
+
+
+def test_new_compile_error_is_a_failure_but_the_known_one_is_not():
+    known = KNOWN_FAILURES[0]
+    stats = FuzzStats()
+    answer = {"status": "error", "type": "CompileError", "message": f"error: 'linalg.generic' op {known.message}"}
+    check_case(_case(), _FakeRunner(answer), stats)  # output height 1, filter 3, stride 2: the known one
+    assert stats.counts["known"] == 1 and not stats.failures
+    check_case(_case(stride=(1, 1), input_size=(3, 8)), _FakeRunner(answer), stats)  # same text, other problem
+    check_case(_case(batch=3), _FakeRunner({**answer, "message": "error: something else"}), stats)
+    assert stats.counts["error"] == 2 and len(stats.failures["error"]) == 2
+
+
+def test_wrong_result_crash_and_silent_acceptance_are_failures():
+    case = _case()
+    p = ConvBwdWeightProblem(**case.kwargs)
+    x, dy = make_inputs(p)
+    stats = FuzzStats()
+    wrong = (oracle_dw(p, x, dy) + 1.0).astype(np.float16)
+    check_case(case, _FakeRunner({"status": "ok", "dw": wrong, "compile_s": 0.0, "run_s": 0.0}), stats)
+    check_case(_case(batch=4), _FakeRunner({"status": "crashed", "exitcode": -11}), stats)
+    bad_option = Case(case.fields, (("k_batch", 0),), ("k_batch", "k-batch"), "k_batch")
+    check_case(bad_option, _FakeRunner({"status": "accepted"}), stats)
+    assert set(stats.failures) == {"wrong", "crashed", "accepted"}
