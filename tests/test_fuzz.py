@@ -3,8 +3,9 @@
 Hypothesis draws problems over rank 1-3, G, N, C, K, sizes, filters, strides, dilations, asymmetric
 pads, every layout family and type pairing, and compile options (k_batch 1/2/3/7/rows/auto, plan_for
 every target); about one example in six is made invalid and must be refused with a ValueError/TypeError
-naming the field, before IREE is called. Each valid problem compiles and runs in a child process, so an
-IREE crash is counted, not fatal. Failures are collected over the whole run (not shrunk) and the test
+naming the field, before IREE is called. Each valid problem compiles (in-process ``compile_op``) and runs
+in a child process of this test's own (``fuzz_support.IsolatedRunner``; ``compile_op(..., isolate=True)``
+is not there yet), so an IREE crash is counted, not fatal. Failures are collected over the whole run (not shrunk) and the test
 fails on any that is not in :data:`fuzz_support.KNOWN_FAILURES`.
 
 CONVBW_FUZZ_EXAMPLES sets the number of examples (default 200; ``make fuzz`` runs 2000); the seed is
