@@ -1,11 +1,12 @@
 # make run:  set up .venv and run the main example on the CPU (compile, run, verify, time)
 # make test: set up .venv, then pytest and lit
+# make fuzz: 2000 random problems compiled for the host and checked (CONVBW_FUZZ_EXAMPLES to change)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test pytest lit lint clean
+.PHONY: setup run test pytest lit lint clean fuzz
 
 setup: $(STAMP)
 
@@ -25,6 +26,9 @@ lit: setup
 	$(VENV)/bin/lit -sv lit
 
 test: pytest lit
+
+fuzz: setup
+	CONVBW_FUZZ_EXAMPLES=$${CONVBW_FUZZ_EXAMPLES:-2000} $(PY) -m pytest tests/test_fuzz.py
 
 lint: setup
 	$(VENV)/bin/ruff check .
