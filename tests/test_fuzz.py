@@ -3,10 +3,11 @@
 Hypothesis draws problems over rank 1-3, G, N, C, K, sizes, filters, strides, dilations, asymmetric
 pads, every layout family and type pairing, and compile options (k_batch 1/2/3/7/rows/auto, plan_for
 every target); about one example in six is made invalid and must be refused with a ValueError/TypeError
-naming the field, before IREE is called. Each valid problem compiles (in-process ``compile_op``) and runs
-in a child process of this test's own (``fuzz_support.IsolatedRunner``; ``compile_op(..., isolate=True)``
-is not there yet), so an IREE crash is counted, not fatal. Failures are collected over the whole run (not shrunk) and the test
-fails on any that is not in :data:`fuzz_support.KNOWN_FAILURES`.
+naming the field, before IREE is called. Each valid problem compiles and runs in a long-lived worker
+process (``fuzz_support.IsolatedRunner``: one child for many examples, cheaper than a child per compile as
+``compile_op(..., isolate=True)`` makes, and it also survives a crash while running), so an IREE crash is
+counted, not fatal. Failures are collected over the whole run (not shrunk) and the test fails on any that
+is not in :data:`fuzz_support.KNOWN_FAILURES` (none open now; the fixed ones are reproducers that must pass).
 
 CONVBW_FUZZ_EXAMPLES sets the number of examples (default 200; ``make fuzz`` runs 2000); the seed is
 fixed (``derandomize``), so a run repeats exactly.
@@ -19,7 +20,7 @@ import os
 import numpy as np
 import pytest
 from fuzz_support import (
-    KNOWN_FAILURES,
+    FIXED_FAILURES,
     Case,
     FuzzStats,
     IsolatedRunner,
@@ -106,9 +107,8 @@ def test_runner_records_a_segfault_and_keeps_going(runner):
     assert after["status"] == "ok" and max_error(after["dw"], oracle_dw(p, x, dy)) <= tolerance(p)
 
 
-@pytest.mark.parametrize("known", KNOWN_FAILURES, ids=[k.name for k in KNOWN_FAILURES])
-@pytest.mark.xfail(strict=True, reason="known failure, not fixed yet: remove it from KNOWN_FAILURES once fixed")
-def test_known_failure_reproducer_compiles_and_matches(runner, known):
+@pytest.mark.parametrize("known", FIXED_FAILURES, ids=[k.name for k in FIXED_FAILURES])
+def test_fixed_failure_reproducer_compiles_and_matches(runner, known):
     p = known.problem
     x, dy = make_inputs(p)
     answer = runner.call("run", p, dict(known.options), x, dy, known.compiles, fresh=True)
@@ -135,8 +135,11 @@ def _case(**changes) -> Case:
     return Case(tuple(fields.items()), ())
 
 
-def test_new_compile_error_is_a_failure_but_the_known_one_is_not():
-    known = KNOWN_FAILURES[0]
+def test_new_compile_error_is_a_failure_but_the_known_one_is_not(monkeypatch):
+    import fuzz_support
+
+    known = FIXED_FAILURES[0]  # as if it were still open
+    monkeypatch.setattr(fuzz_support, "KNOWN_FAILURES", (known,))
     stats = FuzzStats()
     answer = {"status": "error", "type": "CompileError", "message": f"error: 'linalg.generic' op {known.message}"}
     check_case(_case(), _FakeRunner(answer), stats)  # output height 1, filter 3, stride 2: the known one
