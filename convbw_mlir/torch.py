@@ -13,6 +13,7 @@ stream, so a call first waits for torch's current stream and returns when dW is 
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import types
@@ -156,6 +157,14 @@ def problem_for(
         raise ValueError(f"weight_size: expected C/groups = {c_total // groups} at index 1, got {wsize}")
     stride_t, dilation_t = _tuple("stride", stride, rank), _tuple("dilation", dilation, rank)
     low, high = _pads(padding, rank, wsize[2:], dilation_t)
+    out_size = [
+        (i + lo + hi - d * (f - 1) - 1) // st + 1
+        for i, lo, hi, d, f, st in zip(input.shape[2:], low, high, dilation_t, wsize[2:], stride_t)
+    ]
+    if tuple(grad_output.shape) != (n, k_total, *out_size):
+        raise ValueError(
+            f"grad_output: expected shape {(int(n), k_total, *out_size)} for these sizes, got {tuple(grad_output.shape)}"
+        )
     x_formats, dy_formats = _formats(input), _formats(grad_output)
     if not x_formats:
         raise ValueError(f"input: expected a contiguous or channels-last tensor, got strides {input.stride()}")
@@ -179,15 +188,13 @@ def problem_for(
         dtype=_DTYPES[input.dtype],
         layout=_FORMATS[fmt],
     )
-    want = (int(n), k_total, *problem.output_size)
-    if tuple(grad_output.shape) != want:
-        raise ValueError(f"grad_output: expected shape {want} for these sizes, got {tuple(grad_output.shape)}")
     return problem, fmt
 
 
 # -- kernels ---------------------------------------------------------------------------------------
 _KERNELS: dict[tuple, PreparedCall] = {}
 _LOCK = threading.Lock()
+atexit.register(_KERNELS.clear)  # release IREE's objects before the interpreter tears its bindings down
 
 
 def artifact_dir(problem: ConvBwdWeightProblem, target: str) -> Path | None:
@@ -276,8 +283,9 @@ def conv_weight(
     weight_size = tuple(int(s) for s in weight_size)
     # dW in the input's format: (K, C, *f) for layout 4 (GKCYX), (K, *f, C) for layout 2 (GKYXC)
     out_dense = torch.empty([weight_size[i] for i in order], dtype=input.dtype, device=input.device)
-    x = _host_aligned(input.permute(order))
-    dy = _host_aligned(grad_output.permute(order))
+    # detach: a view of the same memory (DLPack refuses tensors that require grad)
+    x = _host_aligned(input.detach().permute(order))
+    dy = _host_aligned(grad_output.detach().permute(order))
     args = kernel.prepare(
         kernel.import_dlpack(x, problem.x_shape, problem.dtype, "input"),
         kernel.import_dlpack(dy, problem.dy_shape, problem.dtype, "grad_output"),

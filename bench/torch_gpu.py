@@ -1,0 +1,288 @@
+"""The torch entry point on the GPU: correctness on the suites, per-call cost vs cuDNN, training loops.
+
+Here (IREE compiler installed), compile every kernel it needs for the GPU machine:
+    python bench/torch_gpu.py compile DIR [--target sm_80]
+There (torch + iree-base-runtime, no compiler), with DIR carried over:
+    python bench/torch_gpu.py all DIR --out OUTDIR      (each part in its own process)
+    python bench/torch_gpu.py check|time DIR --out FILE.json
+``check`` runs :func:`convbw_mlir.torch.conv_weight` on every problem of the ``seeds`` and ``models`` suites
+(channels-last tensors; a few contiguous ones too) and compares with a float64 torch reference under the
+product's tolerance (convbw_mlir.reference.tolerance), with cuDNN's f16 error beside it. ``time`` measures
+per call, for the smallest problems: queued (back to back) and single (call + wait for the result) through
+IREE's Python function invoker (``Kernel``), the prepared call (``PreparedCall``), the whole entry point
+and cuDNN, and the GPU time of the kernels alone (CUPTI through torch.profiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONTIGUOUS = ("resnext50_g32_c8_28", "streamk_3x3_128x128_n32_14", "mobilenetv2_dw_g144_56")
+TIMED = 8  # the smallest problems by flops, where the call's overhead shows
+TRAIN = {"resnext": dict(batch=32, size=56), "mobilenet": dict(batch=32, size=56)}  # noqa: C408
+
+
+def suite_problems() -> list[tuple[str, object]]:
+    from convbw_mlir.bench.suites import load_suite
+
+    return load_suite("seeds") + load_suite("models")
+
+
+def training_problems(model: str, batch: int, size: int) -> list:
+    """The problems a training step of ``examples/torch_training.py``'s model poses (f16, channels-last)."""
+    import torch
+
+    sys.path.insert(0, str(HERE.parent / "examples"))
+    from torch_training import build
+
+    from convbw_mlir.torch import problem_for
+
+    net, channels = build(model)
+    net = net.to(memory_format=torch.channels_last)
+    found = []
+
+    def hook(layer, inputs, output):  # noqa: ANN001, ANN202
+        x = inputs[0].to(torch.float16)
+        dy = torch.empty_like(output, dtype=torch.float16)
+        p, _ = problem_for(x, layer.weight.shape, dy, layer.stride, layer.padding, layer.dilation, layer.groups)
+        found.append(p)
+
+    for m in net.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            m.register_forward_hook(hook)
+    with torch.no_grad():
+        net(torch.zeros(batch, channels, size, size).contiguous(memory_format=torch.channels_last))
+    return list(dict.fromkeys(found))
+
+
+def compile_all(root: Path, target: str) -> None:
+    """Kernels with a caller-owned output (the entry point's) and, for the timed ones, without (the
+    Python invoker's), saved as ``root/<target>/<name>`` and ``root/plain-<target>/<name>``."""
+    from convbw_mlir.compiler import compile_op
+
+    problems = [p for _, p in suite_problems()]
+    contiguous = [p.with_(layout=4) for n, p in suite_problems() if n in CONTIGUOUS]
+    train = [p for m, kw in TRAIN.items() for p in training_problems(m, **kw)]
+    timed = sorted(problems, key=lambda p: p.flops)[:TIMED]
+    jobs = [(p, True) for p in dict.fromkeys(problems + contiguous + train)] + [(p, False) for p in timed]
+    for i, (p, out_arg) in enumerate(jobs):
+        folder = root / (target if out_arg else f"plain-{target}") / p.name
+        if (folder / "op.json").is_file():
+            continue
+        t0 = time.perf_counter()
+        compile_op(p, target, isolate=True, output_arg=out_arg).save(folder)
+        print(f"[{i + 1}/{len(jobs)}] {folder.relative_to(root)} {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def _torch_inputs(p, fmt: str, device: str = "cuda"):  # noqa: ANN001, ANN202
+    """x, weight size and dy as torch tensors for problem ``p`` (the layout ``fmt``), unit normal."""
+    import torch
+
+    g, n, c, k = p.groups, p.batch, p.in_channels, p.out_channels
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n, g * c, *p.input_size, device=device, generator=gen, dtype=torch.float16)
+    dy = torch.randn(n, g * k, *p.output_size, device=device, generator=gen, dtype=torch.float16)
+    if fmt == "channels_last":
+        perm = (0, *range(2, x.dim()), 1)
+        x, dy = (t.permute(perm).contiguous().permute([perm.index(i) for i in range(t.dim())]) for t in (x, dy))
+    return x, (g * k, c, *p.filter_size), dy
+
+
+def _torch_args(p) -> dict:  # noqa: ANN001
+    assert p.pad_low == p.pad_high, p
+    return dict(stride=p.stride, padding=p.pad_low, dilation=p.dilation, groups=p.groups)  # noqa: C408
+
+
+def _error(p, got, want) -> float:  # noqa: ANN001
+    """convbw_mlir.reference.assert_close's measure: max |got - want| / (|want| + rms(want))."""
+    got, want = got.double(), want.double()
+    scale = float(want.pow(2).mean().sqrt()) or 1.0
+    return float(((got - want).abs() / (want.abs() + scale)).max())
+
+
+def check(out: Path) -> None:
+    """conv_weight vs a float64 reference on every suite problem; one JSON line per problem."""
+    import torch
+
+    from convbw_mlir.reference import tolerance
+    from convbw_mlir.torch import conv_weight
+
+    cases = [(n, p, "channels_last") for n, p in suite_problems()]
+    cases += [(n, p.with_(layout=4), "contiguous") for n, p in suite_problems() if n in CONTIGUOUS]
+    with open(out, "w") as f:
+        for name, p, fmt in cases:
+            rec = {"name": name, "problem": p.name, "format": fmt}
+            try:
+                x, wsize, dy = _torch_inputs(p, fmt)
+                kw = _torch_args(p)
+                wgrad = getattr(torch.nn.grad, f"conv{p.rank}d_weight")
+                want = wgrad(x.double(), wsize, dy.double(), **kw)
+                got = conv_weight(x, wsize, dy, **kw)
+                torch.cuda.synchronize()
+                cudnn = wgrad(x, wsize, dy, **kw)
+                rec.update(
+                    ok=_error(p, got, want) <= tolerance(p)[0], error=_error(p, got, want),
+                    tolerance=tolerance(p)[0], cudnn_error=_error(p, cudnn, want),
+                    same_shape=tuple(got.shape) == tuple(wsize), dtype=str(got.dtype), device=str(got.device),
+                )  # fmt: skip
+            except Exception as e:  # one problem's failure is recorded, the rest still run
+                rec.update(ok=False, error_message=f"{type(e).__name__}: {e}"[:500])
+            print(json.dumps(rec), flush=True)
+            f.write(json.dumps(rec) + "\n")
+
+
+def _timed(fn, sync, n: int = 200) -> dict:  # noqa: ANN001
+    """Median µs per call queued (``n`` back to back, one wait) and single (call + wait), 5 rounds each."""
+    for _ in range(3):
+        fn()
+    sync()
+    queued, single = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        queued.append((time.perf_counter() - t0) / n)
+    for _ in range(50):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        single.append(time.perf_counter() - t0)
+    return {"queued_us": 1e6 * statistics.median(queued), "single_us": 1e6 * statistics.median(single)}
+
+
+def _kernel_us(fn, calls: int = 20) -> dict:  # noqa: ANN001
+    """GPU time of the kernels one call launches (CUPTI through torch.profiler), ours and torch's apart."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total, names = 0.0, set()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            total += e.device_time
+            names.add(e.name[:60])
+    return {"kernel_us": total / calls, "kernels": sorted(names)[:6]}
+
+
+def time_all(root: Path, out: Path) -> None:
+    """Per-call time of the smallest problems, each contender; one JSON line per problem."""
+    import torch
+
+    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.torch import _kernel_for, conv_weight, problem_for, target_for
+
+    timed = sorted(suite_problems(), key=lambda np_: np_[1].flops)[:TIMED]
+    sync = torch.cuda.synchronize
+    with open(out, "w") as f:
+        for name, p in timed:
+            rec = {"name": name, "problem": p.name, "gflop": p.flops / 1e9}
+            try:
+                x, wsize, dy = _torch_inputs(p, "channels_last")
+                kw = _torch_args(p)
+                w = torch.empty(wsize, device="cuda", dtype=x.dtype)
+                rank = p.rank
+                cudnn = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
+                    dy, x, w, None, kw["stride"], kw["padding"], kw["dilation"], False, [0] * rank, p.groups,
+                    [False, True, False],
+                )  # fmt: skip
+                rec["cudnn"] = _timed(cudnn, sync) | _kernel_us(cudnn)
+                target, driver, index = target_for(x.device)
+                plain = CompiledOp.load(root / f"plain-{target}" / p.name).kernel(index)
+                xd, dyd = (plain.device.from_dlpack_capsule(t.detach().permute(0, *range(2, t.dim()), 1).__dlpack__())
+                           for t in (x, dy))  # fmt: skip
+                import iree.runtime as rt
+
+                xd = rt.HalBufferView(xd.get_buffer(), list(p.x_shape), rt.HalElementType.FLOAT_16)
+                dyd = rt.HalBufferView(dyd.get_buffer(), list(p.dy_shape), rt.HalElementType.FLOAT_16)
+                invoker = lambda: plain._fn(xd, dyd)  # noqa: E731 - returns when done (the sync model)
+                rec["invoker"] = _timed(invoker, sync) | _kernel_us(invoker)
+                # single call with read-back as the benchmark did it: the result copied to the host
+                t_rb = []
+                for _ in range(30):
+                    t0 = time.perf_counter()
+                    plain._fn(xd, dyd).to_host()
+                    t_rb.append(time.perf_counter() - t0)
+                rec["invoker"]["single_to_host_us"] = 1e6 * statistics.median(t_rb)
+                prob, fmt = problem_for(x, wsize, dy, **kw)
+                kernel = _kernel_for(prob, x.device)
+                out_t = torch.empty(wsize, device="cuda", dtype=x.dtype).contiguous(memory_format=torch.channels_last)
+                perm = (0, *range(2, x.dim()), 1)
+                args = kernel.prepare(
+                    kernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
+                    kernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
+                    kernel.import_dlpack(out_t.permute(perm), prob.dw_shape, prob.dw_dtype),
+                )
+                rec["prepared"] = _timed(lambda: kernel.invoke(args), sync) | _kernel_us(lambda: kernel.invoke(args))
+                entry = lambda: conv_weight(x, wsize, dy, **kw)  # noqa: E731
+                rec["entry"] = _timed(entry, sync) | _kernel_us(entry)
+            except Exception as e:
+                rec["error_message"] = f"{type(e).__name__}: {e}"[:500]
+            print(json.dumps(rec), flush=True)
+            f.write(json.dumps(rec) + "\n")
+
+
+def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
+    """check, time and both training loops, each in its own process (a CUDA fault poisons a process)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CONVBW_ARTIFACTS=str(root))
+    me = str(Path(__file__).resolve())
+    start = time.perf_counter()
+    parts = [
+        ("check", [sys.executable, me, "check", str(root), "--out", str(outdir / "check.jsonl")], 0.30),
+        *(
+            (f"train_{m}", [sys.executable, str(HERE.parent / "examples" / "torch_training.py"), "--model", m,
+                            "--steps", str(steps), "--batch", str(kw["batch"]), "--size", str(kw["size"]),
+                            "--device", "cuda", "--out", str(outdir / f"train_{m}.json")], 0.25)
+            for m, kw in TRAIN.items()
+        ),
+        ("time", [sys.executable, me, "time", str(root), "--out", str(outdir / "time.jsonl")], 0.20),
+    ]  # fmt: skip
+    for name, cmd, share in parts:
+        left = budget - (time.perf_counter() - start)
+        limit = max(10.0, min(left, share * budget + 20))
+        t0 = time.perf_counter()
+        with open(outdir / f"{name}.log", "w") as log:
+            try:
+                rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        print(f"{name}: rc={rc} in {time.perf_counter() - t0:.1f} s (limit {limit:.0f} s)", flush=True)
+        print((outdir / f"{name}.log").read_text()[-1500:], flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["compile", "check", "time", "all"])
+    ap.add_argument("root", type=Path, help="the artifacts folder (CONVBW_ARTIFACTS)")
+    ap.add_argument("--target", default="sm_80")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--budget", type=float, default=240.0, help="seconds for 'all'")
+    a = ap.parse_args()
+    os.environ.setdefault("CONVBW_ARTIFACTS", str(a.root))
+    if a.what == "compile":
+        compile_all(a.root, a.target)
+    elif a.what == "check":
+        check(a.out)
+    elif a.what == "time":
+        time_all(a.root, a.out)
+    else:
+        run_all(a.root, a.out, a.steps, a.budget)
+
+
+if __name__ == "__main__":
+    main()
