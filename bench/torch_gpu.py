@@ -30,10 +30,14 @@ TIMED = 8  # the smallest problems by flops, where the call's overhead shows
 TRAIN = {"resnext": dict(batch=32, size=56), "mobilenet": dict(batch=32, size=56)}  # noqa: C408
 
 
+LIMIT: int | None = None  # --limit: the first problems of the suites only (a dry run on the CPU)
+DEVICE = "cuda"
+
+
 def suite_problems() -> list[tuple[str, object]]:
     from convbw_mlir.bench.suites import load_suite
 
-    return load_suite("seeds") + load_suite("models")
+    return (load_suite("seeds") + load_suite("models"))[:LIMIT]
 
 
 def training_problems(model: str, batch: int, size: int) -> list:
@@ -70,7 +74,7 @@ def compile_all(root: Path, target: str) -> None:
 
     problems = [p for _, p in suite_problems()]
     contiguous = [p.with_(layout=4) for n, p in suite_problems() if n in CONTIGUOUS]
-    train = [p for m, kw in TRAIN.items() for p in training_problems(m, **kw)]
+    train = [p for m, kw in TRAIN.items() for p in training_problems(m, **kw)] if LIMIT is None else []
     timed = sorted(problems, key=lambda p: p.flops)[:TIMED]
     jobs = [(p, True) for p in dict.fromkeys(problems + contiguous + train)] + [(p, False) for p in timed]
     for i, (p, out_arg) in enumerate(jobs):
@@ -82,10 +86,11 @@ def compile_all(root: Path, target: str) -> None:
         print(f"[{i + 1}/{len(jobs)}] {folder.relative_to(root)} {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def _torch_inputs(p, fmt: str, device: str = "cuda"):  # noqa: ANN001, ANN202
+def _torch_inputs(p, fmt: str):  # noqa: ANN001, ANN202
     """x, weight size and dy as torch tensors for problem ``p`` (the layout ``fmt``), unit normal."""
     import torch
 
+    device = DEVICE
     g, n, c, k = p.groups, p.batch, p.in_channels, p.out_channels
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n, g * c, *p.input_size, device=device, generator=gen, dtype=torch.float16)
@@ -126,7 +131,7 @@ def check(out: Path) -> None:
                 wgrad = getattr(torch.nn.grad, f"conv{p.rank}d_weight")
                 want = wgrad(x.double(), wsize, dy.double(), **kw)
                 got = conv_weight(x, wsize, dy, **kw)
-                torch.cuda.synchronize()
+                _sync()
                 cudnn = wgrad(x, wsize, dy, **kw)
                 rec.update(
                     ok=_error(p, got, want) <= tolerance(p)[0], error=_error(p, got, want),
@@ -137,6 +142,13 @@ def check(out: Path) -> None:
                 rec.update(ok=False, error_message=f"{type(e).__name__}: {e}"[:500])
             print(json.dumps(rec), flush=True)
             f.write(json.dumps(rec) + "\n")
+
+
+def _sync() -> None:
+    import torch
+
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _timed(fn, sync, n: int = 200) -> dict:  # noqa: ANN001
@@ -164,12 +176,14 @@ def _kernel_us(fn, calls: int = 20) -> dict:  # noqa: ANN001
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    if not DEVICE.startswith("cuda"):
+        return {}
     fn()
-    torch.cuda.synchronize()
+    _sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        _sync()
     total, names = 0.0, set()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
@@ -178,57 +192,73 @@ def _kernel_us(fn, calls: int = 20) -> dict:  # noqa: ANN001
     return {"kernel_us": total / calls, "kernels": sorted(names)[:6]}
 
 
-def time_all(root: Path, out: Path) -> None:
-    """Per-call time of the smallest problems, each contender; one JSON line per problem."""
+def _time_one(root: Path, p) -> dict:  # noqa: ANN001
+    """Every contender's per-call time on problem ``p`` (channels-last f16 tensors)."""
+    import iree.runtime as rt
     import torch
 
     from convbw_mlir.compiler import CompiledOp
     from convbw_mlir.torch import _kernel_for, conv_weight, problem_for, target_for
 
+    sync = _sync
+    rec = {}
+    x, wsize, dy = _torch_inputs(p, "channels_last")
+    kw = _torch_args(p)
+    w = torch.empty(wsize, device=DEVICE, dtype=x.dtype)
+    rank = p.rank
+
+    def cudnn():  # noqa: ANN202
+        return torch.ops.aten.convolution_backward(
+            dy, x, w, None, kw["stride"], kw["padding"], kw["dilation"], False, [0] * rank, p.groups,
+            [False, True, False],
+        )  # fmt: skip
+
+    rec["cudnn"] = _timed(cudnn, sync) | _kernel_us(cudnn)
+    target, _, index = target_for(x.device)
+    plain = CompiledOp.load(root / f"plain-{target}" / p.name).kernel(index)
+    perm = (0, *range(2, x.dim()), 1)
+    xd, dyd = (plain.device.from_dlpack_capsule(t.permute(perm).__dlpack__()) for t in (x, dy))
+    xd = rt.HalBufferView(xd.get_buffer(), list(p.x_shape), rt.HalElementType.FLOAT_16)
+    dyd = rt.HalBufferView(dyd.get_buffer(), list(p.dy_shape), rt.HalElementType.FLOAT_16)
+
+    def invoker():  # noqa: ANN202 - IREE's Python function invoker; returns when done (the sync model)
+        return plain._fn(xd, dyd)
+
+    rec["invoker"] = _timed(invoker, sync) | _kernel_us(invoker)
+    t_rb = []  # single call with read-back as the benchmark did it: the result copied to the host
+    for _ in range(30):
+        t0 = time.perf_counter()
+        plain._fn(xd, dyd).to_host()
+        t_rb.append(time.perf_counter() - t0)
+    rec["invoker"]["single_to_host_us"] = 1e6 * statistics.median(t_rb)
+    prob, _ = problem_for(x, wsize, dy, **kw)
+    kernel = _kernel_for(prob, x.device)
+    out_t = torch.empty(wsize, device=DEVICE, dtype=x.dtype).contiguous(memory_format=torch.channels_last)
+    args = kernel.prepare(
+        kernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
+        kernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
+        kernel.import_dlpack(out_t.permute(perm), prob.dw_shape, prob.dw_dtype),
+    )
+
+    def prepared():  # noqa: ANN202
+        kernel.invoke(args)
+
+    def entry():  # noqa: ANN202
+        return conv_weight(x, wsize, dy, **kw)
+
+    rec["prepared"] = _timed(prepared, sync) | _kernel_us(prepared)
+    rec["entry"] = _timed(entry, sync) | _kernel_us(entry)
+    return rec
+
+
+def time_all(root: Path, out: Path) -> None:
+    """Per-call time of the smallest problems, each contender; one JSON line per problem."""
     timed = sorted(suite_problems(), key=lambda np_: np_[1].flops)[:TIMED]
-    sync = torch.cuda.synchronize
     with open(out, "w") as f:
         for name, p in timed:
             rec = {"name": name, "problem": p.name, "gflop": p.flops / 1e9}
             try:
-                x, wsize, dy = _torch_inputs(p, "channels_last")
-                kw = _torch_args(p)
-                w = torch.empty(wsize, device="cuda", dtype=x.dtype)
-                rank = p.rank
-                cudnn = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
-                    dy, x, w, None, kw["stride"], kw["padding"], kw["dilation"], False, [0] * rank, p.groups,
-                    [False, True, False],
-                )  # fmt: skip
-                rec["cudnn"] = _timed(cudnn, sync) | _kernel_us(cudnn)
-                target, driver, index = target_for(x.device)
-                plain = CompiledOp.load(root / f"plain-{target}" / p.name).kernel(index)
-                xd, dyd = (plain.device.from_dlpack_capsule(t.detach().permute(0, *range(2, t.dim()), 1).__dlpack__())
-                           for t in (x, dy))  # fmt: skip
-                import iree.runtime as rt
-
-                xd = rt.HalBufferView(xd.get_buffer(), list(p.x_shape), rt.HalElementType.FLOAT_16)
-                dyd = rt.HalBufferView(dyd.get_buffer(), list(p.dy_shape), rt.HalElementType.FLOAT_16)
-                invoker = lambda: plain._fn(xd, dyd)  # noqa: E731 - returns when done (the sync model)
-                rec["invoker"] = _timed(invoker, sync) | _kernel_us(invoker)
-                # single call with read-back as the benchmark did it: the result copied to the host
-                t_rb = []
-                for _ in range(30):
-                    t0 = time.perf_counter()
-                    plain._fn(xd, dyd).to_host()
-                    t_rb.append(time.perf_counter() - t0)
-                rec["invoker"]["single_to_host_us"] = 1e6 * statistics.median(t_rb)
-                prob, fmt = problem_for(x, wsize, dy, **kw)
-                kernel = _kernel_for(prob, x.device)
-                out_t = torch.empty(wsize, device="cuda", dtype=x.dtype).contiguous(memory_format=torch.channels_last)
-                perm = (0, *range(2, x.dim()), 1)
-                args = kernel.prepare(
-                    kernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
-                    kernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
-                    kernel.import_dlpack(out_t.permute(perm), prob.dw_shape, prob.dw_dtype),
-                )
-                rec["prepared"] = _timed(lambda: kernel.invoke(args), sync) | _kernel_us(lambda: kernel.invoke(args))
-                entry = lambda: conv_weight(x, wsize, dy, **kw)  # noqa: E731
-                rec["entry"] = _timed(entry, sync) | _kernel_us(entry)
+                rec |= _time_one(root, p)
             except Exception as e:
                 rec["error_message"] = f"{type(e).__name__}: {e}"[:500]
             print(json.dumps(rec), flush=True)
@@ -238,18 +268,20 @@ def time_all(root: Path, out: Path) -> None:
 def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
     """check, time and both training loops, each in its own process (a CUDA fault poisons a process)."""
     outdir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, CONVBW_ARTIFACTS=str(root))
+    env = dict(os.environ, CONVBW_ARTIFACTS=str(root.resolve()))
     me = str(Path(__file__).resolve())
     start = time.perf_counter()
+    extra = ["--device", DEVICE] + (["--limit", str(LIMIT)] if LIMIT else [])
+    train = TRAIN if DEVICE.startswith("cuda") else {m: dict(batch=2, size=8) for m in TRAIN}  # noqa: C408
     parts = [
-        ("check", [sys.executable, me, "check", str(root), "--out", str(outdir / "check.jsonl")], 0.30),
+        ("check", [sys.executable, me, "check", str(root), "--out", str(outdir / "check.jsonl"), *extra], 0.30),
         *(
             (f"train_{m}", [sys.executable, str(HERE.parent / "examples" / "torch_training.py"), "--model", m,
                             "--steps", str(steps), "--batch", str(kw["batch"]), "--size", str(kw["size"]),
-                            "--device", "cuda", "--out", str(outdir / f"train_{m}.json")], 0.25)
-            for m, kw in TRAIN.items()
+                            "--device", DEVICE, "--out", str(outdir / f"train_{m}.json")], 0.25)
+            for m, kw in train.items()
         ),
-        ("time", [sys.executable, me, "time", str(root), "--out", str(outdir / "time.jsonl")], 0.20),
+        ("time", [sys.executable, me, "time", str(root), "--out", str(outdir / "time.jsonl"), *extra], 0.20),
     ]  # fmt: skip
     for name, cmd, share in parts:
         left = budget - (time.perf_counter() - start)
@@ -272,7 +304,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--budget", type=float, default=240.0, help="seconds for 'all'")
+    ap.add_argument("--limit", type=int, help="only the first LIMIT suite problems (a dry run)")
+    ap.add_argument("--device", default="cuda", help="torch device of check/time (cpu: a dry run, target host)")
     a = ap.parse_args()
+    global LIMIT, DEVICE
+    LIMIT, DEVICE = a.limit, a.device
     os.environ.setdefault("CONVBW_ARTIFACTS", str(a.root))
     if a.what == "compile":
         compile_all(a.root, a.target)

@@ -162,9 +162,8 @@ def problem_for(
         for i, lo, hi, d, f, st in zip(input.shape[2:], low, high, dilation_t, wsize[2:], stride_t)
     ]
     if tuple(grad_output.shape) != (n, k_total, *out_size):
-        raise ValueError(
-            f"grad_output: expected shape {(int(n), k_total, *out_size)} for these sizes, got {tuple(grad_output.shape)}"
-        )
+        want = (int(n), k_total, *out_size)
+        raise ValueError(f"grad_output: expected shape {want} for these sizes, got {tuple(grad_output.shape)}")
     x_formats, dy_formats = _formats(input), _formats(grad_output)
     if not x_formats:
         raise ValueError(f"input: expected a contiguous or channels-last tensor, got strides {input.stride()}")
@@ -189,6 +188,32 @@ def problem_for(
         layout=_FORMATS[fmt],
     )
     return problem, fmt
+
+
+_PROBLEMS: dict[tuple, tuple] = {}
+
+
+def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
+    """(problem, format, x/dy/dW shapes, permutation, kernel) of these arguments, remembered per argument
+    signature: building a problem and its shapes costs ~110 µs (its checks); a training step asks for the same
+    few again and again (docs/torch.md)."""
+    if not (isinstance(input, torch.Tensor) and isinstance(grad_output, torch.Tensor)):
+        problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)  # raises the error
+    key = (
+        input.shape, input.stride(), input.dtype, input.device, grad_output.shape, grad_output.stride(),
+        grad_output.dtype, grad_output.device, tuple(weight_size), str(stride), str(padding), str(dilation),
+        str(groups),
+    )  # fmt: skip
+    found = _PROBLEMS.get(key)
+    if found is None:
+        problem, fmt = problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
+        shapes = [list(problem.x_shape), list(problem.dy_shape), list(problem.dw_shape)]
+        kernel = _kernel_for(problem, input.device)
+        found = (problem, fmt, *shapes, _order(fmt, input.dim()), kernel)
+        if len(_PROBLEMS) > 4096:  # a bound for programs that see endless shapes
+            _PROBLEMS.clear()
+        _PROBLEMS[key] = found
+    return found
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -277,9 +302,9 @@ def conv_weight(
         TypeError / ValueError: naming the argument (dtype, device, shape, memory format).
         RuntimeError: no kernel for the problem (see :func:`artifact_dir`).
     """
-    problem, fmt = problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
-    kernel = _kernel_for(problem, input.device)
-    order = _order(fmt, input.dim())
+    problem, fmt, x_shape, dy_shape, dw_shape, order, kernel = _problem_memo(
+        input, weight_size, grad_output, stride, padding, dilation, groups
+    )
     weight_size = tuple(int(s) for s in weight_size)
     # dW in the input's format: (K, C, *f) for layout 4 (GKCYX), (K, *f, C) for layout 2 (GKYXC)
     out_dense = torch.empty([weight_size[i] for i in order], dtype=input.dtype, device=input.device)
@@ -287,9 +312,9 @@ def conv_weight(
     x = _host_aligned(input.detach().permute(order))
     dy = _host_aligned(grad_output.detach().permute(order))
     args = kernel.prepare(
-        kernel.import_dlpack(x, problem.x_shape, problem.dtype, "input"),
-        kernel.import_dlpack(dy, problem.dy_shape, problem.dtype, "grad_output"),
-        kernel.import_dlpack(out_dense, problem.dw_shape, problem.dw_dtype, "output"),
+        kernel.import_dlpack(x, x_shape, problem.dtype, "input"),
+        kernel.import_dlpack(dy, dy_shape, problem.dtype, "grad_output"),
+        kernel.import_dlpack(out_dense, dw_shape, problem.dw_dtype, "output"),
     )
     if input.device.type == "cuda":
         # IREE's CUDA driver runs on its own stream: the inputs must be written before it reads them.

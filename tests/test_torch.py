@@ -164,6 +164,7 @@ def test_kernels_are_loaded_from_the_artifacts_folder_before_compiling(monkeypat
     first = ct.conv2d_weight(x, wsize, dy, padding=1)
     assert (ct.artifact_dir(problem, "host") / "op.json").is_file()
     ct._KERNELS.clear()  # a new process: only the folder is left
+    ct._PROBLEMS.clear()
 
     def no_compile(*a, **k):
         raise AssertionError("compiled although an artifact exists")
@@ -175,6 +176,7 @@ def test_kernels_are_loaded_from_the_artifacts_folder_before_compiling(monkeypat
 def test_no_artifact_and_no_compiler_is_an_error_naming_the_variable(monkeypatch):
     x, wsize, dy = _inputs(2, 4, 4, 1, size=4)
     ct._KERNELS.clear()
+    ct._PROBLEMS.clear()
     monkeypatch.setitem(sys.modules, "iree.compiler", None)  # as on a runtime-only GPU machine
     with pytest.raises(RuntimeError, match=r"no kernel for .* on host: none in CONVBW_ARTIFACTS=.*no IREE compiler"):
         ct.conv2d_weight(x, wsize, dy, padding=1)
