@@ -296,10 +296,69 @@ def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
         print((outdir / f"{name}.log").read_text()[-1500:], flush=True)
 
 
+def report(results: Path, stem: Path) -> None:
+    """``stem``.md (tables) and ``stem``.png (loss curves) from the files ``all`` wrote into ``results``."""
+    lines = [f"# torch entry point on the GPU ({(results / 'device.txt').read_text().strip()})", ""]
+    check_rows = [json.loads(x) for x in (results / "check.jsonl").read_text().splitlines() if x.strip()]
+    ok = sum(r.get("ok", False) for r in check_rows)
+    head = "| problem | format | error | tolerance | cuDNN f16 error | ok |"
+    lines += [f"## conv_weight vs float64 torch: {ok} of {len(check_rows)} within tolerance", "",
+              head, "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in check_rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | {r['format']} | {r['error']:.2e} | {r['tolerance']:.2e} | "
+                         f"{r['cudnn_error']:.2e} | {'yes' if r['ok'] else '**no**'} |")  # fmt: skip
+        else:
+            lines.append(f"| {r['name']} | {r['format']} | {r.get('error_message', '')[:80]} | | | **no** |")
+    if (results / "time.jsonl").is_file():
+        lines += ["", "## µs per call: queued (back to back) / single (call + wait) / GPU kernels alone (CUPTI)", "",
+                  "| problem | GFLOP | cuDNN | invoker | invoker + to_host | prepared | entry point |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for x in (results / "time.jsonl").read_text().splitlines():
+            r = json.loads(x)
+            if "error_message" in r:
+                lines.append(f"| {r['name']} | {r['gflop']:.2f} | {r['error_message'][:100]} | | | | |")
+                continue
+
+            def cell(c: dict) -> str:
+                return f"{c['queued_us']:.1f} / {c['single_us']:.1f} / {c.get('kernel_us', float('nan')):.1f}"
+
+            to_host = r["invoker"]["single_to_host_us"]
+            lines.append(f"| {r['name']} | {r['gflop']:.2f} | {cell(r['cudnn'])} | {cell(r['invoker'])} | "
+                         f"{to_host:.1f} | {cell(r['prepared'])} | {cell(r['entry'])} |")  # fmt: skip
+    curves = {m: json.loads((results / f"train_{m}.json").read_text()) for m in TRAIN
+              if (results / f"train_{m}.json").is_file()}  # fmt: skip
+    if curves:
+        lines += ["", "## Training loops (same seeds and data; SGD momentum 0.9)", "",
+                  "| model | steps | batch x size | max rel. loss difference | final loss torch / ours | "
+                  "step ms torch / ours | layers switched |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for m, r in curves.items():
+            lines.append(
+                f"| {m} | {r['steps']} | {r['batch']} x {r['size']}² | {r['max_rel_loss_diff']:.2e} | "
+                f"{r['torch']['losses'][-1]:.4f} / {r['ours']['losses'][-1]:.4f} | "
+                f"{r['step_ms_torch']:.2f} / {r['step_ms_ours']:.2f} | {len(r['ours']['converted'])} |"
+            )
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(2, len(curves), figsize=(6 * len(curves), 6), squeeze=False)
+        for i, (m, r) in enumerate(curves.items()):
+            axes[0][i].plot(r["torch"]["losses"], label="torch (cuDNN dW)")
+            axes[0][i].plot(r["ours"]["losses"], "--", label="ours (convbw dW)")
+            axes[0][i].set_title(f"{m}: loss"), axes[0][i].legend()
+            axes[1][i].semilogy([max(d, 1e-12) for d in r["rel_loss_diff"]])
+            axes[1][i].set_title(f"{m}: relative loss difference"), axes[1][i].set_xlabel("step")
+        fig.tight_layout()
+        fig.savefig(stem.with_suffix(".png"), dpi=100)
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["compile", "check", "time", "all"])
-    ap.add_argument("root", type=Path, help="the artifacts folder (CONVBW_ARTIFACTS)")
+    ap.add_argument("what", choices=["compile", "check", "time", "all", "report"])
+    ap.add_argument("root", type=Path, help="the artifacts folder (CONVBW_ARTIFACTS); for report: the results")
     ap.add_argument("--target", default="sm_80")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--steps", type=int, default=200)
@@ -314,6 +373,8 @@ def main() -> None:
         compile_all(a.root, a.target)
     elif a.what == "check":
         check(a.out)
+    elif a.what == "report":
+        report(a.root, a.out)
     elif a.what == "time":
         time_all(a.root, a.out)
     else:
