@@ -76,13 +76,15 @@ def compile_all(root: Path, target: str) -> None:
     contiguous = [p.with_(layout=4) for n, p in suite_problems() if n in CONTIGUOUS]
     train = [p for m, kw in TRAIN.items() for p in training_problems(m, **kw)] if LIMIT is None else []
     timed = sorted(problems, key=lambda p: p.flops)[:TIMED]
-    jobs = [(p, True) for p in dict.fromkeys(problems + contiguous + train)] + [(p, False) for p in timed]
-    for i, (p, out_arg) in enumerate(jobs):
-        folder = root / (target if out_arg else f"plain-{target}") / p.name
+    jobs = [(p, True, "") for p in dict.fromkeys(problems + contiguous + train)]
+    jobs += [(p, False, "plain-") for p in timed] + [(p, True, "async-") for p in timed]
+    for i, (p, out_arg, kind) in enumerate(jobs):
+        folder = root / f"{kind}{target}" / p.name
         if (folder / "op.json").is_file():
             continue
         t0 = time.perf_counter()
-        compile_op(p, target, isolate=True, output_arg=out_arg).save(folder)
+        flags = ["--iree-execution-model=async-external"] if kind == "async-" else None
+        compile_op(p, target, flags, isolate=True, output_arg=out_arg).save(folder)
         print(f"[{i + 1}/{len(jobs)}] {folder.relative_to(root)} {time.perf_counter() - t0:.1f} s", flush=True)
 
 
@@ -247,6 +249,23 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
         return conv_weight(x, wsize, dy, **kw)
 
     rec["prepared"] = _timed(prepared, sync) | _kernel_us(prepared)
+    from convbw_mlir.runtime import PreparedCall
+
+    akernel = PreparedCall(CompiledOp.load(root / f"async-{target}" / p.name).vmfb, kernel.driver, index)
+    aargs = akernel.prepare(
+        akernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
+        akernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
+        akernel.import_dlpack(out_t.permute(perm), prob.dw_shape, prob.dw_dtype),
+    )
+
+    def queued_async():  # noqa: ANN202 - returns once queued; the timing's sync waits for all
+        akernel.invoke(aargs, wait=False)
+
+    def sync_async() -> None:
+        akernel.wait()
+        sync()
+
+    rec["async"] = _timed(queued_async, sync_async) | _kernel_us(queued_async)
     rec["entry"] = _timed(entry, sync) | _kernel_us(entry)
     return rec
 
@@ -312,8 +331,8 @@ def report(results: Path, stem: Path) -> None:
             lines.append(f"| {r['name']} | {r['format']} | {r.get('error_message', '')[:80]} | | | **no** |")
     if (results / "time.jsonl").is_file():
         lines += ["", "## µs per call: queued (back to back) / single (call + wait) / GPU kernels alone (CUPTI)", "",
-                  "| problem | GFLOP | cuDNN | invoker | invoker + to_host | prepared | entry point |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| problem | GFLOP | cuDNN | invoker | invoker + to_host | prepared | async fences | entry point |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for x in (results / "time.jsonl").read_text().splitlines():
             r = json.loads(x)
             if "error_message" in r:
@@ -321,11 +340,14 @@ def report(results: Path, stem: Path) -> None:
                 continue
 
             def cell(c: dict) -> str:
+                if not c:
+                    return "-"
                 return f"{c['queued_us']:.1f} / {c['single_us']:.1f} / {c.get('kernel_us', float('nan')):.1f}"
 
             to_host = r["invoker"]["single_to_host_us"]
             lines.append(f"| {r['name']} | {r['gflop']:.2f} | {cell(r['cudnn'])} | {cell(r['invoker'])} | "
-                         f"{to_host:.1f} | {cell(r['prepared'])} | {cell(r['entry'])} |")  # fmt: skip
+                         f"{to_host:.1f} | {cell(r['prepared'])} | {cell(r.get('async', {}))} | "
+                         f"{cell(r['entry'])} |")  # fmt: skip
     curves = {m: json.loads((results / f"train_{m}.json").read_text()) for m in TRAIN
               if (results / f"train_{m}.json").is_file()}  # fmt: skip
     if curves:

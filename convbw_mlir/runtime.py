@@ -290,6 +290,11 @@ class PreparedCall:
                 f"vmfb: {function} takes no output argument; compile with compile_op(..., output_arg=True)"
             )
         self._fn = fn
+        # --iree-execution-model=async-external: the function takes a wait and a signal fence and
+        # returns once the work is queued; calls are ordered on one timeline semaphore.
+        self.is_async = fn.reflection.get("iree.abi.model") == "coarse-fences"
+        self._timeline = self.device.create_semaphore(0) if self.is_async else None
+        self._tick = 0
 
     def element_type(self, dtype: str) -> Any:
         """IREE's element type for ``f16``, ``bf16`` or ``f32``."""
@@ -324,9 +329,30 @@ class PreparedCall:
         args.push_ref(out.get_buffer().ref if hasattr(out, "get_buffer") else out.ref)
         return args
 
-    def invoke(self, args: Any) -> None:
-        """Run once on a prepared argument list; returns when dW is written."""
-        self._context.invoke(self._fn, args, self._rt.VmVariantList(1))
+    def invoke(self, args: Any, wait: bool = True) -> None:
+        """Run once on a prepared argument list; returns when dW is written.
+
+        Args:
+            wait: for an async-external module, False returns once the call is queued (after the
+                previous one, on this kernel's timeline); :meth:`wait` waits for all queued calls.
+        """
+        if not self.is_async:
+            self._context.invoke(self._fn, args, self._rt.VmVariantList(1))
+            return
+        full = self._rt.VmVariantList(len(args) + 2)
+        for i in range(len(args)):
+            full.push_ref(args.get_as_ref(i))
+        full.push_ref(self._rt.HalFence.create_at(self._timeline, self._tick).ref)
+        self._tick += 1
+        full.push_ref(self._rt.HalFence.create_at(self._timeline, self._tick).ref)
+        self._context.invoke(self._fn, full, self._rt.VmVariantList(1))
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait until every call queued with ``invoke(..., wait=False)`` has finished."""
+        if self.is_async:
+            self._timeline.wait(self._tick)
 
     def __call__(self, x: Any, dy: Any, out: Any) -> None:
         self.invoke(self.prepare(x, dy, out))

@@ -74,3 +74,18 @@ def test_aligned_empty_is_aligned_and_contiguous():
     for shape in [(3,), (5, 7), (2, 3, 4)]:
         a = aligned_empty(shape, np.float16)
         assert a.ctypes.data % HOST_ALIGNMENT == 0 and a.flags.c_contiguous and a.shape == shape
+
+
+def test_async_external_module_queues_calls_on_fences_and_waits_once():
+    op = compile_op(P, "host", ["--iree-execution-model=async-external"], output_arg=True)
+    call = PreparedCall(op.vmfb, "local-task")
+    assert call.is_async
+    x, dy = (_aligned_copy(a) for a in random_inputs(P))
+    out = aligned_empty(P.dw_shape, np.float16)
+    out[...] = np.nan
+    args = call.prepare(call.import_numpy(x, "f16"), call.import_numpy(dy, "f16"), call.import_numpy(out, "f16"))
+    for _ in range(5):
+        call.invoke(args, wait=False)
+    call.wait()
+    assert_close(P, out, reference(P, x, dy))
+    assert call._timeline.query() == 5  # one signal per call, in order on the kernel's timeline
