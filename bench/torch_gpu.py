@@ -235,7 +235,9 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
     rec["invoker"]["single_to_host_us"] = 1e6 * statistics.median(t_rb)
     prob, _ = problem_for(x, wsize, dy, **kw)
     kernel = _kernel_for(prob, x.device)
-    out_t = torch.empty(wsize, device=DEVICE, dtype=x.dtype).contiguous(memory_format=torch.channels_last)
+    out_t = torch.empty([wsize[i] for i in perm], device=DEVICE, dtype=x.dtype).permute(
+        [perm.index(i) for i in range(x.dim())]
+    )
     args = kernel.prepare(
         kernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
         kernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
@@ -315,6 +317,56 @@ def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
         print((outdir / f"{name}.log").read_text()[-1500:], flush=True)
 
 
+def diag(root: Path, names: list[str], out: Path) -> None:
+    """Where a wrong dW comes from: our output-argument kernel into zeros and into NaNs (read at once and
+    after a pause), and the Python invoker's kernel (IREE allocates dW), on the named suite problems."""
+    import iree.runtime as rt
+    import torch
+
+    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.torch import _kernel_for, problem_for
+
+    recs = []
+    for name, p in suite_problems():
+        if name not in names:
+            continue
+        rec = {"name": name}
+        try:
+            x, wsize, dy = _torch_inputs(p, "channels_last")
+            kw = _torch_args(p)
+            want = getattr(torch.nn.grad, f"conv{p.rank}d_weight")(x.double(), wsize, dy.double(), **kw)
+            perm = (0, *range(2, x.dim()), 1)
+            inv = [perm.index(i) for i in range(x.dim())]
+            prob, _ = problem_for(x, wsize, dy, **kw)
+            kernel = _kernel_for(prob, x.device)
+            torch.cuda.synchronize()
+            for fill, pause in (("zeros", 0.0), ("nan", 0.0), ("nan", 0.5), ("zeros", 0.5)):
+                out = torch.full([wsize[i] for i in perm], 0.0 if fill == "zeros" else float("nan"),
+                                 device=x.device, dtype=x.dtype)  # fmt: skip
+                torch.cuda.synchronize()
+                kernel(kernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
+                       kernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
+                       kernel.import_dlpack(out, prob.dw_shape, prob.dw_dtype))  # fmt: skip
+                time.sleep(pause)
+                got = out.permute(inv)
+                rec[f"{fill}_{pause}"] = {
+                    "error": _error(p, got.nan_to_num(0.0), want), "nan": int(got.isnan().sum()),
+                    "zeros": int((got == 0).sum()), "size": got.numel(),
+                }  # fmt: skip
+            k = CompiledOp.load(root / "plain-sm_80" / p.name).kernel(0)
+            xd = k.device.from_dlpack_capsule(x.permute(perm).__dlpack__())
+            dyd = k.device.from_dlpack_capsule(dy.permute(perm).__dlpack__())
+            xd = rt.HalBufferView(xd.get_buffer(), list(p.x_shape), rt.HalElementType.FLOAT_16)
+            dyd = rt.HalBufferView(dyd.get_buffer(), list(p.dy_shape), rt.HalElementType.FLOAT_16)
+            host = torch.from_numpy(k._fn(xd, dyd).to_host().copy()).to(x.device)
+            rec["invoker_error"] = _error(p, host.reshape([wsize[i] for i in perm]).permute(inv), want)
+        except Exception as e:
+            rec["error_message"] = f"{type(e).__name__}: {e}"[:500]
+        print(json.dumps(rec), flush=True)
+        recs.append(rec)
+    out.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+
+
 def report(results: Path, stem: Path) -> None:
     """``stem``.md (tables) and ``stem``.png (loss curves) from the files ``all`` wrote into ``results``."""
     lines = [f"# torch entry point on the GPU ({(results / 'device.txt').read_text().strip()})", ""]
@@ -379,7 +431,8 @@ def report(results: Path, stem: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["compile", "check", "time", "all", "report"])
+    ap.add_argument("what", choices=["compile", "check", "time", "all", "report", "diag"])
+    ap.add_argument("--names", default="", help="diag: comma-separated suite names")
     ap.add_argument("root", type=Path, help="the artifacts folder (CONVBW_ARTIFACTS); for report: the results")
     ap.add_argument("--target", default="sm_80")
     ap.add_argument("--out", type=Path)
@@ -395,6 +448,8 @@ def main() -> None:
         compile_all(a.root, a.target)
     elif a.what == "check":
         check(a.out)
+    elif a.what == "diag":
+        diag(a.root, a.names.split(","), a.out)
     elif a.what == "report":
         report(a.root, a.out)
     elif a.what == "time":
