@@ -317,7 +317,7 @@ def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
         print((outdir / f"{name}.log").read_text()[-1500:], flush=True)
 
 
-def diag(root: Path, names: list[str], out: Path) -> None:
+def diag(root: Path, names: list[str], out_path: Path) -> None:
     """Where a wrong dW comes from: our output-argument kernel into zeros and into NaNs (read at once and
     after a pause), and the Python invoker's kernel (IREE allocates dW), on the named suite problems."""
     import iree.runtime as rt
@@ -364,7 +364,44 @@ def diag(root: Path, names: list[str], out: Path) -> None:
             rec["error_message"] = f"{type(e).__name__}: {e}"[:500]
         print(json.dumps(rec), flush=True)
         recs.append(rec)
-    out.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    Path(out_path).write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+
+
+def overread(out_path: Path) -> None:
+    """Does a kernel read outside its inputs? x and dy are placed in larger buffers whose other elements are
+    NaN (after them, then before them); a kernel that stays in bounds gives the same finite dW."""
+    import torch
+
+    from convbw_mlir.reference import tolerance
+    from convbw_mlir.torch import conv_weight
+
+    slack = 1 << 20
+    with open(out_path, "w") as f:
+        for name, p in suite_problems():
+            rec = {"name": name}
+            try:
+                x0, wsize, dy0 = _torch_inputs(p, "channels_last")
+                kw = _torch_args(p)
+                want = getattr(torch.nn.grad, f"conv{p.rank}d_weight")(x0.double(), wsize, dy0.double(), **kw)
+                perm = (0, *range(2, x0.dim()), 1)
+                inv = [perm.index(i) for i in range(x0.dim())]
+                for where in ("after", "before"):
+                    views = []
+                    for t in (x0, dy0):
+                        dense = t.permute(perm)  # contiguous: the memory order
+                        buf = torch.full((dense.numel() + slack,), float("nan"), device=t.device, dtype=t.dtype)
+                        start = 0 if where == "after" else slack
+                        v = buf[start : start + dense.numel()].view(dense.shape)
+                        v.copy_(dense)
+                        views.append(v.permute(inv))
+                    got = conv_weight(views[0], wsize, views[1], **kw)
+                    rec[f"nan_{where}"] = {"nan": int(got.isnan().sum()), "error": _error(p, got.nan_to_num(0), want)}
+                rec["ok"] = all(rec[f"nan_{w}"]["nan"] == 0 and rec[f"nan_{w}"]["error"] <= tolerance(p)[0]
+                                for w in ("after", "before"))  # fmt: skip
+            except Exception as e:
+                rec["error_message"] = f"{type(e).__name__}: {e}"[:300]
+            print(json.dumps(rec), flush=True)
+            f.write(json.dumps(rec) + "\n")
 
 
 def report(results: Path, stem: Path) -> None:
@@ -431,7 +468,7 @@ def report(results: Path, stem: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["compile", "check", "time", "all", "report", "diag"])
+    ap.add_argument("what", choices=["compile", "check", "time", "all", "report", "diag", "overread"])
     ap.add_argument("--names", default="", help="diag: comma-separated suite names")
     ap.add_argument("root", type=Path, help="the artifacts folder (CONVBW_ARTIFACTS); for report: the results")
     ap.add_argument("--target", default="sm_80")
@@ -448,6 +485,8 @@ def main() -> None:
         compile_all(a.root, a.target)
     elif a.what == "check":
         check(a.out)
+    elif a.what == "overread":
+        overread(a.out)
     elif a.what == "diag":
         diag(a.root, a.names.split(","), a.out)
     elif a.what == "report":
