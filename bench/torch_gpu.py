@@ -418,6 +418,11 @@ def report(results: Path, stem: Path) -> None:
                          f"{r['cudnn_error']:.2e} | {'yes' if r['ok'] else '**no**'} |")  # fmt: skip
         else:
             lines.append(f"| {r['name']} | {r['format']} | {r.get('error_message', '')[:80]} | | | **no** |")
+    if (results / "overread.jsonl").is_file():
+        over = [json.loads(x) for x in (results / "overread.jsonl").read_text().splitlines() if x.strip()]
+        bad = [r["name"] for r in over if not r.get("ok")]
+        lines += ["", f"## Inputs between NaNs (overread): {len(over) - len(bad)} of {len(over)} kernels stay inside",
+                  "", "Reading past the end of x or dy: " + (", ".join(bad) or "none")]  # fmt: skip
     if (results / "time.jsonl").is_file():
         lines += ["", "## µs per call: queued (back to back) / single (call + wait) / GPU kernels alone (CUPTI)", "",
                   "| problem | GFLOP | cuDNN | invoker | invoker + to_host | prepared | async fences | entry point |",
