@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: pip install .[torch])")
-ct = pytest.importorskip("convbw_mlir.torch")
+from convbw_mlir import torch as ct  # noqa: E402 - after the skip: it needs torch
 
 
 @pytest.fixture(autouse=True, scope="module")
