@@ -429,6 +429,7 @@ def compile_op(
     plan: Plan | None = None,
     isolate: bool = False,
     timeout: float | None = None,
+    output_arg: bool = False,
     **options: Any,
 ) -> CompiledOp:
     """Compile ``problem`` for ``target`` through the target's pipeline and IREE.
@@ -442,6 +443,8 @@ def compile_op(
         isolate: compile in a child process (:mod:`convbw_mlir.isolate`), so that an IREE crash raises
             :class:`CompileError` here instead of ending this process.
         timeout: with ``isolate``, seconds before the child is killed (None: no limit).
+        output_arg: give the function a third argument, the buffer dW is written into
+            (``{iree.abi.output = 0}``): the caller owns the output (:class:`convbw_mlir.runtime.PreparedCall`).
         **options: pass options for the target pipeline (see :func:`convbw_mlir.pipelines.for_target`).
 
     Raises:
@@ -454,7 +457,8 @@ def compile_op(
 
         get_target(target)  # a bad name is the caller's ValueError, before a child starts
         what = f"{problem.name} for {target}"
-        return call(compile_op, problem, target, extra_flags, plan=plan, what=what, timeout=timeout, **options)
+        kw = {"output_arg": True} if output_arg else {}
+        return call(compile_op, problem, target, extra_flags, plan=plan, what=what, timeout=timeout, **kw, **options)
     if timeout is not None:
         raise ValueError("timeout: applies to isolate=True compiles only")
     import iree.compiler
@@ -474,6 +478,8 @@ def compile_op(
         module = convbw.build_module(problem, plan)
         stages = {"convbw": str(module)}
         run_pipeline(module, pipeline, ctx)
+        if output_arg:
+            _add_output_arg(module)
         stages["linalg"] = str(module)
         bytecode = _bytecode(module)
         plan = _plan_carried_out(module)
@@ -488,6 +494,26 @@ def compile_op(
         iree_version=getattr(iree.compiler, "__version__", "") or _iree_version(),
         plan=plan,
     )
+
+
+def _add_output_arg(module: Any) -> None:
+    """Append ``%out: !hal.buffer {iree.abi.output = 0 : index}`` to the entry function: IREE then
+    writes result 0 into that caller-owned buffer instead of allocating one per call (iree-org/iree#17012)."""
+    from convbw_mlir.dialects.convbw import FUNC_NAME
+    from convbw_mlir.ir_imports import ir
+
+    (fn,) = [op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == FUNC_NAME]
+    with module.context, ir.Location.unknown():
+        buffer_t = ir.Type.parse("!hal.buffer")
+        fn.regions[0].blocks[0].add_argument(buffer_t, ir.Location.unknown())
+        ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+        fn.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get([*ftype.inputs, buffer_t], list(ftype.results))
+        )
+        old = list(ir.ArrayAttr(fn.attributes["arg_attrs"])) if "arg_attrs" in fn.attributes else []
+        old += [ir.DictAttr.get({})] * (len(ftype.inputs) - len(old))
+        tie = ir.DictAttr.get({"iree.abi.output": ir.IntegerAttr.get(ir.IndexType.get(), 0)})
+        fn.attributes["arg_attrs"] = ir.ArrayAttr.get([*old, tie])
 
 
 def _plan_carried_out(module: Any) -> Plan | None:

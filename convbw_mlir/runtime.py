@@ -18,6 +18,8 @@ __all__ = [
     "DeviceError",
     "Kernel",
     "NotEnoughMemoryError",
+    "PreparedCall",
+    "aligned_empty",
     "available_memory",
     "check_inputs",
     "check_memory",
@@ -243,3 +245,144 @@ def time_calls(
         if len(samples) >= 10_000:
             break
     return samples
+
+
+_HAL_ELEMENT_TYPES = {"f16": "FLOAT_16", "bf16": "BFLOAT_16", "f32": "FLOAT_32"}
+# IREE's heap buffers (local-task) import only host memory aligned to this (iree/hal/buffer_heap.c).
+HOST_ALIGNMENT = 64
+
+
+class PreparedCall:
+    """A kernel compiled with ``compile_op(..., output_arg=True)``, called without the Python invoker.
+
+    dW is written into a buffer the caller owns (the function's ``{iree.abi.output = 0}`` argument), so
+    nothing is allocated for the result per call; arguments are imported without copies (DLPack:
+    torch tensors on the GPU or CPU, numpy arrays on the CPU); :meth:`prepare` builds the argument
+    list once and :meth:`invoke` runs it through ``VmContext.invoke`` (docs/torch.md has what each step
+    costs). The call is synchronous: it returns when dW is written.
+
+    Args:
+        vmfb: the module.
+        driver: ``local-task``, ``cuda`` or ``hip``.
+        device_index: the device among the driver's devices (None: the first).
+        function: the exported function.
+
+    Raises:
+        ValueError: the vmfb's function has no output argument (compiled without ``output_arg=True``).
+        DeviceError: no such device.
+    """
+
+    def __init__(self, vmfb: bytes, driver: str, device_index: int | None = None, function: str = "conv_bwd_weight"):
+        import iree.runtime as rt
+
+        self._rt = rt
+        self.driver = driver
+        self.device = open_device(driver, device_index)
+        config = rt.Config(device=self.device)
+        module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
+        self._context = rt.VmContext(config.vm_instance, [*config.default_vm_modules, module])
+        self._config = config  # keeps the instance and HAL module alive with the context
+        fn = module.lookup_function(function)
+        if fn is None:
+            raise ValueError(f"vmfb: no function {function!r} (has {module.function_names})")
+        if "iree.abi.output" not in fn.reflection.get("iree.abi.declaration", ""):
+            raise ValueError(
+                f"vmfb: {function} takes no output argument; compile with compile_op(..., output_arg=True)"
+            )
+        self._fn = fn
+        # --iree-execution-model=async-external: the function takes a wait and a signal fence and
+        # returns once the work is queued; calls are ordered on one timeline semaphore.
+        self.is_async = fn.reflection.get("iree.abi.model") == "coarse-fences"
+        self._timeline = self.device.create_semaphore(0) if self.is_async else None
+        self._tick = 0
+
+    def element_type(self, dtype: str) -> Any:
+        """IREE's element type for ``f16``, ``bf16`` or ``f32``."""
+        return getattr(self._rt.HalElementType, _HAL_ELEMENT_TYPES[dtype])
+
+    def import_dlpack(self, obj: Any, shape: tuple[int, ...], dtype: str, name: str = "array") -> Any:
+        """A buffer view of ``shape`` over ``obj``'s memory, without a copy.
+
+        Args:
+            obj: anything with ``__dlpack__`` (a torch tensor, a numpy array), dense (C-contiguous) in
+                the order ``shape`` gives, on this device's memory.
+            shape: the shape the kernel takes (same element count, e.g. ``(N, G, C, H, W)`` for an
+                ``(N, G*C, H, W)`` tensor).
+            dtype: its element type name.
+            name: the argument's name, for errors.
+
+        Raises:
+            ValueError: IREE refused the memory (wrong device, misaligned host memory), naming ``name``.
+        """
+        try:
+            view = self.device.from_dlpack_capsule(obj.__dlpack__())
+        except (IndexError, ValueError, RuntimeError, BufferError, TypeError) as e:
+            raise ValueError(f"{name}: IREE's {self.driver} device cannot import it: {e}") from None
+        return self._rt.HalBufferView(view.get_buffer(), list(shape), self.element_type(dtype))
+
+    def prepare(self, x: Any, dy: Any, out: Any) -> Any:
+        """The argument list for ``x``, ``dy`` (buffer views in the kernel's shapes) and ``out`` (a buffer
+        view or buffer dW is written into); reusable for every call on the same memory."""
+        args = self._rt.VmVariantList(3)
+        args.push_ref(x.ref)
+        args.push_ref(dy.ref)
+        args.push_ref(out.get_buffer().ref if hasattr(out, "get_buffer") else out.ref)
+        return args
+
+    def invoke(self, args: Any, wait: bool = True) -> None:
+        """Run once on a prepared argument list; returns when dW is written.
+
+        Args:
+            wait: for an async-external module, False returns once the call is queued (after the
+                previous one, on this kernel's timeline); :meth:`wait` waits for all queued calls.
+        """
+        if not self.is_async:
+            self._context.invoke(self._fn, args, self._rt.VmVariantList(1))
+            return
+        full = self._rt.VmVariantList(len(args) + 2)
+        for i in range(len(args)):
+            full.push_ref(args.get_as_ref(i))
+        full.push_ref(self._rt.HalFence.create_at(self._timeline, self._tick).ref)
+        self._tick += 1
+        full.push_ref(self._rt.HalFence.create_at(self._timeline, self._tick).ref)
+        self._context.invoke(self._fn, full, self._rt.VmVariantList(1))
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait until every call queued with ``invoke(..., wait=False)`` has finished."""
+        if self.is_async:
+            self._timeline.wait(self._tick)
+
+    def __call__(self, x: Any, dy: Any, out: Any) -> None:
+        self.invoke(self.prepare(x, dy, out))
+
+    def import_numpy(self, arr: np.ndarray, dtype: str, name: str = "array") -> Any:
+        """A buffer view over a numpy array's memory (host drivers only), without a copy.
+
+        Raises:
+            ValueError: a GPU driver (numpy arrays are host memory: use ``CompiledOp.run``), or an array
+                that is not C-contiguous, 64-byte aligned (:func:`aligned_empty`) and writable; naming
+                ``name``.
+        """
+        if not self.driver.startswith("local"):
+            raise ValueError(f"{name}: a numpy array is host memory; the {self.driver} device takes device memory")
+        problems = []
+        if not arr.flags.c_contiguous:
+            problems.append("not C-contiguous")
+        if arr.ctypes.data % HOST_ALIGNMENT:
+            problems.append(f"not {HOST_ALIGNMENT}-byte aligned (use runtime.aligned_empty)")
+        if not arr.flags.writeable:
+            problems.append("read-only (numpy's DLPack export refuses those)")
+        if problems:
+            raise ValueError(f"{name}: cannot be passed without a copy: {', '.join(problems)}")
+        return self.import_dlpack(arr, arr.shape, dtype, name)
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an ``alignment``-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start : start + nbytes].view(dtype).reshape(shape)

@@ -1,0 +1,506 @@
+"""The torch entry point on the GPU: correctness on the suites, per-call cost vs cuDNN, training loops.
+
+Here (IREE compiler installed), compile every kernel it needs for the GPU machine:
+    python bench/torch_gpu.py compile DIR [--target sm_80]
+There (torch + iree-base-runtime, no compiler), with DIR carried over:
+    python bench/torch_gpu.py all DIR --out OUTDIR      (each part in its own process)
+    python bench/torch_gpu.py check|time DIR --out FILE.json
+``check`` runs :func:`convbw_mlir.torch.conv_weight` on every problem of the ``seeds`` and ``models`` suites
+(channels-last tensors; a few contiguous ones too) and compares with a float64 torch reference under the
+product's tolerance (convbw_mlir.reference.tolerance), with cuDNN's f16 error beside it. ``time`` measures
+per call, for the smallest problems: queued (back to back) and single (call + wait for the result) through
+IREE's Python function invoker (``Kernel``), the prepared call (``PreparedCall``), the whole entry point
+and cuDNN, and the GPU time of the kernels alone (CUPTI through torch.profiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONTIGUOUS = ("resnext50_g32_c8_28", "streamk_3x3_128x128_n32_14", "mobilenetv2_dw_g144_56")
+TIMED = 8  # the smallest problems by flops, where the call's overhead shows
+TRAIN = {"resnext": dict(batch=32, size=56), "mobilenet": dict(batch=32, size=56)}  # noqa: C408
+
+
+LIMIT: int | None = None  # --limit: the first problems of the suites only (a dry run on the CPU)
+DEVICE = "cuda"
+
+
+def suite_problems() -> list[tuple[str, object]]:
+    from convbw_mlir.bench.suites import load_suite
+
+    return (load_suite("seeds") + load_suite("models"))[:LIMIT]
+
+
+def training_problems(model: str, batch: int, size: int) -> list:
+    """The problems a training step of ``examples/torch_training.py``'s model poses (f16, channels-last)."""
+    import torch
+
+    sys.path.insert(0, str(HERE.parent / "examples"))
+    from torch_training import build
+
+    from convbw_mlir.torch import problem_for
+
+    net, channels = build(model)
+    net = net.to(memory_format=torch.channels_last)
+    found = []
+
+    def hook(layer, inputs, output):  # noqa: ANN001, ANN202
+        x = inputs[0].to(torch.float16)
+        dy = torch.empty_like(output, dtype=torch.float16)
+        p, _ = problem_for(x, layer.weight.shape, dy, layer.stride, layer.padding, layer.dilation, layer.groups)
+        found.append(p)
+
+    for m in net.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            m.register_forward_hook(hook)
+    with torch.no_grad():
+        net(torch.zeros(batch, channels, size, size).contiguous(memory_format=torch.channels_last))
+    return list(dict.fromkeys(found))
+
+
+def compile_all(root: Path, target: str) -> None:
+    """Kernels with a caller-owned output (the entry point's) and, for the timed ones, without (the
+    Python invoker's), saved as ``root/<target>/<name>`` and ``root/plain-<target>/<name>``."""
+    from convbw_mlir.compiler import compile_op
+
+    problems = [p for _, p in suite_problems()]
+    contiguous = [p.with_(layout=4) for n, p in suite_problems() if n in CONTIGUOUS]
+    train = [p for m, kw in TRAIN.items() for p in training_problems(m, **kw)] if LIMIT is None else []
+    timed = sorted(problems, key=lambda p: p.flops)[:TIMED]
+    jobs = [(p, True, "") for p in dict.fromkeys(problems + contiguous + train)]
+    jobs += [(p, False, "plain-") for p in timed] + [(p, True, "async-") for p in timed]
+    for i, (p, out_arg, kind) in enumerate(jobs):
+        folder = root / f"{kind}{target}" / p.name
+        if (folder / "op.json").is_file():
+            continue
+        t0 = time.perf_counter()
+        flags = ["--iree-execution-model=async-external"] if kind == "async-" else None
+        compile_op(p, target, flags, isolate=True, output_arg=out_arg).save(folder)
+        print(f"[{i + 1}/{len(jobs)}] {folder.relative_to(root)} {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def _torch_inputs(p, fmt: str):  # noqa: ANN001, ANN202
+    """x, weight size and dy as torch tensors for problem ``p`` (the layout ``fmt``), unit normal."""
+    import torch
+
+    device = DEVICE
+    g, n, c, k = p.groups, p.batch, p.in_channels, p.out_channels
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n, g * c, *p.input_size, device=device, generator=gen, dtype=torch.float16)
+    dy = torch.randn(n, g * k, *p.output_size, device=device, generator=gen, dtype=torch.float16)
+    if fmt == "channels_last":
+        perm = (0, *range(2, x.dim()), 1)
+        x, dy = (t.permute(perm).contiguous().permute([perm.index(i) for i in range(t.dim())]) for t in (x, dy))
+    return x, (g * k, c, *p.filter_size), dy
+
+
+def _torch_args(p) -> dict:  # noqa: ANN001
+    assert p.pad_low == p.pad_high, p
+    return dict(stride=p.stride, padding=p.pad_low, dilation=p.dilation, groups=p.groups)  # noqa: C408
+
+
+def _error(p, got, want) -> float:  # noqa: ANN001
+    """convbw_mlir.reference.assert_close's measure: max |got - want| / (|want| + rms(want))."""
+    got, want = got.double(), want.double()
+    scale = float(want.pow(2).mean().sqrt()) or 1.0
+    return float(((got - want).abs() / (want.abs() + scale)).max())
+
+
+def check(out: Path) -> None:
+    """conv_weight vs a float64 reference on every suite problem; one JSON line per problem."""
+    import torch
+
+    from convbw_mlir.reference import tolerance
+    from convbw_mlir.torch import conv_weight
+
+    cases = [(n, p, "channels_last") for n, p in suite_problems()]
+    cases += [(n, p.with_(layout=4), "contiguous") for n, p in suite_problems() if n in CONTIGUOUS]
+    with open(out, "w") as f:
+        for name, p, fmt in cases:
+            rec = {"name": name, "problem": p.name, "format": fmt}
+            try:
+                x, wsize, dy = _torch_inputs(p, fmt)
+                kw = _torch_args(p)
+                wgrad = getattr(torch.nn.grad, f"conv{p.rank}d_weight")
+                want = wgrad(x.double(), wsize, dy.double(), **kw)
+                got = conv_weight(x, wsize, dy, **kw)
+                _sync()
+                cudnn = wgrad(x, wsize, dy, **kw)
+                rec.update(
+                    ok=_error(p, got, want) <= tolerance(p)[0], error=_error(p, got, want),
+                    tolerance=tolerance(p)[0], cudnn_error=_error(p, cudnn, want),
+                    same_shape=tuple(got.shape) == tuple(wsize), dtype=str(got.dtype), device=str(got.device),
+                )  # fmt: skip
+            except Exception as e:  # one problem's failure is recorded, the rest still run
+                rec.update(ok=False, error_message=f"{type(e).__name__}: {e}"[:500])
+            print(json.dumps(rec), flush=True)
+            f.write(json.dumps(rec) + "\n")
+
+
+def _sync() -> None:
+    import torch
+
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn, sync, n: int = 200) -> dict:  # noqa: ANN001
+    """Median µs per call queued (``n`` back to back, one wait) and single (call + wait), 5 rounds each."""
+    for _ in range(3):
+        fn()
+    sync()
+    queued, single = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        queued.append((time.perf_counter() - t0) / n)
+    for _ in range(50):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        single.append(time.perf_counter() - t0)
+    return {"queued_us": 1e6 * statistics.median(queued), "single_us": 1e6 * statistics.median(single)}
+
+
+def _kernel_us(fn, calls: int = 20) -> dict:  # noqa: ANN001
+    """GPU time of the kernels one call launches (CUPTI through torch.profiler), ours and torch's apart."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not DEVICE.startswith("cuda"):
+        return {}
+    fn()
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        _sync()
+    total, names = 0.0, set()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            total += e.device_time
+            names.add(e.name[:60])
+    return {"kernel_us": total / calls, "kernels": sorted(names)[:6]}
+
+
+def _time_one(root: Path, p) -> dict:  # noqa: ANN001
+    """Every contender's per-call time on problem ``p`` (channels-last f16 tensors)."""
+    import iree.runtime as rt
+    import torch
+
+    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.torch import _kernel_for, conv_weight, problem_for, target_for
+
+    sync = _sync
+    rec = {}
+    x, wsize, dy = _torch_inputs(p, "channels_last")
+    kw = _torch_args(p)
+    w = torch.empty(wsize, device=DEVICE, dtype=x.dtype)
+    rank = p.rank
+
+    def cudnn():  # noqa: ANN202
+        return torch.ops.aten.convolution_backward(
+            dy, x, w, None, kw["stride"], kw["padding"], kw["dilation"], False, [0] * rank, p.groups,
+            [False, True, False],
+        )  # fmt: skip
+
+    rec["cudnn"] = _timed(cudnn, sync) | _kernel_us(cudnn)
+    target, _, index = target_for(x.device)
+    plain = CompiledOp.load(root / f"plain-{target}" / p.name).kernel(index)
+    perm = (0, *range(2, x.dim()), 1)
+    xd, dyd = (plain.device.from_dlpack_capsule(t.permute(perm).__dlpack__()) for t in (x, dy))
+    xd = rt.HalBufferView(xd.get_buffer(), list(p.x_shape), rt.HalElementType.FLOAT_16)
+    dyd = rt.HalBufferView(dyd.get_buffer(), list(p.dy_shape), rt.HalElementType.FLOAT_16)
+
+    def invoker():  # noqa: ANN202 - IREE's Python function invoker; returns when done (the sync model)
+        return plain._fn(xd, dyd)
+
+    rec["invoker"] = _timed(invoker, sync) | _kernel_us(invoker)
+    t_rb = []  # single call with read-back as the benchmark did it: the result copied to the host
+    for _ in range(30):
+        t0 = time.perf_counter()
+        plain._fn(xd, dyd).to_host()
+        t_rb.append(time.perf_counter() - t0)
+    rec["invoker"]["single_to_host_us"] = 1e6 * statistics.median(t_rb)
+    prob, _ = problem_for(x, wsize, dy, **kw)
+    kernel = _kernel_for(prob, x.device)
+    out_t = torch.empty([wsize[i] for i in perm], device=DEVICE, dtype=x.dtype).permute(
+        [perm.index(i) for i in range(x.dim())]
+    )
+    args = kernel.prepare(
+        kernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
+        kernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
+        kernel.import_dlpack(out_t.permute(perm), prob.dw_shape, prob.dw_dtype),
+    )
+
+    def prepared():  # noqa: ANN202
+        kernel.invoke(args)
+
+    def entry():  # noqa: ANN202
+        return conv_weight(x, wsize, dy, **kw)
+
+    rec["prepared"] = _timed(prepared, sync) | _kernel_us(prepared)
+    from convbw_mlir.runtime import PreparedCall
+
+    akernel = PreparedCall(CompiledOp.load(root / f"async-{target}" / p.name).vmfb, kernel.driver, index)
+    aargs = akernel.prepare(
+        akernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
+        akernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
+        akernel.import_dlpack(out_t.permute(perm), prob.dw_shape, prob.dw_dtype),
+    )
+
+    def queued_async():  # noqa: ANN202 - returns once queued; the timing's sync waits for all
+        akernel.invoke(aargs, wait=False)
+
+    def sync_async() -> None:
+        akernel.wait()
+        sync()
+
+    rec["async"] = _timed(queued_async, sync_async) | _kernel_us(queued_async)
+    rec["entry"] = _timed(entry, sync) | _kernel_us(entry)
+    return rec
+
+
+def time_all(root: Path, out: Path) -> None:
+    """Per-call time of the smallest problems, each contender; one JSON line per problem."""
+    timed = sorted(suite_problems(), key=lambda np_: np_[1].flops)[:TIMED]
+    with open(out, "w") as f:
+        for name, p in timed:
+            rec = {"name": name, "problem": p.name, "gflop": p.flops / 1e9}
+            try:
+                rec |= _time_one(root, p)
+            except Exception as e:
+                rec["error_message"] = f"{type(e).__name__}: {e}"[:500]
+            print(json.dumps(rec), flush=True)
+            f.write(json.dumps(rec) + "\n")
+
+
+def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
+    """check, time and both training loops, each in its own process (a CUDA fault poisons a process)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CONVBW_ARTIFACTS=str(root.resolve()))
+    me = str(Path(__file__).resolve())
+    start = time.perf_counter()
+    extra = ["--device", DEVICE] + (["--limit", str(LIMIT)] if LIMIT else [])
+    train = TRAIN if DEVICE.startswith("cuda") else {m: dict(batch=2, size=8) for m in TRAIN}  # noqa: C408
+    parts = [
+        ("check", [sys.executable, me, "check", str(root), "--out", str(outdir / "check.jsonl"), *extra], 0.30),
+        *(
+            (f"train_{m}", [sys.executable, str(HERE.parent / "examples" / "torch_training.py"), "--model", m,
+                            "--steps", str(steps), "--batch", str(kw["batch"]), "--size", str(kw["size"]),
+                            "--device", DEVICE, "--out", str(outdir / f"train_{m}.json")], 0.25)
+            for m, kw in train.items()
+        ),
+        ("time", [sys.executable, me, "time", str(root), "--out", str(outdir / "time.jsonl"), *extra], 0.20),
+    ]  # fmt: skip
+    for name, cmd, share in parts:
+        left = budget - (time.perf_counter() - start)
+        limit = max(10.0, min(left, share * budget + 20))
+        t0 = time.perf_counter()
+        with open(outdir / f"{name}.log", "w") as log:
+            try:
+                rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        print(f"{name}: rc={rc} in {time.perf_counter() - t0:.1f} s (limit {limit:.0f} s)", flush=True)
+        print((outdir / f"{name}.log").read_text()[-1500:], flush=True)
+
+
+def diag(root: Path, names: list[str], out_path: Path) -> None:
+    """Where a wrong dW comes from: our output-argument kernel into zeros and into NaNs (read at once and
+    after a pause), and the Python invoker's kernel (IREE allocates dW), on the named suite problems."""
+    import iree.runtime as rt
+    import torch
+
+    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.torch import _kernel_for, problem_for
+
+    recs = []
+    for name, p in suite_problems():
+        if name not in names:
+            continue
+        rec = {"name": name}
+        try:
+            x, wsize, dy = _torch_inputs(p, "channels_last")
+            kw = _torch_args(p)
+            want = getattr(torch.nn.grad, f"conv{p.rank}d_weight")(x.double(), wsize, dy.double(), **kw)
+            perm = (0, *range(2, x.dim()), 1)
+            inv = [perm.index(i) for i in range(x.dim())]
+            prob, _ = problem_for(x, wsize, dy, **kw)
+            kernel = _kernel_for(prob, x.device)
+            torch.cuda.synchronize()
+            for fill, pause in (("zeros", 0.0), ("nan", 0.0), ("nan", 0.5), ("zeros", 0.5)):
+                out = torch.full([wsize[i] for i in perm], 0.0 if fill == "zeros" else float("nan"),
+                                 device=x.device, dtype=x.dtype)  # fmt: skip
+                torch.cuda.synchronize()
+                kernel(kernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
+                       kernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
+                       kernel.import_dlpack(out, prob.dw_shape, prob.dw_dtype))  # fmt: skip
+                time.sleep(pause)
+                got = out.permute(inv)
+                rec[f"{fill}_{pause}"] = {
+                    "error": _error(p, got.nan_to_num(0.0), want), "nan": int(got.isnan().sum()),
+                    "zeros": int((got == 0).sum()), "size": got.numel(),
+                }  # fmt: skip
+            k = CompiledOp.load(root / "plain-sm_80" / p.name).kernel(0)
+            xd = k.device.from_dlpack_capsule(x.permute(perm).__dlpack__())
+            dyd = k.device.from_dlpack_capsule(dy.permute(perm).__dlpack__())
+            xd = rt.HalBufferView(xd.get_buffer(), list(p.x_shape), rt.HalElementType.FLOAT_16)
+            dyd = rt.HalBufferView(dyd.get_buffer(), list(p.dy_shape), rt.HalElementType.FLOAT_16)
+            host = torch.from_numpy(k._fn(xd, dyd).to_host().copy()).to(x.device)
+            rec["invoker_error"] = _error(p, host.reshape([wsize[i] for i in perm]).permute(inv), want)
+        except Exception as e:
+            rec["error_message"] = f"{type(e).__name__}: {e}"[:500]
+        print(json.dumps(rec), flush=True)
+        recs.append(rec)
+    Path(out_path).write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+
+
+def overread(out_path: Path) -> None:
+    """Does a kernel read outside its inputs? x and dy are placed in larger buffers whose other elements are
+    NaN (after them, then before them); a kernel that stays in bounds gives the same finite dW."""
+    import torch
+
+    from convbw_mlir.reference import tolerance
+    from convbw_mlir.torch import conv_weight
+
+    slack = 1 << 20
+    with open(out_path, "w") as f:
+        for name, p in suite_problems():
+            rec = {"name": name}
+            try:
+                x0, wsize, dy0 = _torch_inputs(p, "channels_last")
+                kw = _torch_args(p)
+                want = getattr(torch.nn.grad, f"conv{p.rank}d_weight")(x0.double(), wsize, dy0.double(), **kw)
+                perm = (0, *range(2, x0.dim()), 1)
+                inv = [perm.index(i) for i in range(x0.dim())]
+                for where in ("after", "before"):
+                    views = []
+                    for t in (x0, dy0):
+                        dense = t.permute(perm)  # contiguous: the memory order
+                        buf = torch.full((dense.numel() + slack,), float("nan"), device=t.device, dtype=t.dtype)
+                        start = 0 if where == "after" else slack
+                        v = buf[start : start + dense.numel()].view(dense.shape)
+                        v.copy_(dense)
+                        views.append(v.permute(inv))
+                    got = conv_weight(views[0], wsize, views[1], **kw)
+                    rec[f"nan_{where}"] = {"nan": int(got.isnan().sum()), "error": _error(p, got.nan_to_num(0), want)}
+                rec["ok"] = all(rec[f"nan_{w}"]["nan"] == 0 and rec[f"nan_{w}"]["error"] <= tolerance(p)[0]
+                                for w in ("after", "before"))  # fmt: skip
+            except Exception as e:
+                rec["error_message"] = f"{type(e).__name__}: {e}"[:300]
+            print(json.dumps(rec), flush=True)
+            f.write(json.dumps(rec) + "\n")
+
+
+def report(results: Path, stem: Path) -> None:
+    """``stem``.md (tables) and ``stem``.png (loss curves) from the files ``all`` wrote into ``results``."""
+    lines = [f"# torch entry point on the GPU ({(results / 'device.txt').read_text().strip()})", ""]
+    check_rows = [json.loads(x) for x in (results / "check.jsonl").read_text().splitlines() if x.strip()]
+    ok = sum(r.get("ok", False) for r in check_rows)
+    head = "| problem | format | error | tolerance | cuDNN f16 error | ok |"
+    lines += [f"## conv_weight vs float64 torch: {ok} of {len(check_rows)} within tolerance", "",
+              head, "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in check_rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | {r['format']} | {r['error']:.2e} | {r['tolerance']:.2e} | "
+                         f"{r['cudnn_error']:.2e} | {'yes' if r['ok'] else '**no**'} |")  # fmt: skip
+        else:
+            lines.append(f"| {r['name']} | {r['format']} | {r.get('error_message', '')[:80]} | | | **no** |")
+    if (results / "overread.jsonl").is_file():
+        over = [json.loads(x) for x in (results / "overread.jsonl").read_text().splitlines() if x.strip()]
+        bad = [r["name"] for r in over if not r.get("ok")]
+        lines += ["", f"## Inputs between NaNs (overread): {len(over) - len(bad)} of {len(over)} kernels stay inside",
+                  "", "Reading past the end of x or dy: " + (", ".join(bad) or "none")]  # fmt: skip
+    if (results / "time.jsonl").is_file():
+        lines += ["", "## µs per call: queued (back to back) / single (call + wait) / GPU kernels alone (CUPTI)", "",
+                  "| problem | GFLOP | cuDNN | invoker | invoker + to_host | prepared | async fences | entry point |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for x in (results / "time.jsonl").read_text().splitlines():
+            r = json.loads(x)
+            if "error_message" in r:
+                lines.append(f"| {r['name']} | {r['gflop']:.2f} | {r['error_message'][:100]} | | | | |")
+                continue
+
+            def cell(c: dict) -> str:
+                if not c:
+                    return "-"
+                return f"{c['queued_us']:.1f} / {c['single_us']:.1f} / {c.get('kernel_us', float('nan')):.1f}"
+
+            to_host = r["invoker"]["single_to_host_us"]
+            lines.append(f"| {r['name']} | {r['gflop']:.2f} | {cell(r['cudnn'])} | {cell(r['invoker'])} | "
+                         f"{to_host:.1f} | {cell(r['prepared'])} | {cell(r.get('async', {}))} | "
+                         f"{cell(r['entry'])} |")  # fmt: skip
+    curves = {m: json.loads((results / f"train_{m}.json").read_text()) for m in TRAIN
+              if (results / f"train_{m}.json").is_file()}  # fmt: skip
+    if curves:
+        lines += ["", "## Training loops (same seeds and data; SGD momentum 0.9)", "",
+                  "| model | steps | batch x size | max rel. loss difference | final loss torch / ours | "
+                  "step ms torch / ours | layers switched |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for m, r in curves.items():
+            lines.append(
+                f"| {m} | {r['steps']} | {r['batch']} x {r['size']}² | {r['max_rel_loss_diff']:.2e} | "
+                f"{r['torch']['losses'][-1]:.4f} / {r['ours']['losses'][-1]:.4f} | "
+                f"{r['step_ms_torch']:.2f} / {r['step_ms_ours']:.2f} | {len(r['ours']['converted'])} |"
+            )
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(2, len(curves), figsize=(6 * len(curves), 6), squeeze=False)
+        for i, (m, r) in enumerate(curves.items()):
+            axes[0][i].plot(r["torch"]["losses"], label="torch (cuDNN dW)")
+            axes[0][i].plot(r["ours"]["losses"], "--", label="ours (convbw dW)")
+            axes[0][i].set_title(f"{m}: loss"), axes[0][i].legend()
+            axes[1][i].semilogy([max(d, 1e-12) for d in r["rel_loss_diff"]])
+            axes[1][i].set_title(f"{m}: relative loss difference"), axes[1][i].set_xlabel("step")
+        fig.tight_layout()
+        fig.savefig(stem.with_suffix(".png"), dpi=100)
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["compile", "check", "time", "all", "report", "diag", "overread"])
+    ap.add_argument("--names", default="", help="diag: comma-separated suite names")
+    ap.add_argument("root", type=Path, help="the artifacts folder (CONVBW_ARTIFACTS); for report: the results")
+    ap.add_argument("--target", default="sm_80")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--budget", type=float, default=240.0, help="seconds for 'all'")
+    ap.add_argument("--limit", type=int, help="only the first LIMIT suite problems (a dry run)")
+    ap.add_argument("--device", default="cuda", help="torch device of check/time (cpu: a dry run, target host)")
+    a = ap.parse_args()
+    global LIMIT, DEVICE
+    LIMIT, DEVICE = a.limit, a.device
+    os.environ.setdefault("CONVBW_ARTIFACTS", str(a.root))
+    if a.what == "compile":
+        compile_all(a.root, a.target)
+    elif a.what == "check":
+        check(a.out)
+    elif a.what == "overread":
+        overread(a.out)
+    elif a.what == "diag":
+        diag(a.root, a.names.split(","), a.out)
+    elif a.what == "report":
+        report(a.root, a.out)
+    elif a.what == "time":
+        time_all(a.root, a.out)
+    else:
+        run_all(a.root, a.out, a.steps, a.budget)
+
+
+if __name__ == "__main__":
+    main()

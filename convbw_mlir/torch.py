@@ -1,0 +1,423 @@
+"""PyTorch entry point: our weight gradient on torch tensors, on torch's device, without copies.
+
+- :func:`conv_weight` (and :func:`conv1d_weight`, :func:`conv2d_weight`, :func:`conv3d_weight`): the
+  signature and result of ``torch.nn.grad.conv{1,2,3}d_weight``.
+- :class:`ConvWeightGrad`: an autograd function whose backward takes dW from our kernel (input and bias
+  gradients stay torch's), and :func:`convert_model`, which switches a model's ``Conv{1,2,3}d`` layers to it.
+
+Tensors are passed to IREE through DLPack (no copy) and dW is written straight into a tensor torch
+allocated (the kernel's ``{iree.abi.output = 0}`` argument). IREE's CUDA driver cannot run on torch's
+stream, so a call first waits for torch's current stream and returns when dW is written
+(docs/torch.md). Importable only where torch is installed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import types
+import warnings
+from pathlib import Path
+from typing import Any
+
+try:
+    import torch
+except ImportError as e:  # torch is an optional extra
+    raise ImportError(
+        "convbw_mlir.torch needs PyTorch, which is not installed: pip install 'convbw-mlir[torch]'"
+    ) from e
+
+from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.runtime import PreparedCall
+
+__all__ = [
+    "ConvWeightGrad",
+    "artifact_dir",
+    "conv1d_weight",
+    "conv2d_weight",
+    "conv3d_weight",
+    "conv_weight",
+    "convert_model",
+    "problem_for",
+    "target_for",
+]
+
+_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+# Dense orders a tensor may be in: torch's contiguous (N, C, *spatial) and channels-last (N, *spatial, C).
+# Contiguous maps to ckProfiler layout 4 (NGCHW/GKCYX/NGKHW), channels-last to layout 2 (NHWGC/GKYXC/NHWGK).
+_FORMATS = {"contiguous": 4, "channels_last": 2}
+ARTIFACTS_ENV = "CONVBW_ARTIFACTS"
+
+
+def _order(fmt: str, ndim: int) -> tuple[int, ...]:
+    """The permutation of a tensor's dimensions that is C-contiguous in memory format ``fmt``."""
+    return tuple(range(ndim)) if fmt == "contiguous" else (0, *range(2, ndim), 1)
+
+
+def _formats(t: torch.Tensor) -> list[str]:
+    """The memory formats ``t`` is dense in (both where size-1 dimensions make them coincide)."""
+    return [f for f in _FORMATS if t.permute(_order(f, t.dim())).is_contiguous()]
+
+
+def _tuple(name: str, value: Any, rank: int) -> tuple[int, ...]:
+    """``value`` (an int or ``rank`` ints) as a tuple, or a ValueError naming ``name``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * rank
+    try:
+        out = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected an int or {rank} ints, got {value!r}") from None
+    if len(out) != rank:
+        raise ValueError(f"{name}: expected {rank} values for a {rank}-d convolution, got {value!r}")
+    return out
+
+
+def _pads(padding: Any, rank: int, filter_size: tuple[int, ...], dilation: tuple[int, ...]) -> tuple:
+    """(pad_low, pad_high) from torch's ``padding`` (ints, or ``"valid"``/``"same"`` as Conv layers hold)."""
+    if padding == "valid":
+        return (0,) * rank, (0,) * rank
+    if padding == "same":  # torch puts the odd element of the total on the high side (F.conv2d)
+        total = [d * (f - 1) for f, d in zip(filter_size, dilation)]
+        return tuple(t // 2 for t in total), tuple(t - t // 2 for t in total)
+    pad = _tuple("padding", padding, rank)
+    if any(p < 0 for p in pad):
+        raise ValueError(f"padding: expected values >= 0, got {padding!r}")
+    return pad, pad
+
+
+def target_for(device: torch.device) -> tuple[str, str, int | None]:
+    """(compile target, IREE driver, device index) for a torch device.
+
+    Raises:
+        ValueError: a device type IREE cannot run (naming it), or a GPU torch build of neither CUDA nor ROCm.
+    """
+    if device.type == "cpu":
+        return "host", "local-task", None
+    if device.type != "cuda":
+        raise ValueError(f"input: tensors on {device.type} are not supported (cuda, ROCm's cuda, or cpu)")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.version.hip:
+        arch = torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
+        return arch, "hip", index
+    if not torch.version.cuda:
+        raise ValueError("input: a cuda tensor, but this torch build has neither CUDA nor ROCm")
+    from convbw_mlir.targets import TARGETS
+
+    major, minor = torch.cuda.get_device_capability(index)
+    # IREE 3.13's newest CUDA target is sm_80..89; newer GPUs run sm_80 PTX through the driver's JIT.
+    known = sorted((int(n[3:]), n) for n in TARGETS if n.startswith("sm_") and int(n[3:]) <= 10 * major + minor)
+    if not known:
+        raise ValueError(f"input: compute capability {major}.{minor} is older than IREE's sm_80 target")
+    cap = 10 * major + minor
+    return ("sm_80" if cap >= 90 else known[-1][1]), "cuda", index
+
+
+def problem_for(
+    input: torch.Tensor,
+    weight_size: Any,
+    grad_output: torch.Tensor,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> tuple[ConvBwdWeightProblem, str]:
+    """The problem these torch arguments pose, and the memory format ("contiguous" / "channels_last").
+
+    Raises:
+        TypeError / ValueError: naming the argument: not a tensor, dtype, device, shape, memory format.
+    """
+    for name, t in (("input", input), ("grad_output", grad_output)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    rank = input.dim() - 2
+    if rank not in (1, 2, 3):
+        raise ValueError(f"input: expected 3 to 5 dimensions (N, C, *spatial), got shape {tuple(input.shape)}")
+    if input.dtype not in _DTYPES:
+        raise TypeError(f"input: expected dtype float16, bfloat16 or float32, got {input.dtype}")
+    if grad_output.dtype != input.dtype:
+        raise TypeError(f"grad_output: expected dtype {input.dtype} (the input's), got {grad_output.dtype}")
+    if grad_output.device != input.device:
+        raise ValueError(f"grad_output: on {grad_output.device}, but input is on {input.device}")
+    if grad_output.dim() != input.dim():
+        raise ValueError(f"grad_output: expected {input.dim()} dimensions, got shape {tuple(grad_output.shape)}")
+    try:
+        wsize = tuple(int(s) for s in weight_size)
+    except (TypeError, ValueError):
+        raise TypeError(f"weight_size: expected a sequence of ints, got {weight_size!r}") from None
+    if len(wsize) != input.dim():
+        raise ValueError(f"weight_size: expected {input.dim()} values (K, C/groups, *filter), got {wsize}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups: expected an int >= 1, got {groups!r}")
+    n, c_total = input.shape[:2]
+    k_total = wsize[0]
+    if c_total % groups or k_total % groups:
+        raise ValueError(f"groups: {groups} does not divide input channels {c_total} and output channels {k_total}")
+    if wsize[1] != c_total // groups:
+        raise ValueError(f"weight_size: expected C/groups = {c_total // groups} at index 1, got {wsize}")
+    stride_t, dilation_t = _tuple("stride", stride, rank), _tuple("dilation", dilation, rank)
+    low, high = _pads(padding, rank, wsize[2:], dilation_t)
+    out_size = [
+        (i + lo + hi - d * (f - 1) - 1) // st + 1
+        for i, lo, hi, d, f, st in zip(input.shape[2:], low, high, dilation_t, wsize[2:], stride_t)
+    ]
+    if tuple(grad_output.shape) != (n, k_total, *out_size):
+        want = (int(n), k_total, *out_size)
+        raise ValueError(f"grad_output: expected shape {want} for these sizes, got {tuple(grad_output.shape)}")
+    x_formats, dy_formats = _formats(input), _formats(grad_output)
+    if not x_formats:
+        raise ValueError(f"input: expected a contiguous or channels-last tensor, got strides {input.stride()}")
+    common = [f for f in x_formats if f in dy_formats]
+    if not common:
+        raise ValueError(
+            f"grad_output: expected the input's memory format ({x_formats[0]}), got strides {grad_output.stride()}"
+        )
+    fmt = common[0]
+    problem = ConvBwdWeightProblem(
+        groups=groups,
+        batch=int(n),
+        in_channels=c_total // groups,
+        out_channels=k_total // groups,
+        input_size=tuple(int(s) for s in input.shape[2:]),
+        filter_size=wsize[2:],
+        stride=stride_t,
+        dilation=dilation_t,
+        pad_low=low,
+        pad_high=high,
+        dtype=_DTYPES[input.dtype],
+        layout=_FORMATS[fmt],
+    )
+    return problem, fmt
+
+
+_PROBLEMS: dict[tuple, tuple] = {}
+
+
+def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
+    """(problem, format, x/dy/dW shapes, permutation, kernel) of these arguments, remembered per argument
+    signature: building a problem and its shapes costs ~110 µs (its checks); a training step asks for the same
+    few again and again (docs/torch.md)."""
+    if not (isinstance(input, torch.Tensor) and isinstance(grad_output, torch.Tensor)):
+        problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)  # raises the error
+    key = (
+        input.shape, input.stride(), input.dtype, input.device, grad_output.shape, grad_output.stride(),
+        grad_output.dtype, grad_output.device, tuple(weight_size), str(stride), str(padding), str(dilation),
+        str(groups),
+    )  # fmt: skip
+    found = _PROBLEMS.get(key)
+    if found is None:
+        problem, fmt = problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
+        shapes = [list(problem.x_shape), list(problem.dy_shape), list(problem.dw_shape)]
+        kernel = _kernel_for(problem, input.device)
+        found = (problem, fmt, *shapes, _order(fmt, input.dim()), kernel)
+        if len(_PROBLEMS) > 4096:  # a bound for programs that see endless shapes
+            _PROBLEMS.clear()
+        _PROBLEMS[key] = found
+    return found
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+_KERNELS: dict[tuple, PreparedCall] = {}
+_LOCK = threading.Lock()
+atexit.register(_KERNELS.clear)  # release IREE's objects before the interpreter tears its bindings down
+
+
+def artifact_dir(problem: ConvBwdWeightProblem, target: str) -> Path | None:
+    """Where a precompiled kernel for ``problem`` on ``target`` is looked for: ``$CONVBW_ARTIFACTS/
+    <target>/<problem.name>`` (a ``CompiledOp.save`` folder); None where the variable is unset."""
+    root = os.environ.get(ARTIFACTS_ENV)
+    return Path(root) / target / problem.name if root else None
+
+
+def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> PreparedCall:
+    """The prepared kernel of ``problem`` on ``device``: loaded once per process.
+
+    Looks in :func:`artifact_dir` first, else compiles (in a child process: an IREE crash is an error
+    here) and saves it there when the variable is set. The one place to switch to the dispatcher's
+    select and cache.
+
+    Raises:
+        RuntimeError: no precompiled kernel and no IREE compiler to build one.
+    """
+    target, driver, index = target_for(device)
+    key = (problem, target, index)
+    with _LOCK:
+        if key in _KERNELS:
+            return _KERNELS[key]
+        from convbw_mlir.compiler import CompiledOp, compile_op
+
+        folder = artifact_dir(problem, target)
+        op = None
+        if folder is not None and (folder / "op.json").is_file():
+            op = CompiledOp.load(folder)
+            if op.problem != problem or op.target != target:
+                raise ValueError(f"{ARTIFACTS_ENV}: {folder} holds {op.problem.name} for {op.target}")
+        if op is None:
+            try:
+                import iree.compiler  # noqa: F401
+            except ImportError:
+                raise RuntimeError(
+                    f"no kernel for {problem.name} on {target}: none in {ARTIFACTS_ENV}"
+                    f"={os.environ.get(ARTIFACTS_ENV, '(unset)')} and no IREE compiler here to build one"
+                ) from None
+            op = compile_op(problem, target, isolate=True, output_arg=True)
+            if folder is not None:
+                op.save(folder)
+        _KERNELS[key] = PreparedCall(op.vmfb, driver, index)
+        return _KERNELS[key]
+
+
+# -- the entry point -------------------------------------------------------------------------------
+def _host_aligned(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor as IREE's local device can import it: 64-byte aligned (else one host-side copy)."""
+    if t.device.type == "cpu" and t.data_ptr() % 64:
+        return t.clone(memory_format=torch.contiguous_format)  # dense in the permuted order already
+    return t
+
+
+def conv_weight(
+    input: torch.Tensor,
+    weight_size: Any,
+    grad_output: torch.Tensor,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> torch.Tensor:
+    """dW of a grouped 1-, 2- or 3-d convolution, as ``torch.nn.grad.conv{N}d_weight`` computes it.
+
+    Args:
+        input: x, ``(N, C, *spatial)``, contiguous or channels-last, float16/bfloat16/float32, on a
+            CUDA or ROCm GPU or the CPU.
+        weight_size: the weight's shape ``(K, C/groups, *filter)``.
+        grad_output: dy, ``(N, K, *out)``, same dtype, device and memory format as ``input``.
+        stride, padding, dilation: ints or tuples (``padding`` also ``"valid"`` or ``"same"``).
+        groups: the number of groups.
+
+    Returns:
+        dW of shape ``weight_size`` and the input's dtype, on the input's device; channels-last where
+        the input is.
+
+    Raises:
+        TypeError / ValueError: naming the argument (dtype, device, shape, memory format).
+        RuntimeError: no kernel for the problem (see :func:`artifact_dir`).
+    """
+    problem, fmt, x_shape, dy_shape, dw_shape, order, kernel = _problem_memo(
+        input, weight_size, grad_output, stride, padding, dilation, groups
+    )
+    weight_size = tuple(int(s) for s in weight_size)
+    # dW in the input's format: (K, C, *f) for layout 4 (GKCYX), (K, *f, C) for layout 2 (GKYXC)
+    out_dense = torch.empty([weight_size[i] for i in order], dtype=input.dtype, device=input.device)
+    # detach: a view of the same memory (DLPack refuses tensors that require grad)
+    x = _host_aligned(input.detach().permute(order))
+    dy = _host_aligned(grad_output.detach().permute(order))
+    args = kernel.prepare(
+        kernel.import_dlpack(x, x_shape, problem.dtype, "input"),
+        kernel.import_dlpack(dy, dy_shape, problem.dtype, "grad_output"),
+        kernel.import_dlpack(out_dense, dw_shape, problem.dw_dtype, "output"),
+    )
+    if input.device.type == "cuda":
+        # IREE's CUDA driver runs on its own stream: the inputs must be written before it reads them.
+        torch.cuda.current_stream(input.device).synchronize()
+    kernel.invoke(args)
+    inverse = [order.index(i) for i in range(len(order))]
+    return out_dense.permute(inverse)
+
+
+def conv1d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1):  # noqa: ANN001, ANN201
+    """:func:`conv_weight` for 1-d convolutions (``torch.nn.grad.conv1d_weight``)."""
+    _rank("input", input, 1)
+    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups)
+
+
+def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1):  # noqa: ANN001, ANN201
+    """:func:`conv_weight` for 2-d convolutions (``torch.nn.grad.conv2d_weight``)."""
+    _rank("input", input, 2)
+    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups)
+
+
+def conv3d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1):  # noqa: ANN001, ANN201
+    """:func:`conv_weight` for 3-d convolutions (``torch.nn.grad.conv3d_weight``)."""
+    _rank("input", input, 3)
+    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups)
+
+
+def _rank(name: str, t: Any, rank: int) -> None:
+    if isinstance(t, torch.Tensor) and t.dim() != rank + 2:
+        raise ValueError(f"{name}: a {rank}-d convolution takes {rank + 2} dimensions, got shape {tuple(t.shape)}")
+
+
+# -- autograd --------------------------------------------------------------------------------------
+class ConvWeightGrad(torch.autograd.Function):
+    """``F.conv{N}d`` whose backward computes dW with our kernel; dx and the bias gradient stay torch's."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, stride, padding, dilation, groups):  # noqa: ANN001, ANN205
+        rank = input.dim() - 2
+        conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[rank - 1]
+        ctx.save_for_backward(input, weight)
+        ctx.conf = (stride, padding, dilation, groups, bias is not None)
+        return conv(input, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, grad_output):  # noqa: ANN001, ANN205
+        input, weight = ctx.saved_tensors
+        stride, padding, dilation, groups, has_bias = ctx.conf
+        rank = input.dim() - 2
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_x = grad_b = grad_w = None
+        if need_x or (need_b and has_bias):
+            low, high = _pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank))
+            if low != high:
+                raise ValueError(f"padding: {padding!r} pads unevenly; torch's input gradient takes even pads")
+            grad_x, _, grad_b = torch.ops.aten.convolution_backward(
+                grad_output, input, weight, [weight.shape[0]] if has_bias else None,
+                _tuple("stride", stride, rank), list(low), _tuple("dilation", dilation, rank),
+                False, [0] * rank, groups, [need_x, False, bool(need_b and has_bias)],
+            )  # fmt: skip
+        if need_w:
+            if not grad_output.permute(_order(_formats(input)[0], input.dim())).is_contiguous():
+                # cuDNN may hand a differently laid out gradient; our kernel reads the input's format
+                grad_output = grad_output.contiguous(memory_format=_memory_format(input))
+            grad_w = conv_weight(input, weight.shape, grad_output, stride, padding, dilation, groups)
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def _memory_format(t: torch.Tensor) -> torch.memory_format:
+    if _formats(t)[0] == "contiguous" or t.dim() == 3:
+        return torch.contiguous_format
+    return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+
+
+def _conv_forward(self, input, weight, bias):  # noqa: ANN001, ANN202
+    """``ConvNd._conv_forward`` through :class:`ConvWeightGrad` (zero padding only)."""
+    return ConvWeightGrad.apply(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def convert_model(model: torch.nn.Module) -> list[str]:
+    """Switch ``model``'s ``Conv{1,2,3}d`` layers (in place) so their weight gradient is ours.
+
+    Parameters and state stay as they are; only the layer's forward is routed through
+    :class:`ConvWeightGrad`. Layers we cannot take (padding modes other than zeros, transposed
+    convolutions, uneven ``"same"`` pads) are left alone with a warning naming them.
+
+    Returns:
+        The names of the layers switched.
+    """
+    done = []
+    for name, layer in model.named_modules():
+        if not isinstance(layer, torch.nn.Conv1d | torch.nn.Conv2d | torch.nn.Conv3d):
+            continue
+        rank = layer.weight.dim() - 2
+        low, high = _pads(layer.padding, rank, tuple(layer.kernel_size), tuple(layer.dilation))
+        why = None
+        if layer.padding_mode != "zeros":
+            why = f"padding_mode={layer.padding_mode!r}"
+        elif low != high:
+            why = f"padding={layer.padding!r} pads unevenly"
+        if why:
+            warnings.warn(f"convert_model: {name or type(layer).__name__} left to torch: {why}", stacklevel=2)
+            continue
+        layer._conv_forward = types.MethodType(_conv_forward, layer)
+        done.append(name)
+    return done
