@@ -290,10 +290,12 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
         tile = choose_tile(work, tgt, plan.k_batch, intr, **opts.tile)
     except ValueError as e:
         raise PlanError(str(e)) from None
-    if not contraction.is_convolution and contraction.has_split_loop:
+    if contraction.has_split_loop:  # a step that pads a split reads past x and dy: docs/decisions.md#split-gemm-step
         tile = _unpadded_reduction(tile, contraction.reduction_extent, intr)
+        if tile is None and contraction.is_convolution and opts.k_batch == "auto":
+            return _gpu_strategy(replace(plan, split=None), work, tgt, opts)  # unsplit: padding is safe there
         if tile is None:
-            return _no_tile(plan, opts, "a split GEMM whose reduction no step divides")
+            return _no_tile(plan, opts, "a split whose reduction no step divides")
     if not contraction.is_convolution and (opts.gemm or policy.gemm) == "iree":
         return _no_tile(plan, opts, f"a GEMM: IREE's own config on {tgt.name} (option gemm=mma gives ours)")
     if work.groups > 1 and (opts.grouped or policy.grouped) == "iree":
@@ -556,8 +558,9 @@ def _check_tile(tile: Tile, intr: Intrinsic, target: Target, elem: int) -> None:
 
 
 def _unpadded_reduction(tile: Tile, reduction: int, intr: Intrinsic) -> Tile | None:
-    """The tile with a reduction step that divides a split GEMM's reduction, or None if none does
-    (IREE's sm_80 kernels were wrong where our step padded it: docs/decisions.md#split-gemm-step)."""
+    """The tile with a reduction step that divides a split's reduction, or None if none does: IREE's
+    kernels for a split whose reduction our step pads were wrong (GEMMs) or read past the end of x and
+    dy (convolutions): docs/decisions.md#split-gemm-step."""
     k = tile.k
     while k >= intr.k and reduction % k:
         k //= 2

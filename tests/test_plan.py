@@ -116,3 +116,21 @@ def test_numpy_integers_are_taken_as_overrides_and_numpy_floats_and_bools_are_no
         decide(DENSE, "gfx942", k_batch=np.float64(2.0))
     with pytest.raises(PlanError, match="tile-m"):
         decide(DENSE, "gfx942", tile_m=np.bool_(True))
+
+
+@pytest.mark.parametrize(
+    "ck, k_batch, want_split, want_k",
+    [
+        ("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1", "auto", 8, 16),  # 784 a split: 49 x 16
+        ("2 1 32 128 128 3 3 28 28 1 1 1 1 1 1 1 1", "auto", 16, 32),  # 1568 a split: 49 x 32
+        ("2 1 2 256 36 3 3 25 25 1 1 1 1 1 1 1 1", "auto", 1, 64),  # 625 a split: no step; unsplit instead
+        ("2 1 2 256 36 3 3 25 25 1 1 1 1 1 1 1 1", 2, 2, None),  # asked for: the split stays, IREE's config
+        ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", "auto", 4, 64),  # 50176 a split: the 64 step divides
+    ],
+)
+def test_a_split_convolution_takes_a_step_that_divides_its_reduction_per_split(ck, k_batch, want_split, want_k):
+    # a padded step over a split read past the end of x and dy on the H100 (docs/decisions.md#split-gemm-step)
+    plan = decide(ConvBwdWeightProblem.from_ck(ck), "sm_80", k_batch=k_batch)
+    assert plan.k_batch == want_split
+    assert (plan.tile.k if plan.tile else None) == want_k
+    assert plan.strategy is (Strategy.MMA if want_k else Strategy.IREE)
