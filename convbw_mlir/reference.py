@@ -237,6 +237,7 @@ def sample_reference(
         ValueError / TypeError: indices of the wrong shape or type, or outside dW.
     """
     p = problem
+    d_epilogue = d  # `d` is the dilation in the loops below
     idx = _dw_indices(p, indices)
     xc = _canonical(p, x, "x", "GNSC")  # views: [G, N, in..., C]
     dyc = _canonical(p, dy, "dy", "GNSK")  # [G, N, out..., K]
@@ -272,8 +273,8 @@ def sample_reference(
     ep = p.epilogue
     if ep is None:
         return out
-    if ep.reads_d and d is None:
-        raise ValueError(f"d: the {ep.kind} epilogue of {p.name} needs D")
-    if not ep.reads_d and d is not None:
-        raise ValueError(f"d: problem {p.name} has no epilogue that reads D")
-    return ep.alpha * out + (ep.beta * np.asarray(d)[tuple(idx.T)].astype(np.float64) if ep.reads_d else 0.0)
+    if ep.reads_d != (d_epilogue is not None):
+        raise ValueError(f"d: the {ep.kind} epilogue of {p.name} {'needs' if ep.reads_d else 'takes no'} D")
+    if not ep.reads_d:
+        return ep.alpha * out
+    return ep.alpha * out + ep.beta * np.asarray(d_epilogue)[tuple(idx.T)].astype(np.float64)

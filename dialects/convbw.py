@@ -9,9 +9,10 @@ x and dy are operands, dW the result; the op's types carry N, C, K, the input an
 element types, its attributes the rest. A problem with an epilogue (:class:`convbw_mlir.problem.Epilogue`)
 carries it as ``epilogue = {kind = "bilinear", alpha = 2.0 : f64, beta = 2.0 : f64}`` and, for bilinear
 and accumulate, a third operand D in dW's layout (its element type is D's type); the split-K's first stage
-never carries it (the epilogue belongs to the stage that writes dW). ``convbw-plan`` adds ``plan = {strategy = "mma", target = ...}``
-(:class:`convbw_mlir.plan.Plan` as a dictionary); ``convbw-split-k`` adds ``k_batch``, ``split_dim`` and
-``split_chunk`` to the first stage of a split. IREE's Python bindings register no IRDL, so the op lives as an
+never carries it (the epilogue belongs to the stage that writes dW).
+``convbw-plan`` adds ``plan = {strategy = "mma", target = ...}`` (:class:`convbw_mlir.plan.Plan` as a
+dictionary); ``convbw-split-k`` adds ``k_batch``, ``split_dim`` and ``split_chunk`` to the first stage
+of a split. IREE's Python bindings register no IRDL, so the op lives as an
 unregistered op in generic form: contexts that hold it allow unregistered dialects, and
 :func:`verify_op` stands in for an ODS verifier, reporting through MLIR diagnostics at the op's location.
 That detail stays inside this module: the rest of the code builds, reads and checks the op through it.
@@ -302,7 +303,8 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
     if epilogue is not None and epilogue.reads_d:
         shapes.append(("D", tuple(op.operands[2].type.shape)))
     for name, got in shapes:
-        want = (split.k_batch, *problem.shape("acc")) if (name == "dw" and split) else problem.shape("dw" if name == "D" else name)
+        tensor = "dw" if name == "D" else name
+        want = (split.k_batch, *problem.shape("acc")) if (name == "dw" and split) else problem.shape(tensor)
         if got != want:
             raise OpError(
                 f"{name}: expected shape {'x'.join(map(str, want))} for this problem, got {'x'.join(map(str, got))}"
