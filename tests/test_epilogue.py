@@ -248,3 +248,74 @@ def test_saved_artifact_keeps_its_epilogue(compiled, tmp_path):
     x, dy = random_inputs(BILINEAR)
     d = random_d(BILINEAR)
     np.testing.assert_array_equal(loaded.run(x, dy, d), op.run(x, dy, d))
+
+
+# -- the plan, the CLIs, the benchmark's kernels ----------------------------------------------------
+@pytest.mark.parametrize("target", ["host", "sm_80", "gfx942"])
+def test_epilogue_leaves_the_plan_alone(target):
+    from convbw_mlir.plan import decide
+
+    for p in SHAPES.values():
+        for ep in EPILOGUES.values():
+            assert decide(p.with_(epilogue=ep), target) == decide(p, target)
+
+
+def test_cli_run_verifies_each_epilogue(capsys):
+    from convbw_mlir.cli import main
+
+    ck = "2 2 4 8 16 3 3 7 7 1 1 1 1 1 1 1 1"
+    for flags in (["--scale", "0.5"], ["--alpha", "2", "--beta", "2", "--d-type", "f32"], ["--accumulate"]):
+        assert main(["run", "--ck", ck, "--reps", "1", *flags]) == 0
+        out = capsys.readouterr().out
+        assert "epilogue: " in out and "PASS" in out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--scale", "nan"], "argument --scale: must be finite, got 'nan'"),
+        (["--alpha", "inf"], "argument --alpha: must be finite, got 'inf'"),
+        (["--scale", "2", "--beta", "1"], "--scale: does not combine with --beta"),
+        (["--accumulate", "--d-type", "f32"], "--d-type: accumulate reads D from the output itself"),
+        (["--d-type", "f32"], "--d-type: applies to a bilinear epilogue"),
+        (["--alpha", "2", "--d-type", "bf16"], "epilogue.d_dtype: bilinear takes D of dW's type or f32"),
+    ],
+)
+def test_cli_bad_epilogue_flags_are_one_line_errors(capsys, flags, message):
+    from convbw_mlir.cli import main
+
+    assert main(["compile", "--ck", "2 2 4 8 16 3 3 7 7 1 1 1 1 1 1 1 1", *flags]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_convbw_opt_problem_input_carries_the_epilogue(capsys):
+    from convbw_mlir.opt import main
+
+    assert main(["--ck", "2 2 4 8 16 3 3 7 7 1 1 1 1 1 1 1 1", "--alpha", "2", "--beta", "2"]) == 0
+    out = capsys.readouterr().out
+    assert 'epilogue = {alpha = 2.000000e+00 : f64, beta = 2.000000e+00 : f64, kind = "bilinear"}' in out
+
+
+def test_benchmark_kernels_are_correct_and_the_unfused_one_has_its_own_dispatch(tmp_path):
+    import tempfile
+    from pathlib import Path
+
+    from convbw_mlir.bench.epilogue import KINDS, _child, compile_problem, unfused_text
+    from convbw_mlir.compiler import compile_module
+
+    p = CONV
+    entry = {"kernels": compile_problem(p, "host", tmp_path, "conv")}
+    for kind in KINDS:
+        assert entry["kernels"][kind]["ok"], entry["kernels"][kind]
+        assert _child(tmp_path, entry, kind, "local-task")["status"] == "ok", kind
+    counts = []
+    for text in (unfused_text(p, "sm_80"), None):
+        from convbw_mlir.compiler import lowered_text
+        from convbw_mlir.pipelines import for_target
+
+        text = text or lowered_text(p.with_(epilogue=Epilogue("bilinear", 2, 2)), for_target("sm_80"))
+        with tempfile.TemporaryDirectory() as d:
+            compile_module(text, "sm_80", [f"--iree-hal-dump-executable-sources-to={d}"])
+            counts.append(len(list(Path(d).glob("*.mlir"))))
+    assert counts[0] == counts[1] + 1  # the unfused epilogue is one more kernel, the fused one none
