@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import suite
 
 from convbw_mlir.epilogues import check_epilogue_arrays, integer_inputs, random_d
 from convbw_mlir.problem import ConvBwdWeightProblem, Epilogue
@@ -319,3 +320,14 @@ def test_benchmark_kernels_are_correct_and_the_unfused_one_has_its_own_dispatch(
             compile_module(text, "sm_80", [f"--iree-hal-dump-executable-sources-to={d}"])
             counts.append(len(list(Path(d).glob("*.mlir"))))
     assert counts[0] == counts[1] + 1  # the unfused epilogue is one more kernel, the fused one none
+
+
+CK_TESTS = suite("ck_test_grouped_convnd_bwd_weight")
+
+
+@pytest.mark.parametrize("args", [a for _, a in CK_TESTS], ids=[n for n, _ in CK_TESTS])
+def test_ck_test_problems_with_bilinear_epilogue_match_reference(compiled, args):
+    # CK's own list with CK's bilinear values; the plan picks each problem's strategy and split
+    p = ConvBwdWeightProblem.from_ck(args).with_(epilogue=Epilogue("bilinear", 2.0, 2.0))
+    got, want = run(compiled, p)
+    assert_close(p, got, want)
