@@ -6,9 +6,9 @@ The problem model, the reference and the runtime import with only ``iree-base-ru
 
 from typing import Any
 
-from convbw_mlir.problem import LAYOUTS, ConvBwdWeightProblem, Layout
+from convbw_mlir.problem import LAYOUTS, ConvBwdWeightProblem, Epilogue, Layout
 
-__all__ = ["LAYOUTS", "CompiledOp", "ConvBwdWeightProblem", "Layout", "compile_op"]
+__all__ = ["LAYOUTS", "CompiledOp", "ConvBwdWeightProblem", "Epilogue", "Layout", "compile_op"]
 __version__ = "0.1.0"
 
 

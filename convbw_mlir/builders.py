@@ -11,6 +11,7 @@ from convbw_mlir.problem import ConvBwdWeightProblem
 __all__ = [
     "PARALLEL",
     "REDUCTION",
+    "apply_epilogue",
     "as_value",
     "convert",
     "drop_unit_dims",
@@ -188,8 +189,16 @@ def convert(src: ir.Value, to: ir.Type) -> ir.Value:
     return converted
 
 
-def finish_dw(problem: ConvBwdWeightProblem, acc: ir.Value) -> ir.Value:
-    """The f32 accumulator ``[g, k, f..., c]`` -> dW: truncf where needed, transpose to dW's layout."""
+def finish_dw(problem: ConvBwdWeightProblem, acc: ir.Value, d: ir.Value | None = None) -> ir.Value:
+    """The f32 accumulator ``[g, k, f..., c]`` -> dW: truncf where needed, transpose to dW's layout.
+
+    With an epilogue, one elementwise generic does all of it: ``alpha * acc (+ beta * D)`` in f32, the
+    conversion, and the transpose (acc read through the permutation), so the epilogue rides in the
+    write IREE fuses into the producing dispatch, never a pass of its own (docs/epilogues.md).
+    ``d`` is the epilogue's D (dW's layout), for an epilogue that reads one.
+    """
+    if problem.epilogue is not None:
+        return apply_epilogue(problem, acc, d)
     dw = acc
     if problem.dw_dtype != "f32":
         dw = convert(dw, element_type(problem.dw_dtype))
@@ -198,6 +207,47 @@ def finish_dw(problem: ConvBwdWeightProblem, acc: ir.Value) -> ir.Value:
     if perm != list(range(len(perm))):
         dw = transpose(dw, perm)
     return dw
+
+
+def apply_epilogue(problem: ConvBwdWeightProblem, acc: ir.Value, d: ir.Value | None) -> ir.Value:
+    """``alpha * acc + beta * D`` (or ``alpha * acc``) -> dW's type and layout, as one elementwise generic.
+
+    Loops follow dW's layout; the f32 accumulator ``[g, k, f..., c]`` is read through the permutation,
+    D and dW with the identity. Multiplications by 1 are left out; D is widened to f32 first.
+    """
+    ep = problem.epilogue
+    assert ep is not None
+    if ep.reads_d != (d is not None):
+        raise ValueError(f"epilogue: {ep.kind} {'needs' if ep.reads_d else 'takes no'} D operand")
+    f32 = ir.F32Type.get()
+    dw_letters, acc_letters = problem.dims("dw"), problem.dims("acc")
+    rank = len(dw_letters)
+    loops = [ir.AffineDimExpr.get(i) for i in range(rank)]
+    ident = ir.AffineMap.get_identity(rank)
+    acc_map = ir.AffineMap.get(rank, 0, [loops[dw_letters.index(a)] for a in acc_letters])
+    out_t = element_type(problem.dw_dtype)
+    out = tensor_d.EmptyOp(list(problem.dw_shape), out_t).result
+    inputs, maps = [acc], [acc_map]
+    if d is not None:
+        inputs.append(d)
+        maps.append(ident)
+
+    def const(value: float) -> ir.Value:
+        return arith_d.ConstantOp(f32, ir.FloatAttr.get(f32, value)).result
+
+    @generic(inputs, [out], [*maps, ident], [PARALLEL] * rank)
+    def epilogue(a: ir.Value, *rest: ir.Value) -> ir.Value:
+        v = a if ep.alpha == 1.0 else arith_d.MulFOp(const(ep.alpha), a).result
+        if d is not None:
+            dv = rest[0]
+            if dv.type != f32:
+                dv = arith_d.ExtFOp(f32, dv).result
+            if ep.beta != 1.0:
+                dv = arith_d.MulFOp(const(ep.beta), dv).result
+            v = arith_d.AddFOp(v, dv).result
+        return v if out_t == f32 else arith_d.TruncFOp(out_t, v).result
+
+    return epilogue
 
 
 def reduce_partials(partials: ir.Value) -> ir.Value:

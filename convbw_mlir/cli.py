@@ -20,9 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from convbw_mlir.files import write_atomic
-from convbw_mlir.problem import DEFAULT_LAYOUT, DTYPES, ConvBwdWeightProblem
+from convbw_mlir.problem import DEFAULT_LAYOUT, DTYPES, ConvBwdWeightProblem, Epilogue
 
-__all__ = ["ArgumentParser", "add_problem_arguments", "main", "problem_from_args", "run_cli", "write_output"]
+__all__ = [
+    "ArgumentParser",
+    "add_epilogue_arguments",
+    "add_problem_arguments",
+    "epilogue_from_args",
+    "main",
+    "problem_from_args",
+    "run_cli",
+    "write_output",
+]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -64,6 +73,52 @@ def _sizes(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected sizes like 56x56 or 3, got {text!r}") from None
 
 
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+    return value
+
+
+def add_epilogue_arguments(parser: argparse.ArgumentParser) -> None:
+    """The epilogue flags (docs/epilogues.md), shared by ``convbw`` and ``convbw-opt``."""
+    e = parser.add_argument_group("epilogue (applied where dW is written; docs/epilogues.md)")
+    e.add_argument("--scale", type=_finite_float, metavar="S", help="dW = S * (x * dy)")
+    e.add_argument("--alpha", type=_finite_float, metavar="A", help="dW = A * (x * dy) + B * D (bilinear; default 1)")
+    e.add_argument("--beta", type=_finite_float, metavar="B", help="the bilinear/accumulate B (default 1)")
+    e.add_argument("--accumulate", action="store_true", help="D is the output itself: dW = A * (x * dy) + B * dW")
+    e.add_argument("--d-type", dest="d_dtype", choices=list(DTYPES), help="bilinear D's type: dW's (default) or f32")
+
+
+def epilogue_from_args(args: argparse.Namespace) -> Epilogue | None:
+    """The epilogue the flags ask for, or None.
+
+    Raises:
+        ValueError: conflicting flags (naming them) or an invalid epilogue.
+    """
+    scale, alpha, beta = getattr(args, "scale", None), getattr(args, "alpha", None), getattr(args, "beta", None)
+    accumulate, d_dtype = getattr(args, "accumulate", False), getattr(args, "d_dtype", None)
+    if scale is not None:
+        others = [f for f, v in (("--alpha", alpha), ("--beta", beta), ("--d-type", d_dtype)) if v is not None]
+        if accumulate:
+            others.append("--accumulate")
+        if others:
+            raise ValueError(f"--scale: does not combine with {', '.join(others)} (bilinear: --alpha/--beta)")
+        return Epilogue("scale", scale)
+    if accumulate:
+        if d_dtype is not None:
+            raise ValueError("--d-type: accumulate reads D from the output itself, of dW's type")
+        return Epilogue("accumulate", 1.0 if alpha is None else alpha, 1.0 if beta is None else beta)
+    if alpha is None and beta is None:
+        if d_dtype is not None:
+            raise ValueError("--d-type: applies to a bilinear epilogue (--alpha/--beta)")
+        return None
+    return Epilogue("bilinear", 1.0 if alpha is None else alpha, 1.0 if beta is None else beta, d_dtype)
+
+
 def add_problem_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """The problem flags shared by ``convbw`` and ``convbw-opt``."""
     g = parser.add_argument_group("problem (named flags, or --ck / --miopen)")
@@ -85,6 +140,7 @@ def add_problem_arguments(parser: argparse.ArgumentParser, required: bool = True
     g.add_argument("--layout", help=f"layout family or ckProfiler code 0-4 (default {DEFAULT_LAYOUT})")
     g.add_argument("--type", "--dtype", dest="dtype", choices=list(DTYPES), help="element type of x and dy")
     g.add_argument("--dw-type", dest="dw_dtype", choices=list(DTYPES), help="element type of dW (default: --type)")
+    add_epilogue_arguments(parser)
 
 
 def _broadcast(name: str, values: tuple[int, ...] | None, rank: int, default: int) -> tuple[int, ...]:
@@ -103,6 +159,12 @@ def problem_from_args(args: argparse.Namespace) -> ConvBwdWeightProblem:
     Raises:
         ValueError: missing or conflicting flags, or an invalid problem (naming the field).
     """
+    problem = _problem_from_args(args)
+    epilogue = epilogue_from_args(args)
+    return problem.with_(epilogue=epilogue) if epilogue is not None else problem
+
+
+def _problem_from_args(args: argparse.Namespace) -> ConvBwdWeightProblem:
     overrides: dict[str, Any] = {}
     if args.dtype:
         overrides["dtype"] = args.dtype
@@ -146,21 +208,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
     problem = problem_from_args(args)
     print(f"problem: {problem.to_ck() if problem.layout_family.ck_code is not None else problem.name}")
     print(f"layout:  {problem.layout_family.spelled(problem.rank)}  types: {problem.dtype} -> {problem.dw_dtype}")
+    ep = problem.epilogue
+    if ep is not None:  # the epilogue block: D random, for accumulate the output's initial contents
+        from convbw_mlir.epilogues import random_d
+
+        print(f"epilogue: {ep.kind} alpha={ep.alpha:g}" + (f" beta={ep.beta:g} D {ep.d_dtype}" if ep.reads_d else ""))
     t0 = time.perf_counter()
     op = compile_op(problem, args.target, isolate=True)
     print(f"compile: {time.perf_counter() - t0:.2f} s for {args.target}")
     x, dy = random_inputs(problem, args.seed)
+    d = random_d(problem, args.seed + 1) if ep is not None else None
     kernel = op.kernel(args.device)
     x, dy = check_inputs(problem, x, dy)
     xd, dyd = kernel.to_device(x), kernel.to_device(dy)
-    samples = time_calls(kernel, xd, dyd, min_reps=args.reps)
-    dw = op.run(x, dy, device=args.device)
+    samples = time_calls(kernel, xd, dyd, *([kernel.to_device(d)] if d is not None else []), min_reps=args.reps)
+    if ep is not None and ep.kind == "accumulate":
+        dw = op.run(x, dy, out=d.copy(), device=args.device)
+    else:
+        dw = op.run(x, dy, d, device=args.device)
     med = statistics.median(samples)
     print(f"time:    {med * 1e6:.1f} us (median of {len(samples)}), {problem.flops / med / 1e12:.4f} TFLOP/s")
     if args.no_verify:
         print("verify:  skipped")
         return 0
-    err = assert_close(problem, dw, reference(problem, x, dy))
+    err = assert_close(problem, dw, reference(problem, x, dy, d))
     print(f"verify:  max error {err:.3g} (relative to the reference's RMS), PASS")
     return 0
 

@@ -81,21 +81,43 @@ class CompiledOp:
             self._kernels[device] = runtime.Kernel(self.vmfb, self.driver, device)
         return self._kernels[device]
 
-    def run(self, x: np.ndarray, dy: np.ndarray, device: int | None = None) -> np.ndarray:
+    def run(
+        self,
+        x: np.ndarray,
+        dy: np.ndarray,
+        d: np.ndarray | None = None,
+        out: np.ndarray | None = None,
+        device: int | None = None,
+    ) -> np.ndarray:
         """Compute dW for ``x`` and ``dy`` (numpy arrays in the problem's layout and type).
 
         Args:
+            d: the bilinear epilogue's D (dW's layout and shape, the epilogue's D type); only for an
+                op compiled with a bilinear epilogue.
+            out: where dW goes (dW's shape and type). The accumulate epilogue needs it: its current
+                contents are D and the result replaces them (``out = alpha * x * dy + beta * out``).
+                Otherwise optional: the result is written into it and it is returned.
             device: the index of the device among the driver's devices (None: the first); the CPU
                 driver has one device, whatever the index.
 
+        Every argument is checked before anything runs: on an error the caller's ``d`` and ``out`` are
+        untouched.
+
         Raises:
-            TypeError / ValueError: arrays of the wrong dtype or shape, or a ``device`` that is not
-                None or an int >= 0.
+            TypeError / ValueError: arrays of the wrong dtype or shape, a ``d`` or ``out`` that the op's
+                epilogue does not take (or a missing one), or a ``device`` that is not None or an int >= 0.
             runtime.DeviceError: no device for the target's driver.
         """
+        from convbw_mlir.epilogues import check_epilogue_arrays
+
         device = _device_index(device)
         x, dy = runtime.check_inputs(self.problem, x, dy, driver=self.driver)
-        return self.kernel(device).run(x, dy).astype(runtime.numpy_dtype(self.problem.dw_dtype), copy=False)
+        extra = check_epilogue_arrays(self.problem, d, out)
+        dw = self.kernel(device).run(x, dy, *extra).astype(runtime.numpy_dtype(self.problem.dw_dtype), copy=False)
+        if out is None:
+            return dw
+        np.copyto(out, dw)
+        return out
 
     def isa_report(self):  # -> convbw_mlir.isa.IsaReport
         """The ISA report of this op's kernels (compiles again with IREE's intermediates dumped).

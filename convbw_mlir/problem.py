@@ -2,6 +2,10 @@
 
 dW[g, k, f..., c] = sum over n, o... of x[n, g, c, o*stride + f*dilation - pad_low] * dy[n, g, k, o]
 
+optionally followed by an :class:`Epilogue` applied where dW is written (docs/epilogues.md):
+``dW = alpha * (x * dy)`` (scale), ``dW = alpha * (x * dy) + beta * D`` (bilinear, D in dW's layout),
+or the same with D the caller's output buffer itself (accumulate: ``dW += x * dy`` at alpha = beta = 1).
+
 Everything else in convbw-mlir (the dialect op, the lowering, the reference, the CLIs) is derived from
 a :class:`ConvBwdWeightProblem`. Parsing and printing of ckProfiler and MIOpenDriver argument lines live
 in :mod:`convbw_mlir.formats`.
@@ -10,15 +14,18 @@ in :mod:`convbw_mlir.formats`.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 __all__ = [
     "DTYPES",
+    "EPILOGUES",
     "INT64_MAX",
     "LAYOUTS",
     "ConvBwdWeightProblem",
+    "Epilogue",
     "Layout",
     "resolve_layout",
 ]
@@ -110,6 +117,101 @@ def resolve_layout(spec: str | int, rank: int | None = None) -> Layout:
     raise ValueError(f"layout: unknown layout {spec!r}; known: {known}, aliases {', '.join(_LAYOUT_ALIASES)}")
 
 
+#: Epilogue kinds: what the kernel does with the f32 result before writing dW (docs/epilogues.md).
+EPILOGUES = ("scale", "bilinear", "accumulate")
+
+
+def _finite(name: str, value: Any) -> float:
+    """``value`` as a finite Python float (ints and numpy scalars too; not bools or strings).
+
+    Raises:
+        TypeError / ValueError: not a real number, or not finite, naming ``name`` and the value.
+    """
+    # numbers.Real: Python and numpy ints and floats; bool is one too, and is refused
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name}: must be finite, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What happens to the f32 result ``acc = x * dy`` where the kernel writes dW.
+
+    - ``scale``: ``dW = alpha * acc`` (CK's ``Scale``; f16 loss scaling). No D; ``beta`` must be 0.
+    - ``bilinear``: ``dW = alpha * acc + beta * D`` (CK's ``Bilinear``), D a tensor in dW's layout
+      and shape, of dW's element type or f32 (``d_dtype``, default dW's type).
+    - ``accumulate``: the same with D the output's own storage: the result lands in the caller's
+      buffer (``dW += acc`` at the defaults alpha = beta = 1); D has dW's type.
+
+    ``d_dtype`` None means "dW's type" and is filled in by the problem that holds the epilogue.
+
+    Raises:
+        ValueError / TypeError: an unknown kind, alpha or beta not finite, beta given to ``scale``,
+            an unknown ``d_dtype`` (each naming the field and value).
+    """
+
+    kind: str
+    alpha: float = 1.0
+    beta: float = None  # type: ignore[assignment]
+    d_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if self.kind not in EPILOGUES:
+            raise ValueError(f"epilogue.kind: unknown epilogue {self.kind!r}; known: {', '.join(EPILOGUES)}")
+        set_(self, "alpha", _finite("epilogue.alpha", self.alpha))
+        default_beta = 0.0 if self.kind == "scale" else 1.0
+        set_(self, "beta", default_beta if self.beta is None else _finite("epilogue.beta", self.beta))
+        if self.kind == "scale":
+            if self.beta != 0.0:
+                raise ValueError(f"epilogue.beta: a scale epilogue has no D term, got beta={self.beta!r}")
+            if self.d_dtype is not None:
+                raise ValueError(f"epilogue.d_dtype: a scale epilogue reads no D, got d_dtype={self.d_dtype!r}")
+        elif self.d_dtype is not None and self.d_dtype not in DTYPES:
+            raise ValueError(f"epilogue.d_dtype: unknown element type {self.d_dtype!r}; known: {', '.join(DTYPES)}")
+
+    @property
+    def reads_d(self) -> bool:
+        """Whether the kernel takes a third operand D (bilinear, accumulate)."""
+        return self.kind != "scale"
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"kind": self.kind, "alpha": self.alpha, "beta": self.beta}
+        if self.d_dtype is not None:
+            data["d_dtype"] = self.d_dtype
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Epilogue:
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: not a dictionary, or unknown entries (naming them).
+        """
+        if not isinstance(data, dict):
+            raise TypeError(f"epilogue: expected a dictionary, got {data!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"epilogue: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+        if "kind" not in data:
+            raise ValueError("epilogue: missing field 'kind'")
+        return cls(**data)
+
+    @property
+    def tag(self) -> str:
+        """A short file-name-safe tag: ``scale-a0.5``, ``bilinear-a2-b2-f32``, ``accumulate-a1-b1``."""
+        parts = [self.kind, f"a{self.alpha:g}"]
+        if self.reads_d:
+            parts.append(f"b{self.beta:g}")
+        if self.d_dtype is not None and self.kind == "bilinear":
+            parts.append(self.d_dtype)
+        return "-".join(parts)
+
+
 def _int(name: str, value: Any, whole: Any = None) -> int:
     """``value`` as a Python int: ints and numpy integers (0-d integer arrays too); not bools or floats.
 
@@ -175,6 +277,8 @@ class ConvBwdWeightProblem:
         dtype: element type of x and dy ("f16", "bf16", "f32").
         dw_dtype: element type of dW; defaults to ``dtype`` (ckProfiler's type 2 is bf16 in, f32 dW).
         layout: layout family name, alias or ckProfiler code; see :data:`LAYOUTS`.
+        epilogue: an optional :class:`Epilogue` (or its dictionary) applied where dW is written; its
+            ``d_dtype`` is filled in (dW's type) and checked against dW's type here.
 
     Raises:
         ValueError / TypeError: naming the field and value, for any impossible problem.
@@ -193,6 +297,7 @@ class ConvBwdWeightProblem:
     dtype: str = "f16"
     dw_dtype: str = None  # type: ignore[assignment]
     layout: str = DEFAULT_LAYOUT
+    epilogue: Epilogue | None = None
     _layout: Layout = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -249,6 +354,34 @@ class ConvBwdWeightProblem:
                     "the output would be empty"
                 )
         self._check_int64_sizes()
+        self._check_epilogue()
+
+    def _check_epilogue(self) -> None:
+        """Normalise the epilogue (a dictionary becomes an :class:`Epilogue`; D's type defaults to dW's)."""
+        ep = self.epilogue
+        if ep is None:
+            return
+        if isinstance(ep, dict):
+            ep = Epilogue.from_dict(ep)
+        if not isinstance(ep, Epilogue):
+            raise TypeError(f"epilogue: expected an Epilogue, a dictionary or None, got {ep!r}")
+        if ep.reads_d:
+            d_dtype = ep.d_dtype or self.dw_dtype
+            allowed = (self.dw_dtype,) if ep.kind == "accumulate" else (self.dw_dtype, "f32")
+            if d_dtype not in allowed:
+                what = "the output's own type" if ep.kind == "accumulate" else "dW's type or f32"
+                raise ValueError(
+                    f"epilogue.d_dtype: {ep.kind} takes D of {what} ({' or '.join(dict.fromkeys(allowed))}), "
+                    f"got {d_dtype}"
+                )
+            if d_dtype != ep.d_dtype:
+                ep = replace(ep, d_dtype=d_dtype)
+        object.__setattr__(self, "epilogue", ep)
+
+    @property
+    def plain(self) -> ConvBwdWeightProblem:
+        """This problem without its epilogue (what the contraction itself computes)."""
+        return self if self.epilogue is None else replace(self, epilogue=None)
 
     def _check_int64_sizes(self) -> None:
         """Refuse a problem whose reduction, or some tensor's element or byte count, overflows int64."""
@@ -341,10 +474,13 @@ class ConvBwdWeightProblem:
 
     @property
     def min_bytes(self) -> int:
-        """Bytes that must move at least: read x and dy once, write dW once."""
+        """Bytes that must move at least: read x and dy once, write dW once (and read D once, if any)."""
         x = math.prod(self.x_shape) * DTYPES[self.dtype]
         dy = math.prod(self.dy_shape) * DTYPES[self.dtype]
-        return x + dy + math.prod(self.dw_shape) * DTYPES[self.dw_dtype]
+        d = 0
+        if self.epilogue is not None and self.epilogue.reads_d:
+            d = math.prod(self.dw_shape) * DTYPES[self.epilogue.d_dtype]
+        return x + dy + d + math.prod(self.dw_shape) * DTYPES[self.dw_dtype]
 
     @property
     def is_depthwise(self) -> bool:
@@ -360,10 +496,11 @@ class ConvBwdWeightProblem:
         types = self.dtype if self.dw_dtype == self.dtype else f"{self.dtype}-{self.dw_dtype}"
         code = self._layout.ck_code
         lay = f"l{code}" if code is not None else self._layout.x.lower()
+        epilogue = f"_{self.epilogue.tag}" if self.epilogue is not None else ""
         return (
             f"{self.rank}d_g{self.groups}_n{self.batch}_c{self.in_channels}_k{self.out_channels}"
             f"_f{j(self.filter_size)}_i{j(self.input_size)}_s{j(self.stride)}_d{j(self.dilation)}"
-            f"_p{j(self.pad_low)}_{j(self.pad_high)}_{types}_{lay}"
+            f"_p{j(self.pad_low)}_{j(self.pad_high)}_{types}_{lay}{epilogue}"
         )
 
     def with_(self, **changes: Any) -> ConvBwdWeightProblem:
@@ -371,7 +508,12 @@ class ConvBwdWeightProblem:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        """Plain data; ``epilogue`` appears only where there is one (so plain problems' dicts and keys
+        are what they were before epilogues existed)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.init and f.name != "epilogue"}
+        if self.epilogue is not None:
+            data["epilogue"] = self.epilogue.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConvBwdWeightProblem:

@@ -61,8 +61,28 @@ def reference_bytes(problem: ConvBwdWeightProblem) -> int:
                 + math.prod(p.dw_shape))  # fmt: skip
 
 
-def reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """dW in float64, in the problem's dW layout.
+def _epilogue(problem: ConvBwdWeightProblem, dw: np.ndarray, d: np.ndarray | None) -> np.ndarray:
+    """The problem's epilogue applied in float64: ``alpha * dw (+ beta * D)``; ``dw`` unchanged without one.
+
+    Raises:
+        ValueError: D missing where the epilogue reads one, given where it does not, or of another shape.
+    """
+    ep = problem.epilogue
+    if ep is None or not ep.reads_d:
+        if d is not None:
+            raise ValueError(f"d: problem {problem.name} has no epilogue that reads D")
+        return dw if ep is None else ep.alpha * dw
+    if d is None:
+        raise ValueError(f"d: the {ep.kind} epilogue of {problem.name} needs D (for accumulate: out's contents)")
+    d = np.asarray(d)
+    if d.shape != dw.shape:
+        raise ValueError(f"d: expected shape {dw.shape}, got {d.shape}")
+    return ep.alpha * dw + ep.beta * d.astype(np.float64)
+
+
+def reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
+    """dW in float64, in the problem's dW layout, with the problem's epilogue applied (``d``: its D,
+    for accumulate the output's contents before the call).
 
     Raises:
         NotEnoughMemoryError: its float64 copies would not fit in memory (checked before allocating);
@@ -92,7 +112,7 @@ def reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray) -> n
     if "G" not in letters:
         dw = dw[0]
         src.remove("G")
-    return np.transpose(dw, [src.index(s) for s in letters])
+    return _epilogue(p, np.transpose(dw, [src.index(s) for s in letters]), d)
 
 
 def tolerance(problem: ConvBwdWeightProblem) -> tuple[float, float]:
@@ -195,7 +215,9 @@ def sample_indices(problem: ConvBwdWeightProblem, count: int = 64, seed: int = 0
     return np.concatenate([corners, drawn])[:count]
 
 
-def sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray, indices: object) -> np.ndarray:
+def sample_reference(
+    problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray, indices: object, d: np.ndarray | None = None
+) -> np.ndarray:
     """dW in float64 at the given dW indices only: one dot product over the reduction (N and the output
     positions a tap sees inside the input) per entry, reading x and dy in place.
 
@@ -206,6 +228,7 @@ def sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarra
         problem: the problem.
         x, dy: the inputs, in the problem's layout.
         indices: (m, rank of dW) integer indices into dW in the problem's layout (see :func:`sample_indices`).
+        d: the epilogue's D (whole, dW's shape), where the problem's epilogue reads one.
 
     Returns:
         An (m,) float64 array, entry i the reference value of ``dw[tuple(indices[i])]``.
@@ -214,6 +237,7 @@ def sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarra
         ValueError / TypeError: indices of the wrong shape or type, or outside dW.
     """
     p = problem
+    d_epilogue = d  # `d` is the dilation in the loops below
     idx = _dw_indices(p, indices)
     xc = _canonical(p, x, "x", "GNSC")  # views: [G, N, in..., C]
     dyc = _canonical(p, dy, "dy", "GNSK")  # [G, N, out..., K]
@@ -246,4 +270,11 @@ def sample_reference(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarra
                 dm = np.take(dv[n : n + rows], ks, axis=-1).astype(np.float32).reshape(-1, len(members))
                 acc += np.einsum("ij,ij->j", xm, dm, dtype=np.float64)
             out[members] = acc
-    return out
+    ep = p.epilogue
+    if ep is None:
+        return out
+    if ep.reads_d != (d_epilogue is not None):
+        raise ValueError(f"d: the {ep.kind} epilogue of {p.name} {'needs' if ep.reads_d else 'takes no'} D")
+    if not ep.reads_d:
+        return ep.alpha * out
+    return ep.alpha * out + ep.beta * np.asarray(d_epilogue)[tuple(idx.T)].astype(np.float64)

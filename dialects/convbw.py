@@ -6,9 +6,13 @@
             -> tensor<2x16x3x3x8xf16>
 
 x and dy are operands, dW the result; the op's types carry N, C, K, the input and filter sizes and the
-element types, its attributes the rest. ``convbw-plan`` adds ``plan = {strategy = "mma", target = ...}``
-(:class:`convbw_mlir.plan.Plan` as a dictionary); ``convbw-split-k`` adds ``k_batch``, ``split_dim`` and
-``split_chunk`` to the first stage of a split. IREE's Python bindings register no IRDL, so the op lives as an
+element types, its attributes the rest. A problem with an epilogue (:class:`convbw_mlir.problem.Epilogue`)
+carries it as ``epilogue = {kind = "bilinear", alpha = 2.0 : f64, beta = 2.0 : f64}`` and, for bilinear
+and accumulate, a third operand D in dW's layout (its element type is D's type); the split-K's first stage
+never carries it (the epilogue belongs to the stage that writes dW).
+``convbw-plan`` adds ``plan = {strategy = "mma", target = ...}`` (:class:`convbw_mlir.plan.Plan` as a
+dictionary); ``convbw-split-k`` adds ``k_batch``, ``split_dim`` and ``split_chunk`` to the first stage
+of a split. IREE's Python bindings register no IRDL, so the op lives as an
 unregistered op in generic form: contexts that hold it allow unregistered dialects, and
 :func:`verify_op` stands in for an ODS verifier, reporting through MLIR diagnostics at the op's location.
 That detail stays inside this module: the rest of the code builds, reads and checks the op through it.
@@ -23,12 +27,15 @@ from convbw_mlir.ir_imports import func_d, ir
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = [
+    "EPILOGUE_ATTR",
     "OP_NAME",
     "PLAN_ATTR",
     "build_module",
     "build_op",
     "dict_attr",
     "dict_from_attr",
+    "epilogue_attr",
+    "epilogue_of",
     "is_conv_bwd_weight",
     "problem_attr",
     "problem_from_attr",
@@ -42,6 +49,9 @@ __all__ = [
 
 OP_NAME = "convbw.conv_bwd_weight"
 PLAN_ATTR = "plan"
+EPILOGUE_ATTR = "epilogue"
+#: The argument attribute tying the accumulate epilogue's D to the result (the caller's buffer).
+OUTPUT_ARG_ATTR = "iree.abi.output"
 FUNC_NAME = "conv_bwd_weight"
 _ARRAY_ATTRS = ("strides", "dilations", "pad_low", "pad_high")
 _FIELDS = {"strides": "stride", "dilations": "dilation", "pad_low": "pad_low", "pad_high": "pad_high"}
@@ -53,11 +63,63 @@ class OpError(ValueError):
 
 
 def tensor_type(problem: ConvBwdWeightProblem, tensor: str) -> ir.RankedTensorType:
-    """The tensor type of "x", "dy" or "dw" for ``problem`` (in the current context)."""
+    """The tensor type of "x", "dy", "dw" or "d" (the epilogue's D: dW's shape, D's type) for ``problem``
+    (in the current context)."""
     from convbw_mlir.ir_imports import element_type
 
+    if tensor == "d":
+        if problem.epilogue is None or not problem.epilogue.reads_d:
+            raise ValueError(f"epilogue: problem {problem.name} reads no D")
+        return ir.RankedTensorType.get(problem.shape("dw"), element_type(problem.epilogue.d_dtype))
     dtype = problem.dw_dtype if tensor == "dw" else problem.dtype
     return ir.RankedTensorType.get(problem.shape(tensor), element_type(dtype))
+
+
+def epilogue_attr(epilogue) -> ir.DictAttr:  # epilogue: convbw_mlir.problem.Epilogue
+    """The epilogue as the op prints it: kind, alpha (and beta where D is read) as f64; D's type is
+    the D operand's."""
+    f64 = ir.F64Type.get()
+    entries = {"kind": ir.StringAttr.get(epilogue.kind), "alpha": ir.FloatAttr.get(f64, epilogue.alpha)}
+    if epilogue.reads_d:
+        entries["beta"] = ir.FloatAttr.get(f64, epilogue.beta)
+    return ir.DictAttr.get(entries)
+
+
+def epilogue_of(op: ir.Operation | ir.OpView):  # -> convbw_mlir.problem.Epilogue | None
+    """The epilogue an op carries (D's type from its third operand), or None.
+
+    Raises:
+        OpError: a malformed epilogue attribute, or operands that do not fit it.
+    """
+    from convbw_mlir.problem import Epilogue
+
+    op = op.operation
+    attrs = op.attributes
+    if EPILOGUE_ATTR not in attrs:
+        if len(op.operands) != 2:
+            raise OpError(f"expected 2 operands (x, dy) without an epilogue, got {len(op.operands)}")
+        return None
+    attr = attrs[EPILOGUE_ATTR]
+    if not isinstance(attr, ir.DictAttr):
+        raise OpError(f"attribute '{EPILOGUE_ATTR}' must be a dictionary, got {attr}")
+    data = dict_from_attr(attr)
+    for name in ("alpha", "beta"):
+        if name in data and not isinstance(data[name], float):
+            raise OpError(f"epilogue: '{name}' must be a float (e.g. 2.0 : f64), got {data[name]!r}")
+    try:
+        epilogue = Epilogue.from_dict(data)
+    except (ValueError, TypeError) as e:
+        raise OpError(str(e)) from None
+    want = 3 if epilogue.reads_d else 2
+    if len(op.operands) != want:
+        what = "(x, dy, D)" if epilogue.reads_d else "(x, dy)"
+        raise OpError(f"a {epilogue.kind} epilogue takes {want} operands {what}, got {len(op.operands)}")
+    if epilogue.reads_d:
+        t = op.operands[2].type
+        if not isinstance(t, ir.RankedTensorType) or str(t.element_type) not in _TYPE_NAMES:
+            raise OpError(f"D: expected a ranked tensor of f16, bf16 or f32, got {t}")
+        epilogue = Epilogue.from_dict({**data, "d_dtype": str(t.element_type)})
+    return epilogue
 
 
 def problem_location(problem: ConvBwdWeightProblem) -> ir.Location:
@@ -77,13 +139,18 @@ def build_op(
     loc: ir.Location | None = None,
     split: Split | None = None,
     plan: ir.Attribute | None = None,
+    d: ir.Value | None = None,
 ) -> ir.Operation:
     """Create ``convbw.conv_bwd_weight`` at the current insertion point.
 
     With ``split``, the op is the first stage of a split-K: it carries ``k_batch``, ``split_dim`` and
-    ``split_chunk`` and yields f32 partial sums ``[k_batch, g, k, f..., c]`` instead of dW. ``plan`` (the
-    attribute of the op this one replaces) is carried over.
+    ``split_chunk`` and yields f32 partial sums ``[k_batch, g, k, f..., c]`` instead of dW (and no
+    epilogue: stage 2 applies it). ``plan`` (the attribute of the op this one replaces) is carried over.
+    ``d`` is the epilogue's D, for a problem whose epilogue reads one.
     """
+    epilogue = None if split else problem.epilogue
+    if (epilogue is not None and epilogue.reads_d) != (d is not None):
+        raise ValueError(f"D: problem {problem.name} {'takes' if d is None else 'takes no'} D operand")
     i64 = ir.IntegerType.get_signless(64)
     attrs = {name: ir.DenseI64ArrayAttr.get(list(getattr(problem, _FIELDS[name]))) for name in _ARRAY_ATTRS}
     attrs["groups"] = ir.IntegerAttr.get(i64, problem.groups)
@@ -94,10 +161,12 @@ def build_op(
         attrs["split_chunk"] = ir.IntegerAttr.get(i64, split.chunk)
     if plan is not None:
         attrs[PLAN_ATTR] = plan
+    if epilogue is not None:
+        attrs[EPILOGUE_ATTR] = epilogue_attr(epilogue)
     return ir.Operation.create(
         OP_NAME,
         results=[partial_type(problem, split) if split else tensor_type(problem, "dw")],
-        operands=[x, dy],
+        operands=[x, dy] + ([d] if d is not None else []),
         attributes=attrs,
         loc=loc or problem_location(problem),
     )
@@ -105,15 +174,27 @@ def build_op(
 
 def build_module(problem: ConvBwdWeightProblem, plan=None) -> ir.Module:
     """A module with ``func.func @conv_bwd_weight(%x, %dy) -> dW`` holding one op (current context),
-    carrying ``plan`` (a :class:`convbw_mlir.plan.Plan`) where given."""
+    carrying ``plan`` (a :class:`convbw_mlir.plan.Plan`) where given.
+
+    An epilogue that reads D adds the argument ``%d``; for ``accumulate`` it is tied to the result
+    (``{iree.abi.output = 0 : index}``): IREE writes dW into D's buffer, the caller's.
+    """
     loc = problem_location(problem)
     module = ir.Module.create(loc=loc)
+    epilogue = problem.epilogue
+    reads_d = epilogue is not None and epilogue.reads_d
     with ir.InsertionPoint(module.body), loc:
-        x_t, dy_t, dw_t = (tensor_type(problem, t) for t in ("x", "dy", "dw"))
-        fn = func_d.FuncOp(FUNC_NAME, ir.FunctionType.get([x_t, dy_t], [dw_t]))
+        names = ("x", "dy", "dw", *(("d",) if reads_d else ()))
+        x_t, dy_t, dw_t, *d_t = (tensor_type(problem, t) for t in names)
+        fn = func_d.FuncOp(FUNC_NAME, ir.FunctionType.get([x_t, dy_t, *d_t], [dw_t]))
+        if epilogue is not None and epilogue.kind == "accumulate":
+            no_attrs = ir.DictAttr.get({})
+            tied = ir.DictAttr.get({OUTPUT_ARG_ATTR: ir.IntegerAttr.get(ir.IndexType.get(), 0)})
+            fn.arg_attrs = ir.ArrayAttr.get([no_attrs, no_attrs, tied])
         block = fn.add_entry_block()
         with ir.InsertionPoint(block):
-            op = build_op(problem, block.arguments[0], block.arguments[1], loc)
+            d = block.arguments[2] if reads_d else None
+            op = build_op(problem, block.arguments[0], block.arguments[1], loc, d=d)
             if plan is not None:
                 set_plan(op, plan)
             func_d.ReturnOp([op.result])
@@ -144,8 +225,12 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
         OpError: missing or malformed attributes, wrong operand count, shapes that disagree.
     """
     op = op.operation
-    if len(op.operands) != 2 or len(op.results) != 1:
-        raise OpError(f"expected 2 operands (x, dy) and 1 result (dw), got {len(op.operands)} and {len(op.results)}")
+    if len(op.operands) not in (2, 3) or len(op.results) != 1:
+        raise OpError(
+            f"expected 2 operands (x, dy), or 3 with an epilogue's D, and 1 result (dw), "
+            f"got {len(op.operands)} and {len(op.results)}"
+        )
+    epilogue = epilogue_of(op)
     attrs = {}
     for name in (*_ARRAY_ATTRS, "groups", "layout"):
         if name not in op.attributes:
@@ -169,6 +254,8 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
     plan_of(op)  # a malformed plan is an invalid op
     if split and dw_type != "f32":
         raise OpError(f"a split op (k_batch = {split.k_batch}) yields f32 partial sums, got {dw_type}")
+    if split and epilogue is not None:
+        raise OpError(f"a split op (k_batch = {split.k_batch}) yields partial sums: its epilogue belongs to stage 2")
     rank = len(arrays["strides"])
     try:
         from convbw_mlir.problem import resolve_layout
@@ -199,6 +286,7 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
             dtype=x_type,
             dw_dtype=dw_type,
             layout=family.name,
+            epilogue=epilogue,
         )
     except (ValueError, TypeError) as e:
         if isinstance(e, OpError):
@@ -211,8 +299,12 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
             check_split(problem, split)
         except ValueError as e:
             raise OpError(str(e)) from None
-    for name, got in (("x", x_shape), ("dy", dy_shape), ("dw", dw_shape)):
-        want = (split.k_batch, *problem.shape("acc")) if (name == "dw" and split) else problem.shape(name)
+    shapes = [("x", x_shape), ("dy", dy_shape), ("dw", dw_shape)]
+    if epilogue is not None and epilogue.reads_d:
+        shapes.append(("D", tuple(op.operands[2].type.shape)))
+    for name, got in shapes:
+        tensor = "dw" if name == "D" else name
+        want = (split.k_batch, *problem.shape("acc")) if (name == "dw" and split) else problem.shape(tensor)
         if got != want:
             raise OpError(
                 f"{name}: expected shape {'x'.join(map(str, want))} for this problem, got {'x'.join(map(str, got))}"
@@ -225,7 +317,9 @@ def problem_attr(problem: ConvBwdWeightProblem) -> ir.DictAttr:
     i64 = ir.IntegerType.get_signless(64)
     entries = {}
     for key, value in problem.to_dict().items():
-        if isinstance(value, tuple):
+        if isinstance(value, dict):  # the epilogue
+            entries[key] = dict_attr(value)
+        elif isinstance(value, tuple):
             entries[key] = ir.DenseI64ArrayAttr.get(list(value))
         elif isinstance(value, int):
             entries[key] = ir.IntegerAttr.get(i64, value)
@@ -240,7 +334,7 @@ def problem_from_attr(attr: ir.Attribute) -> ConvBwdWeightProblem:
 
 
 def dict_attr(data: dict[str, Any]) -> ir.DictAttr:
-    """Plain data (str, bool, int, nested dicts) as a dictionary attribute that prints and parses."""
+    """Plain data (str, bool, int, float, nested dicts) as a dictionary attribute that prints and parses."""
     i64 = ir.IntegerType.get_signless(64)
 
     def attr(value: Any) -> ir.Attribute:
@@ -252,6 +346,8 @@ def dict_attr(data: dict[str, Any]) -> ir.DictAttr:
             return ir.IntegerAttr.get(i64, value)
         if isinstance(value, str):
             return ir.StringAttr.get(value)
+        if isinstance(value, float):
+            return ir.FloatAttr.get(ir.F64Type.get(), value)
         raise TypeError(f"dict_attr: no attribute for {type(value).__name__} {value!r}")
 
     return ir.DictAttr.get({key: attr(value) for key, value in data.items()})
@@ -275,6 +371,8 @@ def dict_from_attr(attr: ir.Attribute) -> dict[str, Any]:
         elif isinstance(v, ir.IntegerAttr):
             data[named.name] = v.value
         elif isinstance(v, ir.StringAttr):
+            data[named.name] = v.value
+        elif isinstance(v, ir.FloatAttr):
             data[named.name] = v.value
         else:
             raise OpError(f"entry '{named.name}': unexpected attribute {v}")

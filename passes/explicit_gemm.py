@@ -98,7 +98,12 @@ class ExplicitGemm(ConvbwPass):
                     x_v = transpose(x_v, [flat.dims("x").index(d) for d in gemm.dims("x")])
                     dy_v = transpose(dy_v, [flat.dims("dy").index(d) for d in gemm.dims("dy")])
                 plan_attr = op.attributes[convbw.PLAN_ATTR] if plan else None
-                gemm_op = convbw.build_op(gemm, x_v, dy_v, op.location, plan=plan_attr)
+                d_v = None
+                if len(op.operands) > 2:  # the epilogue's D, collapsed like dW: the GEMM's write applies it
+                    d_v = tensor_d.CollapseShapeOp(
+                        convbw.tensor_type(gemm, "d"), op.operands[2], _reassociation(problem.dims("dw"), "ZYX")
+                    ).result
+                gemm_op = convbw.build_op(gemm, x_v, dy_v, op.location, plan=plan_attr, d=d_v)
                 dw = tensor_d.ExpandShapeOp(
                     convbw.tensor_type(problem, "dw"),
                     gemm_op.result,

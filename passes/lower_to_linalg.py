@@ -12,6 +12,8 @@ Each op becomes
     tensor.expand_shape     only where loops of extent 1 were left out (see below)
     linalg.generic          truncf to dW's element type, only where it is not f32
     linalg.transpose        to dW's layout, only where the filter channel is not innermost there
+                            (with an epilogue, these last two are one generic: alpha * acc + beta * D,
+                            converted and written in dW's layout; builders.apply_epilogue)
 
 x and dy are read in their own layout through the indexing maps, so no transposes appear on the
 inputs. The orientation matters: IREE 3.13's GPU codegen rejects the convolution with dy as the first
@@ -206,15 +208,19 @@ def build_contraction(
     split: Split | None = None,
     frontend_form: bool = False,
     plan: dict | None = None,
+    d: ir.Value | None = None,
 ) -> ir.Value:
     """Build the linalg form at the current insertion point.
 
     Returns dW in its layout and type, or with a split, the f32 partial sums ``[k_batch, g, k, f..., c]``.
+    The problem's epilogue (with ``d``, its D) is applied in the generic that writes dW
+    (:func:`convbw_mlir.builders.finish_dw`); a split's stage 1 has none.
     ``frontend_form``: tensor.pad and x first for every contraction, the plain form a frontend would hand
     IREE (the benchmark's IREE-default contender and the GPU reference), instead of the gather pad and
     the dy-first GEMM. ``plan`` (the op's, as a dictionary) is recorded on the contraction.
     """
     f32 = ir.F32Type.get()
+    full_problem, problem = problem, problem.plain  # the contraction computes the plain product
     contraction = Contraction.build(problem, split).with_plan(plan)
     names, n_parallel = contraction.names, contraction.n_parallel
     sizes = dict(zip(problem.dims("dw"), problem.dw_shape))
@@ -245,7 +251,7 @@ def build_contraction(
         groups = [[0, 1]] + [[i] for i in range(2, len(shape))]
         result = tensor_d.CollapseShapeOp(flat, result, reassociation(groups)).result
     result = expand_units(result, full_acc)
-    return result if split else finish_dw(problem, result)
+    return result if split else finish_dw(full_problem, result, d)
 
 
 @register
@@ -271,9 +277,10 @@ class LowerToLinalg(ConvbwPass):
 
         def lower(op: ir.Operation, rewriter: rewrite.PatternRewriter) -> bool:
             problem, split, plan = convbw.problem_of(op), convbw.split_of(op), convbw.plan_of(op)
+            d = op.operands[2] if len(op.operands) > 2 else None  # the epilogue's D
             with rewriter.ip, op.location:
                 dw = build_contraction(problem, op.operands[0], op.operands[1], split, self.options.frontend_form,
-                                       plan.to_dict() if plan else None)  # fmt: skip
+                                       plan.to_dict() if plan else None, d)  # fmt: skip
             rewriter.replace_op(op, [dw])
             return False  # matched
 

@@ -7,6 +7,9 @@
     %s  = linalg.generic (reduce the leading k_batch dimension)  stage 2: sum in f32,
     %dw = truncf + transpose to dW's type and layout                     then convert (CK's TwoStage)
 
+An epilogue stays off stage 1 (it would apply once per split) and lands in stage 2's write: the reduced
+f32 sum goes through ``alpha * sum + beta * D`` in the generic that converts it (builders.finish_dw).
+
 The split is the plan's (``convbw-plan{k-batch=...}``; :func:`convbw_mlir.plan.plan_split_k` says how
 it is chosen): chunks of the batch, where an uneven split pads the last chunk with zero images so no
 work is ever dropped, or a *rows* split (one partial sum per image and output row: the batch and the
@@ -52,6 +55,7 @@ class SplitK(ConvbwPass):
             with ir.InsertionPoint(op), op.location:
                 plan_attr = op.attributes[convbw.PLAN_ATTR]
                 partial = convbw.build_op(problem, op.operands[0], op.operands[1], op.location, plan.split, plan_attr)
-                dw = finish_dw(problem, reduce_partials(partial.result))
+                d = op.operands[2] if len(op.operands) > 2 else None  # the epilogue's D, read by stage 2
+                dw = finish_dw(problem, reduce_partials(partial.result), d)
             op.results[0].replace_all_uses_with(dw)
             op.erase()
