@@ -57,8 +57,8 @@ class TuningDB:
 
     def add(self, problem: ConvBwdWeightProblem, variant: Variant, **fields: Any) -> None:
         """Record ``variant`` as the winner for ``problem`` with its measurements ``fields``."""
-        self.entries[problem_key(problem)] = {"name": problem.name, "problem": problem.to_dict(),
-                                              "variant": variant.to_dict(), **fields}  # fmt: skip
+        entry = {"name": problem.name, "problem": problem.to_dict(), "variant": variant.to_dict(), **fields}
+        self.entries[problem_key(problem)] = json.loads(json.dumps(entry))  # as a saved file holds it
 
     def lookup(self, problem: ConvBwdWeightProblem) -> dict[str, Any] | None:
         return self.entries.get(problem_key(problem))
