@@ -121,8 +121,6 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     rewritten after each problem, so a run cut short keeps what it measured. ``deadline_s``: stop
     starting problems after this many seconds.
     """
-    from convbw_mlir.bench.run import run_manifest
-
     folder = Path(folder).resolve()
     manifest = json.loads((folder / "manifest.json").read_text())
     todo = sorted((e for e in manifest["problems"] if filt in e["key"]), key=lambda e: e.get("held_out", False))
@@ -131,78 +129,139 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     out = Path(out)
     t0 = time.monotonic()
     for entry in todo:
-        if deadline_s is not None and time.monotonic() - t0 > deadline_s:
-            log(f"deadline: {len(todo) - len(results['problems'])} problems left untimed")
-            break
-        one = run_manifest(folder, f"{entry['key']}", use_torch=False, log=log, numpy_max_flops=NUMPY_MAX_FLOPS)
-        results["device"] = results["device"] or one["device"]
+        held = entry.get("held_out", False)
+        # tuned problems stop at 3/4 of the deadline, so the held-out ones (fewer contenders) get measured too
+        limit = None if deadline_s is None else deadline_s * (1.0 if held else 0.75)
+        if limit is not None and time.monotonic() - t0 > limit:
+            log(f"deadline: {entry['key']} not timed")
+            continue
+        if held:  # the untuned path only: the heuristic, IREE's forms, and select's choice from what is tuned so far
+            entry = _untuned_entry(entry, results)
+        one = _run_one(folder, entry, log)
+        results["device"] = results["device"] or _device_name(one["device"])
         row = one["problems"][0]
-        row["held_out"] = entry.get("held_out", False)
+        row["held_out"] = held
         row["problem"] = entry["problem"]
         row["variants"] = {n: r["variant"] for n, r in entry["contenders"].items() if "variant" in r}
         row["heuristic"] = next((n for n, r in entry["contenders"].items() if r.get("heuristic")), None)
+        if held:
+            row["selected"] = entry.get("selected")
         ranked = _ranked(row["contenders"])
-        if len(ranked) >= 2:
-            row["pass2"] = _second_pass(folder, entry, [ranked[0][1], ranked[1][1]], log)
+        if len(ranked) >= 2 and not held:  # the top two and the heuristic's plan, once more
+            again = [ranked[0][1], ranked[1][1]]
+            if row["heuristic"] not in again and row["contenders"].get(row["heuristic"], {}).get("status") == "ok":
+                again.append(row["heuristic"])
+            row["pass2"] = _second_pass(folder, entry, again, log)
         results["problems"].append(row)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
     return results
 
 
-def _second_pass(folder: Path, entry: dict, names: list[str], log: Callable[[str], None]) -> dict[str, Any]:
+def _device_name(name: str) -> str:
+    """The GPU's name where the runner reports only its driver (no torch): nvidia-smi's, else ``name``."""
+    if name not in ("cuda", "hip"):
+        return name
+    import subprocess
+
+    cmd = (
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        if name == "cuda"
+        else ["rocm-smi", "--showproductname"]
+    )
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return name
+    return out[0].strip() if out and name == "cuda" else name
+
+
+def _run_one(folder: Path, entry: dict, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS) -> dict:
+    """The runner on one manifest entry (its kernels in ``folder``), through a one-problem manifest."""
     from convbw_mlir.bench.run import run_manifest
 
-    with tempfile.TemporaryDirectory(prefix="convbw-pass2-") as tmp:
-        contenders = {n: dict(entry["contenders"][n], vmfb=str(folder / entry["contenders"][n]["vmfb"])) for n in names}
-        manifest = {"target": "", "iree_version": "", "problems": [dict(entry, contenders=contenders)]}
-        manifest["target"] = json.loads((folder / "manifest.json").read_text())["target"]
+    with tempfile.TemporaryDirectory(prefix="convbw-tune-") as tmp:
+        contenders = {n: dict(r, vmfb=str(folder / r["vmfb"])) if r.get("ok") else r
+                      for n, r in entry["contenders"].items()}  # fmt: skip
+        target = json.loads((folder / "manifest.json").read_text())["target"]
+        manifest = {"target": target, "iree_version": "", "problems": [dict(entry, contenders=contenders)]}
         (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
-        one = run_manifest(tmp, "", use_torch=False, log=log, numpy_max_flops=0)
-    return one["problems"][0]["contenders"]
+        return run_manifest(tmp, "", use_torch=False, log=log, numpy_max_flops=numpy_max_flops)
 
 
-def _decide(row: dict[str, Any]) -> dict[str, Any]:
-    """The winner of one problem's results, with the noise and whether the order flipped in pass 2."""
+def _untuned_entry(entry: dict, results: dict) -> dict:
+    """``entry`` cut to the untuned path: the heuristic, IREE's forms and the variant :func:`select` takes
+    from the database of the problems tuned so far (``selected``: its name and path)."""
+    from convbw_mlir.dispatch.select import select
+
+    db = build_database(results, device=results["device"] or "device") if results["problems"] else None
+    problem = ConvBwdWeightProblem.from_dict(entry["problem"])
+    sel = select(problem, db.target if db else results["target"], dbs=[db] if db else [])
+    keep = {n for n, r in entry["contenders"].items() if r.get("heuristic") or n in IREE_FORMS or n == "reference"}
+    chosen = next((n for n, r in entry["contenders"].items()
+                   if "variant" in r and Variant.from_dict(r["variant"]) == sel.variant), None)  # fmt: skip
+    if chosen:
+        keep.add(chosen)
+    selected = {"name": chosen, "path": sel.path, "why": sel.why, "variant": sel.variant.to_dict()}
+    return dict(entry, contenders={n: r for n, r in entry["contenders"].items() if n in keep}, selected=selected)
+
+
+def _second_pass(folder: Path, entry: dict, names: list[str], log: Callable[[str], None]) -> dict[str, Any]:
+    """The winner and the runner-up once more, in a fresh process, checked on the float64 sample only."""
+    contenders = {n: entry["contenders"][n] for n in names}
+    return _run_one(folder, dict(entry, contenders=contenders), log, numpy_max_flops=0)["problems"][0]["contenders"]
+
+
+def device_noise(results: dict[str, Any]) -> float | None:
+    """The device's timing noise: the median over every re-timed kernel of |pass 2 - pass 1| / pass 1."""
+    diffs = [abs(p2["median_s"] - row["contenders"][n]["median_s"]) / row["contenders"][n]["median_s"]
+             for row in results["problems"] for n, p2 in (row.get("pass2") or {}).items()
+             if p2.get("status") == "ok" and row["contenders"].get(n, {}).get("status") == "ok"]  # fmt: skip
+    return statistics.median(diffs) if diffs else None
+
+
+def _decide(row: dict[str, Any], noise_level: float | None = None) -> dict[str, Any]:
+    """The winner of one problem's results, its noise and whether the top two swapped places in pass 2.
+
+    Each kernel's time is the mean of its passes (pass 2 re-times the top two and the heuristic's plan).
+    The fastest replaces the heuristic's plan only when faster by more than ``max(MIN_GAIN, noise_level)``.
+    """
     c = row["contenders"]
     ranked = _ranked(c)
     if not ranked:
         return {"winner": None}
     heur = row.get("heuristic")
-    h_s = c.get(heur, {}).get("median_s") if c.get(heur, {}).get("status") == "ok" else None
     first, second = ranked[0][1], (ranked[1][1] if len(ranked) > 1 else None)
-    p2 = row.get("pass2") or {}
-    noise, flipped = None, None
+    p2 = {n: r for n, r in (row.get("pass2") or {}).items() if r.get("status") == "ok" and n in c}
     times = {n: c[n]["median_s"] for _, n in ranked}
-    if second and all(p2.get(n, {}).get("status") == "ok" for n in (first, second)):
-        noise = max(abs(p2[n]["median_s"] - c[n]["median_s"]) / c[n]["median_s"] for n in (first, second))
-        flipped = p2[second]["median_s"] < p2[first]["median_s"]
-        for n in (first, second):  # both passes count
-            times[n] = statistics.mean([c[n]["median_s"], p2[n]["median_s"]])
-    winner = min((first, second) if second else (first,), key=lambda n: times[n])
-    margin = max(MIN_GAIN, 2 * (noise or 0.0))
+    for n, r in p2.items():  # both passes count
+        times[n] = statistics.mean([c[n]["median_s"], r["median_s"]])
+    noise = max((abs(r["median_s"] - c[n]["median_s"]) / c[n]["median_s"] for n, r in p2.items()), default=None)
+    flipped = p2[second]["median_s"] < p2[first]["median_s"] if second and {first, second} <= p2.keys() else None
+    winner = min(times, key=times.get)
+    margin = max(MIN_GAIN, noise_level or 0.0)
     why = "fastest correct"
-    if heur and h_s is not None and winner != heur:
-        gain = 1 - times[winner] / times.get(heur, h_s)
+    if heur in times and winner != heur:
+        gain = times[heur] / times[winner] - 1
+        why = f"fastest correct, {gain:.1%} over the heuristic's plan (noise {margin:.1%})"
         if gain <= margin:
-            why = f"{winner} was only {gain:.1%} faster (noise margin {margin:.1%}): the heuristic kept"
+            why = f"{winner} was only {gain:.1%} faster (noise {margin:.1%}): the heuristic's plan kept"
             winner = heur
-    iree = [(r["median_s"], n) for n, r in c.items() if n in IREE_FORMS and r.get("status") == "ok"]
-    default = [(r["median_s"], n) for n, r in c.items()
-               if n in ("iree_direct", "iree_torch") and r.get("status") == "ok"]  # fmt: skip
-    h_s = times.get(heur, h_s) if heur else None  # both passes' mean where the heuristic was re-timed
+    iree = [(times[n], n) for n in times if n in IREE_FORMS]
+    default = [(times[n], n) for n in times if n in ("iree_direct", "iree_torch")]
     return {"winner": winner, "median_s": times[winner], "runner_up": second, "noise": noise, "flipped": flipped,
-            "heuristic": heur, "heuristic_s": h_s, "iree_best": min(iree) if iree else None,
-            "iree_default": min(default) if default else None, "why": why}  # fmt: skip
+            "heuristic": heur, "heuristic_s": times.get(heur), "iree_best": min(iree) if iree else None,
+            "iree_default": min(default) if default else None, "why": why, "times": times}  # fmt: skip
 
 
 def build_database(results: dict[str, Any], device: str | None = None) -> TuningDB:
     """The tuning database of ``results`` (from :func:`time_candidates`): held-out problems left out."""
     db = TuningDB(device or results["device"], results["target"], results["iree_version"])
+    level = device_noise(results)
     for row in results["problems"]:
         if row.get("held_out"):
             continue
-        d = _decide(row)
+        d = _decide(row, level)
         if d["winner"] is None:
             continue
         name = d["winner"]
@@ -225,21 +284,25 @@ def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
     ratios: dict[str, list[float]] = {"tuned_vs_iree": [], "tuned_vs_default": [], "held_vs_iree": [],
                                       "held_vs_default": [], "held_heur_vs_default": []}  # fmt: skip
     flips = noisy = 0
+    level = device_noise(results)
     for row in results["problems"]:
-        d = _decide(row)
+        d = _decide(row, level)
         if d["winner"] is None:
             lines.append(f"| {row['name']} | | none correct | | | | | | | |")
             continue
-        c = row["contenders"]
         problem = ConvBwdWeightProblem.from_dict(row["problem"])
         t, path = d["median_s"], "exact"
         if row.get("held_out"):
-            sel = select(problem, results["target"], dbs=[db])
-            path = f"{sel.path}"
-            name = next((n for n, v in row["variants"].items() if Variant.from_dict(v) == sel.variant), None)
-            t = c.get(name, {}).get("median_s") if name else None
+            sel = row.get("selected")  # what select chose on the GPU machine, from the problems tuned before
+            if sel is None:
+                s = select(problem, results["target"], dbs=[db])
+                sel = {"path": s.path, "variant": s.variant.to_dict(), "name": None}
+                sel["name"] = next((n for n, v in row["variants"].items() if Variant.from_dict(v) == s.variant), None)
+            path, name = sel["path"], sel["name"]
+            t = d["times"].get(name) if name else None
             if t is None:
-                lines.append(f"| {row['name']} | held out | {sel.variant.name} not measured | | | | | | | {path} |")
+                shown = Variant.from_dict(sel["variant"]).name
+                lines.append(f"| {row['name']} | held out | {shown} not compiled | | | | | | | {path} |")
                 continue
             shown = name
         else:
@@ -263,7 +326,12 @@ def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
         lines.append(f"| {row['name']} | {split} | {shown} | {t * 1e6:.1f} | {f(vs_h)} | {f(vs_i)} | {f(vs_d)} "
                      f"| {noise} | {flip} | {path} |")  # fmt: skip
     gm = lambda xs: statistics.geometric_mean(xs) if xs else float("nan")  # noqa: E731
-    lines += ["", f"order flips in pass 2: {flips} of {noisy} problems re-timed", ""]
+    lines += [
+        "",
+        f"order flips in pass 2: {flips} of {noisy} problems re-timed; device noise (median "
+        f"|pass 2 - pass 1| / pass 1 over re-timed kernels): {level or 0:.1%}",
+        "",
+    ]
     for k, xs in ratios.items():
         lines.append(f"- {k}: geomean {gm(xs):.2f}x over {len(xs)} problems, min {min(xs, default=float('nan')):.2f}x, "
                      f"{sum(x < 1.0 for x in xs)} below 1.0x")  # fmt: skip
