@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 from convbw_mlir.compiler import CompiledOp, CompileError
 from convbw_mlir.dispatch.cache import KernelCache
-from convbw_mlir.dispatch.variants import Variant, candidates, variant_key
+from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, variant_key
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import get_target
 
@@ -32,12 +31,7 @@ BUILD_TIMEOUT_S = 600
 @cache
 def iree_version() -> str:
     """The IREE compiler's version, from its package metadata (importing the compiler costs ~0.1 s)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("iree-base-compiler")
-    except PackageNotFoundError:
-        return "none"
+    return dist_version("iree-base-compiler") or "none"
 
 
 def compile_variant(problem: ConvBwdWeightProblem, target: str, variant: Variant,
@@ -155,6 +149,8 @@ class Registry:
         Raises:
             ValueError: ``max_workers`` below 1.
         """
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
         from tqdm import tqdm
 
         from convbw_mlir.isolate import call

@@ -60,6 +60,15 @@ class TuningDB:
         entry = {"name": problem.name, "problem": problem.to_dict(), "variant": variant.to_dict(), **fields}
         self.entries[problem_key(problem)] = json.loads(json.dumps(entry))  # as a saved file holds it
 
+    def problems(self) -> dict[str, ConvBwdWeightProblem]:
+        """Each entry's problem, parsed once (select's nearest-neighbour loop reads them on every call)."""
+        cached = getattr(self, "_problems", None)
+        if cached is None or cached[0] != len(self.entries):
+            parsed = {k: ConvBwdWeightProblem.from_dict(e["problem"]) for k, e in self.entries.items()}
+            cached = (len(self.entries), parsed)
+            object.__setattr__(self, "_problems", cached)
+        return cached[1]
+
     def lookup(self, problem: ConvBwdWeightProblem) -> dict[str, Any] | None:
         return self.entries.get(problem_key(problem))
 

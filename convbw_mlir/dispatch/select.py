@@ -11,7 +11,7 @@
 
 Distance between problems of one element type, rank and layout family: the sum of |log2| ratios of the
 GEMM view's M, N, K and groups, plus 2 where the filter differs and 1 where the strides differ. Beyond
-:data:`NEAREST_MAX` no neighbour is near enough.
+:data:`NEAREST_MAX` (a factor 2 in one size) no neighbour is near enough.
 
 Databases: the ones shipped in the package (``convbw_mlir/tuning/*.json``) and the user's
 (``<cache>/tuning/*.json``, where ``convbw tune --import`` puts them), for the target; with ``device``,
@@ -29,15 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, db_file_name, problem_key
-from convbw_mlir.dispatch.variants import Variant, heuristic
+from convbw_mlir.dispatch.variants import Variant, dist_version, heuristic
 from convbw_mlir.plan import PlanError, decide
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import get_target
 
 __all__ = ["NEAREST_MAX", "Selection", "databases", "distance", "select"]
 
-# A neighbour farther than this (a factor 2^4 over all GEMM sizes together) says nothing: the heuristic decides.
-NEAREST_MAX = 4.0
+# A neighbour farther than this says nothing: the heuristic decides. Measured on the H100 (docs/dispatch.md#untuned):
+# the overrides of neighbours at distance 2-4 lost 13-39% against the heuristic's own plan on held-out problems.
+NEAREST_MAX = 1.0
 SHIPPED: Any = files("convbw_mlir") / "tuning"
 
 
@@ -55,14 +56,8 @@ class Selection:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("iree-base-compiler", "iree-base-runtime"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return "none"
+    """IREE's version: the compiler's, else (a runtime-only install) the runtime's."""
+    return dist_version("iree-base-compiler") or dist_version("iree-base-runtime") or "none"
 
 
 _LOADED: dict[tuple[str, float], TuningDB | None] = {}
@@ -91,10 +86,7 @@ def databases(target: str, device: str | None = None, extra: list[str | os.PathL
     paths: list[Path] = []
     suffix = f".{target}.json"
     for folder in folders:
-        try:
-            names = sorted(f.name for f in folder.iterdir() if f.name.endswith(suffix))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
+        names = [n for n in _listing(folder) if n.endswith(suffix)]
         if device is not None:
             names = [n for n in names if n == db_file_name(device, target)]
         paths += [Path(str(folder / n)) for n in names]
@@ -105,6 +97,23 @@ def databases(target: str, device: str | None = None, extra: list[str | os.PathL
         if db is not None and db.target == target:
             out.append(db)
     return out
+
+
+_LISTINGS: dict[tuple[str, float], list[str]] = {}
+
+
+def _listing(folder: Any) -> list[str]:
+    """The sorted file names of ``folder`` (none if absent), re-read only when its mtime changes."""
+    try:
+        stamp = (str(folder), os.stat(str(folder)).st_mtime)
+    except OSError:
+        return []
+    if stamp not in _LISTINGS:
+        try:
+            _LISTINGS[stamp] = sorted(f.name for f in folder.iterdir())
+        except OSError:
+            return []
+    return _LISTINGS[stamp]
 
 
 def _features(p: ConvBwdWeightProblem) -> tuple[float, ...]:
@@ -142,10 +151,10 @@ def select(problem: ConvBwdWeightProblem, target: str, device: str | None = None
             return Selection(variant, "exact", why, entry)
     ranked = []
     for db in dbs:
-        for entry in db.entries.values():
+        for k, other in db.problems().items():
+            entry = db.entries[k]
             if entry["variant"].get("form") != "convbw":
                 continue
-            other = ConvBwdWeightProblem.from_dict(entry["problem"])
             d = distance(problem, other)
             if d <= NEAREST_MAX:
                 ranked.append((d, entry["name"], entry, db))
