@@ -91,3 +91,10 @@ def test_row_chunk_variant_splits_output_rows_for_a_single_image():
     p = ConvBwdWeightProblem.from_ck("2 1 1 8 8 3 3 16 16 1 1 1 1 1 1 1 1")
     v = row_chunk_variant(p, "host", 4)
     assert isinstance(v.plan, Plan) and v.plan.split.dim == "o0" and v.plan.split.k_batch == 4
+
+
+def test_a_variant_whose_intrinsic_the_target_cannot_run_is_refused():
+    plan = decide(RESNET_3X3, "gfx942", k_batch=1)  # an MFMA tile
+    rdna = Plan.from_dict({**plan.to_dict(), "target": "gfx1100"})
+    with pytest.raises(ValueError, match="intrinsic MFMA_.* does not run on gfx1100"):
+        Variant("convbw", rdna)

@@ -64,6 +64,12 @@ class Variant:
             raise ValueError(f"variant: form: expected one of {', '.join(FORMS)}, got {self.form!r}")
         if (self.form == "convbw") != (self.plan is not None):
             raise ValueError(f"variant: form {self.form} {'needs' if self.form == 'convbw' else 'takes no'} plan")
+        tile = self.plan.tile if self.plan is not None else None
+        if tile is not None:  # e.g. an MFMA intrinsic handed to an RDNA or NVIDIA target
+            known = {i.name for options in self.plan.target_info.intrinsics.values() for i in options}
+            if tile.intrinsic not in known:
+                raise ValueError(f"variant: intrinsic {tile.intrinsic} does not run on {self.plan.target} "
+                                 f"(its intrinsics: {', '.join(sorted(known)) or 'none'})")  # fmt: skip
         for name, _ in self.options:
             if name not in OPTIONS:
                 raise ValueError(f"variant: options: unknown option {name!r}; known: {', '.join(OPTIONS)}")
