@@ -303,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile-only", action="store_true", help="write the artifacts, run nothing")
     bench.add_argument("--out", required=True, help="artifact folder (e.g. .art)")
     bench.set_defaults(func=_cmd_bench)
+    from convbw_mlir.dispatch.cli import add_dispatch_commands  # tune, cache, select
+
+    add_dispatch_commands(sub)
     return parser
 
 

@@ -64,6 +64,7 @@ class CompiledOp:
     flags: list[str]
     iree_version: str = ""
     plan: Plan | None = None
+    selection: Any = field(default=None, compare=False)  # convbw_mlir.dispatch.Selection: who chose the variant
     _kernels: dict[Any, runtime.Kernel] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -452,6 +453,7 @@ def compile_op(
     isolate: bool = False,
     timeout: float | None = None,
     output_arg: bool = False,
+    cache: Any = None,
     **options: Any,
 ) -> CompiledOp:
     """Compile ``problem`` for ``target`` through the target's pipeline and IREE.
@@ -467,6 +469,11 @@ def compile_op(
         timeout: with ``isolate``, seconds before the child is killed (None: no limit).
         output_arg: give the function a third argument, the buffer dW is written into
             (``{iree.abi.output = 0}``): the caller owns the output (:class:`convbw_mlir.runtime.PreparedCall`).
+            Such a kernel is not cached (the cache's key has no output argument yet).
+        cache: the kernel cache (:class:`convbw_mlir.dispatch.KernelCache` or its folder; None: the user's,
+            ``$CONVBW_CACHE_DIR`` or the platform's cache folder); False compiles without it. With no
+            ``plan`` and no ``options``, :func:`convbw_mlir.dispatch.select` picks the variant (a tuned
+            one where a tuning database has it); ``op.selection`` says which path chose it.
         **options: pass options for the target pipeline (see :func:`convbw_mlir.pipelines.for_target`).
 
     Raises:
@@ -480,9 +487,14 @@ def compile_op(
         get_target(target)  # a bad name is the caller's ValueError, before a child starts
         what = f"{problem.name} for {target}"
         kw = {"output_arg": True} if output_arg else {}
-        return call(compile_op, problem, target, extra_flags, plan=plan, what=what, timeout=timeout, **kw, **options)
+        return call(compile_op, problem, target, extra_flags, plan=plan, what=what, timeout=timeout, cache=cache,
+                    **kw, **options)  # fmt: skip
     if timeout is not None:
         raise ValueError("timeout: applies to isolate=True compiles only")
+    if cache is not False and not output_arg:  # through the kernel cache and select: convbw_mlir/dispatch/
+        from convbw_mlir.dispatch.hooks import compile_cached
+
+        return compile_cached(problem, target, extra_flags, plan, options, cache)
     import iree.compiler
 
     from convbw_mlir.dialects import convbw

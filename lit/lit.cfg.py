@@ -18,6 +18,8 @@ config.environment["PATH"] = os.pathsep.join([bindir, config.environment.get("PA
 for var in ("HOME", "TMPDIR", "PYTHONPATH"):
     if var in os.environ:
         config.environment[var] = os.environ[var]
+# compile_op's kernel cache: a folder of the test run, never the user's ~/.cache
+config.environment["CONVBW_CACHE_DIR"] = os.path.join(config.test_exec_root, "kernel-cache")
 
 filecheck = shutil.which("filecheck", path=bindir) or shutil.which("filecheck")
 if not filecheck:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "convbw_mlir" / "suites"
 
 _CACHE: dict = {}
+
+# compile_op goes through the kernel cache: tests (and the processes they start) use a private temporary
+# one, never the user's ~/.cache (convbw_mlir/dispatch/cache.py).
+os.environ["CONVBW_CACHE_DIR"] = tempfile.mkdtemp(prefix="convbw-test-cache-")
 
 
 def compiled_op(problem: ConvBwdWeightProblem, target: str = "host", **options):

@@ -1,0 +1,184 @@
+"""Compiling variants: one in process (:func:`compile_variant`), through the cache (:func:`cached_build`),
+and many in parallel child processes (:class:`Registry`).
+
+    reg = Registry("sm_80")
+    reg.declare_candidates(problem)          # or reg.declare(problem, variant)
+    report = reg.build(max_workers=2)        # each variant in its own child: an IREE crash costs one
+    print(report.table())                    # kernels x workers -> seconds
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from convbw_mlir.compiler import CompiledOp, CompileError
+from convbw_mlir.dispatch.cache import KernelCache
+from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, variant_key
+from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.targets import get_target
+
+__all__ = ["BuildReport", "BuildResult", "Registry", "cached_build", "compile_variant", "iree_version"]
+
+# One variant compiles in 0.3-20 s here; past this it is recorded as hung and its child killed.
+BUILD_TIMEOUT_S = 600
+
+
+@cache
+def iree_version() -> str:
+    """The IREE compiler's version, from its package metadata (importing the compiler costs ~0.1 s)."""
+    return dist_version("iree-base-compiler") or "none"
+
+
+def compile_variant(problem: ConvBwdWeightProblem, target: str, variant: Variant,
+                    extra_flags: list[str] | None = None) -> CompiledOp:  # fmt: skip
+    """Compile ``variant`` of ``problem`` in this process (no cache).
+
+    Raises:
+        CompileError: a pass or IREE failed, or the form has no IR for this problem.
+    """
+    from convbw_mlir.compiler import compile_module, compile_op
+
+    if variant.form == "convbw":
+        return compile_op(problem, target, extra_flags, plan=variant.plan, cache=False)
+    from convbw_mlir.bench.artifacts import build_contender
+
+    text, flags = build_contender(problem, variant.form, target)
+    if text is None:
+        raise CompileError(f"{variant.form}: no such form for {problem.name}")
+    flags = flags + list(extra_flags or [])
+    vmfb = compile_module(text, target, flags)
+    return CompiledOp(problem, target, {"linalg": text}, vmfb, variant.form,
+                      get_target(target).iree_flags() + flags, iree_version())  # fmt: skip
+
+
+def cached_build(problem: ConvBwdWeightProblem, target: str, variant: Variant, cache_root: str | None = None,
+                 extra_flags: list[str] | None = None) -> tuple[CompiledOp, bool]:  # fmt: skip
+    """``(op, hit)``: ``variant`` from the cache at ``cache_root`` (default: the user's), compiled on a miss."""
+    kc = KernelCache(cache_root)
+    key = variant_key(problem, target, variant, iree_version(), extra_flags)
+    return kc.get_or_build(key, lambda: compile_variant(problem, target, variant, extra_flags), variant.to_dict())
+
+
+@dataclass
+class BuildResult:
+    """One declared variant after :meth:`Registry.build`: its op, or why not."""
+
+    problem: ConvBwdWeightProblem
+    variant: Variant
+    op: CompiledOp | None = None
+    error: str = ""
+    seconds: float = 0.0
+    hit: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.op is not None
+
+
+@dataclass
+class BuildReport:
+    """What :meth:`Registry.build` did: a result per variant, the workers and the wall time."""
+
+    results: list[BuildResult]
+    workers: int
+    wall_s: float
+    host: str = field(default_factory=lambda: f"{os.cpu_count()} CPUs")
+
+    def table(self) -> str:
+        """The compile-time table: kernels x workers -> seconds (as CK Tile's dispatcher reports it)."""
+        ok = sum(r.ok for r in self.results)
+        hits = sum(r.hit for r in self.results)
+        cpu = sum(r.seconds for r in self.results)
+        lines = [
+            "| kernels | built | cache hits | failed | workers | wall s | sum of compile s | host |",
+            "|---:|---:|---:|---:|---:|---:|---:|---|",
+            f"| {len(self.results)} | {ok - hits} | {hits} | {len(self.results) - ok} | {self.workers} "
+            f"| {self.wall_s:.1f} | {cpu:.1f} | {self.host} |",
+        ]
+        failed = [r for r in self.results if not r.ok]
+        if failed:
+            lines += ["", "| problem | variant | error |", "|---|---|---|"]
+            lines += [f"| {r.problem.name} | {r.variant.name} | {r.error} |" for r in failed]
+        return "\n".join(lines)
+
+
+class Registry:
+    """Declared variants of problems for one target, built in parallel child processes.
+
+    Args:
+        target: the target name.
+        cache: the kernel cache (a :class:`KernelCache`, a folder, or None: the user's).
+
+    Raises:
+        ValueError: unknown target.
+    """
+
+    def __init__(self, target: str, cache: KernelCache | str | os.PathLike | None = None) -> None:
+        get_target(target)
+        self.target = target
+        self.cache = cache if isinstance(cache, KernelCache) else KernelCache(cache)
+        self.declared: list[tuple[ConvBwdWeightProblem, Variant]] = []
+
+    def declare(self, problem: ConvBwdWeightProblem, variant: Variant) -> None:
+        """Add one variant (a :class:`Variant` whose plan, if any, is for this registry's target)."""
+        if variant.plan is not None and variant.plan.target != self.target:
+            raise ValueError(f"variant: its plan is for {variant.plan.target}, the registry for {self.target}")
+        if (problem, variant) not in self.declared:
+            self.declared.append((problem, variant))
+
+    def declare_candidates(self, problem: ConvBwdWeightProblem, **kwargs: Any) -> list[Variant]:
+        """Declare :func:`convbw_mlir.dispatch.variants.candidates` of ``problem``; returns them."""
+        found = candidates(problem, self.target, **kwargs)
+        for v in found:
+            self.declare(problem, v)
+        return found
+
+    def build(
+        self, max_workers: int = 2, timeout: float = BUILD_TIMEOUT_S, progress: bool | None = None
+    ) -> BuildReport:
+        """Compile every declared variant, ``max_workers`` child processes at a time, through the cache.
+
+        A variant whose compile fails, crashes IREE (a signal) or runs past ``timeout`` seconds is
+        recorded with its reason; the others go on. ``progress``: a tqdm bar (default: on a terminal).
+
+        Raises:
+            ValueError: ``max_workers`` below 1.
+        """
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        from tqdm import tqdm
+
+        from convbw_mlir.isolate import call
+
+        if not isinstance(max_workers, int) or max_workers < 1:
+            raise ValueError(f"max_workers: expected a positive integer, got {max_workers!r}")
+        root = str(self.cache.root)
+
+        def one(problem: ConvBwdWeightProblem, variant: Variant) -> BuildResult:
+            t0 = time.perf_counter()
+            res = BuildResult(problem, variant)
+            try:
+                what = f"{problem.name} {variant.name} for {self.target}"
+                res.op, res.hit = call(cached_build, problem, self.target, variant, root, what=what, timeout=timeout)
+            except (CompileError, ValueError) as e:
+                res.error = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            res.seconds = time.perf_counter() - t0
+            return res
+
+        show = sys.stderr.isatty() if progress is None else progress
+        t0 = time.perf_counter()
+        results: dict[int, BuildResult] = {}
+        bar = tqdm(total=len(self.declared), disable=not show, desc=f"build {self.target}", unit="kernel")
+        with ThreadPoolExecutor(max_workers) as pool, bar:
+            futures = {pool.submit(one, p, v): i for i, (p, v) in enumerate(self.declared)}
+            for fut in as_completed(futures):
+                results[futures[fut]] = r = fut.result()
+                bar.update()
+                if not r.ok:
+                    bar.write(f"failed: {r.problem.name} {r.variant.name}: {r.error}")
+        return BuildReport([results[i] for i in range(len(self.declared))], max_workers, time.perf_counter() - t0)

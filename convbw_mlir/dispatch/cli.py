@@ -1,0 +1,162 @@
+"""``convbw tune``, ``convbw cache {info,clear}``, ``convbw select``: the dispatcher's commands.
+
+convbw tune --suite seeds --suite models --target sm_80 --compile-only --out DIR   # build half
+python -m convbw_mlir.dispatch.tune DIR --out DIR/results.json                    # timing half (runtime)
+convbw tune --import DIR/results.json                                             # into your database
+convbw select --ck "2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1" --target sm_80
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
+
+__all__ = ["add_dispatch_commands", "read_problem_lines"]
+
+TRUST = ("A kernel (.vmfb) is native code that the runtime executes: build, time and import only from a "
+         "trusted source. A database holds plans, not kernels, and names no files.")  # fmt: skip
+
+
+def read_problem_lines(path: str, dtype: str) -> list[tuple[str, ConvBwdWeightProblem]]:
+    """A model's layer list: one ckProfiler or MIOpenDriver line each (``#`` comments, optional ``name<TAB>``).
+
+    Raises:
+        ValueError: a line that parses as neither (with its number).
+    """
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        name, _, args = text.rpartition("\t")
+        try:
+            if args.lstrip().startswith("conv"):
+                p = ConvBwdWeightProblem.from_miopen(args)
+            else:
+                p = ConvBwdWeightProblem.from_ck(args, dtype=dtype)
+        except ValueError as e:
+            raise ValueError(f"--problems: {path}:{i}: {e}") from None
+        out.append((name or p.name, p))
+    return out
+
+
+def _problems(args: argparse.Namespace) -> list[tuple[str, ConvBwdWeightProblem, bool]]:
+    from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.dispatch.tune import held_out
+
+    out = []
+    for dtype in args.types.split(","):
+        if dtype not in DTYPES:
+            raise ValueError(f"--types: unknown element type {dtype!r}; known: {', '.join(DTYPES)}")
+        for suite in args.suite or []:
+            out += [(n, p, held_out(i) and not args.no_hold_out) for i, (n, p) in enumerate(load_suite(suite, dtype))
+                    if args.filter in n]  # fmt: skip
+        for path in args.problems or []:
+            out += [(n, p, False) for n, p in read_problem_lines(path, dtype) if args.filter in n]
+    if not out:
+        raise ValueError("tune: no problems (give --suite, --problems or --import)")
+    return out
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from convbw_mlir.dispatch import tune
+    from convbw_mlir.dispatch.cache import default_cache_dir
+    from convbw_mlir.dispatch.db import TuningDB, db_file_name
+
+    if args.import_:
+        src = Path(args.import_)
+        data = json.loads(src.read_text())
+        db = TuningDB.parse(src.read_text(), str(src)) if "kind" in data else tune.build_database(data)
+        into = Path(args.into) if args.into else default_cache_dir() / "tuning"
+        dest = into / db_file_name(db.device, db.target)
+        if dest.exists():
+            old = TuningDB.parse(dest.read_text(), str(dest))
+            taken = old.merge(db)
+            db = old
+        else:
+            taken = len(db.entries)
+        db.save(dest)
+        print(f"imported {taken} entries into {dest} ({len(db.entries)} in all)")
+        return 0
+    if args.out is None:
+        raise ValueError("tune: --out DIR is required to build")
+    problems = _problems(args)
+    tune.compile_candidates(problems, args.target, args.out, max_workers=args.workers, max_plans=args.max_plans)
+    print(f"built {len(problems)} problems' candidates for {args.target} into {args.out} (manifest.json)")
+    if args.compile_only:
+        return 0
+    results_path = Path(args.out) / "results.json"
+    results = tune.time_candidates(args.out, results_path)
+    db = tune.build_database(results)
+    db.save(Path(args.out) / db_file_name(db.device, db.target))
+    results_path.with_suffix(".md").write_text(tune.summarize(results, db))
+    return _cmd_tune(argparse.Namespace(import_=str(results_path), into=args.into))
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from convbw_mlir.dispatch.cache import KernelCache
+
+    kc = KernelCache(args.cache_dir)
+    if args.action == "info":
+        info = kc.info()
+        print(f"cache: {info.root}\nentries: {info.entries}\nbytes: {info.bytes} (limit {info.max_bytes})")
+    else:
+        print(f"removed {kc.clear()} entries from {kc.root}")
+    return 0
+
+
+def _cmd_select(args: argparse.Namespace) -> int:
+    import time
+
+    from convbw_mlir.cli import problem_from_args
+    from convbw_mlir.dispatch.select import databases, select
+
+    problem = problem_from_args(args)
+    dbs = databases(args.target, args.device, args.db)
+    t0 = time.perf_counter()
+    sel = select(problem, args.target, args.device, dbs=dbs)
+    dt = time.perf_counter() - t0
+    print(f"problem: {problem.to_ck()} ({problem.dtype})")
+    print(f"variant: {sel.variant.name}")
+    print(f"path: {sel.path} ({sel.why})")
+    if sel.variant.plan is not None:
+        print(f"plan: {json.dumps(sel.variant.plan.to_dict())}")
+    print(f"select took {dt * 1e3:.3f} ms")
+    return 0
+
+
+def add_dispatch_commands(sub: Any) -> None:
+    """Add ``tune``, ``cache`` and ``select`` to the ``convbw`` subcommands ``sub``."""
+    from convbw_mlir.cli import add_problem_arguments
+    from convbw_mlir.targets import TARGETS
+
+    tune = sub.add_parser("tune", help="build, time and select kernel variants; write a tuning database",
+                          description=TRUST)  # fmt: skip
+    tune.add_argument("--suite", action="append", help="shipped suite name or .tsv path")
+    tune.add_argument("--problems", action="append", help="a layer list: ckProfiler or MIOpenDriver lines")
+    tune.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
+    tune.add_argument("--types", default="f16", help="comma-separated element types")
+    tune.add_argument("--filter", default="", help="only problems whose name contains this")
+    tune.add_argument("--workers", type=int, default=2, help="parallel compile processes (default 2)")
+    tune.add_argument("--max-plans", type=int, default=4, help="plan variants per problem beside the heuristic's")
+    tune.add_argument("--no-hold-out", action="store_true", help="tune every suite problem (none held out)")
+    tune.add_argument("--compile-only", action="store_true", help="build the candidates into --out, time nothing")
+    tune.add_argument("--out", help="candidate folder (manifest.json + kernels)")
+    tune.add_argument("--import", dest="import_", metavar="FILE",
+                      help="merge a database or a timing results.json into yours (trusted sources only)")  # fmt: skip
+    tune.add_argument("--into", help="database folder for --import (default <cache>/tuning)")
+    tune.set_defaults(func=_cmd_tune)
+    cache = sub.add_parser("cache", help="the kernel cache: info or clear")
+    cache.add_argument("action", choices=["info", "clear"])
+    cache.add_argument("--cache-dir", default=None, help="default $CONVBW_CACHE_DIR or the platform's cache folder")
+    cache.set_defaults(func=_cmd_cache)
+    sel = sub.add_parser("select", help="print the variant chosen for a problem and why")
+    add_problem_arguments(sel)
+    sel.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
+    sel.add_argument("--device", default=None, help="device name: only its database")
+    sel.add_argument("--db", action="append", help="another database file to consult")
+    sel.set_defaults(func=_cmd_select)

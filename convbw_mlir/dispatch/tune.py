@@ -1,0 +1,363 @@
+"""Tuning with measurement, in two halves that also work apart.
+
+Compile half (needs the IREE compiler): :func:`compile_candidates` builds every candidate of every
+problem (:func:`convbw_mlir.dispatch.variants.candidates`) in parallel child processes through the
+kernel cache, plus the GPU reference kernel, into a folder whose ``manifest.json`` the benchmark runner
+(:mod:`convbw_mlir.bench.run`) reads.
+
+Timing half (needs only the IREE runtime): :func:`time_candidates` runs the runner's method on each
+problem (a child process per problem, every result checked against float64 and the GPU reference,
+timed in batches; a wrong or crashing candidate is never selected), then re-times the winner and the
+runner-up in a second pass (the noise and how often the order flips), and writes the raw results.
+
+:func:`build_database` turns the results into a :class:`convbw_mlir.dispatch.db.TuningDB`: per problem
+(held-out ones excepted) the fastest correct variant, kept only where it beats the heuristic's own plan
+by more than the measured noise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from convbw_mlir.dispatch.db import TuningDB
+from convbw_mlir.dispatch.variants import IREE_FORMS, Variant
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+__all__ = ["build_database", "compile_candidates", "held_out", "summarize", "time_candidates"]
+
+# Every third problem of a suite (positions 2, 5, 8 ... from 0) is held out of tuning, decided before any
+# measurement: the untuned path (nearest neighbour or heuristic) is measured on these (docs/dispatch.md).
+HELD_OUT_EVERY = 3
+# A variant replaces the heuristic's plan only when faster by more than this (or twice the measured noise).
+MIN_GAIN = 0.03
+# Problems whose float64 reference numpy computes in about a second; larger ones use the GPU reference.
+NUMPY_MAX_FLOPS = 2e9
+
+
+def held_out(index: int) -> bool:
+    """Whether the suite problem at 0-based ``index`` is held out of tuning."""
+    return index % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+
+
+def _reference_record(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path) -> dict[str, Any]:
+    from convbw_mlir.bench.artifacts import compile_contenders
+    from convbw_mlir.isolate import call
+
+    try:
+        rec = call(compile_contenders, problem, key, target, folder, ("reference",), what=f"{key} reference")
+        return json.loads(json.dumps(rec["reference"]))
+    except Exception as e:  # noqa: BLE001 - a reference that does not build is recorded; the runner uses float64
+        return {"ok": False, "error": str(e).splitlines()[0][:300] if str(e) else type(e).__name__}
+
+
+def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], target: str,
+                       out: str | os.PathLike, max_workers: int = 2, max_plans: int = 4,
+                       cache: Any = None, progress: bool | None = None,
+                       log: Callable[[str], None] = print) -> Any:  # fmt: skip
+    """Build the candidates of ``problems`` ((name, problem, held out) each) for ``target`` into ``out``.
+
+    Returns the build's :class:`convbw_mlir.dispatch.build.BuildReport`. ``out`` appears whole at the end
+    (built beside it); a variant that fails or crashes IREE is recorded in the manifest, not fatal.
+    """
+    from importlib.metadata import version
+
+    from convbw_mlir.dispatch.build import Registry
+    from convbw_mlir.files import atomic_directory
+
+    reg = Registry(target, cache)
+    per_problem = []
+    for _name, problem, _ in problems:
+        per_problem.append(reg.declare_candidates(problem, max_plans=max_plans))
+    report = reg.build(max_workers=max_workers, progress=progress)
+    by = {(r.problem, r.variant): r for r in report.results}
+    entries = []
+    with atomic_directory(out) as tmp:
+        keys = [f"{i:03d}-{name}.{p.dtype}" for i, (name, p, _) in enumerate(problems)]
+        with ThreadPoolExecutor(max_workers) as pool:  # the GPU reference of each problem
+            refs = list(pool.map(lambda a: _reference_record(a[0][1], a[1], target, tmp), zip(problems, keys)))
+        for (name, problem, held), key, variants, ref in zip(problems, keys, per_problem, refs):
+            contenders: dict[str, Any] = {"reference": ref}
+            for j, v in enumerate(variants):
+                r = by[(problem, v)]
+                rec: dict[str, Any] = {"variant": v.to_dict(), "heuristic": j == 0}
+                if r.ok:
+                    path = f"{key}.v{j}.vmfb"
+                    (tmp / path).write_bytes(r.op.vmfb)
+                    rec |= {"ok": True, "vmfb": path, "flags": v.flags}
+                else:
+                    rec |= {"ok": False, "error": r.error}
+                contenders[v.name] = rec
+            entries.append({"name": name, "key": key, "held_out": held, "problem": problem.to_dict(),
+                            "contenders": contenders})  # fmt: skip
+        manifest = {"target": target, "date": str(datetime.date.today()), "iree_version": version("iree-base-compiler"),
+                    "build": {"workers": report.workers, "wall_s": report.wall_s, "kernels": len(report.results)},
+                    "problems": entries}  # fmt: skip
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    log(report.table())
+    return report
+
+
+def _ranked(contenders: dict[str, dict]) -> list[tuple[float, str]]:
+    """(median seconds, name) of the correct, timed contenders, fastest first."""
+    return sorted((r["median_s"], n) for n, r in contenders.items() if r.get("status") == "ok" and "median_s" in r)
+
+
+def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str = "",
+                    log: Callable[[str], None] = print, deadline_s: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Time every candidate of the manifest in ``folder`` (runtime only) in two passes; write ``out``.
+
+    Pass 1: :func:`convbw_mlir.bench.run.run_manifest` per problem (no cuDNN). Pass 2: the winner and the
+    runner-up again, in a fresh process. Tuned problems first, held-out ones after; ``out`` (JSON) is
+    rewritten after each problem, so a run cut short keeps what it measured. ``deadline_s``: stop
+    starting problems after this many seconds.
+    """
+    folder = Path(folder).resolve()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    todo = sorted((e for e in manifest["problems"] if filt in e["key"]), key=lambda e: e.get("held_out", False))
+    results: dict[str, Any] = {"target": manifest["target"], "iree_version": manifest["iree_version"],
+                               "date": time.strftime("%Y-%m-%d"), "device": None, "problems": []}  # fmt: skip
+    out = Path(out)
+    t0 = time.monotonic()
+    for entry in todo:
+        held = entry.get("held_out", False)
+        # tuned problems stop at 3/4 of the deadline, so the held-out ones (fewer contenders) get measured too
+        limit = None if deadline_s is None else deadline_s * (1.0 if held else 0.75)
+        if limit is not None and time.monotonic() - t0 > limit:
+            log(f"deadline: {entry['key']} not timed")
+            continue
+        if held:  # the untuned path only: the heuristic, IREE's forms, and select's choice from what is tuned so far
+            entry = _untuned_entry(entry, results)
+        one = _run_one(folder, entry, log)
+        results["device"] = results["device"] or _device_name(one["device"])
+        row = one["problems"][0]
+        row["held_out"] = held
+        row["problem"] = entry["problem"]
+        row["variants"] = {n: r["variant"] for n, r in entry["contenders"].items() if "variant" in r}
+        row["heuristic"] = next((n for n, r in entry["contenders"].items() if r.get("heuristic")), None)
+        if held:
+            row["selected"] = entry.get("selected")
+        ranked = _ranked(row["contenders"])
+        if len(ranked) >= 2 and not held:  # the top two and the heuristic's plan, once more
+            again = [ranked[0][1], ranked[1][1]]
+            if row["heuristic"] not in again and row["contenders"].get(row["heuristic"], {}).get("status") == "ok":
+                again.append(row["heuristic"])
+            row["pass2"] = _second_pass(folder, entry, again, log)
+        results["problems"].append(row)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def _device_name(name: str) -> str:
+    """The GPU's name where the runner reports only its driver (no torch): nvidia-smi's, else ``name``."""
+    if name not in ("cuda", "hip"):
+        return name
+    import subprocess
+
+    cmd = (
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        if name == "cuda"
+        else ["rocm-smi", "--showproductname"]
+    )
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return name
+    return out[0].strip() if out and name == "cuda" else name
+
+
+def _run_one(folder: Path, entry: dict, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS) -> dict:
+    """The runner on one manifest entry (its kernels in ``folder``), through a one-problem manifest."""
+    from convbw_mlir.bench.run import run_manifest
+
+    with tempfile.TemporaryDirectory(prefix="convbw-tune-") as tmp:
+        contenders = {n: dict(r, vmfb=str(folder / r["vmfb"])) if r.get("ok") else r
+                      for n, r in entry["contenders"].items()}  # fmt: skip
+        target = json.loads((folder / "manifest.json").read_text())["target"]
+        manifest = {"target": target, "iree_version": "", "problems": [dict(entry, contenders=contenders)]}
+        (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
+        return run_manifest(tmp, "", use_torch=False, log=log, numpy_max_flops=numpy_max_flops)
+
+
+def _untuned_entry(entry: dict, results: dict) -> dict:
+    """``entry`` cut to the untuned path: the heuristic, IREE's forms and the variant :func:`select` takes
+    from the database of the problems tuned so far (``selected``: its name and path)."""
+    from convbw_mlir.dispatch.select import select
+
+    db = build_database(results, device=results["device"] or "device") if results["problems"] else None
+    problem = ConvBwdWeightProblem.from_dict(entry["problem"])
+    sel = select(problem, db.target if db else results["target"], dbs=[db] if db else [])
+    keep = {n for n, r in entry["contenders"].items() if r.get("heuristic") or n in IREE_FORMS or n == "reference"}
+    chosen = next((n for n, r in entry["contenders"].items()
+                   if "variant" in r and Variant.from_dict(r["variant"]) == sel.variant), None)  # fmt: skip
+    if chosen:
+        keep.add(chosen)
+    selected = {"name": chosen, "path": sel.path, "why": sel.why, "variant": sel.variant.to_dict()}
+    return dict(entry, contenders={n: r for n, r in entry["contenders"].items() if n in keep}, selected=selected)
+
+
+def _second_pass(folder: Path, entry: dict, names: list[str], log: Callable[[str], None]) -> dict[str, Any]:
+    """The winner and the runner-up once more, in a fresh process, checked on the float64 sample only."""
+    contenders = {n: entry["contenders"][n] for n in names}
+    return _run_one(folder, dict(entry, contenders=contenders), log, numpy_max_flops=0)["problems"][0]["contenders"]
+
+
+def device_noise(results: dict[str, Any]) -> float | None:
+    """The device's timing noise: the median over every re-timed kernel of |pass 2 - pass 1| / pass 1."""
+    diffs = [abs(p2["median_s"] - row["contenders"][n]["median_s"]) / row["contenders"][n]["median_s"]
+             for row in results["problems"] for n, p2 in (row.get("pass2") or {}).items()
+             if p2.get("status") == "ok" and row["contenders"].get(n, {}).get("status") == "ok"]  # fmt: skip
+    return statistics.median(diffs) if diffs else None
+
+
+def _decide(row: dict[str, Any], noise_level: float | None = None) -> dict[str, Any]:
+    """The winner of one problem's results, its noise and whether the top two swapped places in pass 2.
+
+    Each kernel's time is the mean of its passes (pass 2 re-times the top two and the heuristic's plan).
+    The fastest replaces the heuristic's plan only when faster by more than ``max(MIN_GAIN, noise_level)``.
+    """
+    c = row["contenders"]
+    ranked = _ranked(c)
+    if not ranked:
+        return {"winner": None}
+    heur = row.get("heuristic")
+    first, second = ranked[0][1], (ranked[1][1] if len(ranked) > 1 else None)
+    p2 = {n: r for n, r in (row.get("pass2") or {}).items() if r.get("status") == "ok" and n in c}
+    times = {n: c[n]["median_s"] for _, n in ranked}
+    for n, r in p2.items():  # both passes count
+        times[n] = statistics.mean([c[n]["median_s"], r["median_s"]])
+    noise = max((abs(r["median_s"] - c[n]["median_s"]) / c[n]["median_s"] for n, r in p2.items()), default=None)
+    flipped = p2[second]["median_s"] < p2[first]["median_s"] if second and {first, second} <= p2.keys() else None
+    winner = min(times, key=times.get)
+    margin = max(MIN_GAIN, noise_level or 0.0)
+    why = "fastest correct"
+    if heur in times and winner != heur:
+        gain = times[heur] / times[winner] - 1
+        why = f"fastest correct, {gain:.1%} over the heuristic's plan (noise {margin:.1%})"
+        if gain <= margin:
+            why = f"{winner} was only {gain:.1%} faster (noise {margin:.1%}): the heuristic's plan kept"
+            winner = heur
+    iree = [(times[n], n) for n in times if n in IREE_FORMS]
+    default = [(times[n], n) for n in times if n in ("iree_direct", "iree_torch")]
+    return {"winner": winner, "median_s": times[winner], "runner_up": second, "noise": noise, "flipped": flipped,
+            "heuristic": heur, "heuristic_s": times.get(heur), "iree_best": min(iree) if iree else None,
+            "iree_default": min(default) if default else None, "why": why, "times": times}  # fmt: skip
+
+
+def build_database(results: dict[str, Any], device: str | None = None) -> TuningDB:
+    """The tuning database of ``results`` (from :func:`time_candidates`): held-out problems left out."""
+    db = TuningDB(device or results["device"], results["target"], results["iree_version"])
+    level = device_noise(results)
+    for row in results["problems"]:
+        if row.get("held_out"):
+            continue
+        d = _decide(row, level)
+        if d["winner"] is None:
+            continue
+        name = d["winner"]
+        variant = Variant.from_dict(row["variants"][name]) if name in row["variants"] else Variant(name)
+        fields = {k: d[k] for k in ("median_s", "runner_up", "noise", "flipped", "heuristic_s", "why")}
+        fields["iree_best"] = {"form": d["iree_best"][1], "median_s": d["iree_best"][0]} if d["iree_best"] else None
+        fields["measured"] = results["date"]
+        db.add(ConvBwdWeightProblem.from_dict(row["problem"]), variant, **fields)
+    return db
+
+
+def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
+    """Markdown: per problem the winner, its gain over the heuristic and over IREE, noise and flips; the
+    held-out problems through select (nearest or heuristic) against the same; geomeans."""
+    from convbw_mlir.dispatch.select import select
+
+    db = db or build_database(results)
+    lines = ["| problem | split | winner | µs | vs heuristic | vs best correct IREE | vs IREE default "
+             "| noise | flip | select path |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]  # fmt: skip
+    ratios: dict[str, list[float]] = {"tuned_vs_iree": [], "tuned_vs_default": [], "held_vs_iree": [],
+                                      "held_vs_default": [], "held_heur_vs_default": []}  # fmt: skip
+    flips = noisy = 0
+    level = device_noise(results)
+    for row in results["problems"]:
+        d = _decide(row, level)
+        if d["winner"] is None:
+            lines.append(f"| {row['name']} | | none correct | | | | | | | |")
+            continue
+        problem = ConvBwdWeightProblem.from_dict(row["problem"])
+        t, path = d["median_s"], "exact"
+        if row.get("held_out"):
+            sel = row.get("selected")  # what select chose on the GPU machine, from the problems tuned before
+            if sel is None:
+                s = select(problem, results["target"], dbs=[db])
+                sel = {"path": s.path, "variant": s.variant.to_dict(), "name": None}
+                sel["name"] = next((n for n, v in row["variants"].items() if Variant.from_dict(v) == s.variant), None)
+            path, name = sel["path"], sel["name"]
+            t = d["times"].get(name) if name else None
+            if t is None:
+                shown = Variant.from_dict(sel["variant"]).name
+                lines.append(f"| {row['name']} | held out | {shown} not compiled | | | | | | | {path} |")
+                continue
+            shown = name
+        else:
+            shown = d["winner"]
+        vs_h = d["heuristic_s"] / t if d["heuristic_s"] else None
+        vs_i = d["iree_best"][0] / t if d["iree_best"] else None
+        vs_d = d["iree_default"][0] / t if d["iree_default"] else None
+        tag = "held_" if row.get("held_out") else "tuned_"
+        if vs_i:
+            ratios[f"{tag}vs_iree"].append(vs_i)
+        if vs_d:
+            ratios[f"{tag}vs_default"].append(vs_d)
+        if row.get("held_out") and d["heuristic_s"] and d["iree_default"]:
+            ratios["held_heur_vs_default"].append(d["iree_default"][0] / d["heuristic_s"])
+        flips += bool(d["flipped"])
+        noisy += d["flipped"] is not None
+        f = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
+        noise = f"{d['noise']:.1%}" if d["noise"] is not None else "n/a"
+        split = "held out" if row.get("held_out") else "tuned"
+        flip = "yes" if d["flipped"] else ""
+        lines.append(f"| {row['name']} | {split} | {shown} | {t * 1e6:.1f} | {f(vs_h)} | {f(vs_i)} | {f(vs_d)} "
+                     f"| {noise} | {flip} | {path} |")  # fmt: skip
+    gm = lambda xs: statistics.geometric_mean(xs) if xs else float("nan")  # noqa: E731
+    lines += [
+        "",
+        f"order flips in pass 2: {flips} of {noisy} problems re-timed; device noise (median "
+        f"|pass 2 - pass 1| / pass 1 over re-timed kernels): {level or 0:.1%}",
+        "",
+    ]
+    for k, xs in ratios.items():
+        lines.append(f"- {k}: geomean {gm(xs):.2f}x over {len(xs)} problems, min {min(xs, default=float('nan')):.2f}x, "
+                     f"{sum(x < 1.0 for x in xs)} below 1.0x")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m convbw_mlir.dispatch.tune DIR --out results.json``: the timing half (runtime only)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m convbw_mlir.dispatch.tune", description=main.__doc__)
+    ap.add_argument("folder")
+    ap.add_argument("--out", required=True, help="results JSON; the database and summary are written beside it")
+    ap.add_argument("--filter", default="")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds after which no new problem starts")
+    args = ap.parse_args(argv)
+    results = time_candidates(args.folder, args.out, args.filter, deadline_s=args.deadline)
+    db = build_database(results)
+    out = Path(args.out)
+    from convbw_mlir.dispatch.db import db_file_name
+
+    db.save(out.parent / db_file_name(db.device, db.target))
+    (out.with_suffix(".md")).write_text(summarize(results, db))
+    print(f"wrote {out}, {db_file_name(db.device, db.target)} ({len(db.entries)} entries)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

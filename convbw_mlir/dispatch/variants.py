@@ -1,0 +1,242 @@
+"""Kernel variants as data: one frozen, hashable description of one kernel for one problem.
+
+A :class:`Variant` is a *form* (what is handed to IREE) and, for our own pipeline, the
+:class:`convbw_mlir.plan.Plan` it carries out plus the overrides that made that plan (so that the same
+choice can be re-decided for another problem: :mod:`convbw_mlir.dispatch.select`'s nearest neighbour):
+
+    convbw        our passes carry out ``plan`` (its strategy, split and tile; IREE's flags untouched)
+    iree_direct   IREE's default on the plain linalg form (``convbw-lower-to-linalg{frontend-form}``)
+    iree_torch    IREE's default on the torch-mlir form (2-D, G=1 only)
+    iree_fusilli  the torch form (or the direct one) with iree-org/fusilli's weight-backward flags
+
+:func:`candidates` yields the valid variants of a problem on a target: the heuristic's plan first, then
+IREE's forms (so a measured choice can never lose to them), then plans from a small grid of overrides
+(split factors, G>1 splits, our tile for grouped problems and GEMMs, tile sizes), each checked by
+:func:`convbw_mlir.plan.decide` and deduplicated by the plan it makes. The grid's values are absolute
+(k_batch 1, 2, 4 ... 64) so that a winning set re-applies to a neighbouring problem as it is.
+
+This module imports without the IREE compiler.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from convbw_mlir.contraction import Split
+from convbw_mlir.plan import Plan, PlanError, Strategy, decide, pick_intrinsic
+from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.targets import get_target
+
+__all__ = ["FORMS", "IREE_FORMS", "Variant", "candidates", "heuristic", "product_version", "variant_key"]
+
+FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
+IREE_FORMS = FORMS[1:]
+# Options a variant may carry (plan.Overrides' fields that change the kernel)
+OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped")
+# Split factors the grid tries (absolute, so that a winner transfers to a neighbour as it is)
+K_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel of one problem: a form and, for ``convbw``, the plan it carries out.
+
+    Attributes:
+        form: one of :data:`FORMS`.
+        plan: the plan (form ``convbw``), else None.
+        options: the overrides that made ``plan`` (sorted (name, value) pairs; empty: the heuristic's).
+        label: a short human name (not part of the identity).
+    """
+
+    form: str
+    plan: Plan | None = None
+    options: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    label: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.form not in FORMS:
+            raise ValueError(f"variant: form: expected one of {', '.join(FORMS)}, got {self.form!r}")
+        if (self.form == "convbw") != (self.plan is not None):
+            raise ValueError(f"variant: form {self.form} {'needs' if self.form == 'convbw' else 'takes no'} plan")
+        tile = self.plan.tile if self.plan is not None else None
+        if tile is not None:  # e.g. an MFMA intrinsic handed to an RDNA or NVIDIA target
+            known = {i.name for options in self.plan.target_info.intrinsics.values() for i in options}
+            if tile.intrinsic not in known:
+                raise ValueError(f"variant: intrinsic {tile.intrinsic} does not run on {self.plan.target} "
+                                 f"(its intrinsics: {', '.join(sorted(known)) or 'none'})")  # fmt: skip
+        for name, _ in self.options:
+            if name not in OPTIONS:
+                raise ValueError(f"variant: options: unknown option {name!r}; known: {', '.join(OPTIONS)}")
+
+    @property
+    def name(self) -> str:
+        """A name for tables and manifests: ``convbw[k_batch=8]``, ``iree_fusilli``."""
+        if self.form != "convbw":
+            return self.form
+        return f"convbw[{self.label or ','.join(f'{k}={v}' for k, v in self.options) or 'heuristic'}]"
+
+    @property
+    def flags(self) -> list[str]:
+        """The extra IREE flags of this variant."""
+        if self.form == "iree_fusilli":
+            from convbw_mlir.bench.artifacts import FUSILLI_FLAGS
+
+            return list(FUSILLI_FLAGS)
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"form": self.form}
+        if self.plan is not None:
+            data["plan"] = self.plan.to_dict()
+            data["options"] = dict(self.options)
+        if self.label:
+            data["label"] = self.label
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Variant:
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: a malformed variant (naming the entry).
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"variant: expected an object, got {type(data).__name__}")
+        unknown = set(data) - {"form", "plan", "options", "label"}
+        if unknown:
+            raise ValueError(f"variant: unknown entries {', '.join(sorted(unknown))}")
+        plan = Plan.from_dict(data["plan"]) if data.get("plan") is not None else None
+        options = data.get("options") or {}
+        if not isinstance(options, dict):
+            raise ValueError(f"variant: options: expected an object, got {options!r}")
+        return cls(data.get("form", ""), plan, tuple(sorted(options.items())), str(data.get("label", "")))
+
+
+@functools.cache
+def dist_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist``, read from its ``*.dist-info`` folder name on
+    ``sys.path`` (importing ``importlib.metadata`` costs ~30 ms, most of a cache hit's budget); None if absent."""
+    import sys
+    from pathlib import Path
+
+    stem = dist.replace("-", "_").lower()
+    for entry in sys.path:
+        try:
+            for info in Path(entry or ".").glob("*.dist-info"):
+                name, _, rest = info.name[: -len(".dist-info")].partition("-")
+                if name.lower() == stem and rest:
+                    return rest
+        except OSError:
+            continue
+    return None
+
+
+def product_version() -> str:
+    """This package's version (``0+unknown`` where it runs from a plain folder, without metadata)."""
+    return dist_version("convbw-mlir") or "0+unknown"
+
+
+def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, iree_version: str,
+                extra_flags: list[str] | None = None) -> str:  # fmt: skip
+    """The cache key: sha256 over problem, target, variant (form, plan, flags), IREE and product version."""
+    data = {
+        "problem": problem.to_dict(),
+        "target": target,
+        "form": variant.form,
+        "plan": variant.plan.to_dict() if variant.plan else None,
+        "flags": variant.flags + list(extra_flags or []),
+        "iree": iree_version,
+        "product": product_version(),
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def heuristic(problem: ConvBwdWeightProblem, target: str) -> Variant:
+    """The heuristic's own choice: :func:`convbw_mlir.plan.decide` without overrides."""
+    return Variant("convbw", decide(problem, target), (), "heuristic")
+
+
+def _grid(problem: ConvBwdWeightProblem, target: str, base: Plan) -> Iterator[dict[str, Any]]:
+    """Override sets to try, most promising first (docs/dispatch.md#candidates)."""
+    tgt = get_target(target)
+    if not tgt.is_gpu:
+        for kb in (1, 2, 4):
+            yield {"k_batch": kb}
+        return
+    mma = pick_intrinsic(problem, tgt) is not None
+    grouped = problem.groups > 1
+    kb = base.k_batch
+    near = sorted(
+        {k for k in K_BATCHES if kb / 4 <= k <= kb * 8} - {kb},
+        key=lambda k: abs(math.log2(k / kb)) + (1.5 if k < kb else 0),
+    )  # larger splits first
+    splits = [{"k_batch": k} for k in near]
+    choices: list[dict[str, Any]] = []
+    # Our tile where the heuristic hands grouped problems or GEMMs to IREE (the G>1 split family),
+    # interleaved with IREE's own config over other splits.
+    ours = []
+    if mma and grouped and base.strategy == Strategy.IREE:
+        ours = [{"grouped": "mma", "k_batch": k} for k in (1, 4, 2, 8)]
+    elif base.gemm and base.strategy == Strategy.IREE:
+        ours = [{"gemm": "mma", "k_batch": k} for k in (1, 4, 2, 8)]
+    for i in range(max(len(ours), len(splits))):
+        choices += ours[i : i + 1] + splits[i : i + 1]
+    if base.tile is not None:  # the N tile halved and doubled, the reduction step halved
+        t = base.tile
+        choices += [{"k_batch": kb, "tile_n": t.n // 2}, {"k_batch": kb, "tile_n": t.n * 2},
+                    {"k_batch": kb, "tile_k": t.k // 2}]  # fmt: skip
+    if base.split is not None and base.split.promoted:  # a rows split: against batch splits
+        choices += [{"k_batch": k} for k in (8, 32)]
+    yield from choices
+
+
+def candidates(problem: ConvBwdWeightProblem, target: str, max_plans: int = 6,
+               iree: bool = True) -> list[Variant]:  # fmt: skip
+    """The valid variants of ``problem`` on ``target``: the heuristic's first, IREE's forms (with
+    ``iree``; the torch form only where it exists: 2-D, G=1), then up to ``max_plans`` further plans.
+
+    Raises:
+        ValueError: unknown target.
+    """
+    get_target(target)  # one clear error for an unknown target
+    base = heuristic(problem, target)
+    out = [base]
+    if iree and get_target(target).is_gpu:
+        out += [Variant(f) for f in IREE_FORMS if f != "iree_torch" or (problem.rank == 2 and problem.groups == 1)]
+    seen = {base}
+    plans = 0
+    for opts in _grid(problem, target, base.plan):
+        if plans >= max_plans:
+            break
+        try:
+            plan = decide(problem, target, **opts)
+        except (PlanError, ValueError):
+            continue  # not a valid variant for this problem: the grid is a superset
+        if plan.split is not None and plan.split.dim == "n" and plan.split.padded_extent != problem.batch:
+            continue  # uneven batch splits gave NaNs in IREE's sm_80 code: docs/decisions.md#even-splits
+        v = Variant("convbw", plan, tuple(sorted(opts.items())))
+        if v not in seen:
+            seen.add(v)
+            out.append(v)
+            plans += 1
+    return out
+
+
+def row_chunk_variant(problem: ConvBwdWeightProblem, target: str, k_batch: int) -> Variant:
+    """The heuristic's plan with the reduction split into chunks of output rows (``o0``) instead of images.
+
+    IREE 3.13 crashes compiling it (docs/decisions.md#no-row-chunks), so :func:`candidates` never yields
+    it; it is what an isolated build must survive, and the family to enable once IREE compiles it.
+    """
+    rows = problem.output_size[0]
+    chunk = math.ceil(rows / k_batch)
+    plan = decide(problem, target, k_batch=1)
+    return Variant("convbw", Plan(plan.target, plan.strategy, plan.gemm, plan.reduction_innermost,
+                                  Split("o0", math.ceil(rows / chunk), chunk), plan.tile, plan.simt),
+                   (), f"rows_o0x{k_batch}")  # fmt: skip
