@@ -502,7 +502,9 @@ def _check_refusal(case: Case, problem: Any, refusal: Any, runner: IsolatedRunne
         kind, message = answer["type"], answer["message"]
     else:
         kind, message = type(refusal).__name__, str(refusal)
-    if kind not in ("ValueError", "TypeError", "PipelineError") or not any(f in message for f in case.bad_field):
+    if kind not in ("ValueError", "TypeError", "PipelineError", "PlanError") or not any(
+        f in message for f in case.bad_field
+    ):
         stats.fail("unclear", f"{where}: {kind}: {message}")
         return "unclear"
     stats.counts["refused"] += 1
