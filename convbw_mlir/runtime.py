@@ -290,6 +290,9 @@ class PreparedCall:
                 f"vmfb: {function} takes no output argument; compile with compile_op(..., output_arg=True)"
             )
         self._fn = fn
+        # The tied output is a !hal.buffer (compile_op(output_arg=True)) or a tensor argument that is also
+        # an input (an accumulate epilogue's D): the latter takes a buffer view.
+        self._out_is_view = ": !hal.buffer {iree.abi.output" not in fn.reflection.get("iree.abi.declaration", "")
         # --iree-execution-model=async-external: the function takes a wait and a signal fence and
         # returns once the work is queued; calls are ordered on one timeline semaphore.
         self.is_async = fn.reflection.get("iree.abi.model") == "coarse-fences"
@@ -326,7 +329,10 @@ class PreparedCall:
         args = self._rt.VmVariantList(3)
         args.push_ref(x.ref)
         args.push_ref(dy.ref)
-        args.push_ref(out.get_buffer().ref if hasattr(out, "get_buffer") else out.ref)
+        if self._out_is_view:
+            args.push_ref(out.ref)
+        else:
+            args.push_ref(out.get_buffer().ref if hasattr(out, "get_buffer") else out.ref)
         return args
 
     def invoke(self, args: Any, wait: bool = True) -> None:

@@ -28,7 +28,7 @@ except ImportError as e:  # torch is an optional extra
         "convbw_mlir.torch needs PyTorch, which is not installed: pip install 'convbw-mlir[torch]'"
     ) from e
 
-from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.problem import ConvBwdWeightProblem, Epilogue
 from convbw_mlir.runtime import PreparedCall
 
 __all__ = [
@@ -193,7 +193,7 @@ def problem_for(
 _PROBLEMS: dict[tuple, tuple] = {}
 
 
-def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
+def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, groups, accumulate=False):  # noqa: ANN001, ANN202
     """(problem, format, x/dy/dW shapes, permutation, kernel) of these arguments, remembered per argument
     signature: building a problem and its shapes costs ~110 µs (its checks); a training step asks for the same
     few again and again (docs/torch.md)."""
@@ -202,11 +202,13 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
     key = (
         input.shape, input.stride(), input.dtype, input.device, grad_output.shape, grad_output.stride(),
         grad_output.dtype, grad_output.device, tuple(weight_size), str(stride), str(padding), str(dilation),
-        str(groups),
+        str(groups), accumulate,
     )  # fmt: skip
     found = _PROBLEMS.get(key)
     if found is None:
         problem, fmt = problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
+        if accumulate:  # dW += x * dy, fused in the kernel's write (docs/epilogues.md)
+            problem = problem.with_(epilogue=Epilogue("accumulate"))
         shapes = [list(problem.x_shape), list(problem.dy_shape), list(problem.dw_shape)]
         kernel = _kernel_for(problem, input.device)
         found = (problem, fmt, *shapes, _order(fmt, input.dim()), kernel)
@@ -260,7 +262,9 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
                     f"no kernel for {problem.name} on {target}: none in {ARTIFACTS_ENV}"
                     f"={os.environ.get(ARTIFACTS_ENV, '(unset)')} and no IREE compiler here to build one"
                 ) from None
-            op = compile_op(problem, target, isolate=True, output_arg=True)
+            # an accumulate epilogue's D is its output already; otherwise the kernel gets an output buffer
+            output_arg = problem.epilogue is None
+            op = compile_op(problem, target, isolate=True, output_arg=output_arg)
             if folder is not None:
                 op.save(folder)
         _KERNELS[key] = PreparedCall(op.vmfb, driver, index)
@@ -283,6 +287,7 @@ def conv_weight(
     padding: Any = 0,
     dilation: Any = 1,
     groups: int = 1,
+    accumulate_into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW of a grouped 1-, 2- or 3-d convolution, as ``torch.nn.grad.conv{N}d_weight`` computes it.
 
@@ -293,53 +298,86 @@ def conv_weight(
         grad_output: dy, ``(N, K, *out)``, same dtype, device and memory format as ``input``.
         stride, padding, dilation: ints or tuples (``padding`` also ``"valid"`` or ``"same"``).
         groups: the number of groups.
+        accumulate_into: a gradient to add dW to, in place (``accumulate_into += dW``, fused in the
+            kernel's write): shape ``weight_size``, the input's dtype, device and memory format.
 
     Returns:
         dW of shape ``weight_size`` and the input's dtype, on the input's device; channels-last where
-        the input is.
+        the input is. With ``accumulate_into``, that tensor, updated.
 
     Raises:
         TypeError / ValueError: naming the argument (dtype, device, shape, memory format).
         RuntimeError: no kernel for the problem (see :func:`artifact_dir`).
     """
     problem, fmt, x_shape, dy_shape, dw_shape, order, kernel = _problem_memo(
-        input, weight_size, grad_output, stride, padding, dilation, groups
+        input, weight_size, grad_output, stride, padding, dilation, groups, accumulate_into is not None
     )
     weight_size = tuple(int(s) for s in weight_size)
     # dW in the input's format: (K, C, *f) for layout 4 (GKCYX), (K, *f, C) for layout 2 (GKYXC)
-    out_dense = torch.empty([weight_size[i] for i in order], dtype=input.dtype, device=input.device)
+    if accumulate_into is not None:
+        out_dense = _accumulator(accumulate_into, input, weight_size, order, fmt)
+    else:
+        out_dense = torch.empty([weight_size[i] for i in order], dtype=input.dtype, device=input.device)
     # detach: a view of the same memory (DLPack refuses tensors that require grad)
     x = _host_aligned(input.detach().permute(order))
     dy = _host_aligned(grad_output.detach().permute(order))
     args = kernel.prepare(
         kernel.import_dlpack(x, x_shape, problem.dtype, "input"),
         kernel.import_dlpack(dy, dy_shape, problem.dtype, "grad_output"),
-        kernel.import_dlpack(out_dense, dw_shape, problem.dw_dtype, "output"),
+        kernel.import_dlpack(
+            out_dense, dw_shape, problem.dw_dtype, "output" if accumulate_into is None else "accumulate_into"
+        ),
     )
     if input.device.type == "cuda":
         # IREE's CUDA driver runs on its own stream: the inputs must be written before it reads them.
         torch.cuda.current_stream(input.device).synchronize()
     kernel.invoke(args)
+    if accumulate_into is not None:
+        return accumulate_into
     inverse = [order.index(i) for i in range(len(order))]
     return out_dense.permute(inverse)
 
 
-def conv1d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1):  # noqa: ANN001, ANN201
+def _accumulator(
+    grad: Any, input: torch.Tensor, weight_size: tuple[int, ...], order: tuple[int, ...], fmt: str
+) -> torch.Tensor:
+    """``accumulate_into`` checked and seen in the kernel's dW order (a view: no copy).
+
+    Raises:
+        TypeError / ValueError: naming ``accumulate_into``: not a tensor, dtype, device, shape, format.
+    """
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"accumulate_into: expected a torch.Tensor, got {type(grad).__name__}")
+    if grad.dtype != input.dtype:
+        raise TypeError(f"accumulate_into: expected dtype {input.dtype} (the input's), got {grad.dtype}")
+    if grad.device != input.device:
+        raise ValueError(f"accumulate_into: on {grad.device}, but input is on {input.device}")
+    if tuple(grad.shape) != weight_size:
+        raise ValueError(f"accumulate_into: expected shape {weight_size} (weight_size), got {tuple(grad.shape)}")
+    if grad.requires_grad:
+        raise ValueError("accumulate_into: a tensor that requires grad cannot be written in place")
+    dense = grad.permute(order)
+    if not dense.is_contiguous():
+        raise ValueError(f"accumulate_into: expected the input's memory format ({fmt}), got strides {grad.stride()}")
+    return dense
+
+
+def conv1d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, accumulate_into=None):  # noqa: ANN001, ANN201, E501
     """:func:`conv_weight` for 1-d convolutions (``torch.nn.grad.conv1d_weight``)."""
     _rank("input", input, 1)
-    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups)
+    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups, accumulate_into)
 
 
-def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1):  # noqa: ANN001, ANN201
+def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, accumulate_into=None):  # noqa: ANN001, ANN201, E501
     """:func:`conv_weight` for 2-d convolutions (``torch.nn.grad.conv2d_weight``)."""
     _rank("input", input, 2)
-    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups)
+    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups, accumulate_into)
 
 
-def conv3d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1):  # noqa: ANN001, ANN201
+def conv3d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, accumulate_into=None):  # noqa: ANN001, ANN201, E501
     """:func:`conv_weight` for 3-d convolutions (``torch.nn.grad.conv3d_weight``)."""
     _rank("input", input, 3)
-    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups)
+    return conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups, accumulate_into)
 
 
 def _rank(name: str, t: Any, rank: int) -> None:

@@ -121,6 +121,46 @@ def test_bad_input_is_one_error_naming_the_argument(change, error, message):
         ct.conv2d_weight(**args)
 
 
+@pytest.mark.parametrize("fmt", ["contiguous", "channels_last"])
+def test_accumulate_into_adds_dw_to_the_given_gradient_in_place(fmt):
+    x, wshape, dy = _inputs(2, 8, 16, 2, fmt=fmt)
+    grad = torch.randn(wshape).to(memory_format=x_format(x))
+    before = grad.clone()
+    out = ct.conv2d_weight(x, wshape, dy, padding=1, groups=2, accumulate_into=grad)
+    assert out is grad  # the caller's tensor, written in place: no fresh gradient, no copy
+    want = before + torch.nn.grad.conv2d_weight(x, wshape, dy, padding=1, groups=2)
+    assert torch.allclose(grad, want, rtol=1e-4, atol=1e-4)
+    ct.conv2d_weight(x, wshape, dy, padding=1, groups=2, accumulate_into=grad)  # a second micro-batch
+    assert torch.allclose(grad, want + (want - before), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (lambda g: g.double(), TypeError, "accumulate_into: expected dtype torch.float32"),
+        (lambda g: g[:, :, :, :2].contiguous(), ValueError, "accumulate_into: expected shape"),
+        (lambda g: g.to(memory_format=torch.channels_last), ValueError, "accumulate_into: expected the input's"),
+        (lambda g: g.requires_grad_(), ValueError, "accumulate_into: a tensor that requires grad"),
+        (lambda g: g.numpy(), TypeError, "accumulate_into: expected a torch.Tensor"),
+    ],
+)
+def test_a_bad_accumulate_into_is_refused_and_left_untouched(bad, error, message):
+    x, wshape, dy = _inputs(2, 8, 16, 2)
+    grad = bad(torch.randn(wshape))
+    before = torch.as_tensor(grad).detach().clone()
+    with pytest.raises(error, match=message):
+        ct.conv2d_weight(x, wshape, dy, padding=1, groups=2, accumulate_into=grad)
+    assert torch.equal(torch.as_tensor(grad).detach(), before)
+
+
+def x_format(t):
+    return (
+        torch.channels_last
+        if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+        else torch.contiguous_format
+    )
+
+
 def test_autograd_function_gives_torchs_gradients():
     x, wsize, dy = _inputs(2, 8, 16, 2, fmt="channels_last")
     w = torch.randn(wsize, requires_grad=True)
