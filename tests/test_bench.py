@@ -60,13 +60,19 @@ def test_runner_checks_and_times_every_contender_on_the_host(artifacts):
     assert results["problems"][1]["contenders"]["iree_torch"]["status"] == "no kernel"
 
 
-def test_runner_reports_a_wrong_kernel_as_wrong(artifacts, tmp_path):
+def _with_contender(artifacts, tmp_path, contender: str, vmfb: bytes):
+    """A copy of the artifacts whose first problem's ``contender`` is ``vmfb``."""
     bad = tmp_path / "bad"
     shutil.copytree(artifacts, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    (bad / manifest["problems"][0]["contenders"][contender]["vmfb"]).write_bytes(vmfb)
+    return bad
+
+
+def test_runner_reports_a_wrong_kernel_as_wrong(artifacts, tmp_path):
     # Same shapes, other padding: a kernel that runs fine and computes something else.
     wrong = compile_op(DENSE.with_(pad_low=(2, 0), pad_high=(0, 2)), "host")
-    manifest = json.loads((bad / "manifest.json").read_text())
-    (bad / manifest["problems"][0]["contenders"]["iree_direct"]["vmfb"]).write_bytes(wrong.vmfb)
+    bad = _with_contender(artifacts, tmp_path, "iree_direct", wrong.vmfb)
     results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None)
     r = results["problems"][0]["contenders"]["iree_direct"]
     assert r["status"] == "WRONG" and "RMS > tolerance" in r["error"] and "median_s" not in r
@@ -127,10 +133,7 @@ func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tenso
 
 
 def test_a_kernel_that_kills_its_process_reads_crashed_and_every_other_result_stands(artifacts, tmp_path):
-    bad = tmp_path / "bad"
-    shutil.copytree(artifacts, bad)
-    manifest = json.loads((bad / "manifest.json").read_text())
-    (bad / manifest["problems"][0]["contenders"]["iree_direct"]["vmfb"]).write_bytes(_segfaulting_kernel(DENSE))
+    bad = _with_contender(artifacts, tmp_path, "iree_direct", _segfaulting_kernel(DENSE))
     lines = []
     results = run_manifest(bad, use_torch=False, log=lines.append)
     dense, grouped = results["problems"]
@@ -176,10 +179,7 @@ func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tenso
 
 
 def test_a_kernel_that_never_ends_is_killed_and_reads_crashed_and_the_rest_runs(artifacts, tmp_path):
-    bad = tmp_path / "bad"
-    shutil.copytree(artifacts, bad)
-    manifest = json.loads((bad / "manifest.json").read_text())
-    (bad / manifest["problems"][0]["contenders"]["iree_torch"]["vmfb"]).write_bytes(_hanging_kernel(DENSE))
+    bad = _with_contender(artifacts, tmp_path, "iree_torch", _hanging_kernel(DENSE))
     results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None, timeout_s=10)
     r = results["problems"][0]["contenders"]
     assert r["iree_torch"] == {"status": "crashed", "error": "no progress for 10 s (killed)"}
@@ -194,10 +194,7 @@ def test_runner_cli_rejects_a_timeout_that_is_not_positive(artifacts, capsys):
 
 
 def test_a_kernel_that_raises_is_recorded_alone_and_the_rest_runs(artifacts, tmp_path):
-    bad = tmp_path / "bad"
-    shutil.copytree(artifacts, bad)
-    manifest = json.loads((bad / "manifest.json").read_text())
-    (bad / manifest["problems"][0]["contenders"]["convbw"]["vmfb"]).write_bytes(b"not a vmfb")
+    bad = _with_contender(artifacts, tmp_path, "convbw", b"not a vmfb")
     results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None)
     r = results["problems"][0]["contenders"]
     assert r["convbw"]["status"] == "failed" and r["convbw"]["error"]
@@ -230,11 +227,8 @@ def test_beyond_numpy_every_verdict_rests_on_the_float64_sample_and_a_wrong_gpu_
     assert dense["reference_check"]["status"] == "ok" and dense["reference_check"]["entries"] == 256
     assert dense["contenders"]["convbw"]["status"] == "ok" and "error_rms_full" in dense["contenders"]["convbw"]
 
-    bad = tmp_path / "bad"
-    shutil.copytree(artifacts, bad)
-    manifest = json.loads((bad / "manifest.json").read_text())
     wrong = compile_op(DENSE.with_(pad_low=(2, 0), pad_high=(0, 2), dw_dtype="f32"), "host")
-    (bad / manifest["problems"][0]["contenders"]["reference"]["vmfb"]).write_bytes(wrong.vmfb)
+    bad = _with_contender(artifacts, tmp_path, "reference", wrong.vmfb)
     results = run_manifest(bad, filt="dense", use_torch=False, log=lambda _: None, numpy_max_flops=0)
     dense = results["problems"][0]
     assert dense["reference_checked"].startswith("GPU reference WRONG vs float64")
