@@ -20,7 +20,7 @@ import numpy as np
 from convbw_mlir import runtime
 from convbw_mlir.files import VERSION_RE, read_versioned, write_versioned
 from convbw_mlir.limits import check_limits
-from convbw_mlir.plan import Plan, PlanError
+from convbw_mlir.plan import Plan, PlanError, check_plan
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, get_target
 
@@ -507,6 +507,8 @@ def compile_op(
     if plan is not None and (options or plan.target != target):
         why = f"options {', '.join(options)} given too" if options else f"it is for {plan.target}"
         raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
+    if plan is not None:
+        check_plan(problem, plan)
     pipeline = for_target(target, **options)
     with new_context() as ctx:
         module = convbw.build_module(problem, plan)

@@ -39,6 +39,7 @@ __all__ = [
     "Strategy",
     "Tile",
     "as_gemm",
+    "check_plan",
     "choose_simt_tile",
     "choose_tile",
     "decide",
@@ -312,6 +313,23 @@ def _no_tile(plan: Plan, opts: Overrides, why: str) -> Plan:
         name = _spelled(next(n for n in Overrides._TILE if getattr(opts, n) is not None))
         raise PlanError(f"{name}: strategy {plan.strategy.value} takes no tile here ({why})")
     return plan
+
+
+def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
+    """Refuse a given plan (a stored or hand-written one) that IREE is known to compile wrongly.
+
+    Raises:
+        PlanError: a split whose reduction the tile's step pads (its kernels read past x and dy:
+            docs/decisions.md#split-gemm-step), naming the sizes.
+    """
+    if plan.tile is None or plan.split is None:
+        return
+    contraction = Contraction.build(effective_problem(problem, plan.reduction_innermost), plan.split)
+    if contraction.has_split_loop and contraction.reduction_extent % plan.tile.k:
+        raise PlanError(
+            f"plan: tile k {plan.tile.k} does not divide the {contraction.reduction_extent} reduction elements of "
+            f"each of {plan.split.k_batch} splits; such kernels read past x and dy (docs/decisions.md#split-gemm-step)"
+        )
 
 
 def effective_problem(problem: ConvBwdWeightProblem, reduction_innermost: bool = False) -> ConvBwdWeightProblem:

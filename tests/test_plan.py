@@ -134,3 +134,31 @@ def test_a_split_convolution_takes_a_step_that_divides_its_reduction_per_split(c
     assert plan.k_batch == want_split
     assert (plan.tile.k if plan.tile else None) == want_k
     assert plan.strategy is (Strategy.MMA if want_k else Strategy.IREE)
+
+
+def test_a_stored_plan_whose_step_pads_its_split_is_refused_before_compiling():
+    from convbw_mlir.compiler import compile_op
+    from convbw_mlir.plan import check_plan
+
+    p = ConvBwdWeightProblem.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1")
+    padded = dataclasses.replace(decide(p, "sm_80"), tile=Tile(128, 64, 64, 2, 2, 2, "NV_MMA_SYNC_F32_16x8x16_F16"))
+    with pytest.raises(PlanError, match="tile k 64 does not divide the 784 reduction elements of each of 8 splits"):
+        check_plan(p, padded)
+    with pytest.raises(PlanError, match="read past x and dy"):
+        compile_op(p, "sm_80", plan=padded, cache=False)
+    check_plan(p, decide(p, "sm_80"))  # the plan's own choice passes
+
+
+def test_the_shipped_tuning_database_holds_no_plan_known_to_be_unsafe():
+    import json
+    from importlib.resources import files
+
+    from convbw_mlir.plan import check_plan
+
+    for path in files("convbw_mlir.tuning").iterdir():
+        if path.name.endswith(".json"):
+            for entry in json.loads(path.read_text())["entries"]:
+                if entry["variant"].get("plan"):
+                    check_plan(
+                        ConvBwdWeightProblem.from_dict(entry["problem"]), Plan.from_dict(entry["variant"]["plan"])
+                    )

@@ -30,7 +30,7 @@ from typing import Any
 
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, db_file_name, problem_key
 from convbw_mlir.dispatch.variants import Variant, dist_version, heuristic
-from convbw_mlir.plan import PlanError, decide
+from convbw_mlir.plan import PlanError, check_plan, decide
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import get_target
 
@@ -147,6 +147,12 @@ def select(problem: ConvBwdWeightProblem, target: str, device: str | None = None
         entry = db.entries.get(key)
         if entry is not None:
             variant = Variant.from_dict(entry["variant"])
+            if variant.plan is not None:
+                try:
+                    check_plan(problem, variant.plan)
+                except PlanError as e:  # a tuned plan this version knows to be unsafe: never replayed
+                    warnings.warn(f"tuning database {db.device}: {entry['name']}: {e}; decided anew", stacklevel=2)
+                    break
             why = f"tuned on {db.device}: {entry.get('median_s', 0) * 1e6:.1f} us"
             return Selection(variant, "exact", why, entry)
     ranked = []
