@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
-from convbw_mlir.problem import LAYOUTS, ConvBwdWeightProblem
+from convbw_mlir.problem import LAYOUTS, ConvBwdWeightProblem, Epilogue
 from convbw_mlir.targets import TARGETS
 
 __all__ = [
@@ -112,7 +112,7 @@ def make_inputs(problem: ConvBwdWeightProblem, seed: int = 0) -> tuple[np.ndarra
 
 # -- the child process that compiles and runs ------------------------------------------------------
 def _serve(conn: Any) -> None:
-    """Child loop: answer ("run", problem, options, x, dy[, compiles]) and ("refuse", problem, options)."""
+    """Child loop: answer ("run", problem, options, x, dy[, compiles[, d]]) and ("refuse", problem, options)."""
     from unittest import mock
 
     from convbw_mlir import compiler
@@ -130,11 +130,17 @@ def _serve(conn: Any) -> None:
         try:
             if kind == "run":
                 _, problem, options, x, dy, *more = request
+                compiles = more[0] if more else 1
+                d = more[1] if len(more) > 1 else None
                 t0 = time.perf_counter()
-                for _ in range(more[0] if more else 1):  # compiles of the same problem in this process
+                for _ in range(compiles):  # compiles of the same problem in this process
                     op = compiler.compile_op(problem, "host", **options)
                 t1 = time.perf_counter()
-                dw = op.run(x, dy)
+                ep = problem.epilogue
+                if ep is not None and ep.kind == "accumulate":
+                    dw = op.run(x, dy, out=d.copy())  # D is the output's own storage
+                else:
+                    dw = op.run(x, dy, d=d) if d is not None else op.run(x, dy)
                 conn.send({"status": "ok", "dw": dw, "compile_s": t1 - t0, "run_s": time.perf_counter() - t1})
             else:  # "refuse": invalid options must be refused before IREE sees anything
                 _, problem, options = request
@@ -253,11 +259,37 @@ def valid_fields(draw: st.DrawFn) -> dict[str, Any]:
         size = draw(st.integers(least, max(least, _MAX_INPUT[rank])))
         dims.append((size, f, draw(st.integers(1, 3)), d, lo, hi))
     sizes, filt, stride, dil, lo, hi = (tuple(v) for v in zip(*dims))
-    return dict(
+    fields = dict(
         groups=groups, batch=draw(st.integers(1, 4)), in_channels=channels[0], out_channels=channels[1],
         input_size=sizes, filter_size=filt, stride=stride, dilation=dil, pad_low=lo, pad_high=hi,
         dtype=draw(st.sampled_from(TYPES)), dw_dtype=draw(st.sampled_from(TYPES)), layout=layout,
     )  # fmt: skip
+    epilogue = draw(st.sampled_from(EPILOGUES))
+    if epilogue is not None:
+        fields["epilogue"] = epilogue
+    return fields
+
+
+# The fused epilogues (none most often): a scale, bilinear with D of dW's type and of f32, accumulate.
+EPILOGUES = (None, None, None, Epilogue("scale", 0.5), Epilogue("bilinear", 2.0, -1.5),
+             Epilogue("bilinear", 2.0, 2.0, "f32"), Epilogue("accumulate"))  # fmt: skip
+
+
+def make_d(problem: ConvBwdWeightProblem, seed: int = 1) -> np.ndarray | None:
+    """The epilogue's D in dW's layout (its D type), unit-normal; None where the epilogue reads none."""
+    ep = problem.epilogue
+    if ep is None or not ep.reads_d:
+        return None
+    dtype = ep.d_dtype or problem.dw_dtype
+    return np.random.default_rng(seed).standard_normal(problem.dw_shape).astype(_NP_TYPES[dtype])
+
+
+def oracle_epilogue(problem: ConvBwdWeightProblem, dw: np.ndarray, d: np.ndarray | None) -> np.ndarray:
+    """The epilogue applied to the float64 dW, from its definition: alpha * dW (+ beta * D)."""
+    ep = problem.epilogue
+    if ep is None:
+        return dw
+    return ep.alpha * dw + (ep.beta * np.asarray(d, dtype=np.float64) if d is not None else 0.0)
 
 
 @st.composite
@@ -354,6 +386,8 @@ def repro(problem_or_fields: ConvBwdWeightProblem | dict[str, Any], options: dic
                 *p.stride, *p.dilation, *p.pad_low, *p.pad_high]  # fmt: skip
         ck = " ".join(map(str, nums))
         text = f'--ck "{ck}" --layout {p.layout} --type {p.dtype} --dw-type {p.dw_dtype}'
+        if p.epilogue is not None:
+            text += f" epilogue={p.epilogue!r}"
     else:
         text = "fields " + ", ".join(f"{k}={v!r}" for k, v in problem_or_fields.items())
     opts = " ".join(f"{k}={v!r}" for k, v in options.items())
@@ -515,13 +549,15 @@ def _check_valid(case: Case, problem: ConvBwdWeightProblem, runner: IsolatedRunn
     where = repro(problem, case.opts)
     prev, stats.last = stats.last, where
     x, dy = make_inputs(problem)
+    d = make_d(problem)
     starts = runner.starts
-    answer = runner.call("run", problem, case.opts, x, dy, fresh=needs_own_child(problem))
+    answer = runner.call("run", problem, case.opts, x, dy, 1, d, fresh=needs_own_child(problem))
     stats.counts["starts"] += runner.starts - starts
     status = answer["status"]
     if status == "ok":
         stats.compile_s.append(answer["compile_s"])
-        err, tol = max_error(answer["dw"], oracle_dw(problem, x, dy)), tolerance(problem)
+        want = oracle_epilogue(problem, oracle_dw(problem, x, dy), d)
+        err, tol = max_error(answer["dw"], want), tolerance(problem)
         shape_ok = answer["dw"].shape == problem.dw_shape and answer["dw"].dtype == _NP_TYPES[problem.dw_dtype]
         if shape_ok and err <= tol:
             stats.counts["correct"] += 1
@@ -544,7 +580,7 @@ def _check_valid(case: Case, problem: ConvBwdWeightProblem, runner: IsolatedRunn
         stats.counts["known"] += 1
         return "known"
     # A crash may come from damage an earlier compile left in the process: say which, by a fresh retry.
-    again = runner.call("run", problem, case.opts, x, dy, fresh=True)["status"]
+    again = runner.call("run", problem, case.opts, x, dy, 1, d, fresh=True)["status"]
     blame = "also alone in a fresh child" if again == status else f"not alone (fresh child: {again}); after {prev}"
     stats.fail(status, f"{where}: child exit code {answer.get('exitcode')}, {blame}")
     return status

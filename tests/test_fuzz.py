@@ -1,7 +1,8 @@
 """Random problems, compiled for the host and run, match a direct float64 sum; impossible ones are refused.
 
 Hypothesis draws problems over rank 1-3, G, N, C, K, sizes, filters, strides, dilations, asymmetric
-pads, every layout family and type pairing, and compile options (k_batch 1/2/3/7/rows/auto, plan_for
+pads, every layout family and type pairing, the fused epilogues (scale, bilinear with D of dW's type or f32,
+accumulate into the caller's buffer), and compile options (k_batch 1/2/3/7/rows/auto, plan_for
 every target); about one example in six is made invalid and must be refused with a ValueError/TypeError
 naming the field, before IREE is called. Each valid problem compiles and runs in a long-lived worker
 process (``fuzz_support.IsolatedRunner``: one child for many examples, cheaper than a child per compile as
