@@ -116,7 +116,7 @@ def run_case(path: Path, samples: int, seed: int, device: int | None, tail: bool
     scale = float(np.sqrt(np.mean(want**2))) or 1.0
     err = np.abs(got - want) / (np.abs(want) + scale)
     worst = int(np.nanargmax(np.where(np.isfinite(err), err, np.inf)))
-    rtol, _ = tolerance(p)
+    rtol, _ = tolerance(p, matrix_cores=op.target != "host")  # GPU kernels may accumulate in matrix instructions
     row.update(
         samples=len(idx),
         max_error=float(err[worst]) if np.isfinite(err[worst]) else "non-finite",

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.reference import random_inputs, reference, sample_reference
+from convbw_mlir.reference import accumulation_error, random_inputs, reference, sample_reference
 from convbw_mlir.runtime import Kernel, time_calls
 
 __all__ = ["error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
@@ -64,11 +64,6 @@ def _status_of(error: BaseException | str) -> str:
 
 # Significand bits (without the implicit one) and smallest normal exponent of each dW type.
 _FORMAT = {"f16": (10, -14), "bf16": (7, -126), "f32": (23, -126)}
-_U32 = 2.0**-24  # unit roundoff of the f32 accumulator
-# Products an f16/bf16 matrix instruction adds per update of the f32 accumulator (mma.sync m16n8k16).
-MMA_K = 16
-# Standard deviations the max over up to 1e8 entries may reach: P(|Z| > 8) = 1.2e-15.
-K_SIGMA = 8.0
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
@@ -94,8 +89,9 @@ def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma
         raise ValueError(f"dw_dtype: unknown element type {dw_dtype!r}; known: {', '.join(_FORMAT)}")
     mant, _ = _FORMAT[dw_dtype]
     length = problem.gemm[3]
-    acc = math.ceil(length / MMA_K) / math.sqrt(3) if mma else math.sqrt(length / 6)
-    return 2.0 ** -(mant + 1) * peak + K_SIGMA * _U32 * acc
+    # a serial rounded sum's deviation is u * sqrt(L / 6): sqrt(6) below the bound the host checks use
+    acc = accumulation_error(length, True) if mma else accumulation_error(length, False) / math.sqrt(6)
+    return 2.0 ** -(mant + 1) * peak + acc
 
 
 def _ulp(magnitude: np.ndarray, dtype: str) -> np.ndarray:
