@@ -491,6 +491,13 @@ def compile_op(
                     **kw, **options)  # fmt: skip
     if timeout is not None:
         raise ValueError("timeout: applies to isolate=True compiles only")
+    tgt = get_target(target)
+    check_limits(problem, tgt)
+    if plan is not None and (options or plan.target != target):
+        why = f"options {', '.join(options)} given too" if options else f"it is for {plan.target}"
+        raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
+    if plan is not None:
+        check_plan(problem, plan)
     if cache is not False and not output_arg:  # through the kernel cache and select: convbw_mlir/dispatch/
         from convbw_mlir.dispatch.hooks import compile_cached
 
@@ -502,13 +509,6 @@ def compile_op(
     from convbw_mlir.passes import format_pipeline
     from convbw_mlir.pipelines import for_target
 
-    tgt = get_target(target)
-    check_limits(problem, tgt)
-    if plan is not None and (options or plan.target != target):
-        why = f"options {', '.join(options)} given too" if options else f"it is for {plan.target}"
-        raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
-    if plan is not None:
-        check_plan(problem, plan)
     pipeline = for_target(target, **options)
     with new_context() as ctx:
         module = convbw.build_module(problem, plan)
