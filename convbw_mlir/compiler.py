@@ -465,11 +465,11 @@ def compile_op(
         plan: a plan to carry out as it is (e.g. one a tuner stored) instead of deciding one; it must
             be for ``target`` and takes no ``options``.
         isolate: compile in a child process (:mod:`convbw_mlir.isolate`), so that an IREE crash raises
-            :class:`CompileError` here instead of ending this process.
+            :class:`CompileError` here instead of ending this process (a cache hit starts no child).
         timeout: with ``isolate``, seconds before the child is killed (None: no limit).
         output_arg: give the function a third argument, the buffer dW is written into
             (``{iree.abi.output = 0}``): the caller owns the output (:class:`convbw_mlir.runtime.PreparedCall`).
-            Such a kernel is not cached (the cache's key has no output argument yet).
+            Cached apart from the same kernel without it.
         cache: the kernel cache (:class:`convbw_mlir.dispatch.KernelCache` or its folder; None: the user's,
             ``$CONVBW_CACHE_DIR`` or the platform's cache folder); False compiles without it. With no
             ``plan`` and no ``options``, :func:`convbw_mlir.dispatch.select` picks the variant (a tuned
@@ -481,27 +481,26 @@ def compile_op(
         CompileError: a pass or IREE failed; with ``isolate``, also IREE crashed or timed out
             (:class:`convbw_mlir.isolate.CompilerCrash`).
     """
-    if isolate:
-        from convbw_mlir.isolate import call
-
-        get_target(target)  # a bad name is the caller's ValueError, before a child starts
-        what = f"{problem.name} for {target}"
-        kw = {"output_arg": True} if output_arg else {}
-        return call(compile_op, problem, target, extra_flags, plan=plan, what=what, timeout=timeout, cache=cache,
-                    **kw, **options)  # fmt: skip
-    if timeout is not None:
+    if timeout is not None and not isolate:
         raise ValueError("timeout: applies to isolate=True compiles only")
-    tgt = get_target(target)
+    tgt = get_target(target)  # a bad name is the caller's ValueError, before a child starts
     check_limits(problem, tgt)
     if plan is not None and (options or plan.target != target):
         why = f"options {', '.join(options)} given too" if options else f"it is for {plan.target}"
         raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
     if plan is not None:
         check_plan(problem, plan)
-    if cache is not False and not output_arg:  # through the kernel cache and select: convbw_mlir/dispatch/
+    if cache is not False:  # through the kernel cache and select (convbw_mlir/dispatch/); a miss may isolate
         from convbw_mlir.dispatch.hooks import compile_cached
 
-        return compile_cached(problem, target, extra_flags, plan, options, cache)
+        return compile_cached(problem, target, extra_flags, plan, options, cache, output_arg=output_arg,
+                              isolate=isolate, timeout=timeout)  # fmt: skip
+    if isolate:
+        from convbw_mlir.isolate import call
+
+        kw = {"output_arg": True} if output_arg else {}
+        return call(compile_op, problem, target, extra_flags, plan=plan, what=f"{problem.name} for {target}",
+                    timeout=timeout, cache=False, **kw, **options)  # fmt: skip
     import iree.compiler
 
     from convbw_mlir.dialects import convbw
@@ -550,6 +549,17 @@ def _add_output_arg(module: Any) -> None:
         old += [ir.DictAttr.get({})] * (len(ftype.inputs) - len(old))
         tie = ir.DictAttr.get({"iree.abi.output": ir.IntegerAttr.get(ir.IndexType.get(), 0)})
         fn.attributes["arg_attrs"] = ir.ArrayAttr.get([*old, tie])
+
+
+def with_output_arg(text: str) -> str:
+    """``text`` (a module whose entry function is ``conv_bwd_weight(x, dy) -> dW``) with the caller-owned
+    output argument of :func:`_add_output_arg`: IREE's own forms get the same ABI as ours."""
+    from convbw_mlir.ir_imports import ir, new_context
+
+    with new_context():
+        module = ir.Module.parse(text)
+        _add_output_arg(module)
+        return str(module)
 
 
 def _plan_carried_out(module: Any) -> Plan | None:

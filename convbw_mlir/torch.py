@@ -234,9 +234,10 @@ def artifact_dir(problem: ConvBwdWeightProblem, target: str) -> Path | None:
 def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> PreparedCall:
     """The prepared kernel of ``problem`` on ``device``: loaded once per process.
 
-    Looks in :func:`artifact_dir` first, else compiles (in a child process: an IREE crash is an error
-    here) and saves it there when the variable is set. The one place to switch to the dispatcher's
-    select and cache.
+    Looks in :func:`artifact_dir` first (a machine without the IREE compiler), else takes the
+    dispatcher's choice (:func:`convbw_mlir.dispatch.select`, a tuned variant where the tuning database
+    has one) from the kernel cache, compiling it on a miss in a child process (an IREE crash is an error
+    here), and saves it in the artifacts folder when the variable is set.
 
     Raises:
         RuntimeError: no precompiled kernel and no IREE compiler to build one.

@@ -89,3 +89,32 @@ def test_async_external_module_queues_calls_on_fences_and_waits_once():
     call.wait()
     assert_close(P, out, reference(P, x, dy))
     assert call._timeline.query() == 5  # one signal per call, in order on the kernel's timeline
+
+
+def test_output_arg_kernels_are_cached_apart_from_the_default_and_a_hit_starts_no_child(tmp_path, monkeypatch):
+    import convbw_mlir.isolate
+    from convbw_mlir.dispatch import KernelCache
+
+    cache = KernelCache(tmp_path)
+    first = compile_op(P, "host", output_arg=True, cache=cache, isolate=True)
+    plain = compile_op(P, "host", cache=cache)
+    assert cache.info().entries == 2  # one key per ABI
+    monkeypatch.setattr(convbw_mlir.isolate, "call", lambda *a, **k: pytest.fail("a cache hit started a child"))
+    again = compile_op(P, "host", output_arg=True, cache=cache, isolate=True)
+    assert again.vmfb == first.vmfb and again.selection is not None
+    PreparedCall(again.vmfb, "local-task")  # it has the output argument
+    with pytest.raises(ValueError, match="takes no output argument"):
+        PreparedCall(plain.vmfb, "local-task")
+
+
+def test_iree_forms_the_dispatcher_may_pick_get_the_same_output_argument():
+    from convbw_mlir.dispatch.build import compile_variant
+    from convbw_mlir.dispatch.variants import Variant
+
+    op = compile_variant(P, "host", Variant("iree_direct"), output_arg=True)
+    call = PreparedCall(op.vmfb, "local-task")
+    x, dy = (_aligned_copy(a) for a in random_inputs(P))
+    out = aligned_empty(P.dw_shape, np.float16)
+    call.invoke(call.prepare(call.import_numpy(x, "f16", "x"), call.import_numpy(dy, "f16", "dy"),
+                             call.import_numpy(out, "f16", "out")))  # fmt: skip
+    assert_close(P, out, reference(P, x, dy))

@@ -35,33 +35,46 @@ def iree_version() -> str:
 
 
 def compile_variant(problem: ConvBwdWeightProblem, target: str, variant: Variant,
-                    extra_flags: list[str] | None = None) -> CompiledOp:  # fmt: skip
-    """Compile ``variant`` of ``problem`` in this process (no cache).
+                    extra_flags: list[str] | None = None, output_arg: bool = False) -> CompiledOp:  # fmt: skip
+    """Compile ``variant`` of ``problem`` in this process (no cache); ``output_arg`` as in compile_op.
 
     Raises:
         CompileError: a pass or IREE failed, or the form has no IR for this problem.
     """
-    from convbw_mlir.compiler import compile_module, compile_op
+    from convbw_mlir.compiler import compile_module, compile_op, with_output_arg
 
     if variant.form == "convbw":
-        return compile_op(problem, target, extra_flags, plan=variant.plan, cache=False)
+        return compile_op(problem, target, extra_flags, plan=variant.plan, cache=False, output_arg=output_arg)
     from convbw_mlir.bench.artifacts import build_contender
 
     text, flags = build_contender(problem, variant.form, target)
     if text is None:
         raise CompileError(f"{variant.form}: no such form for {problem.name}")
     flags = flags + list(extra_flags or [])
+    if output_arg:
+        text = with_output_arg(text)
     vmfb = compile_module(text, target, flags)
     return CompiledOp(problem, target, {"linalg": text}, vmfb, variant.form,
                       get_target(target).iree_flags() + flags, iree_version())  # fmt: skip
 
 
 def cached_build(problem: ConvBwdWeightProblem, target: str, variant: Variant, cache_root: str | None = None,
-                 extra_flags: list[str] | None = None) -> tuple[CompiledOp, bool]:  # fmt: skip
-    """``(op, hit)``: ``variant`` from the cache at ``cache_root`` (default: the user's), compiled on a miss."""
+                 extra_flags: list[str] | None = None, *, output_arg: bool = False, isolate: bool = False,
+                 timeout: float | None = None) -> tuple[CompiledOp, bool]:  # fmt: skip
+    """``(op, hit)``: ``variant`` from the cache at ``cache_root`` (default: the user's), compiled on a miss
+    (in a child process with ``isolate``: an IREE crash is a CompileError here)."""
     kc = KernelCache(cache_root)
-    key = variant_key(problem, target, variant, iree_version(), extra_flags)
-    return kc.get_or_build(key, lambda: compile_variant(problem, target, variant, extra_flags), variant.to_dict())
+    key = variant_key(problem, target, variant, iree_version(), extra_flags, output_arg=output_arg)
+    args = (problem, target, variant, extra_flags, output_arg)
+
+    def build() -> CompiledOp:
+        if not isolate:
+            return compile_variant(*args)
+        from convbw_mlir.isolate import call
+
+        return call(compile_variant, *args, what=f"{problem.name} for {target} ({variant.name})", timeout=timeout)
+
+    return kc.get_or_build(key, build, variant.to_dict())
 
 
 @dataclass

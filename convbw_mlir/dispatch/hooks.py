@@ -14,9 +14,10 @@ from convbw_mlir.problem import ConvBwdWeightProblem
 
 
 def compile_cached(problem: ConvBwdWeightProblem, target: str, extra_flags: list[str] | None, plan: Any,
-                   options: dict[str, Any], cache: Any) -> CompiledOp:  # fmt: skip
+                   options: dict[str, Any], cache: Any, *, output_arg: bool = False, isolate: bool = False,
+                   timeout: float | None = None) -> CompiledOp:  # fmt: skip
     """compile_op's work through the cache: the given plan, the plan of the given options, or select's choice.
-    (compile_op has checked the limits and a given plan.)"""
+    (compile_op has checked the limits and a given plan.) With ``isolate`` only a miss starts a child."""
     selection = None
     if plan is not None:
         variant = Variant("convbw", plan)
@@ -29,6 +30,7 @@ def compile_cached(problem: ConvBwdWeightProblem, target: str, extra_flags: list
         selection = select(problem, target)
         variant = selection.variant
     root = cache.root if isinstance(cache, KernelCache) else cache
-    op, _ = cached_build(problem, target, variant, None if root is None else str(root), extra_flags)
+    op, _ = cached_build(problem, target, variant, None if root is None else str(root), extra_flags,
+                         output_arg=output_arg, isolate=isolate, timeout=timeout)  # fmt: skip
     op.selection = selection
     return op

@@ -143,8 +143,9 @@ def product_version() -> str:
 
 
 def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, iree_version: str,
-                extra_flags: list[str] | None = None) -> str:  # fmt: skip
-    """The cache key: sha256 over problem, target, variant (form, plan, flags), IREE and product version."""
+                extra_flags: list[str] | None = None, output_arg: bool = False) -> str:  # fmt: skip
+    """The cache key: sha256 over problem, target, variant (form, plan, flags), IREE and product version,
+    and the function's ABI where it differs from the default (a caller-owned output argument)."""
     data = {
         "problem": problem.to_dict(),
         "target": target,
@@ -154,6 +155,8 @@ def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, ir
         "iree": iree_version,
         "product": product_version(),
     }
+    if output_arg:  # only then: the keys of existing entries stay as they were
+        data["abi"] = "output-arg"
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
