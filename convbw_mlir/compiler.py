@@ -65,6 +65,7 @@ class CompiledOp:
     iree_version: str = ""
     plan: Plan | None = None
     selection: Any = field(default=None, compare=False)  # convbw_mlir.dispatch.Selection: who chose the variant
+    launch: Any = None  # convbw_mlir.cuda_launch.Launch: CUDA targets' schedule + PTX for the direct launch
     _kernels: dict[Any, runtime.Kernel] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -165,6 +166,9 @@ class CompiledOp:
             meta["plan"] = self.plan.to_dict()
         files = {"kernel.vmfb": bytes(self.vmfb), "op.json": _json_bytes(meta)}
         files |= {f"{stage}.mlir": text.encode() for stage, text in self.stages.items()}
+        if self.launch is not None:  # launch.json + PTX beside the vmfb (docs/torch.md)
+            files |= self.launch.files()
+            meta["launch"] = True
         write_versioned(
             directory,
             files,
@@ -217,7 +221,14 @@ class CompiledOp:
             flags=list(meta["flags"]),
             iree_version=meta.get("iree_version", ""),
             plan=Plan.from_dict(meta["plan"]) if meta.get("plan") else None,
+            launch=_load_launch(folder) if meta.get("launch") else None,
         )
+
+
+def _load_launch(folder: Path) -> Any:
+    from convbw_mlir.cuda_launch import Launch
+
+    return Launch.from_files(lambda name: (folder / name).read_bytes())
 
 
 def _device_index(device: Any) -> int | None:
@@ -324,7 +335,8 @@ def compile_module(
     Args:
         module_text: the module, MLIR text or bytecode.
         target: a target name or :class:`Target`.
-        extra_flags: more IREE compiler flags.
+        extra_flags: more IREE compiler flags; ``--compile-to=PHASE`` (then the result is MLIR bytecode of
+            that phase) and ``--compile-from=PHASE`` as iree-compile takes them.
         source_name: the file name IREE's diagnostics give as location.
 
     Raises:
@@ -335,18 +347,28 @@ def compile_module(
     target = get_target(target) if isinstance(target, str) else target
     session = api.Session()
     flags = target.iree_flags() + list(extra_flags or [])
+    # the phase options are iree-compile's, not the session's: the invocation takes them (embedding_api.h)
+    is_phase = ("--compile-to=", "--compile-from=")
+    phases = {f[2:].split("=")[0]: f.split("=", 1)[1] for f in flags if f.startswith(is_phase)}
+    flags = [f for f in flags if not f.startswith(is_phase)]
     try:
         session.set_flags(*flags)
     except Exception as e:
         raise CompileError(f"flags: {e}") from None
     inv = session.invocation()
+    for phase, value in phases.items():
+        from iree.compiler.api import ctypes_dl
+
+        setter = getattr(ctypes_dl._dylib, f"ireeCompilerInvocationSetCompile{phase[8:].title()}Phase")
+        setter.argtypes, setter.restype = [ctypes.c_void_p, ctypes.c_char_p], None
+        setter(inv._inv_p, value.encode())
     with _iree_diagnostics(inv) as diags:
         data = module_text.encode() if isinstance(module_text, str) else module_text
         source = api.Source.wrap_buffer(session, data, buffer_name=source_name)
         if not inv.parse_source(source) or not inv.execute():
             raise CompileError("\n".join(diags) or f"IREE failed to compile for {target.name}")
         out = api.Output.open_membuffer()
-        inv.output_vm_bytecode(out)
+        inv.output_ir_bytecode(out) if "compile-to" in phases else inv.output_vm_bytecode(out)
         return bytes(out.map_memory())
 
 
@@ -518,7 +540,7 @@ def compile_op(
         stages["linalg"] = str(module)
         bytecode = _bytecode(module)
         plan = _plan_carried_out(module)
-    vmfb = compile_module(bytecode, tgt, extra_flags)
+    vmfb, launch = _compile_vmfb(bytecode, tgt, extra_flags)
     return CompiledOp(
         problem=problem,
         target=target,
@@ -528,7 +550,17 @@ def compile_op(
         flags=tgt.iree_flags() + list(extra_flags or []),
         iree_version=getattr(iree.compiler, "__version__", "") or _iree_version(),
         plan=plan,
+        launch=launch,
     )
+
+
+def _compile_vmfb(bytecode: bytes, tgt: Target, extra_flags: list[str] | None) -> tuple[bytes, Any]:
+    """The vmfb and, for CUDA targets, the direct launch's schedule read at the ``hal`` phase of the same compile."""
+    if tgt.driver == "cuda":
+        from convbw_mlir.cuda_launch import compile_with_launch
+
+        return compile_with_launch(bytecode, tgt, extra_flags)
+    return compile_module(bytecode, tgt, extra_flags), None
 
 
 def _add_output_arg(module: Any) -> None:
