@@ -600,6 +600,8 @@ class CudaLauncher:
         # torch's runtime uses the device's primary context: load the kernels into that one
         _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
         self._ctx = ctx.value
+        self._cur = ctypes.c_void_p()
+        self._lock = threading.Lock()  # the kernels' parameter arrays are shared: one call fills them at a time
         self._bind()
         modules = []
         for i, image in enumerate(launch.ptx):
@@ -644,7 +646,7 @@ class CudaLauncher:
 
     def _bind(self) -> None:
         """Make the primary context current on this thread (torch's threads have it already)."""
-        cur = ctypes.c_void_p()
+        cur = self._cur
         self._lib.cuCtxGetCurrent(ctypes.byref(cur))
         if cur.value != self._ctx:
             _check(self._lib, self._lib.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
@@ -657,7 +659,11 @@ class CudaLauncher:
             CudaError: a launch failed (the message names the kernel).
         """
         lib = self._lib
-        self._bind()
+        with self._lock:
+            self._bind()
+            self._queue(lib, pointers, stream)
+
+    def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int) -> None:
         for step in self._plan:
             if step[0] == "k":
                 _, func, dims, payload, params, binds = step

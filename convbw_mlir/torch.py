@@ -6,9 +6,10 @@
   gradients stay torch's), and :func:`convert_model`, which switches a model's ``Conv{1,2,3}d`` layers to it.
 
 Tensors are passed to IREE through DLPack (no copy) and dW is written straight into a tensor torch
-allocated (the kernel's ``{iree.abi.output = 0}`` argument). IREE's CUDA driver cannot run on torch's
-stream, so a call first waits for torch's current stream and returns when dW is written
-(docs/torch.md). Importable only where torch is installed.
+allocated (the kernel's ``{iree.abi.output = 0}`` argument). On CUDA the kernels are launched straight
+on torch's current stream (:mod:`convbw_mlir.cuda_launch`; ``CONVBW_CUDA_LAUNCH=iree`` forces IREE's
+runtime, which cannot run on torch's stream: a call then waits for torch's stream and returns when dW
+is written). docs/torch.md. Importable only where torch is installed.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 # Contiguous maps to ckProfiler layout 4 (NGCHW/GKCYX/NGKHW), channels-last to layout 2 (NHWGC/GKYXC/NHWGK).
 _FORMATS = {"contiguous": 4, "channels_last": 2}
 ARTIFACTS_ENV = "CONVBW_ARTIFACTS"
+# which path runs a CUDA kernel: "auto" (direct where the kernel has a launch schedule, else IREE's
+# runtime with one warning), "direct" (an error where it cannot), "iree" (always IREE's runtime)
+LAUNCH_ENV = "CONVBW_CUDA_LAUNCH"
 
 
 def _order(fmt: str, ndim: int) -> tuple[int, ...]:
@@ -268,8 +272,66 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
             op = compile_op(problem, target, isolate=True, output_arg=output_arg)
             if folder is not None:
                 op.save(folder)
-        _KERNELS[key] = PreparedCall(op.vmfb, driver, index)
+        _KERNELS[key] = _call_for(op, driver, index)
         return _KERNELS[key]
+
+
+# -- the direct CUDA launch (convbw_mlir/cuda_launch.py) ---------------------------------------------
+def _call_for(op: Any, driver: str, index: int | None) -> Any:
+    """How ``op`` runs: a :class:`_DirectCall` on CUDA where its launch schedule allows, else IREE's runtime.
+
+    Raises:
+        ValueError: ``$CONVBW_CUDA_LAUNCH`` is not ``auto``, ``direct`` or ``iree``.
+        RuntimeError: ``direct`` asked for and the kernel has no supported schedule (says why).
+    """
+    mode = os.environ.get(LAUNCH_ENV, "auto")
+    if mode not in ("auto", "direct", "iree"):
+        raise ValueError(f"{LAUNCH_ENV}: expected auto, direct or iree, got {mode!r}")
+    if driver == "cuda" and mode != "iree":
+        launch = getattr(op, "launch", None)
+        why = "its artifact has no launch schedule (compiled before it existed)" if launch is None else launch.refused
+        if why is None:
+            return _DirectCall(launch, index)
+        if mode == "direct":
+            raise RuntimeError(f"{LAUNCH_ENV}=direct: {op.problem.name} cannot be launched directly: {why}")
+        warnings.warn(
+            f"{op.problem.name}: runs through IREE's runtime, not the direct CUDA launch: {why}", stacklevel=4
+        )
+    return PreparedCall(op.vmfb, driver, index)
+
+
+_WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> transient workspace, grown as needed
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle without a Stream object
+
+
+class _DirectCall:
+    """A kernel's schedule launched on torch's current stream (:class:`convbw_mlir.cuda_launch.CudaLauncher`):
+    no IREE runtime, no host wait; the transient workspace is a torch tensor kept per device and stream."""
+
+    def __init__(self, launch: Any, index: int) -> None:
+        from convbw_mlir.cuda_launch import CudaLauncher
+
+        self.launcher = CudaLauncher(launch, index)
+        self.index, self.transient = index, launch.transient
+
+    def __call__(self, x: torch.Tensor, dy: torch.Tensor, out: torch.Tensor) -> None:
+        """Queue dW of ``x``, ``dy`` into ``out`` (dense in the kernel's order) on torch's current stream.
+
+        Raises:
+            ValueError: a tensor whose data is not 16-byte aligned (the PTX declares ``.align 16``), naming it.
+        """
+        index = self.index
+        stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
+        ws = _WORKSPACE.get((index, stream))
+        if ws is None or ws.numel() < self.transient:
+            # freed memory is reused in stream order on this stream only (torch's caching allocator)
+            ws = _WORKSPACE[(index, stream)] = torch.empty(max(self.transient, 256), dtype=torch.uint8, device=x.device)
+        ptrs = (x.data_ptr(), dy.data_ptr(), out.data_ptr(), ws.data_ptr())
+        if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
+            i = [p & 15 != 0 for p in ptrs].index(True)
+            name = ("input", "grad_output", "output")[i]
+            raise ValueError(f"{name}: data at {ptrs[i]:#x} is not 16-byte aligned (the kernel's pointers are)")
+        self.launcher(ptrs, stream)
 
 
 # -- the entry point -------------------------------------------------------------------------------
@@ -319,6 +381,11 @@ def conv_weight(
         out_dense = _accumulator(accumulate_into, input, weight_size, order, fmt)
     else:
         out_dense = torch.empty([weight_size[i] for i in order], dtype=input.dtype, device=input.device)
+    if type(kernel) is _DirectCall:  # on torch's stream: no imports, no waits
+        kernel(input, grad_output, out_dense)
+        if accumulate_into is not None:
+            return accumulate_into
+        return out_dense.permute([order.index(i) for i in range(len(order))])
     # detach: a view of the same memory (DLPack refuses tensors that require grad)
     x = _host_aligned(input.detach().permute(order))
     dy = _host_aligned(grad_output.detach().permute(order))
