@@ -10,7 +10,11 @@ There (torch + iree-base-runtime, no compiler), with DIR carried over:
 product's tolerance (convbw_mlir.reference.tolerance), with cuDNN's f16 error beside it. ``time`` measures
 per call, for the smallest problems: queued (back to back) and single (call + wait for the result) through
 IREE's Python function invoker (``Kernel``), the prepared call (``PreparedCall``), the whole entry point
-and cuDNN, and the GPU time of the kernels alone (CUPTI through torch.profiler).
+and cuDNN, and the GPU time of the kernels alone (CUPTI through torch.profiler); each problem twice, in
+two processes: the IREE runtime path (``CONVBW_CUDA_LAUNCH=iree``) and the direct launch on torch's stream
+(``direct``: the entry point, the launcher alone, a CUDA graph of the entry point replayed).
+``check`` and ``overread`` run through the path ``CONVBW_CUDA_LAUNCH`` names (``all`` sets ``direct``); a
+process that dies is started again after the problem it died on (recorded as failed).
 """
 
 from __future__ import annotations
@@ -124,9 +128,12 @@ def check(out: Path) -> None:
 
     cases = [(n, p, "channels_last") for n, p in suite_problems()]
     cases += [(n, p.with_(layout=4), "contiguous") for n, p in suite_problems() if n in CONTIGUOUS]
-    with open(out, "w") as f:
+    done = _done(out)
+    with open(out, "a") as f:
         for name, p, fmt in cases:
-            rec = {"name": name, "problem": p.name, "format": fmt}
+            if _started(out, f"{name}/{fmt}", done):
+                continue
+            rec = {"name": name, "problem": p.name, "format": fmt, "key": f"{name}/{fmt}", "path": _path()}
             try:
                 x, wsize, dy = _torch_inputs(p, fmt)
                 kw = _torch_args(p)
@@ -144,6 +151,48 @@ def check(out: Path) -> None:
                 rec.update(ok=False, error_message=f"{type(e).__name__}: {e}"[:500])
             print(json.dumps(rec), flush=True)
             f.write(json.dumps(rec) + "\n")
+
+
+def _path() -> str:
+    return os.environ.get("CONVBW_CUDA_LAUNCH", "auto")
+
+
+def _done(out: Path) -> set[str]:
+    """The keys of the records already in ``out`` (a resumed part skips them)."""
+    if not out.is_file():
+        return set()
+    return {json.loads(x).get("key", json.loads(x)["name"]) for x in out.read_text().splitlines() if x.strip()}
+
+
+def _started(out: Path, key: str, done: set[str]) -> bool:
+    """True where ``key`` is done; else marks it started (the parent names it if this process dies)."""
+    if key in done:
+        return True
+    out.with_suffix(".started").write_text(key)
+    return False
+
+
+def _resumable(cmd: list[str], out: Path, log, env: dict, limit: float) -> str:  # noqa: ANN001
+    """Run a part that appends one record per problem to ``out``; where its process dies, record the problem
+    it was on as failed and start it again after that one (one CUDA fault poisons a process)."""
+    out.unlink(missing_ok=True)
+    out.with_suffix(".started").unlink(missing_ok=True)
+    start, rcs = time.perf_counter(), []
+    while True:
+        left = limit - (time.perf_counter() - start)
+        try:
+            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=max(left, 5)).returncode
+        except subprocess.TimeoutExpired:
+            rcs.append("timeout")
+            return ",".join(map(str, rcs))
+        rcs.append(rc)
+        marker = out.with_suffix(".started")
+        if rc == 0 or not marker.is_file() or marker.read_text() in _done(out) or len(rcs) > 8:
+            return ",".join(map(str, rcs))
+        key = marker.read_text()
+        died = {"name": key.split("/")[0], "key": key, "ok": False, "error_message": f"process died: rc={rc}"}
+        with open(out, "a") as f:
+            f.write(json.dumps(died) + "\n")
 
 
 def _sync() -> None:
@@ -272,49 +321,171 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
     return rec
 
 
+def _time_direct(p) -> dict:  # noqa: ANN001
+    """Per-call time through the direct CUDA launch on torch's stream: the entry point, the launcher alone on
+    prepared tensors, and a CUDA graph of one entry-point call replayed; cuDNN in the same process."""
+    import torch
+
+    from convbw_mlir.torch import _DirectCall, _kernel_for, conv_weight, problem_for
+
+    rec = {}
+    x, wsize, dy = _torch_inputs(p, "channels_last")
+    kw = _torch_args(p)
+    w = torch.empty(wsize, device=DEVICE, dtype=x.dtype)
+    rank = p.rank
+
+    def cudnn():  # noqa: ANN202
+        return torch.ops.aten.convolution_backward(
+            dy, x, w, None, kw["stride"], kw["padding"], kw["dilation"], False, [0] * rank, p.groups,
+            [False, True, False],
+        )  # fmt: skip
+
+    def entry():  # noqa: ANN202
+        return conv_weight(x, wsize, dy, **kw)
+
+    got = entry()
+    want = getattr(torch.nn.grad, f"conv{rank}d_weight")(x.double(), wsize, dy.double(), **kw)
+    rec["error"] = _error(p, got, want)
+    rec["cudnn"] = _timed(cudnn, _sync) | _kernel_us(cudnn)
+    rec["entry"] = _timed(entry, _sync) | _kernel_us(entry)
+    prob, _ = problem_for(x, wsize, dy, **kw)
+    kernel = _kernel_for(prob, x.device)
+    rec["kernel_type"] = type(kernel).__name__
+    if not isinstance(kernel, _DirectCall):
+        return rec
+    perm = (0, *range(2, x.dim()), 1)
+    out_t = torch.empty([wsize[i] for i in perm], device=DEVICE, dtype=x.dtype)
+
+    def launcher():  # noqa: ANN202 - the schedule alone: no problem lookup, no output allocation
+        kernel(x, dy, out_t)
+
+    rec["launcher"] = _timed(launcher, _sync) | _kernel_us(launcher)
+    side = torch.cuda.Stream()  # capture needs a warmed-up side stream (torch.cuda.graphs docs)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            entry()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got_graph = entry()
+    graph.replay()
+    _sync()
+    rec["graph_error"] = _error(p, got_graph, want)
+    rec["graph_equals_eager"] = bool(torch.equal(got_graph, got))
+    rec["graph"] = _timed(graph.replay, _sync) | _kernel_us(graph.replay)
+    return rec
+
+
 def time_all(root: Path, out: Path) -> None:
-    """Per-call time of the smallest problems, each contender; one JSON line per problem."""
+    """Per-call time of the smallest problems; each problem in two processes, the IREE runtime path and the
+    direct launch (``CONVBW_CUDA_LAUNCH``); one JSON line per problem."""
+    me = str(Path(__file__).resolve())
     timed = sorted(suite_problems(), key=lambda np_: np_[1].flops)[:TIMED]
     with open(out, "w") as f:
         for name, p in timed:
             rec = {"name": name, "problem": p.name, "gflop": p.flops / 1e9}
-            try:
-                rec |= _time_one(root, p)
-            except Exception as e:
-                rec["error_message"] = f"{type(e).__name__}: {e}"[:500]
+            for path in ("iree", "direct"):
+                env = dict(os.environ, CONVBW_CUDA_LAUNCH=path)
+                cmd = [sys.executable, me, "time1", str(root), "--names", name, "--device", DEVICE]
+                try:
+                    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+                    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+                    failed = {"error_message": f"rc={r.returncode}: {r.stderr[-600:]}"}
+                    rec[path] = json.loads(lines[-1]) if r.returncode == 0 and lines else failed
+                except subprocess.TimeoutExpired:
+                    rec[path] = {"error_message": "timeout"}
             print(json.dumps(rec), flush=True)
             f.write(json.dumps(rec) + "\n")
 
 
+def time_one(root: Path, name: str) -> None:
+    """One problem's timings through the path ``CONVBW_CUDA_LAUNCH`` names, as a JSON line on stdout."""
+    (p,) = [p for n, p in suite_problems() if n == name]
+    if _path() == "direct":
+        rec = _time_direct(p)
+    else:
+        rec = _time_one(root, p)
+    print(json.dumps(rec), flush=True)
+
+
+def smoke(out: Path) -> None:
+    """The direct launch on the two smallest problems before anything else: correct dW, inputs written on the
+    same stream just before the call (no host wait between), what driver bindings this python has."""
+    import importlib.util
+
+    import torch
+
+    from convbw_mlir.reference import tolerance
+    from convbw_mlir.torch import _kernel_for, conv_weight, problem_for
+
+    rec = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "cpu",
+        "cuda_bindings": importlib.util.find_spec("cuda") is not None
+        and importlib.util.find_spec("cuda.bindings") is not None,
+        "path": _path(),
+        "problems": [],
+    }
+    for name, p in sorted(suite_problems(), key=lambda np_: np_[1].flops)[:2]:
+        x, wsize, dy = _torch_inputs(p, "channels_last")
+        kw = _torch_args(p)
+        want = getattr(torch.nn.grad, f"conv{p.rank}d_weight")(x.double(), wsize, dy.double(), **kw)
+        got = conv_weight(x, wsize, dy, **kw)
+        _sync()
+        x2 = torch.zeros_like(x)
+        x2.copy_(x * 1.0)  # queued on torch's stream; the call must run after it without a host wait
+        got2 = conv_weight(x2, wsize, dy, **kw)
+        _sync()
+        kernel = type(_kernel_for(problem_for(x, wsize, dy, **kw)[0], x.device)).__name__
+        rec["problems"].append({"name": name, "kernel": kernel, "error": _error(p, got, want),
+                                "error_stream": _error(p, got2, want), "tolerance": tolerance(p)[0]})  # fmt: skip
+    rec["ok"] = all(r["error"] <= r["tolerance"] and r["error_stream"] <= r["tolerance"] for r in rec["problems"])
+    print(json.dumps(rec), flush=True)
+    out.write_text(json.dumps(rec) + "\n")
+    if not rec["ok"]:
+        sys.exit(1)
+
+
 def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
-    """check, time and both training loops, each in its own process (a CUDA fault poisons a process)."""
+    """smoke, time, check, overread and both training loops, each in its own process (a CUDA fault poisons a
+    process); check, overread and training through the direct launch (``CONVBW_CUDA_LAUNCH=direct``)."""
     outdir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, CONVBW_ARTIFACTS=str(root.resolve()))
+    env = dict(os.environ, CONVBW_ARTIFACTS=str(root.resolve()), CONVBW_CUDA_LAUNCH="direct")
     me = str(Path(__file__).resolve())
     start = time.perf_counter()
     extra = ["--device", DEVICE] + (["--limit", str(LIMIT)] if LIMIT else [])
     train = TRAIN if DEVICE.startswith("cuda") else {m: dict(batch=2, size=8) for m in TRAIN}  # noqa: C408
     parts = [
-        ("check", [sys.executable, me, "check", str(root), "--out", str(outdir / "check.jsonl"), *extra], 0.30),
+        ("smoke", [sys.executable, me, "smoke", str(root), "--out", str(outdir / "smoke.json"), *extra], 0.05),
+        ("time", [sys.executable, me, "time", str(root), "--out", str(outdir / "time.jsonl"), *extra], 0.35),
+        ("check", [sys.executable, me, "check", str(root), "--out", str(outdir / "check.jsonl"), *extra], 0.20),
+        ("overread", [sys.executable, me, "overread", str(root), "--out", str(outdir / "overread.jsonl"), *extra],
+         0.20),
         *(
             (f"train_{m}", [sys.executable, str(HERE.parent / "examples" / "torch_training.py"), "--model", m,
                             "--steps", str(steps), "--batch", str(kw["batch"]), "--size", str(kw["size"]),
-                            "--device", DEVICE, "--out", str(outdir / f"train_{m}.json")], 0.25)
+                            "--device", DEVICE, "--out", str(outdir / f"train_{m}.json")], 0.10)
             for m, kw in train.items()
         ),
-        ("time", [sys.executable, me, "time", str(root), "--out", str(outdir / "time.jsonl"), *extra], 0.20),
     ]  # fmt: skip
     for name, cmd, share in parts:
         left = budget - (time.perf_counter() - start)
         limit = max(10.0, min(left, share * budget + 20))
         t0 = time.perf_counter()
         with open(outdir / f"{name}.log", "w") as log:
-            try:
-                rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
+            if name in ("check", "overread"):
+                rc = _resumable(cmd, outdir / f"{name}.jsonl", log, env, limit)
+            else:
+                try:
+                    rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
         print(f"{name}: rc={rc} in {time.perf_counter() - t0:.1f} s (limit {limit:.0f} s)", flush=True)
         print((outdir / f"{name}.log").read_text()[-1500:], flush=True)
+        if name == "smoke" and rc != 0:
+            print("smoke failed: the direct launch is broken, nothing else is run", flush=True)
+            return
 
 
 def diag(root: Path, names: list[str], out_path: Path) -> None:
@@ -376,9 +547,12 @@ def overread(out_path: Path) -> None:
     from convbw_mlir.torch import conv_weight
 
     slack = 1 << 20
-    with open(out_path, "w") as f:
+    done = _done(out_path)
+    with open(out_path, "a") as f:
         for name, p in suite_problems():
-            rec = {"name": name}
+            if _started(out_path, name, done):
+                continue
+            rec = {"name": name, "key": name, "path": _path()}
             try:
                 x0, wsize, dy0 = _torch_inputs(p, "channels_last")
                 kw = _torch_args(p)
@@ -473,8 +647,8 @@ def report(results: Path, stem: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["compile", "check", "time", "all", "report", "diag", "overread"])
-    ap.add_argument("--names", default="", help="diag: comma-separated suite names")
+    ap.add_argument("what", choices=["compile", "check", "time", "time1", "smoke", "all", "report", "diag", "overread"])
+    ap.add_argument("--names", default="", help="diag: comma-separated suite names; time1: one name")
     ap.add_argument("root", type=Path, help="the artifacts folder (CONVBW_ARTIFACTS); for report: the results")
     ap.add_argument("--target", default="sm_80")
     ap.add_argument("--out", type=Path)
@@ -498,6 +672,10 @@ def main() -> None:
         report(a.root, a.out)
     elif a.what == "time":
         time_all(a.root, a.out)
+    elif a.what == "time1":
+        time_one(a.root, a.names)
+    elif a.what == "smoke":
+        smoke(a.out)
     else:
         run_all(a.root, a.out, a.steps, a.budget)
 
