@@ -597,25 +597,37 @@ def report(results: Path, stem: Path) -> None:
         bad = [r["name"] for r in over if not r.get("ok")]
         lines += ["", f"## Inputs between NaNs (overread): {len(over) - len(bad)} of {len(over)} kernels stay inside",
                   "", "Reading past the end of x or dy: " + (", ".join(bad) or "none")]  # fmt: skip
+    if (results / "smoke.json").is_file():
+        sm = json.loads((results / "smoke.json").read_text())
+        head = f"Smoke (path {sm['path']}, torch {sm['torch']}, cuda.bindings importable: {sm['cuda_bindings']}): "
+        lines += ["", head + ", ".join(f"{r['name']} {r['kernel']} error {r['error']:.2e} / after a same-stream "
+                                       f"write {r['error_stream']:.2e}" for r in sm["problems"])]  # fmt: skip
     if (results / "time.jsonl").is_file():
         lines += ["", "## µs per call: queued (back to back) / single (call + wait) / GPU kernels alone (CUPTI)", "",
-                  "| problem | GFLOP | cuDNN | invoker | invoker + to_host | prepared | async fences | entry point |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "Each problem in two processes: IREE's runtime (`CONVBW_CUDA_LAUNCH=iree`) and the direct launch "
+                  "(`direct`); cuDNN measured in both (the direct process's shown).", "",
+                  "| problem | GFLOP | cuDNN | IREE: entry point | IREE: prepared call | direct: entry point | "
+                  "direct: launcher alone | direct: CUDA graph replay | single direct / cuDNN |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+        def cell(c: dict) -> str:
+            if not c:
+                return "-"
+            return f"{c['queued_us']:.1f} / {c['single_us']:.1f} / {c.get('kernel_us', float('nan')):.1f}"
+
         for x in (results / "time.jsonl").read_text().splitlines():
             r = json.loads(x)
-            if "error_message" in r:
-                lines.append(f"| {r['name']} | {r['gflop']:.2f} | {r['error_message'][:100]} | | | | |")
+            iree, direct = r.get("iree", {}), r.get("direct", {})
+            if "error_message" in iree or "error_message" in direct:
+                msg = (iree.get("error_message") or direct.get("error_message"))[:100]
+                lines.append(f"| {r['name']} | {r['gflop']:.2f} | {msg} | | | | | | |")
                 continue
-
-            def cell(c: dict) -> str:
-                if not c:
-                    return "-"
-                return f"{c['queued_us']:.1f} / {c['single_us']:.1f} / {c.get('kernel_us', float('nan')):.1f}"
-
-            to_host = r["invoker"]["single_to_host_us"]
-            lines.append(f"| {r['name']} | {r['gflop']:.2f} | {cell(r['cudnn'])} | {cell(r['invoker'])} | "
-                         f"{to_host:.1f} | {cell(r['prepared'])} | {cell(r.get('async', {}))} | "
-                         f"{cell(r['entry'])} |")  # fmt: skip
+            cudnn = direct.get("cudnn", iree.get("cudnn", {}))
+            ratio = direct["entry"]["single_us"] / cudnn["single_us"] if cudnn else float("nan")
+            lines.append(f"| {r['name']} | {r['gflop']:.2f} | {cell(cudnn)} | {cell(iree.get('entry', {}))} | "
+                         f"{cell(iree.get('prepared', {}))} | {cell(direct.get('entry', {}))} | "
+                         f"{cell(direct.get('launcher', {}))} | {cell(direct.get('graph', {}))} | "
+                         f"{ratio:.2f} |")  # fmt: skip
     curves = {m: json.loads((results / f"train_{m}.json").read_text()) for m in TRAIN
               if (results / f"train_{m}.json").is_file()}  # fmt: skip
     if curves:
