@@ -15,6 +15,7 @@ is written). docs/torch.md. Importable only where torch is installed.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 import types
@@ -215,7 +216,15 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
             problem = problem.with_(epilogue=Epilogue("accumulate"))
         shapes = [list(problem.x_shape), list(problem.dy_shape), list(problem.dw_shape)]
         kernel = _kernel_for(problem, input.device)
-        found = (problem, fmt, *shapes, _order(fmt, input.dim()), kernel)
+        order = _order(fmt, input.dim())
+        # dW's size and strides in the input's format: one empty_strided per call, no permutes
+        dense = [int(weight_size[i]) for i in order]
+        dense_strides = [math.prod(dense[j + 1 :]) for j in range(len(dense))]
+        out_layout = (
+            tuple(int(s) for s in weight_size),
+            tuple(dense_strides[order.index(i)] for i in range(len(order))),
+        )
+        found = (problem, fmt, *shapes, order, kernel, out_layout)
         if len(_PROBLEMS) > 4096:  # a bound for programs that see endless shapes
             _PROBLEMS.clear()
         _PROBLEMS[key] = found
@@ -372,20 +381,22 @@ def conv_weight(
         TypeError / ValueError: naming the argument (dtype, device, shape, memory format).
         RuntimeError: no kernel for the problem (see :func:`artifact_dir`).
     """
-    problem, fmt, x_shape, dy_shape, dw_shape, order, kernel = _problem_memo(
+    problem, fmt, x_shape, dy_shape, dw_shape, order, kernel, out_layout = _problem_memo(
         input, weight_size, grad_output, stride, padding, dilation, groups, accumulate_into is not None
     )
-    weight_size = tuple(int(s) for s in weight_size)
+    if type(kernel) is _DirectCall:  # on torch's stream: no imports, no waits
+        if accumulate_into is not None:
+            kernel(input, grad_output, _accumulator(accumulate_into, input, out_layout[0], order, fmt))
+            return accumulate_into
+        out = torch.empty_strided(*out_layout, dtype=input.dtype, device=input.device)
+        kernel(input, grad_output, out)
+        return out
+    weight_size = out_layout[0]
     # dW in the input's format: (K, C, *f) for layout 4 (GKCYX), (K, *f, C) for layout 2 (GKYXC)
     if accumulate_into is not None:
         out_dense = _accumulator(accumulate_into, input, weight_size, order, fmt)
     else:
         out_dense = torch.empty([weight_size[i] for i in order], dtype=input.dtype, device=input.device)
-    if type(kernel) is _DirectCall:  # on torch's stream: no imports, no waits
-        kernel(input, grad_output, out_dense)
-        if accumulate_into is not None:
-            return accumulate_into
-        return out_dense.permute([order.index(i) for i in range(len(order))])
     # detach: a view of the same memory (DLPack refuses tensors that require grad)
     x = _host_aligned(input.detach().permute(order))
     dy = _host_aligned(grad_output.detach().permute(order))

@@ -41,3 +41,39 @@ def test_cpu_kernels_run_through_iree_whatever_the_mode(monkeypatch: pytest.Monk
     monkeypatch.setenv(ct.LAUNCH_ENV, "direct")  # the direct launch is CUDA's; the CPU has IREE's runtime only
     op = compile_op(P, "host", output_arg=True)
     assert type(ct._call_for(op, "local-task", None)) is PreparedCall
+
+
+@pytest.mark.parametrize("fmt", ["contiguous", "channels_last"])
+def test_direct_branch_hands_the_kernel_the_callers_tensors_and_returns_its_output(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry point's direct branch on the CPU, its kernel replaced by torch's dW written into the output
+    it is handed: the output has the weight's shape in the input's memory format, and is what comes back."""
+    g = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(2, 8, 7, 7, generator=g), torch.randn(2, 16, 7, 7, generator=g)
+    if fmt == "channels_last":
+        x, dy = (t.contiguous(memory_format=torch.channels_last) for t in (x, dy))
+    want = torch.nn.grad.conv2d_weight(x, (16, 4, 3, 3), dy, padding=1, groups=2)
+    handed = []
+
+    def kernel(self, xi, dyi, out):  # noqa: ANN001, ANN202 - stands in for the CUDA launch
+        handed.append((xi.data_ptr(), dyi.data_ptr(), out))
+        if tuple(out.shape) == (16, 4, 3, 3):  # the accumulate case is checked by what it is handed
+            out.copy_(torch.nn.grad.conv2d_weight(xi, (16, 4, 3, 3), dyi, padding=1, groups=2))
+
+    monkeypatch.setattr(ct._DirectCall, "__call__", kernel)
+    monkeypatch.setattr(ct, "_kernel_for", lambda problem, device: object.__new__(ct._DirectCall))
+    monkeypatch.setattr(ct, "_PROBLEMS", {})
+    got = ct.conv2d_weight(x, (16, 4, 3, 3), dy, padding=1, groups=2)
+    ((xp, dyp, out),) = handed
+    assert (xp, dyp) == (x.data_ptr(), dy.data_ptr()) and got is out
+    assert got.is_contiguous(memory_format=_memory_format(fmt))
+    torch.testing.assert_close(got, want)
+    acc = torch.ones_like(want).contiguous(memory_format=_memory_format(fmt))
+    assert ct.conv2d_weight(x, (16, 4, 3, 3), dy, padding=1, groups=2, accumulate_into=acc) is acc
+    dense = handed[-1][2]  # acc itself, seen in the kernel's dense order: written in place
+    assert dense.data_ptr() == acc.data_ptr() and dense.is_contiguous()
+
+
+def _memory_format(fmt: str) -> torch.memory_format:
+    return torch.channels_last if fmt == "channels_last" else torch.contiguous_format
