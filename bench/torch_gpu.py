@@ -35,6 +35,7 @@ TRAIN = {"resnext": dict(batch=32, size=56), "mobilenet": dict(batch=32, size=56
 
 
 LIMIT: int | None = None  # --limit: the first problems of the suites only (a dry run on the CPU)
+FULL = False  # --full: time's IREE process also times cuDNN, IREE's invoker, the async module, CUPTI
 DEVICE = "cuda"
 
 
@@ -203,7 +204,9 @@ def _sync() -> None:
 
 
 def _timed(fn, sync, n: int = 200) -> dict:  # noqa: ANN001
-    """Median µs per call queued (``n`` back to back, one wait) and single (call + wait), 5 rounds each."""
+    """Median µs per call queued (``n`` back to back, one wait) and single (call + wait), 5 rounds each
+    (on the CPU, a dry run: 2 calls and 3 singles)."""
+    n, singles = (n, 50) if DEVICE.startswith("cuda") else (2, 3)
     for _ in range(3):
         fn()
     sync()
@@ -214,7 +217,7 @@ def _timed(fn, sync, n: int = 200) -> dict:  # noqa: ANN001
             fn()
         sync()
         queued.append((time.perf_counter() - t0) / n)
-    for _ in range(50):
+    for _ in range(singles):
         t0 = time.perf_counter()
         fn()
         sync()
@@ -244,7 +247,9 @@ def _kernel_us(fn, calls: int = 20) -> dict:  # noqa: ANN001
 
 
 def _time_one(root: Path, p) -> dict:  # noqa: ANN001
-    """Every contender's per-call time on problem ``p`` (channels-last f16 tensors)."""
+    """The IREE runtime path's per-call time on problem ``p`` (channels-last f16 tensors): the prepared call and
+    the entry point; with ``--full`` also cuDNN, IREE's Python invoker, the async-fences module and CUPTI kernel
+    times (the kernels are the direct path's: the same PTX)."""
     import iree.runtime as rt
     import torch
 
@@ -264,24 +269,27 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
             [False, True, False],
         )  # fmt: skip
 
-    rec["cudnn"] = _timed(cudnn, sync) | _kernel_us(cudnn)
+    prof = _kernel_us if FULL else (lambda fn: {})
+    if FULL:
+        rec["cudnn"] = _timed(cudnn, sync) | _kernel_us(cudnn)
     target, _, index = target_for(x.device)
-    plain = CompiledOp.load(root / f"plain-{target}" / p.name).kernel(index)
     perm = (0, *range(2, x.dim()), 1)
-    xd, dyd = (plain.device.from_dlpack_capsule(t.permute(perm).__dlpack__()) for t in (x, dy))
-    xd = rt.HalBufferView(xd.get_buffer(), list(p.x_shape), rt.HalElementType.FLOAT_16)
-    dyd = rt.HalBufferView(dyd.get_buffer(), list(p.dy_shape), rt.HalElementType.FLOAT_16)
+    if FULL:
+        plain = CompiledOp.load(root / f"plain-{target}" / p.name).kernel(index)
+        xd, dyd = (plain.device.from_dlpack_capsule(t.permute(perm).__dlpack__()) for t in (x, dy))
+        xd = rt.HalBufferView(xd.get_buffer(), list(p.x_shape), rt.HalElementType.FLOAT_16)
+        dyd = rt.HalBufferView(dyd.get_buffer(), list(p.dy_shape), rt.HalElementType.FLOAT_16)
 
-    def invoker():  # noqa: ANN202 - IREE's Python function invoker; returns when done (the sync model)
-        return plain._fn(xd, dyd)
+        def invoker():  # noqa: ANN202 - IREE's Python function invoker; returns when done (the sync model)
+            return plain._fn(xd, dyd)
 
-    rec["invoker"] = _timed(invoker, sync) | _kernel_us(invoker)
-    t_rb = []  # single call with read-back as the benchmark did it: the result copied to the host
-    for _ in range(30):
-        t0 = time.perf_counter()
-        plain._fn(xd, dyd).to_host()
-        t_rb.append(time.perf_counter() - t0)
-    rec["invoker"]["single_to_host_us"] = 1e6 * statistics.median(t_rb)
+        rec["invoker"] = _timed(invoker, sync) | _kernel_us(invoker)
+        t_rb = []  # single call with read-back as the benchmark did it: the result copied to the host
+        for _ in range(30):
+            t0 = time.perf_counter()
+            plain._fn(xd, dyd).to_host()
+            t_rb.append(time.perf_counter() - t0)
+        rec["invoker"]["single_to_host_us"] = 1e6 * statistics.median(t_rb)
     prob, _ = problem_for(x, wsize, dy, **kw)
     kernel = _kernel_for(prob, x.device)
     out_t = torch.empty([wsize[i] for i in perm], device=DEVICE, dtype=x.dtype).permute(
@@ -299,25 +307,26 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
     def entry():  # noqa: ANN202
         return conv_weight(x, wsize, dy, **kw)
 
-    rec["prepared"] = _timed(prepared, sync) | _kernel_us(prepared)
-    from convbw_mlir.runtime import PreparedCall
+    rec["prepared"] = _timed(prepared, sync) | prof(prepared)
+    if FULL:
+        from convbw_mlir.runtime import PreparedCall
 
-    akernel = PreparedCall(CompiledOp.load(root / f"async-{target}" / p.name).vmfb, kernel.driver, index)
-    aargs = akernel.prepare(
-        akernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
-        akernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
-        akernel.import_dlpack(out_t.permute(perm), prob.dw_shape, prob.dw_dtype),
-    )
+        akernel = PreparedCall(CompiledOp.load(root / f"async-{target}" / p.name).vmfb, kernel.driver, index)
+        aargs = akernel.prepare(
+            akernel.import_dlpack(x.permute(perm), prob.x_shape, prob.dtype),
+            akernel.import_dlpack(dy.permute(perm), prob.dy_shape, prob.dtype),
+            akernel.import_dlpack(out_t.permute(perm), prob.dw_shape, prob.dw_dtype),
+        )
 
-    def queued_async():  # noqa: ANN202 - returns once queued; the timing's sync waits for all
-        akernel.invoke(aargs, wait=False)
+        def queued_async():  # noqa: ANN202 - returns once queued; the timing's sync waits for all
+            akernel.invoke(aargs, wait=False)
 
-    def sync_async() -> None:
-        akernel.wait()
-        sync()
+        def sync_async() -> None:
+            akernel.wait()
+            sync()
 
-    rec["async"] = _timed(queued_async, sync_async) | _kernel_us(queued_async)
-    rec["entry"] = _timed(entry, sync) | _kernel_us(entry)
+        rec["async"] = _timed(queued_async, sync_async) | _kernel_us(queued_async)
+    rec["entry"] = _timed(entry, sync) | prof(entry)
     return rec
 
 
@@ -359,7 +368,12 @@ def _time_direct(p) -> dict:  # noqa: ANN001
     def launcher():  # noqa: ANN202 - the schedule alone: no problem lookup, no output allocation
         kernel(x, dy, out_t)
 
-    rec["launcher"] = _timed(launcher, _sync) | _kernel_us(launcher)
+    rec["launcher"] = _timed(launcher, _sync)  # the same kernels as the entry point's: no second CUPTI run
+    try:  # the same launches through NVIDIA's cuda-bindings instead of ctypes: which binding costs less a call
+        rec["launcher_cuda_bindings"] = _timed(_cuda_bindings_launcher(kernel, x, dy, out_t), _sync)
+    except Exception as e:
+        rec["launcher_cuda_bindings"] = {"error_message": f"{type(e).__name__}: {e}"[:300]}
+    rec["host_us"] = _host_parts(x, wsize, dy, kw, out_t)
     side = torch.cuda.Stream()  # capture needs a warmed-up side stream (torch.cuda.graphs docs)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -373,40 +387,101 @@ def _time_direct(p) -> dict:  # noqa: ANN001
     _sync()
     rec["graph_error"] = _error(p, got_graph, want)
     rec["graph_equals_eager"] = bool(torch.equal(got_graph, got))
-    rec["graph"] = _timed(graph.replay, _sync) | _kernel_us(graph.replay)
+    rec["graph"] = _timed(graph.replay, _sync)
     return rec
 
 
+def _cuda_bindings_launcher(kernel, x, dy, out_t):  # noqa: ANN001, ANN202
+    """``kernel``'s launches (a ``_DirectCall``) as cuda-bindings' ``driver.cuLaunchKernel`` calls, with the
+    launcher's own function handles and parameter arrays."""
+    import torch
+    from cuda.bindings import driver
+
+    from convbw_mlir import torch as ct
+
+    launcher = kernel.launcher
+    assert all(step[0] == "k" for step in launcher._plan), "transfers: not timed here"
+    funcs = [driver.CUfunction(step[1]) for step in launcher._plan]
+    ws = ct._WORKSPACE[(kernel.index, ct._raw_stream(kernel.index))]
+
+    def launch() -> None:
+        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
+        ptrs = (x.data_ptr(), dy.data_ptr(), out_t.data_ptr(), ws.data_ptr())
+        for func, (_, _, dims, payload, params, binds) in zip(funcs, launcher._plan, strict=True):
+            for i, (which, off) in enumerate(binds):
+                payload[i] = ptrs[which] + off
+            (err,) = driver.cuLaunchKernel(func, *dims, stream, params, 0)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuLaunchKernel: {err}")
+
+    launch()
+    _sync()
+    return launch
+
+
+def _host_parts(x, wsize, dy, kw: dict, out_t) -> dict:  # noqa: ANN001
+    """Host µs of the direct entry point's steps (medians of 2,000 calls each, no GPU wait)."""
+    import torch
+
+    from convbw_mlir import torch as ct
+
+    memo = ct._problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], False)
+    kernel, layout = memo[6], memo[7]
+    parts = {
+        "problem_memo": lambda: ct._problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"],
+                                                 kw["groups"], False),
+        "empty_strided": lambda: torch.empty_strided(*layout, dtype=x.dtype, device=x.device),
+        "current_stream": lambda: ct._raw_stream(x.device.index),
+        "launcher": lambda: kernel(x, dy, out_t),
+    }  # fmt: skip
+    out = {}
+    for name, fn in parts.items():
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        out[name] = 1e6 * (time.perf_counter() - t0) / 2000
+        _sync()
+    return out
+
+
 def time_all(root: Path, out: Path) -> None:
-    """Per-call time of the smallest problems; each problem in two processes, the IREE runtime path and the
-    direct launch (``CONVBW_CUDA_LAUNCH``); one JSON line per problem."""
+    """Per-call time of the smallest problems through each path, each path in its own process
+    (``CONVBW_CUDA_LAUNCH``: the direct launch, then IREE's runtime); one JSON line per problem in ``out``."""
     me = str(Path(__file__).resolve())
     timed = sorted(suite_problems(), key=lambda np_: np_[1].flops)[:TIMED]
-    with open(out, "w") as f:
-        for name, p in timed:
-            rec = {"name": name, "problem": p.name, "gflop": p.flops / 1e9}
-            for path in ("iree", "direct"):
-                env = dict(os.environ, CONVBW_CUDA_LAUNCH=path)
-                cmd = [sys.executable, me, "time1", str(root), "--names", name, "--device", DEVICE]
-                try:
-                    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-                    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
-                    failed = {"error_message": f"rc={r.returncode}: {r.stderr[-600:]}"}
-                    rec[path] = json.loads(lines[-1]) if r.returncode == 0 and lines else failed
-                except subprocess.TimeoutExpired:
-                    rec[path] = {"error_message": "timeout"}
-            print(json.dumps(rec), flush=True)
-            f.write(json.dumps(rec) + "\n")
+    recs = {n: {"name": n, "problem": p.name, "gflop": p.flops / 1e9} for n, p in timed}
+    for path in ("direct", "iree"):
+        part = out.with_suffix(f".{path}.jsonl")
+        part.unlink(missing_ok=True)
+        env = dict(os.environ, CONVBW_CUDA_LAUNCH=path)
+        cmd = [sys.executable, me, "time1", str(root), "--names", ",".join(recs), "--out", str(part),
+               "--device", DEVICE, *(["--full"] if FULL else [])]  # fmt: skip
+        try:
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
+            why = f"process rc={r.returncode}: {r.stderr[-600:]}"
+        except subprocess.TimeoutExpired:
+            why = "timeout"
+        done = [json.loads(x) for x in part.read_text().splitlines()] if part.is_file() else []
+        for d in done:
+            recs[d.pop("name")][path] = d
+        for rec in recs.values():
+            rec.setdefault(path, {"error_message": why})
+        out.write_text("".join(json.dumps(rec) + "\n" for rec in recs.values()))  # whatever a timeout leaves
+        print(f"{path}: {len(done)} of {len(recs)} problems; {why if len(done) < len(recs) else ''}", flush=True)
 
 
-def time_one(root: Path, name: str) -> None:
-    """One problem's timings through the path ``CONVBW_CUDA_LAUNCH`` names, as a JSON line on stdout."""
-    (p,) = [p for n, p in suite_problems() if n == name]
-    if _path() == "direct":
-        rec = _time_direct(p)
-    else:
-        rec = _time_one(root, p)
-    print(json.dumps(rec), flush=True)
+def time_one(root: Path, names: list[str], out: Path) -> None:
+    """The named problems' timings through the path ``CONVBW_CUDA_LAUNCH`` names, a JSON line each in ``out``."""
+    problems = dict(suite_problems())
+    for name in names:
+        try:
+            rec = _time_direct(problems[name]) if _path() == "direct" else _time_one(root, problems[name])
+        except Exception as e:  # one problem's failure is recorded, the rest still run
+            rec = {"error_message": f"{type(e).__name__}: {e}"[:500]}
+        print(json.dumps({"name": name} | rec), flush=True)
+        with open(out, "a") as f:
+            f.write(json.dumps({"name": name} | rec) + "\n")
 
 
 def smoke(out: Path) -> None:
@@ -447,7 +522,7 @@ def smoke(out: Path) -> None:
         sys.exit(1)
 
 
-def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
+def run_all(root: Path, outdir: Path, steps: int, budget: float, only: list[str]) -> None:
     """smoke, time, check, overread and both training loops, each in its own process (a CUDA fault poisons a
     process); check, overread and training through the direct launch (``CONVBW_CUDA_LAUNCH=direct``)."""
     outdir.mkdir(parents=True, exist_ok=True)
@@ -470,6 +545,8 @@ def run_all(root: Path, outdir: Path, steps: int, budget: float) -> None:
         ),
     ]  # fmt: skip
     for name, cmd, share in parts:
+        if name.split("_")[0] not in only:
+            continue
         left = budget - (time.perf_counter() - start)
         limit = max(10.0, min(left, share * budget + 20))
         t0 = time.perf_counter()
@@ -604,30 +681,40 @@ def report(results: Path, stem: Path) -> None:
                                        f"write {r['error_stream']:.2e}" for r in sm["problems"])]  # fmt: skip
     if (results / "time.jsonl").is_file():
         lines += ["", "## µs per call: queued (back to back) / single (call + wait) / GPU kernels alone (CUPTI)", "",
-                  "Each problem in two processes: IREE's runtime (`CONVBW_CUDA_LAUNCH=iree`) and the direct launch "
-                  "(`direct`); cuDNN measured in both (the direct process's shown).", "",
+                  "Each path in its own process: IREE's runtime (`CONVBW_CUDA_LAUNCH=iree`) and the direct launch "
+                  "(`direct`, with cuDNN); CUPTI kernel times for cuDNN and the direct entry point (the other columns "
+                  "launch the same PTX kernels: `-`).", "",
                   "| problem | GFLOP | cuDNN | IREE: entry point | IREE: prepared call | direct: entry point | "
-                  "direct: launcher alone | direct: CUDA graph replay | single direct / cuDNN |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "direct: launcher alone | same, cuda-bindings | direct: CUDA graph replay | single direct / cuDNN |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        host = []
 
         def cell(c: dict) -> str:
-            if not c:
-                return "-"
-            return f"{c['queued_us']:.1f} / {c['single_us']:.1f} / {c.get('kernel_us', float('nan')):.1f}"
+            if not c or "queued_us" not in c:
+                return c.get("error_message", "-")[:60] if c else "-"
+            kernel = f"{c['kernel_us']:.1f}" if "kernel_us" in c else "-"
+            return f"{c['queued_us']:.1f} / {c['single_us']:.1f} / {kernel}"
 
         for x in (results / "time.jsonl").read_text().splitlines():
             r = json.loads(x)
             iree, direct = r.get("iree", {}), r.get("direct", {})
             if "error_message" in iree or "error_message" in direct:
                 msg = (iree.get("error_message") or direct.get("error_message"))[:100]
-                lines.append(f"| {r['name']} | {r['gflop']:.2f} | {msg} | | | | | | |")
+                lines.append(f"| {r['name']} | {r['gflop']:.2f} | {msg} | | | | | | | |")
                 continue
             cudnn = direct.get("cudnn", iree.get("cudnn", {}))
             ratio = direct["entry"]["single_us"] / cudnn["single_us"] if cudnn else float("nan")
             lines.append(f"| {r['name']} | {r['gflop']:.2f} | {cell(cudnn)} | {cell(iree.get('entry', {}))} | "
                          f"{cell(iree.get('prepared', {}))} | {cell(direct.get('entry', {}))} | "
-                         f"{cell(direct.get('launcher', {}))} | {cell(direct.get('graph', {}))} | "
-                         f"{ratio:.2f} |")  # fmt: skip
+                         f"{cell(direct.get('launcher', {}))} | {cell(direct.get('launcher_cuda_bindings', {}))} | "
+                         f"{cell(direct.get('graph', {}))} | {ratio:.2f} |")  # fmt: skip
+            if "host_us" in direct:
+                host.append(f"| {r['name']} | " + " | ".join(f"{v:.1f}" for v in direct["host_us"].values()) + " |")
+        if host:
+            names = next(json.loads(x)["direct"]["host_us"] for x in (results / "time.jsonl").read_text().splitlines()
+                         if "host_us" in json.loads(x).get("direct", {}))  # fmt: skip
+            lines += ["", "Host µs of the direct entry point's steps (2,000 calls each, no wait):", "",
+                      "| problem | " + " | ".join(names) + " |", "|---|" + "---|" * len(names), *host]  # fmt: skip
     curves = {m: json.loads((results / f"train_{m}.json").read_text()) for m in TRAIN
               if (results / f"train_{m}.json").is_file()}  # fmt: skip
     if curves:
@@ -668,9 +755,11 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=240.0, help="seconds for 'all'")
     ap.add_argument("--limit", type=int, help="only the first LIMIT suite problems (a dry run)")
     ap.add_argument("--device", default="cuda", help="torch device of check/time (cpu: a dry run, target host)")
+    ap.add_argument("--full", action="store_true", help="time: every contender of the IREE path, with CUPTI")
+    ap.add_argument("--parts", default="smoke,time,check,overread,train", help="all: the parts to run")
     a = ap.parse_args()
-    global LIMIT, DEVICE
-    LIMIT, DEVICE = a.limit, a.device
+    global LIMIT, DEVICE, FULL
+    LIMIT, DEVICE, FULL = a.limit, a.device, a.full
     os.environ.setdefault("CONVBW_ARTIFACTS", str(a.root))
     if a.what == "compile":
         compile_all(a.root, a.target)
@@ -685,11 +774,11 @@ def main() -> None:
     elif a.what == "time":
         time_all(a.root, a.out)
     elif a.what == "time1":
-        time_one(a.root, a.names)
+        time_one(a.root, a.names.split(","), a.out)
     elif a.what == "smoke":
         smoke(a.out)
     else:
-        run_all(a.root, a.out, a.steps, a.budget)
+        run_all(a.root, a.out, a.steps, a.budget, a.parts.split(","))
 
 
 if __name__ == "__main__":
