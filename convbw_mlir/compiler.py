@@ -65,7 +65,8 @@ class CompiledOp:
     iree_version: str = ""
     plan: Plan | None = None
     selection: Any = field(default=None, compare=False)  # convbw_mlir.dispatch.Selection: who chose the variant
-    launch: Any = None  # convbw_mlir.cuda_launch.Launch: CUDA targets' schedule + PTX for the direct launch
+    # convbw_mlir.cuda_launch.Launch: a CUDA target's schedule + PTX for the direct launch (derived from the vmfb)
+    launch: Any = field(default=None, compare=False)
     _kernels: dict[Any, runtime.Kernel] = field(default_factory=dict, repr=False, compare=False)
 
     @property
