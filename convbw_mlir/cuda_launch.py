@@ -523,7 +523,10 @@ def compile_with_launch(bytecode: bytes, target: Any, extra_flags: list[str] | N
     extra = list(extra_flags or [])
     hal = compile_module(bytecode, target, [*extra, "--compile-to=hal"])
     with new_context() as ctx:
-        launch = read_launch(ir.Module.parse(hal, ctx))
+        try:
+            launch = read_launch(ir.Module.parse(hal, ctx))
+        except Exception as e:  # a reader bug must not fail the compile: IREE's runtime still runs the vmfb
+            launch = Launch(refused=f"the schedule reader failed: {type(e).__name__}: {e}")
     vmfb = compile_module(hal, target, [*extra, "--compile-from=hal"])
     return vmfb, launch
 
