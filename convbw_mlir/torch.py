@@ -53,6 +53,10 @@ ARTIFACTS_ENV = "CONVBW_ARTIFACTS"
 # which path runs a CUDA kernel: "auto" (direct where the kernel has a launch schedule, else IREE's
 # runtime with one warning), "direct" (an error where it cannot), "iree" (always IREE's runtime)
 LAUNCH_ENV = "CONVBW_CUDA_LAUNCH"
+# "0": the direct launch issues every dispatch on each call; otherwise a call on memory already seen once
+# replays a CUDA graph of the schedule (one driver launch instead of 2-3)
+GRAPHS_ENV = "CONVBW_CUDA_GRAPHS"
+_MAX_GRAPHS = 64  # per kernel; graphs are never destroyed while the process runs (a replay may be in flight)
 
 
 def _order(fmt: str, ndim: int) -> tuple[int, ...]:
@@ -315,13 +319,41 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle
 
 class _DirectCall:
     """A kernel's schedule launched on torch's current stream (:class:`convbw_mlir.cuda_launch.CudaLauncher`):
-    no IREE runtime, no host wait; the transient workspace is a torch tensor kept per device and stream."""
+    no IREE runtime, no host wait; the transient workspace is a torch tensor kept per device and stream.
+
+    The second call on the same memory (stream and the four addresses) records the schedule as a CUDA graph
+    on a side stream; later calls on that memory replay it: one launch instead of 2-3 (docs/torch.md). Not
+    while torch is capturing a graph itself (then the dispatches are launched into the caller's capture).
+    """
 
     def __init__(self, launch: Any, index: int) -> None:
         from convbw_mlir.cuda_launch import CudaLauncher
 
         self.launcher = CudaLauncher(launch, index)
         self.index, self.transient = index, launch.transient
+        self.use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._seen: dict[tuple, None] = {}
+        self._side: torch.cuda.Stream | None = None
+
+    def _record(self, ptrs: tuple[int, ...]) -> torch.cuda.CUDAGraph | None:
+        """The schedule on ``ptrs`` captured as a CUDA graph (nothing runs); None where capture fails (then
+        this kernel stops using graphs, warning once)."""
+        try:
+            if self._side is None:
+                self._side = torch.cuda.Stream(self.index)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(self._side):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    self.launcher(ptrs, self._side.cuda_stream)
+                finally:
+                    graph.capture_end()
+            return graph
+        except Exception as e:  # the plain launches still work: keep them
+            self.use_graphs = False
+            warnings.warn(f"direct CUDA launch: no CUDA graphs for this kernel: {type(e).__name__}: {e}", stacklevel=3)
+            return None
 
     def __call__(self, x: torch.Tensor, dy: torch.Tensor, out: torch.Tensor) -> None:
         """Queue dW of ``x``, ``dy`` into ``out`` (dense in the kernel's order) on torch's current stream.
@@ -340,6 +372,19 @@ class _DirectCall:
             i = [p & 15 != 0 for p in ptrs].index(True)
             name = ("input", "grad_output", "output")[i]
             raise ValueError(f"{name}: data at {ptrs[i]:#x} is not 16-byte aligned (the kernel's pointers are)")
+        if self.use_graphs and not torch.cuda.is_current_stream_capturing():
+            key = (stream, ptrs)
+            graph = self._graphs.get(key)
+            if graph is None and key in self._seen and len(self._graphs) < _MAX_GRAPHS:
+                graph = self._record(ptrs)
+                if graph is not None:
+                    self._graphs[key] = graph
+            if graph is not None:
+                graph.replay()  # on torch's current stream, after what is queued there
+                return
+            if len(self._seen) > 1024:  # a bound for callers whose memory moves every call
+                self._seen.clear()
+            self._seen[key] = None
         self.launcher(ptrs, stream)
 
 
