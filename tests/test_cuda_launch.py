@@ -184,3 +184,15 @@ def test_async_external_module_is_refused_at_compile_time() -> None:
     op = compile_op(SPLIT, "sm_80", ["--iree-execution-model=async-external"], output_arg=True)
     assert op.launch.refused is not None and "!hal.fence" in op.launch.refused
     assert op.vmfb  # the vmfb is still built: the IREE runtime runs it
+
+
+def test_kernel_cache_keeps_the_launch(tmp_path) -> None:  # noqa: ANN001
+    from convbw_mlir.compiler import compile_op
+    from convbw_mlir.dispatch import KernelCache
+
+    built = compile_op(UNSPLIT, "sm_80", output_arg=True, cache=tmp_path)
+    (stored,) = (tmp_path / "entries").rglob("launch.json")
+    cached = KernelCache(tmp_path).get(stored.parent.name)  # the entry read back, as a later process would
+    assert cached.launch is not None and cached.launch.refused is None
+    assert cached.launch == built.launch
+    assert compile_op(UNSPLIT, "sm_80", output_arg=True, cache=tmp_path).launch == built.launch

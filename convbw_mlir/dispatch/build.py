@@ -41,7 +41,7 @@ def compile_variant(problem: ConvBwdWeightProblem, target: str, variant: Variant
     Raises:
         CompileError: a pass or IREE failed, or the form has no IR for this problem.
     """
-    from convbw_mlir.compiler import compile_module, compile_op, with_output_arg
+    from convbw_mlir.compiler import _compile_vmfb, compile_op, with_output_arg
 
     if variant.form == "convbw":
         return compile_op(problem, target, extra_flags, plan=variant.plan, cache=False, output_arg=output_arg)
@@ -53,9 +53,9 @@ def compile_variant(problem: ConvBwdWeightProblem, target: str, variant: Variant
     flags = flags + list(extra_flags or [])
     if output_arg:
         text = with_output_arg(text)
-    vmfb = compile_module(text, target, flags)
+    vmfb, launch = _compile_vmfb(text, get_target(target), flags)  # CUDA: with the direct launch's schedule
     return CompiledOp(problem, target, {"linalg": text}, vmfb, variant.form,
-                      get_target(target).iree_flags() + flags, iree_version())  # fmt: skip
+                      get_target(target).iree_flags() + flags, iree_version(), launch=launch)  # fmt: skip
 
 
 def cached_build(problem: ConvBwdWeightProblem, target: str, variant: Variant, cache_root: str | None = None,

@@ -189,6 +189,7 @@ class KernelCache:
                 flags=list(meta["flags"]),
                 iree_version=meta["iree_version"],
                 plan=Plan.from_dict(meta["plan"]) if meta.get("plan") else None,
+                launch=_launch(files) if meta.get("launch") else None,  # CUDA's direct launch (cuda_launch.py)
             )
         except FileNotFoundError:
             if not entry.exists():  # evicted or replaced while we read: a plain miss
@@ -229,6 +230,7 @@ class KernelCache:
         """
         self._setup()
         files = {"kernel.vmfb": bytes(op.vmfb)} | {f"{s}.mlir": t.encode() for s, t in op.stages.items()}
+        files |= op.launch.files() if op.launch is not None else {}  # launch.json + PTX: CUDA's direct launch
         meta = {
             "format": FORMAT,
             "key": key,
@@ -242,6 +244,7 @@ class KernelCache:
             "stages": list(op.stages),
             "created": time.time(),
             "files": {n: [len(raw), _sha256(raw)] for n, raw in files.items()},
+            "launch": op.launch is not None,
         }
         files["meta.json"] = (json.dumps(meta, indent=1) + "\n").encode()
         entry = self._entry(key)
@@ -334,3 +337,10 @@ class KernelCache:
         for stale in (self.root / "tmp").iterdir():
             shutil.rmtree(stale, ignore_errors=True)
         return len(entries)
+
+
+def _launch(files: dict[str, bytes]) -> Any:
+    """The direct CUDA launch's schedule among an entry's (checked) files."""
+    from convbw_mlir.cuda_launch import Launch
+
+    return Launch.from_files(files.__getitem__)
