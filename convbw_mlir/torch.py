@@ -236,7 +236,7 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-_KERNELS: dict[tuple, PreparedCall] = {}
+_KERNELS: dict[tuple, PreparedCall | _DirectCall] = {}
 _LOCK = threading.Lock()
 atexit.register(_KERNELS.clear)  # release IREE's objects before the interpreter tears its bindings down
 
@@ -248,7 +248,7 @@ def artifact_dir(problem: ConvBwdWeightProblem, target: str) -> Path | None:
     return Path(root) / target / problem.name if root else None
 
 
-def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> PreparedCall:
+def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> PreparedCall | _DirectCall:
     """The prepared kernel of ``problem`` on ``device``: loaded once per process.
 
     Looks in :func:`artifact_dir` first (a machine without the IREE compiler), else takes the
