@@ -157,6 +157,8 @@ def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, ir
     }
     if output_arg:  # only then: the keys of existing entries stay as they were
         data["abi"] = "output-arg"
+    if get_target(target).driver == "cuda":  # entries carry the direct launch's schedule since this format
+        data["cuda_launch"] = 1
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
