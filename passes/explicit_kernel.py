@@ -19,6 +19,8 @@ right after ``convbw-plan``, so the later passes never see the op.
 
 from __future__ import annotations
 
+from functools import partial
+
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
@@ -36,6 +38,7 @@ PLAN_ATTR = "convbw.plan"
 def carried_plan(module: ir.Module):  # -> convbw_mlir.plan.Plan | None
     """The plan of the first explicit kernel's dispatch in ``module``, or None."""
     from convbw_mlir.dialects.convbw import dict_from_attr
+
     from convbw_mlir.plan import Plan
 
     for op in collect_ops(module.operation, "flow.dispatch"):
@@ -55,6 +58,12 @@ def _collapse_spatial(value: ir.Value, rank: int) -> ir.Value:
     return tensor_d.CollapseShapeOp(ir.RankedTensorType.get([*shape[:3], flat], t.element_type), value, groups).result
 
 
+def _body(block: ir.Block, memrefs: list[ir.Value], shape, tiling) -> None:
+    from convbw_mlir.kernels.gemm_sm80 import build_kernel_body
+
+    build_kernel_body(block, *memrefs, shape, tiling)
+
+
 @register
 class ExplicitKernel(ConvbwPass):
     argument = "convbw-explicit-kernel"
@@ -65,7 +74,6 @@ class ExplicitKernel(ConvbwPass):
 
     def run(self, module: ir.Operation) -> None:
         from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
-        from convbw_mlir.kernels.gemm_sm80 import build_kernel_body
         from convbw_mlir.kernels.shapes import gemm_shape
 
         count = 0
@@ -104,9 +112,7 @@ class ExplicitKernel(ConvbwPass):
                     x = _collapse_spatial(op.operands[0], problem.rank)
                     gemm_t = ir.RankedTensorType.get([shape.groups, shape.m, shape.n], out)
                     with ir.Location.unknown():  # the kernel's ops need no location of the problem
-                        result = build_dispatch(
-                            entry, lambda block, m: build_kernel_body(block, *m, shape, t), [dy, x], gemm_t, top
-                        )
+                        result = build_dispatch(entry, partial(_body, shape=shape, tiling=t), [dy, x], gemm_t, top)
                     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
                     dw_t = convbw.tensor_type(problem, "dw")
                     groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
