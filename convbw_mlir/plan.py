@@ -322,8 +322,16 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
 
     if tgt.family != "nvidia":
         raise PlanError(f"strategy: explicit kernels are written for NVIDIA (sm_80) only, not target {tgt.name}")
-    if opts.k_batch not in ("auto", 1) or opts.reduction_innermost or opts.gemm or opts.grouped:
-        raise PlanError("strategy: explicit takes only tile options (tile-m/n/k, subgroups-m/n, stages)")
+    given = {
+        "k-batch": opts.k_batch if opts.k_batch not in ("auto", 1) else None,
+        "plan-for": opts.plan_for,
+        "reduction-innermost": opts.reduction_innermost or None,
+        "gemm": opts.gemm,
+        "grouped": opts.grouped,
+    }
+    for name, value in given.items():
+        if value is not None:
+            raise PlanError(f"{name}: {value!r} does not apply to strategy explicit (it takes tile options only)")
     t = GemmTiling()
     given = opts.tile
     if "subgroups_m" in given:
