@@ -372,7 +372,8 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
     if plan.strategy == Strategy.EXPLICIT:
         from convbw_mlir.kernels.shapes import unsupported
 
-        why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan))
+        cap = plan.target_info.lds_bytes
+        why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan), cap)
         if plan.split is not None:
             why.append(f"split: {plan.split.k_batch} (the explicit kernel has no split-K yet)")
         if why:

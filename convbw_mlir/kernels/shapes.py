@@ -69,8 +69,9 @@ class GemmTiling:
     def shared_bytes(self, element_bytes: int = 2) -> int:
         return self.stages * (self.bm + self.bn) * self.row * element_bytes
 
-    def problems(self, shape: GemmShape) -> list[str]:
-        """Why this tiling cannot compute ``shape`` ("field: value ..." lines); empty if it can."""
+    def problems(self, shape: GemmShape, shared_cap: int = SHARED_MEMORY_CAP) -> list[str]:
+        """Why this tiling cannot compute ``shape`` within ``shared_cap`` bytes of shared memory
+        ("field: value ..." lines); empty if it can."""
         why = []
         sizes = (
             ("out_channels", shape.m, self.bm),
@@ -85,8 +86,10 @@ class GemmTiling:
         for name, rows in (("bm", self.bm), ("bn", self.bn)):
             if (rows * self.bk // COPY_ELEMENTS) % self.threads:
                 why.append(f"tiling: the {name}x{self.bk} tile is no whole number of 16-byte copies per thread")
-        if self.shared_bytes() > SHARED_MEMORY_CAP:
-            why.append(f"stages: {self.stages} need {self.shared_bytes()} B of shared memory, over {SHARED_MEMORY_CAP}")
+        if self.shared_bytes() > shared_cap:
+            why.append(f"stages: {self.stages} need {self.shared_bytes()} B of shared memory, over {shared_cap}")
+        if self.threads > 1024:
+            why.append(f"tiling: {self.threads} threads a workgroup, over 1024")
         if self.stages < 2:
             why.append(f"stages: at least 2, got {self.stages}")
         return why
@@ -100,7 +103,7 @@ def gemm_shape(problem) -> GemmShape:  # problem: convbw_mlir.problem.ConvBwdWei
     return GemmShape(problem.groups, problem.out_channels, problem.in_channels, problem.batch, hw)
 
 
-def unsupported(problem, tiling: GemmTiling) -> list[str]:
+def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP) -> list[str]:
     """Why the explicit kernel cannot compute ``problem`` with ``tiling`` ("field: value ..." lines)."""
     why = []
     if problem.layout_family.x != "NGCHW":
@@ -116,5 +119,5 @@ def unsupported(problem, tiling: GemmTiling) -> list[str]:
     if problem.epilogue is not None:
         why.append(f"epilogue: {problem.epilogue.kind} (none yet)")
     if not why:
-        why += tiling.problems(gemm_shape(problem))
+        why += tiling.problems(gemm_shape(problem), shared_cap)
     return why
