@@ -318,12 +318,12 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The explicit strategy's plan: the sm_80 kernel's tiling (its defaults, or the tile overrides)."""
-    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling
+    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling, auto_splits, gemm_shape
 
     if tgt.family != "nvidia":
         raise PlanError(f"strategy: explicit kernels are written for NVIDIA (sm_80) only, not target {tgt.name}")
     given = {
-        "k-batch": opts.k_batch if opts.k_batch not in ("auto", 1) else None,
+        "k-batch": opts.k_batch if opts.k_batch == "rows" else None,
         "plan-for": opts.plan_for,
         "reduction-innermost": opts.reduction_innermost or None,
         "gemm": opts.gemm,
@@ -331,7 +331,9 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     }
     for name, value in given.items():
         if value is not None:
-            raise PlanError(f"{name}: {value!r} does not apply to strategy explicit (it takes tile options only)")
+            raise PlanError(
+                f"{name}: {value!r} does not apply to strategy explicit (it takes k-batch and tile options)"
+            )
     t = GemmTiling()
     given = opts.tile
     if "subgroups_m" in given:
@@ -342,8 +344,19 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
                 stages=given.get("stages", t.stages))  # fmt: skip
     tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSIC)
     plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
-    check_plan(problem, plan)
+    check_plan(problem, plan)  # the tiling first: the split is sized on it
+    shape = gemm_shape(problem)
+    splits = opts.k_batch if _is_int(opts.k_batch) else auto_splits(shape, t, tgt.compute_units)
+    if splits > 1:
+        ktiles = -(-shape.reduction // t.bk)
+        plan = replace(plan, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
+        check_plan(problem, plan)
     return plan
+
+
+# The explicit kernel splits its flattened reduction (images x output positions) in k tiles: Split.chunk
+# counts k tiles per split.
+EXPLICIT_SPLIT = "r"
 
 
 def explicit_tiling(plan: Plan):  # -> convbw_mlir.kernels.shapes.GemmTiling
@@ -374,8 +387,13 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
 
         cap = plan.target_info.lds_bytes
         why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan), cap)
-        if plan.split is not None:
-            why.append(f"split: {plan.split.k_batch} (the explicit kernel has no split-K yet)")
+        if plan.split is not None and plan.tile is not None:
+            ktiles = -(-math.prod((problem.batch, *problem.output_size)) // plan.tile.k)
+            if plan.split.dim != EXPLICIT_SPLIT or plan.split.k_batch > ktiles:
+                why.append(f"split: {plan.split.dim} x {plan.split.k_batch} (the explicit kernel splits its "
+                           f"reduction, {EXPLICIT_SPLIT}, at most in its {ktiles} k tiles)")  # fmt: skip
+            elif plan.split.chunk != -(-ktiles // plan.split.k_batch):
+                why.append(f"split: chunk {plan.split.chunk} (k tiles a split: {-(-ktiles // plan.split.k_batch)})")
         if why:
             raise PlanError("strategy explicit: " + "; ".join(why))
         return

@@ -24,8 +24,8 @@ from functools import partial
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
-from convbw_mlir.builders import reassociation
-from convbw_mlir.ir_imports import element_type, ir, tensor_d
+from convbw_mlir.builders import PARALLEL, REDUCTION, generic, reassociation, zero
+from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
 from convbw_mlir.plan import PlanError, Strategy, check_plan, explicit_tiling
 
 __all__ = ["ExplicitKernel", "carried_plan"]
@@ -58,6 +58,29 @@ def _collapse_spatial(value: ir.Value, rank: int) -> ir.Value:
     return tensor_d.CollapseShapeOp(ir.RankedTensorType.get([*shape[:3], flat], t.element_type), value, groups).result
 
 
+def _sum_splits(partials: ir.Value, out: ir.Type) -> ir.Value:
+    """``[splits, G, M, N]`` f32 partial sums -> ``[G, M, N]`` in dW's type (a reduction IREE compiles itself)."""
+    shape = list(ir.RankedTensorType(partials.type).shape)
+    f32 = ir.F32Type.get()
+    init = linalg_d.fill(zero(f32), outs=[tensor_d.EmptyOp(shape[1:], f32).result])
+    d = [ir.AffineDimExpr.get(i) for i in range(4)]
+    maps = [ir.AffineMap.get(4, 0, d), ir.AffineMap.get(4, 0, d[1:])]
+
+    @generic([partials], [init], maps, [REDUCTION, PARALLEL, PARALLEL, PARALLEL])
+    def total(p: ir.Value, acc: ir.Value) -> ir.Value:
+        return arith_d.addf(p, acc)
+
+    if out == f32:
+        return total
+    ident = ir.AffineMap.get_identity(3)
+
+    @generic([total], [tensor_d.EmptyOp(shape[1:], out).result], [ident, ident], [PARALLEL] * 3)
+    def rounded(v: ir.Value, _o: ir.Value) -> ir.Value:
+        return arith_d.truncf(out, v)
+
+    return rounded
+
+
 def _body(block: ir.Block, memrefs: list[ir.Value], shape, tiling) -> None:
     from convbw_mlir.kernels.gemm_sm80 import build_kernel_body
 
@@ -74,6 +97,7 @@ class ExplicitKernel(ConvbwPass):
 
     def run(self, module: ir.Operation) -> None:
         from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
+        from convbw_mlir.kernels.gemm_sm80 import grid
         from convbw_mlir.kernels.shapes import gemm_shape
 
         count = 0
@@ -89,18 +113,24 @@ class ExplicitKernel(ConvbwPass):
             except PlanError as e:
                 raise self.fail(op, str(e)) from None
             with op.location:
-                shape, t = gemm_shape(problem), explicit_tiling(plan)
+                shape, t = gemm_shape(problem, plan.k_batch), explicit_tiling(plan)
                 f16 = element_type(problem.dtype)
                 out = element_type(problem.dw_dtype)
+                f32 = ir.F32Type.get()
+                b_shape = [shape.images, shape.groups, shape.n, shape.hw]
+                if shape.conv is not None:  # gathered from x as it is
+                    b_shape = list(ir.RankedTensorType(op.operands[0].type).shape)
+                c_shape = [shape.groups, shape.m, shape.n]
+                c_shape, c_type = ([shape.splits, *c_shape], f32) if shape.splits > 1 else (c_shape, out)
                 bindings = (
                     ir.MemRefType.get([shape.images, shape.groups, shape.m, shape.hw], f16),
-                    ir.MemRefType.get([shape.images, shape.groups, shape.n, shape.hw], f16),
-                    ir.MemRefType.get([shape.groups, shape.m, shape.n], out),
+                    ir.MemRefType.get(b_shape, f16),
+                    ir.MemRefType.get(c_shape, c_type),
                 )
                 entry = KernelEntry(
                     executable=f"convbw_explicit_{count}",
                     function=ENTRY,
-                    grid=(shape.n // t.bn, shape.m // t.bm, shape.groups),
+                    grid=grid(shape, t),
                     workgroup_size=(t.threads, 1, 1),
                     subgroup_size=32,
                     bindings=bindings,
@@ -109,11 +139,13 @@ class ExplicitKernel(ConvbwPass):
                 top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
                 with ir.InsertionPoint(op):
                     dy = _collapse_spatial(op.operands[1], problem.rank)
-                    x = _collapse_spatial(op.operands[0], problem.rank)
-                    gemm_t = ir.RankedTensorType.get([shape.groups, shape.m, shape.n], out)
+                    x = op.operands[0] if shape.conv is not None else _collapse_spatial(op.operands[0], problem.rank)
+                    result_t = ir.RankedTensorType.get(c_shape, c_type)
                     with ir.Location.unknown():  # the kernel's ops need no location of the problem
-                        result = build_dispatch(entry, partial(_body, shape=shape, tiling=t), [dy, x], gemm_t, top)
+                        result = build_dispatch(entry, partial(_body, shape=shape, tiling=t), [dy, x], result_t, top)
                     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+                    if shape.splits > 1:
+                        result = _sum_splits(result, out)
                     dw_t = convbw.tensor_type(problem, "dw")
                     groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
                     dw = tensor_d.ExpandShapeOp(dw_t, result, groups, [], list(problem.dw_shape)).result

@@ -26,9 +26,9 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, memref, nvvm, scf, vector
 
 from convbw_mlir.kernels import nvgpu
-from convbw_mlir.kernels.shapes import COPY_ELEMENTS, MMA_K, MMA_M, MMA_N, WARP, GemmShape, GemmTiling
+from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, WARP, GemmShape, GemmTiling
 
-__all__ = ["build_kernel_body"]
+__all__ = ["build_kernel_body", "grid"]
 
 
 class _Ix:
@@ -62,35 +62,113 @@ class _Ix:
     def rem(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
         return arith.remui(self._v(a), self._v(b))
 
+    def sub(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        if isinstance(b, int) and b == 0:
+            return self._v(a)
+        return arith.subi(self._v(a), self._v(b))
+
+    def lt(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        """Signed ``a < b`` (convolution coordinates go negative in the padding)."""
+        return arith.cmpi(arith.CmpIPredicate.slt, self._v(a), self._v(b))
+
+    def clamp(self, a: ir.Value, hi: int) -> ir.Value:
+        """``a`` clamped to ``[0, hi]``: an address that stays inside its buffer even where nothing is read."""
+        return arith.minsi(arith.maxsi(a, self.c(0)), self.c(hi))
+
+
+def _all(conds: list[ir.Value]) -> ir.Value | None:
+    """The conjunction of ``conds`` (None: no condition, always true)."""
+    out = None
+    for c in conds:
+        out = c if out is None else arith.andi(out, c)
+    return out
+
 
 @dataclass
 class _Operand:
-    """One operand of the mainloop: its global memref, the workgroup's first row, its shared stages."""
+    """One operand of the mainloop: its global memref, the workgroup's first row and how many rows are
+    real (``extent``), its shared stages, and whether its elements are gathered from a convolution's x."""
 
     glob: ir.Value
     row0: ir.Value
     smem: ir.Value
     rows: int
+    extent: int
+    vector: int  # elements a copy moves (8, 4, 2: cp.async; 1: loads, in groups of 8)
+    gather: bool = False
+
+
+def _element_address(ix: _Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Value, r: ir.Value,
+                     valid: list[ir.Value]) -> tuple[list[ir.Value], ir.Value | None]:  # fmt: skip
+    """Indices of element (row, r) of ``op`` in its global memref, clamped inside it, and whether it is real.
+
+    ``r`` is the reduction index ``(image, output position)``; for a gathered B, ``row`` is
+    ``c * taps + y * X + x`` and the element is x at ``(ho * s + y * d - p, wo * s + x * d - p)``.
+    """
+    image = ix.div(r, shape.hw)
+    pos = ix.rem(r, shape.hw)
+    if not op.gather:
+        return [image, g, row, pos], _all(valid)
+    conv = shape.conv
+    taps, fx = conv.taps, conv.filter[1]
+    c, tap = ix.div(row, taps), ix.rem(row, taps)
+    coords = []
+    for o, f, size, dim in ((ix.div(pos, conv.out_size[1]), ix.div(tap, fx), conv.in_size[0], 0),
+                            (ix.rem(pos, conv.out_size[1]), ix.rem(tap, fx), conv.in_size[1], 1)):  # fmt: skip
+        at = ix.sub(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), conv.pad[dim])
+        if conv.pad[dim]:  # only padding reaches before the image's start
+            valid = [*valid, ix.lt(ix.c(-1), at)]
+        if (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim] - conv.pad[
+            dim
+        ] >= size:
+            valid = [*valid, ix.lt(at, size)]
+        coords.append(ix.clamp(at, size - 1))
+    return [image, g, c, *coords], _all(valid)
 
 
 def _copy_tile(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value, stage: ir.Value,
-               valid: ir.Value, shape: GemmShape) -> None:  # fmt: skip
-    """Issue this thread's 16-byte ``cp.async.cg`` copies of k tile ``ktile`` of ``op`` into ``stage``.
+               valid: ir.Value | None, shape: GemmShape) -> None:  # fmt: skip
+    """This thread's share of k tile ``ktile`` of ``op`` into shared-memory ``stage``.
 
-    A k tile past the end (``valid`` false) reads nothing and zero-fills, so the pipeline needs no branch.
+    Contiguous rows go by ``cp.async`` (16 bytes: ``.cg``, L1 bypassed; 8 or 4 bytes: ``.ca``); an element
+    past the reduction, the rows or the image reads nothing and is zero (``src-size`` 0 or a select),
+    so the pipeline has no branch. Gathered or odd-sized rows go by loads, eight elements a thread.
     """
-    chunks = t.bk // COPY_ELEMENTS
+    v = op.vector
+    group = v if v > 1 else 8
+    chunks = t.bk // group
     per_pass = t.threads // chunks  # rows one pass of all threads covers
-    tiles_per_image = shape.hw // t.bk
-    image = ix.div(ktile, tiles_per_image)
-    hw0 = ix.mul(ix.rem(ktile, tiles_per_image), t.bk)
     row = ix.div(tid, chunks)
-    col = ix.mul(ix.rem(tid, chunks), COPY_ELEMENTS)
-    src_elements = arith.select(valid, ix.c(COPY_ELEMENTS), ix.c(0))
+    col = ix.mul(ix.rem(tid, chunks), group)
+    r0 = ix.add(ix.mul(ktile, t.bk), col)
+    rows_ragged = op.extent % op.rows != 0
+    reduction = shape.reduction
+    elem = ir.F16Type.get()
     for i in range(op.rows // per_pass):
-        r = ix.add(row, i * per_pass)
-        nvgpu.async_copy(op.smem, [stage, r, col], op.glob, [image, g, ix.add(op.row0, r), ix.add(hw0, col)],
-                         COPY_ELEMENTS, src_elements)  # fmt: skip
+        r_row = ix.add(row, i * per_pass)
+        grow = ix.add(op.row0, r_row)
+        conds = [] if valid is None else [valid]
+        if rows_ragged:
+            conds.append(ix.lt(grow, op.extent))
+            grow = arith.minsi(grow, ix.c(op.extent - 1))
+        if v > 1:
+            in_r = [] if reduction % t.bk == 0 else [ix.lt(r0, reduction)]
+            r = r0 if not in_r else arith.minsi(r0, ix.c(reduction - v))
+            idx, ok = _element_address(ix, shape, op, g, grow, r, conds + in_r)
+            count = ix.c(v) if ok is None else arith.select(ok, ix.c(v), ix.c(0))
+            nvgpu.async_copy(op.smem, [stage, r_row, col], op.glob, idx, v, count, bypass_l1=v == 8)
+            continue
+        values = []
+        for e in range(group):
+            r = ix.add(r0, e)
+            in_r = [] if reduction % t.bk == 0 else [ix.lt(r, reduction)]
+            if in_r:
+                r = arith.minsi(r, ix.c(reduction - 1))
+            idx, ok = _element_address(ix, shape, op, g, grow, r, conds + in_r)
+            x = memref.load(op.glob, idx)
+            values.append(x if ok is None else arith.select(ok, x, arith.constant(elem, 0.0)))
+        vec = vector.from_elements(ir.VectorType.get([group], elem), values)
+        vector.store(vec, op.smem, [stage, r_row, col])
 
 
 @dataclass
@@ -129,9 +207,9 @@ def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir
 
 
 def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand, lanes: _Lanes, tid: ir.Value,
-              g: ir.Value, warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value],
+              g: ir.Value, base: ir.Value, warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value],
               f16: ir.Type) -> list[ir.Value]:  # fmt: skip
-    """The software pipeline over the k tiles; returns the accumulators.
+    """The software pipeline over this split's k tiles (``base`` is its first); returns the accumulators.
 
     Prologue: tiles 0 .. stages-2 in flight, tile 0's first fragments loaded. Iteration ``kt``, k16 step
     ``s``: at s = 0 tile ``kt + stages - 1`` is issued into the stage tile ``kt - 1`` left (every warp
@@ -139,19 +217,35 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
     loaded, at the last step those of tile ``kt + 1``, after waiting for its copies and a barrier.
     One commit group per tile, empty ones included, keeps ``wait_group(stages - 2)`` exact.
     """
-    ktiles = shape.images * shape.hw // t.bk
+    ktiles = -(-shape.reduction // t.bk)
+    per_split = -(-ktiles // shape.splits)
+    exact = per_split * shape.splits == ktiles  # every split's every tile is real
     steps = t.bk // MMA_K
-    i1 = ir.IntegerType.get_signless(1)
-    true = arith.constant(i1, 1)
-    for s in range(t.stages - 1):
-        valid = true if s < ktiles else arith.constant(i1, 0)
+
+    def issue(local: ir.Value | int, stage: ir.Value) -> None:
+        """Copies of this split's tile ``local`` (zero-filled past the split's or the reduction's end)."""
+        valid = None
+        if isinstance(local, int):
+            tile = ix.add(base, min(local, per_split - 1))
+            if local >= per_split:
+                valid = arith.constant(ir.IntegerType.get_signless(1), 0)
+        else:
+            valid = ix.lt(local, per_split)
+            tile = ix.add(base, arith.minsi(local, ix.c(per_split - 1)))
+        if not exact:
+            real = ix.lt(tile, ktiles)
+            valid = real if valid is None else arith.andi(valid, real)
+            tile = arith.minsi(tile, ix.c(ktiles - 1))  # in bounds even where nothing is read
         for op in (a, b):
-            _copy_tile(ix, t, op, tid, g, ix.c(min(s, ktiles - 1)), ix.c(s), valid, shape)
+            _copy_tile(ix, t, op, tid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
+
+    for s in range(t.stages - 1):
+        issue(s, ix.c(s))
     nvvm.cp_async_wait_group(t.stages - 2)
     gpu.barrier()
     first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
-    loop = scf.ForOp(ix.c(0), ix.c(ktiles), ix.c(1), [*acc, *first])
+    loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1), [*acc, *first])
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
         args = list(loop.inner_iter_args)
@@ -160,11 +254,7 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
         for s in range(steps):
             if s == 0:
                 ahead = ix.add(kt, t.stages - 1)
-                valid = arith.cmpi(arith.CmpIPredicate.ult, ahead, ix.c(ktiles))
-                src_tile = arith.minui(ahead, ix.c(ktiles - 1))  # in bounds even where nothing is read
-                for op in (a, b):
-                    _copy_tile(ix, t, op, tid, g, src_tile, ix.rem(ahead, t.stages), valid, shape)
-                nvvm.cp_async_commit_group()
+                issue(ahead, ix.rem(ahead, t.stages))
             if s + 1 < steps:
                 nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16)
             else:
@@ -180,29 +270,60 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
     return list(loop.results)[: len(acc)]
 
 
-def _epilogue(ix: _Ix, t: GemmTiling, c: ir.Value, g: ir.Value, row0: ir.Value, col0: ir.Value, lane: ir.Value,
-              acc: list[ir.Value], out: ir.Type) -> None:  # fmt: skip
-    """Store the accumulators: lane l holds rows l/4 and l/4 + 8, columns 2(l%4) .. +1 of each 16x8 tile."""
+def _store(value: ir.Value, c: ir.Value, indices: list[ir.Value], cond: ir.Value | None) -> None:
+    if cond is None:
+        vector.store(value, c, indices)
+        return
+    branch = scf.IfOp(cond)
+    with ir.InsertionPoint(branch.then_block):
+        vector.store(value, c, indices)
+        scf.YieldOp([])
+
+
+def _epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, c: ir.Value, where: list[ir.Value], row0: ir.Value,
+              col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type) -> None:  # fmt: skip
+    """Store the accumulators: lane l holds rows l/4 and l/4 + 8, columns 2(l%4) .. +1 of each 16x8 tile.
+
+    ``where`` indexes ``c`` before (row, column): ``[g]``, or ``[split, g]`` for split-K partials. Rows and
+    columns past M and N are not stored; with N odd a pair is stored one element at a time.
+    """
     f32 = ir.F32Type.get()
-    pair_t = ir.VectorType.get([2], out)
     row = ix.add(row0, ix.div(lane, 4))
     col = ix.add(col0, ix.mul(ix.rem(lane, 4), 2))
     tiles_n = t.wn // MMA_N
+    ragged_m, ragged_n, odd_n = shape.m % t.bm != 0, shape.n % t.bn != 0, shape.n % 2 != 0
     for i in range(t.wm // MMA_M):
         for j in range(tiles_n):
             for h in range(2):
                 pair = vector.extract(acc[i * tiles_n + j], [], [h])
                 if out != f32:
-                    pair = arith.truncf(pair_t, pair)
-                vector.store(pair, c, [g, ix.add(row, i * MMA_M + h * 8), ix.add(col, j * MMA_N)])
+                    pair = arith.truncf(ir.VectorType.get([2], out), pair)
+                r = ix.add(row, i * MMA_M + h * 8)
+                cc = ix.add(col, j * MMA_N)
+                row_ok = [ix.lt(r, shape.m)] if ragged_m else []
+                if not odd_n:
+                    _store(pair, c, [*where, r, cc], _all(row_ok + ([ix.lt(cc, shape.n)] if ragged_n else [])))
+                    continue
+                for e in range(2):
+                    one = vector.extract_strided_slice(ir.VectorType.get([1], out), pair, [e], [1], [1])
+                    ce = ix.add(cc, e)
+                    _store(one, c, [*where, r, ce], _all([*row_ok, ix.lt(ce, shape.n)]))
+
+
+def grid(shape: GemmShape, t: GemmTiling) -> tuple[int, int, int]:
+    """Workgroups: N tiles, M tiles, groups x splits."""
+    return -(-shape.n // t.bn), -(-shape.m // t.bm), shape.groups * shape.splits
 
 
 def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: GemmTiling) -> None:
-    """Emit the kernel into ``entry`` (its operands already bound): grid ``(n/bn, m/bm, groups)``.
+    """Emit the kernel into ``entry`` (its operands already bound), for the grid :func:`grid` gives.
 
     Args:
-        a: ``memref<images x groups x m x hw x f16>``; b: ``memref<images x groups x n x hw x f16>``;
-        c: ``memref<groups x m x n x (f32|f16)>``.
+        a: dy, ``memref<images x groups x m x hw x f16>``.
+        b: x, ``memref<images x groups x n x hw x f16>`` (a plain GEMM) or
+            ``memref<images x groups x channels x H x W x f16>`` (gathered, ``shape.conv``).
+        c: dW, ``memref<groups x m x n x (f32|f16)>``; with split-K, the partials
+            ``memref<splits x groups x m x n x f32>``.
     """
     ix = _Ix(entry)
     f16 = ir.F16Type.get()
@@ -216,7 +337,13 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     warp_n = ix.mul(ix.rem(warp, warps_n), t.wn)
     block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
     block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
-    g = gpu.block_id(gpu.Dimension.z)
+    z = gpu.block_id(gpu.Dimension.z)
+    if shape.splits == 1:
+        g, where, base = z, [z], ix.c(0)
+    else:
+        g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
+        ktiles = -(-shape.reduction // t.bk)
+        where, base = [split, g], ix.mul(split, -(-ktiles // shape.splits))
     a_smem = memref.alloc(ir.MemRefType.get([t.stages, t.bm, t.row], f16, memory_space=shared), [], [])
     b_smem = memref.alloc(ir.MemRefType.get([t.stages, t.bn, t.row], f16, memory_space=shared), [], [])
     lanes = _Lanes(
@@ -228,6 +355,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     zero = arith.constant(ir.VectorType.get([2, 2], ir.F32Type.get()), ir.DenseElementsAttr.get_splat(
         ir.VectorType.get([2, 2], ir.F32Type.get()), ir.FloatAttr.get_f32(0.0)))  # fmt: skip
     acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
-    acc = _mainloop(ix, t, shape, _Operand(a, block_m, a_smem, t.bm), _Operand(b, block_n, b_smem, t.bn), lanes, tid,
-                    g, warp_m, warp_n, acc, f16)  # fmt: skip
-    _epilogue(ix, t, c, g, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out)
+    a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
+    b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
+    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
+    _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out)

@@ -1,16 +1,21 @@
-"""The explicit GEMM kernel's shapes and tiling, and which problems it computes (no IREE import: the
+"""The explicit kernel's problem view and tiling, and which problems it computes (no IREE import: the
 plan uses it).
 
-A 1x1 weight gradient in layout 4 (NGCHW/GKCYX/NGKHW) with stride 1 and no padding is, per group,
-``dW[k, c] = sum_{n, hw} dy[n, k, hw] * x[n, c, hw]``: a GEMM whose operands are both contiguous
-along the reduction, which is what the sm_80 kernel (``gemm_sm80``) computes.
+The weight gradient in layout 4 (NGCHW/GKCYX/NGKHW) is, per group, an implicit GEMM
+``dW[k, j] = sum_r A[k, r] * B[j, r]``: M = K out channels, N = C x taps (``j = c * Y * X + y * X + x``,
+so ``[K, N]`` is dW's own memory order), reduction ``r = (n, ho, wo)`` over N x Ho x Wo. A is dy,
+contiguous along r within an image. B is x at ``(ho * s + y * d - p, wo * s + x * d - p)``: for a 1x1
+with stride 1 and no padding that is x itself, contiguous like A (a plain GEMM, copied by ``cp.async``);
+otherwise each element's address is computed per tile, zero outside the image (no im2col buffer).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-__all__ = ["GemmShape", "GemmTiling", "INTRINSIC", "SHARED_MEMORY_CAP", "gemm_shape", "unsupported"]
+__all__ = ["ConvGeometry", "GemmShape", "GemmTiling", "INTRINSIC", "SHARED_MEMORY_CAP", "auto_splits", "gemm_shape",
+           "unsupported"]  # fmt: skip
 
 INTRINSIC = "NV_MMA_SYNC_F32_16x8x16_F16"  # the plan's name of mma.sync m16n8k16 f16 -> f32
 
@@ -24,14 +29,37 @@ ROW_PAD = 8  # elements of padding per shared row: a row stride of 16 bytes past
 
 
 @dataclass(frozen=True)
+class ConvGeometry:
+    """Where B's elements live in x (a 2-D convolution): sizes ``(H, W)`` pairs."""
+
+    in_size: tuple[int, int]
+    out_size: tuple[int, int]
+    filter: tuple[int, int]
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    pad: tuple[int, int]
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.filter)
+
+
+@dataclass(frozen=True)
 class GemmShape:
-    """The batched GEMM: ``groups`` GEMMs of ``m x n``, reducing over ``images x hw`` elements."""
+    """``groups`` implicit GEMMs of ``m x n``, reducing over ``images x hw`` (hw: output positions an image).
+
+    ``conv`` None: B is x as ``[images, groups, n, hw]`` (a 1x1, stride 1, no padding); else B is
+    gathered from x ``[images, groups, channels, H, W]`` with ``n = channels * taps``. ``splits``
+    cuts the reduction into that many partial sums (split-K), added up after the kernel.
+    """
 
     groups: int
     m: int
     n: int
     images: int
     hw: int
+    conv: ConvGeometry | None = None
+    splits: int = 1
 
     @property
     def reduction(self) -> int:
@@ -40,6 +68,19 @@ class GemmShape:
     @property
     def flops(self) -> int:
         return 2 * self.groups * self.m * self.n * self.reduction
+
+    @property
+    def channels(self) -> int:
+        return self.n // self.conv.taps if self.conv else self.n
+
+    def a_vector(self) -> int:
+        """Elements of one copy of A (dy): the largest of 8, 4, 2, 1 that divides hw, so a copy stays in
+        one image and keeps its alignment (8: ``cp.async.cg`` 16 bytes; 4, 2: ``cp.async.ca``; 1: a load)."""
+        return next(v for v in (8, 4, 2, 1) if self.hw % v == 0)
+
+    def b_vector(self) -> int:
+        """The same for B: x's rows are A's shape for a plain GEMM; a gathered B is loaded element-wise."""
+        return self.a_vector() if self.conv is None else 1
 
 
 @dataclass(frozen=True)
@@ -73,19 +114,11 @@ class GemmTiling:
         """Why this tiling cannot compute ``shape`` within ``shared_cap`` bytes of shared memory
         ("field: value ..." lines); empty if it can."""
         why = []
-        sizes = (
-            ("out_channels", shape.m, self.bm),
-            ("in_channels", shape.n, self.bn),
-            ("input_size", shape.hw, self.bk),
-        )
-        for name, size, tile in sizes:
-            if size % tile:
-                why.append(f"{name}: {size} elements are not a multiple of the explicit kernel's {tile}-element tile")
         if self.bm % self.wm or self.bn % self.wn or self.wm % MMA_M or self.wn % (2 * MMA_N) or self.bk % MMA_K:
             why.append(f"tiling: warp tile {self.wm}x{self.wn} does not divide {self.bm}x{self.bn} in mma tiles")
-        for name, rows in (("bm", self.bm), ("bn", self.bn)):
-            if (rows * self.bk // COPY_ELEMENTS) % self.threads:
-                why.append(f"tiling: the {name}x{self.bk} tile is no whole number of 16-byte copies per thread")
+        for name, rows, v in (("bm", self.bm, shape.a_vector()), ("bn", self.bn, max(shape.b_vector(), 8))):
+            if (rows * self.bk // v) % self.threads:
+                why.append(f"tiling: the {name}x{self.bk} tile is no whole number of {2 * v}-byte copies per thread")
         if self.shared_bytes() > shared_cap:
             why.append(f"stages: {self.stages} need {self.shared_bytes()} B of shared memory, over {shared_cap}")
         if self.threads > 1024:
@@ -95,12 +128,31 @@ class GemmTiling:
         return why
 
 
-def gemm_shape(problem) -> GemmShape:  # problem: convbw_mlir.problem.ConvBwdWeightProblem
-    """The batched GEMM of a layout-4 1x1 problem (call :func:`unsupported` first)."""
+def gemm_shape(problem, splits: int = 1) -> GemmShape:  # problem: convbw_mlir.problem.ConvBwdWeightProblem
+    """The implicit GEMM of a layout-4 problem (call :func:`unsupported` first)."""
     hw = 1
-    for s in problem.input_size:
+    for s in problem.output_size:
         hw *= s
-    return GemmShape(problem.groups, problem.out_channels, problem.in_channels, problem.batch, hw)
+    plain = all(f == 1 for f in problem.filter_size) and all(s == 1 for s in problem.stride)
+    plain = plain and not any(problem.pad_low) and not any(problem.pad_high)
+    conv = None
+    taps = 1
+    if not plain:
+        conv = ConvGeometry(problem.input_size, problem.output_size, problem.filter_size, problem.stride,
+                            problem.dilation, problem.pad_low)  # fmt: skip
+        taps = conv.taps
+    return GemmShape(problem.groups, problem.out_channels, problem.in_channels * taps, problem.batch, hw, conv,
+                     splits)  # fmt: skip
+
+
+def auto_splits(shape: GemmShape, tiling: GemmTiling, compute_units: int, min_tiles: int = 8) -> int:
+    """Split-K partial sums so the grid fills the machine about once, each split at least ``min_tiles``
+    k tiles long (CK's rule of thumb, split_k_utils.hpp: k_batch = max_occupancy * num_CUs / grid_size)."""
+    tiles = shape.groups * -(-shape.m // tiling.bm) * -(-shape.n // tiling.bn)
+    ktiles = -(-shape.reduction // tiling.bk)
+    if tiles >= compute_units:
+        return 1
+    return max(1, min(-(-compute_units // tiles), ktiles // min_tiles))
 
 
 def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP) -> list[str]:
@@ -108,10 +160,9 @@ def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP
     why = []
     if problem.layout_family.x != "NGCHW":
         why.append(f"layout: {problem.layout} (the explicit kernel takes layout 4, NGCHW/GKCYX/NGKHW)")
-    if any(f != 1 for f in problem.filter_size) or any(s != 1 for s in problem.stride):
-        why.append(f"filter_size: {problem.filter_size}, stride {problem.stride} (1x1 with stride 1 only)")
-    if any(problem.pad_low) or any(problem.pad_high):
-        why.append(f"pad_low/pad_high: {problem.pad_low}/{problem.pad_high} (no padding only)")
+    plain = all(f == 1 for f in problem.filter_size) and all(s == 1 for s in problem.stride)
+    if not (plain and not any(problem.pad_low) and not any(problem.pad_high)) and problem.rank != 2:
+        why.append(f"input_size: {problem.input_size} (a filter, stride or padding needs a 2-D problem)")
     if problem.dtype != "f16":
         why.append(f"dtype: {problem.dtype} (f16 only)")
     if problem.dw_dtype not in ("f16", "f32"):
