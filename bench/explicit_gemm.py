@@ -414,8 +414,6 @@ def _conv_summary(rows: list[dict], doc: dict) -> list[str]:
 
 def run_all(folder: Path, out: Path, only: list[str] | None = None) -> int:
     """Run every contender in a child of its own; write OUT/explicit_gemm.json and .md."""
-    import torch
-
     manifest = json.loads((folder / "manifest.json").read_text())
     rows: list[dict] = []
     entries = [e for e in manifest["entries"] if not only or any(o in e["name"] for o in only)]
@@ -440,14 +438,21 @@ def run_all(folder: Path, out: Path, only: list[str] | None = None) -> int:
             print(json.dumps(rec), flush=True)
             rows.append(rec)
         (out / "rows.json").write_text(json.dumps(rows, indent=1))  # what a cut-off run still returns
+    import torch
+
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"
+    return report(rows, manifest, out, device)
+
+
+def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None) -> int:
+    """Write OUT/explicit_gemm.json and .md from the rows of a run (also those of a cut-off run's rows.json)."""
     by = {r["name"]: r for r in rows}
     ours, tnf = by.get("ours_gemm4096_f32", {}), by.get("iree_matmul4096_f32", {})
     gate = None
     if ours.get("single_us") and tnf.get("single_us"):
         gate = {key: tnf[f"{key}_us"] / ours[f"{key}_us"] for key in ("single", "sustained")}
-    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"
-    doc = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "torch": torch.__version__, "rows": rows, "refused": manifest["refused"],
+    doc = {"device": device, "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "rows": rows, "refused": manifest["refused"],
            "gate_ratio_over_tileandfuse": gate, "gate": GATE}  # fmt: skip
     lines = [f"# Explicit GEMM gate: {doc['device']}, {doc['date']}", "",
              "| contender | correct | max rel err | single us | TFLOP/s | sustained us | TFLOP/s | kernels/call |",
@@ -484,6 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     one = sub.add_parser("run-one")
     one.add_argument("dir", type=Path)
     one.add_argument("names", nargs="+")
+    rep_ = sub.add_parser("report", help="tables from a (cut-off) run's rows.json")
+    rep_.add_argument("dir", type=Path)
+    rep_.add_argument("rows", type=Path)
+    rep_.add_argument("--out", type=Path, required=True)
+    rep_.add_argument("--device", required=True)
+    rep_.add_argument("--date", default=None)
     prof = sub.add_parser("profile-one")
     prof.add_argument("dir", type=Path)
     prof.add_argument("name")
@@ -491,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "compile":
         compile_all(a.dir, a.smoke)
         return 0
+    if a.cmd == "report":
+        manifest = json.loads((a.dir / "manifest.json").read_text())
+        return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
     if a.cmd == "run":
         return run_all(a.dir, a.out, a.only)
     if a.cmd == "profile-one":

@@ -57,15 +57,14 @@ def test_tile_options_reshape_the_explicit_kernel():
 @pytest.mark.parametrize(
     ("problem", "target", "options", "message"),
     [
-        (P(1, 1, 256, 1000, (8, 8), (1, 1), layout=4), "sm_80", {}, "out_channels: 1000 elements are not a multiple"),
-        (P(1, 1, 256, 128, (14, 14), (1, 1), layout=4), "sm_80", {}, "input_size: 196 elements"),
-        (P(1, 1, 256, 128, (8, 8), (3, 3), pad_low=1, pad_high=1, layout=4), "sm_80", {}, "filter_size: (3, 3)"),
+        (P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4), "sm_80", {}, "input_size: (4, 8, 8) (a filter"),
         (P(1, 1, 256, 128, (8, 8), (1, 1)), "sm_80", {}, "layout: NHWGC/GKYXC/NHWGK"),
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dtype="bf16"), "sm_80", {}, "dtype: bf16"),
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, epilogue={"kind": "scale", "alpha": 2.0}), "sm_80", {},
          "epilogue: scale"),
         (SMALL, "gfx942", {}, "strategy: explicit kernels are written for NVIDIA (sm_80) only, not target gfx942"),
-        (SMALL, "sm_80", {"k_batch": 4}, "k-batch: 4 does not apply to strategy explicit"),
+        (SMALL, "sm_80", {"k_batch": "rows"}, "k-batch: 'rows' does not apply to strategy explicit"),
+        (SMALL, "sm_80", {"k_batch": 4}, "split: r x 4 (the explicit kernel splits its reduction, r, at most in its 1"),
         (SMALL, "sm_80", {"stages": 4}, "stages: 4 need 221184 B of shared memory, over 166912"),
         (SMALL, "sm_80", {"subgroups_m": 3}, "tiling: warp tile"),
     ],
@@ -81,13 +80,36 @@ def test_unknown_strategy_is_refused_naming_the_option():
         decide(SMALL, "sm_80", strategy="fast")
 
 
-def test_a_given_explicit_plan_with_a_split_is_refused_before_compiling():
+def test_a_given_explicit_plan_with_a_foreign_split_is_refused_before_compiling():
     plan = decide(SMALL, "sm_80", strategy="explicit")
     split = Plan(plan.target, plan.strategy, plan.gemm, tile=plan.tile, split=Split("n", 1, 1))
-    with pytest.raises(PlanError, match="split: 1"):
+    with pytest.raises(PlanError, match="split: n x 1"):
         check_plan(SMALL, split)
-    with pytest.raises(PlanError, match="input_size: 196"):
-        compile_op(P(1, 1, 256, 128, (14, 14), (1, 1), layout=4), "sm_80", plan=plan, cache=False)
+    with pytest.raises(PlanError, match="input_size: \\(4, 8, 8\\)"):
+        compile_op(P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4), "sm_80", plan=plan, cache=False)
+
+
+RESNET_3X3 = P.from_ck("2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1", layout=4)
+
+
+def test_implicit_gemm_view_of_a_padded_3x3_and_its_split():
+    """M = K, N = C x taps in dW's own order, reduction N x Ho x Wo; split-K fills the target's SMs once."""
+    shape = gemm_shape(RESNET_3X3)
+    assert (shape.m, shape.n, shape.reduction) == (256, 256 * 9, 256 * 14 * 14)
+    assert shape.conv is not None and shape.conv.pad == (1, 1) and shape.b_vector() == 1 and shape.a_vector() == 4
+    plan = decide(RESNET_3X3, "sm_80", strategy="explicit")
+    # 2 x 9 workgroup tiles on 108 SMs: 6 splits of 131 k tiles (786 in all)
+    assert plan.split == Split("r", 6, 131) and Plan.from_dict(plan.to_dict()) == plan
+    assert decide(RESNET_3X3, "sm_80", strategy="explicit", k_batch=3).split == Split("r", 3, 262)
+
+
+def test_implicit_gemm_kernel_gathers_x_with_bounds_and_sums_splits_after_the_kernel():
+    text = compile_op(RESNET_3X3, "sm_80", strategy="explicit", cache=False).stages["linalg"]
+    assert "memref<256x1x256x14x14xf16>" in text  # x bound as it is: no im2col buffer
+    assert "memref<6x1x256x2304xf32>" in text  # the split partials
+    assert "arith.minsi" in text and "arith.select" in text  # clamped addresses, zero outside the image
+    assert "flow.dispatch @convbw_explicit_0::@gemm" in text and "linalg.generic" in text  # the sum of splits
+    assert "tensor<1x256x256x3x3xf16>" in text
 
 
 def test_explicit_kernel_ir_has_the_pipeline_structure_of_the_plan():
@@ -131,11 +153,11 @@ def test_f16_output_is_rounded_in_the_kernel():
 def test_dispatcher_offers_the_explicit_kernel_as_a_variant_where_the_plan_takes_it():
     names = {v.plan.strategy for v in candidates(GEMM4096, "sm_80") if v.plan is not None}
     assert Strategy.EXPLICIT in names
-    refused = P(1, 1, 256, 128, (14, 14), (1, 1), layout=4)
+    refused = P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4)
     assert all(v.plan is None or v.plan.strategy is not Strategy.EXPLICIT for v in candidates(refused, "sm_80"))
     assert all(v.plan is None or v.plan.strategy is not Strategy.EXPLICIT for v in candidates(GEMM4096, "gfx942"))
 
 
 def test_tiling_lists_every_reason_it_cannot_run_a_shape():
-    why = GemmTiling(stages=4).problems(GemmShape(1, 100, 4096, 1, 4096))
-    assert any(w.startswith("out_channels: 100") for w in why) and any(w.startswith("stages: 4") for w in why)
+    why = GemmTiling(stages=4, wm=48).problems(GemmShape(1, 100, 4096, 1, 4096))
+    assert any(w.startswith("tiling: warp tile 48x64") for w in why) and any(w.startswith("stages: 4") for w in why)
