@@ -318,10 +318,12 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The explicit strategy's plan: the sm_80 kernel's tiling (its defaults, or the tile overrides)."""
-    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling, auto_splits, gemm_shape
+    from convbw_mlir.kernels.shapes import CDNA_INTRINSIC, INTRINSIC, CdnaTiling, GemmTiling, auto_splits, gemm_shape
 
-    if tgt.family != "nvidia":
-        raise PlanError(f"strategy: explicit kernels are written for NVIDIA (sm_80) only, not target {tgt.name}")
+    if tgt.family not in ("nvidia", "cdna"):
+        raise PlanError(
+            f"strategy: explicit kernels are written for NVIDIA (sm_80) and CDNA only, not target {tgt.name}"
+        )
     given = {
         "k-batch": opts.k_batch if opts.k_batch == "rows" else None,
         "plan-for": opts.plan_for,
@@ -334,8 +336,21 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
             raise PlanError(
                 f"{name}: {value!r} does not apply to strategy explicit (it takes k-batch and tile options)"
             )
-    t = GemmTiling()
     given = opts.tile
+    if tgt.family == "cdna":  # the MFMA form: a plain GEMM, 2 LDS buffers (compiled, never run: no AMD GPU here)
+        c = CdnaTiling()
+        c = replace(c, wm=given.get("m", c.bm) // given.get("subgroups_m", c.bm // c.wm),
+                    wn=given.get("n", c.bn) // given.get("subgroups_n", c.bn // c.wn))  # fmt: skip
+        c = replace(c, bm=given.get("m", c.bm), bn=given.get("n", c.bn), bk=given.get("k", c.bk))
+        if given.get("stages", 2) != 2:
+            raise PlanError(f"stages: {given['stages']}: the CDNA form double-buffers LDS (2 stages)")
+        tile = Tile(c.bm, c.bn, c.bk, c.bm // c.wm, c.bn // c.wn, 2, CDNA_INTRINSIC)
+        plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
+        if _is_int(opts.k_batch) and opts.k_batch > 1:
+            raise PlanError(f"k-batch: {opts.k_batch}: the CDNA form has no split-K")
+        check_plan(problem, plan)
+        return plan
+    t = GemmTiling()
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
     if "subgroups_n" in given:
@@ -359,11 +374,13 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
 EXPLICIT_SPLIT = "r"
 
 
-def explicit_tiling(plan: Plan):  # -> convbw_mlir.kernels.shapes.GemmTiling
-    """The kernel tiling an explicit plan's tile stands for."""
-    from convbw_mlir.kernels.shapes import GemmTiling
+def explicit_tiling(plan: Plan):  # -> convbw_mlir.kernels.shapes.GemmTiling | CdnaTiling
+    """The kernel tiling an explicit plan's tile stands for (its target family's)."""
+    from convbw_mlir.kernels.shapes import CdnaTiling, GemmTiling
 
     t = plan.tile
+    if plan.target_info.family == "cdna":
+        return CdnaTiling(t.m, t.n, t.k, t.m // t.subgroups_m, t.n // t.subgroups_n, plan.target_info.subgroup_size)
     return GemmTiling(t.m, t.n, t.k, t.stages, t.m // t.subgroups_m, t.n // t.subgroups_n)
 
 
@@ -387,6 +404,10 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
 
         cap = plan.target_info.lds_bytes
         why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan), cap)
+        if plan.tile is not None and plan.target_info.family == "cdna" and not why:
+            from convbw_mlir.kernels.shapes import gemm_shape
+
+            why = explicit_tiling(plan).problems(gemm_shape(problem, plan.k_batch), cap)
         if plan.split is not None and plan.tile is not None:
             ktiles = -(-math.prod((problem.batch, *problem.output_size)) // plan.tile.k)
             if plan.split.dim != EXPLICIT_SPLIT or plan.split.k_batch > ktiles:

@@ -81,10 +81,19 @@ def _sum_splits(partials: ir.Value, out: ir.Type) -> ir.Value:
     return rounded
 
 
-def _body(block: ir.Block, memrefs: list[ir.Value], shape, tiling) -> None:
-    from convbw_mlir.kernels.gemm_sm80 import build_kernel_body
+def _kernel_module(family: str):
+    """The builder module of a target family's kernel form."""
+    if family == "cdna":
+        from convbw_mlir.kernels import gemm_cdna
 
-    build_kernel_body(block, *memrefs, shape, tiling)
+        return gemm_cdna
+    from convbw_mlir.kernels import gemm_sm80
+
+    return gemm_sm80
+
+
+def _body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, family: str) -> None:
+    _kernel_module(family).build_kernel_body(block, *memrefs, shape, tiling)
 
 
 @register
@@ -97,7 +106,6 @@ class ExplicitKernel(ConvbwPass):
 
     def run(self, module: ir.Operation) -> None:
         from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
-        from convbw_mlir.kernels.gemm_sm80 import grid
         from convbw_mlir.kernels.shapes import gemm_shape
 
         count = 0
@@ -114,6 +122,8 @@ class ExplicitKernel(ConvbwPass):
                 raise self.fail(op, str(e)) from None
             with op.location:
                 shape, t = gemm_shape(problem, plan.k_batch), explicit_tiling(plan)
+                family = plan.target_info.family
+                kernels = _kernel_module(family)
                 f16 = element_type(problem.dtype)
                 out = element_type(problem.dw_dtype)
                 f32 = ir.F32Type.get()
@@ -130,9 +140,9 @@ class ExplicitKernel(ConvbwPass):
                 entry = KernelEntry(
                     executable=f"convbw_explicit_{count}",
                     function=ENTRY,
-                    grid=grid(shape, t),
+                    grid=kernels.grid(shape, t),
                     workgroup_size=(t.threads, 1, 1),
-                    subgroup_size=32,
+                    subgroup_size=plan.target_info.subgroup_size,
                     bindings=bindings,
                 )
                 count += 1
@@ -142,7 +152,9 @@ class ExplicitKernel(ConvbwPass):
                     x = op.operands[0] if shape.conv is not None else _collapse_spatial(op.operands[0], problem.rank)
                     result_t = ir.RankedTensorType.get(c_shape, c_type)
                     with ir.Location.unknown():  # the kernel's ops need no location of the problem
-                        result = build_dispatch(entry, partial(_body, shape=shape, tiling=t), [dy, x], result_t, top)
+                        result = build_dispatch(
+                            entry, partial(_body, shape=shape, tiling=t, family=family), [dy, x], result_t, top
+                        )
                     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
                     if shape.splits > 1:
                         result = _sum_splits(result, out)

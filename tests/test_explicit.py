@@ -16,6 +16,7 @@ from convbw_mlir.problem import ConvBwdWeightProblem as P
 
 GEMM4096 = P(1, 1, 4096, 4096, (64, 64), (1, 1), layout=4, dw_dtype="f32")
 SMALL = P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dw_dtype="f32")  # C = 256, K = 128, HW = 64
+RESNET_3X3 = P.from_ck("2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1", layout=4)
 
 
 def test_layout4_1x1_weight_gradient_is_a_gemm_with_both_operands_reduction_contiguous():
@@ -62,7 +63,10 @@ def test_tile_options_reshape_the_explicit_kernel():
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dtype="bf16"), "sm_80", {}, "dtype: bf16"),
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, epilogue={"kind": "scale", "alpha": 2.0}), "sm_80", {},
          "epilogue: scale"),
-        (SMALL, "gfx942", {}, "strategy: explicit kernels are written for NVIDIA (sm_80) only, not target gfx942"),
+        (SMALL, "gfx1100", {}, "explicit kernels are written for NVIDIA (sm_80) and CDNA only, not target gfx1100"),
+        (RESNET_3X3, "gfx942", {}, "filter_size/stride/padding: the CDNA form takes 1x1"),
+        (P(1, 1, 256, 100, (8, 8), (1, 1), layout=4), "gfx942", {}, "out_channels: 100 elements are not a multiple"),
+        (SMALL, "gfx942", {"k_batch": 2}, "k-batch: 2: the CDNA form has no split-K"),
         (SMALL, "sm_80", {"k_batch": "rows"}, "k-batch: 'rows' does not apply to strategy explicit"),
         (SMALL, "sm_80", {"k_batch": 4}, "split: r x 4 (the explicit kernel splits its reduction, r, at most in its 1"),
         (SMALL, "sm_80", {"stages": 4}, "stages: 4 need 221184 B of shared memory, over 166912"),
@@ -87,9 +91,6 @@ def test_a_given_explicit_plan_with_a_foreign_split_is_refused_before_compiling(
         check_plan(SMALL, split)
     with pytest.raises(PlanError, match="input_size: \\(4, 8, 8\\)"):
         compile_op(P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4), "sm_80", plan=plan, cache=False)
-
-
-RESNET_3X3 = P.from_ck("2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1", layout=4)
 
 
 def test_implicit_gemm_view_of_a_padded_3x3_and_its_split():
@@ -155,7 +156,18 @@ def test_dispatcher_offers_the_explicit_kernel_as_a_variant_where_the_plan_takes
     assert Strategy.EXPLICIT in names
     refused = P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4)
     assert all(v.plan is None or v.plan.strategy is not Strategy.EXPLICIT for v in candidates(refused, "sm_80"))
+    # the CDNA form compiles but never ran (no AMD GPU here): not offered to the tuner
     assert all(v.plan is None or v.plan.strategy is not Strategy.EXPLICIT for v in candidates(GEMM4096, "gfx942"))
+
+
+def test_cdna_form_compiles_with_mfma_no_scratch_and_two_waves_a_simd():
+    p = P(1, 1, 1024, 1024, (32, 32), (1, 1), layout=4, dw_dtype="f32")
+    op = compile_op(p, "gfx942", strategy="explicit", isolate=True, cache=False)
+    assert op.plan.tile.intrinsic == "MFMA_F32_16x16x16_F16" and op.plan.tile.stages == 2
+    (kernel,) = op.isa_report().kernels
+    assert kernel.mma.get("v_mfma_f32_16x16x16_f16", 0) > 0 and kernel.scratch_bytes == 0
+    assert kernel.lds_bytes == 2 * (128 + 128) * 40 * 2 and kernel.workgroup_size == 512
+    assert kernel.occupancy >= 2
 
 
 def test_tiling_lists_every_reason_it_cannot_run_a_shape():

@@ -169,6 +169,54 @@ def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP
         why.append(f"dw_dtype: {problem.dw_dtype} (f32 or f16)")
     if problem.epilogue is not None:
         why.append(f"epilogue: {problem.epilogue.kind} (none yet)")
-    if not why:
+    if not why and isinstance(tiling, GemmTiling):  # a CdnaTiling is checked by the plan, with the split
         why += tiling.problems(gemm_shape(problem), shared_cap)
     return why
+
+
+CDNA_INTRINSIC = "MFMA_F32_16x16x16_F16"
+
+
+@dataclass(frozen=True)
+class CdnaTiling:
+    """The CDNA kernel's numbers: workgroup tile ``bm x bn x bk``, waves of ``wave`` lanes each ``wm x wn``,
+    two LDS buffers (global -> registers -> LDS, double-buffered)."""
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 32
+    wm: int = 32  # 8 waves of 32x64: 2 waves a SIMD on gfx942 (64x64 waves: 257 registers, 1)
+    wn: int = 64
+    wave: int = 64
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn) * self.wave
+
+    @property
+    def row(self) -> int:
+        return self.bk + ROW_PAD
+
+    def lds_bytes(self) -> int:
+        return 2 * (self.bm + self.bn) * self.row * 2
+
+    def problems(self, shape: GemmShape, lds_cap: int) -> list[str]:
+        """Why this tiling cannot compute ``shape`` ("field: value ..." lines); empty if it can."""
+        why = []
+        if shape.conv is not None:
+            why.append("filter_size/stride/padding: the CDNA form takes 1x1, stride 1, no padding only (a plain GEMM)")
+        sizes = (("out_channels", shape.m, self.bm), ("in_channels", shape.n, self.bn),
+                 ("input_size", shape.hw, self.bk))  # fmt: skip
+        for name, size, tile in sizes:
+            if size % tile:
+                why.append(f"{name}: {size} elements are not a multiple of the CDNA kernel's {tile}-element tile")
+        if shape.splits != 1:
+            why.append(f"k-batch: {shape.splits} (the CDNA form has no split-K)")
+        if self.bm % self.wm or self.bn % self.wn or self.wm % 16 or self.wn % 16 or self.bk % 16:
+            why.append(f"tiling: wave tile {self.wm}x{self.wn} does not divide {self.bm}x{self.bn} in 16x16 tiles")
+        for name, rows in (("bm", self.bm), ("bn", self.bn)):
+            if (rows * self.bk // COPY_ELEMENTS) % self.threads:
+                why.append(f"tiling: the {name}x{self.bk} tile is no whole number of 16-byte loads per thread")
+        if self.lds_bytes() > lds_cap:
+            why.append(f"tiling: {self.lds_bytes()} B of LDS, over {lds_cap}")
+        return why
