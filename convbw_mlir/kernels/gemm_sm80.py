@@ -1,21 +1,23 @@
-"""The sm_80 GEMM kernel of the explicit strategy, written with the MLIR Python builders.
+"""The sm_80 kernel of the explicit strategy, written with the MLIR Python builders.
 
-``C[g, m, n] = sum_{i, r} A[i, g, m, r] * B[i, g, n, r]``: both operands reduction-contiguous (the
-weight gradient of a 1x1 layout-4 convolution: A = dy as ``[N, G, K, HW]``, B = x as ``[N, G, C, HW]``,
-C = dW as ``[G, K, C]``), f16 in, f32 accumulate, f32 or f16 out.
+``C[g, m, n] = sum_r A[g, m, r] * B[g, n, r]``, the implicit GEMM of a layout-4 weight gradient
+(``convbw_mlir.kernels.shapes``): A = dy ``[N, G, K, Ho*Wo]``, B = x itself for a plain 1x1 GEMM or
+gathered from x ``[N, G, C, H, W]`` at the convolution's coordinates, C = dW ``[G, K, C*Y*X]`` (or the
+split-K partials), f16 in, f32 accumulate, f32 or f16 out.
 
 The recipe (../shared/DESIGN.md "Kernels built by our own passes": 392 TFLOP/s on the H100 for the
 hand-written kernel it describes): a workgroup tile of ``bm x bn`` with reduction step ``bk``;
-``stages`` shared-memory stages filled by 16-byte ``cp.async.cg`` copies, rows padded to ``bk + 8``
-elements so that ``ldmatrix``'s eight row addresses fall in distinct banks; warps of ``wm x wn``, each
-loading its fragments with ``ldmatrix.x4`` (A and B both K-contiguous: ``mma.sync`` row.col) and
-running ``mma.sync m16n8k16``; the next k16 step's fragments are loaded before the current step's mma,
-across k tiles too.
+``stages`` shared-memory stages filled by ``cp.async`` (16-byte ``.cg`` where aligned), rows padded to
+``bk + 8`` elements so that ``ldmatrix``'s eight row addresses fall in distinct banks; warps of
+``wm x wn``, each loading its fragments with ``ldmatrix.x4`` (A and B both K-contiguous in shared
+memory: ``mma.sync`` row.col) and running ``mma.sync m16n8k16``; the next k16 step's fragments are
+loaded before the current step's mma, across k tiles too.
 
 Layers, each a function with one job: :class:`GemmTiling` (the plan's numbers), :func:`_copy_tile`
-(global -> shared of one operand), :func:`_load_fragments` (shared -> registers), :func:`_warp_mma`
-(the warp's matrix step), :func:`_mainloop` (the software pipeline: prologue, steady state), and
-:func:`_epilogue` (registers -> global).
+(global -> shared of one operand; the convolution's address arithmetic in :func:`_element_address`),
+:func:`_load_fragments` (shared -> registers), :func:`_warp_mma` (the warp's matrix step),
+:func:`_mainloop` (the software pipeline: prologue, steady state), and :func:`_epilogue` (registers ->
+global, masked where M or N is ragged).
 """
 
 from __future__ import annotations
