@@ -600,6 +600,10 @@ def _plan_carried_out(module: Any) -> Plan | None:
     from convbw_mlir.contraction import Contraction, contractions
 
     found = [Contraction.of_op(op).plan for op in contractions(module.operation)]
+    if not found:  # an explicit kernel has no contraction; its dispatch carries the plan
+        from convbw_mlir.passes.explicit_kernel import carried_plan
+
+        return carried_plan(module)
     return Plan.from_dict(found[0]) if found and found[0] else None
 
 

@@ -8,6 +8,7 @@ carried out as a GEMM, how its reduction is split (split-K), and the strategy wi
     simt  no matrix instructions (depthwise, thin groups): a thread per (image, row, group, channel)
           over a rows split, else IREE's own reduction codegen over a batch split
     iree  IREE's own configuration (and the host's CPU codegen)
+    explicit  a whole kernel our passes write (``convbw_mlir/kernels``), on request only
 
 The passes only carry a plan out: ``convbw-plan`` attaches it to each ``convbw.conv_bwd_weight`` as
 its ``plan`` attribute (it prints and parses, so a pipeline replays from text), ``convbw-explicit-gemm``
@@ -60,6 +61,7 @@ class Strategy(enum.StrEnum):
     MMA = "mma"
     SIMT = "simt"
     IREE = "iree"
+    EXPLICIT = "explicit"
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,8 @@ class Overrides:
         gemm, grouped: ``mma`` (our tile) or ``iree`` (IREE's own) for plain GEMMs and grouped
             convolutions; None takes the target's tile policy.
         reduction_innermost: transpose a channels-last GEMM's x and dy so the reduction is innermost.
+        strategy: ``explicit`` asks for the kernel our passes write (docs/explicit-kernels.md); None lets
+            the plan choose (it never chooses explicit by itself yet: one measurement is not a rule).
     """
 
     k_batch: int | str = "auto"
@@ -188,6 +192,7 @@ class Overrides:
     gemm: str | None = None
     grouped: str | None = None
     reduction_innermost: bool = False
+    strategy: str | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -209,6 +214,8 @@ class Overrides:
             value = getattr(self, name)
             if value not in (None, "mma", "iree"):
                 raise PlanError(f"{name}: expected mma or iree, got {value!r}")
+        if self.strategy not in (None, Strategy.EXPLICIT.value):
+            raise PlanError(f"strategy: expected explicit (or none: the plan's choice), got {self.strategy!r}")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
 
@@ -271,6 +278,8 @@ def decide(problem: ConvBwdWeightProblem, target: str, split: Split | None = Non
     gemm = work is not problem
     if split is None:
         split = plan_split_k(work, planner, opts.k_batch)
+    if opts.strategy == Strategy.EXPLICIT:
+        return _explicit(problem, tgt, opts)
     base = Plan(target, Strategy.IREE, gemm, opts.reduction_innermost and gemm, split)
     if not tgt.is_gpu:
         return _no_tile(base, opts, "IREE's CPU codegen")
@@ -307,6 +316,74 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
     return replace(plan, strategy=Strategy.MMA, tile=tile)
 
 
+def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
+    """The explicit strategy's plan: the sm_80 kernel's tiling (its defaults, or the tile overrides)."""
+    from convbw_mlir.kernels.shapes import CDNA_INTRINSIC, INTRINSIC, CdnaTiling, GemmTiling, auto_splits, gemm_shape
+
+    if tgt.family not in ("nvidia", "cdna"):
+        raise PlanError(
+            f"strategy: explicit kernels are written for NVIDIA (sm_80) and CDNA only, not target {tgt.name}"
+        )
+    given = {
+        "k-batch": opts.k_batch if opts.k_batch == "rows" else None,
+        "plan-for": opts.plan_for,
+        "reduction-innermost": opts.reduction_innermost or None,
+        "gemm": opts.gemm,
+        "grouped": opts.grouped,
+    }
+    for name, value in given.items():
+        if value is not None:
+            raise PlanError(
+                f"{name}: {value!r} does not apply to strategy explicit (it takes k-batch and tile options)"
+            )
+    given = opts.tile
+    if tgt.family == "cdna":  # the MFMA form: a plain GEMM, 2 LDS buffers (compiled, never run: no AMD GPU here)
+        c = CdnaTiling()
+        c = replace(c, wm=given.get("m", c.bm) // given.get("subgroups_m", c.bm // c.wm),
+                    wn=given.get("n", c.bn) // given.get("subgroups_n", c.bn // c.wn))  # fmt: skip
+        c = replace(c, bm=given.get("m", c.bm), bn=given.get("n", c.bn), bk=given.get("k", c.bk))
+        if given.get("stages", 2) != 2:
+            raise PlanError(f"stages: {given['stages']}: the CDNA form double-buffers LDS (2 stages)")
+        tile = Tile(c.bm, c.bn, c.bk, c.bm // c.wm, c.bn // c.wn, 2, CDNA_INTRINSIC)
+        plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
+        if _is_int(opts.k_batch) and opts.k_batch > 1:
+            raise PlanError(f"k-batch: {opts.k_batch}: the CDNA form has no split-K")
+        check_plan(problem, plan)
+        return plan
+    t = GemmTiling()
+    if "subgroups_m" in given:
+        t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
+    if "subgroups_n" in given:
+        t = replace(t, wn=given.get("n", t.bn) // given["subgroups_n"])
+    t = replace(t, bm=given.get("m", t.bm), bn=given.get("n", t.bn), bk=given.get("k", t.bk),
+                stages=given.get("stages", t.stages))  # fmt: skip
+    tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSIC)
+    plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
+    check_plan(problem, plan)  # the tiling first: the split is sized on it
+    shape = gemm_shape(problem)
+    splits = opts.k_batch if _is_int(opts.k_batch) else auto_splits(shape, t, tgt.compute_units)
+    if splits > 1:
+        ktiles = -(-shape.reduction // t.bk)
+        plan = replace(plan, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
+        check_plan(problem, plan)
+    return plan
+
+
+# The explicit kernel splits its flattened reduction (images x output positions) in k tiles: Split.chunk
+# counts k tiles per split.
+EXPLICIT_SPLIT = "r"
+
+
+def explicit_tiling(plan: Plan):  # -> convbw_mlir.kernels.shapes.GemmTiling | CdnaTiling
+    """The kernel tiling an explicit plan's tile stands for (its target family's)."""
+    from convbw_mlir.kernels.shapes import CdnaTiling, GemmTiling
+
+    t = plan.tile
+    if plan.target_info.family == "cdna":
+        return CdnaTiling(t.m, t.n, t.k, t.m // t.subgroups_m, t.n // t.subgroups_n, plan.target_info.subgroup_size)
+    return GemmTiling(t.m, t.n, t.k, t.stages, t.m // t.subgroups_m, t.n // t.subgroups_n)
+
+
 def _no_tile(plan: Plan, opts: Overrides, why: str) -> Plan:
     """``plan`` as it is; a tile override would be dropped silently, so it is refused instead."""
     if opts.tile:
@@ -322,6 +399,25 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
         PlanError: a split whose reduction the tile's step pads (its kernels read past x and dy:
             docs/decisions.md#split-gemm-step), naming the sizes.
     """
+    if plan.strategy == Strategy.EXPLICIT:
+        from convbw_mlir.kernels.shapes import unsupported
+
+        cap = plan.target_info.lds_bytes
+        why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan), cap)
+        if plan.tile is not None and plan.target_info.family == "cdna" and not why:
+            from convbw_mlir.kernels.shapes import gemm_shape
+
+            why = explicit_tiling(plan).problems(gemm_shape(problem, plan.k_batch), cap)
+        if plan.split is not None and plan.tile is not None:
+            ktiles = -(-math.prod((problem.batch, *problem.output_size)) // plan.tile.k)
+            if plan.split.dim != EXPLICIT_SPLIT or plan.split.k_batch > ktiles:
+                why.append(f"split: {plan.split.dim} x {plan.split.k_batch} (the explicit kernel splits its "
+                           f"reduction, {EXPLICIT_SPLIT}, at most in its {ktiles} k tiles)")  # fmt: skip
+            elif plan.split.chunk != -(-ktiles // plan.split.k_batch):
+                why.append(f"split: chunk {plan.split.chunk} (k tiles a split: {-(-ktiles // plan.split.k_batch)})")
+        if why:
+            raise PlanError("strategy explicit: " + "; ".join(why))
+        return
     if plan.tile is None or plan.split is None:
         return
     contraction = Contraction.build(effective_problem(problem, plan.reduction_innermost), plan.split)

@@ -5,6 +5,7 @@ Importing this package registers every pass under its pipeline argument in :data
 
 from convbw_mlir.passes import (  # noqa: F401  (each module registers its pass)
     explicit_gemm,
+    explicit_kernel,
     lower_to_linalg,
     map_mma,
     plan,

@@ -54,6 +54,8 @@ class PlanPass(ConvbwPass):
         reduction_innermost: bool = option(
             False, "transpose a channels-last GEMM's x and dy so the reduction is innermost (layout NGCW)"
         )
+        strategy: str | None = option(None, "explicit: the kernel our passes write (default: the plan's choice)",
+                                      ("explicit",))  # fmt: skip
 
     def __init__(self, options=None, **kwargs) -> None:
         super().__init__(options, **kwargs)

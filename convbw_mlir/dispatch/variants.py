@@ -38,7 +38,8 @@ __all__ = ["FORMS", "IREE_FORMS", "Variant", "candidates", "heuristic", "product
 FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
 IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
-OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped")
+OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
+           "strategy")  # fmt: skip
 # Split factors the grid tries (absolute, so that a winner transfers to a neighbour as it is)
 K_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -182,7 +183,9 @@ def _grid(problem: ConvBwdWeightProblem, target: str, base: Plan) -> Iterator[di
         key=lambda k: abs(math.log2(k / kb)) + (1.5 if k < kb else 0),
     )  # larger splits first
     splits = [{"k_batch": k} for k in near]
-    choices: list[dict[str, Any]] = []
+    # The kernel our passes write, where the problem is one it computes (decide refuses the rest):
+    # 2.65x TileAndFuse on a 4096^3 GEMM (docs/explicit-kernels.md), so it is tried first.
+    choices: list[dict[str, Any]] = [{"strategy": "explicit"}] if tgt.family == "nvidia" else []
     # Our tile where the heuristic hands grouped problems or GEMMs to IREE (the G>1 split family),
     # interleaved with IREE's own config over other splits.
     ours = []

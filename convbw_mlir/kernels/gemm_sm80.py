@@ -1,0 +1,363 @@
+"""The sm_80 kernel of the explicit strategy, written with the MLIR Python builders.
+
+``C[g, m, n] = sum_r A[g, m, r] * B[g, n, r]``, the implicit GEMM of a layout-4 weight gradient
+(``convbw_mlir.kernels.shapes``): A = dy ``[N, G, K, Ho*Wo]``, B = x itself for a plain 1x1 GEMM or
+gathered from x ``[N, G, C, H, W]`` at the convolution's coordinates, C = dW ``[G, K, C*Y*X]`` (or the
+split-K partials), f16 in, f32 accumulate, f32 or f16 out.
+
+The recipe (../shared/DESIGN.md "Kernels built by our own passes": 392 TFLOP/s on the H100 for the
+hand-written kernel it describes): a workgroup tile of ``bm x bn`` with reduction step ``bk``;
+``stages`` shared-memory stages filled by ``cp.async`` (16-byte ``.cg`` where aligned), rows padded to
+``bk + 8`` elements so that ``ldmatrix``'s eight row addresses fall in distinct banks; warps of
+``wm x wn``, each loading its fragments with ``ldmatrix.x4`` (A and B both K-contiguous in shared
+memory: ``mma.sync`` row.col) and running ``mma.sync m16n8k16``; the next k16 step's fragments are
+loaded before the current step's mma, across k tiles too.
+
+Layers, each a function with one job: :class:`GemmTiling` (the plan's numbers), :func:`_copy_tile`
+(global -> shared of one operand; the convolution's address arithmetic in :func:`_element_address`),
+:func:`_load_fragments` (shared -> registers), :func:`_warp_mma` (the warp's matrix step),
+:func:`_mainloop` (the software pipeline: prologue, steady state), and :func:`_epilogue` (registers ->
+global, masked where M or N is ragged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, gpu, memref, nvvm, scf, vector
+
+from convbw_mlir.kernels import nvgpu
+from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, WARP, GemmShape, GemmTiling
+
+__all__ = ["build_kernel_body", "grid"]
+
+
+class _Ix:
+    """Index arithmetic with constants hoisted to the function's entry block (so loops reuse them)."""
+
+    def __init__(self, entry: ir.Block) -> None:
+        self.entry = entry
+        self.consts: dict[int, ir.Value] = {}
+        self.t = ir.IndexType.get()
+
+    def c(self, value: int) -> ir.Value:
+        if value not in self.consts:
+            with ir.InsertionPoint.at_block_begin(self.entry):
+                self.consts[value] = arith.constant(self.t, value)
+        return self.consts[value]
+
+    def _v(self, x: ir.Value | int) -> ir.Value:
+        return self.c(x) if isinstance(x, int) else x
+
+    def add(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        if isinstance(b, int) and b == 0:
+            return self._v(a)
+        return arith.addi(self._v(a), self._v(b))
+
+    def mul(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        return arith.muli(self._v(a), self._v(b))
+
+    def div(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        return arith.divui(self._v(a), self._v(b))
+
+    def rem(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        return arith.remui(self._v(a), self._v(b))
+
+    def sub(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        if isinstance(b, int) and b == 0:
+            return self._v(a)
+        return arith.subi(self._v(a), self._v(b))
+
+    def lt(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        """Signed ``a < b`` (convolution coordinates go negative in the padding)."""
+        return arith.cmpi(arith.CmpIPredicate.slt, self._v(a), self._v(b))
+
+    def clamp(self, a: ir.Value, hi: int) -> ir.Value:
+        """``a`` clamped to ``[0, hi]``: an address that stays inside its buffer even where nothing is read."""
+        return arith.minsi(arith.maxsi(a, self.c(0)), self.c(hi))
+
+
+def _all(conds: list[ir.Value]) -> ir.Value | None:
+    """The conjunction of ``conds`` (None: no condition, always true)."""
+    out = None
+    for c in conds:
+        out = c if out is None else arith.andi(out, c)
+    return out
+
+
+@dataclass
+class _Operand:
+    """One operand of the mainloop: its global memref, the workgroup's first row and how many rows are
+    real (``extent``), its shared stages, and whether its elements are gathered from a convolution's x."""
+
+    glob: ir.Value
+    row0: ir.Value
+    smem: ir.Value
+    rows: int
+    extent: int
+    vector: int  # elements a copy moves (8, 4, 2: cp.async; 1: loads, in groups of 8)
+    gather: bool = False
+
+
+def _element_address(ix: _Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Value, r: ir.Value,
+                     valid: list[ir.Value]) -> tuple[list[ir.Value], ir.Value | None]:  # fmt: skip
+    """Indices of element (row, r) of ``op`` in its global memref, clamped inside it, and whether it is real.
+
+    ``r`` is the reduction index ``(image, output position)``; for a gathered B, ``row`` is
+    ``c * taps + y * X + x`` and the element is x at ``(ho * s + y * d - p, wo * s + x * d - p)``.
+    """
+    image = ix.div(r, shape.hw)
+    pos = ix.rem(r, shape.hw)
+    if not op.gather:
+        return [image, g, row, pos], _all(valid)
+    conv = shape.conv
+    taps, fx = conv.taps, conv.filter[1]
+    c, tap = ix.div(row, taps), ix.rem(row, taps)
+    coords = []
+    for o, f, size, dim in ((ix.div(pos, conv.out_size[1]), ix.div(tap, fx), conv.in_size[0], 0),
+                            (ix.rem(pos, conv.out_size[1]), ix.rem(tap, fx), conv.in_size[1], 1)):  # fmt: skip
+        at = ix.sub(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), conv.pad[dim])
+        if conv.pad[dim]:  # only padding reaches before the image's start
+            valid = [*valid, ix.lt(ix.c(-1), at)]
+        if (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim] - conv.pad[
+            dim
+        ] >= size:
+            valid = [*valid, ix.lt(at, size)]
+        coords.append(ix.clamp(at, size - 1))
+    return [image, g, c, *coords], _all(valid)
+
+
+def _copy_tile(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value, stage: ir.Value,
+               valid: ir.Value | None, shape: GemmShape) -> None:  # fmt: skip
+    """This thread's share of k tile ``ktile`` of ``op`` into shared-memory ``stage``.
+
+    Contiguous rows go by ``cp.async`` (16 bytes: ``.cg``, L1 bypassed; 8 or 4 bytes: ``.ca``); an element
+    past the reduction, the rows or the image reads nothing and is zero (``src-size`` 0 or a select),
+    so the pipeline has no branch. Gathered or odd-sized rows go by loads, eight elements a thread.
+    """
+    v = op.vector
+    group = v if v > 1 else 8
+    chunks = t.bk // group
+    per_pass = t.threads // chunks  # rows one pass of all threads covers
+    row = ix.div(tid, chunks)
+    col = ix.mul(ix.rem(tid, chunks), group)
+    r0 = ix.add(ix.mul(ktile, t.bk), col)
+    rows_ragged = op.extent % op.rows != 0
+    reduction = shape.reduction
+    elem = ir.F16Type.get()
+    for i in range(op.rows // per_pass):
+        r_row = ix.add(row, i * per_pass)
+        grow = ix.add(op.row0, r_row)
+        conds = [] if valid is None else [valid]
+        if rows_ragged:
+            conds.append(ix.lt(grow, op.extent))
+            grow = arith.minsi(grow, ix.c(op.extent - 1))
+        if v > 1:
+            in_r = [] if reduction % t.bk == 0 else [ix.lt(r0, reduction)]
+            r = r0 if not in_r else arith.minsi(r0, ix.c(reduction - v))
+            idx, ok = _element_address(ix, shape, op, g, grow, r, conds + in_r)
+            count = ix.c(v) if ok is None else arith.select(ok, ix.c(v), ix.c(0))
+            nvgpu.async_copy(op.smem, [stage, r_row, col], op.glob, idx, v, count, bypass_l1=v == 8)
+            continue
+        values = []
+        for e in range(group):
+            r = ix.add(r0, e)
+            in_r = [] if reduction % t.bk == 0 else [ix.lt(r, reduction)]
+            if in_r:
+                r = arith.minsi(r, ix.c(reduction - 1))
+            idx, ok = _element_address(ix, shape, op, g, grow, r, conds + in_r)
+            x = memref.load(op.glob, idx)
+            values.append(x if ok is None else arith.select(ok, x, arith.constant(elem, 0.0)))
+        vec = vector.from_elements(ir.VectorType.get([group], elem), values)
+        vector.store(vec, op.smem, [stage, r_row, col])
+
+
+@dataclass
+class _Lanes:
+    """Per-lane ``ldmatrix`` row addresses, computed once (Figure "ldmatrix" of the PTX ISA)."""
+
+    a_row: ir.Value  # lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows at k 8
+    a_col: ir.Value
+    b_row: ir.Value  # matrices (n 0-7, k 0), (n 0-7, k 8), (n 8-15, k 0), (n 8-15, k 8)
+    b_col: ir.Value
+
+
+def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_smem: ir.Value, stage: ir.Value,
+                    warp_m: ir.Value, warp_n: ir.Value, step: int, f16: ir.Type) -> list[ir.Value]:  # fmt: skip
+    """The warp's A and B fragments of k16 step ``step``: ``wm/16`` A x4 loads, ``wn/16`` B x4 loads."""
+    k = step * MMA_K
+    a_col = ix.add(lanes.a_col, k)
+    b_col = ix.add(lanes.b_col, k)
+    frags = []
+    for i in range(t.wm // MMA_M):
+        frags.append(nvgpu.ldmatrix(a_smem, [stage, ix.add(ix.add(warp_m, lanes.a_row), i * MMA_M), a_col], 4, f16))
+    for j in range(t.wn // (2 * MMA_N)):
+        row = ix.add(ix.add(warp_n, lanes.b_row), j * 2 * MMA_N)
+        frags.append(nvgpu.ldmatrix(b_smem, [stage, row, b_col], 4, f16))
+    return frags
+
+
+def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir.Type) -> list[ir.Value]:
+    """One k16 step of the warp: ``(wm/16) x (wn/8)`` ``mma.sync`` on the accumulators (row-major by m tile)."""
+    tiles_m = t.wm // MMA_M
+    a, b = frags[:tiles_m], frags[tiles_m:]
+    half = ir.VectorType.get([2, 2], f16)
+    bs = [vector.extract_strided_slice(half, bf, [h * 2, 0], [2, 2], [1, 1]) for bf in b for h in range(2)]
+    tiles_n = t.wn // MMA_N
+    return [nvgpu.mma_sync(a[i], bs[j], acc[i * tiles_n + j]) for i in range(tiles_m) for j in range(tiles_n)]
+
+
+def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand, lanes: _Lanes, tid: ir.Value,
+              g: ir.Value, base: ir.Value, warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value],
+              f16: ir.Type) -> list[ir.Value]:  # fmt: skip
+    """The software pipeline over this split's k tiles (``base`` is its first); returns the accumulators.
+
+    Prologue: tiles 0 .. stages-2 in flight, tile 0's first fragments loaded. Iteration ``kt``, k16 step
+    ``s``: at s = 0 tile ``kt + stages - 1`` is issued into the stage tile ``kt - 1`` left (every warp
+    passed the barrier after its last read); before each step's mma the next step's fragments are
+    loaded, at the last step those of tile ``kt + 1``, after waiting for its copies and a barrier.
+    One commit group per tile, empty ones included, keeps ``wait_group(stages - 2)`` exact.
+    """
+    ktiles = -(-shape.reduction // t.bk)
+    per_split = -(-ktiles // shape.splits)
+    exact = per_split * shape.splits == ktiles  # every split's every tile is real
+    steps = t.bk // MMA_K
+
+    def issue(local: ir.Value | int, stage: ir.Value) -> None:
+        """Copies of this split's tile ``local`` (zero-filled past the split's or the reduction's end)."""
+        valid = None
+        if isinstance(local, int):
+            tile = ix.add(base, min(local, per_split - 1))
+            if local >= per_split:
+                valid = arith.constant(ir.IntegerType.get_signless(1), 0)
+        else:
+            valid = ix.lt(local, per_split)
+            tile = ix.add(base, arith.minsi(local, ix.c(per_split - 1)))
+        if not exact:
+            real = ix.lt(tile, ktiles)
+            valid = real if valid is None else arith.andi(valid, real)
+            tile = arith.minsi(tile, ix.c(ktiles - 1))  # in bounds even where nothing is read
+        for op in (a, b):
+            _copy_tile(ix, t, op, tid, g, tile, stage, valid, shape)
+        nvvm.cp_async_commit_group()
+
+    for s in range(t.stages - 1):
+        issue(s, ix.c(s))
+    nvvm.cp_async_wait_group(t.stages - 2)
+    gpu.barrier()
+    first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
+    loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1), [*acc, *first])
+    with ir.InsertionPoint(loop.body):
+        kt = loop.induction_variable
+        args = list(loop.inner_iter_args)
+        acc, cur = args[: len(acc)], args[len(acc) :]
+        stage = ix.rem(kt, t.stages)
+        for s in range(steps):
+            if s == 0:
+                ahead = ix.add(kt, t.stages - 1)
+                issue(ahead, ix.rem(ahead, t.stages))
+            if s + 1 < steps:
+                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16)
+            else:
+                # Tile kt+1 is complete once at most stages-2 newer groups are pending.
+                nvvm.cp_async_wait_group(t.stages - 2)
+                gpu.barrier()
+                next_stage = ix.rem(ix.add(kt, 1), t.stages)
+                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
+            acc = _warp_mma(t, cur, acc, f16)
+            cur = nxt
+        scf.YieldOp([*acc, *cur])
+    nvvm.cp_async_wait_group(0)  # no copy may outlive the kernel's shared memory
+    return list(loop.results)[: len(acc)]
+
+
+def _store(value: ir.Value, c: ir.Value, indices: list[ir.Value], cond: ir.Value | None) -> None:
+    if cond is None:
+        vector.store(value, c, indices)
+        return
+    branch = scf.IfOp(cond)
+    with ir.InsertionPoint(branch.then_block):
+        vector.store(value, c, indices)
+        scf.YieldOp([])
+
+
+def _epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, c: ir.Value, where: list[ir.Value], row0: ir.Value,
+              col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type) -> None:  # fmt: skip
+    """Store the accumulators: lane l holds rows l/4 and l/4 + 8, columns 2(l%4) .. +1 of each 16x8 tile.
+
+    ``where`` indexes ``c`` before (row, column): ``[g]``, or ``[split, g]`` for split-K partials. Rows and
+    columns past M and N are not stored; with N odd a pair is stored one element at a time.
+    """
+    f32 = ir.F32Type.get()
+    row = ix.add(row0, ix.div(lane, 4))
+    col = ix.add(col0, ix.mul(ix.rem(lane, 4), 2))
+    tiles_n = t.wn // MMA_N
+    ragged_m, ragged_n, odd_n = shape.m % t.bm != 0, shape.n % t.bn != 0, shape.n % 2 != 0
+    for i in range(t.wm // MMA_M):
+        for j in range(tiles_n):
+            for h in range(2):
+                pair = vector.extract(acc[i * tiles_n + j], [], [h])
+                if out != f32:
+                    pair = arith.truncf(ir.VectorType.get([2], out), pair)
+                r = ix.add(row, i * MMA_M + h * 8)
+                cc = ix.add(col, j * MMA_N)
+                row_ok = [ix.lt(r, shape.m)] if ragged_m else []
+                if not odd_n:
+                    _store(pair, c, [*where, r, cc], _all(row_ok + ([ix.lt(cc, shape.n)] if ragged_n else [])))
+                    continue
+                for e in range(2):
+                    one = vector.extract_strided_slice(ir.VectorType.get([1], out), pair, [e], [1], [1])
+                    ce = ix.add(cc, e)
+                    _store(one, c, [*where, r, ce], _all([*row_ok, ix.lt(ce, shape.n)]))
+
+
+def grid(shape: GemmShape, t: GemmTiling) -> tuple[int, int, int]:
+    """Workgroups: N tiles, M tiles, groups x splits."""
+    return -(-shape.n // t.bn), -(-shape.m // t.bm), shape.groups * shape.splits
+
+
+def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: GemmTiling) -> None:
+    """Emit the kernel into ``entry`` (its operands already bound), for the grid :func:`grid` gives.
+
+    Args:
+        a: dy, ``memref<images x groups x m x hw x f16>``.
+        b: x, ``memref<images x groups x n x hw x f16>`` (a plain GEMM) or
+            ``memref<images x groups x channels x H x W x f16>`` (gathered, ``shape.conv``).
+        c: dW, ``memref<groups x m x n x (f32|f16)>``; with split-K, the partials
+            ``memref<splits x groups x m x n x f32>``.
+    """
+    ix = _Ix(entry)
+    f16 = ir.F16Type.get()
+    out = ir.MemRefType(c.type).element_type
+    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    tid = gpu.thread_id(gpu.Dimension.x)
+    lane = ix.rem(tid, WARP)
+    warp = ix.div(tid, WARP)
+    warps_n = t.bn // t.wn
+    warp_m = ix.mul(ix.div(warp, warps_n), t.wm)
+    warp_n = ix.mul(ix.rem(warp, warps_n), t.wn)
+    block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
+    block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
+    z = gpu.block_id(gpu.Dimension.z)
+    if shape.splits == 1:
+        g, where, base = z, [z], ix.c(0)
+    else:
+        g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
+        ktiles = -(-shape.reduction // t.bk)
+        where, base = [split, g], ix.mul(split, -(-ktiles // shape.splits))
+    a_smem = memref.alloc(ir.MemRefType.get([t.stages, t.bm, t.row], f16, memory_space=shared), [], [])
+    b_smem = memref.alloc(ir.MemRefType.get([t.stages, t.bn, t.row], f16, memory_space=shared), [], [])
+    lanes = _Lanes(
+        a_row=ix.rem(lane, 16),
+        a_col=ix.mul(ix.div(lane, 16), 8),
+        b_row=ix.add(ix.rem(lane, 8), ix.mul(ix.div(lane, 16), 8)),
+        b_col=ix.mul(ix.rem(ix.div(lane, 8), 2), 8),
+    )
+    zero = arith.constant(ir.VectorType.get([2, 2], ir.F32Type.get()), ir.DenseElementsAttr.get_splat(
+        ir.VectorType.get([2, 2], ir.F32Type.get()), ir.FloatAttr.get_f32(0.0)))  # fmt: skip
+    acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
+    a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
+    b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
+    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
+    _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out)

@@ -1,0 +1,165 @@
+"""convbw-explicit-kernel: replace each op whose plan says ``explicit`` by a kernel our builders write.
+
+    %dw = convbw.conv_bwd_weight(%x, %dy) {plan = {strategy = "explicit", tile = {m = 128, n = 256, ...}}}
+  ->
+    hal.executable.source private @convbw_explicit_0 {
+      hal.executable.export @gemm ... count(%device) { hal.return %n_tiles, %m_tiles, %groups }
+      builtin.module { func.func @gemm() {translation_info = <no_pipeline workgroup_size = [256, 1, 1]>} {
+        hal.interface.binding.subspan ...; cp.async / ldmatrix / mma.sync pipeline; stores } }
+    }
+    %x2 = tensor.collapse_shape %x      N x G x C x (H*W)
+    %d2 = tensor.collapse_shape %dy     N x G x K x (H*W)
+    %w = flow.dispatch @convbw_explicit_0::@gemm(%d2, %x2) : (...) -> G x K x C
+    %dw = tensor.expand_shape %w        G x K x C x 1 x 1
+
+IREE compiles the dispatch as written (``#iree_codegen.no_pipeline``): the kernel is the one
+``convbw_mlir.kernels.gemm_sm80`` builds from the plan's tile; nothing here decides anything. It runs
+right after ``convbw-plan``, so the later passes never see the op.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from convbw_mlir.dialects import convbw
+from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
+
+from convbw_mlir.builders import PARALLEL, REDUCTION, generic, reassociation, zero
+from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
+from convbw_mlir.plan import PlanError, Strategy, check_plan, explicit_tiling
+
+__all__ = ["ExplicitKernel", "carried_plan"]
+
+ENTRY = "gemm"
+# The plan an explicit kernel carried out rides on its flow.dispatch (no contraction records it).
+PLAN_ATTR = "convbw.plan"
+
+
+def carried_plan(module: ir.Module):  # -> convbw_mlir.plan.Plan | None
+    """The plan of the first explicit kernel's dispatch in ``module``, or None."""
+    from convbw_mlir.dialects.convbw import dict_from_attr
+
+    from convbw_mlir.plan import Plan
+
+    for op in collect_ops(module.operation, "flow.dispatch"):
+        if PLAN_ATTR in op.attributes:
+            return Plan.from_dict(dict_from_attr(op.attributes[PLAN_ATTR]))
+    return None
+
+
+def _collapse_spatial(value: ir.Value, rank: int) -> ir.Value:
+    """``[N, G, R, *spatial] -> [N, G, R, prod(spatial)]`` (layout 4's spatial dims are innermost)."""
+    t = ir.RankedTensorType(value.type)
+    shape = list(t.shape)
+    flat = 1
+    for s in shape[3:]:
+        flat *= s
+    groups = reassociation([[0], [1], [2], list(range(3, 3 + rank))])
+    return tensor_d.CollapseShapeOp(ir.RankedTensorType.get([*shape[:3], flat], t.element_type), value, groups).result
+
+
+def _sum_splits(partials: ir.Value, out: ir.Type) -> ir.Value:
+    """``[splits, G, M, N]`` f32 partial sums -> ``[G, M, N]`` in dW's type (a reduction IREE compiles itself)."""
+    shape = list(ir.RankedTensorType(partials.type).shape)
+    f32 = ir.F32Type.get()
+    init = linalg_d.fill(zero(f32), outs=[tensor_d.EmptyOp(shape[1:], f32).result])
+    d = [ir.AffineDimExpr.get(i) for i in range(4)]
+    maps = [ir.AffineMap.get(4, 0, d), ir.AffineMap.get(4, 0, d[1:])]
+
+    @generic([partials], [init], maps, [REDUCTION, PARALLEL, PARALLEL, PARALLEL])
+    def total(p: ir.Value, acc: ir.Value) -> ir.Value:
+        return arith_d.addf(p, acc)
+
+    if out == f32:
+        return total
+    ident = ir.AffineMap.get_identity(3)
+
+    @generic([total], [tensor_d.EmptyOp(shape[1:], out).result], [ident, ident], [PARALLEL] * 3)
+    def rounded(v: ir.Value, _o: ir.Value) -> ir.Value:
+        return arith_d.truncf(out, v)
+
+    return rounded
+
+
+def _kernel_module(family: str):
+    """The builder module of a target family's kernel form."""
+    if family == "cdna":
+        from convbw_mlir.kernels import gemm_cdna
+
+        return gemm_cdna
+    from convbw_mlir.kernels import gemm_sm80
+
+    return gemm_sm80
+
+
+def _body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, family: str) -> None:
+    _kernel_module(family).build_kernel_body(block, *memrefs, shape, tiling)
+
+
+@register
+class ExplicitKernel(ConvbwPass):
+    argument = "convbw-explicit-kernel"
+    description = (
+        "Replace each convbw.conv_bwd_weight whose plan has strategy explicit by a flow.dispatch of a "
+        "hal.executable.source whose kernel (cp.async, ldmatrix, mma.sync) is built from the plan."
+    )
+
+    def run(self, module: ir.Operation) -> None:
+        from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
+        from convbw_mlir.kernels.shapes import gemm_shape
+
+        count = 0
+        for op in collect_ops(module, convbw.OP_NAME):
+            plan = convbw.plan_of(op)
+            if plan is None or plan.strategy != Strategy.EXPLICIT:
+                continue
+            problem = convbw.verify_op(op)
+            if problem is None:
+                raise self.fail(op, "invalid convbw.conv_bwd_weight op")
+            try:  # a plan written by hand reaches here unchecked
+                check_plan(problem, plan)
+            except PlanError as e:
+                raise self.fail(op, str(e)) from None
+            with op.location:
+                shape, t = gemm_shape(problem, plan.k_batch), explicit_tiling(plan)
+                family = plan.target_info.family
+                kernels = _kernel_module(family)
+                f16 = element_type(problem.dtype)
+                out = element_type(problem.dw_dtype)
+                f32 = ir.F32Type.get()
+                b_shape = [shape.images, shape.groups, shape.n, shape.hw]
+                if shape.conv is not None:  # gathered from x as it is
+                    b_shape = list(ir.RankedTensorType(op.operands[0].type).shape)
+                c_shape = [shape.groups, shape.m, shape.n]
+                c_shape, c_type = ([shape.splits, *c_shape], f32) if shape.splits > 1 else (c_shape, out)
+                bindings = (
+                    ir.MemRefType.get([shape.images, shape.groups, shape.m, shape.hw], f16),
+                    ir.MemRefType.get(b_shape, f16),
+                    ir.MemRefType.get(c_shape, c_type),
+                )
+                entry = KernelEntry(
+                    executable=f"convbw_explicit_{count}",
+                    function=ENTRY,
+                    grid=kernels.grid(shape, t),
+                    workgroup_size=(t.threads, 1, 1),
+                    subgroup_size=plan.target_info.subgroup_size,
+                    bindings=bindings,
+                )
+                count += 1
+                top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
+                with ir.InsertionPoint(op):
+                    dy = _collapse_spatial(op.operands[1], problem.rank)
+                    x = op.operands[0] if shape.conv is not None else _collapse_spatial(op.operands[0], problem.rank)
+                    result_t = ir.RankedTensorType.get(c_shape, c_type)
+                    with ir.Location.unknown():  # the kernel's ops need no location of the problem
+                        result = build_dispatch(
+                            entry, partial(_body, shape=shape, tiling=t, family=family), [dy, x], result_t, top
+                        )
+                    result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+                    if shape.splits > 1:
+                        result = _sum_splits(result, out)
+                    dw_t = convbw.tensor_type(problem, "dw")
+                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
+                    dw = tensor_d.ExpandShapeOp(dw_t, result, groups, [], list(problem.dw_shape)).result
+            op.results[0].replace_all_uses_with(dw)
+            op.erase()
