@@ -287,7 +287,34 @@ def decide(problem: ConvBwdWeightProblem, target: str, split: Split | None = Non
 
 
 def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
-    """Strategy and tile of a GPU plan whose GEMM form and split are decided."""
+    """Strategy and tile of a GPU plan whose GEMM form and split are decided; a split IREE's own tiling
+    would pad is dropped (automatic) or refused (asked for)."""
+    chosen = _gpu_tile(plan, work, tgt, opts)
+    why = _iree_split_pads(work, chosen, tgt)
+    if why is None:
+        return chosen
+    if opts.k_batch == "auto":
+        return _gpu_strategy(replace(plan, split=None), work, tgt, opts)  # unsplit: IREE's padding is safe there
+    raise PlanError(f"k-batch={opts.k_batch}: {why}")
+
+
+def _iree_split_pads(work: ConvBwdWeightProblem, plan: Plan, tgt: Target) -> str | None:
+    """Why ``plan`` (IREE tiling a split itself) would read past x and dy, or None: measured on the H100,
+    every such kernel whose per-split reduction is not a multiple of the instruction's k read past its
+    inputs (8 problems, 17 kernels), the multiples stayed inside (docs/decisions.md#split-iree-step)."""
+    if plan.strategy != Strategy.IREE or plan.split is None or not tgt.is_gpu:
+        return None
+    contraction = Contraction.build(work, plan.split)
+    intr = pick_intrinsic(work, tgt)
+    if not contraction.has_split_loop or intr is None or contraction.reduction_extent % intr.k == 0:
+        return None
+    return (f"IREE's own tiling pads the {contraction.reduction_extent} reduction elements of each of "
+            f"{plan.split.k_batch} splits (not a multiple of {intr.k}); such kernels read past x and dy "
+            "(docs/decisions.md#split-iree-step)")  # fmt: skip
+
+
+def _gpu_tile(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
+    """Strategy and tile of a GPU plan whose GEMM form and split are decided (before the IREE split check)."""
     contraction = Contraction.build(work, plan.split)
     policy = tgt.tile_policy
     intr = pick_intrinsic(work, tgt)
@@ -396,8 +423,8 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
     """Refuse a given plan (a stored or hand-written one) that IREE is known to compile wrongly.
 
     Raises:
-        PlanError: a split whose reduction the tile's step pads (its kernels read past x and dy:
-            docs/decisions.md#split-gemm-step), naming the sizes.
+        PlanError: a split whose reduction the tile's step pads, or IREE's own tiling would pad (its
+            kernels read past x and dy: docs/decisions.md#split-gemm-step, #split-iree-step), naming the sizes.
     """
     if plan.strategy == Strategy.EXPLICIT:
         from convbw_mlir.kernels.shapes import unsupported
@@ -418,9 +445,13 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
         if why:
             raise PlanError("strategy explicit: " + "; ".join(why))
         return
+    work = effective_problem(problem, plan.reduction_innermost)
+    why = _iree_split_pads(work, plan, plan.target_info)
+    if why is not None:
+        raise PlanError(f"plan: {why}")
     if plan.tile is None or plan.split is None:
         return
-    contraction = Contraction.build(effective_problem(problem, plan.reduction_innermost), plan.split)
+    contraction = Contraction.build(work, plan.split)
     if contraction.has_split_loop and contraction.reduction_extent % plan.tile.k:
         raise PlanError(
             f"plan: tile k {plan.tile.k} does not divide the {contraction.reduction_extent} reduction elements of "

@@ -174,6 +174,10 @@ def check_inputs(problem: Any, x: Any, dy: Any, driver: str | None = None) -> tu
     return np.ascontiguousarray(arrays[0]), np.ascontiguousarray(arrays[1])
 
 
+# NaN after a checked kernel's inputs: past the one tile a ragged loop over-reads (docs/torch.md, overread)
+FENCE_BYTES = 1 << 20
+
+
 @dataclass
 class Kernel:
     """A vmfb loaded on one device; ``__call__`` takes host or device arrays and returns a device array."""
@@ -195,6 +199,24 @@ class Kernel:
         import iree.runtime as rt
 
         return rt.asdevicearray(self.device, array)
+
+    def to_device_fenced(self, array: np.ndarray, slack_bytes: int = FENCE_BYTES) -> Any:
+        """``array`` on the device at the start of a larger buffer whose rest is NaN: a kernel that reads
+        past the end of its input picks NaN up (finite garbage times a padding zero would hide it)."""
+        import iree.runtime as rt
+
+        flat = np.full(array.size + -(-slack_bytes // array.itemsize), np.nan, dtype=array.dtype)
+        flat[: array.size] = array.ravel()
+        name = next((n for n in _HAL_ELEMENT_TYPES if numpy_dtype(n) == array.dtype), None)
+        if name is None:
+            raise TypeError(f"array: dtype {array.dtype} is none of {', '.join(_HAL_ELEMENT_TYPES)}")
+        element_type = getattr(rt.HalElementType, _HAL_ELEMENT_TYPES[name])
+        staged = self.device.allocator.allocate_buffer_copy(
+            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=self.device,
+            buffer=flat, element_type=element_type,
+        )  # fmt: skip
+        view = rt.HalBufferView(staged.get_buffer(), list(array.shape), element_type)  # the first array.size only
+        return rt.DeviceArray(self.device, view)
 
     def __call__(self, *args: Any) -> Any:
         return self._fn(*args)

@@ -124,7 +124,6 @@ def test_numpy_integers_are_taken_as_overrides_and_numpy_floats_and_bools_are_no
         ("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1", "auto", 8, 16),  # 784 a split: 49 x 16
         ("2 1 32 128 128 3 3 28 28 1 1 1 1 1 1 1 1", "auto", 16, 32),  # 1568 a split: 49 x 32
         ("2 1 2 256 36 3 3 25 25 1 1 1 1 1 1 1 1", "auto", 1, 64),  # 625 a split: no step; unsplit instead
-        ("2 1 2 256 36 3 3 25 25 1 1 1 1 1 1 1 1", 2, 2, None),  # asked for: the split stays, IREE's config
         ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", "auto", 4, 64),  # 50176 a split: the 64 step divides
     ],
 )
@@ -134,6 +133,29 @@ def test_a_split_convolution_takes_a_step_that_divides_its_reduction_per_split(c
     assert plan.k_batch == want_split
     assert (plan.tile.k if plan.tile else None) == want_k
     assert plan.strategy is (Strategy.MMA if want_k else Strategy.IREE)
+
+
+@pytest.mark.parametrize(
+    "ck, k_batch, per_split",
+    [
+        ("2 1 2 256 36 3 3 25 25 1 1 1 1 1 1 1 1", 2, 625),  # 3x3: no step of ours divides, IREE's would pad
+        ("2 1 32 256 256 1 1 7 7 1 1 1 1 0 0 0 0", 4, 392),  # a 1x1 (GEMM form) IREE tiles itself
+    ],
+)
+def test_a_split_iree_would_pad_is_refused_when_asked_for_and_dropped_when_automatic(ck, k_batch, per_split):
+    # every such kernel read past x and dy on the H100 (17 of them: docs/decisions.md#split-iree-step)
+    from convbw_mlir.plan import check_plan
+
+    p = ConvBwdWeightProblem.from_ck(ck)
+    with pytest.raises(PlanError, match=rf"^k-batch={k_batch}: IREE's own tiling pads the {per_split} reduction "
+                                        rf"elements of each of {k_batch} splits \(not a multiple of 16\)"):  # fmt: skip
+        decide(p, "sm_80", k_batch=k_batch)
+    auto = decide(p, "sm_80")
+    check_plan(p, auto)  # what the plan decides by itself is never refused
+    stored = dataclasses.replace(auto, strategy=Strategy.IREE, tile=None,
+                                 split=Split("n", k_batch, p.batch // k_batch))  # fmt: skip
+    with pytest.raises(PlanError, match="read past x and dy"):
+        check_plan(p, stored)
 
 
 def test_a_stored_plan_whose_step_pads_its_split_is_refused_before_compiling():

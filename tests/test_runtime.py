@@ -121,3 +121,28 @@ def test_timing_batches_are_all_the_same_size_so_every_sample_is_taken_alike():
     assert len(samples) == len(sizes) == 8
     assert len(set(sizes)) == 1 and 1 < sizes[0] <= 64
     assert all(2e-4 <= s < 2e-2 for s in samples)
+
+
+def test_fenced_input_sits_at_the_start_of_a_buffer_whose_rest_is_nan(compiled):
+    import iree.runtime as rt
+
+    from convbw_mlir.runtime import Kernel
+
+    kernel = Kernel(compiled(SMALL).vmfb, "local-task")
+    a = np.arange(12, dtype=np.float16).reshape(3, 4)
+    fenced = kernel.to_device_fenced(a, slack_bytes=64)
+    np.testing.assert_array_equal(fenced.to_host(), a)
+    buf = fenced._buffer_view.get_buffer()
+    whole = rt.DeviceArray(kernel.device, rt.HalBufferView(buf, [buf.byte_length() // 2], rt.HalElementType.FLOAT_16))
+    behind = whole.to_host()[a.size :]
+    assert behind.size == 32 and np.isnan(behind).all()  # what a kernel reading past ``a`` would pick up
+
+
+def test_a_kernel_that_stays_inside_its_fenced_inputs_gives_the_same_dw(compiled):
+    from convbw_mlir.runtime import Kernel
+
+    kernel = Kernel(compiled(SMALL).vmfb, "local-task")
+    x, dy = random_inputs(SMALL)
+    got = np.asarray(kernel(kernel.to_device_fenced(x), kernel.to_device_fenced(dy)).to_host())
+    assert np.isfinite(got).all()
+    assert_close(SMALL, got, reference(SMALL, x, dy))

@@ -316,8 +316,11 @@ def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device:
     if not rec.get("ok"):
         return {"status": "no kernel", "error": rec.get("error", "")}
     kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
-    xd, dyd = kernel.to_device(prob.x), kernel.to_device(prob.dy)
+    # NaN after x and dy: a kernel reading past them is WRONG here, not only where memory holds NaN later
+    xd, dyd = kernel.to_device_fenced(prob.x), kernel.to_device_fenced(prob.dy)
     res = prob.check(np.asarray(kernel(xd, dyd).to_host()), prob.p.dw_dtype)
+    if res["status"] != "ok" and "non-finite" in res.get("error", ""):
+        res["error"] += " (x and dy are followed by NaN: the kernel reads past the end of its inputs)"
     if res["status"] == "ok":
         res |= _stats(time_calls(kernel, xd, dyd))
     return res
