@@ -246,6 +246,21 @@ def _kernel_us(fn, calls: int = 20) -> dict:  # noqa: ANN001
     return {"kernel_us": total / calls, "kernels": sorted(names)[:6]}
 
 
+def _cudnn_call(p, x, wsize, dy, kw: dict):  # noqa: ANN001, ANN202
+    """cuDNN's weight gradient of ``p`` on these tensors, as torch's autograd calls it (dW only)."""
+    import torch
+
+    w = torch.empty(wsize, device=DEVICE, dtype=x.dtype)
+
+    def cudnn():  # noqa: ANN202
+        return torch.ops.aten.convolution_backward(
+            dy, x, w, None, kw["stride"], kw["padding"], kw["dilation"], False, [0] * p.rank, p.groups,
+            [False, True, False],
+        )  # fmt: skip
+
+    return cudnn
+
+
 def _time_one(root: Path, p) -> dict:  # noqa: ANN001
     """The IREE runtime path's per-call time on problem ``p`` (channels-last f16 tensors): the prepared call and
     the entry point; with ``--full`` also cuDNN, IREE's Python invoker, the async-fences module and CUPTI kernel
@@ -260,14 +275,7 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
     rec = {}
     x, wsize, dy = _torch_inputs(p, "channels_last")
     kw = _torch_args(p)
-    w = torch.empty(wsize, device=DEVICE, dtype=x.dtype)
-    rank = p.rank
-
-    def cudnn():  # noqa: ANN202
-        return torch.ops.aten.convolution_backward(
-            dy, x, w, None, kw["stride"], kw["padding"], kw["dilation"], False, [0] * rank, p.groups,
-            [False, True, False],
-        )  # fmt: skip
+    cudnn = _cudnn_call(p, x, wsize, dy, kw)
 
     prof = _kernel_us if FULL else (lambda fn: {})
     if FULL:
@@ -340,20 +348,13 @@ def _time_direct(p) -> dict:  # noqa: ANN001
     rec = {}
     x, wsize, dy = _torch_inputs(p, "channels_last")
     kw = _torch_args(p)
-    w = torch.empty(wsize, device=DEVICE, dtype=x.dtype)
-    rank = p.rank
-
-    def cudnn():  # noqa: ANN202
-        return torch.ops.aten.convolution_backward(
-            dy, x, w, None, kw["stride"], kw["padding"], kw["dilation"], False, [0] * rank, p.groups,
-            [False, True, False],
-        )  # fmt: skip
+    cudnn = _cudnn_call(p, x, wsize, dy, kw)
 
     def entry():  # noqa: ANN202
         return conv_weight(x, wsize, dy, **kw)
 
     got = entry()
-    want = getattr(torch.nn.grad, f"conv{rank}d_weight")(x.double(), wsize, dy.double(), **kw)
+    want = getattr(torch.nn.grad, f"conv{p.rank}d_weight")(x.double(), wsize, dy.double(), **kw)
     rec["error"] = _error(p, got, want)
     rec["cudnn"] = _timed(cudnn, _sync) | _kernel_us(cudnn)
     rec["entry"] = _timed(entry, _sync) | _kernel_us(entry)
