@@ -31,7 +31,7 @@ def for_target(target: str, **options: Any) -> list[PipelineElement]:
     # contraction for IREE.
     stages: list[str | tuple[str, dict[str, Any]]] = [
         ("convbw-plan", {"target": target}),
-        *([("convbw-explicit-kernel", {})] if tgt.family in ("nvidia", "cdna") else []),  # strategy explicit
+        *([("convbw-explicit-kernel", {})] if tgt.family in ("nvidia", "cdna", "rdna") else []),  # strategy explicit
         ("convbw-explicit-gemm", {}),
         ("convbw-split-k", {}),
         ("convbw-lower-to-linalg", {}),

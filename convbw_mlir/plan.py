@@ -345,11 +345,11 @@ def _gpu_tile(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrid
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The explicit strategy's plan: the sm_80 kernel's tiling (its defaults, or the tile overrides)."""
-    from convbw_mlir.kernels.shapes import CDNA_INTRINSIC, INTRINSIC, CdnaTiling, GemmTiling, auto_splits, gemm_shape
+    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling, auto_splits, gemm_shape
 
-    if tgt.family not in ("nvidia", "cdna"):
+    if tgt.family not in ("nvidia", "cdna", "rdna"):
         raise PlanError(
-            f"strategy: explicit kernels are written for NVIDIA (sm_80) and CDNA only, not target {tgt.name}"
+            f"strategy: explicit kernels are written for NVIDIA (sm_80), CDNA and RDNA only, not target {tgt.name}"
         )
     given = {
         "k-batch": opts.k_batch if opts.k_batch == "rows" else None,
@@ -364,19 +364,8 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
                 f"{name}: {value!r} does not apply to strategy explicit (it takes k-batch and tile options)"
             )
     given = opts.tile
-    if tgt.family == "cdna":  # the MFMA form: a plain GEMM, 2 LDS buffers (compiled, never run: no AMD GPU here)
-        c = CdnaTiling()
-        c = replace(c, wm=given.get("m", c.bm) // given.get("subgroups_m", c.bm // c.wm),
-                    wn=given.get("n", c.bn) // given.get("subgroups_n", c.bn // c.wn))  # fmt: skip
-        c = replace(c, bm=given.get("m", c.bm), bn=given.get("n", c.bn), bk=given.get("k", c.bk))
-        if given.get("stages", 2) != 2:
-            raise PlanError(f"stages: {given['stages']}: the CDNA form double-buffers LDS (2 stages)")
-        tile = Tile(c.bm, c.bn, c.bk, c.bm // c.wm, c.bn // c.wn, 2, CDNA_INTRINSIC)
-        plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
-        if _is_int(opts.k_batch) and opts.k_batch > 1:
-            raise PlanError(f"k-batch: {opts.k_batch}: the CDNA form has no split-K")
-        check_plan(problem, plan)
-        return plan
+    if tgt.family in ("cdna", "rdna"):  # MFMA / WMMA forms, 2 LDS buffers (compiled, never run: no AMD GPU here)
+        return _explicit_amd(problem, tgt, opts)
     t = GemmTiling()
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
@@ -396,6 +385,33 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     return plan
 
 
+def _explicit_amd(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
+    """The AMD explicit plan: the target's first intrinsic the AMD kernel has a form of (its table entry
+    decides MFMA or WMMA and which WMMA operand form), the tile options, split-K as on NVIDIA."""
+    from convbw_mlir.kernels.shapes import AMD_FORMS, CdnaTiling, auto_splits, gemm_shape
+
+    given = opts.tile
+    intr = next((i.name for i in tgt.intrinsics.get(problem.dtype, ()) if i.name in AMD_FORMS), None)
+    if intr is None:
+        raise PlanError(f"dtype: {problem.dtype}: target {tgt.name} has no matrix instruction the AMD kernel writes")
+    c = CdnaTiling(wave=tgt.subgroup_size, intrinsic=intr)
+    c = replace(c, wm=given.get("m", c.bm) // given.get("subgroups_m", c.bm // c.wm),
+                wn=given.get("n", c.bn) // given.get("subgroups_n", c.bn // c.wn))  # fmt: skip
+    c = replace(c, bm=given.get("m", c.bm), bn=given.get("n", c.bn), bk=given.get("k", c.bk))
+    if given.get("stages", 2) != 2:
+        raise PlanError(f"stages: {given['stages']}: the AMD forms double-buffer LDS (2 stages)")
+    plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=Tile(c.bm, c.bn, c.bk, c.bm // c.wm, c.bn // c.wn, 2,
+                                                                   intr))  # fmt: skip
+    check_plan(problem, plan)
+    shape = gemm_shape(problem)
+    splits = opts.k_batch if _is_int(opts.k_batch) else auto_splits(shape, c, tgt.compute_units)
+    if splits > 1:
+        ktiles = -(-shape.reduction // c.bk)
+        plan = replace(plan, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
+        check_plan(problem, plan)
+    return plan
+
+
 # The explicit kernel splits its flattened reduction (images x output positions) in k tiles: Split.chunk
 # counts k tiles per split.
 EXPLICIT_SPLIT = "r"
@@ -406,8 +422,9 @@ def explicit_tiling(plan: Plan):  # -> convbw_mlir.kernels.shapes.GemmTiling | C
     from convbw_mlir.kernels.shapes import CdnaTiling, GemmTiling
 
     t = plan.tile
-    if plan.target_info.family == "cdna":
-        return CdnaTiling(t.m, t.n, t.k, t.m // t.subgroups_m, t.n // t.subgroups_n, plan.target_info.subgroup_size)
+    if plan.target_info.family in ("cdna", "rdna"):
+        return CdnaTiling(t.m, t.n, t.k, t.m // t.subgroups_m, t.n // t.subgroups_n, plan.target_info.subgroup_size,
+                          t.intrinsic)  # fmt: skip
     return GemmTiling(t.m, t.n, t.k, t.stages, t.m // t.subgroups_m, t.n // t.subgroups_n)
 
 
@@ -431,10 +448,12 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
 
         cap = plan.target_info.lds_bytes
         why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan), cap)
-        if plan.tile is not None and plan.target_info.family == "cdna" and not why:
+        if plan.tile is not None and plan.target_info.family in ("cdna", "rdna") and not why:
             from convbw_mlir.kernels.shapes import gemm_shape
 
             why = explicit_tiling(plan).problems(gemm_shape(problem, plan.k_batch), cap)
+            if plan.target_info.intrinsic(problem.dtype, plan.tile.intrinsic) is None:  # a stored plan's
+                why.append(f"tile: intrinsic {plan.tile.intrinsic} is not one of {plan.target}'s")
         if plan.split is not None and plan.tile is not None:
             ktiles = -(-math.prod((problem.batch, *problem.output_size)) // plan.tile.k)
             if plan.split.dim != EXPLICIT_SPLIT or plan.split.k_batch > ktiles:

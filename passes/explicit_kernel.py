@@ -87,6 +87,10 @@ def _kernel_module(family: str):
         from convbw_mlir.kernels import gemm_cdna
 
         return gemm_cdna
+    if family == "rdna":
+        from convbw_mlir.kernels import gemm_rdna
+
+        return gemm_rdna
     from convbw_mlir.kernels import gemm_sm80
 
     return gemm_sm80

@@ -1,60 +1,139 @@
-"""The CDNA (gfx942) form of the explicit GEMM kernel: ``amdgpu.mfma`` 16x16x16 f16 -> f32.
+"""The AMD explicit kernel, and its CDNA (MFMA) form: ``amdgpu.mfma`` 16x16x16 f16 -> f32.
 
-``C[g, m, n] = sum_{i, r} A[i, g, m, r] * B[i, g, n, r]`` for a 1x1 layout-4 weight gradient (the plain
-GEMM form of ``gemm_sm80``; no gathered operand, no split, aligned shapes only). The AMD pipeline of the
-issue: global -> registers -> LDS, double-buffered: tile kt+1 is loaded into registers while tile kt's
-MFMAs run, then stored to the other LDS buffer before the barrier. LDS is a static ``memref.alloc`` in
-workgroup space (IREE launches HIP kernels with no dynamic LDS: ../shared/DESIGN.md), rows padded by
-8 elements. Waves of 64 lanes, each a ``wm x wn`` tile of 16x16 MFMA tiles.
+``C[g, m, n] = sum_r A[g, m, r] * B[g, n, r]``, the implicit GEMM of a layout-4 weight gradient
+(``convbw_mlir.kernels.shapes``): A = dy ``[N, G, K, Ho*Wo]``; B = x ``[N, G, C, Ho*Wo]`` for a plain 1x1
+GEMM, else gathered from x ``[N, G, C, H, W]`` at the convolution's coordinates (the address arithmetic
+of ``gemm_sm80._element_address``, per element of the tile: no im2col buffer); C = dW ``[G, K, C*Y*X]``
+or the split-K partials ``[splits, G, K, C*Y*X]`` f32.
 
-Fragments (AMD's matrix instruction calculator, ``v_mfma_f32_16x16x16_f16``): lane l holds A[l % 16][4(l / 16)
-.. +3] and B[4(l / 16) .. +3][l % 16]; the result D[4(l / 16) + e][l % 16], e = 0..3. Both operands are
-contiguous along k in LDS, so each fragment is one 8-byte LDS read.
+The AMD pipeline of the issue: global -> registers -> LDS, double-buffered: tile kt+1 is loaded into
+registers while tile kt's matrix instructions run, then stored to the other LDS buffer before the
+barrier. LDS is a static ``memref.alloc`` in workgroup space (IREE launches HIP kernels with no dynamic
+LDS: ../shared/DESIGN.md), rows padded by 8 elements. Each wave computes ``wm x wn`` in 16x16 tiles.
+Ragged M, N and reduction are zero-filled on load and masked on store.
+
+What differs between MFMA and the WMMA forms (``gemm_rdna``) is one :class:`MatrixForm`: which LDS
+elements a lane reads for a fragment, the instruction, and where a lane's accumulators land.
+
+MFMA fragments (AMD's matrix instruction calculator, ``v_mfma_f32_16x16x16_f16``): lane l holds
+A[l % 16][4(l / 16) .. +3] and B[4(l / 16) .. +3][l % 16]; the result D[4(l / 16) + e][l % 16], e = 0..3.
+Both operands are contiguous along k in LDS, so each fragment is one 8-byte LDS read.
 
 No AMD GPU exists here: this kernel is compiled and its ISA checked (v_mfma, no scratch), never run.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, memref, scf, vector
 
-from convbw_mlir.kernels.gemm_sm80 import _Ix
-from convbw_mlir.kernels.shapes import CdnaTiling, GemmShape
+from convbw_mlir.kernels.gemm_sm80 import _all, _element_address, _Ix, _Operand
+from convbw_mlir.kernels.shapes import AMD_FORMS, AMD_LOAD, CDNA_INTRINSIC, CdnaTiling, GemmShape
 
-__all__ = ["build_kernel_body", "grid"]
+__all__ = ["FORMS", "MatrixForm", "build_amd_kernel", "build_kernel_body", "grid"]
 
-MFMA = 16  # the 16x16x16 instruction's M, N and K
-LOAD = 8  # f16 elements of one 16-byte global load
+TILE = 16  # the 16x16x16 instructions' M, N and K
+
+
+@dataclass(frozen=True)
+class MatrixForm:
+    """One 16x16x16 f16 -> f32 matrix instruction as a wave sees it.
+
+    Attributes:
+        intrinsic: IREE's name of it (a key of ``shapes.AMD_FORMS``).
+        frag: f16 of A (and of B) a lane holds.
+        acc: f32 accumulators a lane holds.
+        k_lanes: lanes 0-15 hold k ``[0, frag)``; lane l starts at ``(l / 16) * k_lanes`` (0: every lane
+            holds all 16 k, lanes 16-31 repeating 0-15).
+        acc_row: accumulator e of lane l is D[acc_row(l / 16, e)][l % 16].
+    """
+
+    intrinsic: str
+    frag: int
+    acc: int
+    k_lanes: int
+    acc_row: tuple[int, int]  # (factor of l / 16, factor of e): row = a * (l / 16) + b * e
+
+    def mma(self, a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
+        return amdgpu.mfma(TILE, TILE, TILE, a, b, acc, blocks=1)
+
+
+MFMA = MatrixForm(CDNA_INTRINSIC, 4, 4, 4, (4, 1))
+FORMS: dict[str, MatrixForm] = {MFMA.intrinsic: MFMA}
 
 
 def grid(shape: GemmShape, t: CdnaTiling) -> tuple[int, int, int]:
-    """Workgroups: N tiles, M tiles, groups."""
-    return shape.n // t.bn, shape.m // t.bm, shape.groups
+    """Workgroups: N tiles, M tiles, groups x splits."""
+    return -(-shape.n // t.bn), -(-shape.m // t.bm), shape.groups * shape.splits
 
 
-def _global_load(ix: _Ix, t: CdnaTiling, glob: ir.Value, row0: ir.Value, rows: int, tid: ir.Value, g: ir.Value,
-                 ktile: ir.Value, shape: GemmShape) -> list[ir.Value]:  # fmt: skip
-    """This thread's 16-byte loads of one k tile of an operand (into registers)."""
-    chunks = t.bk // LOAD
+def _zero(vec: ir.Type) -> ir.Value:
+    return arith.constant(vec, ir.DenseElementsAttr.get_splat(vec, ir.FloatAttr.get(ir.VectorType(vec).element_type,
+                                                                                     0.0)))  # fmt: skip
+
+
+def _global_load(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir.Value, g: ir.Value,
+                 ktile: ir.Value, valid: ir.Value | None) -> list[tuple[ir.Value, int, int]]:  # fmt: skip
+    """This thread's share of k tile ``ktile`` of ``op`` into registers: ``(vector, pass, column offset)``.
+
+    Rows contiguous along r load ``op.vector`` elements at a time (16 bytes where 8 | Ho*Wo); a gathered
+    B loads its 8 elements one by one at the convolution's coordinates. Anything past the rows, the
+    reduction or the image (or a tile past the split, ``valid`` false) is zero.
+    """
+    chunks = t.bk // AMD_LOAD
     per_pass = t.threads // chunks
-    r = ix.add(ix.mul(ktile, t.bk), ix.mul(ix.rem(tid, chunks), LOAD))
-    image, pos = ix.div(r, shape.hw), ix.rem(r, shape.hw)
-    vec = ir.VectorType.get([LOAD], ir.F16Type.get())
-    return [vector.load(vec, glob, [image, g, ix.add(row0, ix.add(ix.div(tid, chunks), i * per_pass)), pos])
-            for i in range(rows // per_pass)]  # fmt: skip
+    col = ix.mul(ix.rem(tid, chunks), AMD_LOAD)
+    r0 = ix.add(ix.mul(ktile, t.bk), col)
+    f16 = ir.F16Type.get()
+    ragged_r = shape.reduction % t.bk != 0
+    out = []
+    for i in range(op.rows // per_pass):
+        lrow = ix.add(ix.div(tid, chunks), i * per_pass)
+        grow = ix.add(op.row0, lrow)
+        conds = [] if valid is None else [valid]
+        if op.extent % op.rows:
+            conds.append(ix.lt(grow, op.extent))
+            grow = arith.minsi(grow, ix.c(op.extent - 1))  # in bounds even where nothing is read
+        v = op.vector
+        if v > 1:
+            vec_t = ir.VectorType.get([v], f16)
+            for s in range(AMD_LOAD // v):
+                r = ix.add(r0, s * v)
+                in_r = [ix.lt(r, shape.reduction)] if ragged_r else []
+                if in_r:
+                    r = arith.minsi(r, ix.c(shape.reduction - v))
+                idx, ok = _element_address(ix, shape, op, g, grow, r, conds + in_r)
+                x = vector.load(vec_t, op.glob, idx)
+                out.append((x if ok is None else arith.select(ok, x, _zero(vec_t)), i, s * v))
+            continue
+        values = []
+        for e in range(AMD_LOAD):
+            r = ix.add(r0, e)
+            in_r = [ix.lt(r, shape.reduction)] if ragged_r else []
+            if in_r:
+                r = arith.minsi(r, ix.c(shape.reduction - 1))
+            idx, ok = _element_address(ix, shape, op, g, grow, r, conds + in_r)
+            x = memref.load(op.glob, idx)
+            values.append(x if ok is None else arith.select(ok, x, arith.constant(f16, 0.0)))
+        out.append((vector.from_elements(ir.VectorType.get([AMD_LOAD], f16), values), i, 0))
+    return out
 
 
-def _lds_store(ix: _Ix, t: CdnaTiling, lds: ir.Value, stage: ir.Value, tid: ir.Value, values: list[ir.Value]) -> None:
-    chunks = t.bk // LOAD
+def _lds_store(ix: _Ix, t: CdnaTiling, lds: ir.Value, stage: ir.Value, tid: ir.Value,
+               values: list[tuple[ir.Value, int, int]]) -> None:  # fmt: skip
+    """The registers :func:`_global_load` filled, into LDS buffer ``stage`` (the same thread's places)."""
+    chunks = t.bk // AMD_LOAD
     per_pass = t.threads // chunks
-    col = ix.mul(ix.rem(tid, chunks), LOAD)
-    for i, v in enumerate(values):
-        vector.store(v, lds, [stage, ix.add(ix.div(tid, chunks), i * per_pass), col])
+    row, col = ix.div(tid, chunks), ix.mul(ix.rem(tid, chunks), AMD_LOAD)
+    for v, i, off in values:
+        vector.store(v, lds, [stage, ix.add(row, i * per_pass), ix.add(col, off)])
 
 
-def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: CdnaTiling) -> None:
-    """Emit the kernel into ``entry``; operands as in ``gemm_sm80.build_kernel_body`` (plain GEMM form)."""
+def build_amd_kernel(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: CdnaTiling,
+                     form: MatrixForm) -> None:  # fmt: skip
+    """Emit the kernel into ``entry`` with the matrix instruction ``form``; operands as in the module doc."""
     ix = _Ix(entry)
     f16, f32 = ir.F16Type.get(), ir.F32Type.get()
     out = ir.MemRefType(c.type).element_type
@@ -65,53 +144,94 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     wave_m, wave_n = ix.mul(ix.div(wave, waves_n), t.wm), ix.mul(ix.rem(wave, waves_n), t.wn)
     block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
     block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
-    g = gpu.block_id(gpu.Dimension.z)
+    z = gpu.block_id(gpu.Dimension.z)
+    ktiles = -(-shape.reduction // t.bk)
+    per_split = -(-ktiles // shape.splits)
+    if shape.splits == 1:
+        g, where, base = z, [z], ix.c(0)
+    else:
+        g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
+        where, base = [split, g], ix.mul(split, per_split)
+    exact = per_split * shape.splits == ktiles  # every split's every tile is real
     a_lds = memref.alloc(ir.MemRefType.get([2, t.bm, t.row], f16, memory_space=shared), [], [])
     b_lds = memref.alloc(ir.MemRefType.get([2, t.bn, t.row], f16, memory_space=shared), [], [])
-    frag_row, frag_k = ix.rem(lane, MFMA), ix.mul(ix.div(lane, MFMA), 4)
-    frag_t = ir.VectorType.get([4], f16)
-    acc_t = ir.VectorType.get([4], f32)
-    zero = arith.constant(acc_t, ir.DenseElementsAttr.get_splat(acc_t, ir.FloatAttr.get_f32(0.0)))
-    tiles_m, tiles_n = t.wm // MFMA, t.wn // MFMA
-    ktiles = shape.reduction // t.bk
+    a_op = _Operand(a, block_m, a_lds, t.bm, shape.m, shape.a_vector())
+    b_op = _Operand(b, block_n, b_lds, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
+    frag_row = ix.rem(lane, TILE)
+    frag_k = ix.mul(ix.div(lane, TILE), form.k_lanes) if form.k_lanes else ix.c(0)
+    frag_t = ir.VectorType.get([form.frag], f16)
+    acc_t = ir.VectorType.get([form.acc], f32)
+    tiles_m, tiles_n = t.wm // TILE, t.wn // TILE
 
-    def load(ktile: ir.Value) -> list[ir.Value]:
-        return (_global_load(ix, t, a, block_m, t.bm, tid, g, ktile, shape)
-                + _global_load(ix, t, b, block_n, t.bn, tid, g, ktile, shape))  # fmt: skip
+    def load(local: ir.Value | int) -> tuple[list, list]:
+        """Tile ``local`` of this split into registers (zero past the split's or the reduction's end)."""
+        valid = None
+        if isinstance(local, int):
+            tile = ix.add(base, local)
+        else:
+            tile = ix.add(base, arith.minsi(local, ix.c(per_split - 1)))  # the last iteration reloads the last tile
+        if not exact:
+            valid = ix.lt(tile, ktiles)
+            tile = arith.minsi(tile, ix.c(ktiles - 1))
+        return (_global_load(ix, t, shape, a_op, tid, g, tile, valid),
+                _global_load(ix, t, shape, b_op, tid, g, tile, valid))  # fmt: skip
 
-    def store(stage: ir.Value, regs: list[ir.Value]) -> None:
-        na = len(regs) * t.bm // (t.bm + t.bn)
-        _lds_store(ix, t, a_lds, stage, tid, regs[:na])
-        _lds_store(ix, t, b_lds, stage, tid, regs[na:])
+    def store(stage: ir.Value, regs: tuple[list, list]) -> None:
+        _lds_store(ix, t, a_lds, stage, tid, regs[0])
+        _lds_store(ix, t, b_lds, stage, tid, regs[1])
 
-    store(ix.c(0), load(ix.c(0)))
+    store(ix.c(0), load(0))
     gpu.barrier()
-    loop = scf.ForOp(ix.c(0), ix.c(ktiles), ix.c(1), [zero] * (tiles_m * tiles_n))
+    loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1), [_zero(acc_t)] * (tiles_m * tiles_n))
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
         acc = list(loop.inner_iter_args)
         stage = ix.rem(kt, 2)
-        # Tile kt+1 into registers first, so its global latency hides behind this tile's MFMAs
-        # (the last iteration reloads the last tile: in bounds, stored to the buffer no one reads again).
-        nxt = load(arith.minui(ix.add(kt, 1), ix.c(ktiles - 1)))
-        for s in range(t.bk // MFMA):
-            k = ix.add(frag_k, s * MFMA)
-            fa = [vector.load(frag_t, a_lds, [stage, ix.add(wave_m, ix.add(frag_row, i * MFMA)), k])
+        # Tile kt+1 into registers first, so its global latency hides behind this tile's matrix instructions.
+        nxt = load(ix.add(kt, 1))
+        for s in range(t.bk // TILE):
+            k = ix.add(frag_k, s * TILE)
+            fa = [vector.load(frag_t, a_lds, [stage, ix.add(wave_m, ix.add(frag_row, i * TILE)), k])
                   for i in range(tiles_m)]  # fmt: skip
-            fb = [vector.load(frag_t, b_lds, [stage, ix.add(wave_n, ix.add(frag_row, j * MFMA)), k])
+            fb = [vector.load(frag_t, b_lds, [stage, ix.add(wave_n, ix.add(frag_row, j * TILE)), k])
                   for j in range(tiles_n)]  # fmt: skip
-            acc = [amdgpu.mfma(MFMA, MFMA, MFMA, fa[i], fb[j], acc[i * tiles_n + j], blocks=1)
-                   for i in range(tiles_m) for j in range(tiles_n)]  # fmt: skip
+            acc = [form.mma(fa[i], fb[j], acc[i * tiles_n + j]) for i in range(tiles_m) for j in range(tiles_n)]
         store(ix.rem(ix.add(kt, 1), 2), nxt)
         gpu.barrier()  # the other buffer is written, this one read by every wave
         scf.YieldOp(acc)
-    acc = list(loop.results)
-    row = ix.add(ix.add(block_m, wave_m), frag_k)  # D rows 4(l / 16) + e
-    col = ix.add(ix.add(block_n, wave_n), frag_row)  # D column l % 16
-    for i in range(tiles_m):
+    _epilogue(ix, t, shape, form, c, where, ix.add(block_m, wave_m), ix.add(block_n, wave_n), lane,
+              list(loop.results), out)  # fmt: skip
+
+
+def _epilogue(ix: _Ix, t: CdnaTiling, shape: GemmShape, form: MatrixForm, c: ir.Value, where: list[ir.Value],
+              row0: ir.Value, col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type) -> None:  # fmt: skip
+    """Store the accumulators element by element (rows past M, columns past N are not stored)."""
+    f32 = ir.F32Type.get()
+    half = ix.div(lane, TILE)
+    col = ix.add(col0, ix.rem(lane, TILE))
+    row = ix.add(row0, ix.mul(half, form.acc_row[0])) if form.acc_row[0] else row0
+    tiles_n = t.wn // TILE
+    for i in range(t.wm // TILE):
         for j in range(tiles_n):
-            for e in range(4):
+            cc = ix.add(col, j * TILE)
+            col_ok = [ix.lt(cc, shape.n)] if shape.n % t.bn else []
+            for e in range(form.acc):
                 v = vector.extract(acc[i * tiles_n + j], [], [e])
                 if out != f32:
                     v = arith.truncf(out, v)
-                memref.store(v, c, [g, ix.add(row, i * MFMA + e), ix.add(col, j * MFMA)])
+                r = ix.add(row, i * TILE + e * form.acc_row[1])
+                cond = _all(([ix.lt(r, shape.m)] if shape.m % t.bm else []) + col_ok)
+                if cond is None:
+                    memref.store(v, c, [*where, r, cc])
+                    continue
+                branch = scf.IfOp(cond)
+                with ir.InsertionPoint(branch.then_block):
+                    memref.store(v, c, [*where, r, cc])
+                    scf.YieldOp([])
+
+
+def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: CdnaTiling) -> None:
+    """Emit the CDNA kernel into ``entry`` (the MFMA form of ``t.intrinsic``)."""
+    if t.intrinsic not in FORMS or AMD_FORMS[t.intrinsic][:2] != (FORMS[t.intrinsic].frag, FORMS[t.intrinsic].acc):
+        raise ValueError(f"intrinsic: {t.intrinsic} has no MFMA form here (forms: {', '.join(FORMS)})")
+    build_amd_kernel(entry, a, b, c, shape, t, FORMS[t.intrinsic])

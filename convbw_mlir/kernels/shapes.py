@@ -176,11 +176,23 @@ def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP
 
 CDNA_INTRINSIC = "MFMA_F32_16x16x16_F16"
 
+# The AMD matrix forms the explicit kernel writes, by IREE's intrinsic name (a target's table entry
+# picks one): f16 of A (and of B) a lane for one 16x16x16 instruction, f32 accumulators a lane, wave size.
+# MFMA (CDNA, wave64): 4 and 4; WMMA on RDNA 3 (gfx11, wave32): 16 (lanes 16-31 repeat lanes 0-15) and
+# 8; RDNA 4 (gfx12): 8 and 8 (IREE's IREEGPUAttrs.cpp, getSingleSubgroupLayout).
+AMD_FORMS = {
+    CDNA_INTRINSIC: (4, 4, 64),
+    "WMMAR3_F32_16x16x16_F16": (16, 8, 32),
+    "WMMAR4_F32_16x16x16_F16": (8, 8, 32),
+}
+AMD_LOAD = 8  # f16 elements of one 16-byte global load, LDS store and chunk of the reduction
+
 
 @dataclass(frozen=True)
 class CdnaTiling:
-    """The CDNA kernel's numbers: workgroup tile ``bm x bn x bk``, waves of ``wave`` lanes each ``wm x wn``,
-    two LDS buffers (global -> registers -> LDS, double-buffered)."""
+    """The AMD kernel's numbers (CDNA MFMA and RDNA WMMA forms): workgroup tile ``bm x bn x bk``, waves of
+    ``wave`` lanes each ``wm x wn``, two LDS buffers (global -> registers -> LDS, double-buffered), the
+    matrix ``intrinsic`` (a key of :data:`AMD_FORMS`)."""
 
     bm: int = 128
     bn: int = 128
@@ -188,10 +200,15 @@ class CdnaTiling:
     wm: int = 32  # 8 waves of 32x64: 2 waves a SIMD on gfx942 (64x64 waves: 257 registers, 1)
     wn: int = 64
     wave: int = 64
+    intrinsic: str = CDNA_INTRINSIC
 
     @property
     def threads(self) -> int:
         return (self.bm // self.wm) * (self.bn // self.wn) * self.wave
+
+    @property
+    def waves(self) -> int:
+        return self.threads // self.wave
 
     @property
     def row(self) -> int:
@@ -200,23 +217,35 @@ class CdnaTiling:
     def lds_bytes(self) -> int:
         return 2 * (self.bm + self.bn) * self.row * 2
 
+    def planned_occupancy(self, target) -> int:  # target: convbw_mlir.targets.Target
+        """Waves a SIMD the plan expects: what the two LDS buffers and the target's wave slots allow
+        (the ISA report's LDS rule, convbw_mlir.isa.parse_rocmasm). The kernel meets it if its registers
+        stay within :meth:`register_budget`."""
+        by_lds = (target.lds_per_cu // self.lds_bytes()) * self.waves // target.simds_per_cu
+        return max(1, min(target.max_waves_per_simd, by_lds))
+
+    def register_budget(self, target) -> int:
+        """The most registers a lane (VGPRs + AGPRs) that keep :meth:`planned_occupancy` (whole granules)."""
+        per_wave = target.register_file // self.planned_occupancy(target)
+        return min(target.registers, per_wave // target.register_granule * target.register_granule)
+
     def problems(self, shape: GemmShape, lds_cap: int) -> list[str]:
-        """Why this tiling cannot compute ``shape`` ("field: value ..." lines); empty if it can."""
+        """Why this tiling cannot compute ``shape`` ("field: value ..." lines); empty if it can.
+
+        Any M, N and reduction (ragged edges are masked), any filter, stride, dilation and padding (B's
+        addresses computed per element), split-K: only the tiling itself can be wrong."""
         why = []
-        if shape.conv is not None:
-            why.append("filter_size/stride/padding: the CDNA form takes 1x1, stride 1, no padding only (a plain GEMM)")
-        sizes = (("out_channels", shape.m, self.bm), ("in_channels", shape.n, self.bn),
-                 ("input_size", shape.hw, self.bk))  # fmt: skip
-        for name, size, tile in sizes:
-            if size % tile:
-                why.append(f"{name}: {size} elements are not a multiple of the CDNA kernel's {tile}-element tile")
-        if shape.splits != 1:
-            why.append(f"k-batch: {shape.splits} (the CDNA form has no split-K)")
+        if self.intrinsic not in AMD_FORMS:
+            why.append(f"intrinsic: {self.intrinsic} (the AMD forms: {', '.join(AMD_FORMS)})")
+        elif AMD_FORMS[self.intrinsic][2] != self.wave:
+            why.append(f"intrinsic: {self.intrinsic} runs on waves of {AMD_FORMS[self.intrinsic][2]}, not {self.wave}")
         if self.bm % self.wm or self.bn % self.wn or self.wm % 16 or self.wn % 16 or self.bk % 16:
             why.append(f"tiling: wave tile {self.wm}x{self.wn} does not divide {self.bm}x{self.bn} in 16x16 tiles")
         for name, rows in (("bm", self.bm), ("bn", self.bn)):
-            if (rows * self.bk // COPY_ELEMENTS) % self.threads:
+            if (rows * self.bk // AMD_LOAD) % self.threads:
                 why.append(f"tiling: the {name}x{self.bk} tile is no whole number of 16-byte loads per thread")
+        if self.threads > 1024:
+            why.append(f"tiling: {self.threads} threads a workgroup, over 1024")
         if self.lds_bytes() > lds_cap:
             why.append(f"tiling: {self.lds_bytes()} B of LDS, over {lds_cap}")
         return why
