@@ -24,11 +24,13 @@ import functools
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from convbw_mlir.contraction import Split
+from convbw_mlir.kernels.shapes import FORCE_FORM_ENV
 from convbw_mlir.plan import Plan, PlanError, Strategy, decide, pick_intrinsic
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import get_target
@@ -160,6 +162,8 @@ def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, ir
         data["abi"] = "output-arg"
     if get_target(target).driver == "cuda":  # entries carry the direct launch's schedule since this format
         data["cuda_launch"] = 1
+    if os.environ.get(FORCE_FORM_ENV):  # a test's forced operand form is not the plan's kernel
+        data["forced_form"] = os.environ[FORCE_FORM_ENV]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

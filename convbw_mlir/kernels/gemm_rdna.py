@@ -28,12 +28,9 @@ from iree.compiler import ir
 from iree.compiler.dialects import amdgpu
 
 from convbw_mlir.kernels.gemm_cdna import TILE, MatrixForm, build_amd_kernel
-from convbw_mlir.kernels.shapes import AMD_FORMS, CdnaTiling, GemmShape
+from convbw_mlir.kernels.shapes import AMD_FORMS, FORCE_FORM_ENV, CdnaTiling, GemmShape
 
 __all__ = ["FORCE_FORM_ENV", "FORMS", "build_kernel_body", "grid"]
-
-# Test-only: the intrinsic whose operand form every RDNA kernel is built with (the plan's is ignored).
-FORCE_FORM_ENV = "CONVBW_TEST_FORCE_WMMA_FORM"
 
 
 @dataclass(frozen=True)

@@ -249,3 +249,8 @@ class CdnaTiling:
         if self.lds_bytes() > lds_cap:
             why.append(f"tiling: {self.lds_bytes()} B of LDS, over {lds_cap}")
         return why
+
+
+# Test-only: the intrinsic whose operand form every RDNA kernel is built with (the plan's is ignored);
+# the kernel cache's key names it, so a forced kernel is never stored under the plan's own key.
+FORCE_FORM_ENV = "CONVBW_TEST_FORCE_WMMA_FORM"
