@@ -319,6 +319,7 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The explicit strategy's plan: the sm_80 kernel's tiling (its defaults, or the tile overrides)."""
     from convbw_mlir.kernels.shapes import CDNA_INTRINSIC, INTRINSIC, CdnaTiling, GemmTiling, auto_splits, gemm_shape
+    from convbw_mlir.kernels.shapes import choose_tiling, unsupported
 
     if tgt.family not in ("nvidia", "cdna"):
         raise PlanError(
@@ -351,6 +352,8 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
         check_plan(problem, plan)
         return plan
     t = GemmTiling()
+    if not given and not unsupported(problem, None):  # the plan's rule: the kernel's cost model (choose_tiling)
+        t = choose_tiling(gemm_shape(problem), tgt.compute_units, tgt.lds_bytes)
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
     if "subgroups_n" in given:

@@ -186,6 +186,68 @@ def auto_splits(shape: GemmShape, tiling: GemmTiling, compute_units: int, min_ti
     return max(1, min(-(-compute_units // tiles), ktiles // min_tiles))
 
 
+# The tiling rule's machine model (A100 whitepaper figures, the sm_80 target's own part): per SM and clock,
+# 1024 dense f16 FMA on the tensor cores (an m16n8k16 mma.sync: 2 clocks) and 128 bytes of shared memory;
+# 65,536 registers; the 406 TFLOP/s GEMM (docs/explicit-kernels.md) ran 8 warps an SM.
+SM_REGISTERS = 65_536
+SM_SHARED_BYTES_PER_CLOCK = 128
+SM_FMA_PER_CLOCK = 1024
+FULL_WARPS = 8  # resident warps an SM below which latency is no longer hidden (the measured GEMM's 8)
+DEVICE_BYTES_PER_CLOCK = 1400  # ~2 TB/s of HBM at the 1.41 GHz SM clock: split-K partials' traffic
+LAUNCH_CLOCKS = 4000  # ~3 us: the split-K sum's own dispatch
+FILL_TILES = 2  # k tiles of pipeline fill and epilogue a workgroup pays on top of its own
+
+# Candidates of the rule, largest first: (bm, bn, wm, wn); bk 64, 3 stages (fewer where the cap needs).
+TILINGS = ((128, 256, 64, 64), (128, 128, 64, 64), (64, 128, 32, 64), (128, 64, 64, 32), (64, 64, 32, 32))
+
+
+def registers_per_thread(t: GemmTiling) -> int:
+    """Estimate: f32 accumulators, two k steps of fragments (current and prefetched), 40 for addresses
+    (the 64x64 warp tile comes to 232; ptxas gave the measured kernel 254)."""
+    acc = t.wm * t.wn // WARP
+    frags = 2 * 4 * (t.wm // MMA_M + t.wn // (2 * MMA_N))
+    return min(255, acc + frags + 40)
+
+
+def tiling_cost(shape: GemmShape, t: GemmTiling, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> float:
+    """Estimated SM clocks of ``shape`` with ``t`` (split as :func:`auto_splits` says; ``shape.splits`` ignored).
+
+    Work units (tiles x splits) run in waves of ``compute_units x resident blocks``; a unit takes its k
+    tiles plus :data:`FILL_TILES`, each at the tensor rate slowed by shared-memory bandwidth (ldmatrix of
+    every warp plus the copies in, per k tile) and by too few resident warps; split-K adds its partials'
+    round trip through memory and a second dispatch. Padding (M or N not a multiple of the tile) is
+    paid in full: that is what favours 64-row tiles for K <= 64.
+    """
+    splits = auto_splits(shape, t, compute_units)
+    tiles = shape.groups * -(-shape.m // t.bm) * -(-shape.n // t.bn)
+    ktiles = -(-(-(-shape.reduction // t.bk)) // splits)
+    shared = t.shared_bytes(reduction_major=shape.channels_last)
+    resident = max(1, min(SM_REGISTERS // (t.threads * registers_per_thread(t)), shared_cap // shared))
+    mma = t.bm * t.bn * t.bk / SM_FMA_PER_CLOCK
+    smem = (t.warps * (t.wm + t.wn) * 2 * t.bk + (t.bm + t.bn) * t.bk * 2) / SM_SHARED_BYTES_PER_CLOCK
+    busy = min(1.0, mma / smem) * min(1.0, resident * t.warps / FULL_WARPS)
+    waves = -(-tiles * splits // (compute_units * resident))
+    clocks = waves * resident * (ktiles + FILL_TILES) * mma / busy
+    if splits > 1:
+        clocks += 2 * splits * shape.groups * shape.m * shape.n * 4 / DEVICE_BYTES_PER_CLOCK + LAUNCH_CLOCKS
+    return clocks
+
+
+def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> GemmTiling:
+    """The plan's tiling: the cheapest of :data:`TILINGS` by :func:`tiling_cost` among those that can run
+    ``shape`` (3 stages, else 2 where the shared-memory cap needs); the first (128x256) on a tie."""
+    best, best_cost = None, math.inf
+    for bm, bn, wm, wn in TILINGS:
+        for stages in (3, 2):
+            t = GemmTiling(bm, bn, 64, stages, wm, wn)
+            if not t.problems(shape, shared_cap):
+                cost = tiling_cost(shape, t, compute_units, shared_cap)
+                if cost < best_cost:
+                    best, best_cost = t, cost
+                break
+    return best or GemmTiling()
+
+
 def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP) -> list[str]:
     """Why the explicit kernel cannot compute ``problem`` with ``tiling`` ("field: value ..." lines)."""
     why = []
