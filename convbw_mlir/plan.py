@@ -317,9 +317,17 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
 
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
-    """The explicit strategy's plan: the sm_80 kernel's tiling (its defaults, or the tile overrides)."""
-    from convbw_mlir.kernels.shapes import CDNA_INTRINSIC, INTRINSIC, CdnaTiling, GemmTiling, auto_splits, gemm_shape
-    from convbw_mlir.kernels.shapes import choose_tiling, unsupported
+    """The explicit strategy's plan: the sm_80 kernel's tiling (the rule of ``choose_tiling``, or the tile options)."""
+    from convbw_mlir.kernels.shapes import (
+        CDNA_INTRINSIC,
+        INTRINSIC,
+        CdnaTiling,
+        GemmTiling,
+        auto_splits,
+        choose_tiling,
+        gemm_shape,
+        unsupported,
+    )
 
     if tgt.family not in ("nvidia", "cdna"):
         raise PlanError(

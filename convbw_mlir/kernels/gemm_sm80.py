@@ -187,8 +187,9 @@ def _copy_tile(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value,
 
 def _copy_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
                   stage: ir.Value, valid: ir.Value | None, shape: GemmShape) -> None:  # fmt: skip
-    """Channels-last: this thread's ``cp.async`` copies (16 bytes; 8 or 4 where K or C is not a multiple of 8) of k tile ``ktile`` of ``op`` into shared
-    ``[stage, r, row]`` (reduction-major). A thread keeps its channels (``row``) across passes; each
+    """Channels-last: this thread's ``cp.async`` copies (16 bytes; 8 or 4 where 8 does not divide K or C)
+    of k tile ``ktile`` of ``op`` into shared ``[stage, r, row]`` (reduction-major). A thread keeps its
+    channels (``row``) across passes; each
     pass of all threads covers ``threads / (rows / v)`` reduction indices. A vector past M or N, the
     reduction, the split or (gathered x) the image reads nothing and is zero (``src-size`` 0).
     """

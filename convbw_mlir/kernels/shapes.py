@@ -220,7 +220,7 @@ def tiling_cost(shape: GemmShape, t: GemmTiling, compute_units: int, shared_cap:
     """
     splits = auto_splits(shape, t, compute_units)
     tiles = shape.groups * -(-shape.m // t.bm) * -(-shape.n // t.bn)
-    ktiles = -(-(-(-shape.reduction // t.bk)) // splits)
+    ktiles = -(-math.ceil(shape.reduction / t.bk) // splits)
     shared = t.shared_bytes(reduction_major=shape.channels_last)
     resident = max(1, min(SM_REGISTERS // (t.threads * registers_per_thread(t)), shared_cap // shared))
     mma = t.bm * t.bn * t.bk / SM_FMA_PER_CLOCK
