@@ -162,12 +162,12 @@ def _gpu_lock(folder: Path):
 
 
 def _inputs(e: dict, torch: Any) -> tuple[Any, Any]:
-    """x ``[N, H, W, G*C]`` and dy ``[N, Ho, Wo, G*K]`` f16 (layout 2's memory), seeded, on the device."""
+    """x ``[N, H, W, G*C]`` and dy ``[N, Ho, Wo, G*K]`` f16 (layout 2's memory), seeded, on the host."""
     g = torch.Generator(device="cpu").manual_seed(SEED)
     n, grp = e["images"], e["groups"]
     x = torch.randn(n, *e["input_size"], grp * e["in_channels"], generator=g)
     dy = torch.randn(n, *e["output_size"], grp * e["out_channels"], generator=g)
-    return x.half().to(DEVICE), dy.half().to(DEVICE)
+    return x.half(), dy.half()
 
 
 def _torch_weight(e: dict, x: Any, dy: Any, torch: Any) -> Any:
@@ -295,7 +295,8 @@ def run_children(folder: Path, names: list[str]) -> None:
         t0 = time.time()
         try:
             x, dy = _inputs(e, torch)
-            with _gpu_lock(folder):
+            with _gpu_lock(folder):  # the copies to the device too: no traffic beside another's timing
+                x, dy = x.to(DEVICE), dy.to(DEVICE)
                 rec = _measure(e, folder, x, dy, torch)
             del x, dy
         except Exception as exc:  # one problem's failure (e.g. cuDNN out of memory) is that problem's row
