@@ -178,7 +178,7 @@ class Overrides:
             convolutions; None takes the target's tile policy.
         reduction_innermost: transpose a channels-last GEMM's x and dy so the reduction is innermost.
         strategy: ``explicit`` asks for the kernel our passes write (docs/explicit-kernels.md); None lets
-            the plan choose (it never chooses explicit by itself yet: one measurement is not a rule).
+            the plan choose (it does not choose explicit by itself yet: docs/explicit-kernels.md says why).
     """
 
     k_batch: int | str = "auto"
