@@ -178,7 +178,7 @@ class Overrides:
             convolutions; None takes the target's tile policy.
         reduction_innermost: transpose a channels-last GEMM's x and dy so the reduction is innermost.
         strategy: ``explicit`` asks for the kernel our passes write (docs/explicit-kernels.md); None lets
-            the plan choose (it never chooses explicit by itself yet: one measurement is not a rule).
+            the plan choose (it does not choose explicit by itself yet: docs/explicit-kernels.md says why).
     """
 
     k_batch: int | str = "auto"
@@ -344,8 +344,8 @@ def _gpu_tile(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrid
 
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
-    """The explicit strategy's plan: the sm_80 kernel's tiling (its defaults, or the tile overrides)."""
-    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling, auto_splits, gemm_shape
+    """The explicit strategy's plan: the sm_80 kernel's tiling (the rule of ``choose_tiling``, or the tile options)."""
+    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling, auto_splits, choose_tiling, gemm_shape, unsupported
 
     if tgt.family not in ("nvidia", "cdna", "rdna"):
         raise PlanError(
@@ -367,6 +367,8 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     if tgt.family in ("cdna", "rdna"):  # MFMA / WMMA forms, 2 LDS buffers (compiled, never run: no AMD GPU here)
         return _explicit_amd(problem, tgt, opts)
     t = GemmTiling()
+    if not given and not unsupported(problem, None):  # the plan's rule: the kernel's cost model (choose_tiling)
+        t = choose_tiling(gemm_shape(problem), tgt.compute_units, tgt.lds_bytes)
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
     if "subgroups_n" in given:
@@ -388,8 +390,10 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
 def _explicit_amd(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The AMD explicit plan: the target's first intrinsic the AMD kernel has a form of (its table entry
     decides MFMA or WMMA and which WMMA operand form), the tile options, split-K as on NVIDIA."""
-    from convbw_mlir.kernels.shapes import AMD_FORMS, CdnaTiling, auto_splits, gemm_shape
+    from convbw_mlir.kernels.shapes import AMD_FORMS, CdnaTiling, auto_splits, gemm_shape, is_channels_last
 
+    if is_channels_last(problem):  # the AMD forms gather in layout 4 only (the sm_80 kernel has layout 2)
+        raise PlanError(f"layout: {problem.layout} (the AMD explicit kernel takes layout 4, NGCHW/GKCYX/NGKHW)")
     given = opts.tile
     intr = next((i.name for i in tgt.intrinsics.get(problem.dtype, ()) if i.name in AMD_FORMS), None)
     if intr is None:

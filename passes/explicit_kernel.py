@@ -12,6 +12,10 @@
     %w = flow.dispatch @convbw_explicit_0::@gemm(%d2, %x2) : (...) -> G x K x C
     %dw = tensor.expand_shape %w        G x K x C x 1 x 1
 
+Layout 2 (NHWGC/GKYXC/NHWGK): dy collapses to ``(N*Ho*Wo) x G x K``, x to ``(N*H*W) x G x C`` for a
+plain 1x1 (else it is bound as it is, ``N x H x W x G x C``), and the result ``G x K x (Y*X*C)`` expands
+into GKYXC.
+
 IREE compiles the dispatch as written (``#iree_codegen.no_pipeline``): the kernel is the one
 ``convbw_mlir.kernels.gemm_sm80`` builds from the plan's tile; nothing here decides anything. It runs
 right after ``convbw-plan``, so the later passes never see the op.
@@ -56,6 +60,18 @@ def _collapse_spatial(value: ir.Value, rank: int) -> ir.Value:
         flat *= s
     groups = reassociation([[0], [1], [2], list(range(3, 3 + rank))])
     return tensor_d.CollapseShapeOp(ir.RankedTensorType.get([*shape[:3], flat], t.element_type), value, groups).result
+
+
+def _collapse_reduction(value: ir.Value, rank: int) -> ir.Value:
+    """``[N, *spatial, G, R] -> [N * prod(spatial), G, R]`` (layout 2: the reduction is outermost)."""
+    t = ir.RankedTensorType(value.type)
+    shape = list(t.shape)
+    flat = 1
+    for s in shape[: 1 + rank]:
+        flat *= s
+    groups = reassociation([list(range(1 + rank)), [1 + rank], [2 + rank]])
+    return tensor_d.CollapseShapeOp(ir.RankedTensorType.get([flat, *shape[1 + rank :]], t.element_type), value,
+                                    groups).result  # fmt: skip
 
 
 def _sum_splits(partials: ir.Value, out: ir.Type) -> ir.Value:
@@ -131,13 +147,17 @@ class ExplicitKernel(ConvbwPass):
                 f16 = element_type(problem.dtype)
                 out = element_type(problem.dw_dtype)
                 f32 = ir.F32Type.get()
+                a_shape = [shape.images, shape.groups, shape.m, shape.hw]
                 b_shape = [shape.images, shape.groups, shape.n, shape.hw]
+                if shape.channels_last:
+                    a_shape = [shape.reduction, shape.groups, shape.m]
+                    b_shape = [shape.reduction, shape.groups, shape.n]
                 if shape.conv is not None:  # gathered from x as it is
                     b_shape = list(ir.RankedTensorType(op.operands[0].type).shape)
                 c_shape = [shape.groups, shape.m, shape.n]
                 c_shape, c_type = ([shape.splits, *c_shape], f32) if shape.splits > 1 else (c_shape, out)
                 bindings = (
-                    ir.MemRefType.get([shape.images, shape.groups, shape.m, shape.hw], f16),
+                    ir.MemRefType.get(a_shape, f16),
                     ir.MemRefType.get(b_shape, f16),
                     ir.MemRefType.get(c_shape, c_type),
                 )
@@ -152,8 +172,9 @@ class ExplicitKernel(ConvbwPass):
                 count += 1
                 top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
                 with ir.InsertionPoint(op):
-                    dy = _collapse_spatial(op.operands[1], problem.rank)
-                    x = op.operands[0] if shape.conv is not None else _collapse_spatial(op.operands[0], problem.rank)
+                    collapse = _collapse_reduction if shape.channels_last else _collapse_spatial
+                    dy = collapse(op.operands[1], problem.rank)
+                    x = op.operands[0] if shape.conv is not None else collapse(op.operands[0], problem.rank)
                     result_t = ir.RankedTensorType.get(c_shape, c_type)
                     with ir.Location.unknown():  # the kernel's ops need no location of the problem
                         result = build_dispatch(

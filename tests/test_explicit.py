@@ -45,8 +45,11 @@ def test_explicit_is_never_chosen_without_the_option():
 
 def test_explicit_kernel_fits_each_targets_shared_memory():
     with pytest.raises(PlanError, match="stages: 3 need 165888 B of shared memory, over 101376"):
-        decide(SMALL, "sm_86", strategy="explicit")
+        decide(SMALL, "sm_86", strategy="explicit", tile_n=256)
     assert decide(SMALL, "sm_86", strategy="explicit", tile_n=128, stages=2).target == "sm_86"
+    # without tile options the plan's rule picks a tiling that fits the target's cap
+    t = explicit_tiling(decide(SMALL, "sm_86", strategy="explicit"))
+    assert t.shared_bytes() <= 101_376
 
 
 def test_tile_options_reshape_the_explicit_kernel():
@@ -59,7 +62,10 @@ def test_tile_options_reshape_the_explicit_kernel():
     ("problem", "target", "options", "message"),
     [
         (P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4), "sm_80", {}, "input_size: (4, 8, 8) (a filter"),
-        (P(1, 1, 256, 128, (8, 8), (1, 1)), "sm_80", {}, "layout: NHWGC/GKYXC/NHWGK"),
+        (P(1, 1, 256, 128, (8, 8), (1, 1), layout=1), "sm_80", {}, "layout: GNHWC/GKYXC/GNHWK"),
+        (P(1, 1, 3, 64, (8, 8), (3, 3), pad_low=1, pad_high=1, layout=2), "sm_80", {}, "in_channels: 3 a group"),
+        (P(1, 1, 64, 9, (8, 8), (3, 3), pad_low=1, pad_high=1, layout=2), "sm_80", {}, "out_channels: 9 a group"),
+        (P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), pad_low=1, pad_high=1), "sm_80", {}, "input_size: (4, 8, 8) (a filter"),
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dtype="bf16"), "sm_80", {}, "dtype: bf16"),
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, epilogue={"kind": "scale", "alpha": 2.0}), "sm_80", {},
          "epilogue: scale"),

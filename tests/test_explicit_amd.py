@@ -149,3 +149,11 @@ def test_an_llvm_abort_costs_the_dispatcher_that_one_variant(monkeypatch, tmp_pa
     explicit, plain = registry.build(max_workers=2, progress=False).results
     assert not explicit.ok and "SIGABRT" in explicit.error
     assert plain.ok and plain.op.isa_report().main.mma_count > 0
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx1100", "gfx1200"])
+def test_the_amd_forms_refuse_channels_last_by_name(target):
+    # their gather is layout 4's; a layout-2 problem would be read with the wrong strides
+    p = P.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1")  # layout 2: NHWGC
+    with pytest.raises(PlanError, match=r"^layout: NHWGC/GKYXC/NHWGK \(the AMD explicit kernel takes layout 4"):
+        decide(p, target, strategy="explicit")

@@ -13,6 +13,14 @@ hand-written kernel it describes): a workgroup tile of ``bm x bn`` with reductio
 memory: ``mma.sync`` row.col) and running ``mma.sync m16n8k16``; the next k16 step's fragments are
 loaded before the current step's mma, across k tiles too.
 
+Layout 2 (NHWGC/GKYXC/NHWGK, ``shape.channels_last``): A = dy ``[N*Ho*Wo, G, K]``, B = x
+``[N*H*W, G, C]`` (plain) or ``[N, H, W, G, C]`` (gathered), both with 8 channels in 16 bytes. Both
+operands are reduction-outer, so no choice of roles spares a transpose: each is copied by 16-byte
+``cp.async`` (x zero-filled by ``src-size`` 0 where the tap falls in the padding) into shared memory
+stored reduction-major (``[bk, bm + 8]``, ``[bk, bn + 8]``) and read by ``ldmatrix.x4.trans``, which
+hands ``mma.sync`` row.col the same fragments as the plain form at the same cost (:func:`_copy_tile_cl`,
+:class:`_Lanes` ``trans``).
+
 Layers, each a function with one job: :class:`GemmTiling` (the plan's numbers), :func:`_copy_tile`
 (global -> shared of one operand; the convolution's address arithmetic in :func:`_element_address`),
 :func:`_load_fragments` (shared -> registers), :func:`_warp_mma` (the warp's matrix step),
@@ -28,7 +36,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, memref, nvvm, scf, vector
 
 from convbw_mlir.kernels import nvgpu
-from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, WARP, GemmShape, GemmTiling
+from convbw_mlir.kernels.shapes import COPY_ELEMENTS as COPY
+from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling
 
 __all__ = ["build_kernel_body", "grid"]
 
@@ -136,6 +145,9 @@ def _copy_tile(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value,
     past the reduction, the rows or the image reads nothing and is zero (``src-size`` 0 or a select),
     so the pipeline has no branch. Gathered or odd-sized rows go by loads, eight elements a thread.
     """
+    if shape.channels_last:
+        _copy_tile_cl(ix, t, op, tid, g, ktile, stage, valid, shape)
+        return
     v = op.vector
     group = v if v > 1 else 8
     chunks = t.bk // group
@@ -173,6 +185,57 @@ def _copy_tile(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value,
         vector.store(vec, op.smem, [stage, r_row, col])
 
 
+def _copy_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
+                  stage: ir.Value, valid: ir.Value | None, shape: GemmShape) -> None:  # fmt: skip
+    """Channels-last: this thread's ``cp.async`` copies (16 bytes; 8 or 4 where 8 does not divide K or C)
+    of k tile ``ktile`` of ``op`` into shared ``[stage, r, row]`` (reduction-major). A thread keeps its
+    channels (``row``) across passes; each
+    pass of all threads covers ``threads / (rows / v)`` reduction indices. A vector past M or N, the
+    reduction, the split or (gathered x) the image reads nothing and is zero (``src-size`` 0).
+    """
+    v = op.vector
+    chunks = op.rows // v
+    per_pass = t.threads // chunks
+    col = ix.mul(ix.rem(tid, chunks), v)
+    r_first = ix.div(tid, chunks)
+    grow = ix.add(op.row0, col)
+    conds = [] if valid is None else [valid]
+    if op.extent % op.rows:  # ragged M or N: whole vectors are in or out (v divides K and C)
+        conds.append(ix.lt(grow, op.extent))
+        grow = arith.minsi(grow, ix.c(op.extent - v))
+    conv = shape.conv if op.gather else None
+    if conv is not None:  # the vector's tap and channel (loop-invariant: hoisted by LLVM)
+        channels = shape.channels
+        c, tap = ix.rem(grow, channels), ix.div(grow, channels)
+        fy, fx = ix.div(tap, conv.filter[1]), ix.rem(tap, conv.filter[1])
+    reduction = shape.reduction
+    for i in range(t.bk // per_pass):
+        r_local = ix.add(r_first, i * per_pass)
+        r = ix.add(ix.mul(ktile, t.bk), r_local)
+        ok = list(conds)
+        if reduction % t.bk:
+            ok.append(ix.lt(r, reduction))
+            r = arith.minsi(r, ix.c(reduction - 1))
+        if conv is None:
+            idx = [r, g, grow]
+        else:
+            image, pos = ix.div(r, shape.hw), ix.rem(r, shape.hw)
+            coords = []
+            for o, f, dim in ((ix.div(pos, conv.out_size[1]), fy, 0), (ix.rem(pos, conv.out_size[1]), fx, 1)):
+                size = conv.in_size[dim]
+                at = ix.sub(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), conv.pad[dim])
+                if conv.pad[dim]:  # only padding reaches before the image's start
+                    ok.append(ix.lt(ix.c(-1), at))
+                last = (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim]
+                if last - conv.pad[dim] >= size:
+                    ok.append(ix.lt(at, size))
+                coords.append(ix.clamp(at, size - 1))
+            idx = [image, *coords, g, c]
+        cond = _all(ok)
+        count = ix.c(v) if cond is None else arith.select(cond, ix.c(v), ix.c(0))
+        nvgpu.async_copy(op.smem, [stage, r_local, col], op.glob, idx, v, count, bypass_l1=v == COPY)
+
+
 @dataclass
 class _Lanes:
     """Per-lane ``ldmatrix`` row addresses, computed once (Figure "ldmatrix" of the PTX ISA)."""
@@ -181,12 +244,45 @@ class _Lanes:
     a_col: ir.Value
     b_row: ir.Value  # matrices (n 0-7, k 0), (n 0-7, k 8), (n 8-15, k 0), (n 8-15, k 8)
     b_col: ir.Value
+    trans: bool = False  # channels-last: shared tiles are [k, m] and [k, n]; rows are k, columns m or n
+
+
+def _lanes(ix: _Ix, lane: ir.Value, trans: bool) -> _Lanes:
+    """Each lane's ``ldmatrix.x4`` row: lanes 8q..8q+7 address matrix q's 8 rows.
+
+    Plain (rows m or n, k contiguous): A's matrices (m 0-7, k 0), (m 8-15, k 0), (m 0-7, k 8), (m 8-15, k 8).
+    ``trans`` (rows k, m or n contiguous): the same matrices, each stored as 8 k rows of 8 columns; the
+    ``.trans`` load gives lane l the pair (k 2(l%4), +1) at column l/4, which is the plain form's
+    fragment. A: row k = l%8 + 8(l/16), column m = 8((l/8)%2); B: row k = l%8 + 8((l/8)%2), column
+    n = 8(l/16).
+    """
+    if not trans:
+        return _Lanes(
+            a_row=ix.rem(lane, 16),
+            a_col=ix.mul(ix.div(lane, 16), 8),
+            b_row=ix.add(ix.rem(lane, 8), ix.mul(ix.div(lane, 16), 8)),
+            b_col=ix.mul(ix.rem(ix.div(lane, 8), 2), 8),
+        )
+    eighth, half = ix.rem(lane, 8), ix.mul(ix.rem(ix.div(lane, 8), 2), 8)
+    sixteenth = ix.mul(ix.div(lane, 16), 8)
+    return _Lanes(a_row=ix.add(eighth, sixteenth), a_col=half, b_row=ix.add(eighth, half), b_col=sixteenth,
+                  trans=True)  # fmt: skip
 
 
 def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_smem: ir.Value, stage: ir.Value,
                     warp_m: ir.Value, warp_n: ir.Value, step: int, f16: ir.Type) -> list[ir.Value]:  # fmt: skip
     """The warp's A and B fragments of k16 step ``step``: ``wm/16`` A x4 loads, ``wn/16`` B x4 loads."""
     k = step * MMA_K
+    if lanes.trans:  # [stage, k, m] and [stage, k, n]
+        a_k, b_k = ix.add(lanes.a_row, k), ix.add(lanes.b_row, k)
+        frags = []
+        for i in range(t.wm // MMA_M):
+            m = ix.add(ix.add(warp_m, lanes.a_col), i * MMA_M)
+            frags.append(nvgpu.ldmatrix(a_smem, [stage, a_k, m], 4, f16, transpose=True))
+        for j in range(t.wn // (2 * MMA_N)):
+            n = ix.add(ix.add(warp_n, lanes.b_col), j * 2 * MMA_N)
+            frags.append(nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True))
+        return frags
     a_col = ix.add(lanes.a_col, k)
     b_col = ix.add(lanes.b_col, k)
     frags = []
@@ -321,9 +417,10 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     """Emit the kernel into ``entry`` (its operands already bound), for the grid :func:`grid` gives.
 
     Args:
-        a: dy, ``memref<images x groups x m x hw x f16>``.
+        a: dy, ``memref<images x groups x m x hw x f16>``; channels-last ``memref<(images*hw) x groups x m>``.
         b: x, ``memref<images x groups x n x hw x f16>`` (a plain GEMM) or
-            ``memref<images x groups x channels x H x W x f16>`` (gathered, ``shape.conv``).
+            ``memref<images x groups x channels x H x W x f16>`` (gathered, ``shape.conv``); channels-last
+            ``memref<(images*hw) x groups x n>`` or ``memref<images x H x W x groups x channels>``.
         c: dW, ``memref<groups x m x n x (f32|f16)>``; with split-K, the partials
             ``memref<splits x groups x m x n x f32>``.
     """
@@ -346,14 +443,13 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
         g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
         ktiles = -(-shape.reduction // t.bk)
         where, base = [split, g], ix.mul(split, -(-ktiles // shape.splits))
-    a_smem = memref.alloc(ir.MemRefType.get([t.stages, t.bm, t.row], f16, memory_space=shared), [], [])
-    b_smem = memref.alloc(ir.MemRefType.get([t.stages, t.bn, t.row], f16, memory_space=shared), [], [])
-    lanes = _Lanes(
-        a_row=ix.rem(lane, 16),
-        a_col=ix.mul(ix.div(lane, 16), 8),
-        b_row=ix.add(ix.rem(lane, 8), ix.mul(ix.div(lane, 16), 8)),
-        b_col=ix.mul(ix.rem(ix.div(lane, 8), 2), 8),
-    )
+    if shape.channels_last:  # reduction-major, rows padded by 8 (16 bytes): ldmatrix's 8 rows hit distinct banks
+        a_tile, b_tile = [t.stages, t.bk, t.bm + ROW_PAD], [t.stages, t.bk, t.bn + ROW_PAD]
+    else:
+        a_tile, b_tile = [t.stages, t.bm, t.row], [t.stages, t.bn, t.row]
+    a_smem = memref.alloc(ir.MemRefType.get(a_tile, f16, memory_space=shared), [], [])
+    b_smem = memref.alloc(ir.MemRefType.get(b_tile, f16, memory_space=shared), [], [])
+    lanes = _lanes(ix, lane, shape.channels_last)
     zero = arith.constant(ir.VectorType.get([2, 2], ir.F32Type.get()), ir.DenseElementsAttr.get_splat(
         ir.VectorType.get([2, 2], ir.F32Type.get()), ir.FloatAttr.get_f32(0.0)))  # fmt: skip
     acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))

@@ -7,6 +7,11 @@ so ``[K, N]`` is dW's own memory order), reduction ``r = (n, ho, wo)`` over N x 
 contiguous along r within an image. B is x at ``(ho * s + y * d - p, wo * s + x * d - p)``: for a 1x1
 with stride 1 and no padding that is x itself, contiguous like A (a plain GEMM, copied by ``cp.async``);
 otherwise each element's address is computed per tile, zero outside the image (no im2col buffer).
+
+In layout 2 (NHWGC/GKYXC/NHWGK, channels-last) the same GEMM has ``j = (y * X + x) * C + c`` (dW's
+GKYXC order) and both operands are reduction-outer: dy ``[N*Ho*Wo, G, K]`` and x ``[N, H, W, G, C]``
+hold 8 consecutive channels in 16 bytes, so both go by 16-byte ``cp.async`` into shared memory stored
+reduction-major (``[bk, bm]``, ``[bk, bn]``) and reach the registers by ``ldmatrix`` with ``.trans``.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class GemmShape:
     hw: int
     conv: ConvGeometry | None = None
     splits: int = 1
+    channels_last: bool = False  # layout 2: A [R, G, M], B [R, G, C] or [N, H, W, G, C]; reduction outer
 
     @property
     def reduction(self) -> int:
@@ -75,12 +81,23 @@ class GemmShape:
 
     def a_vector(self) -> int:
         """Elements of one copy of A (dy): the largest of 8, 4, 2, 1 that divides hw, so a copy stays in
-        one image and keeps its alignment (8: ``cp.async.cg`` 16 bytes; 4, 2: ``cp.async.ca``; 1: a load)."""
+        one image and keeps its alignment (8: ``cp.async.cg`` 16 bytes; 4, 2: ``cp.async.ca``; 1: a load).
+        Channels-last: the largest of 8, 4, 2 that divides K (a copy stays in one output position)."""
+        if self.channels_last:
+            return _divisor_vector(self.m)
         return next(v for v in (8, 4, 2, 1) if self.hw % v == 0)
 
     def b_vector(self) -> int:
-        """The same for B: x's rows are A's shape for a plain GEMM; a gathered B is loaded element-wise."""
+        """The same for B: x's rows are A's shape for a plain GEMM; a gathered B is loaded element-wise
+        (channels-last: up to 8 channels of one tap, by ``cp.async`` with zero-fill in the padding)."""
+        if self.channels_last:
+            return _divisor_vector(self.channels)
         return self.a_vector() if self.conv is None else 1
+
+
+def _divisor_vector(channels: int) -> int:
+    """Elements of a channels-last copy: 8 (16 bytes, ``.cg``), 4 or 2 (``.ca``) channels, whichever divides."""
+    return next((v for v in (8, 4, 2) if channels % v == 0), 1)
 
 
 @dataclass(frozen=True)
@@ -107,7 +124,11 @@ class GemmTiling:
         """Shared-memory row stride in elements."""
         return self.bk + ROW_PAD
 
-    def shared_bytes(self, element_bytes: int = 2) -> int:
+    def shared_bytes(self, element_bytes: int = 2, reduction_major: bool = False) -> int:
+        """Bytes of the shared stages: rows of ``bk + 8`` (layout 4), or ``bk`` rows of ``bm + 8`` and
+        ``bn + 8`` (``reduction_major``: layout 2, read by ``ldmatrix.trans``)."""
+        if reduction_major:
+            return self.stages * self.bk * (self.bm + self.bn + 2 * ROW_PAD) * element_bytes
         return self.stages * (self.bm + self.bn) * self.row * element_bytes
 
     def problems(self, shape: GemmShape, shared_cap: int = SHARED_MEMORY_CAP) -> list[str]:
@@ -116,11 +137,15 @@ class GemmTiling:
         why = []
         if self.bm % self.wm or self.bn % self.wn or self.wm % MMA_M or self.wn % (2 * MMA_N) or self.bk % MMA_K:
             why.append(f"tiling: warp tile {self.wm}x{self.wn} does not divide {self.bm}x{self.bn} in mma tiles")
-        for name, rows, v in (("bm", self.bm, shape.a_vector()), ("bn", self.bn, max(shape.b_vector(), 8))):
+        b_vector = shape.b_vector() if shape.channels_last else max(shape.b_vector(), 8)
+        for name, rows, v in (("bm", self.bm, shape.a_vector()), ("bn", self.bn, b_vector)):
             if (rows * self.bk // v) % self.threads:
                 why.append(f"tiling: the {name}x{self.bk} tile is no whole number of {2 * v}-byte copies per thread")
-        if self.shared_bytes() > shared_cap:
-            why.append(f"stages: {self.stages} need {self.shared_bytes()} B of shared memory, over {shared_cap}")
+            elif shape.channels_last and self.threads % (rows // v):  # a pass of all threads covers whole rows
+                why.append(f"tiling: {self.threads} threads do not cover whole {rows}-element rows of the {name} tile")
+        need = self.shared_bytes(reduction_major=shape.channels_last)
+        if need > shared_cap:
+            why.append(f"stages: {self.stages} need {need} B of shared memory, over {shared_cap}")
         if self.threads > 1024:
             why.append(f"tiling: {self.threads} threads a workgroup, over 1024")
         if self.stages < 2:
@@ -129,7 +154,7 @@ class GemmTiling:
 
 
 def gemm_shape(problem, splits: int = 1) -> GemmShape:  # problem: convbw_mlir.problem.ConvBwdWeightProblem
-    """The implicit GEMM of a layout-4 problem (call :func:`unsupported` first)."""
+    """The implicit GEMM of a layout-4 or layout-2 problem (call :func:`unsupported` first)."""
     hw = 1
     for s in problem.output_size:
         hw *= s
@@ -142,7 +167,13 @@ def gemm_shape(problem, splits: int = 1) -> GemmShape:  # problem: convbw_mlir.p
                             problem.dilation, problem.pad_low)  # fmt: skip
         taps = conv.taps
     return GemmShape(problem.groups, problem.out_channels, problem.in_channels * taps, problem.batch, hw, conv,
-                     splits)  # fmt: skip
+                     splits, channels_last=is_channels_last(problem))  # fmt: skip
+
+
+def is_channels_last(problem) -> bool:
+    """Layout 2 (NHWGC/GKYXC/NHWGK): the explicit kernel's channels-last form."""
+    fam = problem.layout_family
+    return (fam.x, fam.w) == ("NHWGC", "GKYXC")
 
 
 def auto_splits(shape: GemmShape, tiling: GemmTiling, compute_units: int, min_tiles: int = 8) -> int:
@@ -155,11 +186,79 @@ def auto_splits(shape: GemmShape, tiling: GemmTiling, compute_units: int, min_ti
     return max(1, min(-(-compute_units // tiles), ktiles // min_tiles))
 
 
+# The tiling rule's machine model (A100 whitepaper figures, the sm_80 target's own part): per SM and clock,
+# 1024 dense f16 FMA on the tensor cores (an m16n8k16 mma.sync: 2 clocks) and 128 bytes of shared memory;
+# 65,536 registers; the 406 TFLOP/s GEMM (docs/explicit-kernels.md) ran 8 warps an SM.
+SM_REGISTERS = 65_536
+SM_SHARED_BYTES_PER_CLOCK = 128
+SM_FMA_PER_CLOCK = 1024
+FULL_WARPS = 8  # resident warps an SM below which latency is no longer hidden (the measured GEMM's 8)
+DEVICE_BYTES_PER_CLOCK = 1400  # ~2 TB/s of HBM at the 1.41 GHz SM clock: split-K partials' traffic
+LAUNCH_CLOCKS = 4000  # ~3 us: the split-K sum's own dispatch
+FILL_TILES = 2  # k tiles of pipeline fill and epilogue a workgroup pays on top of its own
+
+# Candidates of the rule, largest first: (bm, bn, wm, wn); bk 64, 3 stages (fewer where the cap needs).
+TILINGS = ((128, 256, 64, 64), (128, 128, 64, 64), (64, 128, 32, 64), (128, 64, 64, 32), (64, 64, 32, 32))
+
+
+def registers_per_thread(t: GemmTiling) -> int:
+    """Estimate: f32 accumulators, two k steps of fragments (current and prefetched), 40 for addresses
+    (the 64x64 warp tile comes to 232; ptxas gave the measured kernel 254)."""
+    acc = t.wm * t.wn // WARP
+    frags = 2 * 4 * (t.wm // MMA_M + t.wn // (2 * MMA_N))
+    return min(255, acc + frags + 40)
+
+
+def tiling_cost(shape: GemmShape, t: GemmTiling, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> float:
+    """Estimated SM clocks of ``shape`` with ``t`` (split as :func:`auto_splits` says; ``shape.splits`` ignored).
+
+    Work units (tiles x splits) run in waves of ``compute_units x resident blocks``; a unit takes its k
+    tiles plus :data:`FILL_TILES`, each at the tensor rate slowed by shared-memory bandwidth (ldmatrix of
+    every warp plus the copies in, per k tile) and by too few resident warps; split-K adds its partials'
+    round trip through memory and a second dispatch. Padding (M or N not a multiple of the tile) is
+    paid in full: that is what favours 64-row tiles for K <= 64.
+    """
+    splits = auto_splits(shape, t, compute_units)
+    tiles = shape.groups * -(-shape.m // t.bm) * -(-shape.n // t.bn)
+    ktiles = -(-math.ceil(shape.reduction / t.bk) // splits)
+    shared = t.shared_bytes(reduction_major=shape.channels_last)
+    resident = max(1, min(SM_REGISTERS // (t.threads * registers_per_thread(t)), shared_cap // shared))
+    mma = t.bm * t.bn * t.bk / SM_FMA_PER_CLOCK
+    smem = (t.warps * (t.wm + t.wn) * 2 * t.bk + (t.bm + t.bn) * t.bk * 2) / SM_SHARED_BYTES_PER_CLOCK
+    busy = min(1.0, mma / smem) * min(1.0, resident * t.warps / FULL_WARPS)
+    waves = -(-tiles * splits // (compute_units * resident))
+    clocks = waves * resident * (ktiles + FILL_TILES) * mma / busy
+    if splits > 1:
+        clocks += 2 * splits * shape.groups * shape.m * shape.n * 4 / DEVICE_BYTES_PER_CLOCK + LAUNCH_CLOCKS
+    return clocks
+
+
+def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> GemmTiling:
+    """The plan's tiling: the cheapest of :data:`TILINGS` by :func:`tiling_cost` among those that can run
+    ``shape`` (3 stages, else 2 where the shared-memory cap needs); the first (128x256) on a tie."""
+    best, best_cost = None, math.inf
+    for bm, bn, wm, wn in TILINGS:
+        for stages in (3, 2):
+            t = GemmTiling(bm, bn, 64, stages, wm, wn)
+            if not t.problems(shape, shared_cap):
+                cost = tiling_cost(shape, t, compute_units, shared_cap)
+                if cost < best_cost:
+                    best, best_cost = t, cost
+                break
+    return best or GemmTiling()
+
+
 def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP) -> list[str]:
     """Why the explicit kernel cannot compute ``problem`` with ``tiling`` ("field: value ..." lines)."""
     why = []
-    if problem.layout_family.x != "NGCHW":
-        why.append(f"layout: {problem.layout} (the explicit kernel takes layout 4, NGCHW/GKCYX/NGKHW)")
+    fam = problem.layout_family
+    if (fam.x, fam.w) not in (("NGCHW", "GKCYX"), ("NHWGC", "GKYXC")):
+        why.append(f"layout: {problem.layout} (the explicit kernel takes layouts 4, NGCHW/GKCYX/NGKHW, and 2, "
+                   "NHWGC/GKYXC/NHWGK)")  # fmt: skip
+    elif is_channels_last(problem):  # cp.async of 4, 8 or 16 bytes: whole, aligned vectors of channels
+        for name, value in (("in_channels", problem.in_channels), ("out_channels", problem.out_channels)):
+            if value % 2:
+                why.append(f"{name}: {value} a group (layout 2 takes even channel counts: 4-byte copies or wider)")
     plain = all(f == 1 for f in problem.filter_size) and all(s == 1 for s in problem.stride)
     if not (plain and not any(problem.pad_low) and not any(problem.pad_high)) and problem.rank != 2:
         why.append(f"input_size: {problem.input_size} (a filter, stride or padding needs a 2-D problem)")

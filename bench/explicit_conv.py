@@ -1,0 +1,509 @@
+"""Weight gradients in layout 2 (NHWGC/GKYXC/NHWGK, channels-last): the explicit sm_80 kernel against
+cuDNN and the product's current default kernel, side by side in one run (docs/explicit-kernels.md).
+
+Compile here (needs the IREE compiler), run there (needs iree-base-runtime, numpy, torch):
+
+    .venv/bin/python bench/explicit_conv.py compile DIR            # ours + the product's default, sm_80
+    python3 explicit_conv.py run DIR --out OUT --budget 150        # on the GPU machine
+
+Problems: the dense 2-D suite problems (seeds + models, G=1), ResNet-50's 3x3 layer of issue 14
+(``2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1``) and its 1x1 1024->256 layer. ``compile`` writes
+``DIR/<kind>_<problem>.vmfb`` and ``DIR/manifest.json`` (ours: ``compile_op(strategy="explicit")``, the
+plan's own tiling and split; alt: the 128x256 recipe tiling where the plan's rule chose another;
+product: ``compile_op`` with the default plan, ``cache=False``; all isolated), and records what the
+explicit kernel refuses with its PlanError.
+
+``run`` runs ours and the product's kernel one child process per problem (a CUDA fault poisons a
+process) and cuDNN (``torch.nn.grad.conv2d_weight``, channels_last f16, ``cudnn.benchmark``) in one
+child. Children start ``--jobs`` at a time so that their set-up (torch, IREE, the PTX JIT, CUPTI)
+overlaps, but each takes an exclusive GPU lock for its checks and timing: no two time at once. Each
+result is checked against a float64 reference on the GPU (cached per problem), then timed by CUPTI
+(torch.profiler): ``single`` = median kernel time a call over calls 10 ms apart, ``sustained`` =
+kernel time a call over a back-to-back stream. Past ``--budget`` seconds nothing new starts and
+running children are stopped; what did not fit is listed as skipped. Writes ``OUT/explicit_conv.json``
+and ``.md`` (and ``rows.json`` after each child, what a cut-off run still returns).
+
+A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
+place of both of ours and the product's, a few small problems) and ``EXPLICIT_CONV_DEVICE=cpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SEED = 7
+SINGLE_REPS = 10
+SUSTAINED_CALLS = 100
+DEVICE = os.environ.get("EXPLICIT_CONV_DEVICE", "cuda")
+# IREE's runtime objects die badly with the interpreter (a segfault when freed after torch's): children
+# keep them here and leave by os._exit once their JSON lines are out.
+_KEEP: list[Any] = []
+
+EXTRA = {
+    "resnet50_3x3_256_n256_14": "2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1",
+    "resnet50_1x1_1024to256_n256_14": "2 1 256 256 1024 1 1 14 14 1 1 1 1 0 0 0 0",
+}
+SMOKE = {
+    "small_3x3": "2 1 2 16 8 3 3 6 6 1 1 1 1 1 1 1 1",
+    "small_1x1": "2 1 2 8 16 1 1 5 5 1 1 1 1 0 0 0 0",
+}
+
+
+# -- compile side ------------------------------------------------------------------------------------
+def problems(smoke: bool = False) -> dict[str, Any]:
+    """name -> problem in layout 2: the dense 2-D suite problems (G=1), then the ResNet-50 layers."""
+    from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.problem import ConvBwdWeightProblem as P
+
+    if smoke:
+        return {name: P.from_ck(line) for name, line in SMOKE.items()}
+    out = {}
+    for suite in ("seeds", "models"):
+        for name, p in load_suite(suite):
+            if p.groups == 1 and p.rank == 2:
+                out[name] = p.with_(layout=2)
+    out.update({name: P.from_ck(line) for name, line in EXTRA.items()})
+    return out
+
+
+def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, Any]:
+    return {
+        "name": f"{kind}:{name}",
+        "kind": kind,
+        "problem": name,
+        "suite": suite,
+        "vmfb": f"{kind}_{name}.vmfb" if kind != "cudnn" else None,
+        "images": p.batch,
+        "groups": p.groups,
+        "in_channels": p.in_channels,
+        "out_channels": p.out_channels,
+        "input_size": list(p.input_size),
+        "output_size": list(p.output_size),
+        "filter_size": list(p.filter_size),
+        "stride": list(p.stride),
+        "dilation": list(p.dilation),
+        "pad": list(p.pad_low),
+        "pad_high": list(p.pad_high),
+        "dw_dtype": p.dw_dtype,
+        "flops": 2 * math.prod(p.gemm),
+        "plan": plan.to_dict() if plan is not None else None,
+    }
+
+
+def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None) -> None:
+    """Compile ours and the product's default for every problem into ``folder`` (vmfbs, manifest.json)."""
+    from convbw_mlir.compiler import CompileError, compile_op
+    from convbw_mlir.plan import PlanError, decide
+
+    folder.mkdir(parents=True, exist_ok=True)
+    entries, refused = [], {}
+    target = "host" if smoke else "sm_80"
+    for name, p in problems(smoke).items():
+        if only and not any(o in name for o in only):
+            continue
+        suite = name not in EXTRA
+        t0 = time.time()
+        kinds = {}
+        try:
+            if smoke:  # no sm_80 on the CPU: the product's host kernel stands in for ours (plumbing only)
+                kinds["ours"] = compile_op(p, target, isolate=True, cache=False)
+            else:
+                plan = decide(p, target, strategy="explicit")
+                kinds["ours"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
+                if (plan.tile.m, plan.tile.n) != (128, 256):  # the recipe tiling beside the rule's: checks the rule
+                    kinds["alt"] = compile_op(p, target, strategy="explicit", tile_n=256, isolate=True, cache=False)
+        except (PlanError, CompileError) as e:
+            refused[name] = str(e)
+        try:
+            kinds["product"] = compile_op(p, target, isolate=True, cache=False)
+        except CompileError as e:
+            refused[f"product:{name}"] = str(e)
+        for kind, op in kinds.items():
+            (folder / f"{kind}_{name}.vmfb").write_bytes(op.vmfb)
+            entries.append(_entry(name, kind, p, op.plan, suite))
+        entries.append(_entry(name, "cudnn", p, None, suite))
+        print(f"{name}: {', '.join(kinds)} in {time.time() - t0:.1f} s", flush=True)
+    manifest = {"target": target, "entries": entries, "refused": refused, "seed": SEED, "layout": 2}
+    tmp = folder / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(folder / "manifest.json")
+
+
+# -- run side: one child --------------------------------------------------------------------------------
+def _scratch(folder: Path) -> Path:
+    """The run's lock and cached references: in the temp dir (the artifact folder may be read-only)."""
+    path = Path(tempfile.gettempdir()) / f"explicit_conv_{zlib.crc32(str(folder.resolve()).encode()):08x}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@contextmanager
+def _gpu_lock(folder: Path):
+    """Exclusive use of the GPU among the run's children (set-up overlaps; checks and timing do not)."""
+    with open(_scratch(folder) / "gpu.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _inputs(e: dict, torch: Any) -> tuple[Any, Any]:
+    """x ``[N, H, W, G*C]`` and dy ``[N, Ho, Wo, G*K]`` f16 (layout 2's memory), seeded, on the host."""
+    g = torch.Generator(device="cpu").manual_seed(SEED)
+    n, grp = e["images"], e["groups"]
+    x = torch.randn(n, *e["input_size"], grp * e["in_channels"], generator=g)
+    dy = torch.randn(n, *e["output_size"], grp * e["out_channels"], generator=g)
+    return x.half(), dy.half()
+
+
+def _torch_weight(e: dict, x: Any, dy: Any, torch: Any) -> Any:
+    """torch's weight gradient of NHWC tensors seen as channels_last NCHW: ``[G*K, C, Y, X]``."""
+    shape = (e["groups"] * e["out_channels"], e["in_channels"], *e["filter_size"])
+    return torch.nn.grad.conv2d_weight(x.permute(0, 3, 1, 2), shape, dy.permute(0, 3, 1, 2), stride=e["stride"],
+                                       padding=e["pad"], dilation=e["dilation"], groups=e["groups"])  # fmt: skip
+
+
+def _as_gkyxc(e: dict, w: Any) -> Any:
+    """``[G*K, C, Y, X]`` -> ``[G, K, Y, X, C]`` (GKYXC, the layout-2 dW)."""
+    w = w.permute(0, 2, 3, 1)
+    return w.reshape(e["groups"], e["out_channels"], *e["filter_size"], e["in_channels"])
+
+
+def _reference(e: dict, x: Any, dy: Any, folder: Path, torch: Any) -> Any:
+    """float64 dW (GKYXC) on the device, computed once per problem and cached for the run's other children."""
+    cache = _scratch(folder) / f"{e['problem']}.pt"
+    if cache.is_file():
+        return torch.load(cache).to(DEVICE)
+    ref = _as_gkyxc(e, _torch_weight(e, x.double(), dy.double(), torch)).contiguous()
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(ref.cpu(), tmp)
+    tmp.replace(cache)
+    return ref
+
+
+def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
+    """(call, as_torch, sync): run once on device-resident inputs; the result as a GKYXC tensor; a wait."""
+    if e["kind"] == "cudnn":
+        torch.backends.cudnn.benchmark = True
+        # NHWC memory seen as NCHW is torch's channels_last; the CPU rehearsal checks the plumbing in f32
+        xc, dyc = (x, dy) if DEVICE == "cuda" else (x.float(), dy.float())
+        sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+        return (lambda: _torch_weight(e, xc, dyc, torch)), (lambda r: _as_gkyxc(e, r)), (lambda _r: sync())
+    import iree.runtime as rt
+
+    device = rt.get_driver("cuda" if DEVICE == "cuda" else "local-task").create_default_device()
+    config = rt.Config(device=device)
+    module = rt.VmModule.copy_buffer(config.vm_instance, (folder / e["vmfb"]).read_bytes())
+    fn = rt.load_vm_module(module, config)["conv_bwd_weight"]
+    n, grp = e["images"], e["groups"]
+    xs = x.cpu().numpy().reshape(n, *e["input_size"], grp, e["in_channels"])
+    dys = dy.cpu().numpy().reshape(n, *e["output_size"], grp, e["out_channels"])
+    args = [rt.asdevicearray(device, xs), rt.asdevicearray(device, dys)]
+    _KEEP.append((device, config, module, fn, args))
+    return (lambda: fn(*args)), (lambda r: torch.from_numpy(r.to_host().astype("float64"))), (lambda r: r.to_host())
+
+
+def _kernel_times(trace: Path) -> list[tuple[float, float, str]]:
+    """(start us, duration us, name) of every GPU kernel in a chrome trace of torch.profiler."""
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    return sorted((ev["ts"], ev["dur"], ev.get("name", "")) for ev in events
+                  if ev.get("cat") == "kernel" and "dur" in ev)  # fmt: skip
+
+
+def _calls(kernels: list[tuple[float, float, str]], gap_us: float = 4000.0) -> list[float]:
+    """Kernel time a call: the single-call reps are separated by pauses far longer than ``gap_us``."""
+    calls: list[float] = []
+    end = -math.inf
+    for ts, dur, _ in kernels:
+        if ts - end > gap_us:
+            calls.append(0.0)
+        calls[-1] += dur
+        end = max(end, ts + dur)
+    return calls
+
+
+def _measure(e: dict, folder: Path, x: Any, dy: Any, torch: Any) -> dict[str, Any]:
+    """Check one contender against float64 and time it (the caller holds the GPU lock)."""
+    rec: dict[str, Any] = {"name": e["name"], "kind": e["kind"], "problem": e["problem"], "flops": e["flops"]}
+    call, as_torch, sync = _contender(e, folder, x, dy, torch)
+    exact = _reference(e, x, dy, folder, torch).cpu()
+    got = as_torch(call()).cpu().double()
+    err = (got - exact).abs()
+    rec["max_rel_err"] = err.max().item() / max(exact.abs().max().item(), 1e-30)
+    # f32 accumulation of f16 products; an f16 result adds its rounding (2^-11 of the largest entry).
+    rec["tolerance"] = 1e-3 if e["dw_dtype"] == "f32" else 2e-3
+    rec["correct"] = bool(rec["max_rel_err"] <= rec["tolerance"]) and bool(torch.isfinite(got).all())
+    del got, exact, err
+    for _ in range(3):
+        r = call()
+    sync(r)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if DEVICE == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    # One profiler session (its start and stop cost more than the calls): the single calls, 10 ms apart,
+    # then the back-to-back stream, told apart by the pauses (_calls).
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(SINGLE_REPS):
+                sync(call())
+                time.sleep(0.01)  # a pause: the clocks recover between calls
+            t0 = time.perf_counter()
+            for _ in range(SUSTAINED_CALLS):
+                r = call()
+            sync(r)
+            wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
+        prof.export_chrome_trace(str(trace))
+        kernels = _kernel_times(trace)
+    calls = _calls(kernels)
+    per_call, stream = calls[:SINGLE_REPS], calls[SINGLE_REPS:]
+    rec["kernels"] = sorted({k for _, _, k in kernels})[:4]
+    rec["kernels_per_call"] = len(kernels) / (SINGLE_REPS + SUSTAINED_CALLS)
+    rec["single_us"] = statistics.median(per_call) if per_call else None
+    rec["sustained_us"] = sum(stream) / SUSTAINED_CALLS if stream else None
+    rec["sustained_wall_us"] = wall * 1e6
+    us = rec["single_us"]
+    rec["single_tflops"] = e["flops"] / (us * 1e-6) / 1e12 if us else None
+    return rec
+
+
+def run_children(folder: Path, names: list[str]) -> None:
+    """The child: set-up outside the GPU lock, then each contender checked and timed under it."""
+    import torch
+
+    if DEVICE == "cuda":  # CUPTI's first start costs seconds: pay it before taking the lock
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+            torch.zeros(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+    entries = {e["name"]: e for e in json.loads((folder / "manifest.json").read_text())["entries"]}
+    for name in names:
+        e = entries[name]
+        t0 = time.time()
+        try:
+            x, dy = _inputs(e, torch)
+            with _gpu_lock(folder):  # the copies to the device too: no traffic beside another's timing
+                x, dy = x.to(DEVICE), dy.to(DEVICE)
+                rec = _measure(e, folder, x, dy, torch)
+            del x, dy
+        except Exception as exc:  # one problem's failure (e.g. cuDNN out of memory) is that problem's row
+            rec = {"name": name, "kind": e["kind"], "problem": e["problem"], "error": f"{type(exc).__name__}: {exc}"}
+        rec["child_s"] = round(time.time() - t0, 2)
+        print(json.dumps(rec), flush=True)
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+# -- run side: the parent -------------------------------------------------------------------------------
+def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] | None = None) -> int:
+    """Every contender in a child (cuDNN's all in one), ``jobs`` children at once, within ``budget`` s."""
+    start = time.time()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    entries = [e for e in manifest["entries"] if not only or any(o in e["name"] for o in only)]
+    # cuDNN's child first (it walks every problem); ours before the product's: ours is what is measured.
+    batches = [[e["name"] for e in entries if e["kind"] == "cudnn"]]
+    # The recipe tiling (alt) shares its problem's child with ours, after it: a fault there loses no row of ours.
+    alt = {e["problem"] for e in entries if e["kind"] == "alt"}
+    batches += [[e["name"], *([f"alt:{e['problem']}"] if e["problem"] in alt else [])]
+                for e in entries if e["kind"] == "ours"]  # fmt: skip
+    batches += [[e["name"]] for e in entries if e["kind"] == "product"]
+    batches = [b for b in batches if b]
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    running: list[tuple[subprocess.Popen, list[str], float]] = []
+
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+
+    def harvest(proc: subprocess.Popen, names: list[str], t0: float, why: str | None) -> None:
+        proc.wait()
+        stem = logs / names[0].replace(":", "_")
+        stdout, stderr = (stem.with_suffix(s).read_text(errors="replace") for s in (".out", ".err"))
+        got = {}
+        for line in stdout.splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "name" in rec:
+                got[rec["name"]] = rec
+        for name in names:
+            rec = got.get(name)
+            if rec is None:
+                rec = {"name": name, "kind": name.split(":")[0], "problem": name.split(":", 1)[1]}
+                rec["crashed" if why is None else "skipped"] = why or f"rc {proc.returncode}: {stderr[-1500:]}"
+            rows.append(rec)
+            print(json.dumps({k: v for k, v in rec.items() if k != "kernels"}), flush=True)
+        print(f"[{time.time() - start:.0f} s] {len(names)} done in {time.time() - t0:.1f} s", flush=True)
+        (out / "rows.json").write_text(json.dumps(rows, indent=1))
+
+    pending = list(batches)
+    while pending or running:
+        late = time.time() - start > budget
+        for item in list(running):
+            proc, names, t0 = item
+            if proc.poll() is not None or late:
+                if proc.poll() is None:
+                    proc.kill()  # our own child, by its pid: the budget is spent
+                harvest(proc, names, t0, None if proc.returncode == 0 or not late else "the budget ran out")
+                running.remove(item)
+        if late:
+            for names in pending:
+                for name in names:
+                    rows.append({"name": name, "kind": name.split(":")[0], "problem": name.split(":", 1)[1],
+                                 "skipped": f"not started: the {budget:.0f} s budget ran out"})  # fmt: skip
+            pending = []
+            break
+        while pending and len(running) < jobs:
+            names = pending.pop(0)
+            cmd = [sys.executable, __file__, "run-one", str(folder), *names]
+            stem = logs / names[0].replace(":", "_")  # files, not pipes: a chatty child never blocks on them
+            with open(stem.with_suffix(".out"), "w") as o, open(stem.with_suffix(".err"), "w") as e:
+                proc = subprocess.Popen(cmd, stdout=o, stderr=e, text=True)
+            running.append((proc, names, time.time()))
+        time.sleep(0.2)
+    device = "cpu"
+    if DEVICE == "cuda":
+        try:
+            device = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                    text=True, timeout=20).stdout.strip().splitlines()[0]  # fmt: skip
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            device = "cuda (nvidia-smi gave no name)"
+    return report(rows, manifest, out, device, wall=time.time() - start)
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None,
+           wall: float | None = None) -> int:  # fmt: skip
+    """Write OUT/explicit_conv.json and .md: per problem ours, cuDNN, the product's default, the ratios."""
+    by: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault(r["problem"], {})[r["kind"]] = r
+    plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "ours"}
+    suite = {e["problem"]: e["suite"] for e in manifest["entries"]}
+    lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), f16: {device}, {date or _now()}", "",
+             "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back).", "",
+             "| problem | tile, split | ours us | ok (max rel err) | sustained us | 128x256 us | cuDNN us | "
+             "product us | cuDNN / ours | product / ours | ours TFLOP/s |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    vs_cudnn, vs_cudnn_all, vs_product = [], [], []
+    for name in sorted(by, key=lambda n: list(suite).index(n) if n in suite else 0):
+        k = by[name]
+        ours, cudnn, prod, alt_ = k.get("ours", {}), k.get("cudnn", {}), k.get("product", {}), k.get("alt", {})
+        plan = plans.get(name)
+        tile = "-"
+        if plan and plan.get("tile"):
+            t = plan["tile"]
+            tile = f"{t['m']}x{t['n']}x{t['k']}, {(plan.get('split') or {}).get('k_batch', 1)}"
+        status = next((f"{key}" for key in ("crashed", "skipped", "error") if key in ours), None)
+        ok = status or ("yes" if ours.get("correct") else "WRONG" if ours else "-")
+        if ours.get("max_rel_err") is not None:
+            ok += f" ({ours['max_rel_err']:.1e})"
+        a, b = None, None
+        if ours.get("correct") and ours.get("single_us"):
+            if cudnn.get("single_us"):
+                a = cudnn["single_us"] / ours["single_us"]
+                vs_cudnn_all.append(a)
+                if suite.get(name):
+                    vs_cudnn.append(a)
+            if prod.get("single_us") and prod.get("correct"):
+                b = prod["single_us"] / ours["single_us"]
+                vs_product.append(b)
+
+        def f(v: Any, fmt: str = "{:.1f}") -> str:
+            return "-" if v is None else fmt.format(v)
+
+        recipe = alt_.get("single_us") if alt_.get("correct") else None
+        lines.append(f"| {name} | {tile} | {f(ours.get('single_us'))} | {ok} | {f(ours.get('sustained_us'))} | "
+                     f"{f(recipe)} | {f(cudnn.get('single_us'))} | {f(prod.get('single_us'))} | {f(a, '{:.2f}')} | "
+                     f"{f(b, '{:.2f}')} | {f(ours.get('single_tflops'))} |")  # fmt: skip
+    doc = {
+        "device": device,
+        "date": date or _now(),
+        "wall_s": wall,
+        "geomean_cudnn_over_ours_suite": _geomean(vs_cudnn),
+        "suite_problems_timed": len(vs_cudnn),
+        "geomean_cudnn_over_ours_all": _geomean(vs_cudnn_all),
+        "geomean_product_over_ours": _geomean(vs_product),
+        "product_problems_timed": len(vs_product),
+        "rows": rows,
+        "refused": manifest["refused"],
+    }
+    suite_geo, all_geo = doc["geomean_cudnn_over_ours_suite"], doc["geomean_cudnn_over_ours_all"]
+    lines += ["", f"Geomean cuDNN / ours over {len(vs_cudnn)} dense suite problems: {f(suite_geo, '{:.3f}')} "
+              f"(with the ResNet-50 layers, {len(vs_cudnn_all)}: {f(all_geo, '{:.3f}')}); "
+              f"product / ours over {len(vs_product)}: {f(doc['geomean_product_over_ours'], '{:.2f}')}.",
+              ""]  # fmt: skip
+    for r in rows:
+        for key in ("crashed", "skipped", "error"):
+            if key in r:
+                lines.append(f"- `{r['name']}` {key}: {str(r[key])[-300:]}")
+    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
+    if wall is not None:
+        lines += ["", f"Run wall time: {wall:.0f} s."]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "explicit_conv.json").write_text(json.dumps(doc, indent=1))
+    (out / "explicit_conv.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile")
+    c.add_argument("dir", type=Path)
+    c.add_argument("--smoke", action="store_true", help="host kernels of a few small problems (CPU rehearsal)")
+    c.add_argument("--only", nargs="*", help="only the problems whose name holds one of these")
+    r = sub.add_parser("run")
+    r.add_argument("dir", type=Path)
+    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    r.add_argument("--budget", type=float, default=150.0, help="seconds after which nothing new starts")
+    r.add_argument("--jobs", type=int, default=6, help="children at once (their set-up overlaps)")
+    r.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
+    one = sub.add_parser("run-one")
+    one.add_argument("dir", type=Path)
+    one.add_argument("names", nargs="+")
+    rep = sub.add_parser("report", help="tables from a (cut-off) run's rows.json")
+    rep.add_argument("dir", type=Path)
+    rep.add_argument("rows", type=Path)
+    rep.add_argument("--out", type=Path, required=True)
+    rep.add_argument("--device", required=True)
+    rep.add_argument("--date", default=None)
+    a = ap.parse_args(argv)
+    if a.cmd == "compile":
+        compile_all(a.dir, a.smoke, a.only)
+        return 0
+    if a.cmd == "report":
+        manifest = json.loads((a.dir / "manifest.json").read_text())
+        return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
+    if a.cmd == "run":
+        return run_all(a.dir, a.out, a.budget, a.jobs, a.only)
+    run_children(a.dir, a.names)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
