@@ -238,7 +238,8 @@ class Overrides:
         if not (self.streamk in (None, "auto") or (_is_int(self.streamk) and self.streamk >= 1)):
             raise PlanError(f"streamk: expected auto or a positive number of workgroups, got {self.streamk!r}")
         if self.streamk is not None and self.strategy != Strategy.EXPLICIT.value:
-            raise PlanError(f"streamk: {self.streamk!r} applies to strategy explicit only, not {self.strategy}")
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"streamk: {self.streamk!r} applies to strategy explicit only (strategy: {chosen})")
         if self.streamk_fixup not in (None, *STREAMK_FIXUPS):
             raise PlanError(f"streamk-fixup: expected linear or tree, got {self.streamk_fixup!r}")
         if self.streamk_fixup is not None and self.streamk is None:
