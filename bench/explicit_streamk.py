@@ -229,6 +229,11 @@ def _per_call(events: list[tuple[float, float, str, str]], gap_us: float = 5000.
     return calls
 
 
+def _activities(torch: Any) -> list[Any]:
+    """What torch.profiler records: the GPU's activities through CUPTI (the CPU's in a rehearsal)."""
+    return [torch.profiler.ProfilerActivity.CUDA if DEVICE == "cuda" else torch.profiler.ProfilerActivity.CPU]
+
+
 def _time(call: Any, e: dict, torch: Any) -> dict[str, Any]:
     """Kernel time by CUPTI: single calls 10 ms apart, then back-to-back calls."""
     sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
@@ -239,10 +244,9 @@ def _time(call: Any, e: dict, torch: Any) -> dict[str, Any]:
     for _ in range(3):
         r = call()
     done(r)
-    activities = [torch.profiler.ProfilerActivity.CUDA if DEVICE == "cuda" else torch.profiler.ProfilerActivity.CPU]
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
-        with torch.profiler.profile(activities=activities) as prof:
+        with torch.profiler.profile(activities=_activities(torch)) as prof:
             for _ in range(SINGLE_REPS):
                 done(call())
                 time.sleep(0.01)
@@ -276,9 +280,8 @@ def child(folder: Path, names: list[str]) -> None:
 
     manifest = json.loads((folder / "manifest.json").read_text())
     entries = [e for e in manifest["entries"] if e["name"] in names]
-    if DEVICE == "cuda":  # CUPTI's first session costs seconds: pay it before the timed turn
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
-            torch.zeros(1, device="cuda").add_(1)
+    with torch.profiler.profile(activities=_activities(torch)):  # the first session costs seconds: not in the turn
+        torch.zeros(1, device=DEVICE).add_(1)
     prepared = []
     for e in entries:
         try:
