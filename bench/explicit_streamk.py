@@ -292,7 +292,8 @@ def child(folder: Path, names: list[str]) -> None:
         prepared.append((e, call, rec))
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-    print(json.dumps({"ready": names}), flush=True)
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"
+    print(json.dumps({"ready": names, "device": device}), flush=True)
     if sys.stdin.readline().strip() != "go":
         os._exit(0)
     for e, call, rec in prepared:
@@ -339,12 +340,13 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
         threading.Thread(target=_reader, args=(p, i, box), daemon=True).start()
         procs.append(p)
     rows: dict[str, dict] = {}
-    ready, ended = set(), set()
+    ready, ended, devices = set(), set(), set()
 
     def take(timeout: float) -> None:
         tag, msg = box.get(timeout=max(timeout, 0.01))
         if "ready" in msg:
             ready.add(tag)
+            devices.add(msg.get("device", "?"))
         elif "eof" in msg or "done" in msg:
             ended.add(tag)
         elif "name" in msg:
@@ -389,12 +391,7 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
     for names in batches:
         for n in names:
             rows.setdefault(n, {"name": n, "untimed": "budget spent or set-up unfinished"})
-    device = "cpu"
-    if DEVICE == "cuda":
-        import torch
-
-        device = torch.cuda.get_device_name(0)
-    return report(list(rows.values()), manifest, out, device)
+    return report(list(rows.values()), manifest, out, ", ".join(sorted(devices)) or "?")
 
 
 def _tiles_cell(info: dict, name: str, manifest: dict, suffix: str) -> str:
