@@ -99,6 +99,18 @@ class SimtTile:
 
 
 @dataclass(frozen=True)
+class StreamKPlan:
+    """StreamK (strategy explicit): ``workgroups`` persistent workgroups share all tiles' k iterations;
+    ``fixup`` (``linear`` or ``tree``) combines a tile's partials (convbw_mlir/kernels/streamk_sm80.py)."""
+
+    workgroups: int
+    fixup: str = "linear"
+
+
+STREAMK_FIXUPS = ("linear", "tree")
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
 
@@ -110,6 +122,7 @@ class Plan:
         split: the split-K of the reduction, or None.
         tile: the matrix-core tile (strategy mma).
         simt: the thread tile (strategy simt over a rows split).
+        streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
     """
 
     target: str
@@ -119,6 +132,7 @@ class Plan:
     split: Split | None = None
     tile: Tile | None = None
     simt: SimtTile | None = None
+    streamk: StreamKPlan | None = None
 
     @property
     def target_info(self) -> Target:
@@ -133,7 +147,7 @@ class Plan:
         data: dict[str, Any] = {"target": self.target, "strategy": self.strategy.value, "gemm": self.gemm}
         if self.reduction_innermost:
             data["reduction_innermost"] = True
-        for name in ("split", "tile", "simt"):
+        for name in ("split", "tile", "simt", "streamk"):
             part = getattr(self, name)
             if part is not None:
                 data[name] = {f.name: getattr(part, f.name) for f in fields(part)}
@@ -146,15 +160,15 @@ class Plan:
         Raises:
             PlanError: a malformed plan (unknown entry, strategy or target, a tile missing a field).
         """
-        known = {"target", "strategy", "gemm", "reduction_innermost", "split", "tile", "simt"}
+        known = {"target", "strategy", "gemm", "reduction_innermost", "split", "tile", "simt", "streamk"}
         unknown = set(data) - known
         if unknown:
             raise PlanError(f"plan: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
         try:
             get_target(data["target"])
             strategy = Strategy(data["strategy"])
-            parts = {name: kind(**data[name]) for name, kind in (("split", Split), ("tile", Tile), ("simt", SimtTile))
-                     if data.get(name) is not None}  # fmt: skip
+            kinds = (("split", Split), ("tile", Tile), ("simt", SimtTile), ("streamk", StreamKPlan))
+            parts = {name: kind(**data[name]) for name, kind in kinds if data.get(name) is not None}
             return cls(data["target"], strategy, bool(data.get("gemm", False)),
                        bool(data.get("reduction_innermost", False)), **parts)  # fmt: skip
         except KeyError as e:
@@ -179,6 +193,9 @@ class Overrides:
         reduction_innermost: transpose a channels-last GEMM's x and dy so the reduction is innermost.
         strategy: ``explicit`` asks for the kernel our passes write (docs/explicit-kernels.md); None lets
             the plan choose (it does not choose explicit by itself yet: docs/explicit-kernels.md says why).
+        streamk: StreamK's persistent workgroups for strategy explicit: ``auto`` (the target's SMs) or a
+            number; None (the default): no StreamK.
+        streamk_fixup: how StreamK combines a tile's partials: ``linear`` (the default) or ``tree``.
     """
 
     k_batch: int | str = "auto"
@@ -193,6 +210,8 @@ class Overrides:
     grouped: str | None = None
     reduction_innermost: bool = False
     strategy: str | None = None
+    streamk: int | str | None = None
+    streamk_fixup: str | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -216,6 +235,15 @@ class Overrides:
                 raise PlanError(f"{name}: expected mma or iree, got {value!r}")
         if self.strategy not in (None, Strategy.EXPLICIT.value):
             raise PlanError(f"strategy: expected explicit (or none: the plan's choice), got {self.strategy!r}")
+        if not (self.streamk in (None, "auto") or (_is_int(self.streamk) and self.streamk >= 1)):
+            raise PlanError(f"streamk: expected auto or a positive number of workgroups, got {self.streamk!r}")
+        if self.streamk is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"streamk: {self.streamk!r} applies to strategy explicit only (strategy: {chosen})")
+        if self.streamk_fixup not in (None, *STREAMK_FIXUPS):
+            raise PlanError(f"streamk-fixup: expected linear or tree, got {self.streamk_fixup!r}")
+        if self.streamk_fixup is not None and self.streamk is None:
+            raise PlanError(f"streamk-fixup: {self.streamk_fixup} needs streamk (a number of workgroups or auto)")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
 
@@ -365,6 +393,8 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
             )
     given = opts.tile
     if tgt.family in ("cdna", "rdna"):  # MFMA / WMMA forms, 2 LDS buffers (compiled, never run: no AMD GPU here)
+        if opts.streamk is not None:
+            raise PlanError(f"streamk: {opts.streamk!r} on target {tgt.name} (StreamK is written for sm_80 only)")
         return _explicit_amd(problem, tgt, opts)
     t = GemmTiling()
     if not given and not unsupported(problem, None):  # the plan's rule: the kernel's cost model (choose_tiling)
@@ -379,6 +409,13 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
     check_plan(problem, plan)  # the tiling first: the split is sized on it
     shape = gemm_shape(problem)
+    if opts.streamk is not None:  # StreamK replaces split-K: the persistent grid's workgroups share the k tiles
+        if _is_int(opts.k_batch) and opts.k_batch > 1:
+            raise PlanError(f"k-batch: {opts.k_batch}: StreamK replaces split-K (give one or the other)")
+        workgroups = tgt.compute_units if opts.streamk == "auto" else opts.streamk
+        plan = replace(plan, streamk=StreamKPlan(workgroups, opts.streamk_fixup or "linear"))
+        check_plan(problem, plan)
+        return plan
     splits = opts.k_batch if _is_int(opts.k_batch) else auto_splits(shape, t, tgt.compute_units)
     if splits > 1:
         ktiles = -(-shape.reduction // t.bk)
@@ -452,6 +489,8 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
 
         cap = plan.target_info.lds_bytes
         why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan), cap)
+        if plan.streamk is not None:
+            why += _streamk_refusals(plan, problem)
         if plan.tile is not None and plan.target_info.family in ("cdna", "rdna") and not why:
             from convbw_mlir.kernels.shapes import gemm_shape
 
@@ -480,6 +519,24 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
             f"plan: tile k {plan.tile.k} does not divide the {contraction.reduction_extent} reduction elements of "
             f"each of {plan.split.k_batch} splits; such kernels read past x and dy (docs/decisions.md#split-gemm-step)"
         )
+
+
+def _streamk_refusals(plan: Plan, problem: ConvBwdWeightProblem) -> list[str]:
+    """Why a plan's StreamK cannot be carried out ("field: value" lines)."""
+    from convbw_mlir.kernels.shapes import is_channels_last
+
+    why, sk = [], plan.streamk
+    if is_channels_last(problem):  # its copies are layout 4's (the sm_80 kernel's layout 2 came after it)
+        why.append(f"layout: {problem.layout} (StreamK is written for layout 4, NGCHW/GKCYX/NGKHW)")
+    if not _is_int(sk.workgroups) or sk.workgroups < 1:
+        why.append(f"streamk: {sk.workgroups!r} workgroups (a positive number)")
+    if sk.fixup not in STREAMK_FIXUPS:
+        why.append(f"streamk-fixup: {sk.fixup!r} (linear or tree)")
+    if plan.target_info.family != "nvidia":
+        why.append(f"streamk: {sk.workgroups} on target {plan.target} (StreamK is written for sm_80 only)")
+    if plan.split is not None:
+        why.append(f"split: {plan.split.dim} x {plan.split.k_batch} (StreamK replaces split-K)")
+    return why
 
 
 def effective_problem(problem: ConvBwdWeightProblem, reduction_innermost: bool = False) -> ConvBwdWeightProblem:

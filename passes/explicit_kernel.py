@@ -177,9 +177,16 @@ class ExplicitKernel(ConvbwPass):
                     x = op.operands[0] if shape.conv is not None else collapse(op.operands[0], problem.rank)
                     result_t = ir.RankedTensorType.get(c_shape, c_type)
                     with ir.Location.unknown():  # the kernel's ops need no location of the problem
-                        result = build_dispatch(
-                            entry, partial(_body, shape=shape, tiling=t, family=family), [dy, x], result_t, top
-                        )
+                        if plan.streamk is not None:  # a persistent grid and its workspace: kernels/streamk_sm80.py
+                            from convbw_mlir.kernels import streamk_sm80
+
+                            result = streamk_sm80.build_dispatch(
+                                entry.executable, ENTRY, dy, x, shape, t, plan.streamk, out, entry.subgroup_size, top
+                            )
+                        else:
+                            result = build_dispatch(
+                                entry, partial(_body, shape=shape, tiling=t, family=family), [dy, x], result_t, top
+                            )
                     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
                     if shape.splits > 1:
                         result = _sum_splits(result, out)

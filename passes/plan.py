@@ -56,6 +56,11 @@ class PlanPass(ConvbwPass):
         )
         strategy: str | None = option(None, "explicit: the kernel our passes write (default: the plan's choice)",
                                       ("explicit",))  # fmt: skip
+        streamk: int | str | None = option(
+            None, "StreamK's persistent workgroups (explicit): auto (the target's SMs) or a number", ("auto",)
+        )
+        streamk_fixup: str | None = option(None, "how StreamK combines partial tiles: linear or tree",
+                                           ("linear", "tree"))  # fmt: skip
 
     def __init__(self, options=None, **kwargs) -> None:
         super().__init__(options, **kwargs)

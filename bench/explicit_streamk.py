@@ -1,0 +1,505 @@
+"""StreamK against the explicit kernel's split-K on the StreamK suite problems (issue 14, step 4), in the
+shape of CK's StreamK PR table: problem, tiles, best split-K, StreamK, speedup.
+
+Compile here (needs the IREE compiler), run there (needs iree-base-runtime, numpy, torch):
+
+    .venv/bin/python bench/explicit_streamk.py compile DIR            # all contenders, isolated compiles
+    python3 explicit_streamk.py run DIR --out OUT --budget 60          # on the GPU machine
+
+Contenders per ``streamk_*`` problem of ``seeds`` (layout 4, the explicit kernel's default 128x256x64
+tiling): StreamK on 132 workgroups (the H100's SMs) with the linear and with the tree fixup; split-K
+with k_batch from the kernel's own rule (``auto_splits`` sized on 132 SMs) and one other (the rule on
+sm_80's 108 SMs where it differs, else twice the rule, or 2 where the rule says 1). CK's problem
+(``streamk_1x1_k256_c64_n32_56``) also with CK's 128x128 tiles. cuDNN's times, for scale, in one child.
+
+``run`` starts one child per contender (a CUDA fault poisons a process; cuDNN's share one). All children
+start at once and do their set-up and correctness check in parallel (torch, IREE's device, CUPTI's
+first session, the reference: cuDNN in f32 without TF32); then, once all are ready, the parent lets
+them time one at a time, alone on the GPU, in priority order, until ``--budget`` seconds are spent.
+Kernel time by CUPTI (torch.profiler): ``single`` = median per call of calls 10 ms apart, ``sustained``
+= per call over back-to-back calls. StreamK's call also copies its 4-byte-a-workgroup flags (zeroed) before the
+kernel: that copy is CUPTI's ``gpu_memcpy``, reported apart (``copy_us``), not in the kernel time.
+Writes ``OUT/explicit_streamk.json`` and ``.md`` (and ``rows.json`` as it goes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SEED = 5
+SMS = 132  # the H100 the run uses (the sm_80 target table's 108 is an A100's)
+SINGLE_REPS = 10
+SUSTAINED_CALLS = 100
+CK_PROBLEM = "streamk_1x1_k256_c64_n32_56"
+TURN_LIMIT = 8.0  # seconds one child may take to time its contender(s), cuDNN's eight included
+# Our kernels' results must stay alive until os._exit (IREE's objects freed after torch's segfault it).
+_KEEP: list[Any] = []
+# A CPU rehearsal of the run side (``compile --smoke``, STREAMK_BENCH_DEVICE=cpu): host kernels, no timing.
+DEVICE = os.environ.get("STREAMK_BENCH_DEVICE", "cuda")
+
+
+# -- compile side ------------------------------------------------------------------------------------
+def _problems() -> dict[str, Any]:
+    from convbw_mlir.bench.suites import load_suite
+
+    suites = Path(__file__).resolve().parents[1] / "convbw_mlir" / "suites"
+    return {name: p.with_(layout=4) for name, p in load_suite(suites / "seeds.tsv") if name.startswith("streamk_")}
+
+
+def _contenders(name: str, p) -> list[tuple[str, dict[str, Any]]]:
+    """(contender, compile options) for one problem, in priority order."""
+    from convbw_mlir.kernels.shapes import GemmTiling, auto_splits, gemm_shape
+
+    shape = gemm_shape(p)
+    out = [("streamk_linear", {"streamk": SMS}), ("streamk_tree", {"streamk": SMS, "streamk_fixup": "tree"})]
+    for tiling, suffix, opts in ((GemmTiling(), "", {}), (GemmTiling(bn=128, wn=32), "_128x128", {"tile_n": 128})):
+        if suffix and name != CK_PROBLEM:
+            continue
+        rule = auto_splits(shape, tiling, SMS)
+        other = auto_splits(shape, tiling, 108)
+        ktiles = -(-shape.reduction // tiling.bk)
+        if other == rule:
+            other = min(2 * rule, ktiles)
+        if suffix:
+            out = [*out, (f"streamk_tree{suffix}", {"streamk": SMS, "streamk_fixup": "tree", **opts})]
+            out.append((f"streamk_linear{suffix}", {"streamk": SMS, **opts}))
+        out.append((f"splitk{rule}_rule{suffix}", {"k_batch": rule, **opts}))
+        if other != rule and not suffix:
+            out.append((f"splitk{other}{suffix}", {"k_batch": other, **opts}))
+    return out
+
+
+def _entry(name: str, contender: str, p, plan: Any) -> dict[str, Any]:
+    return {
+        "name": f"{contender}:{name}",
+        "problem": name,
+        "contender": contender,
+        "kind": "cudnn" if contender == "cudnn" else "ours",
+        "vmfb": f"{contender}_{name}.vmfb",
+        "images": p.batch,
+        "groups": p.groups,
+        "in_channels": p.in_channels,
+        "out_channels": p.out_channels,
+        "input_size": list(p.input_size),
+        "output_size": list(p.output_size),
+        "filter_size": list(p.filter_size),
+        "stride": list(p.stride),
+        "dilation": list(p.dilation),
+        "pad": list(p.pad_low),
+        "dw_dtype": p.dw_dtype,
+        "flops": 2 * math.prod((p.groups, p.out_channels, p.in_channels, *p.filter_size, p.batch, *p.output_size)),
+        "plan": plan.to_dict() if plan is not None else None,
+    }
+
+
+def compile_all(folder: Path, smoke: bool = False) -> None:
+    """Compile every contender into ``folder`` (vmfbs and manifest.json); ``smoke``: two small problems'
+    host kernels under the same names, for a CPU rehearsal of the run side."""
+    from convbw_mlir.compiler import CompileError, compile_op
+    from convbw_mlir.kernels.shapes import GemmTiling, gemm_shape
+    from convbw_mlir.kernels.streamk_sm80 import StreamK
+    from convbw_mlir.plan import PlanError, decide
+    from convbw_mlir.problem import ConvBwdWeightProblem as P
+
+    folder.mkdir(parents=True, exist_ok=True)
+    entries, refused, tiles = [], {}, {}
+    problems = _problems()
+    if smoke:
+        problems = {"small_3x3": P.from_ck("2 1 2 8 4 3 3 6 6 1 1 1 1 1 1 1 1", layout=4),
+                    "small_1x1": P.from_ck("2 1 2 16 8 1 1 4 4 1 1 1 1 0 0 0 0", layout=4)}  # fmt: skip
+    order = {CK_PROBLEM: 0}
+    for name, p in sorted(problems.items(), key=lambda kv: order.get(kv[0], 1)):
+        shape = gemm_shape(p)
+        sk = StreamK.of(shape, GemmTiling(), SMS)
+        tiles[name] = {"tiles": sk.tiles, "k_tiles": sk.iters, "partial_tiles": sk.partial_tiles()}
+        for contender, opts in _contenders(name, p) if not smoke else [("streamk_linear", {}), ("splitk2_rule", {})]:
+            key = f"{contender}:{name}"
+            t0 = time.time()
+            try:
+                if smoke:
+                    op = compile_op(p, "host", isolate=True, cache=False)
+                else:
+                    decide(p, "sm_80", strategy="explicit", **opts)  # a refusal names its field
+                    op = compile_op(p, "sm_80", strategy="explicit", isolate=True, cache=False, **opts)
+            except (PlanError, CompileError) as e:
+                refused[key] = str(e)[:500]
+                print(f"{key}: refused: {str(e)[:200]}", flush=True)
+                continue
+            (folder / f"{contender}_{name}.vmfb").write_bytes(op.vmfb)
+            entries.append(_entry(name, contender, p, op.plan))
+            print(f"{key}: {time.time() - t0:.1f} s", flush=True)
+        entries.append(_entry(name, "cudnn", p, None))
+    manifest = {"target": "host" if smoke else "sm_80", "sms": SMS, "entries": entries, "refused": refused,
+                "tiles": tiles, "seed": SEED}  # fmt: skip
+    tmp = folder / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(folder / "manifest.json")
+
+
+# -- run side ----------------------------------------------------------------------------------------
+def _inputs(e: dict, torch: Any) -> tuple[Any, Any]:
+    """dy ``[N, G*K, Ho, Wo]`` and x ``[N, G*C, H, W]``, f16, seeded."""
+    g = torch.Generator(device="cpu").manual_seed(SEED)
+    dy = torch.randn(e["images"], e["groups"] * e["out_channels"], *e["output_size"], generator=g)
+    x = torch.randn(e["images"], e["groups"] * e["in_channels"], *e["input_size"], generator=g)
+    return dy.half().to(DEVICE), x.half().to(DEVICE)
+
+
+def _cudnn(e: dict, x: Any, dy: Any, torch: Any) -> Any:
+    shape = (e["groups"] * e["out_channels"], e["in_channels"], *e["filter_size"])
+    return torch.nn.grad.conv2d_weight(x, shape, dy, stride=e["stride"], padding=e["pad"], dilation=e["dilation"],
+                                       groups=e["groups"])  # fmt: skip
+
+
+def _prepare(folder: Path, e: dict, torch: Any) -> tuple[Any, dict]:
+    """The contender's call on device-resident inputs, and its correctness against cuDNN in f32 (no TF32)."""
+    dy, x = _inputs(e, torch)
+    torch.backends.cudnn.allow_tf32 = False
+    exact = _cudnn(e, x.float(), dy.float(), torch).double().cpu().reshape(e["groups"], e["out_channels"], -1)
+    if e["kind"] == "cudnn":
+        torch.backends.cudnn.benchmark = True
+        xc, dyc = (x, dy) if DEVICE == "cuda" else (x.float(), dy.float())
+
+        def call() -> Any:
+            return _cudnn(e, xc, dyc, torch)
+
+        def result(r: Any) -> Any:
+            return r.double().cpu().reshape(e["groups"], e["out_channels"], -1)
+    else:
+        import iree.runtime as rt
+
+        device = rt.get_driver("cuda" if DEVICE == "cuda" else "local-task").create_default_device()
+        config = rt.Config(device=device)
+        module = rt.VmModule.copy_buffer(config.vm_instance, (folder / e["vmfb"]).read_bytes())
+        fn = rt.load_vm_module(module, config)["conv_bwd_weight"]
+        n, g = e["images"], e["groups"]
+        xs, dys = (n, g, e["in_channels"], *e["input_size"]), (n, g, e["out_channels"], *e["output_size"])
+        args = [
+            rt.asdevicearray(device, x.cpu().numpy().reshape(xs)),
+            rt.asdevicearray(device, dy.cpu().numpy().reshape(dys)),
+        ]
+        _KEEP.append((device, config, module, fn, args))
+
+        def call() -> Any:
+            return fn(*args)
+
+        def result(r: Any) -> Any:
+            return torch.from_numpy(r.to_host().astype("float64")).reshape(e["groups"], e["out_channels"], -1)
+
+    got = result(call())
+    _KEEP.append(got)
+    err = (got - exact).abs()
+    rec: dict[str, Any] = {"max_rel_err": err.max().item() / exact.abs().max().item()}
+    rec["rms_rel_err"] = (err.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
+    # f32 accumulation of f16 products; an f16 dW adds its rounding (2^-11 of the largest entry).
+    rec["tolerance"] = 1e-3 if e["dw_dtype"] == "f32" else 2e-3
+    rec["correct"] = bool(rec["max_rel_err"] <= rec["tolerance"]) and bool(torch.isfinite(got).all())
+    return call, rec
+
+
+def _gpu_events(trace: Path) -> list[tuple[float, float, str, str]]:
+    """(start us, duration us, category, name) of the GPU activities in a chrome trace of torch.profiler."""
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    cats = ("kernel", "gpu_memcpy", "gpu_memset")
+    return sorted((e["ts"], e["dur"], e["cat"], e.get("name", "")) for e in events
+                  if e.get("cat") in cats and "dur" in e)  # fmt: skip
+
+
+def _per_call(events: list[tuple[float, float, str, str]], gap_us: float = 5000.0) -> list[list[tuple]]:
+    """GPU activities grouped into calls (the single calls are 10 ms apart)."""
+    calls: list[list[tuple]] = []
+    end = -math.inf
+    for ev in events:
+        if ev[0] - end > gap_us:
+            calls.append([])
+        calls[-1].append(ev)
+        end = max(end, ev[0] + ev[1])
+    return calls
+
+
+def _activities(torch: Any) -> list[Any]:
+    """What torch.profiler records: the GPU's activities through CUPTI (the CPU's in a rehearsal)."""
+    return [torch.profiler.ProfilerActivity.CUDA if DEVICE == "cuda" else torch.profiler.ProfilerActivity.CPU]
+
+
+def _time(call: Any, e: dict, torch: Any) -> dict[str, Any]:
+    """Kernel time by CUPTI: single calls 10 ms apart, then back-to-back calls."""
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+
+    def done(r: Any) -> None:
+        r.to_host() if e["kind"] != "cudnn" else sync()
+
+    for _ in range(3):
+        r = call()
+    done(r)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        with torch.profiler.profile(activities=_activities(torch)) as prof:
+            for _ in range(SINGLE_REPS):
+                done(call())
+                time.sleep(0.01)
+            time.sleep(0.02)
+            t0 = time.perf_counter()
+            for _ in range(SUSTAINED_CALLS):
+                r = call()
+            done(r)
+            wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
+        prof.export_chrome_trace(str(trace))
+        calls = _per_call(_gpu_events(trace))
+    rec: dict[str, Any] = {"sustained_wall_us": wall * 1e6}
+    single, sustained = calls[:SINGLE_REPS], calls[SINGLE_REPS:]
+    kernels = [[ev for ev in c if ev[2] == "kernel"] for c in single]
+    rec["kernels_per_call"] = statistics.mean(len(k) for k in kernels) if kernels else None
+    rec["kernel_names"] = sorted({ev[3] for c in kernels for ev in c})[:4]
+    rec["single_us"] = statistics.median(sum(ev[1] for ev in k) for k in kernels) if kernels else None
+    copies = [sum(ev[1] for ev in c if ev[2] != "kernel" and "DtoH" not in ev[3]) for c in single]  # not the readback
+    rec["copy_us"] = statistics.median(copies) if copies else None
+    flat = [ev for c in sustained for ev in c if ev[2] == "kernel"]
+    rec["sustained_us"] = sum(ev[1] for ev in flat) / SUSTAINED_CALLS if flat else None
+    for key in ("single", "sustained"):
+        us = rec[f"{key}_us"]
+        rec[f"{key}_tflops"] = e["flops"] / (us * 1e-6) / 1e12 if us else None
+    return rec
+
+
+def child(folder: Path, names: list[str]) -> None:
+    """One contender (or cuDNN's, several): set up and check now, time when the parent says ``go``."""
+    import torch
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    entries = [e for e in manifest["entries"] if e["name"] in names]
+    with torch.profiler.profile(activities=_activities(torch)):  # the first session costs seconds: not in the turn
+        torch.zeros(1, device=DEVICE).add_(1)
+    prepared = []
+    for e in entries:
+        try:
+            call, rec = _prepare(folder, e, torch)
+        except Exception as exc:  # one contender's failure is its row, not the run's
+            print(json.dumps({"name": e["name"], "error": repr(exc)[:500]}), flush=True)
+            continue
+        prepared.append((e, call, rec))
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"
+    print(json.dumps({"ready": names, "device": device}), flush=True)
+    if sys.stdin.readline().strip() != "go":
+        os._exit(0)
+    for e, call, rec in prepared:
+        rec.update(name=e["name"], kind=e["kind"], flops=e["flops"])
+        if rec["correct"] or e["kind"] == "cudnn":
+            rec.update(_time(call, e, torch))
+        print(json.dumps(rec), flush=True)
+    print(json.dumps({"done": names}), flush=True)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _reader(proc: subprocess.Popen, tag: int, box: queue.Queue) -> None:
+    for line in proc.stdout:
+        try:
+            box.put((tag, json.loads(line)))
+        except json.JSONDecodeError:
+            continue
+    box.put((tag, {"eof": True}))
+
+
+def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
+    """Start every child, wait until all are set up (or ``setup_limit`` s), time them one at a time in
+    priority order until ``budget`` s are spent; write OUT/explicit_streamk.json and .md."""
+    t_start = time.time()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    # Timing order: the headline contenders of every problem first (the rule's split-K, StreamK tree and
+    # linear), then the other split-K and CK's 128x128 tiles; cuDNN's last.
+    rank = {"splitk": 0, "streamk_tree": 1, "streamk_linear": 2}
+    mine = [e for e in manifest["entries"] if e["kind"] == "ours"]
+    first = [e for e in mine if "_128x128" not in e["contender"] and (e["contender"].endswith("_rule")
+             or e["contender"] in rank)]  # fmt: skip
+    first.sort(key=lambda e: rank.get(e["contender"], 0))
+    ours = [[e["name"]] for e in first] + [[e["name"]] for e in mine if e not in first]
+    batches = [*ours, [e["name"] for e in manifest["entries"] if e["kind"] == "cudnn"]]
+    box: queue.Queue = queue.Queue()
+    procs = []
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for i, names in enumerate(batches):
+        with open(logs / f"child{i}.err", "w") as err:  # a file: a full stderr pipe would block the child
+            p = subprocess.Popen([sys.executable, __file__, "child", str(folder), *names], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+        threading.Thread(target=_reader, args=(p, i, box), daemon=True).start()
+        procs.append(p)
+    rows: dict[str, dict] = {}
+    ready, ended, devices = set(), set(), set()
+
+    def take(timeout: float) -> None:
+        tag, msg = box.get(timeout=max(timeout, 0.01))
+        if "ready" in msg:
+            ready.add(tag)
+            devices.add(msg.get("device", "?"))
+        elif "eof" in msg or "done" in msg:
+            ended.add(tag)
+        elif "name" in msg:
+            rows.setdefault(msg["name"], {}).update(msg)
+
+    while len(ready | ended) < len(procs) and time.time() - t_start < setup_limit:
+        try:
+            take(setup_limit - (time.time() - t_start))
+        except queue.Empty:
+            break
+    print(f"set up: {len(ready)} of {len(procs)} children in {time.time() - t_start:.1f} s", flush=True)
+    for i, p in enumerate(procs):
+        if i not in ready and i not in ended and p.poll() is None:
+            p.kill()  # our own child, not set up in time (a hung kernel would hold the GPU)
+            for n in batches[i]:
+                rows.setdefault(n, {"name": n, "crashed": f"not set up in {setup_limit} s (killed)"})
+    for i, p in enumerate(procs):
+        if i not in ready or i in ended:
+            continue
+        if time.time() - t_start > budget:
+            break
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        turn_end = min(time.time() + TURN_LIMIT, t_start + budget + 5)
+        while i not in ended and time.time() < turn_end:
+            try:
+                take(turn_end - time.time())
+            except queue.Empty:
+                break
+        if i not in ended and p.poll() is None:
+            p.kill()  # our own child, past its turn (a hung kernel)
+            for n in batches[i]:
+                rows.setdefault(n, {"name": n}).setdefault("crashed", f"its turn took over {TURN_LIMIT} s (killed)")
+        (out / "rows.json").write_text(json.dumps(list(rows.values()), indent=1))
+    for i, p in enumerate(procs):
+        if p.poll() is None:
+            p.kill()  # our own child, past the budget
+        elif p.returncode not in (0, None):
+            tail = (logs / f"child{i}.err").read_text(errors="replace")[-1500:]
+            for n in batches[i]:
+                rows.setdefault(n, {"name": n}).setdefault("crashed", f"rc {p.returncode}: {tail}")
+    for names in batches:
+        for n in names:
+            rows.setdefault(n, {"name": n, "untimed": "budget spent or set-up unfinished"})
+    return report(list(rows.values()), manifest, out, ", ".join(sorted(devices)) or "?")
+
+
+def _tiles_cell(info: dict, name: str, manifest: dict, suffix: str) -> str:
+    """``tiles (partial)`` of the default 128x256 tiling, or the tile count of CK's 128x128."""
+    if not suffix:
+        return f"{info['tiles']} ({info['partial_tiles']})"
+    e = next(e for e in manifest["entries"] if e["name"] == name)
+    n = e["in_channels"] * math.prod(e["filter_size"])
+    return f"{e['groups'] * -(-e['out_channels'] // 128) * -(-n // 128)}, 128x128"
+
+
+def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None) -> int:
+    """The CK-shaped table (problem, tiles, best split-K, StreamK, speedup) and every row."""
+    by = {r["name"]: r for r in rows}
+    doc = {"device": device, "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "sms": manifest["sms"],
+           "rows": rows, "refused": manifest["refused"], "tiles": manifest["tiles"]}  # fmt: skip
+
+    def ok_us(r: dict | None) -> float | None:
+        return r.get("single_us") if r and r.get("correct") else None
+
+    lines = [f"# StreamK vs split-K (explicit sm_80 kernel): {device}, {doc['date']}", "",
+             "Kernel time by CUPTI, median of single calls (us); StreamK on "
+             f"{manifest['sms']} workgroups; 128x256x64 tiles unless named.", "",
+             "| problem | tiles (partial) | k tiles | split-K best | us | StreamK linear us | StreamK tree us | "
+             "speedup (best StreamK / best split-K) | cuDNN us |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    speedups = []
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "-"
+        if r.get("single_us") and r.get("correct"):
+            return f"{r['single_us']:.1f}"
+        return "WRONG" if r.get("correct") is False else ("crashed" if "crashed" in r else "-")
+
+    for problem, info in manifest["tiles"].items():
+        for suffix in ("", "_128x128"):  # the default tiling (in the geomean), CK's tile where it was run
+            mine = [r for r in rows if r["name"].split(":", 1) == [r["name"].split(":")[0], problem]
+                    and r["name"].split(":")[0].endswith("_128x128") == bool(suffix)]  # fmt: skip
+            if not mine:
+                continue
+            splits = [(ok_us(r), r["name"].split(":")[0]) for r in mine if r["name"].startswith("splitk") and ok_us(r)]
+            best = min(splits) if splits else (None, "-")
+            lin, tree = by.get(f"streamk_linear{suffix}:{problem}"), by.get(f"streamk_tree{suffix}:{problem}")
+            sks = [v for v in (ok_us(lin), ok_us(tree)) if v]
+            speed = best[0] / min(sks) if sks and best[0] else None
+            if speed and not suffix:
+                speedups.append(speed)
+            cudnn = by.get(f"cudnn:{problem}", {}).get("single_us")
+            cells = [_tiles_cell(info, mine[0]["name"], manifest, suffix), info["k_tiles"],
+                     best[1], "-" if best[0] is None else f"{best[0]:.1f}", cell(lin), cell(tree),
+                     "-" if speed is None else f"{speed:.2f}x", "-" if cudnn is None else f"{cudnn:.1f}"]  # fmt: skip
+            lines.append(f"| {problem} | " + " | ".join(map(str, cells)) + " |")
+    geo = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None
+    doc["geomean_speedup"] = geo
+    lines += ["", f"Geomean speedup over {len(speedups)} problems: {geo}", "", "## Every contender", "",
+              "| contender | correct | max rel err | single us | copy us | sustained us | TFLOP/s | kernels/call |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+
+        def f(k: str, fmt: str = "{:.1f}", r: dict = r) -> str:
+            return fmt.format(r[k]) if r.get(k) is not None else "-"
+
+        ok = ("crashed" if "crashed" in r else "error" if "error" in r else "untimed" if "untimed" in r
+              else "yes" if r.get("correct") else "WRONG")  # fmt: skip
+        cells = [ok, f("max_rel_err", "{:.2e}"), f("single_us"), f("copy_us", "{:.2f}"), f("sustained_us"),
+                 f("single_tflops"), f("kernels_per_call")]  # fmt: skip
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "explicit_streamk.json").write_text(json.dumps(doc, indent=1))
+    (out / "explicit_streamk.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile")
+    c.add_argument("dir", type=Path)
+    c.add_argument("--smoke", action="store_true", help="small host kernels for a CPU rehearsal of the run side")
+    r = sub.add_parser("run")
+    r.add_argument("dir", type=Path)
+    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    r.add_argument("--budget", type=float, default=60.0, help="seconds after which no more contenders are timed")
+    r.add_argument("--setup-limit", type=float, default=25.0, help="seconds to wait for the children's set-up")
+    ch = sub.add_parser("child")
+    ch.add_argument("dir", type=Path)
+    ch.add_argument("names", nargs="+")
+    rep = sub.add_parser("report", help="tables from a (cut-off) run's rows.json")
+    rep.add_argument("dir", type=Path)
+    rep.add_argument("rows", type=Path)
+    rep.add_argument("--out", type=Path, required=True)
+    rep.add_argument("--device", required=True)
+    rep.add_argument("--date", default=None)
+    a = ap.parse_args(argv)
+    if a.cmd == "compile":
+        compile_all(a.dir, a.smoke)
+        return 0
+    if a.cmd == "run":
+        return run_all(a.dir, a.out, a.budget, a.setup_limit)
+    if a.cmd == "report":
+        manifest = json.loads((a.dir / "manifest.json").read_text())
+        return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
+    child(a.dir, a.names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
