@@ -373,7 +373,7 @@ def _gpu_tile(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrid
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The explicit strategy's plan: the sm_80 kernel's tiling (the rule of ``choose_tiling``, or the tile options)."""
-    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling, auto_splits, choose_tiling, gemm_shape, unsupported
+    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling, choose_tiling, gemm_shape, unsupported
 
     if tgt.family not in ("nvidia", "cdna", "rdna"):
         raise PlanError(
@@ -416,18 +416,13 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
         plan = replace(plan, streamk=StreamKPlan(workgroups, opts.streamk_fixup or "linear"))
         check_plan(problem, plan)
         return plan
-    splits = opts.k_batch if _is_int(opts.k_batch) else auto_splits(shape, t, tgt.compute_units)
-    if splits > 1:
-        ktiles = -(-shape.reduction // t.bk)
-        plan = replace(plan, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
-        check_plan(problem, plan)
-    return plan
+    return _explicit_split(problem, plan, shape, t, tgt, opts)
 
 
 def _explicit_amd(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The AMD explicit plan: the target's first intrinsic the AMD kernel has a form of (its table entry
     decides MFMA or WMMA and which WMMA operand form), the tile options, split-K as on NVIDIA."""
-    from convbw_mlir.kernels.shapes import AMD_FORMS, CdnaTiling, auto_splits, gemm_shape, is_channels_last
+    from convbw_mlir.kernels.shapes import AMD_FORMS, CdnaTiling, gemm_shape, is_channels_last
 
     if is_channels_last(problem):  # the AMD forms gather in layout 4 only (the sm_80 kernel has layout 2)
         raise PlanError(f"layout: {problem.layout} (the AMD explicit kernel takes layout 4, NGCHW/GKCYX/NGKHW)")
@@ -445,9 +440,17 @@ def _explicit_amd(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -
                                                                    intr))  # fmt: skip
     check_plan(problem, plan)
     shape = gemm_shape(problem)
-    splits = opts.k_batch if _is_int(opts.k_batch) else auto_splits(shape, c, tgt.compute_units)
+    return _explicit_split(problem, plan, shape, c, tgt, opts)
+
+
+def _explicit_split(problem: ConvBwdWeightProblem, plan: Plan, shape: Any, tiling: Any, tgt: Target,
+                    opts: Overrides) -> Plan:  # fmt: skip
+    """``plan`` with its split-K: the k-batch asked for, else the kernel's occupancy rule (``auto_splits``)."""
+    from convbw_mlir.kernels.shapes import auto_splits
+
+    splits = opts.k_batch if _is_int(opts.k_batch) else auto_splits(shape, tiling, tgt.compute_units)
     if splits > 1:
-        ktiles = -(-shape.reduction // c.bk)
+        ktiles = -(-shape.reduction // tiling.bk)
         plan = replace(plan, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
         check_plan(problem, plan)
     return plan
