@@ -327,9 +327,8 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
 
 
 def _iree_split_pads(work: ConvBwdWeightProblem, plan: Plan, tgt: Target) -> str | None:
-    """Why ``plan`` (IREE tiling a split itself) would read past x and dy, or None: measured on the H100,
-    every such kernel whose per-split reduction is not a multiple of the instruction's k read past its
-    inputs (8 problems, 17 kernels), the multiples stayed inside (docs/decisions.md#split-iree-step)."""
+    """Why ``plan`` (IREE tiling a split itself) would read past x and dy, or None: a per-split reduction
+    the instruction's K does not divide (docs/decisions.md#split-iree-step has the measurements)."""
     if plan.strategy != Strategy.IREE or plan.split is None or not tgt.is_gpu:
         return None
     contraction = Contraction.build(work, plan.split)
