@@ -111,6 +111,14 @@ STREAMK_FIXUPS = ("linear", "tree")
 
 
 @dataclass(frozen=True)
+class WaveSpecPlan:
+    """Wave specialization (strategy explicit, sm_80, layout 2): ``producers`` warps copy global -> shared,
+    the tiling's warps compute, split by named barriers (convbw_mlir/kernels/wavespec_sm80.py)."""
+
+    producers: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
 
@@ -123,6 +131,7 @@ class Plan:
         tile: the matrix-core tile (strategy mma).
         simt: the thread tile (strategy simt over a rows split).
         streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
+        wavespec: producer warps of a wave-specialized explicit kernel, or None: every warp copies and computes.
     """
 
     target: str
@@ -133,6 +142,7 @@ class Plan:
     tile: Tile | None = None
     simt: SimtTile | None = None
     streamk: StreamKPlan | None = None
+    wavespec: WaveSpecPlan | None = None
 
     @property
     def target_info(self) -> Target:
@@ -147,7 +157,7 @@ class Plan:
         data: dict[str, Any] = {"target": self.target, "strategy": self.strategy.value, "gemm": self.gemm}
         if self.reduction_innermost:
             data["reduction_innermost"] = True
-        for name in ("split", "tile", "simt", "streamk"):
+        for name in ("split", "tile", "simt", "streamk", "wavespec"):
             part = getattr(self, name)
             if part is not None:
                 data[name] = {f.name: getattr(part, f.name) for f in fields(part)}
@@ -160,14 +170,15 @@ class Plan:
         Raises:
             PlanError: a malformed plan (unknown entry, strategy or target, a tile missing a field).
         """
-        known = {"target", "strategy", "gemm", "reduction_innermost", "split", "tile", "simt", "streamk"}
+        known = {"target", "strategy", "gemm", "reduction_innermost", "split", "tile", "simt", "streamk", "wavespec"}
         unknown = set(data) - known
         if unknown:
             raise PlanError(f"plan: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
         try:
             get_target(data["target"])
             strategy = Strategy(data["strategy"])
-            kinds = (("split", Split), ("tile", Tile), ("simt", SimtTile), ("streamk", StreamKPlan))
+            kinds = (("split", Split), ("tile", Tile), ("simt", SimtTile), ("streamk", StreamKPlan),
+                     ("wavespec", WaveSpecPlan))  # fmt: skip
             parts = {name: kind(**data[name]) for name, kind in kinds if data.get(name) is not None}
             return cls(data["target"], strategy, bool(data.get("gemm", False)),
                        bool(data.get("reduction_innermost", False)), **parts)  # fmt: skip
@@ -196,6 +207,8 @@ class Overrides:
         streamk: StreamK's persistent workgroups for strategy explicit: ``auto`` (the target's SMs) or a
             number; None (the default): no StreamK.
         streamk_fixup: how StreamK combines a tile's partials: ``linear`` (the default) or ``tree``.
+        producers: wave specialization for strategy explicit: 2 or 4 producer warps beside the tiling's
+            (consumer) warps; None (the default): none.
     """
 
     k_batch: int | str = "auto"
@@ -212,6 +225,7 @@ class Overrides:
     strategy: str | None = None
     streamk: int | str | None = None
     streamk_fixup: str | None = None
+    producers: int | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -244,6 +258,11 @@ class Overrides:
             raise PlanError(f"streamk-fixup: expected linear or tree, got {self.streamk_fixup!r}")
         if self.streamk_fixup is not None and self.streamk is None:
             raise PlanError(f"streamk-fixup: {self.streamk_fixup} needs streamk (a number of workgroups or auto)")
+        if self.producers is not None and not (_is_int(self.producers) and self.producers in WAVESPEC_PRODUCERS):
+            raise PlanError(f"producers: expected 2 or 4 producer warps, got {self.producers!r}")
+        if self.producers is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"producers: {self.producers} applies to strategy explicit only (strategy: {chosen})")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
 
@@ -394,6 +413,9 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     if tgt.family in ("cdna", "rdna"):  # MFMA / WMMA forms, 2 LDS buffers (compiled, never run: no AMD GPU here)
         if opts.streamk is not None:
             raise PlanError(f"streamk: {opts.streamk!r} on target {tgt.name} (StreamK is written for sm_80 only)")
+        if opts.producers is not None:
+            raise PlanError(f"producers: {opts.producers} on target {tgt.name} (wave specialization is written for "
+                            "sm_80 only: named barriers)")  # fmt: skip
         return _explicit_amd(problem, tgt, opts)
     t = GemmTiling()
     if not given and not unsupported(problem, None):  # the plan's rule: the kernel's cost model (choose_tiling)
@@ -406,6 +428,8 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
                 stages=given.get("stages", t.stages))  # fmt: skip
     tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSIC)
     plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
+    if opts.producers is not None:  # wave specialization: the same tiling and split, producer warps added
+        plan = replace(plan, wavespec=WaveSpecPlan(opts.producers))
     check_plan(problem, plan)  # the tiling first: the split is sized on it
     shape = gemm_shape(problem)
     if opts.streamk is not None:  # StreamK replaces split-K: the persistent grid's workgroups share the k tiles
@@ -493,6 +517,8 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
         why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan), cap)
         if plan.streamk is not None:
             why += _streamk_refusals(plan, problem)
+        if plan.wavespec is not None:
+            why += _wavespec_refusals(plan, problem, tiling_ok=not why)
         if plan.tile is not None and plan.target_info.family in ("cdna", "rdna") and not why:
             from convbw_mlir.kernels.shapes import gemm_shape
 
@@ -539,6 +565,29 @@ def _streamk_refusals(plan: Plan, problem: ConvBwdWeightProblem) -> list[str]:
     if plan.split is not None:
         why.append(f"split: {plan.split.dim} x {plan.split.k_batch} (StreamK replaces split-K)")
     return why
+
+
+WAVESPEC_PRODUCERS = (2, 4)  # CK's wavelet ratios with 4 consumer warps: 4:2 and 4:4
+
+
+def _wavespec_refusals(plan: Plan, problem: ConvBwdWeightProblem, tiling_ok: bool) -> list[str]:
+    """Why a plan's wave specialization cannot be carried out ("field: value" lines); the kernel's own
+    rule (registers, copies, barriers) only where the plain kernel takes the tiling (``tiling_ok``)."""
+    from convbw_mlir.kernels.shapes import gemm_shape, is_channels_last
+
+    producers = plan.wavespec.producers
+    if plan.target_info.family != "nvidia":
+        return [f"producers: {producers} on target {plan.target} (wave specialization is written for sm_80 only)"]
+    if plan.streamk is not None:
+        return [f"producers: {producers} with streamk (wave specialization is written for the split-K grid)"]
+    if not is_channels_last(problem):
+        return [f"producers: {producers} in layout {problem.layout} (wave specialization is written for layout 2, "
+                "NHWGC/GKYXC/NHWGK)"]  # fmt: skip
+    if not tiling_ok:
+        return []
+    from convbw_mlir.kernels import wavespec_sm80
+
+    return wavespec_sm80.problems(gemm_shape(problem, plan.k_batch), explicit_tiling(plan), producers)
 
 
 def effective_problem(problem: ConvBwdWeightProblem, reduction_innermost: bool = False) -> ConvBwdWeightProblem:

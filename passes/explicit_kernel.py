@@ -116,6 +116,12 @@ def _body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, family: str) 
     _kernel_module(family).build_kernel_body(block, *memrefs, shape, tiling)
 
 
+def _wavespec_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, producers: int) -> None:
+    from convbw_mlir.kernels import wavespec_sm80
+
+    wavespec_sm80.build_kernel_body(block, *memrefs, shape, tiling, producers)
+
+
 @register
 class ExplicitKernel(ConvbwPass):
     argument = "convbw-explicit-kernel"
@@ -161,11 +167,18 @@ class ExplicitKernel(ConvbwPass):
                     ir.MemRefType.get(b_shape, f16),
                     ir.MemRefType.get(c_shape, c_type),
                 )
+                body, threads = partial(_body, shape=shape, tiling=t, family=family), t.threads
+                if plan.wavespec is not None:  # producer warps beside the tiling's: kernels/wavespec_sm80.py
+                    from convbw_mlir.kernels import wavespec_sm80
+
+                    producers = plan.wavespec.producers
+                    threads = wavespec_sm80.threads(t, producers)
+                    body = partial(_wavespec_body, shape=shape, tiling=t, producers=producers)
                 entry = KernelEntry(
                     executable=f"convbw_explicit_{count}",
                     function=ENTRY,
                     grid=kernels.grid(shape, t),
-                    workgroup_size=(t.threads, 1, 1),
+                    workgroup_size=(threads, 1, 1),
                     subgroup_size=plan.target_info.subgroup_size,
                     bindings=bindings,
                 )
@@ -184,9 +197,7 @@ class ExplicitKernel(ConvbwPass):
                                 entry.executable, ENTRY, dy, x, shape, t, plan.streamk, out, entry.subgroup_size, top
                             )
                         else:
-                            result = build_dispatch(
-                                entry, partial(_body, shape=shape, tiling=t, family=family), [dy, x], result_t, top
-                            )
+                            result = build_dispatch(entry, body, [dy, x], result_t, top)
                     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
                     if shape.splits > 1:
                         result = _sum_splits(result, out)

@@ -61,6 +61,7 @@ class PlanPass(ConvbwPass):
         )
         streamk_fixup: str | None = option(None, "how StreamK combines partial tiles: linear or tree",
                                            ("linear", "tree"))  # fmt: skip
+        producers: int | None = option(None, "explicit, layout 2: producer warps (2 or 4) of a wave-specialized kernel")
 
     def __init__(self, options=None, **kwargs) -> None:
         super().__init__(options, **kwargs)

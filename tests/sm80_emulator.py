@@ -4,7 +4,17 @@ It interprets the ops ``convbw_mlir.kernels.gemm_sm80`` emits (arith, gpu, memre
 cp.async groups, and nvgpu's ``device_async_copy``, ``ldmatrix`` and ``mma.sync`` with the PTX ISA's
 fragment layouts), one value an array over the workgroup's threads, so that the kernel's numerics
 (addresses, zero-fill, fragment wiring, masks) are checked on the CPU against a float64 reference.
-Copies complete at once (no asynchrony: races are not modelled; the GPU run checks those).
+Copies are asynchronous as the PTX ISA has them: a ``cp.async`` reads its source when issued and
+lands in shared memory only when ``cp.async.wait_group`` retires its commit group (shared memory is
+NaN until written, so a read before its copy landed shows as NaN in the result).
+
+Warp roles (wave specialization): an ``scf.if`` with an else whose condition splits the active threads
+forks them into two thread groups, each running its own branch, interleaved at barriers: ``bar.sync``
+(``nvvm.barrier``, and ``gpu.barrier`` as barrier 0 of the whole workgroup) blocks a group until the
+barrier's thread count has arrived, ``bar.arrive`` (``nvvm.barrier.arrive``) counts and goes on. A
+group runs until it blocks (``first`` says which branch starts): a missing wait lets one role run
+ahead and read or overwrite a stage too early; a wrong order deadlocks (raised as ``Deadlock``), and a
+barrier left with arrivals at the join raises too.
 """
 
 from __future__ import annotations
@@ -20,14 +30,35 @@ def _attr_int(a: ir.Attribute) -> int:
     return ir.IntegerAttr(a).value
 
 
+class Deadlock(AssertionError):
+    """Every thread group of a fork waits at a barrier that no one else will complete."""
+
+
+class _Group:
+    """Threads running the same code: their mask (None: all) and their ``cp.async`` commit groups."""
+
+    def __init__(self, mask: np.ndarray | None) -> None:
+        self.mask = mask
+        self.open: list[tuple] = []  # issued, not yet committed
+        self.committed: list[list[tuple]] = []
+
+    def wait(self, pending: int) -> None:
+        """``cp.async.wait_group pending``: all but the newest ``pending`` commit groups land."""
+        while len(self.committed) > pending:
+            for dst, d, vals in self.committed.pop(0):
+                dst[d[:-1]][d[-1] : d[-1] + len(vals)] = vals
+
+
 class _Block:
     """One workgroup: ``threads`` lanes, its block ids, its shared allocations."""
 
-    def __init__(self, threads: int, block_id: tuple[int, int, int], bindings: dict[int, np.ndarray]) -> None:
+    def __init__(self, threads: int, block_id: tuple[int, int, int], bindings: dict[int, np.ndarray],
+                 first: str = "else") -> None:  # fmt: skip
         self.t = threads
         self.tid = np.arange(threads, dtype=np.int64)
         self.block_id = block_id
         self.bindings = bindings
+        self.first = first
         self.env: dict[ir.Value, object] = {}
 
     def get(self, v: ir.Value):
@@ -36,14 +67,57 @@ class _Block:
     def idx(self, v: ir.Value) -> np.ndarray:
         return np.broadcast_to(np.asarray(self.env[v], dtype=np.int64), (self.t,))
 
-    def run(self, block: ir.Block, mask: np.ndarray | None = None) -> list:
+    def _active(self, group: _Group) -> np.ndarray:
+        return np.ones(self.t, bool) if group.mask is None else group.mask
+
+    def run(self, block: ir.Block, group: _Group):
+        """Run ``block`` for ``group`` (a generator: it yields barrier events, returns scf.yield's values)."""
         for op in block.operations:
-            out = self.step(op.operation, mask)
+            out = yield from self.step(op.operation, group)
             if op.operation.name in ("scf.yield",):
                 return out
         return []
 
-    def step(self, op: ir.Operation, mask: np.ndarray | None):  # noqa: C901 - one branch an op
+    def _fork(self, branches: list[tuple[ir.Block, np.ndarray]]):
+        """Run each (block, mask) as its own thread group, interleaved at barriers (see the module doc)."""
+        groups = [_Group(m) for _, m in branches]
+        gens = [self.run(b, g) for (b, _), g in zip(branches, groups)]
+        order = list(range(len(gens))) if self.first == "then" else list(reversed(range(len(gens))))
+        barriers: dict[int, list] = {}  # id -> [threads expected, arrived, waiting groups]
+        blocked, done = [False] * len(gens), [False] * len(gens)
+        while not all(done):
+            ran = False
+            for i in order:
+                while not (done[i] or blocked[i]):
+                    ran = True
+                    try:
+                        kind, bid, n, k = next(gens[i])
+                    except StopIteration:
+                        done[i] = True
+                        break
+                    bar = barriers.setdefault(bid, [n, 0, []])
+                    assert bar[0] == n, f"barrier {bid} used with {n} and {bar[0]} threads"
+                    bar[1] += k
+                    if kind == "sync":
+                        bar[2].append(i)
+                        blocked[i] = True
+                    assert bar[1] <= n, f"barrier {bid}: {bar[1]} arrivals of {n}"
+                    if bar[1] == n:
+                        for w in bar[2]:
+                            blocked[w] = False
+                        barriers[bid] = [n, 0, []]
+            if not ran:
+                waits = {b: v[1] for b, v in barriers.items() if v[2]}
+                raise Deadlock(f"every thread group waits at a barrier (id: arrived so far) {waits}")
+        left = {b: v[1] for b, v in barriers.items() if v[1]}
+        assert not left, f"barriers left incomplete at the join (id: arrivals) {left}"
+        for g in groups:
+            assert not g.open and not g.committed, "a thread group ended with cp.async copies in flight"
+
+    def step(self, op: ir.Operation, group: _Group):  # noqa: C901 - one branch an op
+        """Run one op for ``group`` (a generator; barriers yield ``(kind, id, threads, arrivals)``)."""
+        mask = group.mask
+        yield from ()
         name = op.name
         ins = list(op.operands)
         res = list(op.results)
@@ -71,7 +145,8 @@ class _Block:
             pred = _attr_int(op.attributes["predicate"])
             a, b = self.get(ins[0]), self.get(ins[1])
             self.env[res[0]] = {2: np.less, 0: np.equal, 1: np.not_equal, 3: np.less_equal, 4: np.greater,
-                                5: np.greater_equal}[pred](a, b)  # fmt: skip
+                                5: np.greater_equal, 6: np.less, 7: np.less_equal, 8: np.greater,
+                                9: np.greater_equal}[pred](a, b)  # fmt: skip  # indices: unsigned == signed
             return None
         if name == "arith.select":
             c, a, b = (self.get(v) for v in ins)
@@ -79,6 +154,9 @@ class _Block:
             if np.ndim(a) > 1 or np.ndim(b) > 1:
                 c = c.reshape(c.shape + (1,) * (max(np.ndim(a), np.ndim(b)) - c.ndim))
             self.env[res[0]] = np.where(c, a, b)
+            return None
+        if name == "arith.index_cast":
+            self.env[res[0]] = np.asarray(self.get(ins[0]), np.int64)
             return None
         if name == "arith.truncf":
             self.env[res[0]] = np.asarray(self.get(ins[0])).astype(np.float16)
@@ -97,10 +175,25 @@ class _Block:
             mt = ir.MemRefType(res[0].type)
             self.env[res[0]] = np.full(mt.shape, np.nan, np.float16)  # uninitialised: NaN shows a stray read
             return None
-        if name in ("gpu.barrier", "nvvm.cp.async.commit.group", "nvvm.cp.async.wait.group"):
+        if name == "nvvm.cp.async.commit.group":
+            group.committed.append(group.open)
+            group.open = []
+            return None
+        if name == "nvvm.cp.async.wait.group":
+            group.wait(_attr_int(op.attributes["n"]))
+            return None
+        if name == "gpu.barrier":  # bar.sync 0: the whole workgroup
+            yield ("sync", 0, self.t, int(self._active(group).sum()))
+            return None
+        if name in ("nvvm.barrier", "nvvm.barrier.arrive"):
+            view = op.opview
+            bid = int(self.get(view.barrierId)) if view.barrierId is not None else 0
+            n = int(self.get(view.numberOfThreads)) if view.numberOfThreads is not None else self.t
+            kind = "sync" if name == "nvvm.barrier" else "arrive"
+            yield (kind, bid, n, int(self._active(group).sum()))
             return None
         if name == "nvgpu.device_async_copy":
-            return self._async_copy(op, ins, res)
+            return self._async_copy(op, ins, res, group)
         if name == "memref.load":
             mem = self.get(ins[0])
             self.env[res[0]] = mem[tuple(self.idx(v) for v in ins[1:])]
@@ -122,7 +215,7 @@ class _Block:
             self.env[res[0]] = self.get(ins[0])[(slice(None), *sl)]
             return None
         if name == "nvgpu.ldmatrix":
-            return self._ldmatrix(op, ins, res)
+            return self._ldmatrix(op, ins, res, mask)
         if name == "nvgpu.mma.sync":
             return self._mma(ins, res)
         if name == "scf.for":
@@ -134,7 +227,7 @@ class _Block:
                 self.env[args[0]] = np.int64(i)
                 for a, v in zip(args[1:], carried):
                     self.env[a] = v
-                carried = self.run(body, mask)
+                carried = yield from self.run(body, group)
             for r, v in zip(res, carried):
                 self.env[r] = v
             return None
@@ -142,13 +235,25 @@ class _Block:
             return [self.get(v) for v in ins]
         if name == "scf.if":
             cond = np.broadcast_to(np.asarray(self.get(ins[0]), bool), (self.t,))
-            self.run(op.regions[0].blocks[0], cond if mask is None else cond & mask)
+            active = self._active(group)
+            branches = [(op.regions[0].blocks[0], cond & active)]
+            if len(op.regions[1].blocks):
+                branches.append((op.regions[1].blocks[0], ~cond & active))
+            taken = [(b, m) for b, m in branches if m.any()]
+            if len(taken) == 2:  # the threads diverge: warp roles
+                self._fork(taken)
+                return None
+            for b, m in taken:  # one branch for all (or none): the same thread group, narrowed
+                sub = _Group(m)
+                sub.open, sub.committed = group.open, group.committed
+                yield from self.run(b, sub)
+                group.open, group.committed = sub.open, sub.committed
             return None
         if name == "func.return":
             return None
         raise NotImplementedError(f"emulator: op {name}")
 
-    def _async_copy(self, op, ins, res):
+    def _async_copy(self, op, ins, res, group: _Group):
         seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
         dst = self.get(ins[0])
         dst_idx = [self.idx(v) for v in ins[1 : 1 + seg[1]]]
@@ -157,7 +262,7 @@ class _Block:
         src_idx = [self.idx(v) for v in ins[at : at + seg[3]]]
         n = _attr_int(op.attributes["dstElements"])
         count = self.idx(ins[at + seg[3]]) if seg[4] else np.full(self.t, n)
-        for th in range(self.t):
+        for th in np.flatnonzero(self._active(group)):
             s = tuple(i[th] for i in src_idx)
             d = tuple(i[th] for i in dst_idx)
             vals = np.zeros(n, np.float16)
@@ -165,7 +270,7 @@ class _Block:
             if k:
                 assert s[-1] + k <= src.shape[-1], f"copy past the row: {s} + {k} of {src.shape}"
                 vals[:k] = src[s[:-1]][s[-1] : s[-1] + k]
-            dst[d[:-1]][d[-1] : d[-1] + n] = vals
+            group.open.append((dst, d, vals))  # lands at the cp.async.wait_group that retires its group
         self.env[res[0]] = None
 
     def _store(self, ins, mask):
@@ -180,13 +285,14 @@ class _Block:
             assert d[-1] + n <= mem.shape[-1], f"store past the row: {d} + {n} of {mem.shape}"
             mem[d[:-1]][d[-1] : d[-1] + n] = val[th]
 
-    def _ldmatrix(self, op, ins, res):
+    def _ldmatrix(self, op, ins, res, mask):
         smem = self.get(ins[0])
         idx = [self.idx(v) for v in ins[1:]]
         tiles = _attr_int(op.attributes["numTiles"])
         trans = ir.BoolAttr(op.attributes["transpose"]).value
-        rows = np.stack([smem[tuple(i[th] for i in idx[:-1])][idx[-1][th] : idx[-1][th] + 8]
-                         for th in range(self.t)])  # fmt: skip  # [T, 8]: each lane's row address
+        rows = np.zeros((self.t, 8), np.float16)  # [T, 8]: each lane's row address (threads masked off: none)
+        for th in range(self.t) if mask is None else np.flatnonzero(mask):
+            rows[th] = smem[tuple(i[th] for i in idx[:-1])][idx[-1][th] : idx[-1][th] + 8]
         out = np.zeros((self.t, tiles, 2), np.float16)
         for w in range(self.t // WARP):
             lanes = rows[w * WARP : (w + 1) * WARP]
@@ -224,10 +330,17 @@ class _Block:
         self.env[res[0]] = d
 
 
-def run_kernel(func: ir.Operation, grid: tuple[int, int, int], threads: int, bindings: list[np.ndarray]) -> None:
-    """Run ``func`` (the kernel's ``func.func``) over ``grid``; ``bindings`` in binding order, the last written."""
+def run_kernel(func: ir.Operation, grid: tuple[int, int, int], threads: int, bindings: list[np.ndarray],
+               first: str = "else") -> None:  # fmt: skip
+    """Run ``func`` (the kernel's ``func.func``) over ``grid``; ``bindings`` in binding order, the last written.
+
+    ``first``: which branch of a role fork runs first until it blocks (``else`` or ``then``)."""
     body = func.regions[0].blocks[0]
     for z in range(grid[2]):
         for y in range(grid[1]):
             for x in range(grid[0]):
-                _Block(threads, (x, y, z), dict(enumerate(bindings))).run(body)
+                block = _Block(threads, (x, y, z), dict(enumerate(bindings)), first)
+                group = _Group(None)
+                for kind, bid, n, k in block.run(body, group):  # no fork: every barrier has every thread
+                    assert k == n, f"barrier {bid} ({kind}) reached by {k} of its {n} threads"
+                assert not group.open and not group.committed, "the kernel ended with cp.async copies in flight"

@@ -1,0 +1,244 @@
+"""Wave specialization for the explicit sm_80 kernel in layout 2: producer warps copy, consumer warps compute.
+
+The workgroup is ``consumers + producers`` warps. The consumers are the tiling's warps (warp ids
+``0 .. consumers-1``, so their ``wm x wn`` tiles sit where :mod:`gemm_sm80` puts them); they only read
+shared memory (``ldmatrix.x4.trans``), run ``mma.sync`` and store dW. The producers (warp ids after
+them) do the implicit GEMM's address arithmetic and every global -> shared copy (``cp.async``,
+:func:`gemm_sm80._copy_tile_cl` as it is, distributed over the producer threads only). The roles are an
+``scf.if`` on the warp id, split by named barriers (PTX ``bar.sync id, n`` / ``bar.arrive id, n``,
+``nvvm.barrier`` / ``nvvm.barrier.arrive`` with a barrier id and the workgroup's thread count), two a
+shared-memory stage:
+
+- ``full[s]`` (id ``1 + s``): the producers arrive once stage ``s`` holds its k tile (their own
+  ``cp.async.wait_group`` first: a thread's copies are complete and visible to itself), the consumers
+  wait on it before their first ``ldmatrix`` of the stage;
+- ``empty[s]`` (id ``1 + stages + s``): the consumers arrive once their last ``ldmatrix`` of the stage
+  is done, the producers wait on it before refilling the stage.
+
+Why that ordering suffices: in the PTX memory model a ``bar.sync``/``bar.arrive`` synchronizes with the
+``bar.sync`` that completes the same barrier, so each thread's shared-memory accesses before it (the
+producers' completed copies; the consumers' reads) are ordered before every access after the waiting
+side's ``bar.sync`` (the consumers' reads; the producers' next copies into the stage). Id 0 stays the
+whole-workgroup ``bar.sync 0`` (``gpu.barrier``), used by neither role.
+
+The producer keeps ``stages - 1`` tiles in flight: after issuing tile ``kt`` it waits for tile
+``kt - (stages - 1)`` (``cp.async.wait_group stages-1``) and announces it, then drains the last ones.
+The consumer arrives on ``empty`` for tile ``kt`` *before* it waits on ``full`` for tile ``kt + 1``
+(the register prefetch of gemm_sm80 loads tile ``kt + 1``'s first fragments during tile ``kt``'s last
+mma): the other order deadlocks, because the producer announces tile ``kt + 1`` only after issuing tile
+``kt + stages``, which needs tile ``kt``'s stage empty. Both sides skip the arrivals no one will wait
+for (the last ``stages`` tiles' ``empty``), so every barrier ends complete.
+
+Register budget: sm_80 has no ``setmaxnreg`` (Hopper's), so every warp gets the consumers' allocation and
+``(consumers + producers) x 32 x registers <= 65,536`` decides which tilings take producers
+(:func:`problems`): the 128x256 recipe's 8 consumer warps at ~254 registers cannot take any, 4-warp
+tilings (128x128, 64x128, 128x64, 64x64) take 2 or 4 (CK's "wavelet" ratios 4:2 and 4:4).
+
+Reused from :mod:`gemm_sm80` as they are: ``_Ix``, ``_Operand``, ``_lanes``, ``_copy_tile_cl``,
+``_load_fragments``, ``_warp_mma``, ``_epilogue``, ``grid``. Not reusable: ``_mainloop`` (one role does
+both halves) and ``build_kernel_body`` (one thread count): their wave-specialized forms are here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, gpu, memref, nvvm, scf
+
+from convbw_mlir.kernels import gemm_sm80 as g80
+from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling, registers_per_thread
+
+__all__ = ["PRODUCERS", "REGISTERS", "build_kernel_body", "grid", "problems", "threads"]
+
+PRODUCERS = (2, 4)  # producer warps a workgroup: CK's wavelet ratios 4:2 and 4:4 with 4 consumer warps
+REGISTERS = 65_536  # an SM's register file; sm_80 cannot give producers fewer registers than consumers
+MAX_BARRIER_ID = 15  # named barriers 0 .. 15; 0 is the whole workgroup's (bar.sync 0, gpu.barrier)
+grid = g80.grid
+
+
+def threads(t: GemmTiling, producers: int) -> int:
+    """The workgroup's threads: the tiling's (consumer) warps and the producer warps."""
+    return (t.warps + producers) * WARP
+
+
+def _copiers(t: GemmTiling, producers: int) -> GemmTiling:
+    """The tiling as ``_copy_tile_cl`` sees it: only ``producers`` warps share the copies (it reads
+    ``threads`` and ``bk``; the warp tile is set so that ``warps == producers``)."""
+    return replace(t, wm=t.bm, wn=t.bn // producers)
+
+
+def problems(shape: GemmShape, t: GemmTiling, producers: int) -> list[str]:
+    """Why the wave-specialized kernel cannot run ``shape`` with ``t`` and ``producers`` ("field: value")."""
+    why = []
+    if producers not in PRODUCERS:
+        return [f"producers: {producers!r} (2 or 4 producer warps)"]
+    if not shape.channels_last:
+        why.append("layout: wave specialization is written for layout 2 (NHWGC/GKYXC/NHWGK)")
+    regs = registers_per_thread(t)
+    need = threads(t, producers) * regs
+    if need > REGISTERS:
+        why.append(f"producers: {producers} with the {t.bm}x{t.bn} tiling's {t.warps} warps: "
+                   f"{t.warps + producers} warps x 32 x ~{regs} registers = {need} > {REGISTERS} (sm_80 has "
+                   "no setmaxnreg: producers get the consumers' registers; take a 4-warp tiling, e.g. "
+                   "tile-n=128)")  # fmt: skip
+    if threads(t, producers) > 1024:
+        why.append(f"producers: {producers}: {threads(t, producers)} threads a workgroup, over 1024")
+    if 1 + 2 * t.stages > MAX_BARRIER_ID + 1:
+        why.append(f"stages: {t.stages} need {2 * t.stages} named barriers, over {MAX_BARRIER_ID}")
+    if t.bn % producers or t.bm % MMA_M:
+        why.append(f"producers: {producers} do not split the {t.bm}x{t.bn} tile")
+    elif not why:
+        for line in _copiers(t, producers).problems(shape):
+            if "copies" in line or "cover" in line:
+                why.append(f"producers: {producers} warps: {line.removeprefix('tiling: ')}")
+    return why
+
+
+def _i32(value: int) -> ir.Value:
+    return arith.constant(ir.IntegerType.get_signless(32), value)
+
+
+def _barrier_id(ix: g80._Ix, first: int, stage: ir.Value | int) -> ir.Value:
+    """``first + stage`` as the i32 a named barrier takes (a register operand where the stage is dynamic)."""
+    if isinstance(stage, int):
+        return _i32(first + stage)
+    return arith.index_cast(ir.IntegerType.get_signless(32), ix.add(stage, first))
+
+
+def _wait(ix: g80._Ix, first: int, stage: ir.Value | int, count: ir.Value) -> None:
+    """``bar.sync first+stage, count``: this warp arrives and waits until ``count`` threads have."""
+    nvvm.barrier(barrier_id=_barrier_id(ix, first, stage), number_of_threads=count, aligned=True)
+
+
+def _arrive(ix: g80._Ix, first: int, stage: ir.Value | int, count: ir.Value) -> None:
+    """``bar.arrive first+stage, count``: this warp arrives and goes on."""
+    nvvm.barrier_arrive(count, barrier_id=_barrier_id(ix, first, stage), aligned=True)
+
+
+def _when(cond: ir.Value):
+    """An ``scf.if`` without results; use ``with ir.InsertionPoint(_when(c).then_block)`` and end with a yield."""
+    return scf.IfOp(cond)
+
+
+def _producer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: g80._Operand, ptid: ir.Value,
+              g: ir.Value, base: ir.Value, producers: int, count: ir.Value) -> None:  # fmt: skip
+    """The producers' loop: for each of this split's k tiles, wait ``empty`` (past the first ``stages``),
+    copy it into its stage, and announce the tile ``stages - 1`` behind on ``full``; then drain."""
+    ktiles = -(-shape.reduction // t.bk)
+    per_split = -(-ktiles // shape.splits)
+    exact = per_split * shape.splits == ktiles
+    lag = min(t.stages - 1, per_split)  # tiles a producer keeps in flight behind the one it issues
+    copiers = _copiers(t, producers)
+    full, empty = 1, 1 + t.stages
+    loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1))
+    with ir.InsertionPoint(loop.body):
+        kt = loop.induction_variable
+        stage = ix.rem(kt, t.stages)
+        refill = _when(arith.cmpi(arith.CmpIPredicate.uge, kt, ix.c(t.stages)))
+        with ir.InsertionPoint(refill.then_block):
+            _wait(ix, empty, stage, count)  # the consumers are done with tile kt - stages
+            scf.YieldOp([])
+        tile, valid = ix.add(base, kt), None
+        if not exact:  # the last split's tiles past the reduction read nothing (in bounds all the same)
+            valid = ix.lt(tile, ktiles)
+            tile = arith.minsi(tile, ix.c(ktiles - 1))
+        for op in (a, b):
+            g80._copy_tile_cl(ix, copiers, op, ptid, g, tile, stage, valid, shape)
+        nvvm.cp_async_commit_group()
+        ready = _when(arith.cmpi(arith.CmpIPredicate.uge, kt, ix.c(lag)))
+        with ir.InsertionPoint(ready.then_block):
+            nvvm.cp_async_wait_group(lag)  # tile kt - lag's copies are complete (this thread's)
+            _arrive(ix, full, ix.rem(ix.sub(kt, lag), t.stages), count)
+            scf.YieldOp([])
+        scf.YieldOp([])
+    for left in range(lag - 1, -1, -1):  # the last `lag` tiles: oldest first
+        nvvm.cp_async_wait_group(left)
+        _arrive(ix, full, (per_split - 1 - left) % t.stages, count)
+
+
+def _consumer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: g80._Operand, lanes: g80._Lanes,
+              warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value], count: ir.Value,
+              f16: ir.Type) -> list[ir.Value]:  # fmt: skip
+    """gemm_sm80's steady state without copies: wait ``full`` before a stage's first ``ldmatrix``, arrive
+    ``empty`` after its last; the next step's fragments are loaded before the current step's mma."""
+    ktiles = -(-shape.reduction // t.bk)
+    per_split = -(-ktiles // shape.splits)
+    steps = t.bk // MMA_K
+    full, empty = 1, 1 + t.stages
+    _wait(ix, full, 0, count)
+    first = g80._load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
+    loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1), [*acc, *first])
+    with ir.InsertionPoint(loop.body):
+        kt = loop.induction_variable
+        args = list(loop.inner_iter_args)
+        acc, cur = args[: len(acc)], args[len(acc) :]
+        stage = ix.rem(kt, t.stages)
+        for s in range(steps):
+            if s + 1 < steps:
+                nxt = g80._load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16)
+            else:
+                # Tile kt is in registers: hand its stage back (unless no tile will refill it) ...
+                refill = _when(ix.lt(ix.add(kt, t.stages), per_split))
+                with ir.InsertionPoint(refill.then_block):
+                    _arrive(ix, empty, stage, count)
+                    scf.YieldOp([])
+                # ... then wait for tile kt + 1 (past the last tile the loads read a stale stage, unused).
+                nxt_kt = ix.add(kt, 1)
+                next_stage = ix.rem(nxt_kt, t.stages)
+                more = _when(ix.lt(nxt_kt, per_split))
+                with ir.InsertionPoint(more.then_block):
+                    _wait(ix, full, next_stage, count)
+                    scf.YieldOp([])
+                nxt = g80._load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
+            acc = g80._warp_mma(t, cur, acc, f16)
+            cur = nxt
+        scf.YieldOp([*acc, *cur])
+    return list(loop.results)[: len(acc)]
+
+
+def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: GemmTiling,
+                      producers: int) -> None:  # fmt: skip
+    """Emit the wave-specialized kernel into ``entry`` (bindings as gemm_sm80's, layout 2 only), for
+    :func:`threads` threads and the grid :func:`grid` gives."""
+    why = problems(shape, t, producers)
+    if why:
+        raise ValueError("; ".join(why))
+    ix = g80._Ix(entry)
+    f16 = ir.F16Type.get()
+    out = ir.MemRefType(c.type).element_type
+    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    tid = gpu.thread_id(gpu.Dimension.x)
+    lane = ix.rem(tid, WARP)
+    warp = ix.div(tid, WARP)
+    warps_n = t.bn // t.wn
+    warp_m = ix.mul(ix.div(warp, warps_n), t.wm)
+    warp_n = ix.mul(ix.rem(warp, warps_n), t.wn)
+    block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
+    block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
+    z = gpu.block_id(gpu.Dimension.z)
+    if shape.splits == 1:
+        g, where, base = z, [z], ix.c(0)
+    else:
+        g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
+        ktiles = -(-shape.reduction // t.bk)
+        where, base = [split, g], ix.mul(split, -(-ktiles // shape.splits))
+    a_tile, b_tile = [t.stages, t.bk, t.bm + ROW_PAD], [t.stages, t.bk, t.bn + ROW_PAD]
+    a_smem = memref.alloc(ir.MemRefType.get(a_tile, f16, memory_space=shared), [], [])
+    b_smem = memref.alloc(ir.MemRefType.get(b_tile, f16, memory_space=shared), [], [])
+    a_op = g80._Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
+    b_op = g80._Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
+    count = _i32(threads(t, producers))  # every thread of the workgroup takes part in every named barrier
+    role = scf.IfOp(ix.lt(warp, t.warps), has_else=True)
+    with ir.InsertionPoint(role.then_block):  # consumers: warps 0 .. t.warps-1
+        lanes = g80._lanes(ix, lane, True)
+        f32v = ir.VectorType.get([2, 2], ir.F32Type.get())
+        zero = arith.constant(f32v, ir.DenseElementsAttr.get_splat(f32v, ir.FloatAttr.get_f32(0.0)))
+        acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
+        acc = _consumer(ix, t, shape, a_op, b_op, lanes, warp_m, warp_n, acc, count, f16)
+        g80._epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out)
+        scf.YieldOp([])
+    with ir.InsertionPoint(role.else_block):  # producers: the warps after them, threads renumbered from 0
+        ptid = ix.sub(tid, t.threads)
+        _producer(ix, t, shape, a_op, b_op, ptid, g, base, producers, count)
+        scf.YieldOp([])
