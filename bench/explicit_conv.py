@@ -320,7 +320,16 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
     batches += [[e["name"], *([f"alt:{e['problem']}"] if e["problem"] in alt else [])]
                 for e in entries if e["kind"] == "ours"]  # fmt: skip
     batches += [[e["name"]] for e in entries if e["kind"] == "product"]
-    batches = [b for b in batches if b]
+    rows = run_batches(folder, out, [b for b in batches if b], budget, jobs, start)
+    return report(rows, manifest, out, device_name(), wall=time.time() - start)
+
+
+def run_batches(folder: Path, out: Path, batches: list[list[str]], budget: float, jobs: int,
+                start: float | None = None) -> list[dict]:  # fmt: skip
+    """Run each batch of contender names (manifest entries of ``folder``) in its own child, in order,
+    ``jobs`` at once; past ``budget`` s (from ``start``) none starts and running ones are stopped.
+    Returns a row per name (measured, crashed or skipped); ``OUT/rows.json`` is rewritten after each child."""
+    start = time.time() if start is None else start
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     running: list[tuple[subprocess.Popen, list[str], float]] = []
@@ -375,14 +384,18 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
                 proc = subprocess.Popen(cmd, stdout=o, stderr=e, text=True)
             running.append((proc, names, time.time()))
         time.sleep(0.2)
-    device = "cpu"
-    if DEVICE == "cuda":
-        try:
-            device = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                    text=True, timeout=20).stdout.strip().splitlines()[0]  # fmt: skip
-        except (OSError, IndexError, subprocess.TimeoutExpired):
-            device = "cuda (nvidia-smi gave no name)"
-    return report(rows, manifest, out, device, wall=time.time() - start)
+    return rows
+
+
+def device_name() -> str:
+    """The GPU's name (nvidia-smi), or ``cpu`` for a rehearsal."""
+    if DEVICE != "cuda":
+        return "cpu"
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=20).stdout.strip().splitlines()[0]  # fmt: skip
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "cuda (nvidia-smi gave no name)"
 
 
 def _geomean(values: list[float]) -> float | None:
