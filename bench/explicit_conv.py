@@ -224,6 +224,21 @@ def _kernel_times(trace: Path) -> list[tuple[float, float, str]]:
                   if ev.get("cat") == "kernel" and "dur" in ev)  # fmt: skip
 
 
+# What CUPTI records of a launch (torch.profiler's kernel events): registers and occupancy tell why a
+# variant with more warps (wave specialization) runs fewer blocks an SM.
+LAUNCH_FACTS = ("registers per thread", "shared memory", "blocks per SM", "warps per SM", "est. achieved occupancy %",
+                "grid", "block")  # fmt: skip
+
+
+def _launch_facts(trace: Path) -> dict[str, Any]:
+    """The longest kernel's launch facts (LAUNCH_FACTS) from a chrome trace of torch.profiler."""
+    events = [ev for ev in json.loads(trace.read_text()).get("traceEvents", []) if ev.get("cat") == "kernel"]
+    if not events:
+        return {}
+    args = max(events, key=lambda ev: ev.get("dur", 0)).get("args", {})
+    return {k: args[k] for k in LAUNCH_FACTS if k in args}
+
+
 def _calls(kernels: list[tuple[float, float, str]], gap_us: float = 4000.0) -> list[float]:
     """Kernel time a call: the single-call reps are separated by pauses far longer than ``gap_us``."""
     calls: list[float] = []
@@ -269,6 +284,7 @@ def _measure(e: dict, folder: Path, x: Any, dy: Any, torch: Any) -> dict[str, An
             wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
         prof.export_chrome_trace(str(trace))
         kernels = _kernel_times(trace)
+        rec["launch"] = _launch_facts(trace)
     calls = _calls(kernels)
     per_call, stream = calls[:SINGLE_REPS], calls[SINGLE_REPS:]
     rec["kernels"] = sorted({k for _, _, k in kernels})[:4]

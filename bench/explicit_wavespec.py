@@ -129,6 +129,11 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     def f(v, fmt: str = "{:.1f}") -> str:
         return "-" if v is None else fmt.format(v)
 
+    def launch(r: dict) -> str:
+        facts = r.get("launch") or {}
+        regs, blocks = facts.get("registers per thread"), facts.get("blocks per SM")
+        return "-" if regs is None else f"{regs}/{f(blocks, '{:.1f}') if isinstance(blocks, float) else blocks}"
+
     def ok(r: dict) -> str:
         for key in ("crashed", "skipped", "error"):
             if key in r:
@@ -139,8 +144,9 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sus.: per call back to back). "
              "plain / ws44 / ws42: the same tiling and split; ws = wave-specialized consumer:producer warps.", "",
              "| problem | tile, split | plain us | 4:4 us | 4:2 us | plain/4:4 | plain/4:2 | plain sus. | 4:4 sus. | "
-             "4:2 sus. | correct (plain, 4:4, 4:2) | default tile, split | default us |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]  # fmt: skip
+             "4:2 sus. | correct (plain, 4:4, 4:2) | regs/blocks an SM (plain; 4:4; 4:2) | default tile, split | "
+             "default us |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|"]  # fmt: skip
     speed = {"ws44": [], "ws42": []}
     sus = {"ws44": [], "ws42": []}
     for name in sorted(by, key=order.index):
@@ -162,7 +168,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
             f"{f(us(k.get('ws42', {})))} | {f(ratio['ws44'], '{:.2f}')} | {f(ratio['ws42'], '{:.2f}')} | "
             f"{f(us(plain, 'sustained_us'))} | {f(us(k.get('ws44', {}), 'sustained_us'))} | "
             f"{f(us(k.get('ws42', {}), 'sustained_us'))} | {ok(plain)}, {ok(k.get('ws44', {}))}, "
-            f"{ok(k.get('ws42', {}))} | {tile(dplan)} | {f(us(d))} |"
+            f"{ok(k.get('ws42', {}))} | {launch(plain)}; {launch(k.get('ws44', {}))}; {launch(k.get('ws42', {}))} | "
+            f"{tile(dplan)} | {f(us(d))} |"
         )
     doc = {"device": device, "date": date or harness._now(), "wall_s": wall, "rows": rows,
            "refused": manifest["refused"]}  # fmt: skip
