@@ -341,9 +341,10 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
 
 
 def run_batches(folder: Path, out: Path, batches: list[list[str]], budget: float, jobs: int,
-                start: float | None = None) -> list[dict]:  # fmt: skip
+                start: float | None = None, child_limit: float | None = None) -> list[dict]:  # fmt: skip
     """Run each batch of contender names (manifest entries of ``folder``) in its own child, in order,
-    ``jobs`` at once; past ``budget`` s (from ``start``) none starts and running ones are stopped.
+    ``jobs`` at once; past ``budget`` s (from ``start``) none starts and running ones are stopped; a child
+    running past ``child_limit`` s is stopped (a hung kernel would hold the GPU lock for the rest).
     Returns a row per name (measured, crashed or skipped); ``OUT/rows.json`` is rewritten after each child."""
     start = time.time() if start is None else start
     out.mkdir(parents=True, exist_ok=True)
@@ -380,9 +381,11 @@ def run_batches(folder: Path, out: Path, batches: list[list[str]], budget: float
         late = time.time() - start > budget
         for item in list(running):
             proc, names, t0 = item
-            if proc.poll() is not None or late:
+            hung = child_limit is not None and time.time() - t0 > child_limit
+            if proc.poll() is not None or late or hung:
                 if proc.poll() is None:
-                    proc.kill()  # our own child, by its pid: the budget is spent
+                    proc.kill()  # our own child, by its pid: the budget is spent or it is hung
+                    print(f"killed {names} after {time.time() - t0:.0f} s", flush=True)
                 harvest(proc, names, t0, None if proc.returncode == 0 or not late else "the budget ran out")
                 running.remove(item)
         if late:

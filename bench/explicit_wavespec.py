@@ -97,10 +97,10 @@ def batches(entries: list[dict]) -> list[list[str]]:
     return [[names[key]] for key in order if key in names]
 
 
-def run(folder: Path, out: Path, budget: float, jobs: int) -> int:
+def run(folder: Path, out: Path, budget: float, jobs: int, child_limit: float) -> int:
     start = time.time()
     manifest = json.loads((folder / "manifest.json").read_text())
-    rows = harness.run_batches(folder, out, batches(manifest["entries"]), budget, jobs, start)
+    rows = harness.run_batches(folder, out, batches(manifest["entries"]), budget, jobs, start, child_limit)
     return report(rows, manifest, out, harness.device_name(), wall=time.time() - start)
 
 
@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--budget", type=float, default=110.0, help="seconds after which nothing new starts")
     r.add_argument("--jobs", type=int, default=12, help="children at once (their set-up overlaps)")
+    r.add_argument("--child-limit", type=float, default=45.0, help="seconds after which a child is stopped")
     rep = sub.add_parser("report", help="tables from a (cut-off) run's rows.json")
     rep.add_argument("dir", type=Path)
     rep.add_argument("rows", type=Path)
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "report":
         manifest = json.loads((a.dir / "manifest.json").read_text())
         return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
-    return run(a.dir, a.out, a.budget, a.jobs)
+    return run(a.dir, a.out, a.budget, a.jobs, a.child_limit)
 
 
 if __name__ == "__main__":
