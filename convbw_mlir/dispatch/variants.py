@@ -179,6 +179,9 @@ def _grid(problem: ConvBwdWeightProblem, target: str, base: Plan) -> Iterator[di
         for kb in (1, 2, 4):
             yield {"k_batch": kb}
         return
+    if base.strategy == Strategy.EXPLICIT:  # the plan chose our kernel: IREE's codegen and its grid are the rivals
+        yield {"strategy": "codegen"}
+        base = decide(problem, target, strategy="codegen")
     mma = pick_intrinsic(problem, tgt) is not None
     grouped = problem.groups > 1
     kb = base.k_batch
