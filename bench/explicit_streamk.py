@@ -315,9 +315,14 @@ def _reader(proc: subprocess.Popen, tag: int, box: queue.Queue) -> None:
     box.put((tag, {"eof": True}))
 
 
-def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
+def run_all(folder: Path, out: Path, budget: float, setup_limit: float, serial: bool = False) -> int:
     """Start every child, wait until all are set up (or ``setup_limit`` s), time them one at a time in
-    priority order until ``budget`` s are spent; write OUT/explicit_streamk.json and .md."""
+    priority order until ``budget`` s are spent; write OUT/explicit_streamk.json and .md.
+
+    ``serial``: one child at a time, set up and timed alone (``setup_limit`` each). The first H100 run
+    (2026-11-23) set up 0 of 36 children in 30 s together: 36 contexts share the GPU by time slices, so one
+    kernel that spins (a StreamK flag wait) or hangs slows every other set-up; alone, a hang costs its child.
+    """
     t_start = time.time()
     manifest = json.loads((folder / "manifest.json").read_text())
     # Timing order: the headline contenders of every problem first (the rule's split-K, StreamK tree and
@@ -341,6 +346,8 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
         procs.append(p)
     rows: dict[str, dict] = {}
     ready, ended, devices = set(), set(), set()
+    if serial:
+        return _run_serial(folder, out, batches, budget, setup_limit, manifest)
 
     def take(timeout: float) -> None:
         tag, msg = box.get(timeout=max(timeout, 0.01))
@@ -391,6 +398,58 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
     for names in batches:
         for n in names:
             rows.setdefault(n, {"name": n, "untimed": "budget spent or set-up unfinished"})
+    return report(list(rows.values()), manifest, out, ", ".join(sorted(devices)) or "?")
+
+
+def _run_serial(folder: Path, out: Path, batches: list[list[str]], budget: float, setup_limit: float,
+                manifest: dict) -> int:  # fmt: skip
+    """:func:`run_all`'s serial mode: each child started, set up, checked and timed before the next."""
+    t_start, rows, devices = time.time(), {}, set()
+    logs = out / "logs"
+    for i, names in enumerate(batches):
+        if time.time() - t_start > budget:
+            break
+        box: queue.Queue = queue.Queue()
+        with open(logs / f"child{i}.err", "w") as err:
+            p = subprocess.Popen([sys.executable, __file__, "child", str(folder), *names], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+        threading.Thread(target=_reader, args=(p, i, box), daemon=True).start()
+        end, went, why = time.time() + setup_limit, False, None
+        while True:
+            try:
+                _, msg = box.get(timeout=max(end - time.time(), 0.01))
+            except queue.Empty:
+                why = (
+                    f"its turn took over {TURN_LIMIT} s (killed)" if went else f"not set up in {setup_limit} s (killed)"
+                )
+                break
+            if "ready" in msg:
+                devices.add(msg.get("device", "?"))
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                went, end = True, time.time() + TURN_LIMIT
+            elif "name" in msg:
+                rows.setdefault(msg["name"], {}).update(msg)
+            elif "eof" in msg or "done" in msg:
+                break
+        if p.poll() is None and why:
+            p.kill()  # our own child: a hung kernel would hold the GPU
+        p.wait()
+        for n in names:
+            if why:
+                rows.setdefault(n, {"name": n}).setdefault("crashed", why)
+            elif n not in rows and p.returncode:
+                tail = (logs / f"child{i}.err").read_text(errors="replace")[-1500:]
+                rows[n] = {"name": n, "crashed": f"rc {p.returncode}: {tail}"}
+        print(
+            f"{time.time() - t_start:6.1f} s  {', '.join(names)[:60]}: "
+            f"{[rows.get(n, {}).get('single_us') or rows.get(n, {}).get('crashed') for n in names][:3]}",
+            flush=True,
+        )
+        (out / "rows.json").write_text(json.dumps(list(rows.values()), indent=1))
+    for names in batches:
+        for n in names:
+            rows.setdefault(n, {"name": n, "untimed": "budget spent"})
     return report(list(rows.values()), manifest, out, ", ".join(sorted(devices)) or "?")
 
 
@@ -479,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     r.add_argument("--budget", type=float, default=60.0, help="seconds after which no more contenders are timed")
     r.add_argument("--setup-limit", type=float, default=25.0, help="seconds to wait for the children's set-up")
+    r.add_argument("--serial", action="store_true", help="one child at a time (setup-limit each)")
     ch = sub.add_parser("child")
     ch.add_argument("dir", type=Path)
     ch.add_argument("names", nargs="+")
@@ -493,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_all(a.dir, a.smoke)
         return 0
     if a.cmd == "run":
-        return run_all(a.dir, a.out, a.budget, a.setup_limit)
+        return run_all(a.dir, a.out, a.budget, a.setup_limit, a.serial)
     if a.cmd == "report":
         manifest = json.loads((a.dir / "manifest.json").read_text())
         return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
