@@ -61,10 +61,13 @@ def _problems() -> dict[str, Any]:
 def _contenders(name: str, p) -> list[tuple[str, dict[str, Any]]]:
     """(contender, compile options) for one problem, in priority order."""
     from convbw_mlir.kernels.shapes import GemmTiling, auto_splits, gemm_shape
+    from convbw_mlir.plan import decide, explicit_tiling
 
     shape = gemm_shape(p)
+    own = explicit_tiling(decide(p, "sm_80", strategy="explicit"))  # the tiling rule's: split-K and StreamK alike
     out = [("streamk_linear", {"streamk": SMS}), ("streamk_tree", {"streamk": SMS, "streamk_fixup": "tree"})]
-    for tiling, suffix, opts in ((GemmTiling(), "", {}), (GemmTiling(bn=128, wn=32), "_128x128", {"tile_n": 128})):
+    ck = (GemmTiling(bn=128, wn=32), "_128x128", {"tile_m": 128, "tile_n": 128})  # CK's tile for its problem
+    for tiling, suffix, opts in ((own, "", {}), ck):
         if suffix and name != CK_PROBLEM:
             continue
         rule = auto_splits(shape, tiling, SMS)
@@ -453,13 +456,18 @@ def _run_serial(folder: Path, out: Path, batches: list[list[str]], budget: float
     return report(list(rows.values()), manifest, out, ", ".join(sorted(devices)) or "?")
 
 
-def _tiles_cell(info: dict, name: str, manifest: dict, suffix: str) -> str:
-    """``tiles (partial)`` of the default 128x256 tiling, or the tile count of CK's 128x128."""
-    if not suffix:
-        return f"{info['tiles']} ({info['partial_tiles']})"
+def _tiles_cell(name: str, manifest: dict) -> str:
+    """``tiles (partial), MxN`` of the tiling contender ``name`` ran with (its plan's tile)."""
     e = next(e for e in manifest["entries"] if e["name"] == name)
+    bm, bn = e["plan"]["tile"]["m"], e["plan"]["tile"]["n"]
     n = e["in_channels"] * math.prod(e["filter_size"])
-    return f"{e['groups'] * -(-e['out_channels'] // 128) * -(-n // 128)}, 128x128"
+    tiles = e["groups"] * -(-e["out_channels"] // bm) * -(-n // bn)
+    k_tiles = -(-e["images"] * math.prod(e["output_size"]) // e["plan"]["tile"]["k"])
+    total = tiles * k_tiles
+    w = min(manifest["sms"], total)  # workgroup i takes k iterations [i*total/w, (i+1)*total/w)
+    cuts = {i * total // w for i in range(1, w)}
+    partial = sum(1 for t in range(tiles) if any(t * k_tiles < c < (t + 1) * k_tiles for c in cuts))
+    return f"{tiles} ({partial}), {bm}x{bn}"
 
 
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None) -> int:
@@ -473,7 +481,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
 
     lines = [f"# StreamK vs split-K (explicit sm_80 kernel): {device}, {doc['date']}", "",
              "Kernel time by CUPTI, median of single calls (us); StreamK on "
-             f"{manifest['sms']} workgroups; 128x256x64 tiles unless named.", "",
+             f"{manifest['sms']} workgroups; each row's tiling is its plan's (the tiling rule's, or CK's 128x128 "
+             "where named), split-K and StreamK alike.", "",
              "| problem | tiles (partial) | k tiles | split-K best | us | StreamK linear us | StreamK tree us | "
              "speedup (best StreamK / best split-K) | cuDNN us |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -500,7 +509,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
             if speed and not suffix:
                 speedups.append(speed)
             cudnn = by.get(f"cudnn:{problem}", {}).get("single_us")
-            cells = [_tiles_cell(info, mine[0]["name"], manifest, suffix), info["k_tiles"],
+            cells = [_tiles_cell(mine[0]["name"], manifest), info["k_tiles"],
                      best[1], "-" if best[0] is None else f"{best[0]:.1f}", cell(lin), cell(tree),
                      "-" if speed is None else f"{speed:.2f}x", "-" if cudnn is None else f"{cudnn:.1f}"]  # fmt: skip
             lines.append(f"| {problem} | " + " | ".join(map(str, cells)) + " |")

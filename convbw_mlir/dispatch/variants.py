@@ -161,10 +161,15 @@ def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, ir
     if output_arg:  # only then: the keys of existing entries stay as they were
         data["abi"] = "output-arg"
     if get_target(target).driver == "cuda":  # entries carry the direct launch's schedule since this format
-        data["cuda_launch"] = 1
+        data["cuda_launch"] = LAUNCH_FORMAT
     if os.environ.get(FORCE_FORM_ENV):  # a test's forced operand form is not the plan's kernel
         data["forced_form"] = os.environ[FORCE_FORM_ENV]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# The direct launch's schedule reader, as cached entries carry its result: 2 reads command buffers
+# recorded per call (the explicit kernel's split-K), which 1 refused.
+LAUNCH_FORMAT = 2
 
 
 def heuristic(problem: ConvBwdWeightProblem, target: str) -> Variant:
