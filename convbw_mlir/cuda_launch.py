@@ -383,7 +383,8 @@ def _read(module: Any, function: str) -> Launch:
             # explicit kernels: their direct bindings keep IREE from memoizing the recording in a global)
             callee = funcs.get(_symbol_leaf(op.attributes["callee"]))
             if callee is None or [str(r.type) for r in op.results] != ["!hal.command_buffer"]:
-                raise _Refused(f"@{function}: util.call of {op.attributes['callee']} (only a command buffer's recording)")
+                what = f"util.call of {op.attributes['callee']}"
+                raise _Refused(f"@{function}: {what} (only a command buffer's recording function)")
             recorded[op.results[0]] = (callee, [_buffer(buffers, v) for v in op.operands])
         elif name == "hal.buffer_view.buffer":
             buffers[op.results[0]] = buffers[op.operands[0]]
