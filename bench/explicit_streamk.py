@@ -61,10 +61,13 @@ def _problems() -> dict[str, Any]:
 def _contenders(name: str, p) -> list[tuple[str, dict[str, Any]]]:
     """(contender, compile options) for one problem, in priority order."""
     from convbw_mlir.kernels.shapes import GemmTiling, auto_splits, gemm_shape
+    from convbw_mlir.plan import decide, explicit_tiling
 
     shape = gemm_shape(p)
+    own = explicit_tiling(decide(p, "sm_80", strategy="explicit"))  # the tiling rule's: split-K and StreamK alike
     out = [("streamk_linear", {"streamk": SMS}), ("streamk_tree", {"streamk": SMS, "streamk_fixup": "tree"})]
-    for tiling, suffix, opts in ((GemmTiling(), "", {}), (GemmTiling(bn=128, wn=32), "_128x128", {"tile_n": 128})):
+    ck = (GemmTiling(bn=128, wn=32), "_128x128", {"tile_m": 128, "tile_n": 128})  # CK's tile for its problem
+    for tiling, suffix, opts in ((own, "", {}), ck):
         if suffix and name != CK_PROBLEM:
             continue
         rule = auto_splits(shape, tiling, SMS)
@@ -315,9 +318,14 @@ def _reader(proc: subprocess.Popen, tag: int, box: queue.Queue) -> None:
     box.put((tag, {"eof": True}))
 
 
-def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
+def run_all(folder: Path, out: Path, budget: float, setup_limit: float, serial: bool = False) -> int:
     """Start every child, wait until all are set up (or ``setup_limit`` s), time them one at a time in
-    priority order until ``budget`` s are spent; write OUT/explicit_streamk.json and .md."""
+    priority order until ``budget`` s are spent; write OUT/explicit_streamk.json and .md.
+
+    ``serial``: one child at a time, set up and timed alone (``setup_limit`` each). The first H100 run
+    (2026-11-23) set up 0 of 36 children in 30 s together: 36 contexts share the GPU by time slices, so one
+    kernel that spins (a StreamK flag wait) or hangs slows every other set-up; alone, a hang costs its child.
+    """
     t_start = time.time()
     manifest = json.loads((folder / "manifest.json").read_text())
     # Timing order: the headline contenders of every problem first (the rule's split-K, StreamK tree and
@@ -341,6 +349,8 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
         procs.append(p)
     rows: dict[str, dict] = {}
     ready, ended, devices = set(), set(), set()
+    if serial:
+        return _run_serial(folder, out, batches, budget, setup_limit, manifest)
 
     def take(timeout: float) -> None:
         tag, msg = box.get(timeout=max(timeout, 0.01))
@@ -394,13 +404,70 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float) -> int:
     return report(list(rows.values()), manifest, out, ", ".join(sorted(devices)) or "?")
 
 
-def _tiles_cell(info: dict, name: str, manifest: dict, suffix: str) -> str:
-    """``tiles (partial)`` of the default 128x256 tiling, or the tile count of CK's 128x128."""
-    if not suffix:
-        return f"{info['tiles']} ({info['partial_tiles']})"
+def _run_serial(folder: Path, out: Path, batches: list[list[str]], budget: float, setup_limit: float,
+                manifest: dict) -> int:  # fmt: skip
+    """:func:`run_all`'s serial mode: each child started, set up, checked and timed before the next."""
+    t_start, rows, devices = time.time(), {}, set()
+    logs = out / "logs"
+    for i, names in enumerate(batches):
+        if time.time() - t_start > budget:
+            break
+        box: queue.Queue = queue.Queue()
+        with open(logs / f"child{i}.err", "w") as err:
+            p = subprocess.Popen([sys.executable, __file__, "child", str(folder), *names], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+        threading.Thread(target=_reader, args=(p, i, box), daemon=True).start()
+        end, went, why = time.time() + setup_limit, False, None
+        while True:
+            try:
+                _, msg = box.get(timeout=max(end - time.time(), 0.01))
+            except queue.Empty:
+                why = (
+                    f"its turn took over {TURN_LIMIT} s (killed)" if went else f"not set up in {setup_limit} s (killed)"
+                )
+                break
+            if "ready" in msg:
+                devices.add(msg.get("device", "?"))
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                went, end = True, time.time() + TURN_LIMIT
+            elif "name" in msg:
+                rows.setdefault(msg["name"], {}).update(msg)
+            elif "eof" in msg or "done" in msg:
+                break
+        if p.poll() is None and why:
+            p.kill()  # our own child: a hung kernel would hold the GPU
+        p.wait()
+        for n in names:
+            if why:
+                rows.setdefault(n, {"name": n}).setdefault("crashed", why)
+            elif n not in rows and p.returncode:
+                tail = (logs / f"child{i}.err").read_text(errors="replace")[-1500:]
+                rows[n] = {"name": n, "crashed": f"rc {p.returncode}: {tail}"}
+        print(
+            f"{time.time() - t_start:6.1f} s  {', '.join(names)[:60]}: "
+            f"{[rows.get(n, {}).get('single_us') or rows.get(n, {}).get('crashed') for n in names][:3]}",
+            flush=True,
+        )
+        (out / "rows.json").write_text(json.dumps(list(rows.values()), indent=1))
+    for names in batches:
+        for n in names:
+            rows.setdefault(n, {"name": n, "untimed": "budget spent"})
+    return report(list(rows.values()), manifest, out, ", ".join(sorted(devices)) or "?")
+
+
+def _tiles_cell(name: str, manifest: dict) -> str:
+    """``tiles (partial), MxN`` of the tiling contender ``name`` ran with (its plan's tile)."""
     e = next(e for e in manifest["entries"] if e["name"] == name)
+    bm, bn = e["plan"]["tile"]["m"], e["plan"]["tile"]["n"]
     n = e["in_channels"] * math.prod(e["filter_size"])
-    return f"{e['groups'] * -(-e['out_channels'] // 128) * -(-n // 128)}, 128x128"
+    tiles = e["groups"] * -(-e["out_channels"] // bm) * -(-n // bn)
+    k_tiles = -(-e["images"] * math.prod(e["output_size"]) // e["plan"]["tile"]["k"])
+    total = tiles * k_tiles
+    w = min(manifest["sms"], total)  # workgroup i takes k iterations [i*total/w, (i+1)*total/w)
+    cuts = {i * total // w for i in range(1, w)}
+    partial = sum(1 for t in range(tiles) if any(t * k_tiles < c < (t + 1) * k_tiles for c in cuts))
+    return f"{tiles} ({partial}), {bm}x{bn}"
 
 
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None) -> int:
@@ -414,7 +481,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
 
     lines = [f"# StreamK vs split-K (explicit sm_80 kernel): {device}, {doc['date']}", "",
              "Kernel time by CUPTI, median of single calls (us); StreamK on "
-             f"{manifest['sms']} workgroups; 128x256x64 tiles unless named.", "",
+             f"{manifest['sms']} workgroups; each row's tiling is its plan's (the tiling rule's, or CK's 128x128 "
+             "where named), split-K and StreamK alike.", "",
              "| problem | tiles (partial) | k tiles | split-K best | us | StreamK linear us | StreamK tree us | "
              "speedup (best StreamK / best split-K) | cuDNN us |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -441,7 +509,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
             if speed and not suffix:
                 speedups.append(speed)
             cudnn = by.get(f"cudnn:{problem}", {}).get("single_us")
-            cells = [_tiles_cell(info, mine[0]["name"], manifest, suffix), info["k_tiles"],
+            cells = [_tiles_cell(mine[0]["name"], manifest), info["k_tiles"],
                      best[1], "-" if best[0] is None else f"{best[0]:.1f}", cell(lin), cell(tree),
                      "-" if speed is None else f"{speed:.2f}x", "-" if cudnn is None else f"{cudnn:.1f}"]  # fmt: skip
             lines.append(f"| {problem} | " + " | ".join(map(str, cells)) + " |")
@@ -479,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     r.add_argument("--budget", type=float, default=60.0, help="seconds after which no more contenders are timed")
     r.add_argument("--setup-limit", type=float, default=25.0, help="seconds to wait for the children's set-up")
+    r.add_argument("--serial", action="store_true", help="one child at a time (setup-limit each)")
     ch = sub.add_parser("child")
     ch.add_argument("dir", type=Path)
     ch.add_argument("names", nargs="+")
@@ -493,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_all(a.dir, a.smoke)
         return 0
     if a.cmd == "run":
-        return run_all(a.dir, a.out, a.budget, a.setup_limit)
+        return run_all(a.dir, a.out, a.budget, a.setup_limit, a.serial)
     if a.cmd == "report":
         manifest = json.loads((a.dir / "manifest.json").read_text())
         return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)

@@ -376,9 +376,17 @@ def _read(module: Any, function: str) -> Launch:
     buffers = dict(args)  # SSA value -> buffer name
     steps: list[Dispatch | Transfer] = []
     transient = 0
+    recorded: dict[Any, tuple[Any, list[str]]] = {}  # command buffer -> (its recording function, its buffers)
     for op in _ops(fn):
         name = op.name
-        if name == "hal.buffer_view.buffer":
+        if name == "util.call":  # a command buffer recorded per call by a function of the buffers (split-K
+            # explicit kernels: their direct bindings keep IREE from memoizing the recording in a global)
+            callee = funcs.get(_symbol_leaf(op.attributes["callee"]))
+            if callee is None or [str(r.type) for r in op.results] != ["!hal.command_buffer"]:
+                what = f"util.call of {op.attributes['callee']}"
+                raise _Refused(f"@{function}: {what} (only a command buffer's recording function)")
+            recorded[op.results[0]] = (callee, [_buffer(buffers, v) for v in op.operands])
+        elif name == "hal.buffer_view.buffer":
             buffers[op.results[0]] = buffers[op.operands[0]]
         elif name == "hal.buffer.assert" and op.operands[0] in buffers:
             b = buffers[op.operands[0]]
@@ -402,10 +410,10 @@ def _read(module: Any, function: str) -> Launch:
                 (_buffer(buffers, b), _const(off, "a binding offset"))
                 for b, off in zip(o[5 : 5 + n], o[5 + n : 5 + 2 * n])
             ]
-            steps += _record(_memoized(o[4], memo, funcs), table, buffers)
+            steps += _record(*_recorder(o[4], memo, funcs, recorded, buffers), table)
         elif name == "hal.device.queue.execute":
             _flags_zero(op)
-            steps += _record(_memoized(op.operands[4], memo, funcs), [], buffers)
+            steps += _record(*_recorder(op.operands[4], memo, funcs, recorded, buffers), [])
         elif name in ("hal.device.queue.fill", "hal.device.queue.copy"):
             _flags_zero(op)
             steps.append(_transfer(op, name.rsplit(".", 1)[-1], 4, buffers, []))
@@ -435,6 +443,16 @@ def _buffer(buffers: dict, value: Any) -> str:
         owner = value.owner
         raise _Refused(f"a buffer from {getattr(owner, 'name', 'a block argument')} (not an argument or the transient)")
     return buffers[value]
+
+
+def _recorder(value: Any, memo: dict[str, str], funcs: dict[str, Any], recorded: dict,
+              buffers: dict) -> tuple[Any, dict]:  # fmt: skip
+    """The function recording command buffer ``value`` and the buffers its values name (its arguments
+    are the caller's buffers where it is called per call)."""
+    if value in recorded:
+        func, names = recorded[value]
+        return func, {**buffers, **dict(zip(func.regions[0].blocks[0].arguments, names, strict=True))}
+    return _memoized(value, memo, funcs), buffers
 
 
 def _memoized(value: Any, memo: dict[str, str], funcs: dict[str, Any]) -> Any:
@@ -475,7 +493,7 @@ def _transfer(op: Any, kind: str, first: int, buffers: dict, table: list) -> Tra
                     (src, soff + _const(o[first + 1], "a copy offset")))  # fmt: skip
 
 
-def _record(func: Any, table: list[tuple[str, int]], buffers: dict) -> list[Dispatch | Transfer]:
+def _record(func: Any, buffers: dict, table: list[tuple[str, int]]) -> list[Dispatch | Transfer]:
     """The steps a command-buffer recording function records, its bindings resolved through ``table``."""
     from convbw_mlir.ir_imports import ir
 

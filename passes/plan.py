@@ -20,7 +20,7 @@ from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
 
 from convbw_mlir.ir_imports import ir
-from convbw_mlir.plan import Overrides, PlanError, decide
+from convbw_mlir.plan import STRATEGY_OPTIONS, Overrides, PlanError, decide
 from convbw_mlir.targets import TARGETS
 
 __all__ = ["PlanPass"]
@@ -54,8 +54,8 @@ class PlanPass(ConvbwPass):
         reduction_innermost: bool = option(
             False, "transpose a channels-last GEMM's x and dy so the reduction is innermost (layout NGCW)"
         )
-        strategy: str | None = option(None, "explicit: the kernel our passes write (default: the plan's choice)",
-                                      ("explicit",))  # fmt: skip
+        strategy: str | None = option(None, "explicit: the kernel our passes write; codegen: IREE's codegen, "
+                                      "configured (default: the plan's choice)", STRATEGY_OPTIONS)  # fmt: skip
         streamk: int | str | None = option(
             None, "StreamK's persistent workgroups (explicit): auto (the target's SMs) or a number", ("auto",)
         )

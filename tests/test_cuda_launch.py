@@ -196,3 +196,19 @@ def test_kernel_cache_keeps_the_launch(tmp_path) -> None:  # noqa: ANN001
     assert cached.launch is not None and cached.launch.refused is None
     assert cached.launch == built.launch
     assert compile_op(UNSPLIT, "sm_80", output_arg=True, cache=tmp_path).launch == built.launch
+
+
+def test_explicit_split_schedule_records_its_command_buffer_per_call() -> None:
+    # The explicit kernel's split-K binds x and dy directly: IREE records its command buffer in a function
+    # called per call (util.call), not in a memoized global; the reader maps that function's arguments.
+    problem = ConvBwdWeightProblem.from_ck("2 1 2 36 256 3 3 50 50 1 1 1 1 1 1 1 1")
+    op = compiled_op(problem, "sm_80", output_arg=True)
+    assert op.plan.strategy == "explicit" and op.plan.k_batch > 1
+    launch = op.launch
+    assert launch.refused is None, launch.refused
+    gemm, reduce = launch.steps
+    assert gemm.kernel == "gemm" and [b for b, _ in gemm.bindings] == ["arg1", "arg0", TRANSIENT]  # dy, x
+    assert gemm.grid[2] == op.plan.k_batch  # one z slice a split
+    assert [b for b, _ in reduce.bindings] == [TRANSIENT, "arg2"]  # the partials summed into the caller's dW
+    assert launch.transient >= op.plan.k_batch * _bytes(problem.dw_shape, 4)
+    assert launch.exports["gemm"].shared_memory > 48 * 1024  # over the default: the launcher raises the limit

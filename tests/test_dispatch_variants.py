@@ -24,7 +24,8 @@ def test_candidates_start_with_the_heuristics_plan_and_include_every_iree_form()
 def test_grouped_problems_get_no_torch_form_and_gain_our_tile_with_splits():
     found = candidates(RESNEXT, "sm_80", max_plans=4)
     assert "iree_torch" not in [v.form for v in found]
-    assert heuristic(RESNEXT, "sm_80").plan.k_batch == 1  # the rule the issue names: G>1 never split
+    assert heuristic(RESNEXT, "sm_80").plan.strategy == "explicit"  # the explicit kernel splits G>1 too
+    assert decide(RESNEXT, "sm_80", strategy="codegen").k_batch == 1  # the rule the issue names: G>1 never split
     ours = [v.plan for v in found if v.plan is not None and v.plan.tile is not None]
     assert any(p.k_batch > 1 for p in ours), "no split grouped matrix-core variant"
 
@@ -98,3 +99,14 @@ def test_a_variant_whose_intrinsic_the_target_cannot_run_is_refused():
     rdna = Plan.from_dict({**plan.to_dict(), "target": "gfx1100"})
     with pytest.raises(ValueError, match="intrinsic MFMA_.* does not run on gfx1100"):
         Variant("convbw", rdna)
+
+
+def test_where_the_plan_chose_the_explicit_kernel_iree_codegen_and_its_grid_are_the_rivals():
+    found = candidates(RESNET_3X3, "sm_80")
+    assert found[0].plan.strategy == "explicit"
+    codegen = decide(RESNET_3X3, "sm_80", strategy="codegen")
+    assert any(v.options == (("strategy", "codegen"),) and v.plan == codegen for v in found)
+    assert any(v.plan is not None and v.plan.strategy == "mma" and v.plan.k_batch != codegen.k_batch for v in found)
+    layout4 = candidates(RESNET_3X3.with_(layout=4), "sm_80")  # codegen's plan first, the explicit kernel offered
+    assert layout4[0].plan.strategy != "explicit"
+    assert any(v.options == (("strategy", "explicit"),) for v in layout4)

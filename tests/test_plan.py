@@ -29,7 +29,7 @@ def test_a_plan_round_trips_through_plain_data_and_is_hashable():
 def test_each_family_of_problem_gets_its_strategy_from_one_decision():
     assert decide(DENSE, "gfx942").strategy is Strategy.MMA
     assert decide(DENSE, "host").strategy is Strategy.IREE  # IREE's CPU codegen, no tile
-    assert decide(GROUPED, "sm_80").strategy is Strategy.IREE  # the target's policy for grouped problems
+    assert decide(GROUPED, "sm_80", strategy="codegen").strategy is Strategy.IREE  # the policy for grouped problems
     assert decide(GROUPED, "gfx1100").strategy is Strategy.MMA  # RDNA's policy: our tiles
     assert decide(GROUPED, "sm_80", grouped="mma").strategy is Strategy.MMA  # an override wins
     dw = decide(DEPTHWISE, "sm_80")
@@ -40,11 +40,37 @@ def test_each_family_of_problem_gets_its_strategy_from_one_decision():
 
 
 def test_the_split_and_the_tile_are_sized_for_the_planning_target():
-    sm80 = decide(DENSE, "sm_80")
+    sm80 = decide(DENSE, "sm_80", strategy="codegen")
     assert sm80.split is not None and sm80.tile.intrinsic == "NV_MMA_SYNC_F32_16x8x16_F16"
     host_for_gpu = decide(DENSE, "host", plan_for="sm_80")
     assert host_for_gpu.split == sm80.split and host_for_gpu.tile is None
     assert decide(DENSE, "host").split is None  # no CU model, no split
+
+
+def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvidia():
+    from convbw_mlir.problem import Epilogue
+
+    assert DENSE.layout == "NHWGC/GKYXC/NHWGK" and decide(DENSE, "sm_80").strategy is Strategy.EXPLICIT
+    assert decide(DENSE, "sm_86").strategy is Strategy.EXPLICIT  # its smaller shared memory: the rule's 2 stages
+    assert decide(GROUPED, "sm_80").strategy is Strategy.EXPLICIT  # 8 channels a group: matrix cores pay
+    not_chosen = {
+        "AMD": decide(DENSE, "gfx942"),  # compiled, never run: no AMD GPU measured it
+        "too thin for matrix cores": decide(
+            ConvBwdWeightProblem.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80"
+        ),
+        "depthwise": decide(DEPTHWISE, "sm_80"),
+        "layout 4": decide(DENSE.with_(layout=4), "sm_80"),
+        "bf16": decide(DENSE.with_(dtype="bf16", dw_dtype="bf16"), "sm_80"),
+        "odd channels": decide(DENSE.with_(in_channels=3), "sm_80"),
+        "epilogue": decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80"),
+        "codegen asked": decide(DENSE, "sm_80", strategy="codegen"),
+        "an IREE tile option": decide(DENSE, "sm_80", tile_m=64),
+        "a k-batch": decide(DENSE, "sm_80", k_batch=4),
+        "an op that arrives split": decide(DENSE, "sm_80", split=Split("n", 2, 16)),
+    }
+    assert {why: plan.strategy for why, plan in not_chosen.items() if plan.strategy is Strategy.EXPLICIT} == {}
+    with pytest.raises(PlanError, match="strategy: expected explicit or codegen"):
+        decide(DENSE, "sm_80", strategy="mma")
 
 
 def test_a_target_s_tile_policy_comes_from_the_target_table_alone(monkeypatch):
@@ -129,7 +155,7 @@ def test_numpy_integers_are_taken_as_overrides_and_numpy_floats_and_bools_are_no
 )
 def test_a_split_convolution_takes_a_step_that_divides_its_reduction_per_split(ck, k_batch, want_split, want_k):
     # a padded step over a split read past the end of x and dy on the H100 (docs/decisions.md#split-gemm-step)
-    plan = decide(ConvBwdWeightProblem.from_ck(ck), "sm_80", k_batch=k_batch)
+    plan = decide(ConvBwdWeightProblem.from_ck(ck), "sm_80", k_batch=k_batch, strategy="codegen")
     assert plan.k_batch == want_split
     assert (plan.tile.k if plan.tile else None) == want_k
     assert plan.strategy is (Strategy.MMA if want_k else Strategy.IREE)
@@ -163,7 +189,8 @@ def test_a_stored_plan_whose_step_pads_its_split_is_refused_before_compiling():
     from convbw_mlir.plan import check_plan
 
     p = ConvBwdWeightProblem.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1")
-    padded = dataclasses.replace(decide(p, "sm_80"), tile=Tile(128, 64, 64, 2, 2, 2, "NV_MMA_SYNC_F32_16x8x16_F16"))
+    codegen = decide(p, "sm_80", strategy="codegen")
+    padded = dataclasses.replace(codegen, tile=Tile(128, 64, 64, 2, 2, 2, "NV_MMA_SYNC_F32_16x8x16_F16"))
     with pytest.raises(PlanError, match="tile k 64 does not divide the 784 reduction elements of each of 8 splits"):
         check_plan(p, padded)
     with pytest.raises(PlanError, match="read past x and dy"):

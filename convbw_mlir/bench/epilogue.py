@@ -83,7 +83,8 @@ def unfused_text(p: ConvBwdWeightProblem, target: str) -> str:
                     return s if et == f32 else arith_d.TruncFOp(et, s).result
 
                 func_d.ReturnOp([axpby])
-        run_pipeline(module, for_target(target), ctx)
+        # codegen's plan, as the fused kernels get (the explicit kernel has no epilogue): the same main kernel
+        run_pipeline(module, for_target(target, strategy="codegen"), ctx)
         return str(module)
 
 

@@ -323,6 +323,7 @@ def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device:
         res["error"] += " (x and dy are followed by NaN: the kernel reads past the end of its inputs)"
     if res["status"] == "ok":
         res |= _stats(time_calls(kernel, xd, dyd))
+        res |= _gpu_time(lambda: kernel(xd, dyd), lambda r: r.to_host(), driver)
     return res
 
 
@@ -336,7 +337,28 @@ def _run_cudnn(prob: _Problem, torch_: Torch | None) -> dict[str, Any]:
     res = prob.check(to_ours(call()), prob.p.dw_dtype)
     if res["status"] == "ok":
         res |= _stats(time_calls(call, sync=torch_.sync))
+        res |= _gpu_time(call, lambda _: torch_.sync(), "cuda")
     return res
+
+
+_CUPTI: list[bool] = []  # whether this child can time by CUPTI, decided (and CUPTI warmed up) once
+
+
+def _gpu_time(call: Any, sync: Any, driver: str) -> dict[str, Any]:
+    """``kernel_s``: the call's GPU time by CUPTI (:mod:`convbw_mlir.bench.cupti`), on CUDA where torch
+    is importable; the tuner ranks by it (docs/decisions.md#kernel-time). Its failure is recorded, not fatal."""
+    from convbw_mlir.bench import cupti
+
+    if driver != "cuda":
+        return {}
+    try:
+        if not _CUPTI:
+            _CUPTI.append(cupti.available())
+            if _CUPTI[0]:
+                cupti.warm_up()
+        return cupti.kernel_seconds(call, sync) if _CUPTI[0] else {}
+    except Exception as e:  # noqa: BLE001 - the call's own timing stands; only the kernel time is missing
+        return {"kernel_time_error": _first_line(e)}
 
 
 def _child(spec: dict) -> int:

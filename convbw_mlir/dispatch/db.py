@@ -84,7 +84,7 @@ class TuningDB:
         taken = 0
         for key, entry in other.entries.items():
             mine = self.entries.get(key)
-            if mine is None or entry.get("median_s", float("inf")) < mine.get("median_s", float("inf")):
+            if mine is None or _better(entry, mine):
                 self.entries[key] = entry
                 taken += 1
         return taken
@@ -158,3 +158,13 @@ class TuningDB:
                           "ignored", stacklevel=2)  # fmt: skip
             return None
         return db
+
+
+def _better(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Whether ``new`` replaces ``old``: a GPU kernel time (``metric: kernel_s``) beats a time through IREE's
+    runtime (the older entries: docs/decisions.md#kernel-time); times of one kind compare."""
+    inf = float("inf")
+    kinds = new.get("metric", "median_s"), old.get("metric", "median_s")
+    if kinds[0] != kinds[1]:
+        return kinds[0] == "kernel_s"
+    return new.get("median_s", inf) < old.get("median_s", inf)

@@ -161,10 +161,15 @@ def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, ir
     if output_arg:  # only then: the keys of existing entries stay as they were
         data["abi"] = "output-arg"
     if get_target(target).driver == "cuda":  # entries carry the direct launch's schedule since this format
-        data["cuda_launch"] = 1
+        data["cuda_launch"] = LAUNCH_FORMAT
     if os.environ.get(FORCE_FORM_ENV):  # a test's forced operand form is not the plan's kernel
         data["forced_form"] = os.environ[FORCE_FORM_ENV]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# The direct launch's schedule reader, as cached entries carry its result: 2 reads command buffers
+# recorded per call (the explicit kernel's split-K), which 1 refused.
+LAUNCH_FORMAT = 2
 
 
 def heuristic(problem: ConvBwdWeightProblem, target: str) -> Variant:
@@ -179,6 +184,9 @@ def _grid(problem: ConvBwdWeightProblem, target: str, base: Plan) -> Iterator[di
         for kb in (1, 2, 4):
             yield {"k_batch": kb}
         return
+    if base.strategy == Strategy.EXPLICIT:  # the plan chose our kernel: IREE's codegen and its grid are the rivals
+        yield {"strategy": "codegen"}
+        base = decide(problem, target, strategy="codegen")
     mma = pick_intrinsic(problem, tgt) is not None
     grouped = problem.groups > 1
     kb = base.k_batch

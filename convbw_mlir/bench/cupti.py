@@ -1,0 +1,73 @@
+"""GPU time of a call, from CUPTI through torch.profiler: what a call costs the GPU, without the host.
+
+Since the torch entry point launches our kernels itself (docs/torch.md), the host's share of a call is
+the same few microseconds whatever the kernel; the IREE Python runtime's ~70 µs a call hid every kernel
+difference below it (docs/decisions.md#kernel-time). Works for any kernel in the process: IREE's CUDA
+HAL and cuDNN alike (CUPTI's activity records are per process, not per context).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Back-to-back calls in one profiler session: sustained GPU time a call, as a training step issues them.
+CALLS = 50
+# GPU activities that are the call's work; the read-back ending the session (a device-to-host copy) is not.
+_WORK = ("kernel", "gpu_memset")
+
+
+def available() -> bool:
+    """Whether torch with CUDA is importable here (then CUPTI is)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def warm_up() -> None:
+    """CUPTI's first session in a process costs seconds: pay it before anything is timed."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+        torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+
+
+def gpu_activities(trace: Path) -> list[tuple[float, float, str, str]]:
+    """(start µs, duration µs, category, name) of the GPU activities in a torch.profiler chrome trace."""
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    return sorted((ev["ts"], ev["dur"], ev["cat"], ev.get("name", "")) for ev in events
+                  if ev.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and "dur" in ev)  # fmt: skip
+
+
+def kernel_seconds(call: Callable[[], Any], sync: Callable[[Any], None], calls: int = CALLS) -> dict[str, Any]:
+    """GPU time a call over ``calls`` back-to-back calls: the sum of its kernels' and memsets' durations.
+
+    Returns ``kernel_s`` (seconds a call), ``kernels_per_call`` and ``kernel_names`` (the first few).
+    ``sync(result)`` waits for the device (e.g. IREE's ``to_host``, torch's synchronize).
+    """
+    import torch
+
+    sync(call())
+    with tempfile.TemporaryDirectory(prefix="convbw-cupti-") as tmp:
+        trace = Path(tmp) / "trace.json"
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]  # as bench/explicit_*.py
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(calls):
+                out = call()
+            sync(out)
+        prof.export_chrome_trace(str(trace))
+        acts = gpu_activities(trace)
+    work = [a for a in acts if a[2] in _WORK]
+    if not work:
+        raise RuntimeError("CUPTI recorded no GPU kernel for the calls (profiler not tracing this process?)")
+    return {
+        "kernel_s": sum(a[1] for a in work) * 1e-6 / calls,
+        "kernels_per_call": len(work) / calls,
+        "kernel_names": sorted({a[3] for a in work})[:4],
+    }

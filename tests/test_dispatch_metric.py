@@ -1,0 +1,70 @@
+"""The tuner ranks by GPU kernel time where every contender has it; a kernel-time entry replaces a call-time one."""
+
+from __future__ import annotations
+
+import json
+
+from convbw_mlir.bench.cupti import gpu_activities
+from convbw_mlir.dispatch import TuningDB, heuristic
+from convbw_mlir.dispatch.tune import _decide, build_database, device_noise
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+P = ConvBwdWeightProblem.from_ck("2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1")
+
+
+def _row(heur: dict, explicit: dict, pass2: dict | None = None) -> dict:
+    return {"name": "p", "problem": P.to_dict(), "heuristic": "convbw[heuristic]",
+            "variants": {}, "contenders": {"convbw[heuristic]": {"status": "ok", **heur},
+                                           "convbw[strategy=explicit]": {"status": "ok", **explicit}},
+            "pass2": pass2 or {}}  # fmt: skip
+
+
+def test_kernel_time_decides_where_the_call_time_is_the_runtimes_own():
+    # Through IREE's runtime both calls take ~75 µs; on the GPU the explicit kernel takes 12 µs, not 40.
+    row = _row({"median_s": 74e-6, "kernel_s": 40e-6}, {"median_s": 75e-6, "kernel_s": 12e-6})
+    d = _decide(row)
+    assert d["metric"] == "kernel_s" and d["winner"] == "convbw[strategy=explicit]"
+    assert d["median_s"] == 12e-6
+
+
+def test_call_time_decides_when_a_contender_lacks_the_kernel_time():
+    row = _row({"median_s": 74e-6, "kernel_s": 40e-6}, {"median_s": 90e-6})
+    d = _decide(row)
+    assert d["metric"] == "median_s" and d["winner"] == "convbw[heuristic]"
+
+
+def test_pass_two_and_the_noise_use_the_same_metric():
+    pass2 = {"convbw[heuristic]": {"status": "ok", "median_s": 70e-6, "kernel_s": 44e-6},
+             "convbw[strategy=explicit]": {"status": "ok", "median_s": 71e-6, "kernel_s": 12e-6}}  # fmt: skip
+    row = _row({"median_s": 74e-6, "kernel_s": 40e-6}, {"median_s": 75e-6, "kernel_s": 12e-6}, pass2)
+    assert abs(device_noise({"problems": [row]}) - 0.05) < 1e-9  # (44-40)/40 and 0/12: median 5%
+    d = _decide(row)
+    assert d["times"]["convbw[heuristic]"] == (40e-6 + 44e-6) / 2
+
+
+def test_a_kernel_time_entry_replaces_a_call_time_entry_even_if_its_number_is_larger():
+    old = TuningDB("NVIDIA H100 80GB HBM3", "sm_80", "3.13.0")
+    old.add(P, heuristic(P, "sm_80"), median_s=30e-6)  # the older kind: a call through IREE's runtime
+    new = TuningDB("NVIDIA H100 80GB HBM3", "sm_80", "3.13.0")
+    new.add(P, heuristic(P, "sm_80"), median_s=35e-6, metric="kernel_s")
+    assert old.merge(new) == 1 and old.lookup(P)["metric"] == "kernel_s"
+    slower = TuningDB("NVIDIA H100 80GB HBM3", "sm_80", "3.13.0")
+    slower.add(P, heuristic(P, "sm_80"), median_s=50e-6, metric="kernel_s")
+    assert old.merge(slower) == 0  # same kind: the faster stays
+
+
+def test_the_database_records_the_metric_it_was_decided_by():
+    row = _row({"median_s": 74e-6, "kernel_s": 40e-6}, {"median_s": 75e-6, "kernel_s": 12e-6})
+    row["variants"] = {"convbw[heuristic]": heuristic(P, "sm_80").to_dict()}
+    row["contenders"].pop("convbw[strategy=explicit]")
+    db = build_database({"device": "d", "target": "sm_80", "iree_version": "3.13.0", "date": "x", "problems": [row]})
+    assert db.lookup(P)["metric"] == "kernel_s"
+
+
+def test_gpu_activities_reads_kernels_memsets_and_copies_from_a_chrome_trace(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"cat": "kernel", "ts": 20, "dur": 5, "name": "k2"}, {"cat": "kernel", "ts": 10, "dur": 3, "name": "k1"},
+        {"cat": "gpu_memset", "ts": 1, "dur": 1, "name": "Memset"}, {"cat": "cpu_op", "ts": 2, "dur": 9},
+        {"cat": "gpu_memcpy", "ts": 30, "dur": 2, "name": "Memcpy DtoH"}]}))  # fmt: skip
+    assert [a[3] for a in gpu_activities(trace)] == ["Memset", "k1", "k2", "Memcpy DtoH"]
