@@ -31,6 +31,7 @@ global, masked where M or N is ragged).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, memref, nvvm, scf, vector
@@ -408,6 +409,32 @@ def _epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, c: ir.Value, where: list
                     _store(one, c, [*where, r, ce], _all([*row_ok, ix.lt(ce, shape.n)]))
 
 
+def _threads(ix: _Ix, t: GemmTiling) -> tuple[ir.Value, ...]:
+    """(thread id, lane, warp, the warp tile's first row and column in the workgroup tile)."""
+    tid = gpu.thread_id(gpu.Dimension.x)
+    lane = ix.rem(tid, WARP)
+    warp = ix.div(tid, WARP)
+    warps_n = t.bn // t.wn
+    warp_m = ix.mul(ix.div(warp, warps_n), t.wm)
+    warp_n = ix.mul(ix.rem(warp, warps_n), t.wn)
+    return tid, lane, warp, warp_m, warp_n
+
+
+def _workgroup(ix: _Ix, t: GemmTiling, shape: GemmShape) -> tuple[Any, ...]:
+    """(the workgroup tile's first row and column of dW, its group, where its results go: ``[group]`` or
+    ``[split, group]``, its split's first k tile), from the grid of :func:`grid`."""
+    block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
+    block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
+    z = gpu.block_id(gpu.Dimension.z)
+    if shape.splits == 1:
+        g, where, base = z, [z], ix.c(0)
+    else:
+        g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
+        ktiles = -(-shape.reduction // t.bk)
+        where, base = [split, g], ix.mul(split, -(-ktiles // shape.splits))
+    return block_m, block_n, g, where, base
+
+
 def grid(shape: GemmShape, t: GemmTiling) -> tuple[int, int, int]:
     """Workgroups: N tiles, M tiles, groups x splits."""
     return -(-shape.n // t.bn), -(-shape.m // t.bm), shape.groups * shape.splits
@@ -428,21 +455,8 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     f16 = ir.F16Type.get()
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
-    tid = gpu.thread_id(gpu.Dimension.x)
-    lane = ix.rem(tid, WARP)
-    warp = ix.div(tid, WARP)
-    warps_n = t.bn // t.wn
-    warp_m = ix.mul(ix.div(warp, warps_n), t.wm)
-    warp_n = ix.mul(ix.rem(warp, warps_n), t.wn)
-    block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
-    block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
-    z = gpu.block_id(gpu.Dimension.z)
-    if shape.splits == 1:
-        g, where, base = z, [z], ix.c(0)
-    else:
-        g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
-        ktiles = -(-shape.reduction // t.bk)
-        where, base = [split, g], ix.mul(split, -(-ktiles // shape.splits))
+    tid, lane, warp, warp_m, warp_n = _threads(ix, t)
+    block_m, block_n, g, where, base = _workgroup(ix, t, shape)
     if shape.channels_last:  # reduction-major, rows padded by 8 (16 bytes): ldmatrix's 8 rows hit distinct banks
         a_tile, b_tile = [t.stages, t.bk, t.bm + ROW_PAD], [t.stages, t.bk, t.bn + ROW_PAD]
     else:

@@ -32,7 +32,7 @@ from iree.compiler.dialects import arith, flow, gpu, linalg, memref, nvvm, scf, 
 
 from convbw_mlir.kernels import gemm_sm80 as g80
 from convbw_mlir.kernels.entry import KernelEntry, _build_executable
-from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, WARP, GemmShape, GemmTiling
+from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, GemmShape, GemmTiling
 
 __all__ = ["StreamK", "build_dispatch", "build_kernel_body"]
 
@@ -236,12 +236,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, partials: ir.Va
     f32 = ir.F32Type.get()
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
-    tid = gpu.thread_id(gpu.Dimension.x)
-    lane = ix.rem(tid, WARP)
-    warp = ix.div(tid, WARP)
-    warps_n = t.bn // t.wn
-    warp_m = ix.mul(ix.div(warp, warps_n), t.wm)
-    warp_n = ix.mul(ix.rem(warp, warps_n), t.wn)
+    tid, lane, warp, warp_m, warp_n = g80._threads(ix, t)
     w = gpu.block_id(gpu.Dimension.x)
     begin = ix.div(ix.mul(w, sk.total), sk.workgroups)
     end = ix.div(ix.mul(ix.add(w, 1), sk.total), sk.workgroups)

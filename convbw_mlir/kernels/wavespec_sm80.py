@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, gpu, memref, nvvm, scf
+from iree.compiler.dialects import arith, memref, nvvm, scf
 
 from convbw_mlir.kernels import gemm_sm80 as g80
 from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling, registers_per_thread
@@ -212,21 +212,8 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     f16 = ir.F16Type.get()
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
-    tid = gpu.thread_id(gpu.Dimension.x)
-    lane = ix.rem(tid, WARP)
-    warp = ix.div(tid, WARP)
-    warps_n = t.bn // t.wn
-    warp_m = ix.mul(ix.div(warp, warps_n), t.wm)
-    warp_n = ix.mul(ix.rem(warp, warps_n), t.wn)
-    block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
-    block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
-    z = gpu.block_id(gpu.Dimension.z)
-    if shape.splits == 1:
-        g, where, base = z, [z], ix.c(0)
-    else:
-        g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
-        ktiles = -(-shape.reduction // t.bk)
-        where, base = [split, g], ix.mul(split, -(-ktiles // shape.splits))
+    tid, lane, warp, warp_m, warp_n = g80._threads(ix, t)
+    block_m, block_n, g, where, base = g80._workgroup(ix, t, shape)
     a_tile, b_tile = [t.stages, t.bk, t.bm + ROW_PAD], [t.stages, t.bk, t.bn + ROW_PAD]
     a_smem = memref.alloc(ir.MemRefType.get(a_tile, f16, memory_space=shared), [], [])
     b_smem = memref.alloc(ir.MemRefType.get(b_tile, f16, memory_space=shared), [], [])
