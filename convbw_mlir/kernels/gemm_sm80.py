@@ -30,6 +30,7 @@ global, masked where M or N is ragged).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -319,7 +320,6 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
     ktiles = -(-shape.reduction // t.bk)
     per_split = -(-ktiles // shape.splits)
     exact = per_split * shape.splits == ktiles  # every split's every tile is real
-    steps = t.bk // MMA_K
 
     def issue(local: ir.Value | int, stage: ir.Value) -> None:
         """Copies of this split's tile ``local`` (zero-filled past the split's or the reduction's end)."""
@@ -339,12 +339,21 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
             _copy_tile(ix, t, op, tid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
 
+    return _pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, per_split, issue)
+
+
+def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value, warp_n: ir.Value,
+              acc: list[ir.Value], f16: ir.Type, count: int | ir.Value,
+              issue: Callable[[int | ir.Value, ir.Value], None]) -> list[ir.Value]:  # fmt: skip
+    """The software pipeline over ``count`` k tiles whose copies ``issue(local tile, stage)`` commits (one
+    group a tile, zero-filled past the end): :func:`_mainloop`'s and StreamK's segments'."""
+    steps = t.bk // MMA_K
     for s in range(t.stages - 1):
         issue(s, ix.c(s))
     nvvm.cp_async_wait_group(t.stages - 2)
     gpu.barrier()
     first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
-    loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1), [*acc, *first])
+    loop = scf.ForOp(ix.c(0), ix._v(count), ix.c(1), [*acc, *first])
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
         args = list(loop.inner_iter_args)

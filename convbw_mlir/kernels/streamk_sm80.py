@@ -12,11 +12,11 @@ workgroups ``owner(tile_begin) .. w-1``, adds their partials (linear fixup) and 
 only ever waits on lower-numbered ones, which the hardware starts first: no deadlock even past one wave.
 
 The building blocks are :mod:`convbw_mlir.kernels.gemm_sm80`'s, imported as they are (``_copy_tile``,
-``_load_fragments``, ``_warp_mma``, ``_epilogue``, ``_Ix``, ``_Operand``, ``_Lanes``); its ``_mainloop``
-runs a static number of k tiles a split, so :func:`_segment_mainloop` here is that pipeline with a
-dynamic first tile and count (a segment's). Synchronization: ``memref.atomic_rmw`` (``addi``; LLVM's
-``atomicrmw acq_rel``) on the flags, ``nvvm.membar`` at gpu scope (``membar.gl``) before a flag is set
-and after it is seen, ``gpu.barrier`` around them (CUTLASS's ``arrive_inc`` / ``wait_eq`` pattern).
+``_load_fragments``, ``_warp_mma``, ``_epilogue``, ``_Ix``, ``_Operand``, ``_Lanes``) and its pipeline
+(``_pipeline``), which :func:`_segment_mainloop` runs over a segment's dynamic first tile and count.
+Synchronization: ``memref.atomic_rmw`` (``addi``; LLVM's ``atomicrmw acq_rel``) on the flags,
+``nvvm.membar`` at gpu scope (``membar.gl``) before a flag is set and after it is seen, ``gpu.barrier``
+around them (CUTLASS's ``arrive_inc`` / ``wait_eq`` pattern).
 
 The workspace is the dispatch's own: ``partials`` ``[W, frags, threads, 4]`` f32 (never read before it
 is written, so left uninitialized) and ``flags`` ``[W]`` i32 (zeroed by a ``linalg.fill`` each call),
@@ -32,7 +32,7 @@ from iree.compiler.dialects import arith, flow, gpu, linalg, memref, nvvm, scf, 
 
 from convbw_mlir.kernels import gemm_sm80 as g80
 from convbw_mlir.kernels.entry import KernelEntry, _build_executable
-from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, GemmShape, GemmTiling
+from convbw_mlir.kernels.shapes import MMA_M, MMA_N, GemmShape, GemmTiling
 
 __all__ = ["StreamK", "build_dispatch", "build_kernel_body"]
 
@@ -74,43 +74,16 @@ def _segment_mainloop(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Oper
                       f16: ir.Type) -> list[ir.Value]:  # fmt: skip
     """gemm_sm80's software pipeline over ``count`` (>= 1, dynamic) k tiles from ``base``: the same prologue,
     steady state and commit-group accounting; tiles past the segment are zero-filled (``src-size`` 0)."""
-    steps = t.bk // MMA_K
     last = ix.sub(count, 1)
 
-    def issue(local: ir.Value, stage: ir.Value) -> None:
+    def issue(local: int | ir.Value, stage: ir.Value) -> None:
         valid = ix.lt(local, count)
-        tile = ix.add(base, arith.minsi(local, last))  # in bounds even where nothing is read
+        tile = ix.add(base, arith.minsi(ix._v(local), last))  # in bounds even where nothing is read
         for op in (a, b):
             g80._copy_tile(ix, t, op, tid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
 
-    for s in range(t.stages - 1):
-        issue(ix.c(s), ix.c(s))
-    nvvm.cp_async_wait_group(t.stages - 2)
-    gpu.barrier()
-    first = g80._load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
-    loop = scf.ForOp(ix.c(0), count, ix.c(1), [*acc, *first])
-    with ir.InsertionPoint(loop.body):
-        kt = loop.induction_variable
-        args = list(loop.inner_iter_args)
-        acc, cur = args[: len(acc)], args[len(acc) :]
-        stage = ix.rem(kt, t.stages)
-        for s in range(steps):
-            if s == 0:
-                ahead = ix.add(kt, t.stages - 1)
-                issue(ahead, ix.rem(ahead, t.stages))
-            if s + 1 < steps:
-                nxt = g80._load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16)
-            else:
-                nvvm.cp_async_wait_group(t.stages - 2)
-                gpu.barrier()
-                next_stage = ix.rem(ix.add(kt, 1), t.stages)
-                nxt = g80._load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
-            acc = g80._warp_mma(t, cur, acc, f16)
-            cur = nxt
-        scf.YieldOp([*acc, *cur])
-    nvvm.cp_async_wait_group(0)
-    return list(loop.results)[: len(acc)]
+    return g80._pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, count, issue)
 
 
 def _if(cond: ir.Value, results: list[ir.Value] | None = None):
