@@ -44,6 +44,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from convbw_mlir.bench.cupti import kernel_events
+from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+
 SEED = 7
 SINGLE_REPS = 10
 SUSTAINED_CALLS = 100
@@ -86,19 +89,8 @@ def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, An
         "problem": name,
         "suite": suite,
         "vmfb": f"{kind}_{name}.vmfb" if kind != "cudnn" else None,
-        "images": p.batch,
-        "groups": p.groups,
-        "in_channels": p.in_channels,
-        "out_channels": p.out_channels,
-        "input_size": list(p.input_size),
-        "output_size": list(p.output_size),
-        "filter_size": list(p.filter_size),
-        "stride": list(p.stride),
-        "dilation": list(p.dilation),
-        "pad": list(p.pad_low),
+        **problem_fields(p),
         "pad_high": list(p.pad_high),
-        "dw_dtype": p.dw_dtype,
-        "flops": 2 * math.prod(p.gemm),
         "plan": plan.to_dict() if plan is not None else None,
     }
 
@@ -217,13 +209,6 @@ def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     return (lambda: fn(*args)), (lambda r: torch.from_numpy(r.to_host().astype("float64"))), (lambda r: r.to_host())
 
 
-def _kernel_times(trace: Path) -> list[tuple[float, float, str]]:
-    """(start us, duration us, name) of every GPU kernel in a chrome trace of torch.profiler."""
-    events = json.loads(trace.read_text()).get("traceEvents", [])
-    return sorted((ev["ts"], ev["dur"], ev.get("name", "")) for ev in events
-                  if ev.get("cat") == "kernel" and "dur" in ev)  # fmt: skip
-
-
 # What CUPTI records of a launch (torch.profiler's kernel events): registers and occupancy tell why a
 # variant with more warps (wave specialization) runs fewer blocks an SM.
 LAUNCH_FACTS = ("registers per thread", "shared memory", "blocks per SM", "warps per SM", "est. achieved occupancy %",
@@ -283,7 +268,7 @@ def _measure(e: dict, folder: Path, x: Any, dy: Any, torch: Any) -> dict[str, An
             sync(r)
             wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
         prof.export_chrome_trace(str(trace))
-        kernels = _kernel_times(trace)
+        kernels = kernel_events(trace)
         rec["launch"] = _launch_facts(trace)
     calls = _calls(kernels)
     per_call, stream = calls[:SINGLE_REPS], calls[SINGLE_REPS:]
@@ -417,10 +402,6 @@ def device_name() -> str:
         return "cuda (nvidia-smi gave no name)"
 
 
-def _geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None,
            wall: float | None = None) -> int:  # fmt: skip
     """Write OUT/explicit_conv.json and .md: per problem ours, cuDNN, the product's default, the ratios."""
@@ -469,10 +450,10 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         "device": device,
         "date": date or _now(),
         "wall_s": wall,
-        "geomean_cudnn_over_ours_suite": _geomean(vs_cudnn),
+        "geomean_cudnn_over_ours_suite": geomean(vs_cudnn),
         "suite_problems_timed": len(vs_cudnn),
-        "geomean_cudnn_over_ours_all": _geomean(vs_cudnn_all),
-        "geomean_product_over_ours": _geomean(vs_product),
+        "geomean_cudnn_over_ours_all": geomean(vs_cudnn_all),
+        "geomean_product_over_ours": geomean(vs_product),
         "product_problems_timed": len(vs_product),
         "rows": rows,
         "refused": manifest["refused"],
@@ -489,11 +470,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
     if wall is not None:
         lines += ["", f"Run wall time: {wall:.0f} s."]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "explicit_conv.json").write_text(json.dumps(doc, indent=1))
-    (out / "explicit_conv.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_tables(out, "explicit_conv", doc, lines)
 
 
 def _now() -> str:
@@ -516,12 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     one = sub.add_parser("run-one")
     one.add_argument("dir", type=Path)
     one.add_argument("names", nargs="+")
-    rep = sub.add_parser("report", help="tables from a (cut-off) run's rows.json")
-    rep.add_argument("dir", type=Path)
-    rep.add_argument("rows", type=Path)
-    rep.add_argument("--out", type=Path, required=True)
-    rep.add_argument("--device", required=True)
-    rep.add_argument("--date", default=None)
+    add_report_parser(sub)
     a = ap.parse_args(argv)
     if a.cmd == "compile":
         compile_all(a.dir, a.smoke, a.only)

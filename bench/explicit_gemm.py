@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from convbw_mlir.bench.cupti import kernel_events
+from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+
 SEED = 5
 # IREE's runtime objects die badly with the interpreter (a segfault when they are freed after torch's):
 # run-one keeps them here and leaves by os._exit once its JSON line is out.
@@ -123,24 +126,7 @@ def _conv2d_entry(name: str, p, kind: str, vmfb: bytes | None, folder: Path, pla
         "form": "conv2d",
         "function": "conv_bwd_weight",
         "problem": name.split(":", 1)[1],
-        "images": p.batch,
-        "groups": p.groups,
-        "in_channels": p.in_channels,
-        "out_channels": p.out_channels,
-        "input_size": list(p.input_size),
-        "output_size": list(p.output_size),
-        "filter_size": list(p.filter_size),
-        "stride": list(p.stride),
-        "dilation": list(p.dilation),
-        "pad": list(p.pad_low),
-        "dw_dtype": p.dw_dtype,
-        "flops": 2
-        * p.groups
-        * p.out_channels
-        * p.in_channels
-        * math.prod(p.filter_size)
-        * p.batch
-        * math.prod(p.output_size),
+        **problem_fields(p),
         "plan": plan.to_dict() if plan is not None else None,
     }
 
@@ -206,13 +192,6 @@ def compile_all(folder: Path, smoke: bool = False) -> None:
 
 
 # -- run side ----------------------------------------------------------------------------------------
-def _kernel_times(trace: Path) -> list[tuple[float, float, str]]:
-    """(start us, duration us, name) of every GPU kernel in a chrome trace of torch.profiler."""
-    events = json.loads(trace.read_text()).get("traceEvents", [])
-    out = [(e["ts"], e["dur"], e.get("name", "")) for e in events if e.get("cat") == "kernel" and "dur" in e]
-    return sorted(out)
-
-
 def _calls(kernels: list[tuple[float, float, str]], gap_us: float = 5000.0) -> list[list[tuple[float, float, str]]]:
     """Kernels grouped into calls: the single-call reps are separated by a pause far longer than ``gap_us``."""
     calls: list[list[tuple[float, float, str]]] = []
@@ -347,7 +326,7 @@ def run_one(folder: Path, name: str) -> dict[str, Any]:
                 r.to_host() if entry["kind"] not in TORCH_KINDS else sync()
                 time.sleep(0.02)  # a pause: the clock recovers between calls
         prof.export_chrome_trace(str(trace))
-        single = _kernel_times(trace)
+        single = kernel_events(trace)
         trace = Path(tmp) / "sustained.json"
         t0 = time.perf_counter()
         with torch.profiler.profile(activities=activities) as prof:
@@ -356,7 +335,7 @@ def run_one(folder: Path, name: str) -> dict[str, Any]:
             r.to_host() if entry["kind"] not in TORCH_KINDS else sync()
         wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
         prof.export_chrome_trace(str(trace))
-        sustained = _kernel_times(trace)
+        sustained = kernel_events(trace)
     rec["kernels"] = sorted({n for _, _, n in single})[:4]
     rec["kernels_per_call"] = len(single) / SINGLE_REPS
     # Per call: the kernels of a call are contiguous; with one kernel a call, the durations themselves.
@@ -406,7 +385,7 @@ def _conv_summary(rows: list[dict], doc: dict) -> list[str]:
                  ours.get("single_tflops")]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(c if isinstance(c, str) else ("-" if c is None else f"{c:.2f}")
                                              for c in cells) + " |")  # fmt: skip
-    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+    geo = geomean(ratios)
     doc["conv_geomean_cudnn_over_ours"] = geo
     doc["conv_problems_timed"] = len(ratios)
     return [*lines, "", f"Geomean cuDNN / ours over {len(ratios)} problems: {geo}", ""]
@@ -469,11 +448,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     lines += ["", f"Gate (ours / TileAndFuse, >= {GATE}): {gate}", ""]
     lines += _conv_summary(rows, doc)
     lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "explicit_gemm.json").write_text(json.dumps(doc, indent=1))
-    (out / "explicit_gemm.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_tables(out, "explicit_gemm", doc, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -489,12 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     one = sub.add_parser("run-one")
     one.add_argument("dir", type=Path)
     one.add_argument("names", nargs="+")
-    rep_ = sub.add_parser("report", help="tables from a (cut-off) run's rows.json")
-    rep_.add_argument("dir", type=Path)
-    rep_.add_argument("rows", type=Path)
-    rep_.add_argument("--out", type=Path, required=True)
-    rep_.add_argument("--device", required=True)
-    rep_.add_argument("--date", default=None)
+    add_report_parser(sub)
     prof = sub.add_parser("profile-one")
     prof.add_argument("dir", type=Path)
     prof.add_argument("name")

@@ -38,6 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from convbw_mlir.bench.cupti import gpu_activities
+from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+
 SEED = 5
 SMS = 132  # the H100 the run uses (the sm_80 target table's 108 is an A100's)
 SINGLE_REPS = 10
@@ -91,18 +94,7 @@ def _entry(name: str, contender: str, p, plan: Any) -> dict[str, Any]:
         "contender": contender,
         "kind": "cudnn" if contender == "cudnn" else "ours",
         "vmfb": f"{contender}_{name}.vmfb",
-        "images": p.batch,
-        "groups": p.groups,
-        "in_channels": p.in_channels,
-        "out_channels": p.out_channels,
-        "input_size": list(p.input_size),
-        "output_size": list(p.output_size),
-        "filter_size": list(p.filter_size),
-        "stride": list(p.stride),
-        "dilation": list(p.dilation),
-        "pad": list(p.pad_low),
-        "dw_dtype": p.dw_dtype,
-        "flops": 2 * math.prod((p.groups, p.out_channels, p.in_channels, *p.filter_size, p.batch, *p.output_size)),
+        **problem_fields(p),
         "plan": plan.to_dict() if plan is not None else None,
     }
 
@@ -212,14 +204,6 @@ def _prepare(folder: Path, e: dict, torch: Any) -> tuple[Any, dict]:
     return call, rec
 
 
-def _gpu_events(trace: Path) -> list[tuple[float, float, str, str]]:
-    """(start us, duration us, category, name) of the GPU activities in a chrome trace of torch.profiler."""
-    events = json.loads(trace.read_text()).get("traceEvents", [])
-    cats = ("kernel", "gpu_memcpy", "gpu_memset")
-    return sorted((e["ts"], e["dur"], e["cat"], e.get("name", "")) for e in events
-                  if e.get("cat") in cats and "dur" in e)  # fmt: skip
-
-
 def _per_call(events: list[tuple[float, float, str, str]], gap_us: float = 5000.0) -> list[list[tuple]]:
     """GPU activities grouped into calls (the single calls are 10 ms apart)."""
     calls: list[list[tuple]] = []
@@ -260,7 +244,7 @@ def _time(call: Any, e: dict, torch: Any) -> dict[str, Any]:
             done(r)
             wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
         prof.export_chrome_trace(str(trace))
-        calls = _per_call(_gpu_events(trace))
+        calls = _per_call(gpu_activities(trace))
     rec: dict[str, Any] = {"sustained_wall_us": wall * 1e6}
     single, sustained = calls[:SINGLE_REPS], calls[SINGLE_REPS:]
     kernels = [[ev for ev in c if ev[2] == "kernel"] for c in single]
@@ -459,6 +443,8 @@ def _run_serial(folder: Path, out: Path, batches: list[list[str]], budget: float
 def _tiles_cell(name: str, manifest: dict) -> str:
     """``tiles (partial), MxN`` of the tiling contender ``name`` ran with (its plan's tile)."""
     e = next(e for e in manifest["entries"] if e["name"] == name)
+    if not (e.get("plan") or {}).get("tile"):
+        return "- (no tiled plan: a host kernel of the CPU rehearsal)"
     bm, bn = e["plan"]["tile"]["m"], e["plan"]["tile"]["n"]
     n = e["in_channels"] * math.prod(e["filter_size"])
     tiles = e["groups"] * -(-e["out_channels"] // bm) * -(-n // bn)
@@ -513,7 +499,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
                      best[1], "-" if best[0] is None else f"{best[0]:.1f}", cell(lin), cell(tree),
                      "-" if speed is None else f"{speed:.2f}x", "-" if cudnn is None else f"{cudnn:.1f}"]  # fmt: skip
             lines.append(f"| {problem} | " + " | ".join(map(str, cells)) + " |")
-    geo = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None
+    geo = geomean(speedups)
     doc["geomean_speedup"] = geo
     lines += ["", f"Geomean speedup over {len(speedups)} problems: {geo}", "", "## Every contender", "",
               "| contender | correct | max rel err | single us | copy us | sustained us | TFLOP/s | kernels/call |",
@@ -529,11 +515,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
                  f("single_tflops"), f("kernels_per_call")]  # fmt: skip
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
     lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "explicit_streamk.json").write_text(json.dumps(doc, indent=1))
-    (out / "explicit_streamk.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
-    return 0
+    return write_tables(out, "explicit_streamk", doc, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -551,12 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     ch = sub.add_parser("child")
     ch.add_argument("dir", type=Path)
     ch.add_argument("names", nargs="+")
-    rep = sub.add_parser("report", help="tables from a (cut-off) run's rows.json")
-    rep.add_argument("dir", type=Path)
-    rep.add_argument("rows", type=Path)
-    rep.add_argument("--out", type=Path, required=True)
-    rep.add_argument("--device", required=True)
-    rep.add_argument("--date", default=None)
+    add_report_parser(sub)
     a = ap.parse_args(argv)
     if a.cmd == "compile":
         compile_all(a.dir, a.smoke)

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import explicit_conv as harness  # noqa: E402 - the shared run side: children, checks, CUPTI timing
+
+from convbw_mlir.bench.explicit import add_report_parser, geomean, write_tables
 
 KINDS = ("plain", "ws44", "ws42", "default")
 PRODUCERS = {"ws44": 4, "ws42": 2}
@@ -104,10 +105,6 @@ def run(folder: Path, out: Path, budget: float, jobs: int, child_limit: float) -
     return report(rows, manifest, out, harness.device_name(), wall=time.time() - start)
 
 
-def _geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None,
            wall: float | None = None) -> int:  # fmt: skip
     """OUT/explicit_wavespec.json and .md: per problem plain, 4:4, 4:2 (single and sustained), the speedups."""
@@ -174,8 +171,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
            "refused": manifest["refused"]}  # fmt: skip
     lines.append("")
     for kind, label in (("ws44", "4:4"), ("ws42", "4:2")):
-        doc[f"geomean_plain_over_{kind}"] = _geomean(speed[kind])
-        doc[f"geomean_plain_over_{kind}_sustained"] = _geomean(sus[kind])
+        doc[f"geomean_plain_over_{kind}"] = geomean(speed[kind])
+        doc[f"geomean_plain_over_{kind}_sustained"] = geomean(sus[kind])
         doc[f"problems_{kind}"] = len(speed[kind])
         single, sustained = doc[f"geomean_plain_over_{kind}"], doc[f"geomean_plain_over_{kind}_sustained"]
         lines.append(f"Geomean plain / {label} over {len(speed[kind])} problems: {f(single, '{:.3f}')} (sustained "
@@ -190,11 +187,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
     if wall is not None:
         lines += ["", f"Run wall time: {wall:.0f} s."]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "explicit_wavespec.json").write_text(json.dumps(doc, indent=1))
-    (out / "explicit_wavespec.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_tables(out, "explicit_wavespec", doc, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,12 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--budget", type=float, default=110.0, help="seconds after which nothing new starts")
     r.add_argument("--jobs", type=int, default=12, help="children at once (their set-up overlaps)")
     r.add_argument("--child-limit", type=float, default=45.0, help="seconds after which a child is stopped")
-    rep = sub.add_parser("report", help="tables from a (cut-off) run's rows.json")
-    rep.add_argument("dir", type=Path)
-    rep.add_argument("rows", type=Path)
-    rep.add_argument("--out", type=Path, required=True)
-    rep.add_argument("--device", required=True)
-    rep.add_argument("--date", default=None)
+    add_report_parser(sub)
     a = ap.parse_args(argv)
     if a.cmd == "compile":
         compile_all(a.dir, a.smoke, a.only)

@@ -45,6 +45,11 @@ def gpu_activities(trace: Path) -> list[tuple[float, float, str, str]]:
                   if ev.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and "dur" in ev)  # fmt: skip
 
 
+def kernel_events(trace: Path) -> list[tuple[float, float, str]]:
+    """(start µs, duration µs, name) of the kernels alone in a torch.profiler chrome trace."""
+    return [(ts, dur, name) for ts, dur, cat, name in gpu_activities(trace) if cat == "kernel"]
+
+
 def kernel_seconds(call: Callable[[], Any], sync: Callable[[Any], None], calls: int = CALLS) -> dict[str, Any]:
     """GPU time a call over ``calls`` back-to-back calls: the sum of its kernels' and memsets' durations.
 
