@@ -348,9 +348,8 @@ def decide(problem: ConvBwdWeightProblem, target: str, split: Split | None = Non
 
 def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) -> bool:
     """Whether the plan's own choice is the explicit kernel: NVIDIA, channels-last (layout 2), a problem
-    the kernel computes as it is, and not too thin for matrix cores (codegen's choice is not SIMT).
-    Measured on the H100 (kernel time): faster than every IREE plan and form on all 29 such problems
-    tuned, 1.5-18x; slower (0.90x) on the one SIMT problem (docs/decisions.md#explicit-by-default)."""
+    the kernel computes as it is, and not too thin for matrix cores (codegen's choice is not SIMT): where
+    it was the fastest correct kernel when measured (docs/decisions.md#explicit-by-default)."""
     from convbw_mlir.kernels.shapes import is_channels_last, unsupported
 
     return (tgt.family == "nvidia" and is_channels_last(problem) and codegen.strategy != Strategy.SIMT

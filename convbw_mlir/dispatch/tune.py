@@ -40,9 +40,8 @@ __all__ = ["build_database", "compile_candidates", "held_out", "summarize", "tim
 HELD_OUT_EVERY = 3
 # A variant replaces the heuristic's plan only when faster by more than this (or twice the measured noise).
 MIN_GAIN = 0.03
-# Pass 2 re-times the top two only where they are this close: a wider gap is several times the noise of
-# either timing (call time 5.6%, kernel time below it: docs/dispatch.md#results), and each pass-2 process
-# pays torch's import and CUPTI's start again.
+# Pass 2 re-times the top two only where they are this close: a wider gap is several times the timing
+# noise (docs/decisions.md#kernel-time), and a pass-2 process pays torch's import and CUPTI's start again.
 PASS2_WITHIN = 0.25
 # Problems whose float64 reference numpy computes in about a second; larger ones use the GPU reference.
 NUMPY_MAX_FLOPS = 2e9

@@ -23,8 +23,8 @@ whole-workgroup ``bar.sync 0`` (``gpu.barrier``), used by neither role.
 
 The producer announces each tile as soon as it has issued the next: after issuing tile ``kt`` it waits
 for tile ``kt - 1`` (``cp.async.wait_group 1``) and arrives on its ``full``, then drains the last one
-(announcing ``kt - (stages - 1)``, the first form, kept the consumers waiting on two more tiles' issue:
-4:4 went from 0.93x to 0.995x of the plain pipeline on the H100, docs/explicit-kernels.md). The consumer
+(announcing ``kt - (stages - 1)`` kept the consumers waiting on two more tiles' issue: measured in
+docs/explicit-kernels.md "Wave specialization"). The consumer
 arrives on ``empty`` for tile ``kt`` *before* it waits on ``full`` for tile ``kt + 1`` (the register
 prefetch of gemm_sm80 loads tile ``kt + 1``'s first fragments during tile ``kt``'s last mma): with two
 stages the other order deadlocks, because the producer announces tile ``kt + 1`` only after issuing tile
