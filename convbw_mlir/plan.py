@@ -157,7 +157,7 @@ class Plan:
         data: dict[str, Any] = {"target": self.target, "strategy": self.strategy.value, "gemm": self.gemm}
         if self.reduction_innermost:
             data["reduction_innermost"] = True
-        for name in ("split", "tile", "simt", "streamk", "wavespec"):
+        for name, _ in _PARTS:
             part = getattr(self, name)
             if part is not None:
                 data[name] = {f.name: getattr(part, f.name) for f in fields(part)}
@@ -170,22 +170,24 @@ class Plan:
         Raises:
             PlanError: a malformed plan (unknown entry, strategy or target, a tile missing a field).
         """
-        known = {"target", "strategy", "gemm", "reduction_innermost", "split", "tile", "simt", "streamk", "wavespec"}
+        known = {"target", "strategy", "gemm", "reduction_innermost", *(name for name, _ in _PARTS)}
         unknown = set(data) - known
         if unknown:
             raise PlanError(f"plan: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
         try:
             get_target(data["target"])
             strategy = Strategy(data["strategy"])
-            kinds = (("split", Split), ("tile", Tile), ("simt", SimtTile), ("streamk", StreamKPlan),
-                     ("wavespec", WaveSpecPlan))  # fmt: skip
-            parts = {name: kind(**data[name]) for name, kind in kinds if data.get(name) is not None}
+            parts = {name: kind(**data[name]) for name, kind in _PARTS if data.get(name) is not None}
             return cls(data["target"], strategy, bool(data.get("gemm", False)),
                        bool(data.get("reduction_innermost", False)), **parts)  # fmt: skip
         except KeyError as e:
             raise PlanError(f"plan: missing entry {e}") from None
         except (TypeError, ValueError) as e:
             raise PlanError(f"plan: {e}") from None
+
+
+# A plan's optional parts: its field name and type, in the order its plain data lists them.
+_PARTS = (("split", Split), ("tile", Tile), ("simt", SimtTile), ("streamk", StreamKPlan), ("wavespec", WaveSpecPlan))
 
 
 # -- the options a user (or a tuner) may give ---------------------------------------------------------
