@@ -360,27 +360,40 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
 
 def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """Strategy and tile of a GPU plan whose GEMM form and split are decided; a split IREE's own tiling
-    would pad is dropped (automatic) or refused (asked for)."""
+    would pad becomes the largest even batch split it does not pad, else none (automatic), or is refused
+    (asked for)."""
     chosen = _gpu_tile(plan, work, tgt, opts)
     why = _iree_split_pads(work, chosen, tgt)
     if why is None:
         return chosen
-    if opts.k_batch == "auto":
-        return _gpu_strategy(replace(plan, split=None), work, tgt, opts)  # unsplit: IREE's padding is safe there
-    raise PlanError(f"k-batch={opts.k_batch}: {why}")
+    if opts.k_batch != "auto":
+        raise PlanError(f"k-batch={opts.k_batch}: {why}")
+    if plan.split is not None and plan.split.dim == "n":
+        n = work.batch
+        for k_batch in sorted(_divisors(n, plan.split.k_batch - 1), reverse=True)[:-1]:  # fewer splits, > 1
+            smaller = _gpu_tile(replace(plan, split=Split("n", k_batch, n // k_batch)), work, tgt, opts)
+            if _iree_split_pads(work, smaller, tgt) is None:
+                return smaller
+    return _gpu_strategy(replace(plan, split=None), work, tgt, opts)  # unsplit: IREE's padding is safe there
+
+
+def _iree_tiles_itself(plan: Plan) -> bool:
+    """Whether IREE chooses the plan's tiling: strategy iree, or simt without a thread tile of ours."""
+    return plan.strategy == Strategy.IREE or (plan.strategy == Strategy.SIMT and plan.simt is None)
 
 
 def _iree_split_pads(work: ConvBwdWeightProblem, plan: Plan, tgt: Target) -> str | None:
     """Why ``plan`` (IREE tiling a split itself) would read past x and dy, or None: a per-split reduction
-    the instruction's K does not divide (docs/decisions.md#split-iree-step has the measurements)."""
-    if plan.strategy != Strategy.IREE or plan.split is None or not tgt.is_gpu:
+    the K of the type's matrix instruction does not divide. IREE picks that instruction by the type alone,
+    also where :func:`pick_intrinsic` declines (docs/decisions.md#split-iree-step has the measurements)."""
+    if not _iree_tiles_itself(plan) or plan.split is None or not tgt.is_gpu:
         return None
     contraction = Contraction.build(work, plan.split)
-    intr = pick_intrinsic(work, tgt)
-    if not contraction.has_split_loop or intr is None or contraction.reduction_extent % intr.k == 0:
+    intrinsics = tgt.intrinsics.get(work.dtype, ())
+    if not contraction.has_split_loop or not intrinsics or contraction.reduction_extent % intrinsics[0].k == 0:
         return None
     return (f"IREE's own tiling pads the {contraction.reduction_extent} reduction elements of each of "
-            f"{plan.split.k_batch} splits (not a multiple of {intr.k}); such kernels read past x and dy "
+            f"{plan.split.k_batch} splits (not a multiple of {intrinsics[0].k}); such kernels read past x and dy "
             "(docs/decisions.md#split-iree-step)")  # fmt: skip
 
 

@@ -184,6 +184,53 @@ def test_a_split_iree_would_pad_is_refused_when_asked_for_and_dropped_when_autom
         check_plan(p, stored)
 
 
+def test_a_simt_plan_iree_tiles_itself_never_pads_a_split_reduction():
+    # H100, NaN after x and dy: `1 4 3 5 3 4 40 3 3 4 2` split 3 x 1 image (13 output positions a split) read
+    # past dy: IREE took mma.sync with the reduction padded to 16 although our plan said SIMT
+    # (bench/results/h100_2026-11-25_overread/, docs/decisions.md#split-iree-step)
+    from convbw_mlir.plan import check_plan
+
+    repro = ConvBwdWeightProblem.from_ck("1 4 3 5 3 4 40 3 3 4 2")
+    plan = decide(repro, "sm_80")
+    assert plan.strategy is Strategy.SIMT and plan.simt is None and plan.split is None  # unsplit: 3 has no safe split
+    with pytest.raises(PlanError, match=r"^k-batch=3: IREE's own tiling pads the 13 reduction elements of each of "
+                                        r"3 splits \(not a multiple of 16\)"):  # fmt: skip
+        decide(repro, "sm_80", k_batch=3)
+    with pytest.raises(PlanError, match="read past x and dy"):
+        check_plan(repro, dataclasses.replace(plan, split=Split("n", 3, 1)))
+    # a batch that has one: the most splits whose per-split reduction is a multiple of 16 (16 images x 13)
+    wider = decide(repro.with_(batch=32), "sm_80")
+    assert wider.strategy is Strategy.SIMT and wider.split == Split("n", 2, 16)
+
+
+@pytest.mark.parametrize("target", ["sm_80", "gfx942", "gfx1100"])
+def test_no_automatic_plan_leaves_iree_a_split_whose_reduction_it_would_pad(target):
+    from convbw_mlir.contraction import Contraction
+    from convbw_mlir.plan import effective_problem
+    from convbw_mlir.targets import get_target
+
+    rng = np.random.default_rng(5)
+    seen = 0
+    for _ in range(300):
+        rank = int(rng.integers(1, 4))
+        g, c, k = (int(rng.choice([1, 4, 16, 64])), int(rng.choice([1, 2, 3, 4, 8])), int(rng.choice([1, 3, 4, 8])))
+        size = int(rng.integers(5, 30 if rank < 3 else 9))
+        try:
+            p = ConvBwdWeightProblem(groups=g, batch=int(rng.choice([2, 3, 8, 32])), in_channels=c, out_channels=k,
+                                     input_size=(size,) * rank, filter_size=(int(rng.choice([1, 3, 4])),) * rank,
+                                     stride=int(rng.choice([1, 2, 3])), pad_low=int(rng.integers(0, 3)),
+                                     pad_high=int(rng.integers(0, 3)))  # fmt: skip
+        except ValueError:
+            continue
+        plan = decide(p, target)
+        iree_tiles = plan.strategy is Strategy.IREE or (plan.strategy is Strategy.SIMT and plan.simt is None)
+        if iree_tiles and plan.split is not None:
+            seen += 1
+            extent = Contraction.build(effective_problem(p, plan.reduction_innermost), plan.split).reduction_extent
+            assert extent % get_target(target).intrinsics[p.dtype][0].k == 0, (p.name, plan)
+    assert seen > 10  # the property was exercised
+
+
 def test_a_stored_plan_whose_step_pads_its_split_is_refused_before_compiling():
     from convbw_mlir.compiler import compile_op
     from convbw_mlir.plan import check_plan

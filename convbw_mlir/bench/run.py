@@ -312,7 +312,8 @@ def _run_reference(folder: Path, prob: _Problem, rec: dict, driver: str, device:
     return fields
 
 
-def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None) -> dict[str, Any]:
+def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None,
+                   timed: bool = True) -> dict[str, Any]:  # fmt: skip
     if not rec.get("ok"):
         return {"status": "no kernel", "error": rec.get("error", "")}
     kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
@@ -321,7 +322,7 @@ def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device:
     res = prob.check(np.asarray(kernel(xd, dyd).to_host()), prob.p.dw_dtype)
     if res["status"] != "ok" and "non-finite" in res.get("error", ""):
         res["error"] += " (x and dy are followed by NaN: the kernel reads past the end of its inputs)"
-    if res["status"] == "ok":
+    if res["status"] == "ok" and timed:
         res |= _stats(time_calls(kernel, xd, dyd))
         res |= _gpu_time(lambda: kernel(xd, dyd), lambda r: r.to_host(), driver)
     return res
@@ -389,7 +390,7 @@ def _child(spec: dict) -> int:
             elif name == "cudnn":
                 res = _run_cudnn(prob, torch_)
             else:
-                res = _run_contender(folder, prob, contenders[name], driver, device)
+                res = _run_contender(folder, prob, contenders[name], driver, device, not spec.get("check_only"))
         except Exception as e:  # noqa: BLE001 - recorded; the next contender runs in a fresh process
             emit(event="result", name=name, result={"status": _status_of(e), "error": _first_line(e)})
             return _RESTART
@@ -494,8 +495,10 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
 
 def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, driver: str | None = None,
                  use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
-                 numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS) -> dict:  # fmt: skip
+                 numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False) -> dict:  # fmt: skip
     """Run every problem of a manifest, each in child processes; returns the results (see the module docstring).
+
+    ``check_only`` checks every contender (NaN fences, float64) and times none (the fenced fuzz).
 
     ``timeout_s`` bounds each step of a child (the reference, a contender: a hung kernel reads crashed);
     ``numpy_max_flops`` bounds the problems checked against the whole numpy float64 reference (every one
@@ -522,7 +525,8 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
         row: dict[str, Any] = {"name": entry["name"], "key": entry["key"], "flops": p.flops, "bytes": p.min_bytes}
         row["depthwise_or_grouped"] = p.groups > 1
         row["reduction_length"] = p.gemm[3]
-        options = {"driver": driver, "device": device, "use_torch": use_torch, "numpy_max_flops": numpy_max_flops}
+        options = {"driver": driver, "device": device, "use_torch": use_torch, "numpy_max_flops": numpy_max_flops,
+                   "check_only": check_only}  # fmt: skip
         checked, device_name = _run_problem(folder, entry, options, timeout_s, log)
         if device_name and results["device"] == driver:
             results["device"] = device_name
@@ -538,7 +542,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
 def _line(row: dict) -> str:
     parts = [f"{row['key']:<42}"]
     for name, r in row["contenders"].items():
-        if r.get("status") == "ok":
+        if r.get("status") == "ok" and "median_s" in r:
             parts.append(f"{name} {r['median_s'] * 1e6:9.1f}us")
         else:
             parts.append(f"{name} {r.get('status')}")

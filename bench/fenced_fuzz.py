@@ -1,0 +1,359 @@
+"""Fenced GPU fuzz: random valid problems, every strategy the plan can choose, NaN after x and dy.
+
+    python bench/fenced_fuzz.py compile --count 500 --seed 1 --out .art/fuzz      (here: needs the compiler)
+    python bench/fenced_fuzz.py compile --sweep overread --out .art/sweep         (the over-read class, by name)
+    python bench/fenced_fuzz.py run .art/fuzz --shards 8 --out fuzz.json          (GPU machine: runtime only)
+    python bench/fenced_fuzz.py report fuzz.json [more.json ...]                  (markdown, by strategy and class)
+
+Each problem gets the plan's own choice (contender ``convbw``) and, for a part of them, one other choice
+the plan can make when asked (``strategy=codegen``, a batch split, the rows split, ``grouped=mma``, ...); a
+choice the plan refuses is recorded as refused. The run side is the benchmark's runner
+(:func:`convbw_mlir.bench.run.run_manifest`, ``check_only``): each problem in its own child process, x and
+dy each placed right before 1 MiB of NaN (a kernel that reads past them returns NaN), dW checked against the
+numpy float64 reference and a float64 sample; nothing is timed. Shards run side by side on one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+ROOT = Path(__file__).resolve().parent.parent
+# Per rank: input extent range per spatial dimension (small: hundreds of problems compile in minutes).
+_INPUT = {1: (6, 64), 2: (3, 20), 3: (3, 8)}
+# (class, weight): G, C, K drawn per class; the classes of the "every class" issue.
+_CLASSES = (("dense", 3), ("first", 1), ("thin", 2), ("depthwise", 2), ("grouped", 2))
+_LAYOUTS = ("NHWGC/GKYXC/NHWGK", "GNCHW/GKCYX/GNKHW", "GNHWC/GKYXC/GNHWK", "NGCHW/GKYXC/NGKHW", "NGCHW/GKCYX/NGKHW")
+# Other choices the plan makes when asked (one per problem, for a share of the problems).
+_ALTERNATIVES = ("strategy=codegen", "k_batch=2", "k_batch=3", "k_batch=rows", "k_batch=N", "grouped=mma",
+                 "reduction_innermost=true", "strategy=explicit")  # fmt: skip
+
+
+def _channels(r: random.Random, cls: str) -> tuple[int, int, int]:
+    """(G, C, K) of a problem of class ``cls``."""
+    if cls == "dense":
+        return 1, r.choice((8, 16, 24, 32, 48, 64)), r.choice((8, 16, 32, 36, 64))
+    if cls == "first":
+        return 1, r.choice((1, 2, 3, 4)), r.choice((8, 16, 24, 32))
+    if cls == "thin":
+        return r.choice((2, 4, 8, 16)), r.choice((1, 2, 3, 4, 5, 6)), r.choice((1, 2, 3, 4, 5, 8))
+    if cls == "depthwise":
+        return r.choice((3, 8, 16, 32, 64)), 1, r.choice((1, 1, 2))
+    return r.choice((2, 3, 4, 8)), r.choice((8, 16, 32)), r.choice((8, 16, 32))
+
+
+def random_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
+    """(class, a valid problem) drawn from ``r``; invalid draws (no output position) are drawn again."""
+    while True:
+        cls = r.choices([c for c, _ in _CLASSES], [w for _, w in _CLASSES])[0]
+        rank = r.choices((1, 2, 3), (3, 5, 2))[0]
+        g, c, k = _channels(r, cls)
+        lo, hi = _INPUT[rank]
+        size = r.randint(lo, hi)
+        inputs = tuple(size if r.random() < 0.7 else r.randint(lo, hi) for _ in range(rank))
+        f = r.choice((1, 1, 2, 3, 3, 4, 5, 7) if rank < 3 else (1, 2, 3, 3))
+        filt = tuple(f for _ in range(rank))
+        stride = tuple(r.choice((1, 1, 1, 2, 3)) for _ in range(rank))
+        dilation = tuple(r.choice((1, 1, 1, 1, 2, 3)) for _ in range(rank))
+        pad_low = tuple(r.randint(0, f) if r.random() < 0.6 else 0 for _ in range(rank))
+        pad_high = tuple(p if r.random() < 0.7 else r.randint(0, f) for p in pad_low)
+        dtype = r.choices(("f16", "bf16", "f32"), (6, 3, 1))[0]
+        dw_dtype = dtype if r.random() < 0.8 else "f32"
+        layouts = _LAYOUTS + (("torch", "channels_last") if g == 1 else ())
+        layout = _LAYOUTS[0] if r.random() < 0.6 else r.choice(layouts)
+        try:
+            p = ConvBwdWeightProblem(
+                groups=g, batch=r.choice((1, 2, 3, 4, 5, 8, 16, 32)), in_channels=c, out_channels=k,
+                input_size=inputs, filter_size=filt, stride=stride, dilation=dilation, pad_low=pad_low,
+                pad_high=pad_high, dtype=dtype, dw_dtype=dw_dtype, layout=layout,
+            )  # fmt: skip
+        except ValueError:
+            continue
+        if p.flops <= 4e9:  # the numpy float64 reference checks every entry in well under a second
+            return cls, p
+
+
+def _options(alt: str, problem: ConvBwdWeightProblem) -> dict[str, Any]:
+    key, value = alt.split("=")
+    if value == "N":
+        return {key: problem.batch}
+    if value == "true":
+        return {key: True}
+    return {key: int(value) if value.isdigit() else value}
+
+
+def _contender(options: dict[str, Any]) -> str:
+    return "convbw:" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "convbw"
+
+
+# -- compile side ----------------------------------------------------------------------------------------
+def _compile_entries(entries: list[dict], target: str, folder: str) -> list[dict]:
+    """Compile the contenders of ``entries`` in this process (a child of :func:`compile_all`)."""
+    from convbw_mlir.compiler import CompileError, compile_module, lowered_text
+    from convbw_mlir.pipelines import for_target
+    from convbw_mlir.plan import decide
+
+    for entry in entries:
+        problem = ConvBwdWeightProblem.from_dict(entry["problem"])
+        for name, options in entry.pop("options").items():
+            path = f"{entry['key']}.{len(entry['contenders'])}.vmfb"
+            try:
+                plan = decide(problem, target, **options)
+                vmfb = compile_module(lowered_text(problem, for_target(target, **options)), target)
+            except (CompileError, ValueError) as e:
+                first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                entry["contenders"][name] = {"ok": False, "error": first}
+                continue
+            (Path(folder) / path).write_bytes(vmfb)
+            split = plan.split
+            config = {
+                "strategy": plan.strategy.value + ("+tile" if plan.simt or plan.tile else ""),
+                "k_batch": split.k_batch if split else 1,
+                "split": f"{split.dim}x{split.k_batch}" if split else "-",
+            }
+            entry["contenders"][name] = {"ok": True, "vmfb": path, "flags": [], "config": config}
+    return entries
+
+
+def _chunk_child(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    done = _compile_entries(spec["entries"], spec["target"], spec["folder"])
+    Path(spec["result"]).write_text(json.dumps(done))
+    return 0
+
+
+def _compile_chunk(entries: list[dict], target: str, folder: Path) -> list[dict]:
+    """Compile ``entries`` in one child; where the compiler kills it, each entry again in its own child."""
+    with tempfile.TemporaryDirectory(prefix="convbw-fuzz-") as tmp:
+        spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec.write_text(
+            json.dumps({"entries": entries, "target": target, "folder": str(folder), "result": str(result)})
+        )
+        rc = subprocess.run([sys.executable, __file__, "_chunk", str(spec)], capture_output=True, text=True)
+        if rc.returncode == 0:
+            return json.loads(result.read_text())
+    if len(entries) > 1:
+        return [e for entry in entries for e in _compile_chunk([entry], target, folder)]
+    entry = dict(entries[0])
+    why = (rc.stderr.strip().splitlines() or [f"exit {rc.returncode}"])[-1][:300]
+    entry["contenders"] = {n: {"ok": False, "error": f"compiler crashed: {why}"} for n in entry.pop("options")}
+    return [entry]
+
+
+def plan_entries(count: int, seed: int, alternative_share: float) -> list[dict]:
+    """``count`` random problems, each with the plan's choice and, for a share, one other choice."""
+    entries = []
+    for i in range(count):
+        r = random.Random(seed * 1_000_003 + i)
+        cls, p = random_problem(r)
+        options = {"convbw": {}}
+        if r.random() < alternative_share:
+            opts = _options(r.choice(_ALTERNATIVES), p)
+            options[_contender(opts)] = opts
+        key = f"fuzz{i:04d}.{p.dtype}"
+        entries.append(
+            {
+                "name": f"fuzz{i:04d}",
+                "key": key,
+                "class": cls,
+                "problem": p.to_dict(),
+                "options": options,
+                "contenders": {},
+            }
+        )
+    return entries
+
+
+def overread_sweep() -> list[dict]:
+    """The over-read class by name: problems IREE tiles itself (SIMT without a thread tile, or IREE's
+    config), each unsplit, with the plan's split and with batch splits whose per-split reduction is or
+    is not a multiple of 16 (the issue's reproducer first)."""
+    cks = [
+        "1 4 3 5 3 4 40 3 3 4 2",  # the reproducer: 13 output positions a split of one image
+        "1 8 16 4 2 3 30 1 1 1 1",  # 1-D thin groups: 30 positions
+        "1 8 16 4 2 3 32 1 1 1 1",  # 32 positions
+        "2 32 32 4 4 3 3 7 7 1 1 1 1 1 1 1 1",  # thin groups 7x7: 49
+        "2 32 32 4 4 3 3 8 8 1 1 1 1 1 1 1 1",  # 8x8: 64
+        "2 64 8 1 1 3 3 13 13 1 1 1 1 1 1 1 1",  # depthwise 13x13: 169
+        "2 64 8 1 1 3 3 16 16 1 1 1 1 1 1 1 1",  # depthwise 16x16: 256
+        "2 16 4 1 1 7 7 14 14 2 2 1 1 3 3 3 3",  # depthwise 7x7 stride 2: 49
+        "3 8 4 2 2 3 3 3 5 5 5 1 1 1 1 1 1 1 1 1 1 1 1",  # 3-D thin: 125
+        "2 1 8 16 3 7 7 23 23 2 2 1 1 3 3 3 3",  # first layer, C=3: 144 (our MMA tile)
+        "2 1 8 16 3 7 7 21 21 2 2 1 1 3 3 3 3",  # 121
+    ]
+    entries = []
+    for i, ck in enumerate(cks):
+        p = ConvBwdWeightProblem.from_ck(ck)
+        options: dict[str, dict] = {"convbw": {}, "convbw:k_batch=1": {"k_batch": 1}}
+        for kb in sorted({p.batch, 2}):
+            options[f"convbw:k_batch={kb}"] = {"k_batch": kb}
+        key = f"sweep{i:02d}.{p.dtype}"
+        entries.append(
+            {
+                "name": f"sweep{i:02d}",
+                "key": key,
+                "class": ck,
+                "problem": p.to_dict(),
+                "options": options,
+                "contenders": {},
+            }
+        )
+    return entries
+
+
+def compile_all(entries: list[dict], target: str, out: Path, workers: int, chunk: int = 20) -> Path:
+    """Compile every entry into ``out`` (refused if it exists), ``workers`` children at a time; writes the manifest."""
+    from importlib.metadata import version
+
+    if out.exists():
+        raise SystemExit(f"error: --out: {out} exists (give a new folder)")
+    tmp = out.with_name(out.name + ".partial")
+    tmp.mkdir(parents=True)
+    chunks = [entries[i : i + chunk] for i in range(0, len(entries), chunk)]
+    done: list[dict] = []
+    t0 = time.time()
+    with ThreadPoolExecutor(workers) as pool:
+        for part in pool.map(lambda c: _compile_chunk(c, target, tmp), chunks):
+            done += part
+            print(f"{len(done)}/{len(entries)} compiled ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    manifest = {"target": target, "date": time.strftime("%Y-%m-%d"), "iree_version": version("iree-base-compiler"),
+                "contenders": sorted({n for e in done for n in e["contenders"]}), "problems": done}  # fmt: skip
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.rename(out)
+    return out
+
+
+# -- run side --------------------------------------------------------------------------------------------
+def _run_shard(folder: Path, shard: int, shards: int, timeout_s: float) -> dict:
+    """Run every ``shards``-th problem of the manifest in a child (``python -m convbw_mlir.bench.run``'s runner)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["problems"] = manifest["problems"][shard::shards]
+    for entry in manifest["problems"]:
+        for rec in entry["contenders"].values():
+            if rec.get("ok"):
+                rec["vmfb"] = str(folder / rec["vmfb"])  # absolute: the shard's manifest lives elsewhere
+    with tempfile.TemporaryDirectory(prefix=f"convbw-shard{shard}-") as tmp:
+        (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
+        out = Path(tmp) / "results.json"
+        code = ("import json, sys; from convbw_mlir.bench.run import run_manifest; "
+                f"r = run_manifest({tmp!r}, use_torch=False, check_only=True, timeout_s={timeout_s}, "
+                "log=lambda m: print(m, file=sys.stderr, flush=True)); "
+                f"open({str(out)!r}, 'w').write(json.dumps(r))")  # fmt: skip
+        subprocess.run([sys.executable, "-c", code], check=False)
+        results = json.loads(out.read_text()) if out.exists() else {"problems": [], "error": "shard died"}
+    classes = {e["key"]: e.get("class") for e in manifest["problems"]}
+    for row in results["problems"]:
+        row["class"] = classes.get(row["key"])
+    return results
+
+
+def run_all(folder: Path, shards: int, timeout_s: float) -> dict:
+    folder = folder.resolve()
+    with ThreadPoolExecutor(shards) as pool:
+        parts = list(pool.map(lambda s: _run_shard(folder, s, shards, timeout_s), range(shards)))
+    merged = {k: v for k, v in parts[0].items() if k != "problems"}
+    merged["device"] = merged.get("device")  # the runner names the driver only where torch is not asked for
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        merged["device"] = (smi.stdout.strip().splitlines() or [merged["device"]])[0]
+    merged["problems"] = sorted((row for p in parts for row in p["problems"]), key=lambda r: r["key"])
+    merged["shards_died"] = sum(1 for p in parts if "error" in p)
+    return merged
+
+
+# -- report ----------------------------------------------------------------------------------------------
+def _verdict(res: dict) -> str:
+    status = res.get("status")
+    if status == "ok":
+        return "correct"
+    if status == "WRONG":
+        return "over-read (NaN)" if "reads past" in res.get("error", "") else "wrong"
+    if status == "no kernel":
+        return "refused / no kernel"
+    return status or "?"
+
+
+def report(results: list[dict]) -> str:
+    rows = [row for r in results for row in r["problems"]]
+    by_strategy: dict[str, Counter] = defaultdict(Counter)
+    by_class: dict[str, Counter] = defaultdict(Counter)
+    total: Counter = Counter()
+    bad = []
+    for row in rows:
+        for name, res in row["contenders"].items():
+            v = _verdict(res)
+            total[v] += 1
+            cfg = res.get("config") or {}
+            strategy = (
+                f"{cfg.get('strategy', '-')} ({'split ' + cfg['split'] if cfg.get('split', '-') != '-' else 'unsplit'})"
+            )
+            if v != "refused / no kernel":
+                by_strategy[strategy][v] += 1
+                by_class[str(row.get("class"))][v] += 1
+            if v not in ("correct", "refused / no kernel"):
+                bad.append(f"| {row['key']} | {name} | {strategy} | {v} | {res.get('error', '')[:160]} |")
+    verdicts = ["correct", "wrong", "over-read (NaN)", "crashed", "failed"]
+    head = "| | " + " | ".join(verdicts) + " |\n|---|" + "---:|" * len(verdicts)
+    devices = ", ".join(sorted({str(r.get("device")) for r in results}))
+    counts = ", ".join(f"{k} {v}" for k, v in total.most_common())
+    out = [f"devices: {devices}; problems: {len(rows)}; contenders: {sum(total.values())} ({counts})", ""]
+    for title, table in (("strategy (plan)", by_strategy), ("class", by_class)):
+        out += [f"### By {title}", "", head]
+        out += [f"| {k} | " + " | ".join(str(c[v]) for v in verdicts) + " |" for k, c in sorted(table.items())]
+        out.append("")
+    out += ["### Not correct", "", "| problem | contender | plan | verdict | error |", "|---|---|---|---|---|", *bad]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_chunk"]:
+        return _chunk_child(argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile")
+    c.add_argument("--count", type=int, default=500)
+    c.add_argument("--seed", type=int, default=1)
+    c.add_argument("--sweep", choices=["overread"], help="the named sweep instead of random problems")
+    c.add_argument("--alternatives", type=float, default=0.5, help="share of problems with one other plan choice")
+    c.add_argument("--target", default="sm_80")
+    c.add_argument("--workers", type=int, default=2)
+    c.add_argument("--out", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("folder")
+    r.add_argument("--shards", type=int, default=8)
+    r.add_argument("--timeout", type=float, default=60.0)
+    r.add_argument("--out", required=True)
+    rep = sub.add_parser("report")
+    rep.add_argument("results", nargs="+")
+    args = ap.parse_args(argv)
+    if args.cmd == "compile":
+        entries = overread_sweep() if args.sweep else plan_entries(args.count, args.seed, args.alternatives)
+        print(compile_all(entries, args.target, Path(args.out), args.workers))
+    elif args.cmd == "run":
+        t0 = time.time()
+        results = run_all(Path(args.folder), args.shards, args.timeout)
+        results["seconds"] = round(time.time() - t0)
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+        print(report([results]))
+    else:
+        print(report([json.loads(Path(f).read_text()) for f in args.results]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
