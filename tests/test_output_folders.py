@@ -99,3 +99,14 @@ def test_into_refuses_a_folder_that_holds_other_files(tmp_path, capsys, monkeypa
     assert main(["tune", "--import", str(src)]) == 0  # the default: <cache>/tuning, in a tagged cache root
     assert (tmp_path / "cache" / "CACHEDIR.TAG").is_file()
     assert json.loads((tmp_path / "cache" / "tuning" / "local-task.host.json").read_text())["target"] == "host"
+
+
+def test_the_epilogue_benchmark_refuses_an_out_folder_holding_user_files(suite, tmp_path, capsys):
+    from convbw_mlir.bench.epilogue import main as epilogue_main
+
+    work = tmp_path / "mywork"
+    work.mkdir()
+    (work / "manifest.json").write_text("my own manifest")
+    assert epilogue_main(["compile", "--suite", str(suite), "--target", "host", "--out", str(work)]) == 1
+    assert "holds 'manifest.json', which convbw did not write" in capsys.readouterr().err
+    assert os.listdir(work) == ["manifest.json"] and (work / "manifest.json").read_text() == "my own manifest"
