@@ -78,6 +78,7 @@ def test_cache_info_creates_nothing_and_a_cache_writes_its_tag(tmp_path, capsys)
     for folder in (empty, absent):
         assert main(["cache", "info", "--cache-dir", str(folder)]) == 0
         assert main(["cache", "clear", "--cache-dir", str(folder)]) == 0
+    assert f"cache: {absent} (not created yet)\nentries: 0" in capsys.readouterr().out
     assert os.listdir(empty) == [] and not absent.exists()
     kc = KernelCache(empty)
     kc.put("a" * 64, fake_op(SMALL))

@@ -110,7 +110,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     kc = KernelCache(args.cache_dir)  # info and clear check the folder is the cache, and create nothing
     if args.action == "info":
         info = kc.info()
-        print(f"cache: {info.root}\nentries: {info.entries}\nbytes: {info.bytes} (limit {info.max_bytes})")
+        where = f"{info.root}" if info.root.exists() else f"{info.root} (not created yet)"
+        print(f"cache: {where}\nentries: {info.entries}\nbytes: {info.bytes} (limit {info.max_bytes})")
     else:
         print(f"removed {kc.clear()} entries from {kc.root}")
     return 0
