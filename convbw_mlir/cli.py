@@ -262,7 +262,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from convbw_mlir.bench.artifacts import write_artifacts
     from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.files import check_output
 
+    check_output(args.out)  # before the build: a folder of the user's is refused, not replaced
     problems = []
     for dtype in args.types.split(","):
         if dtype not in DTYPES:
@@ -276,8 +278,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.compile_only:
         return 0
     from convbw_mlir.bench.run import main as run_main
+    from convbw_mlir.files import record_output
 
-    return run_main([str(out), *(["--no-torch"] if args.target == "host" else [])])
+    status = run_main([str(out), *(["--no-torch"] if args.target == "host" else [])])
+    record_output(out, "results.json", "results.md", "results.png")  # ours: the next --out may replace them
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,10 +327,15 @@ def run_cli(prog: str, build: Callable[[], argparse.ArgumentParser], argv: list[
     errors: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError, DeviceError, ToleranceError)
     try:
         from convbw_mlir.compiler import CompileError
+        from convbw_mlir.dispatch.cache import CacheError
 
-        errors += (CompileError,)
+        errors += (CompileError, CacheError)
     except ImportError:  # pragma: no cover - runtime-only installs still report the other errors
         pass
+    import warnings
+
+    # A warning (a cache that cannot be written, a bad database entry) is one line too, not a source excerpt.
+    warnings.formatwarning = lambda message, *_args, **_kw: f"{prog}: warning: {message}\n"
     try:
         args = build().parse_args(argv)
         return args.func(args)

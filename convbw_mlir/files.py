@@ -1,4 +1,10 @@
-"""Writing outputs so that a failure leaves nothing half-written, and versioned artifact folders.
+"""Writing outputs so that a failure leaves nothing half-written and no user file is lost, and versioned
+artifact folders.
+
+Every output folder (``--out``, ``--into``, ``--cache-dir``, :meth:`CompiledOp.save`) goes through
+:func:`claim_folder` first: a path that is a file or a link, or a folder holding anything its writer did
+not write, is refused naming what is there. :func:`atomic_directory` marks what it writes
+(:data:`OUTPUT_MARK` lists the names), so that only such an earlier output is replaced.
 
 A versioned folder (:func:`write_versioned`, :func:`read_versioned`) holds an index file and immutable
 ``v-<32 hex>`` subfolders. A save writes a new subfolder, then replaces the index with ``os.replace``;
@@ -22,7 +28,11 @@ from typing import TypeVar
 
 __all__ = [
     "ForeignEntryError",
+    "OUTPUT_MARK",
     "atomic_directory",
+    "check_output",
+    "claim_folder",
+    "record_output",
     "read_versioned",
     "write_atomic",
     "write_versioned",
@@ -32,12 +42,67 @@ T = TypeVar("T")
 
 VERSION_RE = re.compile(r"v-[0-9a-f]{32}")
 LOCK_NAME = ".save.lock"
+# Written by atomic_directory in the folder it makes: the names it (and later record_output calls) wrote.
+OUTPUT_MARK = ".convbw-output.json"
 # A reader retries only while the index keeps changing (each retry means another save completed).
 READ_ATTEMPTS = 100
 
 
 class ForeignEntryError(ValueError):
     """A save was refused because the folder holds something no save wrote."""
+
+
+def claim_folder(
+    path: str | os.PathLike, what: str, ours: Callable[[str], bool], writer: str = "convbw did not write"
+) -> Path:
+    """The check of every output folder before anything is written or removed in it.
+
+    Args:
+        path: the folder (it may not exist yet).
+        what: the option or role named in errors (``--out``, ``artifact``, ``cache``).
+        ours: whether a name found in the folder is one its writer may replace.
+        writer: what the error says of a foreign name.
+
+    Raises:
+        ValueError: ``path`` exists and is not a folder.
+        ForeignEntryError: the folder holds a name ``ours`` refuses (the message names it).
+    """
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{what}: {folder} exists and is not a folder")
+    if folder.is_dir():
+        foreign = [name for name in sorted(os.listdir(folder)) if not ours(name)]
+        if foreign:
+            more = f" ({len(foreign) - 1} more such entries)" if len(foreign) > 1 else ""
+            raise ForeignEntryError(f"{what}: {folder} holds {foreign[0]!r}, which {writer}{more}; "
+                                    "refusing to write there (use a new or empty folder)")  # fmt: skip
+    return folder
+
+
+def _marked_names(folder: Path) -> set[str]:
+    """The names an earlier :func:`atomic_directory` output recorded in ``folder`` (empty: none)."""
+    import json
+
+    try:
+        names = json.loads((folder / OUTPUT_MARK).read_text()).get("names")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return set()
+    return {OUTPUT_MARK, *names}
+
+
+def _write_mark(folder: Path, names: Collection[str]) -> None:
+    import json
+
+    _replace_file(folder / OUTPUT_MARK, (json.dumps({"names": sorted(names)}) + "\n").encode())
+
+
+def record_output(folder: str | os.PathLike, *names: str) -> None:
+    """Add ``names`` (files a later step wrote into an :func:`atomic_directory` output) to its mark, so that
+    the next output into ``folder`` may replace them."""
+    folder = Path(folder)
+    _write_mark(folder, (_marked_names(folder) - {OUTPUT_MARK}) | set(names))
 
 
 def _umask() -> int:
@@ -76,16 +141,34 @@ def _replace_file(target: Path, raw: bytes) -> None:
         raise
 
 
+def check_output(path: str | os.PathLike, what: str = "--out") -> Path:
+    """Check that :func:`atomic_directory` may replace ``path`` (absent, empty, or an earlier output of it):
+    the CLIs call it before a long build, so that a refusal comes first.
+
+    Raises:
+        ValueError: ``path`` is a file, or a folder holding anything its mark does not list (named).
+    """
+    return claim_folder(path, what, _marked_names(Path(path)).__contains__)
+
+
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder beside ``path``; on success it replaces ``path`` and all it held, on error
-    it is removed. The folder gets the usual permissions (0777 less the umask)."""
-    path = Path(path)
+def atomic_directory(path: str | os.PathLike, what: str = "--out") -> Iterator[Path]:
+    """Yield a temporary folder beside ``path``; on success it replaces ``path``, on error it is removed.
+    The folder gets the usual permissions (0777 less the umask) and a mark listing the names written.
+
+    Raises:
+        ValueError: ``path`` is a file, or a folder holding anything but an earlier output of
+            this function (the names its mark lists), checked before and again after the work (``what``
+            is the option named).
+    """
+    path = check_output(path, what)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
         yield tmp
+        _write_mark(tmp, os.listdir(tmp))
+        check_output(path, what)  # a long build: the folder may have changed meanwhile
         if not path.exists():
             tmp.rename(path)
             return
@@ -148,12 +231,7 @@ def _is_ours(name: str, index_name: str, owned: set[str]) -> bool:
 def _check_ours(folder: Path, index_name: str, legacy_names: Callable[[bytes], Collection[str]]) -> set[str]:
     """The legacy names of ``folder``'s artifact; raises ForeignEntryError naming one entry that is not ours."""
     owned = _owned_names(folder, index_name, legacy_names)
-    for entry in sorted(os.listdir(folder)):
-        if not _is_ours(entry, index_name, owned):
-            raise ForeignEntryError(
-                f"artifact: {folder} holds {entry!r}, which no save wrote; refusing to save there "
-                "(use a new or empty folder)"
-            )
+    claim_folder(folder, "artifact", lambda name: _is_ours(name, index_name, owned), writer="no save wrote")
     return owned
 
 
@@ -177,8 +255,6 @@ def write_versioned(
         ValueError: ``directory`` exists and is not a folder.
     """
     folder = Path(directory)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"artifact: {folder} exists and is not a folder")
     if folder.exists():
         _check_ours(folder, index_name, legacy_names)  # before the lock file is created in it
     folder.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,11 @@ config.environment["PATH"] = os.pathsep.join([bindir, config.environment.get("PA
 for var in ("HOME", "TMPDIR", "PYTHONPATH"):
     if var in os.environ:
         config.environment[var] = os.environ[var]
-# compile_op's kernel cache: a folder of the test run, never the user's ~/.cache
-config.environment["CONVBW_CACHE_DIR"] = os.path.join(config.test_exec_root, "kernel-cache")
+# compile_op's kernel cache: a fresh folder each run (a kept one could pass tests on kernels of older code),
+# never the user's ~/.cache
+kernel_cache = os.path.join(config.test_exec_root, "kernel-cache")
+shutil.rmtree(kernel_cache, ignore_errors=True)
+config.environment["CONVBW_CACHE_DIR"] = kernel_cache
 
 filecheck = shutil.which("filecheck", path=bindir) or shutil.which("filecheck")
 if not filecheck:

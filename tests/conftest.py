@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,7 +18,12 @@ _CACHE: dict = {}
 
 # compile_op goes through the kernel cache: tests (and the processes they start) use a private temporary
 # one, never the user's ~/.cache (convbw_mlir/dispatch/cache.py).
-os.environ["CONVBW_CACHE_DIR"] = tempfile.mkdtemp(prefix="convbw-test-cache-")
+SESSION_CACHE = tempfile.mkdtemp(prefix="convbw-test-cache-")
+os.environ["CONVBW_CACHE_DIR"] = SESSION_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)  # ~14 MB of kernels a run otherwise left in the temp folder
 
 
 def compiled_op(problem: ConvBwdWeightProblem, target: str = "host", **options):

@@ -140,9 +140,9 @@ def test_saved_folders_and_files_get_the_umask_permissions(tmp_path):
     assert {m for name, m in modes.items() if name.endswith((".json", ".mlir", ".vmfb"))} == {0o640}
 
 
-def test_atomic_directory_gives_the_umask_permissions_and_replaces_the_folder(tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "stale").write_text("x")
+def test_atomic_directory_gives_the_umask_permissions_and_replaces_an_earlier_output(tmp_path):
+    with files.atomic_directory(tmp_path / "out") as tmp:
+        (tmp / "stale").write_text("x")
     previous = os.umask(0o022)
     try:
         with files.atomic_directory(tmp_path / "out") as tmp:
@@ -150,7 +150,7 @@ def test_atomic_directory_gives_the_umask_permissions_and_replaces_the_folder(tm
     finally:
         os.umask(previous)
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
-    assert listing(tmp_path / "out") == ["manifest.json"] and listing(tmp_path) == ["out"]
+    assert listing(tmp_path / "out") == [files.OUTPUT_MARK, "manifest.json"] and listing(tmp_path) == ["out"]
 
 
 def test_load_refuses_a_files_entry_that_leaves_the_folder(tmp_path):

@@ -143,11 +143,13 @@ def test_the_cache_folder_is_private_and_entries_others_may_write_are_refused(tm
 
 def test_clear_removes_only_entries_and_info_counts_them(tmp_path):
     kc = KernelCache(tmp_path)
-    (tmp_path / "notes.txt").write_text("mine")
     kc.put("d" * 64, compile_op(SMALL, "host", cache=False))
+    (tmp_path / "notes.txt").write_text("mine")  # a user's files in a tagged cache root are left alone
+    (tmp_path / "tmp" / "build").mkdir()
+    (tmp_path / "tmp" / "build" / "a.o").write_text("mine")
     assert kc.info().entries == 1 and kc.info().bytes > 0
     assert kc.clear() == 1 and kc.info().entries == 0
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "tmp" / "build" / "a.o").exists()
     json.dumps(str(kc))
 
 

@@ -84,6 +84,14 @@ def test_installed_wheel_is_imported_not_the_checkout(installed):
         assert f.is_relative_to(installed["site"]) and not f.is_relative_to(ROOT), f
 
 
+def test_installed_wheel_hashes_its_kernel_code_as_the_checkout_does(installed):
+    from convbw_mlir.dispatch.code_hash import code_hash, kernel_sources
+
+    code = "from convbw_mlir.dispatch.code_hash import code_hash, kernel_sources as k; print(code_hash(), len(k()))"
+    got = _run([installed["python"], "-c", code], installed["cwd"], installed["env"]).split()
+    assert got == [code_hash(), str(len(kernel_sources()))]  # the cache key's code part: same code, same key
+
+
 @pytest.mark.parametrize(
     ("cmd", "expected"),
     [

@@ -108,21 +108,26 @@ def compile_problem(p: ConvBwdWeightProblem, target: str, folder: Path, key: str
 
 def _compile(args: argparse.Namespace) -> int:
     from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.files import atomic_directory, check_output
     from convbw_mlir.isolate import call
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        check_output(args.out)  # before compiling: a folder of the user's is refused, not replaced
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     entries = []
-    for suite in args.suite:
-        for name, p in load_suite(suite, args.type):
-            if args.filter and not any(f in name for f in args.filter):
-                continue
-            key = f"{name}.{p.dtype}"
-            records = call(compile_problem, p, args.target, out, key, what=f"{key} for {args.target}")
-            entries.append({"name": name, "key": key, "problem": p.to_dict(), "kernels": records})
-            print(f"compiled {key}: {', '.join(k for k, r in records.items() if r['ok'])}", file=sys.stderr)
-    manifest = {"target": args.target, "problems": entries}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    with atomic_directory(args.out) as out:
+        for suite in args.suite:
+            for name, p in load_suite(suite, args.type):
+                if args.filter and not any(f in name for f in args.filter):
+                    continue
+                key = f"{name}.{p.dtype}"
+                records = call(compile_problem, p, args.target, out, key, what=f"{key} for {args.target}")
+                entries.append({"name": name, "key": key, "problem": p.to_dict(), "kernels": records})
+                print(f"compiled {key}: {', '.join(k for k, r in records.items() if r['ok'])}", file=sys.stderr)
+        manifest = {"target": args.target, "problems": entries}
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return 0
 
 

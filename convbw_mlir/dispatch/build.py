@@ -18,7 +18,7 @@ from typing import Any
 
 from convbw_mlir.compiler import CompiledOp, CompileError
 from convbw_mlir.dispatch.cache import KernelCache
-from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, variant_key
+from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, request_key, variant_request
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import get_target
 
@@ -58,13 +58,15 @@ def compile_variant(problem: ConvBwdWeightProblem, target: str, variant: Variant
                       get_target(target).iree_flags() + flags, iree_version(), launch=launch)  # fmt: skip
 
 
-def cached_build(problem: ConvBwdWeightProblem, target: str, variant: Variant, cache_root: str | None = None,
-                 extra_flags: list[str] | None = None, *, output_arg: bool = False, isolate: bool = False,
+def cached_build(problem: ConvBwdWeightProblem, target: str, variant: Variant,
+                 cache_root: KernelCache | str | os.PathLike | None = None, extra_flags: list[str] | None = None, *,
+                 output_arg: bool = False, isolate: bool = False,
                  timeout: float | None = None) -> tuple[CompiledOp, bool]:  # fmt: skip
-    """``(op, hit)``: ``variant`` from the cache at ``cache_root`` (default: the user's), compiled on a miss
-    (in a child process with ``isolate``: an IREE crash is a CompileError here)."""
-    kc = KernelCache(cache_root)
-    key = variant_key(problem, target, variant, iree_version(), extra_flags, output_arg=output_arg)
+    """``(op, hit)``: ``variant`` from the cache ``cache_root`` (a :class:`KernelCache`, its folder, or None:
+    the user's), compiled on a miss (in a child process with ``isolate``: an IREE crash is a CompileError here)."""
+    kc = cache_root if isinstance(cache_root, KernelCache) else KernelCache(cache_root)
+    request = variant_request(problem, target, variant, iree_version(), extra_flags, output_arg=output_arg)
+    key = request_key(request)
     args = (problem, target, variant, extra_flags, output_arg)
 
     def build() -> CompiledOp:
@@ -74,7 +76,7 @@ def cached_build(problem: ConvBwdWeightProblem, target: str, variant: Variant, c
 
         return call(compile_variant, *args, what=f"{problem.name} for {target} ({variant.name})", timeout=timeout)
 
-    return kc.get_or_build(key, build, variant.to_dict())
+    return kc.get_or_build(key, build, variant.to_dict(), request)
 
 
 @dataclass
@@ -170,14 +172,14 @@ class Registry:
 
         if not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers: expected a positive integer, got {max_workers!r}")
-        root = str(self.cache.root)
+        cache = self.cache
 
         def one(problem: ConvBwdWeightProblem, variant: Variant) -> BuildResult:
             t0 = time.perf_counter()
             res = BuildResult(problem, variant)
             try:
                 what = f"{problem.name} {variant.name} for {self.target}"
-                res.op, res.hit = call(cached_build, problem, self.target, variant, root, what=what, timeout=timeout)
+                res.op, res.hit = call(cached_build, problem, self.target, variant, cache, what=what, timeout=timeout)
             except (CompileError, ValueError) as e:
                 res.error = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             res.seconds = time.perf_counter() - t0

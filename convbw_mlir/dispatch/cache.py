@@ -1,20 +1,31 @@
 """The on-disk kernel cache: compiled kernels and their metadata, keyed by problem + target + variant +
-IREE version + product version (:func:`convbw_mlir.dispatch.variants.variant_key`).
+IREE version + product version + the hash of the code that shapes a kernel
+(:func:`convbw_mlir.dispatch.variants.variant_key`).
 
 Where: ``$CONVBW_CACHE_DIR``, else the platform's user cache folder (``platformdirs``:
 ``~/.cache/convbw-mlir`` on Linux), else the ``root`` given. Layout::
 
-    <root>/entries/<key[:2]>/<key>/meta.json   problem, target, variant, flags, sizes and sha256 of each file
+    <root>/CACHEDIR.TAG                        marks the folder as this cache (bford.info/cachedir)
+    <root>/entries/<key[:2]>/<key>/meta.json   the request keyed, problem, target, variant, flags, sizes and
+                                               sha256 of each file
                                   kernel.vmfb  the module (native code: see Trust)
                                   <stage>.mlir the IR after each stage
     <root>/locks/<key>.lock                    one builder per key (filelock), others wait and read its entry
     <root>/tmp/                                entries being written, renamed into place when whole
 
-Promises: an entry appears whole or not at all (written in ``tmp/`` and renamed); processes building the
-same key at once compile it once (the others wait on its lock and then hit); an entry whose files do not
-match the sizes and hashes its ``meta.json`` records (truncated, corrupt, half-deleted) is a miss, moved
-away and rebuilt; past ``max_bytes`` the least recently used entries are evicted (a hit touches
-``meta.json``); a full disk during a write is one :class:`CacheError` and leaves nothing behind.
+Promises: a hit is for its key: an entry whose stored key, request, problem or target differs from what
+was asked, whose ``meta.json`` is malformed (a field missing or of the wrong type), or whose files do not
+match the sizes and hashes it records (truncated, corrupt, half-deleted) is a miss, warned, moved away and
+rebuilt. An entry appears whole or not at all (written in ``tmp/`` and renamed); processes building the
+same key at once compile it once (the others wait on its lock and then hit); past ``max_bytes`` the least
+recently used entries are evicted (a hit touches ``meta.json``); a full disk during a write is one
+:class:`CacheError` and leaves nothing behind, and a cache that cannot be written is a warning (the kernel
+is compiled, uncached).
+
+A folder that is not ours is never written or removed: the cache writes ``CACHEDIR.TAG`` when it creates
+its root (or takes an empty folder); an existing folder without it that holds anything else is refused
+(:func:`convbw_mlir.files.claim_folder`), and ``clear`` removes only entries and temporaries the cache
+named itself. ``info`` and ``clear`` create nothing.
 
 Trust: a ``.vmfb`` holds native code the runtime executes. The cache folder is created private to the
 user (0700); a cache folder or entry not owned by the user, or writable by others, is refused
@@ -27,6 +38,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -38,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from convbw_mlir.compiler import CompiledOp
+from convbw_mlir.files import claim_folder
 from convbw_mlir.plan import Plan
 from convbw_mlir.problem import ConvBwdWeightProblem
 
@@ -49,7 +62,24 @@ ENV_MAX = "CONVBW_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 4 << 30
 # A builder holding a key's lock longer than this is presumed dead (IREE compiles take seconds).
 LOCK_TIMEOUT_S = 1800
-FORMAT = 1
+FORMAT = 2  # 2: the request keyed is stored and checked on a hit
+# The Cache Directory Tagging signature (bford.info/cachedir: backup tools skip the folder); the second line
+# tells this cache's root from other tools' caches.
+TAG = "CACHEDIR.TAG"
+TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+            "# This file is a cache directory tag created by convbw-mlir's kernel cache.\n")  # fmt: skip
+SUBFOLDERS = ("entries", "locks", "tmp")
+# Names of a root made before the tag existed (and the tuning databases kept beside the entries).
+UNTAGGED = {*SUBFOLDERS, "tuning"}
+KEY_RE = re.compile(r"[0-9a-f]{64}")
+# The temporaries put and _remove make in tmp/ (tempfile.mkdtemp: prefix + 8 random characters).
+TEMP_RE = re.compile(r"([0-9a-f]{16}|trash)-\w{8}")
+# The types each field of meta.json must have (anything else: a malformed entry, rebuilt).
+META_TYPES: dict[str, type | tuple[type, ...]] = {
+    "format": int, "key": str, "problem": dict, "target": str, "variant": (dict, type(None)),
+    "plan": (dict, type(None)), "pipeline": str, "flags": list, "iree_version": str, "stages": list,
+    "files": dict, "launch": bool,
+}  # fmt: skip
 
 
 class CacheError(RuntimeError):
@@ -110,6 +140,49 @@ def _sha256(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
+def _is_tagged(root: Path) -> bool:
+    try:
+        return (root / TAG).read_text(errors="replace").startswith(TAG_TEXT)
+    except OSError:
+        return False
+
+
+def _check_meta(meta: Any, key: str) -> None:
+    """Raise ValueError naming the first field of ``meta`` that is missing, of the wrong type, or not for ``key``."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta.json: expected an object, got {type(meta).__name__}")
+    for name, kind in META_TYPES.items():
+        value = meta.get(name)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"meta.json: {name}: expected {getattr(kind, '__name__', 'an object or null')}, "
+                             f"got {type(value).__name__}")  # fmt: skip
+    if meta["format"] != FORMAT:
+        raise ValueError(f"meta.json: format {meta['format']}, expected {FORMAT}")
+    if meta["key"] != key:
+        raise ValueError(f"stored under key {meta['key'][:16]}, not {key[:16]}")
+    for name in ("flags", "stages"):
+        if not all(isinstance(v, str) for v in meta[name]):
+            raise ValueError(f"meta.json: {name}: expected a list of strings")
+    for name, record in meta["files"].items():
+        if not (isinstance(record, list) and len(record) == 2 and isinstance(record[0], int)
+                and isinstance(record[1], str)):  # fmt: skip
+            raise ValueError(f"meta.json: files: {name}: expected [size, sha256], got {record!r:.60}")
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"file name {name!r} outside the entry")
+    request = meta.get("request")
+    if request is not None:  # the request this key hashes: what was asked, and what the entry must be for
+        from convbw_mlir.dispatch.variants import request_key
+
+        if not isinstance(request, dict) or request_key(request) != key:
+            raise ValueError("its stored request does not hash to its key")
+        if request.get("problem") != meta["problem"] or request.get("target") != meta["target"]:
+            raise ValueError("its problem or target is not the one its key asks for")
+
+
+class _Corrupt(Exception):
+    """An entry that is not a valid hit for its key (the message says why)."""
+
+
 class KernelCache:
     """Compiled kernels on disk (see the module docstring).
 
@@ -134,17 +207,47 @@ class KernelCache:
         return f"KernelCache({str(self.root)!r}, max_bytes={self.max_bytes})"
 
     # -- folders -------------------------------------------------------------------------------------
-    def _setup(self) -> None:
-        if self._ready:
-            return
-        try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as e:
-            raise CacheError(f"cache: cannot create {self.root}: {e.strerror}") from None
+    def _claim(self, create: bool) -> bool:
+        """Check the root is this cache (tagged; or empty, or an untagged cache of before the tag); with
+        ``create``, make it and tag it. Returns whether the root exists.
+
+        Raises:
+            CacheTrustError: the root is a link, not the user's, or writable by others.
+            ValueError: the root is a file, or an untagged folder holding anything else (named).
+        """
+        if not os.path.lexists(self.root):
+            if not create:
+                return False
+            try:
+                self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as e:
+                raise CacheError(f"cache: cannot create {self.root}: {e.strerror}") from None
         _check_private(self.root, "folder")
-        for sub in ("entries", "locks", "tmp"):
-            (self.root / sub).mkdir(exist_ok=True, mode=0o700)
-        self._ready = True
+        tagged = self.root.is_dir() and _is_tagged(self.root)
+        if not tagged:
+            names = set(os.listdir(self.root)) if self.root.is_dir() else set()
+            untagged_cache = names <= UNTAGGED and bool(names & {"entries", "tuning"})
+            claim_folder(self.root, "cache", lambda name: untagged_cache,
+                         writer=f"the kernel cache did not write (the folder has no {TAG})")  # fmt: skip
+        if create:
+            try:
+                for sub in SUBFOLDERS:
+                    (self.root / sub).mkdir(exist_ok=True, mode=0o700)
+                if not tagged:
+                    (self.root / TAG).write_text(TAG_TEXT)
+            except OSError as e:
+                raise CacheError(f"cache: cannot write {self.root}: {e.strerror or e}") from None
+        return True
+
+    def _setup(self) -> None:
+        if not self._ready:
+            self._claim(create=True)
+            self._ready = True
+
+    def tuning_dir(self) -> Path:
+        """``<root>/tuning``, where ``convbw tune --import`` puts databases (the root is made and tagged first)."""
+        self._setup()
+        return self.root / "tuning"
 
     def _entry(self, key: str) -> Path:
         if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
@@ -158,12 +261,26 @@ class KernelCache:
 
     # -- read ----------------------------------------------------------------------------------------
     def get(self, key: str) -> CompiledOp | None:
-        """The cached op of ``key``, or None (absent; or corrupt: then moved away, to be rebuilt).
+        """The cached op of ``key``, or None (absent; or corrupt or not for ``key``: then warned, moved away,
+        to be rebuilt).
 
         Raises:
             CacheTrustError: the entry is not the user's or others may write it.
         """
         self._setup()
+        try:
+            return self._hit(key)
+        except _Corrupt:
+            pass
+        with self._lock(key):
+            try:
+                return self._hit(key)  # again under the lock: another process may have rebuilt it
+            except _Corrupt as e:
+                self._discard(key, str(e))
+                return None
+
+    def _hit(self, key: str) -> CompiledOp | None:
+        """The entry's op, None if absent; raises _Corrupt for an entry that is not a valid hit for ``key``."""
         entry = self._entry(key)
         meta_path = entry / "meta.json"
         if not meta_path.exists():
@@ -172,10 +289,9 @@ class KernelCache:
         _check_private(meta_path, "entry file")
         try:
             meta = json.loads(meta_path.read_bytes())
+            _check_meta(meta, key)
             files = {}
             for name, (size, digest) in meta["files"].items():
-                if "/" in name or name.startswith("."):
-                    raise ValueError(f"file name {name!r} outside the entry")
                 raw = (entry / name).read_bytes()
                 if len(raw) != size or _sha256(raw) != digest:
                     raise ValueError(f"{name}: {len(raw)} bytes, expected {size} (or its sha256 differs)")
@@ -188,17 +304,17 @@ class KernelCache:
                 pipeline=meta["pipeline"],
                 flags=list(meta["flags"]),
                 iree_version=meta["iree_version"],
-                plan=Plan.from_dict(meta["plan"]) if meta.get("plan") else None,
-                launch=_launch(files) if meta.get("launch") else None,  # CUDA's direct launch (cuda_launch.py)
+                plan=Plan.from_dict(meta["plan"]) if meta["plan"] else None,
+                launch=_launch(files) if meta["launch"] else None,  # CUDA's direct launch (cuda_launch.py)
             )
+            if json.loads(json.dumps(op.problem.to_dict())) != meta["problem"]:
+                raise ValueError("its problem does not read back as stored")
         except FileNotFoundError:
             if not entry.exists():  # evicted or replaced while we read: a plain miss
                 return None
-            self._discard(key, "a file is missing")
-            return None
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            self._discard(key, str(e))
-            return None
+            raise _Corrupt("a file is missing") from None
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as e:
+            raise _Corrupt(str(e) or type(e).__name__) from None
         try:
             os.utime(meta_path)  # least recently used eviction reads this
         except OSError:
@@ -206,9 +322,10 @@ class KernelCache:
         return op
 
     def _discard(self, key: str, why: str) -> None:
+        """Move a corrupt entry away; the caller holds ``key``'s lock (filelock is not re-entrant across
+        lock objects: a second lock here would wait for ourselves)."""
         warnings.warn(f"cache: entry {key[:16]} in {self.root} is corrupt ({why}): rebuilding it", stacklevel=3)
-        with self._lock(key):
-            self._remove(self._entry(key))
+        self._remove(self._entry(key))
 
     def _remove(self, entry: Path) -> None:
         """Move ``entry`` out of sight at once (a rename), then delete it."""
@@ -222,8 +339,10 @@ class KernelCache:
         shutil.rmtree(trash, ignore_errors=True)
 
     # -- write ---------------------------------------------------------------------------------------
-    def put(self, key: str, op: CompiledOp, variant: dict[str, Any] | None = None) -> Path:
-        """Store ``op`` under ``key`` (replacing what is there); returns the entry's folder.
+    def put(self, key: str, op: CompiledOp, variant: dict[str, Any] | None = None,
+            request: dict[str, Any] | None = None) -> Path:  # fmt: skip
+        """Store ``op`` under ``key`` (replacing what is there); returns the entry's folder. ``request``:
+        what ``key`` hashes (:func:`convbw_mlir.dispatch.variants.variant_request`), checked on every hit.
 
         Raises:
             CacheError: the disk is full or the folder not writable (nothing is left behind).
@@ -246,6 +365,8 @@ class KernelCache:
             "files": {n: [len(raw), _sha256(raw)] for n, raw in files.items()},
             "launch": op.launch is not None,
         }
+        if request is not None:
+            meta["request"] = request
         files["meta.json"] = (json.dumps(meta, indent=1) + "\n").encode()
         entry = self._entry(key)
         tmp = None
@@ -270,38 +391,62 @@ class KernelCache:
         self.evict(keep=key)
         return entry
 
-    def get_or_build(self, key: str, build: Callable[[], CompiledOp],
-                     variant: dict[str, Any] | None = None) -> tuple[CompiledOp, bool]:  # fmt: skip
+    def get_or_build(self, key: str, build: Callable[[], CompiledOp], variant: dict[str, Any] | None = None,
+                     request: dict[str, Any] | None = None) -> tuple[CompiledOp, bool]:  # fmt: skip
         """``(op, hit)``: the cached op, or ``build()``'s result stored under ``key``. Processes building
         one key at once compile it once: the others wait on its lock and read the entry.
 
-        A full disk while storing is a warning: the op is returned, uncached.
+        A cache that cannot be written (a full disk, a read-only folder) is a warning: the op is returned,
+        uncached.
+
+        Raises:
+            CacheError: the root cannot be made (CacheTrustError: it is not private to the user).
+            ValueError: the root is a file or a folder that is not this cache.
         """
-        op = self.get(key)
-        if op is not None:
-            return op, True
-        with self._lock(key):
-            op = self.get(key)  # built by another process while we waited
+        self._setup()
+        try:
+            op = self.get(key)
+            if op is not None:
+                return op, True
+            lock = self._lock(key)
+            lock.acquire()
+        except CacheTrustError:
+            raise
+        except (CacheError, OSError) as e:  # a read-only or full cache: still compile
+            why = e if isinstance(e, CacheError) else f"cache: cannot write {self.root}: {e.strerror or e}"
+            warnings.warn(f"{why} (compiling without the cache)", stacklevel=2)
+            return build(), False
+        try:
+            try:
+                op = self._hit(key)  # built by another process while we waited
+            except _Corrupt as e:
+                self._discard(key, str(e))  # under the lock we hold
+                op = None
             if op is not None:
                 return op, True
             op = build()
             try:
-                self.put(key, op, variant)
-            except CacheError as e:
+                self.put(key, op, variant, request)
+            except (CacheError, OSError) as e:
                 warnings.warn(str(e), stacklevel=2)
+        finally:
+            lock.release()
         return op, False
 
     # -- maintenance ---------------------------------------------------------------------------------
     def _entries(self) -> list[tuple[float, int, Path]]:
-        """(last use, bytes, folder) of each entry."""
+        """(last use, bytes, folder) of each entry (only folders named as the cache names them)."""
         out = []
         for meta in (self.root / "entries").glob("*/*/meta.json"):
+            entry = meta.parent
+            if not (KEY_RE.fullmatch(entry.name) and entry.parent.name == entry.name[:2]):
+                continue
             try:
                 st = meta.stat()
-                size = sum(f.stat().st_size for f in meta.parent.iterdir())
+                size = sum(f.stat().st_size for f in entry.iterdir())
             except FileNotFoundError:
                 continue
-            out.append((st.st_mtime, size, meta.parent))
+            out.append((st.st_mtime, size, entry))
         return out
 
     def evict(self, keep: str | None = None) -> int:
@@ -324,18 +469,35 @@ class KernelCache:
         return removed
 
     def info(self) -> CacheInfo:
-        self._setup()
+        """Entries and bytes; creates nothing (a root that does not exist has none).
+
+        Raises:
+            ValueError: the root is a file or a folder that is not this cache.
+            CacheTrustError: the root is not private to the user.
+        """
+        if not self._claim(create=False):
+            return CacheInfo(self.root, 0, 0, self.max_bytes)
         entries = self._entries()
         return CacheInfo(self.root, len(entries), sum(size for _, size, _ in entries), self.max_bytes)
 
     def clear(self) -> int:
-        """Remove every entry (only what the cache wrote); returns how many."""
-        self._setup()
+        """Remove every entry and stale temporary (only names the cache wrote); returns how many entries.
+
+        Raises:
+            ValueError: the root is a file or a folder that is not this cache (nothing is removed).
+            CacheTrustError: the root is not private to the user.
+        """
+        if not self._claim(create=False):
+            return 0
         entries = self._entries()
+        if entries:
+            (self.root / "tmp").mkdir(exist_ok=True, mode=0o700)  # where _remove moves an entry first
         for _, _, entry in entries:
             self._remove(entry)
-        for stale in (self.root / "tmp").iterdir():
-            shutil.rmtree(stale, ignore_errors=True)
+        tmp = self.root / "tmp"
+        for stale in tmp.iterdir() if tmp.is_dir() else ():
+            if TEMP_RE.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
         return len(entries)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 
 __all__ = ["add_dispatch_commands", "read_problem_lines"]
 
+# What a database folder (--into) may hold: databases (db.db_file_name) and their temporaries (files.write_atomic).
+DB_NAME_RE = re.compile(r"[a-z0-9-]+\.[\w-]+\.json|\..+\.json\.\w+\.tmp")
 TRUST = ("A kernel (.vmfb) is native code that the runtime executes: build, time and import only from a "
          "trusted source. A database holds plans, not kernels, and names no files.")  # fmt: skip
 
@@ -64,14 +67,16 @@ def _problems(args: argparse.Namespace) -> list[tuple[str, ConvBwdWeightProblem,
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch import tune
-    from convbw_mlir.dispatch.cache import default_cache_dir
+    from convbw_mlir.dispatch.cache import KernelCache
     from convbw_mlir.dispatch.db import TuningDB, db_file_name
+    from convbw_mlir.files import check_output, claim_folder, record_output
 
     if args.import_:
         src = Path(args.import_)
         data = json.loads(src.read_text())
         db = TuningDB.parse(src.read_text(), str(src)) if "kind" in data else tune.build_database(data)
-        into = Path(args.into) if args.into else default_cache_dir() / "tuning"
+        into = Path(args.into) if args.into else KernelCache().tuning_dir()
+        claim_folder(into, "--into", DB_NAME_RE.fullmatch)
         dest = into / db_file_name(db.device, db.target)
         if dest.exists():
             old = TuningDB.parse(dest.read_text(), str(dest))
@@ -84,6 +89,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise ValueError("tune: --out DIR is required to build")
+    check_output(args.out)  # before the build: a folder of the user's is refused, not replaced
     problems = _problems(args)
     tune.compile_candidates(problems, args.target, args.out, max_workers=args.workers, max_plans=args.max_plans)
     print(f"built {len(problems)} problems' candidates for {args.target} into {args.out} (manifest.json)")
@@ -94,16 +100,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     db = tune.build_database(results)
     db.save(Path(args.out) / db_file_name(db.device, db.target))
     results_path.with_suffix(".md").write_text(tune.summarize(results, db))
+    record_output(args.out, results_path.name, results_path.with_suffix(".md").name, db_file_name(db.device, db.target))
     return _cmd_tune(argparse.Namespace(import_=str(results_path), into=args.into))
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch.cache import KernelCache
 
-    kc = KernelCache(args.cache_dir)
+    kc = KernelCache(args.cache_dir)  # info and clear check the folder is the cache, and create nothing
     if args.action == "info":
         info = kc.info()
-        print(f"cache: {info.root}\nentries: {info.entries}\nbytes: {info.bytes} (limit {info.max_bytes})")
+        where = f"{info.root}" if info.root.exists() else f"{info.root} (not created yet)"
+        print(f"cache: {where}\nentries: {info.entries}\nbytes: {info.bytes} (limit {info.max_bytes})")
     else:
         print(f"removed {kc.clear()} entries from {kc.root}")
     return 0

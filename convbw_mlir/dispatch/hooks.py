@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from convbw_mlir.compiler import CompiledOp
@@ -18,6 +19,10 @@ def compile_cached(problem: ConvBwdWeightProblem, target: str, extra_flags: list
                    timeout: float | None = None) -> CompiledOp:  # fmt: skip
     """compile_op's work through the cache: the given plan, the plan of the given options, or select's choice.
     (compile_op has checked the limits and a given plan.) With ``isolate`` only a miss starts a child."""
+    if not (cache is None or isinstance(cache, (KernelCache, str, os.PathLike))) or isinstance(cache, bool):
+        raise TypeError(f"cache: expected a KernelCache, a folder, None or False, got {cache!r:.60}")
+    if isinstance(cache, (str, os.PathLike)) and not os.fspath(cache):
+        raise ValueError("cache: expected a folder, got ''")
     selection = None
     if plan is not None:
         variant = Variant("convbw", plan)
@@ -29,8 +34,7 @@ def compile_cached(problem: ConvBwdWeightProblem, target: str, extra_flags: list
     else:
         selection = select(problem, target)
         variant = selection.variant
-    root = cache.root if isinstance(cache, KernelCache) else cache
-    op, _ = cached_build(problem, target, variant, None if root is None else str(root), extra_flags,
-                         output_arg=output_arg, isolate=isolate, timeout=timeout)  # fmt: skip
+    op, _ = cached_build(problem, target, variant, cache, extra_flags, output_arg=output_arg, isolate=isolate,
+                         timeout=timeout)  # fmt: skip
     op.selection = selection
     return op

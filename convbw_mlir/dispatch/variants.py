@@ -35,7 +35,17 @@ from convbw_mlir.plan import Plan, PlanError, Strategy, decide, pick_intrinsic
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import get_target
 
-__all__ = ["FORMS", "IREE_FORMS", "Variant", "candidates", "heuristic", "product_version", "variant_key"]
+__all__ = [
+    "FORMS",
+    "IREE_FORMS",
+    "Variant",
+    "candidates",
+    "heuristic",
+    "product_version",
+    "request_key",
+    "variant_key",
+    "variant_request",
+]
 
 FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
 IREE_FORMS = FORMS[1:]
@@ -145,10 +155,14 @@ def product_version() -> str:
     return dist_version("convbw-mlir") or "0+unknown"
 
 
-def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, iree_version: str,
-                extra_flags: list[str] | None = None, output_arg: bool = False) -> str:  # fmt: skip
-    """The cache key: sha256 over problem, target, variant (form, plan, flags), IREE and product version,
-    and the function's ABI where it differs from the default (a caller-owned output argument)."""
+def variant_request(problem: ConvBwdWeightProblem, target: str, variant: Variant, iree_version: str,
+                    extra_flags: list[str] | None = None, output_arg: bool = False) -> dict[str, Any]:  # fmt: skip
+    """What a cached kernel is for: problem, target, variant (form, plan, flags), IREE's version, the
+    product's version and the hash of its kernel-shaping code, and the function's ABI where it differs from
+    the default (a caller-owned output argument). Its hash is the key (:func:`request_key`); the cache
+    stores it beside the kernel and checks a hit against it."""
+    from convbw_mlir.dispatch.code_hash import code_hash
+
     data = {
         "problem": problem.to_dict(),
         "target": target,
@@ -157,14 +171,26 @@ def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, ir
         "flags": variant.flags + list(extra_flags or []),
         "iree": iree_version,
         "product": product_version(),
+        "code": code_hash(),
     }
-    if output_arg:  # only then: the keys of existing entries stay as they were
+    if output_arg:
         data["abi"] = "output-arg"
     if get_target(target).driver == "cuda":  # entries carry the direct launch's schedule since this format
         data["cuda_launch"] = LAUNCH_FORMAT
     if os.environ.get(FORCE_FORM_ENV):  # a test's forced operand form is not the plan's kernel
         data["forced_form"] = os.environ[FORCE_FORM_ENV]
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    return data
+
+
+def request_key(request: dict[str, Any]) -> str:
+    """The cache key of a :func:`variant_request`: sha256 of its canonical JSON."""
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+
+
+def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, iree_version: str,
+                extra_flags: list[str] | None = None, output_arg: bool = False) -> str:  # fmt: skip
+    """The cache key: :func:`request_key` of :func:`variant_request`."""
+    return request_key(variant_request(problem, target, variant, iree_version, extra_flags, output_arg))
 
 
 # The direct launch's schedule reader, as cached entries carry its result: 2 reads command buffers
