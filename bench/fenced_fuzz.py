@@ -39,6 +39,10 @@ _LAYOUTS = ("NHWGC/GKYXC/NHWGK", "GNCHW/GKCYX/GNKHW", "GNHWC/GKYXC/GNHWK", "NGCH
 # Other choices the plan makes when asked (one per problem, for a share of the problems).
 _ALTERNATIVES = ("strategy=codegen", "k_batch=2", "k_batch=3", "k_batch=rows", "k_batch=N", "grouped=mma",
                  "reduction_innermost=true", "strategy=explicit")  # fmt: skip
+# The explicit kernels' own choices (profile ``explicit``: 2-D, f16, channels-last or layout 4, wide channels).
+_EXPLICIT_ALTERNATIVES = ("strategy=explicit&k_batch=4", "strategy=explicit&streamk=auto",
+                          "strategy=explicit&streamk=auto&streamk_fixup=tree", "strategy=explicit&producers=4",
+                          "strategy=explicit&producers=2", "strategy=explicit&tile_m=64&tile_n=64")  # fmt: skip
 
 
 def _channels(r: random.Random, cls: str) -> tuple[int, int, int]:
@@ -86,12 +90,33 @@ def random_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
 
 
 def _options(alt: str, problem: ConvBwdWeightProblem) -> dict[str, Any]:
-    key, value = alt.split("=")
-    if value == "N":
-        return {key: problem.batch}
-    if value == "true":
-        return {key: True}
-    return {key: int(value) if value.isdigit() else value}
+    """``a=b&c=d`` as plan options (``N``: the batch)."""
+    options: dict[str, Any] = {}
+    for pair in alt.split("&"):
+        key, value = pair.split("=")
+        options[key] = (
+            problem.batch if value == "N" else True if value == "true" else int(value) if value.isdigit() else value
+        )
+    return options
+
+
+def explicit_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
+    """(class, a problem the explicit kernels take): 2-D, f16, layout 2 or 4, even channels, one or more groups."""
+    while True:
+        g = r.choice((1, 1, 1, 2, 4))
+        size = r.randint(4, 24)
+        f = r.choice((1, 3, 3, 5))
+        try:
+            p = ConvBwdWeightProblem(
+                groups=g, batch=r.choice((1, 2, 4, 8, 16)), in_channels=r.choice((8, 16, 32, 64)),
+                out_channels=r.choice((16, 32, 64, 128)), input_size=(size, r.choice((size, r.randint(4, 24)))),
+                filter_size=(f, f), stride=r.choice((1, 1, 2)), dilation=r.choice((1, 1, 2)),
+                pad_low=r.randint(0, f // 2 + 1), pad_high=r.randint(0, f // 2 + 1), dtype="f16",
+                layout=r.choice((_LAYOUTS[0], _LAYOUTS[0], _LAYOUTS[4])),
+            )  # fmt: skip
+        except ValueError:
+            continue
+        return "explicit", p
 
 
 def _contender(options: dict[str, Any]) -> str:
@@ -152,20 +177,24 @@ def _compile_chunk(entries: list[dict], target: str, folder: Path) -> list[dict]
     return [entry]
 
 
-def plan_entries(count: int, seed: int, alternative_share: float) -> list[dict]:
+def plan_entries(count: int, seed: int, alternative_share: float, profile: str = "any") -> list[dict]:
     """``count`` random problems, each with the plan's choice and, for a share, one other choice."""
     entries = []
+    draw, alternatives = (
+        (explicit_problem, _EXPLICIT_ALTERNATIVES) if profile == "explicit" else (random_problem, _ALTERNATIVES)
+    )
+    prefix = "fuzz" if profile == "any" else profile
     for i in range(count):
         r = random.Random(seed * 1_000_003 + i)
-        cls, p = random_problem(r)
+        cls, p = draw(r)
         options = {"convbw": {}}
         if r.random() < alternative_share:
-            opts = _options(r.choice(_ALTERNATIVES), p)
+            opts = _options(r.choice(alternatives), p)
             options[_contender(opts)] = opts
-        key = f"fuzz{i:04d}.{p.dtype}"
+        key = f"{prefix}{i:04d}.{p.dtype}"
         entries.append(
             {
-                "name": f"fuzz{i:04d}",
+                "name": f"{prefix}{i:04d}",
                 "key": key,
                 "class": cls,
                 "problem": p.to_dict(),
@@ -329,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--count", type=int, default=500)
     c.add_argument("--seed", type=int, default=1)
     c.add_argument("--sweep", choices=["overread"], help="the named sweep instead of random problems")
+    c.add_argument(
+        "--profile",
+        choices=["any", "explicit"],
+        default="any",
+        help="explicit: problems and choices of the explicit kernels",
+    )
     c.add_argument("--alternatives", type=float, default=0.5, help="share of problems with one other plan choice")
     c.add_argument("--target", default="sm_80")
     c.add_argument("--workers", type=int, default=2)
@@ -342,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("results", nargs="+")
     args = ap.parse_args(argv)
     if args.cmd == "compile":
-        entries = overread_sweep() if args.sweep else plan_entries(args.count, args.seed, args.alternatives)
+        entries = (
+            overread_sweep() if args.sweep else plan_entries(args.count, args.seed, args.alternatives, args.profile)
+        )
         print(compile_all(entries, args.target, Path(args.out), args.workers))
     elif args.cmd == "run":
         t0 = time.time()
