@@ -305,14 +305,32 @@ def write_artifacts(
 
 
 def _config_of(text: str) -> dict[str, Any]:
-    """What our passes chose, read back from the IR: k_batch, strategy and tile."""
+    """What our passes chose, read back from the IR: k_batch, strategy and tile; an explicit kernel's from its
+    plan (no ``convbw.tile`` follows it), with StreamK's ``streamk`` and wave specialization's ``producers``."""
     import re
+
+    def entries(body: str) -> dict[str, Any]:
+        found = re.findall(r'(\w+) = ("[^"]*"|\d+)', body)
+        return {k: v.strip('"') if v.startswith('"') else int(v) for k, v in found}
 
     cfg: dict[str, Any] = {}
     m = re.search(r"k_batch = (\d+)", text)
     cfg["k_batch"] = int(m.group(1)) if m else 1
     m = re.search(r"convbw\.tile = \{([^}]*)\}", text)
     if m:
-        for k, v in re.findall(r'(\w+) = ("[^"]*"|\d+)', m.group(1)):
-            cfg[k] = v.strip('"') if v.startswith('"') else int(v)
+        cfg |= entries(m.group(1))
+    m = re.search(r"convbw\.plan = \{", text)
+    if m and "strategy" not in cfg:
+        depth, end = 0, m.end() - 1
+        for end in range(m.end() - 1, len(text)):  # the plan's own braces
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        parts = dict(re.findall(r"(\w+) = \{([^}]*)\}", text[m.end() : end]))
+        if entries(re.sub(r"\{[^}]*\}", "", text[m.end() : end])).get("strategy") == "explicit":
+            cfg |= {"strategy": "explicit"} | entries(parts.get("tile", ""))
+            if "streamk" in parts:
+                cfg["streamk"] = entries(parts["streamk"])
+            if "wavespec" in parts:
+                cfg["producers"] = entries(parts["wavespec"])["producers"]
     return cfg
