@@ -120,8 +120,8 @@ def _run_op(op: Any, x: np.ndarray, dy: np.ndarray, d: np.ndarray | None) -> np.
 
 
 def _serve(conn: Any) -> None:
-    """Child loop: answer ("run", problem, options, x, dy[, compiles[, d]]), ("variant", problem, form, x, dy, d)
-    and ("refuse", problem, options)."""
+    """Child loop: answer ("run", problem, options, x, dy[, compiles[, d]]), ("variant", problem, form, x, dy, d),
+    ("compile", problem, form, target) and ("refuse", problem, options)."""
     from unittest import mock
 
     from convbw_mlir import compiler
@@ -147,10 +147,15 @@ def _serve(conn: Any) -> None:
                 t1 = time.perf_counter()
                 dw = _run_op(op, x, dy, d)
                 conn.send({"status": "ok", "dw": dw, "compile_s": t1 - t0, "run_s": time.perf_counter() - t1})
-            elif kind == "variant":  # one of IREE's own forms, compiled as the tuner compiles it
+            elif kind in ("variant", "compile"):  # one of IREE's own forms, compiled as the tuner compiles it
                 from convbw_mlir.dispatch.build import compile_variant
                 from convbw_mlir.dispatch.variants import Variant
 
+                if kind == "compile":  # for any target, not run
+                    _, problem, form, target = request
+                    compile_variant(problem, target, Variant(form))
+                    conn.send({"status": "ok"})
+                    continue
                 _, problem, form, x, dy, d = request
                 t0 = time.perf_counter()
                 op = compile_variant(problem, "host", Variant(form))

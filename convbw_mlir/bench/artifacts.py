@@ -9,7 +9,8 @@ Contenders, all functions ``(x, dy) -> dW`` in the problem's layout, so the runn
     alone: tensor.pad, x first).
   * ``iree_torch``: IREE's default on the form torch-mlir hands it: transposes around
     ``linalg.conv_2d_nhwc_hwcf`` (x as [C, H, W, N] input, dy as [Ho, Wo, N, K] filter, stride and
-    dilation swapped, x cut to the rows read). 2-D, G=1, no epilogue only (the named op has no groups).
+    dilation swapped; x cut to the rows read along a single output row). 2-D, G=1, no epilogue only
+    (the named op has no groups).
   * ``iree_fusilli``: the torch form (or the direct one where there is none) with the weight-backward
     flag set of iree-org/fusilli (docs/decisions.md#fusilli-flags; it includes IREE's split reduction).
 """
@@ -127,10 +128,11 @@ def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
 
 
 def _exact_window(problem: ConvBwdWeightProblem, x: Any, letters: list[str]) -> Any:
-    """x padded and cut to exactly the rows the convolution reads, ``(out - 1) * stride + (f - 1) * dil + 1``.
+    """x padded as torch-mlir pads it, but cut to the rows read, ``(f - 1) * dil + 1``, along a single output row.
 
-    With the roles swapped, the conv's output (dW's filter) size follows from its input's: one extra row
-    (a stride that skips x's tail) contradicts it once IREE drops a unit loop, e.g. a single output row.
+    With the roles swapped, the conv's output (dW's filter) size follows from its input's: once IREE drops
+    the unit loop of a single output row, any row past those read (a stride that skips x's tail)
+    contradicts it. Elsewhere linalg takes an input longer than the rows read, and torch-mlir's form stays.
     """
     from convbw_mlir.builders import leading_slice, pad_zeros
 
@@ -140,13 +142,16 @@ def _exact_window(problem: ConvBwdWeightProblem, x: Any, letters: list[str]) -> 
     for i, letter in enumerate(("H", "W")):
         pos = letters.index(letter)
         size, lo = problem.input_size[i], problem.pad_low[i]
-        span = (problem.filter_size[i] - 1) * problem.dilation[i] + 1
-        needed = (problem.output_size[i] - 1) * problem.stride[i] + span
-        low[pos] = lo
+        needed = (
+            (problem.output_size[i] - 1) * problem.stride[i] + (problem.filter_size[i] - 1) * problem.dilation[i] + 1
+        )
+        low[pos], high[pos] = lo, problem.pad_high[i]
+        if problem.output_size[i] > 1 or needed == lo + size + high[pos]:
+            continue
         if needed <= lo:
             high[pos], cut[pos] = 0, needed
         elif needed < lo + size:
-            keep[pos] = needed - lo
+            high[pos], keep[pos] = 0, needed - lo
         else:
             high[pos] = needed - lo - size
     if keep:
