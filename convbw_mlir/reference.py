@@ -25,6 +25,7 @@ __all__ = [
     "sample_reference",
     "tolerance",
     "accumulation_error",
+    "rounded_sum_error",
 ]
 
 # Unit roundoff of each element type: the rounding of inputs is shared with the reference (it sees the
@@ -132,6 +133,17 @@ def accumulation_error(length: int, matrix_cores: bool) -> float:
     if matrix_cores:
         return K_SIGMA * _EPS["f32"] * math.ceil(length / MMA_K) / math.sqrt(3)
     return K_SIGMA * _EPS["f32"] * math.sqrt(length)
+
+
+def rounded_sum_error(length: int, peak: float) -> float:
+    """K_SIGMA deviations of a serial round-to-nearest f32 sum of ``length`` products (the GPU reference, CUDA
+    cores) at an entry of ``peak`` RMS, in units of dW's RMS: ``u sqrt(L (1 + 2 peak^2) / 18 + 1/3)``.
+
+    The partial sums of an entry w run from 0 to w (a Brownian bridge, not a free random walk): the large
+    entries, whose errors are the largest, carry a drift the free-walk model u sqrt(L / 6) left out.
+    The 1/3 is the products' own rounding (f32 inputs, no FMA). Derivation and checks: docs/tolerances.md.
+    """
+    return K_SIGMA * _EPS["f32"] * math.sqrt(length * (1 + 2 * peak**2) / 18 + 1 / 3)
 
 
 def tolerance(problem: ConvBwdWeightProblem, matrix_cores: bool = False) -> tuple[float, float]:

@@ -111,8 +111,17 @@ def make_inputs(problem: ConvBwdWeightProblem, seed: int = 0) -> tuple[np.ndarra
 
 
 # -- the child process that compiles and runs ------------------------------------------------------
+def _run_op(op: Any, x: np.ndarray, dy: np.ndarray, d: np.ndarray | None) -> np.ndarray:
+    """``op`` run on x and dy, with the epilogue's D (for accumulate: the output's own storage)."""
+    ep = op.problem.epilogue
+    if ep is not None and ep.kind == "accumulate":
+        return op.run(x, dy, out=d.copy())
+    return op.run(x, dy, d=d) if d is not None else op.run(x, dy)
+
+
 def _serve(conn: Any) -> None:
-    """Child loop: answer ("run", problem, options, x, dy[, compiles[, d]]) and ("refuse", problem, options)."""
+    """Child loop: answer ("run", problem, options, x, dy[, compiles[, d]]), ("variant", problem, form, x, dy, d),
+    ("compile", problem, form, target) and ("refuse", problem, options)."""
     from unittest import mock
 
     from convbw_mlir import compiler
@@ -136,11 +145,22 @@ def _serve(conn: Any) -> None:
                 for _ in range(compiles):  # compiles of the same problem in this process
                     op = compiler.compile_op(problem, "host", **options)
                 t1 = time.perf_counter()
-                ep = problem.epilogue
-                if ep is not None and ep.kind == "accumulate":
-                    dw = op.run(x, dy, out=d.copy())  # D is the output's own storage
-                else:
-                    dw = op.run(x, dy, d=d) if d is not None else op.run(x, dy)
+                dw = _run_op(op, x, dy, d)
+                conn.send({"status": "ok", "dw": dw, "compile_s": t1 - t0, "run_s": time.perf_counter() - t1})
+            elif kind in ("variant", "compile"):  # one of IREE's own forms, compiled as the tuner compiles it
+                from convbw_mlir.dispatch.build import compile_variant
+                from convbw_mlir.dispatch.variants import Variant
+
+                if kind == "compile":  # for any target, not run
+                    _, problem, form, target = request
+                    compile_variant(problem, target, Variant(form))
+                    conn.send({"status": "ok"})
+                    continue
+                _, problem, form, x, dy, d = request
+                t0 = time.perf_counter()
+                op = compile_variant(problem, "host", Variant(form))
+                t1 = time.perf_counter()
+                dw = _run_op(op, x, dy, d)
                 conn.send({"status": "ok", "dw": dw, "compile_s": t1 - t0, "run_s": time.perf_counter() - t1})
             else:  # "refuse": invalid options must be refused before IREE sees anything
                 _, problem, options = request
@@ -239,14 +259,16 @@ class Case:
 
 
 @st.composite
-def valid_fields(draw: st.DrawFn) -> dict[str, Any]:
-    """Problem fields that make a valid, tiny problem (every layout, rank and type pairing)."""
-    rank = draw(st.integers(1, 3))
+def valid_fields(draw: st.DrawFn, rank: int | None = None, one_group: bool = False) -> dict[str, Any]:
+    """Problem fields that make a valid, tiny problem (every layout, rank and type pairing); ``rank`` and
+    ``one_group`` (G = 1) narrow it to the problems a form takes."""
+    rank = rank or draw(st.integers(1, 3))
     layout = draw(st.sampled_from(sorted(LAYOUTS)))
     shape = draw(st.sampled_from(["dense", "dense", "dense", "depthwise", "gemm"]))
-    groups = draw(st.integers(1, 4)) if LAYOUTS[layout].grouped else 1
+    grouped = LAYOUTS[layout].grouped and not one_group
+    groups = draw(st.integers(1, 4)) if grouped else 1
     channels = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
-    if shape == "depthwise" and LAYOUTS[layout].grouped:
+    if shape == "depthwise" and grouped:
         groups, channels = draw(st.integers(2, 8)), (1, 1)
     dims = []
     for _ in range(rank):

@@ -298,4 +298,4 @@ def test_tolerance_covers_a_truncating_accumulator_over_a_long_reduction_and_no_
     # the model (u n / sqrt(3) per entry) predicts the size: within the tolerance, not 100 times below it
     assert tol / 100 < s["error_rms"] < tol
     # round to nearest over the same chain is far more accurate: the reference kernel's model is tighter
-    assert tolerance_rms(problem, "f32", s["peak"], mma=False) < tol / 10
+    assert tolerance_rms(problem, "f32", s["peak"], mma=False) < tol / 5

@@ -9,7 +9,8 @@ Contenders, all functions ``(x, dy) -> dW`` in the problem's layout, so the runn
     alone: tensor.pad, x first).
   * ``iree_torch``: IREE's default on the form torch-mlir hands it: transposes around
     ``linalg.conv_2d_nhwc_hwcf`` (x as [C, H, W, N] input, dy as [Ho, Wo, N, K] filter, stride and
-    dilation swapped). 2-D, G=1 only (the named op has no groups).
+    dilation swapped; x cut to the rows read along a single output row). 2-D, G=1, no epilogue only
+    (the named op has no groups).
   * ``iree_fusilli``: the torch form (or the direct one where there is none) with the weight-backward
     flag set of iree-org/fusilli (docs/decisions.md#fusilli-flags; it includes IREE's split reduction).
 """
@@ -82,13 +83,13 @@ def reference_module(problem: ConvBwdWeightProblem) -> Any:
 
 
 def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
-    """The torch-mlir form (2-D, G=1), or None where it does not exist."""
-    from convbw_mlir.builders import as_value, convert, pad_zeros, transpose
+    """The torch-mlir form (2-D, G=1, no fused epilogue: torch's conv backward has none), or None."""
+    from convbw_mlir.builders import as_value, convert, transpose
     from convbw_mlir.dialects import convbw
     from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
 
     p = problem
-    if p.rank != 2 or p.groups != 1:
+    if p.rank != 2 or p.groups != 1 or p.epilogue is not None:
         return None
 
     # Layouts with a size-1 G dimension: collapse it away first, then the same.
@@ -100,10 +101,7 @@ def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
             dy = _drop_unit(dy, yl.index("G"))
             xl.remove("G")
             yl.remove("G")
-        low, high = [0] * 4, [0] * 4
-        for i, letter in enumerate(("H", "W")):
-            low[xl.index(letter)], high[xl.index(letter)] = p.pad_low[i], p.pad_high[i]
-        xp = pad_zeros(x, low, high)
+        xp = _exact_window(p, x, xl)
         x_in = transpose(xp, [xl.index(d) for d in ("C", "H", "W", "N")])
         dy_f = transpose(dy, [yl.index(d) for d in ("H", "W", "N", "K")])
         y, xs = p.filter_size
@@ -127,6 +125,39 @@ def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
         return dw
 
     return _function(p, body_any, convbw.tensor_type(p, "dw"))
+
+
+def _exact_window(problem: ConvBwdWeightProblem, x: Any, letters: list[str]) -> Any:
+    """x padded as torch-mlir pads it, but cut to the rows read, ``(f - 1) * dil + 1``, along a single output row.
+
+    With the roles swapped, the conv's output (dW's filter) size follows from its input's: once IREE drops
+    the unit loop of a single output row, any row past those read (a stride that skips x's tail)
+    contradicts it. Elsewhere linalg takes an input longer than the rows read, and torch-mlir's form stays.
+    """
+    from convbw_mlir.builders import leading_slice, pad_zeros
+
+    low, high = [0] * len(letters), [0] * len(letters)
+    keep: dict[int, int] = {}  # rows of x kept, before padding
+    cut: dict[int, int] = {}  # rows of the padded x kept, where every read row is padding
+    for i, letter in enumerate(("H", "W")):
+        pos = letters.index(letter)
+        size, lo = problem.input_size[i], problem.pad_low[i]
+        needed = (
+            (problem.output_size[i] - 1) * problem.stride[i] + (problem.filter_size[i] - 1) * problem.dilation[i] + 1
+        )
+        low[pos], high[pos] = lo, problem.pad_high[i]
+        if problem.output_size[i] > 1 or needed == lo + size + high[pos]:
+            continue
+        if needed <= lo:
+            high[pos], cut[pos] = 0, needed
+        elif needed < lo + size:
+            high[pos], keep[pos] = 0, needed - lo
+        else:
+            high[pos] = needed - lo - size
+    if keep:
+        x = leading_slice(x, keep)
+    x = pad_zeros(x, low, high)
+    return leading_slice(x, cut) if cut else x
 
 
 def _unit_groups(rank: int, pos: int) -> list[list[int]]:
@@ -279,14 +310,32 @@ def write_artifacts(
 
 
 def _config_of(text: str) -> dict[str, Any]:
-    """What our passes chose, read back from the IR: k_batch, strategy and tile."""
+    """What our passes chose, read back from the IR: k_batch, strategy and tile; an explicit kernel's from its
+    plan (no ``convbw.tile`` follows it), with StreamK's ``streamk`` and wave specialization's ``producers``."""
     import re
+
+    def entries(body: str) -> dict[str, Any]:
+        found = re.findall(r'(\w+) = ("[^"]*"|\d+)', body)
+        return {k: v.strip('"') if v.startswith('"') else int(v) for k, v in found}
 
     cfg: dict[str, Any] = {}
     m = re.search(r"k_batch = (\d+)", text)
     cfg["k_batch"] = int(m.group(1)) if m else 1
     m = re.search(r"convbw\.tile = \{([^}]*)\}", text)
     if m:
-        for k, v in re.findall(r'(\w+) = ("[^"]*"|\d+)', m.group(1)):
-            cfg[k] = v.strip('"') if v.startswith('"') else int(v)
+        cfg |= entries(m.group(1))
+    m = re.search(r"convbw\.plan = \{", text)
+    if m and "strategy" not in cfg:
+        depth, end = 0, m.end() - 1
+        for end in range(m.end() - 1, len(text)):  # the plan's own braces
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        parts = dict(re.findall(r"(\w+) = \{([^}]*)\}", text[m.end() : end]))
+        if entries(re.sub(r"\{[^}]*\}", "", text[m.end() : end])).get("strategy") == "explicit":
+            cfg |= {"strategy": "explicit"} | entries(parts.get("tile", ""))
+            if "streamk" in parts:
+                cfg["streamk"] = entries(parts["streamk"])
+            if "wavespec" in parts:
+                cfg["producers"] = entries(parts["wavespec"])["producers"]
     return cfg

@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-__all__ = ["accuracy", "geomean", "summarize", "write_report"]
+__all__ = ["accuracy", "geomean", "strategy_cell", "summarize", "write_report"]
 
 IREE_DEFAULTS = ("iree_direct", "iree_torch")
 
@@ -54,6 +54,25 @@ def _fmt(v: float | None, scale: float = 1e6, digits: int = 1) -> str:
     return f"{v * scale:.{digits}f}" if v else "-"
 
 
+def strategy_cell(config: dict) -> str:
+    """Our kernel's strategy and tiling as the plan has them: ``explicit 128x256x64 (2x4 subgroups, 3 stages)``
+    (m out channels x n in channels x k reduction step), StreamK's workgroups and fixup, producer warps."""
+    strategy = config.get("strategy")
+    if not strategy:
+        return "-"
+    cell = str(strategy)
+    if all(f in config for f in ("m", "n", "k")):
+        cell += f" {config['m']}x{config['n']}x{config['k']}"
+        sub = f"{config['subgroups_m']}x{config['subgroups_n']} subgroups" if "subgroups_m" in config else ""
+        more = [s for s in (sub, f"{config['stages']} stages" if "stages" in config else "") if s]
+        cell += f" ({', '.join(more)})" if more else ""
+    if "streamk" in config:
+        cell += f", StreamK {config['streamk'].get('workgroups')} workgroups {config['streamk'].get('fixup', '')}"
+    if "producers" in config:
+        cell += f", {config['producers']} producer warps"
+    return cell.rstrip()
+
+
 def markdown(results: dict) -> str:
     s = summarize(results)
     lines = [
@@ -81,7 +100,7 @@ def markdown(results: dict) -> str:
             f"| {row['key']} | {cell(row, 'convbw')} | {tflops} | {roof} | {cell(row, 'iree_direct')} "
             f"| {cell(row, 'iree_torch')} "
             f"| {cell(row, 'iree_fusilli')} | {cell(row, 'cudnn')} | {_fmt(s_iree, 1, 2)} | {_fmt(s_cud, 1, 2)} "
-            f"| {cfg.get('k_batch', '-')} | {cfg.get('strategy', '-')} |"
+            f"| {cfg.get('k_batch', '-')} | {strategy_cell(cfg)} |"
         )
     lines += [
         "",

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.reference import accumulation_error, random_inputs, reference, sample_reference
+from convbw_mlir.reference import accumulation_error, random_inputs, reference, rounded_sum_error, sample_reference
 from convbw_mlir.runtime import Kernel, time_calls
 
 __all__ = ["error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
@@ -83,14 +83,14 @@ def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma
     accumulation error over L = N * prod(output) products, K_SIGMA standard deviations of it: with matrix
     instructions (``mma``) the accumulator is truncated, not rounded (Fasi et al. 2021, "Numerical behavior
     of NVIDIA tensor cores"), a bias that grows like u * n / sqrt(3) RMS over a chain of n = L / MMA_K updates;
-    without (round to nearest, a serial sum) it grows like u * sqrt(L / 6). Derivation: docs/tolerances.md.
+    without (round to nearest, a serial sum: the GPU reference) it is u * sqrt(L (1 + 2 peak^2) / 18) at the
+    largest entry (:func:`convbw_mlir.reference.rounded_sum_error`). Derivation: docs/tolerances.md.
     """
     if dw_dtype not in _FORMAT:
         raise ValueError(f"dw_dtype: unknown element type {dw_dtype!r}; known: {', '.join(_FORMAT)}")
     mant, _ = _FORMAT[dw_dtype]
     length = problem.gemm[3]
-    # a serial rounded sum's deviation is u * sqrt(L / 6): sqrt(6) below the bound the host checks use
-    acc = accumulation_error(length, True) if mma else accumulation_error(length, False) / math.sqrt(6)
+    acc = accumulation_error(length, True) if mma else rounded_sum_error(length, peak)
     return 2.0 ** -(mant + 1) * peak + acc
 
 
