@@ -21,6 +21,13 @@ def test_candidates_start_with_the_heuristics_plan_and_include_every_iree_form()
     assert "--iree-dispatch-creation-enable-split-reduction" in found[3].flags
 
 
+def test_a_problem_with_an_epilogue_gets_no_torch_form_which_has_none():
+    from convbw_mlir.problem import Epilogue
+
+    found = candidates(RESNET_3X3.with_(epilogue=Epilogue("scale", alpha=2.0)), "sm_80")
+    assert "iree_torch" not in [v.form for v in found] and "iree_direct" in [v.form for v in found]
+
+
 def test_grouped_problems_get_no_torch_form_and_gain_our_tile_with_splits():
     found = candidates(RESNEXT, "sm_80", max_plans=4)
     assert "iree_torch" not in [v.form for v in found]

@@ -245,7 +245,7 @@ def _grid(problem: ConvBwdWeightProblem, target: str, base: Plan) -> Iterator[di
 def candidates(problem: ConvBwdWeightProblem, target: str, max_plans: int = 6,
                iree: bool = True) -> list[Variant]:  # fmt: skip
     """The valid variants of ``problem`` on ``target``: the heuristic's first, IREE's forms (with
-    ``iree``; the torch form only where it exists: 2-D, G=1), then up to ``max_plans`` further plans.
+    ``iree``; the torch form only where it exists: 2-D, G=1, no epilogue), then up to ``max_plans`` further plans.
 
     Raises:
         ValueError: unknown target.
@@ -254,7 +254,8 @@ def candidates(problem: ConvBwdWeightProblem, target: str, max_plans: int = 6,
     base = heuristic(problem, target)
     out = [base]
     if iree and get_target(target).is_gpu:
-        out += [Variant(f) for f in IREE_FORMS if f != "iree_torch" or (problem.rank == 2 and problem.groups == 1)]
+        torch_form = problem.rank == 2 and problem.groups == 1 and problem.epilogue is None
+        out += [Variant(f) for f in IREE_FORMS if f != "iree_torch" or torch_form]
     seen = {base}
     plans = 0
     for opts in _grid(problem, target, base.plan):
