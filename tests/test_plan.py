@@ -221,6 +221,18 @@ def test_a_stored_plan_whose_step_pads_its_split_is_refused_before_compiling():
     check_plan(p, decide(p, "sm_80"))  # the plan's own choice passes
 
 
+def test_compile_op_takes_a_stored_plans_dictionary_and_refuses_anything_else_by_name():
+    from convbw_mlir.compiler import compile_op
+
+    p = ConvBwdWeightProblem.from_ck("2 1 4 8 8 3 3 8 8 1 1 1 1 1 1 1 1")
+    plan = decide(p, "host", k_batch=2)
+    assert compile_op(p, "host", plan=plan.to_dict(), cache=False).plan == plan
+    with pytest.raises(PlanError, match=r"plan\.split\.chunk: missing"):
+        compile_op(p, "host", plan={**plan.to_dict(), "split": {"dim": "n", "k_batch": 2}}, cache=False)
+    with pytest.raises(TypeError, match="plan: expected a Plan, its dictionary or None, got 'fast'"):
+        compile_op(p, "host", plan="fast", cache=False)
+
+
 def test_the_shipped_tuning_database_holds_no_plan_known_to_be_unsafe():
     import json
     from importlib.resources import files
