@@ -27,7 +27,7 @@ import operator
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
-from convbw_mlir.contraction import Contraction, Split
+from convbw_mlir.contraction import Contraction, Split, check_split
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target, get_target
 
@@ -600,6 +600,11 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
             raise PlanError("strategy explicit: " + "; ".join(why))
         return
     work = effective_problem(problem, plan.reduction_innermost)
+    if plan.split is not None:  # a stored plan edited by hand, or for another problem: refused, not compiled
+        try:
+            check_split(work if plan.gemm else problem, plan.split)
+        except ValueError as e:
+            raise PlanError(f"plan.split: {e}") from None
     why = _iree_split_pads(work, plan, plan.target_info)
     if why is not None:
         raise PlanError(f"plan: {why}")
