@@ -12,10 +12,12 @@ Errors are one line on stderr and exit code 1. The IREE compile runs in a child 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -338,11 +340,23 @@ def run_cli(prog: str, build: Callable[[], argparse.ArgumentParser], argv: list[
     warnings.formatwarning = lambda message, *_args, **_kw: f"{prog}: warning: {message}\n"
     try:
         args = build().parse_args(argv)
-        return args.func(args)
+        with _one_line_warnings(prog):
+            return args.func(args)
     except errors as e:
         message = str(e).strip().replace("\n", " | ") or type(e).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 1
+
+
+@contextlib.contextmanager
+def _one_line_warnings(prog: str) -> Iterator[None]:
+    """Warnings (a database entry ignored, a cache entry rebuilt) as one line each, like the errors."""
+    previous = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_args, **_kw: f"{prog}: warning: {message}\n"
+    try:
+        yield
+    finally:
+        warnings.formatwarning = previous
 
 
 def main(argv: list[str] | None = None) -> int:

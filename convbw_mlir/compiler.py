@@ -472,7 +472,7 @@ def compile_op(
     target: str = "host",
     extra_flags: list[str] | None = None,
     *,
-    plan: Plan | None = None,
+    plan: Plan | dict[str, Any] | None = None,
     isolate: bool = False,
     timeout: float | None = None,
     output_arg: bool = False,
@@ -485,8 +485,8 @@ def compile_op(
         problem: the problem.
         target: ``host``, an AMD ``gfx*`` or an NVIDIA ``sm_*`` name (see :data:`convbw_mlir.targets.TARGETS`).
         extra_flags: more IREE compiler flags.
-        plan: a plan to carry out as it is (e.g. one a tuner stored) instead of deciding one; it must
-            be for ``target`` and takes no ``options``.
+        plan: a plan to carry out as it is (e.g. one a tuner stored, or its dictionary) instead of
+            deciding one; it must be for ``target`` and takes no ``options``.
         isolate: compile in a child process (:mod:`convbw_mlir.isolate`), so that an IREE crash raises
             :class:`CompileError` here instead of ending this process (a cache hit starts no child).
         timeout: with ``isolate``, seconds before the child is killed (None: no limit).
@@ -508,6 +508,10 @@ def compile_op(
         raise ValueError("timeout: applies to isolate=True compiles only")
     tgt = get_target(target)  # a bad name is the caller's ValueError, before a child starts
     check_limits(problem, tgt)
+    if isinstance(plan, dict):  # a stored plan's plain data (as Plan.to_dict writes it)
+        plan = Plan.from_dict(plan)
+    if plan is not None and not isinstance(plan, Plan):
+        raise TypeError(f"plan: expected a Plan, its dictionary or None, got {plan!r}")
     if plan is not None and (options or plan.target != target):
         why = f"options {', '.join(options)} given too" if options else f"it is for {plan.target}"
         raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")

@@ -29,6 +29,7 @@ __all__ = ["main"]
 SPLIT_MARKER = re.compile(r"^// -----\s*$", re.M)
 _LOC = re.compile(r'"([^"]*)":(\d+):(\d+)')
 _CONVBW_OP = re.compile(r'"(convbw\.\w+)"\s*\(')  # a convbw op in generic form (they are unregistered)
+_FUNC = re.compile(r"\b(func\.func|util\.func)\b")  # what IREE compiles: a module without one gives no bytecode
 
 
 class OptError(ValueError):
@@ -336,6 +337,9 @@ def _emit_compiled(ir_text: str, target: str, filename: str, args: argparse.Name
         how = f"--convbw-pipeline={target}" if target else "--convbw-pipeline=<target>"
         raise ValueError(f"--emit={args.emit}: the module still holds {', '.join(remaining)} ops; "
                          f"lower them first, e.g. {how}")  # fmt: skip
+    if not _FUNC.search(ir_text):  # IREE's own word for it is "failed to generate bytecode"
+        raise ValueError(f"--emit={args.emit}: {filename} holds no function to compile (an empty module); "
+                         "give a problem: a .mlir file or --ck/--miopen")  # fmt: skip
     if args.emit == "vmfb" and args.output == "-" and sys.stdout.isatty():
         raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
     what = f"{filename} for {target}"

@@ -24,10 +24,10 @@ from __future__ import annotations
 import enum
 import math
 import operator
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
-from convbw_mlir.contraction import Contraction, Split
+from convbw_mlir.contraction import Contraction, Split, check_split
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target, get_target
 
@@ -170,20 +170,59 @@ class Plan:
         Raises:
             PlanError: a malformed plan (unknown entry, strategy or target, a tile missing a field).
         """
+        if not isinstance(data, dict):
+            raise PlanError(f"plan: expected a dictionary, got {data!r}")
         known = {"target", "strategy", "gemm", "reduction_innermost", *(name for name, _ in _PARTS)}
         unknown = set(data) - known
         if unknown:
             raise PlanError(f"plan: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        for name in ("target", "strategy"):
+            if name not in data:
+                raise PlanError(f"plan: missing entry {name!r}")
+        for name in ("gemm", "reduction_innermost"):
+            if not isinstance(data.get(name, False), bool):
+                raise PlanError(f"plan.{name}: expected true or false, got {data[name]!r}")
         try:
             get_target(data["target"])
-            strategy = Strategy(data["strategy"])
-            parts = {name: kind(**data[name]) for name, kind in _PARTS if data.get(name) is not None}
-            return cls(data["target"], strategy, bool(data.get("gemm", False)),
-                       bool(data.get("reduction_innermost", False)), **parts)  # fmt: skip
-        except KeyError as e:
-            raise PlanError(f"plan: missing entry {e}") from None
-        except (TypeError, ValueError) as e:
-            raise PlanError(f"plan: {e}") from None
+        except ValueError as e:
+            raise PlanError(f"plan.target: {e}") from None
+        if data["strategy"] not in set(Strategy):
+            known_strategies = ", ".join(s.value for s in Strategy)
+            raise PlanError(f"plan.strategy: expected one of {known_strategies}, got {data['strategy']!r}")
+        parts = {name: _part(name, kind, data[name]) for name, kind in _PARTS if data.get(name) is not None}
+        return cls(data["target"], Strategy(data["strategy"]), data.get("gemm", False),
+                   data.get("reduction_innermost", False), **parts)  # fmt: skip
+
+
+def _part(name: str, kind: type, data: Any) -> Any:
+    """One optional part of a plan from its plain data: every field present and of its type (integers >= 1).
+
+    Raises:
+        PlanError: naming the part, the field and the value.
+    """
+    if not isinstance(data, dict):
+        raise PlanError(f"plan.{name}: expected a dictionary, got {data!r}")
+    spec = {f.name: f for f in fields(kind)}
+    unknown = set(data) - set(spec)
+    if unknown:
+        raise PlanError(f"plan.{name}: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(spec)}")
+    for field_name, f in spec.items():
+        where = f"plan.{name}.{field_name}"
+        if field_name not in data:
+            if f.default is MISSING:
+                raise PlanError(f"{where}: missing")
+            continue
+        value = data[field_name]
+        if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise PlanError(f"{where}: expected an integer >= 1, got {value!r}")
+        if f.type == "str" and not (isinstance(value, str) and value):
+            raise PlanError(f"{where}: expected a non-empty string, got {value!r}")
+    if kind is StreamKPlan and data.get("fixup", "linear") not in STREAMK_FIXUPS:
+        raise PlanError(f"plan.streamk.fixup: expected one of {', '.join(STREAMK_FIXUPS)}, got {data['fixup']!r}")
+    try:
+        return kind(**data)
+    except (TypeError, ValueError) as e:  # the part's own checks (e.g. a rows split's chunk)
+        raise PlanError(f"plan.{name}: {e}") from None
 
 
 # A plan's optional parts: its field name and type, in the order its plain data lists them.
@@ -574,6 +613,11 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
             raise PlanError("strategy explicit: " + "; ".join(why))
         return
     work = effective_problem(problem, plan.reduction_innermost)
+    if plan.split is not None:  # a stored plan edited by hand, or for another problem: refused, not compiled
+        try:
+            check_split(work if plan.gemm else problem, plan.split)
+        except ValueError as e:
+            raise PlanError(f"plan.split: {e}") from None
     why = _iree_split_pads(work, plan, plan.target_info)
     if why is not None:
         raise PlanError(f"plan: {why}")

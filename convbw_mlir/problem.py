@@ -32,6 +32,8 @@ __all__ = [
 
 #: Element types of x / dy / dw, with their size in bytes. Accumulation is always f32.
 DTYPES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4}
+#: The largest finite value of each element type (IEEE half; bfloat16 and float32 share f32's exponent).
+DTYPE_MAX: dict[str, float] = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38}
 
 #: Largest size and byte count a problem may have: MLIR shapes, IREE's buffer sizes and numpy's are int64.
 INT64_MAX = 2**63 - 1
@@ -165,6 +167,10 @@ class Epilogue:
         set_(self, "alpha", _finite("epilogue.alpha", self.alpha))
         default_beta = 0.0 if self.kind == "scale" else 1.0
         set_(self, "beta", default_beta if self.beta is None else _finite("epilogue.beta", self.beta))
+        for name in ("alpha", "beta"):  # the kernel computes in f32: beyond its range in any output type
+            if abs(getattr(self, name)) > DTYPE_MAX["f32"]:
+                raise ValueError(f"epilogue.{name}: {getattr(self, name)!r} is beyond f32's range "
+                                 f"(largest {DTYPE_MAX['f32']:g})")  # fmt: skip
         if self.kind == "scale":
             if self.beta != 0.0:
                 raise ValueError(f"epilogue.beta: a scale epilogue has no D term, got beta={self.beta!r}")
@@ -365,6 +371,11 @@ class ConvBwdWeightProblem:
             ep = Epilogue.from_dict(ep)
         if not isinstance(ep, Epilogue):
             raise TypeError(f"epilogue: expected an Epilogue, a dictionary or None, got {ep!r}")
+        top = DTYPE_MAX[self.dw_dtype]
+        for name in ("alpha", "beta"):  # beyond the output type's range every nonzero result overflows
+            if abs(getattr(ep, name)) > top:
+                raise ValueError(f"epilogue.{name}: {getattr(ep, name)!r} is beyond the range of dW's type "
+                                 f"{self.dw_dtype} (largest {top:g})")  # fmt: skip
         if ep.reads_d:
             d_dtype = ep.d_dtype or self.dw_dtype
             allowed = (self.dw_dtype,) if ep.kind == "accumulate" else (self.dw_dtype, "f32")

@@ -69,16 +69,19 @@ def _formats(t: torch.Tensor) -> list[str]:
     return [f for f in _FORMATS if t.permute(_order(f, t.dim())).is_contiguous()]
 
 
-def _tuple(name: str, value: Any, rank: int) -> tuple[int, ...]:
-    """``value`` (an int or ``rank`` ints) as a tuple, or a ValueError naming ``name``."""
+def _tuple(name: str, value: Any, rank: int, minimum: int | None = None) -> tuple[int, ...]:
+    """``value`` (an int or ``rank`` ints, each >= ``minimum``) as a tuple, or an error naming ``name``."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * rank
-    try:
-        out = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected an int or {rank} ints, got {value!r}") from None
+        out = (value,) * rank
+    else:
+        try:
+            out = tuple(int(v) for v in value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name}: expected an int or {rank} ints, got {value!r}") from None
     if len(out) != rank:
         raise ValueError(f"{name}: expected {rank} values for a {rank}-d convolution, got {value!r}")
+    if minimum is not None and any(v < minimum for v in out):
+        raise ValueError(f"{name}: expected values >= {minimum}, got {value!r}")
     return out
 
 
@@ -164,7 +167,7 @@ def problem_for(
         raise ValueError(f"groups: {groups} does not divide input channels {c_total} and output channels {k_total}")
     if wsize[1] != c_total // groups:
         raise ValueError(f"weight_size: expected C/groups = {c_total // groups} at index 1, got {wsize}")
-    stride_t, dilation_t = _tuple("stride", stride, rank), _tuple("dilation", dilation, rank)
+    stride_t, dilation_t = _tuple("stride", stride, rank, 1), _tuple("dilation", dilation, rank, 1)
     low, high = _pads(padding, rank, wsize[2:], dilation_t)
     out_size = [
         (i + lo + hi - d * (f - 1) - 1) // st + 1
@@ -206,13 +209,15 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
     """(problem, format, x/dy/dW shapes, permutation, kernel) of these arguments, remembered per argument
     signature: building a problem and its shapes costs ~110 µs (its checks); a training step asks for the same
     few again and again (docs/torch.md)."""
-    if not (isinstance(input, torch.Tensor) and isinstance(grad_output, torch.Tensor)):
-        problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)  # raises the error
-    key = (
-        input.shape, input.stride(), input.dtype, input.device, grad_output.shape, grad_output.stride(),
-        grad_output.dtype, grad_output.device, tuple(weight_size), str(stride), str(padding), str(dilation),
-        str(groups), accumulate,
-    )  # fmt: skip
+    try:
+        key = (
+            input.shape, input.stride(), input.dtype, input.device, grad_output.shape, grad_output.stride(),
+            grad_output.dtype, grad_output.device, tuple(weight_size), str(stride), str(padding), str(dilation),
+            str(groups), accumulate,
+        )  # fmt: skip
+    except (AttributeError, TypeError):  # not tensors, weight_size not a sequence: the error naming it
+        problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
+        raise
     found = _PROBLEMS.get(key)
     if found is None:
         problem, fmt = problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
@@ -528,6 +533,15 @@ class ConvWeightGrad(torch.autograd.Function):
         rank = input.dim() - 2
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = grad_b = grad_w = None
+        if need_w and input.dtype not in _DTYPES:  # e.g. a float64 model: torch's dW, said once per dtype
+            _warn_once(f"convert_model: {input.dtype} is not a type of ours (float16, bfloat16, float32): "
+                       "the weight gradient is torch's")  # fmt: skip
+            need_w = False
+            grad_w = _torch_weight_grad(input, weight, grad_output, ctx.conf)
+        if need_w and not _formats(input):  # a strided view torch's conv took: our kernel reads a dense copy
+            _warn_once(f"convert_model: input of shape {tuple(input.shape)} and strides {input.stride()} is neither "
+                       "contiguous nor channels-last: the weight gradient reads a contiguous copy")  # fmt: skip
+            input = input.contiguous()
         if need_x or (need_b and has_bias):
             low, high = _pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank))
             if low != high:
@@ -543,6 +557,27 @@ class ConvWeightGrad(torch.autograd.Function):
                 grad_output = grad_output.contiguous(memory_format=_memory_format(input))
             grad_w = conv_weight(input, weight.shape, grad_output, stride, padding, dilation, groups)
         return grad_x, grad_w, grad_b, None, None, None, None
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A warning the backward pass gives once per process and message, not once per step."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def _torch_weight_grad(input: torch.Tensor, weight: torch.Tensor, grad_output: torch.Tensor, conf: tuple) -> Any:
+    """torch's own dW (``aten.convolution_backward``) for what our kernels do not take."""
+    stride, padding, dilation, groups, _ = conf
+    rank = input.dim() - 2
+    low, _high = _pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank))
+    return torch.ops.aten.convolution_backward(
+        grad_output, input, weight, None, _tuple("stride", stride, rank), list(low),
+        _tuple("dilation", dilation, rank), False, [0] * rank, groups, [False, True, False],
+    )[1]  # fmt: skip
 
 
 def _memory_format(t: torch.Tensor) -> torch.memory_format:

@@ -4,7 +4,12 @@ python examples/torch_quickstart.py   (on the GPU torch uses, else the CPU; need
 Kernels are compiled on first use of a shape (or taken from $CONVBW_ARTIFACTS/<target>/<problem>).
 """
 
-import torch
+import sys
+
+try:
+    import torch
+except ModuleNotFoundError:
+    sys.exit("examples/torch_quickstart.py needs PyTorch: pip install .[torch]")
 
 from convbw_mlir.torch import conv2d_weight, convert_model
 

@@ -115,12 +115,35 @@ def test_a_malformed_plan_is_refused_with_what_is_wrong():
     good = decide(DENSE, "gfx942").to_dict()
     with pytest.raises(PlanError, match="unknown entries speed"):
         Plan.from_dict({**good, "speed": 3})
-    with pytest.raises(PlanError, match="'fast' is not a valid Strategy"):
+    with pytest.raises(PlanError, match="plan.strategy: expected one of mma, simt, iree, explicit, got 'fast'"):
         Plan.from_dict({**good, "strategy": "fast"})
     with pytest.raises(PlanError, match="missing entry 'target'"):
         Plan.from_dict({k: v for k, v in good.items() if k != "target"})
     with pytest.raises(PlanError, match="unknown target"):
         Plan.from_dict({**good, "target": "gfx908"})
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"split": {"dim": "n", "k_batch": 2}}, r"plan\.split\.chunk: missing"),
+        (
+            {"split": {"dim": "n", "k_batch": "2", "chunk": 1}},
+            r"plan\.split\.k_batch: expected an integer >= 1, got '2'",
+        ),
+        ({"split": {"dim": "n", "k_batch": 0, "chunk": 1}}, r"plan\.split\.k_batch: expected an integer >= 1, got 0"),
+        ({"split": [2]}, r"plan\.split: expected a dictionary, got \[2\]"),
+        ({"tile": {"m": 64}}, r"plan\.tile\.n: missing"),
+        ({"simt": {"rows": 1, "groups": 1, "channels": 1, "speed": 2}}, r"plan\.simt: unknown entries speed"),
+        ({"streamk": {"workgroups": 4, "fixup": "fast"}}, r"plan\.streamk\.fixup: expected one of linear, tree"),
+        ({"gemm": "yes"}, r"plan\.gemm: expected true or false, got 'yes'"),
+    ],
+)
+def test_a_malformed_plan_part_names_the_field_and_value_not_python_internals(change, message):
+    good = decide(DENSE, "gfx942").to_dict()
+    with pytest.raises(PlanError, match=message) as e:
+        Plan.from_dict({**good, **change})
+    assert "__init__" not in str(e.value) and "positional" not in str(e.value)
 
 
 def test_the_passes_carry_out_the_plan_in_the_ir_instead_of_deciding_again():
@@ -243,6 +266,18 @@ def test_a_stored_plan_whose_step_pads_its_split_is_refused_before_compiling():
     with pytest.raises(PlanError, match="read past x and dy"):
         compile_op(p, "sm_80", plan=padded, cache=False)
     check_plan(p, decide(p, "sm_80"))  # the plan's own choice passes
+
+
+def test_compile_op_takes_a_stored_plans_dictionary_and_refuses_anything_else_by_name():
+    from convbw_mlir.compiler import compile_op
+
+    p = ConvBwdWeightProblem.from_ck("2 1 4 8 8 3 3 8 8 1 1 1 1 1 1 1 1")
+    plan = decide(p, "host", k_batch=2)
+    assert compile_op(p, "host", plan=plan.to_dict(), cache=False).plan == plan
+    with pytest.raises(PlanError, match=r"plan\.split\.chunk: missing"):
+        compile_op(p, "host", plan={**plan.to_dict(), "split": {"dim": "n", "k_batch": 2}}, cache=False)
+    with pytest.raises(TypeError, match="plan: expected a Plan, its dictionary or None, got 'fast'"):
+        compile_op(p, "host", plan="fast", cache=False)
 
 
 def test_the_shipped_tuning_database_holds_no_plan_known_to_be_unsafe():

@@ -81,6 +81,10 @@ def _bad(**change):
         (lambda a: {"weight_size": (16, 8, 3, 3)}, ValueError, r"^weight_size: expected C/groups = 4"),
         (lambda a: {"groups": 3}, ValueError, r"^groups: 3 does not divide"),
         (lambda a: {"stride": (1, 1, 1)}, ValueError, r"^stride: expected 2 values"),
+        (lambda a: {"stride": 0}, ValueError, r"^stride: expected values >= 1, got 0"),
+        (lambda a: {"stride": -1}, ValueError, r"^stride: expected values >= 1, got -1"),
+        (lambda a: {"dilation": 0}, ValueError, r"^dilation: expected values >= 1, got 0"),
+        (lambda a: {"weight_size": None}, TypeError, r"^weight_size: expected a sequence of ints, got None"),
         (lambda a: {"input": a["input"][0]}, ValueError, r"^input: a 2-d convolution takes 4 dimensions"),
         (
             lambda a: {"input": torch.randn(2, 8, 7, 14)[..., ::2]},
@@ -107,6 +111,10 @@ def _bad(**change):
         "weight-size",
         "groups",
         "stride-len",
+        "stride-0",
+        "stride-negative",
+        "dilation-0",
+        "weight-size-none",
         "rank",
         "strided",
         "mixed-format",
@@ -226,3 +234,48 @@ def test_importing_without_torch_names_the_missing_package():
     code = "import sys; sys.modules['torch'] = None\ntry:\n import convbw_mlir.torch\nexcept ImportError as e: print(e)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "convbw_mlir.torch needs PyTorch, which is not installed" in out
+
+
+def _trained_grads(model, x):
+    model.zero_grad()
+    model(x).square().sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(
+    "view",
+    [lambda x: x[..., ::2], lambda x: x.transpose(2, 3)],
+    ids=["every-other-column", "transposed"],
+)
+def test_a_converted_layer_takes_a_strided_input_torch_accepts_with_one_warning(view, monkeypatch):
+    monkeypatch.setattr(ct, "_WARNED", set(), raising=False)
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(4, 8, 3, padding=1)
+    x = view(torch.randn(2, 4, 6, 12))
+    want = _trained_grads(model, x)
+    ct.convert_model(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _trained_grads(model, x)
+        _trained_grads(model, x)  # a second step: no second warning
+    assert [str(w.message) for w in caught if "neither contiguous nor channels-last" in str(w.message)] != []
+    assert len(caught) == 1
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_converted_float64_model_trains_on_torchs_weight_gradient_with_one_warning(monkeypatch):
+    monkeypatch.setattr(ct, "_WARNED", set(), raising=False)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU()).double()
+    x = torch.randn(2, 4, 6, 6, dtype=torch.float64)
+    want = _trained_grads(model, x)
+    ct.convert_model(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _trained_grads(model, x)
+        _trained_grads(model, x)
+    assert len(caught) == 1 and "torch.float64 is not a type of ours" in str(caught[0].message)
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, w)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -209,8 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m convbw_mlir.bench.report results.json", file=sys.stderr)
         return 1
+    from convbw_mlir.jsonio import read_json, require_fields
+
     path = Path(argv[0])
-    write_report(json.loads(path.read_text()), path)
+    try:
+        results = require_fields(read_json(path, "results"), {"problems": list}, f"results {path}")
+        write_report(results, path)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError) as e:  # a row without a field the table reads
+        print(f"error: results {path}: not a benchmark results file ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
     print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png')}")
     return 0
 

@@ -493,6 +493,19 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
     return row, device_name
 
 
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    """``folder/manifest.json``, its header checked (``target``, ``iree_version``, ``problems``).
+
+    Raises:
+        ValueError: no such file, not JSON, or a missing or mistyped field, naming the file.
+    """
+    from convbw_mlir.jsonio import read_json, require_fields
+
+    path = Path(folder) / "manifest.json"
+    manifest = read_json(path, "manifest")
+    return require_fields(manifest, {"target": str, "iree_version": str, "problems": list}, f"manifest {path}")
+
+
 def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, driver: str | None = None,
                  use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
                  numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False) -> dict:  # fmt: skip
@@ -507,7 +520,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     from convbw_mlir.targets import RUNS_SM80, get_target
 
     folder = Path(folder).resolve()
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = read_manifest(folder)
     target = get_target(manifest["target"])
     driver = driver or target.driver
     results: dict[str, Any] = {
@@ -571,6 +584,11 @@ def main(argv: list[str] | None = None) -> int:
     from convbw_mlir.bench.report import write_report
 
     t0 = time.time()
+    try:
+        read_manifest(args.folder)  # a missing or malformed manifest: one line, before any child starts
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     results = run_manifest(
         args.folder, args.filter, args.device, args.driver, not args.no_torch, timeout_s=args.timeout
     )

@@ -68,18 +68,19 @@ def _problems(args: argparse.Namespace) -> list[tuple[str, ConvBwdWeightProblem,
 def _cmd_tune(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch import tune
     from convbw_mlir.dispatch.cache import KernelCache
-    from convbw_mlir.dispatch.db import TuningDB, db_file_name
+    from convbw_mlir.dispatch.db import DatabaseError, TuningDB, db_file_name
     from convbw_mlir.files import check_output, claim_folder, record_output
 
     if args.import_:
-        src = Path(args.import_)
-        data = json.loads(src.read_text())
-        db = TuningDB.parse(src.read_text(), str(src)) if "kind" in data else tune.build_database(data)
+        db = _read_import(Path(args.import_))
         into = Path(args.into) if args.into else KernelCache().tuning_dir()
         claim_folder(into, "--into", DB_NAME_RE.fullmatch)
-        dest = into / db_file_name(db.device, db.target)
-        if dest.exists():
-            old = TuningDB.parse(dest.read_text(), str(dest))
+        dest = into / db_file_name(db.device, db.target)  # from checked fields only: inside ``into``
+        if dest.exists():  # a bad existing file is refused, never overwritten: it is the user's
+            try:
+                old = TuningDB.load(dest, strict=True)
+            except DatabaseError as e:
+                raise ValueError(f"--import: cannot merge into {dest}, fix or move it: {e}") from None
             taken = old.merge(db)
             db = old
         else:
@@ -102,6 +103,31 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     results_path.with_suffix(".md").write_text(tune.summarize(results, db))
     record_output(args.out, results_path.name, results_path.with_suffix(".md").name, db_file_name(db.device, db.target))
     return _cmd_tune(argparse.Namespace(import_=str(results_path), into=args.into))
+
+
+def _read_import(src: Path) -> Any:
+    """The database ``--import`` merges: a database file, or a timing results file turned into one.
+
+    Raises:
+        ValueError: the file cannot be read, is not JSON, or is neither (naming it and what is wrong).
+    """
+    from convbw_mlir.dispatch import tune
+    from convbw_mlir.dispatch.db import DatabaseError, TuningDB
+
+    try:
+        text = src.read_bytes()
+    except OSError as e:
+        raise ValueError(f"--import: cannot read {src}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"--import: {src}: not JSON ({e})") from None
+    try:
+        if isinstance(data, dict) and "kind" in data:
+            return TuningDB.parse(text, str(src))
+        return tune.database_from_results(data, str(src))
+    except DatabaseError as e:
+        raise ValueError(f"--import: {e}") from None
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
@@ -137,6 +163,16 @@ def _cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def add_dispatch_commands(sub: Any) -> None:
     """Add ``tune``, ``cache`` and ``select`` to the ``convbw`` subcommands ``sub``."""
     from convbw_mlir.cli import add_problem_arguments
@@ -150,7 +186,7 @@ def add_dispatch_commands(sub: Any) -> None:
     tune.add_argument("--types", default="f16", help="comma-separated element types")
     tune.add_argument("--filter", default="", help="only problems whose name contains this")
     tune.add_argument("--workers", type=int, default=2, help="parallel compile processes (default 2)")
-    tune.add_argument("--max-plans", type=int, default=4, help="plan variants per problem beside the heuristic's")
+    tune.add_argument("--max-plans", type=_count, default=4, help="plan variants per problem beside the heuristic's")
     tune.add_argument("--no-hold-out", action="store_true", help="tune every suite problem (none held out)")
     tune.add_argument("--compile-only", action="store_true", help="build the candidates into --out, time nothing")
     tune.add_argument("--out", help="candidate folder (manifest.json + kernels)")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,20 @@ def _load(path: Path, iree: str) -> TuningDB | None:
 
 
 def databases(target: str, device: str | None = None, extra: list[str | os.PathLike] | None = None) -> list[TuningDB]:
-    """The usable databases for ``target`` (and ``device``): shipped, the user's, then ``extra``."""
+    """The usable databases for ``target`` (and ``device``): shipped, the user's, then ``extra``.
+
+    A malformed file found in a database folder is ignored with a warning, a bad entry left out with one.
+
+    Raises:
+        ValueError: a file of ``extra`` that cannot be read or is not a database (naming it).
+    """
+    for p in extra or []:  # asked for by name: an error, not a warning
+        try:
+            TuningDB.load(p)
+        except OSError as e:
+            raise ValueError(f"--db: cannot read {p}: {e.strerror or e}") from None
+        except DatabaseError as e:
+            raise ValueError(f"--db: {e}") from None
     from convbw_mlir.dispatch.cache import default_cache_dir
 
     iree = _version()
@@ -150,9 +163,11 @@ def select(problem: ConvBwdWeightProblem, target: str, device: str | None = None
             if variant.plan is not None:
                 try:
                     check_plan(problem, variant.plan)
-                except PlanError as e:  # a tuned plan this version knows to be unsafe: never replayed
+                except ValueError as e:  # a tuned plan this version knows to be unsafe: never replayed
                     warnings.warn(f"tuning database {db.device}: {entry['name']}: {e}; decided anew", stacklevel=2)
                     break
+                if not variant.options:  # the heuristic's plan when it was tuned: named as what it is now
+                    variant = replace(variant, label="tuned")
             why = f"tuned on {db.device}: {entry.get('median_s', 0) * 1e6:.1f} us"
             return Selection(variant, "exact", why, entry)
     ranked = []

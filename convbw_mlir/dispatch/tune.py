@@ -29,11 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.dispatch.db import TuningDB
+from convbw_mlir.dispatch.db import DatabaseError, TuningDB, check_header
 from convbw_mlir.dispatch.variants import IREE_FORMS, Variant
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-__all__ = ["build_database", "compile_candidates", "held_out", "summarize", "time_candidates"]
+__all__ = ["build_database", "compile_candidates", "database_from_results", "held_out", "summarize", "time_candidates"]
 
 # Every third problem of a suite (positions 2, 5, 8 ... from 0) is held out of tuning, decided before any
 # measurement: the untuned path (nearest neighbour or heuristic) is measured on these (docs/dispatch.md).
@@ -133,8 +133,10 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     first, held-out ones after; ``out`` (JSON) is rewritten after each problem, so a run cut short keeps
     what it measured. ``deadline_s``: stop starting problems after this many seconds.
     """
+    from convbw_mlir.bench.run import read_manifest
+
     folder = Path(folder).resolve()
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = read_manifest(folder)
     todo = sorted((e for e in manifest["problems"] if filt in e["key"]), key=lambda e: e.get("held_out", False))
     results: dict[str, Any] = {"target": manifest["target"], "iree_version": manifest["iree_version"],
                                "date": time.strftime("%Y-%m-%d"), "device": None, "problems": []}  # fmt: skip
@@ -273,19 +275,48 @@ def build_database(results: dict[str, Any], device: str | None = None) -> Tuning
     """The tuning database of ``results`` (from :func:`time_candidates`): held-out problems left out."""
     db = TuningDB(device or results["device"], results["target"], results["iree_version"])
     level = device_noise(results)
-    for row in results["problems"]:
-        if row.get("held_out"):
-            continue
-        d = _decide(row, level)
-        if d["winner"] is None:
-            continue
-        name = d["winner"]
-        variant = Variant.from_dict(row["variants"][name]) if name in row["variants"] else Variant(name)
-        fields = {k: d[k] for k in ("median_s", "runner_up", "noise", "flipped", "heuristic_s", "why", "metric")}
-        fields["iree_best"] = {"form": d["iree_best"][1], "median_s": d["iree_best"][0]} if d["iree_best"] else None
-        fields["measured"] = results["date"]
-        db.add(ConvBwdWeightProblem.from_dict(row["problem"]), variant, **fields)
+    for i, row in enumerate(results["problems"]):
+        try:
+            if row.get("held_out"):
+                continue
+            d = _decide(row, level)
+            if d["winner"] is None:
+                continue
+            name = d["winner"]
+            variant = Variant.from_dict(row["variants"][name]) if name in row["variants"] else Variant(name)
+            fields = {k: d[k] for k in ("median_s", "runner_up", "noise", "flipped", "heuristic_s", "why", "metric")}
+            best = d["iree_best"]
+            fields["iree_best"] = {"form": best[1], "median_s": best[0]} if best else None
+            fields["measured"] = results["date"]
+            db.add(ConvBwdWeightProblem.from_dict(row["problem"]), variant, **fields)
+        except KeyError as e:
+            raise DatabaseError(f"problems[{i}]: missing field {e}") from None
+        except (AttributeError, TypeError, ValueError) as e:
+            raise DatabaseError(f"problems[{i}]: {e}") from None
     return db
+
+
+def database_from_results(results: Any, source: str = "<results>") -> TuningDB:
+    """:func:`build_database` of a timing results file read from ``source``, every error naming it.
+
+    Raises:
+        DatabaseError: not a results object, a missing or bad field (naming ``source`` and the row).
+    """
+    if not isinstance(results, dict):
+        raise DatabaseError(f"timing results {source}: expected an object, got {type(results).__name__}")
+    check_header(results, f"timing results {source}")
+    for name, kind in (("problems", list), ("date", str)):
+        if not isinstance(results.get(name), kind):
+            raise DatabaseError(f"timing results {source}: {name}: expected a {kind.__name__}, "
+                                f"got {results.get(name)!r}")  # fmt: skip
+    if not all(isinstance(row, dict) for row in results["problems"]):
+        raise DatabaseError(f"timing results {source}: problems: expected a list of objects")
+    try:
+        return build_database(results)
+    except DatabaseError as e:
+        raise DatabaseError(f"timing results {source}: {e}") from None
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # device_noise over all rows
+        raise DatabaseError(f"timing results {source}: {type(e).__name__}: {e}") from None
 
 
 def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
@@ -367,6 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default="")
     ap.add_argument("--deadline", type=float, default=None, help="seconds after which no new problem starts")
     args = ap.parse_args(argv)
+    from convbw_mlir.bench.run import read_manifest
+
+    try:
+        read_manifest(args.folder)  # a missing or malformed manifest: one line, before any timing
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     results = time_candidates(args.folder, args.out, args.filter, deadline_s=args.deadline)
     db = build_database(results)
     out = Path(args.out)
