@@ -71,8 +71,8 @@ def _mfma(name: str, m: int, k: int, per: int) -> LaneMap:
 
     acc = m * m // 64
     assert groups * per == k
-    return LaneMap(name, m, m, k, 64, _grid(64, per, lambda l, e: (l % m, per * (l // m) + e)),
-                   _grid(64, per, lambda l, e: (per * (l // m) + e, l % m)), _grid(64, acc, d))  # fmt: skip
+    return LaneMap(name, m, m, k, 64, _grid(64, per, lambda ln, e: (ln % m, per * (ln // m) + e)),
+                   _grid(64, per, lambda ln, e: (per * (ln // m) + e, ln % m)), _grid(64, acc, d))  # fmt: skip
 
 
 def _rdna4_k(lane: int, e: int) -> int:
@@ -89,11 +89,11 @@ LANE_MAPS: dict[str, LaneMap] = {
         # was found, so these two are the CDNA 3 pattern extended, unchecked (the kernel does not use them)
         _mfma("mfma_16x16x32", 16, 32, 8),
         _mfma("mfma_32x32x16", 32, 16, 8),
-        LaneMap("wmma_rdna3", 16, 16, 16, 32, _grid(32, 16, lambda l, e: (l % 16, e)),
-                _grid(32, 16, lambda l, e: (e, l % 16)), _grid(32, 8, lambda l, e: (2 * e + l // 16, l % 16))),
-        LaneMap("wmma_rdna4", 16, 16, 16, 32, _grid(32, 8, lambda l, e: (l % 16, _rdna4_k(l, e))),
-                _grid(32, 8, lambda l, e: (_rdna4_k(l, e), l % 16)), _grid(32, 8, lambda l, e: (8 * (l // 16) + e,
-                                                                                              l % 16))),
+        LaneMap("wmma_rdna3", 16, 16, 16, 32, _grid(32, 16, lambda ln, e: (ln % 16, e)),
+                _grid(32, 16, lambda ln, e: (e, ln % 16)), _grid(32, 8, lambda ln, e: (2 * e + ln // 16, ln % 16))),
+        LaneMap("wmma_rdna4", 16, 16, 16, 32, _grid(32, 8, lambda ln, e: (ln % 16, _rdna4_k(ln, e))),
+                _grid(32, 8, lambda ln, e: (_rdna4_k(ln, e), ln % 16)),
+                _grid(32, 8, lambda ln, e: (8 * (ln // 16) + e, ln % 16))),
     )
 }  # fmt: skip
 
@@ -288,8 +288,9 @@ class _AmdBlock(_Block):
         same = (back == per) | (np.isnan(back) & np.isnan(per))
         if not same.all():
             w, lane, e = (int(x[0]) for x in np.nonzero(~same))
-            raise AssertionError(f"{what}: lane {lane} of wave {w} element {e} differs from the other lanes "
-                                 f"holding {what}{list(where[lane, e])} (RDNA 3 repeats A and B in both half-waves)")  # fmt: skip
+            held = f"{what}{[int(i) for i in where[lane, e]]}"
+            raise AssertionError(f"{what}: lane {lane} of wave {w} element {e} differs from the other lanes holding "
+                                 f"{held} (RDNA 3 repeats A and B in both half-waves)")  # fmt: skip
         return mats
 
 
@@ -335,11 +336,12 @@ def emulate(problem, target: str, *, plan=None, corners: bool = False, mutate=No
     them: their sums are whole), where the ragged edges are. ``mutate(func)`` edits the kernel's
     ``func.func`` before it runs (a seeded bug)."""
     from convbw_mlir.dialects import convbw
+    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+    from convbw_mlir.passes.framework import collect_ops
+
     from convbw_mlir.ir_imports import new_context
     from convbw_mlir.kernels import gemm_cdna
     from convbw_mlir.kernels.shapes import gemm_shape
-    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
-    from convbw_mlir.passes.framework import collect_ops
     from convbw_mlir.plan import decide, explicit_tiling
     from convbw_mlir.reference import random_inputs, reference
 

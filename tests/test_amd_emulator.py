@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from amd_emulator import LANE_MAPS, LdsRace, _AmdBlock, _Group, emulate
+from convbw_mlir.passes.framework import collect_ops
 
 from convbw_mlir.ir_imports import ir, new_context
 from convbw_mlir.kernels import gemm_cdna, gemm_rdna
-from convbw_mlir.passes.framework import collect_ops
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 
 MAPS = Path(__file__).parent / "data" / "amd_lane_maps"
