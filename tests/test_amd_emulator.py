@@ -66,6 +66,60 @@ def test_emulator_lane_maps_equal_the_tables_amds_calculator_prints(path):
             assert tuple(want[lane, _element(col, f16_d, subword)]) == (i, j), f"lane {lane} {col}"
 
 
+def _table(path: Path) -> dict[tuple[int, int], tuple[int, int]]:
+    """(lane, register column index) -> (i, j) of one calculator table."""
+    lines = path.read_text().splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("lane,"))
+    out = {}
+    for ln in lines[header + 1 :]:
+        lane, *cells = ln.split(",")
+        for c, cell in enumerate(cells):
+            out[int(lane), c] = tuple(map(int, re.findall(r"\[(\d+)\]", cell)))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("op", "arch", "inst", "a_len", "acc"),
+    [("mfma", "cdna3", "v_mfma_f32_16x16x16_f16", 4, "vector<4xf32>"),
+     ("mfma", "cdna3", "v_mfma_f32_32x32x8_f16", 4, "vector<16xf32>"),
+     ("wmma", "rdna3", "v_wmma_f32_16x16x16_f16", 16, "vector<8xf32>"),
+     ("wmma", "rdna4", "v_wmma_f32_16x16x16_f16", 8, "vector<8xf32>")],
+)  # fmt: skip
+def test_each_matrix_instruction_computes_a_times_b_plus_c_laid_out_as_amds_tables(op, arch, inst, a_len, acc):
+    """Operands placed and the result read by the calculator's tables themselves (16-bit: two a register)."""
+    m, n, k = map(int, re.search(r"(\d+)x(\d+)x(\d+)", inst).groups())
+    wave = 64 if op == "mfma" else 32
+    rng = np.random.default_rng(0)
+    A, B, C = (rng.integers(-3, 4, s).astype(np.float64) for s in ((m, k), (k, n), (m, n)))
+    tables = {x: _table(MAPS / arch / f"{inst}.{x}.csv") for x in "ABCD"}
+    acc_len = int(re.search(r"<(\d+)x", acc).group(1))
+    a = np.zeros((wave, a_len), np.float16)
+    b = np.zeros((wave, a_len), np.float16)
+    c = np.zeros((wave, acc_len), np.float32)
+    for (lane, col), (i, j) in tables["A"].items():
+        a[lane, col] = A[i, j]
+    for (lane, col), (i, j) in tables["B"].items():
+        b[lane, col] = B[i, j]
+    for (lane, col), (i, j) in tables["C"].items():
+        c[lane, col] = C[i, j]
+    d = np.full((wave, acc_len), np.nan, np.float32)
+    ab = f"vector<{a_len}xf16>"
+    _run_func(
+        f"""func.func @k(%a: {ab}, %b: {ab}, %c: {acc}, %d: memref<{wave}x{acc_len}xf32>) {{
+              %c0 = arith.constant 0 : index
+              %lane = gpu.thread_id x
+              %r = amdgpu.{op} {m}x{n}x{k} %a * %b + %c : {ab}, {ab}, {acc}
+              vector.store %r, %d[%lane, %c0] : memref<{wave}x{acc_len}xf32>, {acc}
+              return
+            }}""",
+        [a, b, c, d],
+        wave,
+    )  # fmt: skip
+    want = A @ B + C
+    for (lane, col), (i, j) in tables["D"].items():
+        assert d[lane, col] == want[i, j], f"lane {lane} register {col}: D[{i}][{j}]"
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize(
     ("ck", "options"),
