@@ -82,8 +82,10 @@ def _table(path: Path) -> dict[tuple[int, int], tuple[int, int]]:
     ("op", "arch", "inst", "a_len", "acc"),
     [("mfma", "cdna3", "v_mfma_f32_16x16x16_f16", 4, "vector<4xf32>"),
      ("mfma", "cdna3", "v_mfma_f32_32x32x8_f16", 4, "vector<16xf32>"),
+     ("mfma", "cdna3", "v_mfma_f32_32x32x8_bf16", 4, "vector<16xf32>"),
      ("wmma", "rdna3", "v_wmma_f32_16x16x16_f16", 16, "vector<8xf32>"),
-     ("wmma", "rdna4", "v_wmma_f32_16x16x16_f16", 8, "vector<8xf32>")],
+     ("wmma", "rdna4", "v_wmma_f32_16x16x16_f16", 8, "vector<8xf32>"),
+     ("wmma", "rdna4", "v_wmma_f32_16x16x16_bf16", 8, "vector<8xf32>")],
 )  # fmt: skip
 def test_each_matrix_instruction_computes_a_times_b_plus_c_laid_out_as_amds_tables(op, arch, inst, a_len, acc):
     """Operands placed and the result read by the calculator's tables themselves (16-bit: two a register)."""
@@ -103,7 +105,7 @@ def test_each_matrix_instruction_computes_a_times_b_plus_c_laid_out_as_amds_tabl
     for (lane, col), (i, j) in tables["C"].items():
         c[lane, col] = C[i, j]
     d = np.full((wave, acc_len), np.nan, np.float32)
-    ab = f"vector<{a_len}xf16>"
+    ab = f"vector<{a_len}x{inst.rsplit('_', 1)[1]}>"  # f16 or bf16 (the values are small integers: exact)
     _run_func(
         f"""func.func @k(%a: {ab}, %b: {ab}, %c: {acc}, %d: memref<{wave}x{acc_len}xf32>) {{
               %c0 = arith.constant 0 : index
@@ -204,6 +206,40 @@ def _run_func(text: str, arrays: list[np.ndarray], wave: int = 64) -> None:
             block.env[arg] = arr
         for _ in block.run(body, _Group(None)):
             pass
+
+
+@pytest.mark.parametrize("subword", [0, 1])
+def test_rdna3_f16_result_lands_in_the_half_opsel_selects_and_keeps_the_other(subword):
+    A, B, C = (np.arange(256, dtype=np.float64).reshape(16, 16) % 5 - 2 for _ in range(3))
+    ab = (
+        _table(MAPS / "rdna3" / "v_wmma_f32_16x16x16_f16.A.csv"),
+        _table(MAPS / "rdna3" / "v_wmma_f32_16x16x16_f16.B.csv"),
+    )
+    dmap = _table(MAPS / "rdna3" / f"v_wmma_f16_16x16x16_f16.D.opsel{4 * subword}.csv")
+    a, b = np.zeros((32, 16), np.float16), np.zeros((32, 16), np.float16)
+    for (lane, col), (i, j) in ab[0].items():
+        a[lane, col] = A[i, j]
+    for (lane, col), (i, j) in ab[1].items():
+        b[lane, col] = B[i, j]
+    c = np.full((32, 16), 99, np.float16)  # the other halves: must stay
+    for (lane, reg), (i, j) in dmap.items():
+        c[lane, 2 * reg + subword] = C[i, j]
+    d = np.full((32, 16), np.nan, np.float16)
+    v = "vector<16xf16>"
+    _run_func(
+        f"""func.func @k(%a: {v}, %b: {v}, %c: {v}, %d: memref<32x16xf16>) {{
+              %c0 = arith.constant 0 : index
+              %lane = gpu.thread_id x
+              %r = amdgpu.wmma 16x16x16 %a * %b + %c subwordOffset({subword}) : {v}, {v}, {v}
+              vector.store %r, %d[%lane, %c0] : memref<32x16xf16>, {v}
+              return
+            }}""",
+        [a, b, c, d],
+        32,
+    )  # fmt: skip
+    want = A @ B + C
+    for (lane, reg), (i, j) in dmap.items():
+        assert d[lane, 2 * reg + subword] == want[i, j] and d[lane, 2 * reg + 1 - subword] == 99
 
 
 def test_raw_buffer_load_returns_zero_past_num_records():
