@@ -141,6 +141,12 @@ def test_amd_kernel_matches_float64_under_emulation_and_stores_each_output_once(
     assert (e.counts == 1).all()  # every dW entry (or split partial) stored once, nothing past M or N
 
 
+@pytest.mark.parametrize("target", ["gfx90a", "gfx950", "gfx1151", "gfx1201"])
+def test_the_other_amd_targets_of_the_table_match_float64_under_emulation(target):
+    e = emulate(P.from_ck(RAGGED, layout=4).with_(dw_dtype="f32"), target)  # dW in f32: no rounding to f16
+    assert e.error() < 1e-5 and (e.counts == 1).all()
+
+
 @pytest.mark.parametrize(
     ("target", "forms", "wrong"),
     [("gfx942", gemm_cdna.FORMS, {"acc_row": (1, 4)}),  # D rows read as the transpose of AMD's map
