@@ -1,6 +1,6 @@
 """Every AMD form x every dense suite problem through the emulator (``make emulate-amd``), against float64.
 
-    .venv/bin/python tests/emulate_amd.py [--targets gfx942,gfx1100,gfx1200] [--batch 1] [--only NAME,...]
+    .venv/bin/python tests/emulate_amd.py [--targets gfx942,gfx1100,gfx1200] [--batch 1|0] [--only NAME,...]
 
 The problems are bench/isa_explicit.py's (the dense suite the H100 run measured), each at ``--batch``
 images (default 1: the same M and N tiles, filter, stride, dilation, padding and ragged edges, a
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="gfx942,gfx1100,gfx1200")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1, help="images at most (0: the suite's own)")
     ap.add_argument("--only", default="", help="comma-separated problem names (default: all)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "bench"))
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = {k: v for k, v in problems.items() if k in args.only.split(",")}
     counts = {"ok": 0, "refused": 0, "wrong": 0, "failed": 0}
     for name, full in problems.items():
-        p = full.with_(batch=min(args.batch, full.batch))
+        p = full.with_(batch=min(args.batch, full.batch)) if args.batch else full
         for target in args.targets.split(","):
             t0 = time.time()
             try:
