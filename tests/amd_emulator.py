@@ -6,15 +6,16 @@ interpreter of ``sm80_emulator`` plus LDS, ``amdgpu.mfma``, ``amdgpu.wmma`` and
 32 (RDNA) lanes, and checks what the hardware would not forgive:
 
 - **Lane maps** (:data:`LANE_MAPS`): which matrix entry each lane's vector element holds, for A, B and
-  C/D of every MFMA/WMMA form the target table names. They are written here from AMD's ISA tables and
-  checked equal to the tables AMD's matrix instruction calculator prints (tests/data/amd_lane_maps,
+  C/D of every MFMA/WMMA form the target table names: formulas written here, checked equal to the
+  tables AMD's matrix instruction calculator prints (tests/data/amd_lane_maps,
   tests/test_amd_emulator.py); nothing is taken from the kernel's own ``MatrixForm``. A vector element
-  ``e`` of a 16-bit type sits in register ``e // 2``, bits ``[15:0]`` for even ``e`` and ``[31:16]`` for
-  odd (LLVM's packing of ``<N x half>`` in VGPRs); a 32-bit element ``e`` is register ``e``. An entry
-  several lanes hold (RDNA 3 repeats A and B in both half-waves) must be equal in all of them.
+  ``e`` of a 16-bit type sits in register ``e // 2``, bits ``[15:0]`` for even ``e`` and ``[31:16]``
+  for odd (LLVM's packing of ``<N x half>`` in VGPRs); a 32-bit element ``e`` is register ``e``. An
+  entry several lanes hold (RDNA 3 repeats A and B in both half-waves) must be equal in all of them.
 - **Bounds**: every global or LDS access in bounds for the lanes that make it (numpy would wrap a
   negative index silently); a vector access may not run past its row. ``raw_buffer_load`` returns 0
-  past ``num_records`` (the memref's bytes) instead, as AMD buffer loads do.
+  past ``num_records`` (the memref's bytes) instead, as AMD buffer loads do (checked an element at a
+  time; the kernel emits none today: it clamps every address).
 - **LDS races** (:class:`LdsRace`): waves run in no fixed order between barriers, so within one barrier
   interval a wave may not read an LDS element another wave wrote, nor write one another wave read or
   wrote. ``gpu.barrier`` and ``amdgpu.lds_barrier`` end the interval.
@@ -42,8 +43,9 @@ class LaneMap:
     """Where the lanes of one wave hold an instruction's matrices: arrays ``[lane, element, 2]``.
 
     ``a[l, e]`` is ``(i, k)`` of A[i][k], ``b[l, e]`` is ``(k, j)`` of B[k][j], ``d[l, e]`` is ``(i, j)`` of
-    C and D (the same registers). ``d_f16``: D's map where the result is 16-bit (RDNA 3: element
-    ``2e + subword`` of a ``vector<16xf16>``; RDNA 4: packed like A).
+    C and D (the same registers). A 16-bit result on RDNA 3 puts ``d[l, e]`` in element
+    ``2e + subwordOffset`` of a ``vector<16xf16>`` (OPSEL's half; the other half keeps C's); on RDNA 4
+    it is ``d`` packed two a register.
     """
 
     name: str
