@@ -149,7 +149,7 @@ def test_the_other_amd_targets_of_the_table_match_float64_under_emulation(target
 
 @pytest.mark.parametrize(
     ("target", "forms", "wrong"),
-    [("gfx942", gemm_cdna.FORMS, {"acc_row": (1, 4)}),  # D rows read as the transpose of AMD's map
+    [("gfx942", gemm_cdna.FORMS, {"acc_row": (1, 4)}),  # D rows (l / 16) + 4e instead of AMD's 4(l / 16) + e
      ("gfx1200", gemm_rdna.FORMS, {"acc_row": (1, 2)})],  # RDNA 3's result rows on RDNA 4
 )  # fmt: skip
 def test_a_kernel_form_with_another_lane_map_is_wrong_under_emulation(monkeypatch, target, forms, wrong):
