@@ -1,12 +1,13 @@
 # make run:  set up .venv and run the main example on the CPU (compile, run, verify, time)
 # make test: set up .venv, then pytest and lit
 # make fuzz: 2000 random problems compiled for the host and checked (CONVBW_FUZZ_EXAMPLES to change)
+# make emulate-amd: every AMD form x every dense suite problem through the CPU emulator, with counts (slow)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test pytest lit lint clean fuzz
+.PHONY: setup run test pytest lit lint clean fuzz emulate-amd
 
 setup: $(STAMP)
 
@@ -29,6 +30,9 @@ test: pytest lit
 
 fuzz: setup
 	CONVBW_FUZZ_EXAMPLES=$${CONVBW_FUZZ_EXAMPLES:-2000} $(PY) -m pytest tests/test_fuzz.py
+
+emulate-amd: setup
+	$(PY) tests/emulate_amd.py
 
 lint: setup
 	$(VENV)/bin/ruff check .
