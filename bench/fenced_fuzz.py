@@ -31,6 +31,7 @@ from typing import Any
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 ROOT = Path(__file__).resolve().parent.parent
+IREE_FORMS = ("reference", "iree_direct", "iree_torch", "iree_fusilli")
 # Per rank: input extent range per spatial dimension (small: hundreds of problems compile in minutes).
 _INPUT = {1: (6, 64), 2: (3, 20), 3: (3, 8)}
 # (class, weight): G, C, K drawn per class; the classes of the "every class" issue.
@@ -95,7 +96,7 @@ def _options(alt: str, problem: ConvBwdWeightProblem) -> dict[str, Any]:
     for pair in alt.split("&"):
         key, value = pair.split("=")
         options[key] = (
-            problem.batch if value == "N" else True if value == "true" else int(value) if value.isdigit() else value
+            problem.batch if value == "N" else True if value in ("true", "True") else int(value) if value.isdigit() else value
         )
     return options
 
@@ -126,6 +127,7 @@ def _contender(options: dict[str, Any]) -> str:
 # -- compile side ----------------------------------------------------------------------------------------
 def _compile_entries(entries: list[dict], target: str, folder: str) -> list[dict]:
     """Compile the contenders of ``entries`` in this process (a child of :func:`compile_all`)."""
+    from convbw_mlir.bench.artifacts import build_contender
     from convbw_mlir.compiler import CompileError, compile_module, lowered_text
     from convbw_mlir.pipelines import for_target
     from convbw_mlir.plan import decide
@@ -135,6 +137,13 @@ def _compile_entries(entries: list[dict], target: str, folder: str) -> list[dict
         for name, options in entry.pop("options").items():
             path = f"{entry['key']}.{len(entry['contenders'])}.vmfb"
             try:
+                if name in IREE_FORMS:  # IREE's own forms and the GPU reference: rivals, no plan of ours
+                    text, flags = build_contender(problem, name, target)
+                    if text is None:
+                        raise ValueError("no such form for this problem")
+                    (Path(folder) / path).write_bytes(compile_module(text, target, flags))
+                    entry["contenders"][name] = {"ok": True, "vmfb": path, "flags": [], "config": {"strategy": name}}
+                    continue
                 plan = decide(problem, target, **options)
                 vmfb = compile_module(lowered_text(problem, for_target(target, **options)), target)
             except (CompileError, ValueError) as e:
@@ -239,6 +248,30 @@ def overread_sweep() -> list[dict]:
                 "contenders": {},
             }
         )
+    return entries
+
+
+def recheck_entries(manifests: list[Path], results: list[Path], alternatives: tuple[str, ...]) -> list[dict]:
+    """The problems of earlier runs with a contender that was not correct: each again with the plan's
+    choice now, the same contenders, and ``alternatives`` (other plans and IREE's forms), to find
+    which choice is right where one is wrong."""
+    rows = {row["key"]: row for r in results for row in json.loads(r.read_text())["problems"]}
+    entries = []
+    for manifest in manifests:
+        for e in json.loads(manifest.read_text())["problems"]:
+            row = rows.get(e["key"])
+            if row is None or not any(c.get("status") == "WRONG" for c in row["contenders"].values()):
+                continue
+            p = ConvBwdWeightProblem.from_dict(e["problem"])
+            names = list(e["contenders"]) + [a for a in alternatives if a not in e["contenders"]]
+            options = {}
+            for name in names:
+                if name in IREE_FORMS:
+                    options[name] = {}
+                else:
+                    opts = _options(name.partition(":")[2].replace(",", "&"), p) if ":" in name else {}
+                    options[_contender(opts)] = opts
+            entries.append({**e, "options": options, "contenders": {}})
     return entries
 
 
@@ -358,6 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--count", type=int, default=500)
     c.add_argument("--seed", type=int, default=1)
     c.add_argument("--sweep", choices=["overread"], help="the named sweep instead of random problems")
+    c.add_argument(
+        "--recheck",
+        nargs=2,
+        action="append",
+        metavar=("MANIFEST", "RESULTS"),
+        help="the problems with a wrong contender in an earlier run, again, with other choices",
+    )
     c.add_argument(
         "--profile",
         choices=["any", "explicit"],
