@@ -424,8 +424,11 @@ def _iree_tiles_itself(plan: Plan) -> bool:
 def _iree_split_pads(work: ConvBwdWeightProblem, plan: Plan, tgt: Target) -> str | None:
     """Why ``plan`` (IREE tiling a split itself) would read past x and dy, or None: a per-split reduction
     the K of the type's matrix instruction does not divide. IREE picks that instruction by the type alone,
-    also where :func:`pick_intrinsic` declines (docs/decisions.md#split-iree-step has the measurements)."""
+    also where :func:`pick_intrinsic` declines, wherever the problem has more than one out channel a group
+    (docs/decisions.md#split-iree-step has the measurements)."""
     if not _iree_tiles_itself(plan) or plan.split is None or not tgt.is_gpu:
+        return None
+    if work.out_channels == 1:  # no M loop for an instruction: every such split stayed inside (docs, as above)
         return None
     contraction = Contraction.build(work, plan.split)
     intrinsics = tgt.intrinsics.get(work.dtype, ())
