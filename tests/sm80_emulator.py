@@ -19,11 +19,14 @@ barrier left with arrivals at the join raises too.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from convbw_mlir.ir_imports import ir
 
 WARP = 32
+SPIN_LIMIT = 1000  # iterations of a spin loop before the wait counts as a deadlock
 
 
 def _attr_int(a: ir.Attribute) -> int:
@@ -136,7 +139,10 @@ class _Block:
             return None
         binary = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply,
                   "arith.divui": np.floor_divide, "arith.remui": np.remainder, "arith.minsi": np.minimum,
-                  "arith.maxsi": np.maximum, "arith.andi": np.logical_and}  # fmt: skip
+                  "arith.maxsi": np.maximum, "arith.andi": np.bitwise_and,
+                  "arith.minui": np.minimum, "arith.maxui": np.maximum, "arith.addf": np.add,
+                  "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor, "arith.shli": np.left_shift,
+                  "arith.shrui": np.right_shift}  # fmt: skip
         if name in binary:
             a, b = self.get(ins[0]), self.get(ins[1])
             self.env[res[0]] = binary[name](a, b)
@@ -240,14 +246,58 @@ class _Block:
             if len(op.regions[1].blocks):
                 branches.append((op.regions[1].blocks[0], ~cond & active))
             taken = [(b, m) for b, m in branches if m.any()]
-            if len(taken) == 2:  # the threads diverge: warp roles
+            if len(taken) == 2 and not res:  # the threads diverge: warp roles
                 self._fork(taken)
                 return None
+            assert len(taken) < 2 or not any(m.all() for _, m in taken), "scf.if with results diverged"
             for b, m in taken:  # one branch for all (or none): the same thread group, narrowed
                 sub = _Group(m)
                 sub.open, sub.committed = group.open, group.committed
-                yield from self.run(b, sub)
+                out = yield from self.run(b, sub)
                 group.open, group.committed = sub.open, sub.committed
+                for r, v in zip(res, out or []):  # a uniform condition: the taken branch's values
+                    self.env[r] = v
+            return None
+        if name == "scf.while":  # a spin loop (StreamK's flag wait): before region, then the body
+            before, after = op.regions[0].blocks[0], op.regions[1].blocks[0]
+            for _ in range(SPIN_LIMIT):
+                cond = None
+                for inner in before.operations:
+                    if inner.operation.name == "scf.condition":
+                        cond = np.broadcast_to(np.asarray(self.get(inner.operation.operands[0]), bool), (self.t,))
+                        break
+                    yield from self.step(inner.operation, group)
+                if not cond[self._active(group)].any():
+                    return None
+                yield from self.run(after, group)
+            raise Deadlock(f"scf.while spun {SPIN_LIMIT} times: a flag no earlier workgroup sets")
+        if name == "memref.atomic_rmw":  # one thread after another, each sees the previous one's result
+            kind = ir.IntegerAttr(op.attributes["kind"]).value
+            assert kind == 1, f"emulator: atomic_rmw kind {kind} (only addi)"
+            value, mem = self.get(ins[0]), self.get(ins[1])
+            idx = [self.idx(v) for v in ins[2:]]
+            old = np.zeros(self.t, mem.dtype)
+            for th in np.flatnonzero(self._active(group)):
+                d = tuple(i[th] for i in idx)
+                old[th] = mem[d]
+                mem[d] += np.broadcast_to(value, (self.t,))[th]
+            self.env[res[0]] = old
+            return None
+        if name == "vector.load":
+            mem = self.get(ins[0])
+            idx = [self.idx(v) for v in ins[1:]]
+            n = ir.VectorType(res[0].type).shape[-1]
+            out = np.zeros((self.t, n), mem.dtype)
+            for th in np.flatnonzero(self._active(group)):
+                d = tuple(i[th] for i in idx)
+                assert d[-1] + n <= mem.shape[-1], f"load past the row: {d} + {n} of {mem.shape}"
+                out[th] = mem[d[:-1]][d[-1] : d[-1] + n]
+            self.env[res[0]] = out
+            return None
+        if name == "vector.shape_cast":
+            self.env[res[0]] = np.asarray(self.get(ins[0])).reshape((self.t, *ir.VectorType(res[0].type).shape))
+            return None
+        if name == "nvvm.memory.barrier":  # workgroups run one after another here: memory is always visible
             return None
         if name == "func.return":
             return None
@@ -344,3 +394,132 @@ def run_kernel(func: ir.Operation, grid: tuple[int, int, int], threads: int, bin
                 for kind, bid, n, k in block.run(body, group):  # no fork: every barrier has every thread
                     assert k == n, f"barrier {bid} ({kind}) reached by {k} of its {n} threads"
                 assert not group.open and not group.committed, "the kernel ended with cp.async copies in flight"
+
+
+def _workgroup(export: ir.Operation) -> tuple[tuple[int, int, int], int]:
+    """The grid (the export's ``count`` region: constants) and the threads of a workgroup."""
+    consts, grid = {}, None
+    for op in export.regions[0].blocks[0].operations:
+        if op.operation.name == "arith.constant":
+            consts[op.result] = _attr_int(op.operation.attributes["value"])
+        elif op.operation.name == "hal.return":
+            grid = tuple(consts[v] for v in op.operation.operands)
+    threads = [_attr_int(a) for a in ir.ArrayAttr(export.attributes["workgroup_size"])]
+    return grid, threads[0] * threads[1] * threads[2]
+
+
+def _scalar(name: str, a: list[np.ndarray]) -> np.ndarray:
+    """One op of a ``linalg.generic`` body, on whole arrays."""
+    if name == "arith.addf":
+        return a[0] + a[1]
+    if name == "arith.mulf":
+        return a[0] * a[1]
+    if name == "arith.truncf":
+        return a[0].astype(np.float16)
+    if name == "arith.extf":
+        return a[0].astype(np.float32)
+    raise NotImplementedError(f"emulator: linalg.generic body op {name}")
+
+
+def _generic(op: ir.Operation, env: dict) -> np.ndarray:
+    """``linalg.generic`` with projected-permutation maps: parallel loops at once, reductions in order."""
+    seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+    ins, outs = list(op.operands)[: seg[0]], list(op.operands)[seg[0] :]
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    kinds = [str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"])]
+    dims = [[ir.AffineDimExpr(e).position for e in m.results] for m in maps]
+    extent = {}
+    for v, ds in zip(ins + outs, dims):
+        extent.update(zip(ds, np.shape(env[v])))
+    loops = len(kinds)
+    red = [i for i, k in enumerate(kinds) if "reduction" in k]
+    par = [i for i in range(loops) if i not in red]
+
+    def view(v, ds, at):  # operand v over the parallel loops, at reduction index ``at``
+        a = np.asarray(env[v])
+        index = tuple(at[d] if d in at else slice(None) for d in ds)
+        kept = [d for d in ds if d not in at]
+        a = a[index]
+        order = sorted(range(len(kept)), key=lambda i: par.index(kept[i]))
+        a = np.transpose(a, order)
+        shape = [extent[d] if d in kept else 1 for d in par]
+        return a.reshape(shape)
+
+    out = np.array(env[outs[0]], copy=True)
+    body = op.regions[0].blocks[0]
+    for at_values in np.ndindex(*[extent[d] for d in red]):
+        at = dict(zip(red, at_values))
+        local = {a: view(v, ds, at) for a, v, ds in zip(body.arguments, ins, dims)}
+        local[body.arguments[len(ins)]] = out.reshape([extent[d] for d in par]) if not red else out
+        for inner in body.operations:
+            o = inner.operation
+            if o.name == "linalg.yield":
+                out = np.broadcast_to(local[o.operands[0]], out.shape).astype(out.dtype)
+                break
+            a = [local[v] for v in o.operands]
+            local[o.results[0]] = _scalar(o.name, a)
+    return out
+
+
+def run_module(module: ir.Module, args: list[np.ndarray], first: str = "else") -> np.ndarray:
+    """Run the module's top-level function on ``args``: its own tensor ops (reshapes, fills, the
+    ``linalg.generic`` of a split's stage 2) in numpy, each ``flow.dispatch`` by :func:`run_kernel`
+    (workgroups in order; a result not tied to an operand starts as NaN). Returns the function's result."""
+    top = [op for op in module.body.operations if op.operation.name == "func.func"]
+    executables = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations
+                   if op.operation.name == "hal.executable.source"}  # fmt: skip
+    (fn,) = top
+    body = fn.regions[0].blocks[0]
+    env = {a: np.asarray(v) for a, v in zip(body.arguments, args)}
+    for op in body.operations:
+        o = op.operation
+        name, res = o.name, list(o.results)
+        if name in ("tensor.collapse_shape", "tensor.expand_shape"):
+            env[res[0]] = np.asarray(env[o.operands[0]]).reshape(ir.RankedTensorType(res[0].type).shape)
+        elif name == "tensor.empty":
+            t = ir.RankedTensorType(res[0].type)
+            dtype = np.int32 if isinstance(t.element_type, ir.IntegerType) else np.float32
+            env[res[0]] = np.full(t.shape, np.nan if dtype == np.float32 else 0, dtype)
+        elif name == "arith.constant":
+            attr = o.attributes["value"]
+            env[res[0]] = ir.IntegerAttr(attr).value if isinstance(attr, ir.IntegerAttr) else ir.FloatAttr(attr).value
+        elif name == "linalg.fill":
+            env[res[0]] = np.full_like(env[o.operands[1]], env[o.operands[0]])
+        elif name == "linalg.generic":
+            env[res[0]] = _generic(o, env)
+        elif name == "flow.dispatch":
+            exe = executables[re.match(r"\[@\"?([\w.]+)", str(o.attributes["entry_points"])).group(1)]
+            (export,) = [e for e in exe.regions[0].blocks[0].operations if e.operation.name == "hal.executable.export"]
+            (kernel,) = [f for f in collect_funcs(exe)]
+            grid, threads = _workgroup(export.operation)
+            tied = [ir.IntegerAttr(a).value for a in ir.ArrayAttr(o.attributes["tied_operands"])] if (
+                "tied_operands" in o.attributes) else [-1] * len(res)  # fmt: skip
+            operands = [np.array(env[v], copy=True) for v in o.operands]
+            fresh = [np.full(ir.RankedTensorType(r.type).shape, np.nan,
+                             np.float16 if "f16" in str(ir.RankedTensorType(r.type).element_type) else np.float32)
+                     for r, t in zip(res, tied) if t < 0]  # fmt: skip
+            subspans = [s for s in _walk(kernel) if s.name == "hal.interface.binding.subspan"]
+            bindings = operands + fresh
+            views = [b.reshape(ir.MemRefType(s.results[0].type).shape) for b, s in zip(bindings, subspans)]
+            run_kernel(kernel, grid, threads, views, first)
+            it = iter(fresh)
+            for r, t in zip(res, tied):
+                env[r] = operands[t] if t >= 0 else next(it)
+        elif name == "func.return":
+            return env[o.operands[0]]
+        else:
+            raise NotImplementedError(f"emulator: top-level op {name}")
+    raise AssertionError("no func.return")
+
+
+def _walk(op: ir.Operation):
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner.operation
+                yield from _walk(inner.operation)
+
+
+def collect_funcs(exe: ir.Operation) -> list[ir.Operation]:
+    """The kernel functions of an executable (``func.func`` with a ``translation_info``)."""
+    return [o for o in _walk(exe) if o.name == "func.func" and "translation_info" in o.attributes]
