@@ -408,56 +408,80 @@ def _workgroup(export: ir.Operation) -> tuple[tuple[int, int, int], int]:
     return grid, threads[0] * threads[1] * threads[2]
 
 
-def _scalar(name: str, a: list[np.ndarray]) -> np.ndarray:
-    """One op of a ``linalg.generic`` body, on whole arrays."""
-    if name == "arith.addf":
-        return a[0] + a[1]
-    if name == "arith.mulf":
-        return a[0] * a[1]
-    if name == "arith.truncf":
-        return a[0].astype(np.float16)
-    if name == "arith.extf":
-        return a[0].astype(np.float32)
-    raise NotImplementedError(f"emulator: linalg.generic body op {name}")
+_UNSIGNED = {6, 7, 8, 9}  # ult, ule, ugt, uge: compared as unsigned (a negative index is huge)
+
+
+def _body_op(o: ir.Operation, env: dict, grid: np.ndarray) -> None:
+    """One op of a ``linalg.generic`` body, on arrays over the whole iteration space."""
+    name, a = o.name, [env[v] for v in o.operands]
+    if name == "linalg.index":
+        out = grid[_attr_int(o.attributes["dim"])]
+    elif name == "tensor.extract":
+        out = a[0][tuple(np.asarray(i, np.int64) for i in a[1:])]
+    elif name == "arith.cmpi":
+        pred = _attr_int(o.attributes["predicate"])
+        x, y = (np.asarray(v, np.int64) for v in a)
+        if pred in _UNSIGNED:
+            x, y = x.astype(np.uint64), y.astype(np.uint64)
+        out = [np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal, np.less,
+               np.less_equal, np.greater, np.greater_equal][pred](x, y)  # fmt: skip
+    elif name == "arith.select":
+        out = np.where(a[0], a[1], a[2])
+    elif name == "arith.constant":
+        attr = o.attributes["value"]
+        out = ir.IntegerAttr(attr).value if isinstance(attr, ir.IntegerAttr) else ir.FloatAttr(attr).value
+    else:
+        ops = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply, "arith.andi": np.bitwise_and,
+               "arith.ori": np.bitwise_or, "arith.divui": np.floor_divide, "arith.remui": np.remainder,
+               "arith.addf": np.add, "arith.mulf": np.multiply, "arith.subf": np.subtract,
+               "arith.truncf": lambda v: np.asarray(v).astype(np.float16),
+               "arith.extf": lambda v: np.asarray(v).astype(np.float32)}  # fmt: skip
+        if name not in ops:
+            raise NotImplementedError(f"emulator: linalg.generic body op {name}")
+        out = ops[name](*a)
+    env[o.results[0]] = out
 
 
 def _generic(op: ir.Operation, env: dict) -> np.ndarray:
-    """``linalg.generic`` with projected-permutation maps: parallel loops at once, reductions in order."""
+    """``linalg.generic`` over its whole iteration space at once (any affine maps, ``linalg.index`` and
+    ``tensor.extract`` in the body); a reduction's body must add to its accumulator, summed by index."""
     seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
     ins, outs = list(op.operands)[: seg[0]], list(op.operands)[seg[0] :]
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    kinds = [str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"])]
-    dims = [[ir.AffineDimExpr(e).position for e in m.results] for m in maps]
-    extent = {}
-    for v, ds in zip(ins + outs, dims):
-        extent.update(zip(ds, np.shape(env[v])))
-    loops = len(kinds)
-    red = [i for i, k in enumerate(kinds) if "reduction" in k]
-    par = [i for i in range(loops) if i not in red]
+    reduction = any("reduction" in str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"]))
+    extent: dict[int, int] = {}
+    for v, m in zip(ins + outs, maps):
+        for e, size in zip(m.results, np.shape(env[v])):
+            if re.fullmatch(r"d\d+", str(e)):
+                extent[int(str(e)[1:])] = size
+    loops = maps[0].n_dims
+    assert set(extent) == set(range(loops)), f"loops without an extent: {set(range(loops)) - set(extent)}"
+    grid = np.indices([extent[d] for d in range(loops)], np.int64)
+    names = {f"d{d}": grid[d] for d in range(loops)}
 
-    def view(v, ds, at):  # operand v over the parallel loops, at reduction index ``at``
-        a = np.asarray(env[v])
-        index = tuple(at[d] if d in at else slice(None) for d in ds)
-        kept = [d for d in ds if d not in at]
-        a = a[index]
-        order = sorted(range(len(kept)), key=lambda i: par.index(kept[i]))
-        a = np.transpose(a, order)
-        shape = [extent[d] if d in kept else 1 for d in par]
-        return a.reshape(shape)
+    def where(m) -> tuple[np.ndarray, ...]:
+        return tuple(np.broadcast_to(eval(str(e).replace("floordiv", "//").replace("mod", "%"), {}, names),
+                                     grid.shape[1:]) for e in m.results)  # fmt: skip
 
-    out = np.array(env[outs[0]], copy=True)
     body = op.regions[0].blocks[0]
-    for at_values in np.ndindex(*[extent[d] for d in red]):
-        at = dict(zip(red, at_values))
-        local = {a: view(v, ds, at) for a, v, ds in zip(body.arguments, ins, dims)}
-        local[body.arguments[len(ins)]] = out.reshape([extent[d] for d in par]) if not red else out
-        for inner in body.operations:
-            o = inner.operation
-            if o.name == "linalg.yield":
-                out = np.broadcast_to(local[o.operands[0]], out.shape).astype(out.dtype)
-                break
-            a = [local[v] for v in o.operands]
-            local[o.results[0]] = _scalar(o.name, a)
+    local = dict(env)
+    for arg, v, m in zip(body.arguments, ins, maps):
+        local[arg] = np.asarray(env[v])[where(m)]
+    init, at = np.asarray(env[outs[0]]), where(maps[-1])
+    local[body.arguments[len(ins)]] = np.zeros(grid.shape[1:], init.dtype) if reduction else init[at]
+    for inner in body.operations:
+        o = inner.operation
+        if o.name == "linalg.yield":
+            yielded, value = o.operands[0], local[o.operands[0]]
+            break
+        _body_op(o, local, grid)
+    out = np.array(init, copy=True)
+    if reduction:  # the body is acc + f(ins): f summed into each output entry
+        add = yielded.owner
+        assert add.name == "arith.addf" and body.arguments[len(ins)] in list(add.operands), f"not a sum: {add}"
+        np.add.at(out, at, value.astype(out.dtype))
+    else:
+        out[at] = value
     return out
 
 
@@ -465,6 +489,7 @@ def run_module(module: ir.Module, args: list[np.ndarray], first: str = "else") -
     """Run the module's top-level function on ``args``: its own tensor ops (reshapes, fills, the
     ``linalg.generic`` of a split's stage 2) in numpy, each ``flow.dispatch`` by :func:`run_kernel`
     (workgroups in order; a result not tied to an operand starts as NaN). Returns the function's result."""
+    assert module.operation.verify()  # IREE would refuse what does not verify
     top = [op for op in module.body.operations if op.operation.name == "func.func"]
     executables = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations
                    if op.operation.name == "hal.executable.source"}  # fmt: skip
