@@ -1,12 +1,15 @@
 # make run:  set up .venv and run the main example on the CPU (compile, run, verify, time)
 # make test: set up .venv, then pytest and lit
 # make fuzz: 2000 random problems compiled for the host and checked (CONVBW_FUZZ_EXAMPLES to change)
+# make mutate: cosmic-ray over the numerically critical functions (tests/mutation/*.toml; long: hours;
+#              it edits those sources in place while it runs, one mutant at a time; docs/mutation.md)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test pytest lit lint clean fuzz
+.PHONY: setup run test pytest lit lint clean fuzz mutate
+MUTATION ?= $(wildcard tests/mutation/*.toml)
 
 setup: $(STAMP)
 
@@ -29,6 +32,17 @@ test: pytest lit
 
 fuzz: setup
 	CONVBW_FUZZ_EXAMPLES=$${CONVBW_FUZZ_EXAMPLES:-2000} $(PY) -m pytest tests/test_fuzz.py
+
+mutate: setup
+	$(PY) -m pip install -q -e '.[mutation]'
+	mkdir -p build/mutation
+	set -e; for config in $(MUTATION); do \
+	  session=build/mutation/$$(basename $$config .toml).sqlite; rm -f $$session; \
+	  PATH=$(VENV)/bin:$$PATH $(VENV)/bin/cosmic-ray init $$config $$session; \
+	  $(PY) tests/mutation/scope.py $$config $$session; \
+	  PATH=$(VENV)/bin:$$PATH nice -n 10 $(VENV)/bin/cosmic-ray exec $$config $$session; \
+	  $(PY) tests/mutation/scope.py --report $$session; \
+	done
 
 lint: setup
 	$(VENV)/bin/ruff check .
