@@ -15,6 +15,12 @@ barrier's thread count has arrived, ``bar.arrive`` (``nvvm.barrier.arrive``) cou
 group runs until it blocks (``first`` says which branch starts): a missing wait lets one role run
 ahead and read or overwrite a stage too early; a wrong order deadlocks (raised as ``Deadlock``), and a
 barrier left with arrivals at the join raises too.
+
+A whole module (:func:`run_module`): the top-level function's tensor ops run in numpy (reshapes, fills,
+any ``linalg.generic``: a split's stage 2, the lowering's gather pads and contraction) and each
+``flow.dispatch`` runs its kernel, workgroups one after another in grid order. StreamK's flags work
+so: ``memref.atomic_rmw`` one thread at a time, an ``scf.while`` spin loop that outlasts
+``SPIN_LIMIT`` (a wait on a later workgroup, which never runs first here) raises ``Deadlock``.
 """
 
 from __future__ import annotations
@@ -249,14 +255,15 @@ class _Block:
             if len(taken) == 2 and not res:  # the threads diverge: warp roles
                 self._fork(taken)
                 return None
-            assert len(taken) < 2 or not any(m.all() for _, m in taken), "scf.if with results diverged"
-            for b, m in taken:  # one branch for all (or none): the same thread group, narrowed
+            for b, m in taken:  # one branch after the other, each for its threads (no barrier between)
                 sub = _Group(m)
                 sub.open, sub.committed = group.open, group.committed
                 out = yield from self.run(b, sub)
                 group.open, group.committed = sub.open, sub.committed
-                for r, v in zip(res, out or []):  # a uniform condition: the taken branch's values
-                    self.env[r] = v
+                for r, v in zip(res, out or []):  # each thread takes its own branch's value
+                    v = np.broadcast_to(v, (self.t, *np.shape(v)[1:])) if np.ndim(v) else np.full(self.t, v)
+                    old = self.env.get(r, v)
+                    self.env[r] = np.where(m.reshape(m.shape + (1,) * (v.ndim - 1)), v, old)
             return None
         if name == "scf.while":  # a spin loop (StreamK's flag wait): before region, then the body
             before, after = op.regions[0].blocks[0], op.regions[1].blocks[0]
