@@ -76,6 +76,7 @@ def test_streamk_partition_and_fixup_match_float64_under_emulation(ck, workgroup
         "2 1 2 16 8 3 3 11 11 2 2 2 2 2 2 0 0",
         "2 1 3 4 4 3 2 7 8 3 1 1 3 1 2 2 0",  # unequal filter, strides, dilations and pads per dimension
         "2 1 2 4 4 3 3 6 6 1 1 1 1 2 2 2 2",  # the last rows read 1 past the image's end and more
+        "2 1 2 4 4 3 3 3 3 2 2 1 1 1 1 1 1",  # 2 output rows, stride 2: the bound from one output step
     ],
 )
 def test_gather_address_map_shared_with_the_amd_kernel_matches_an_index_computation(ck):
