@@ -59,6 +59,7 @@ def test_split_partials_are_summed_by_the_modules_own_stage_two(dw_dtype, k_batc
         ("2 2 2 16 8 1 1 16 16 1 1 1 1 0 0 0 0", 3, "linear"),  # 2 tiles x 8 k tiles: both tiles split
         ("2 2 2 16 8 1 1 16 16 1 1 1 1 0 0 0 0", 5, "tree"),  # 5 contributors: levels 1 and 2 of the tree
         ("2 1 2 16 8 1 1 16 16 1 1 1 1 0 0 0 0", 7, "tree"),  # one tile, 7 ranks: a rank with two children
+        ("2 1 2 16 8 1 1 16 16 1 1 1 1 0 0 0 0", 4, "linear"),  # one tile: the finisher adds 3 partials
         ("2 1 2 16 8 3 3 9 9 2 2 1 1 1 1 1 1", 3, "linear"),  # gathered (strided, padded) x
     ],
 )
@@ -77,6 +78,7 @@ def test_streamk_partition_and_fixup_match_float64_under_emulation(ck, workgroup
         "2 1 3 4 4 3 2 7 8 3 1 1 3 1 2 2 0",  # unequal filter, strides, dilations and pads per dimension
         "2 1 2 4 4 3 3 6 6 1 1 1 1 2 2 2 2",  # the last rows read 1 past the image's end and more
         "2 1 2 4 4 3 3 3 3 2 2 1 1 1 1 1 1",  # 2 output rows, stride 2: the bound from one output step
+        "2 1 2 4 4 3 3 2 2 1 1 1 1 1 1 1 1",  # 2 output rows, stride 1: the filter's reach alone passes the end
     ],
 )
 def test_gather_address_map_shared_with_the_amd_kernel_matches_an_index_computation(ck):
