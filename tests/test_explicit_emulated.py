@@ -79,6 +79,7 @@ def test_streamk_partition_and_fixup_match_float64_under_emulation(ck, workgroup
         "2 1 2 4 4 3 3 6 6 1 1 1 1 2 2 2 2",  # the last rows read 1 past the image's end and more
         "2 1 2 4 4 3 3 3 3 2 2 1 1 1 1 1 1",  # 2 output rows, stride 2: the bound from one output step
         "2 1 2 4 4 3 3 2 2 1 1 1 1 1 1 1 1",  # 2 output rows, stride 1: the filter's reach alone passes the end
+        "2 1 2 4 4 3 3 6 6 1 1 1 1 0 0 2 2",  # padding after the image only
     ],
 )
 def test_gather_address_map_shared_with_the_amd_kernel_matches_an_index_computation(ck):
