@@ -2,12 +2,15 @@
 # make test: set up .venv, then pytest and lit
 # make fuzz: 2000 random problems compiled for the host and checked (CONVBW_FUZZ_EXAMPLES to change)
 # make emulate-amd: every AMD form x every dense suite problem through the CPU emulator, with counts (slow)
+# make mutate: cosmic-ray over the numerically critical functions (tests/mutation/*.toml; long: hours;
+#              it edits those sources in place while it runs, one mutant at a time; docs/mutation.md)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test pytest lit lint clean fuzz emulate-amd
+.PHONY: setup run test pytest lit lint clean fuzz emulate-amd mutate
+MUTATION ?= $(wildcard tests/mutation/*.toml)
 
 setup: $(STAMP)
 
@@ -33,6 +36,17 @@ fuzz: setup
 
 emulate-amd: setup
 	$(PY) tests/emulate_amd.py
+
+mutate: setup
+	$(PY) -m pip install -q -e '.[mutation]'
+	mkdir -p build/mutation
+	set -e; for config in $(MUTATION); do \
+	  session=build/mutation/$$(basename $$config .toml).sqlite; rm -f $$session; \
+	  PATH=$(VENV)/bin:$$PATH $(VENV)/bin/cosmic-ray init $$config $$session; \
+	  $(PY) tests/mutation/scope.py $$config $$session; \
+	  PATH=$(VENV)/bin:$$PATH nice -n 10 $(VENV)/bin/cosmic-ray exec $$config $$session; \
+	  $(PY) tests/mutation/scope.py --report $$session; \
+	done
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -15,15 +15,24 @@ barrier's thread count has arrived, ``bar.arrive`` (``nvvm.barrier.arrive``) cou
 group runs until it blocks (``first`` says which branch starts): a missing wait lets one role run
 ahead and read or overwrite a stage too early; a wrong order deadlocks (raised as ``Deadlock``), and a
 barrier left with arrivals at the join raises too.
+
+A whole module (:func:`run_module`): the top-level function's tensor ops run in numpy (reshapes, fills,
+any ``linalg.generic``: a split's stage 2, the lowering's gather pads and contraction) and each
+``flow.dispatch`` runs its kernel, workgroups one after another in grid order. StreamK's flags work
+so: ``memref.atomic_rmw`` one thread at a time, an ``scf.while`` spin loop that outlasts
+``SPIN_LIMIT`` (a wait on a later workgroup, which never runs first here) raises ``Deadlock``.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
 from convbw_mlir.ir_imports import ir
 
 WARP = 32
+SPIN_LIMIT = 1000  # iterations of a spin loop before the wait counts as a deadlock
 
 
 def _attr_int(a: ir.Attribute) -> int:
@@ -136,7 +145,10 @@ class _Block:
             return None
         binary = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply,
                   "arith.divui": np.floor_divide, "arith.remui": np.remainder, "arith.minsi": np.minimum,
-                  "arith.maxsi": np.maximum, "arith.andi": np.logical_and}  # fmt: skip
+                  "arith.maxsi": np.maximum, "arith.andi": np.bitwise_and,
+                  "arith.minui": np.minimum, "arith.maxui": np.maximum, "arith.addf": np.add,
+                  "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor, "arith.shli": np.left_shift,
+                  "arith.shrui": np.right_shift}  # fmt: skip
         if name in binary:
             a, b = self.get(ins[0]), self.get(ins[1])
             self.env[res[0]] = binary[name](a, b)
@@ -240,14 +252,59 @@ class _Block:
             if len(op.regions[1].blocks):
                 branches.append((op.regions[1].blocks[0], ~cond & active))
             taken = [(b, m) for b, m in branches if m.any()]
-            if len(taken) == 2:  # the threads diverge: warp roles
+            if len(taken) == 2 and not res:  # the threads diverge: warp roles
                 self._fork(taken)
                 return None
-            for b, m in taken:  # one branch for all (or none): the same thread group, narrowed
+            for b, m in taken:  # one branch after the other, each for its threads (no barrier between)
                 sub = _Group(m)
                 sub.open, sub.committed = group.open, group.committed
-                yield from self.run(b, sub)
+                out = yield from self.run(b, sub)
                 group.open, group.committed = sub.open, sub.committed
+                for r, v in zip(res, out or []):  # each thread takes its own branch's value
+                    v = np.broadcast_to(v, (self.t, *np.shape(v)[1:])) if np.ndim(v) else np.full(self.t, v)
+                    old = self.env.get(r, v)
+                    self.env[r] = np.where(m.reshape(m.shape + (1,) * (v.ndim - 1)), v, old)
+            return None
+        if name == "scf.while":  # a spin loop (StreamK's flag wait): before region, then the body
+            before, after = op.regions[0].blocks[0], op.regions[1].blocks[0]
+            for _ in range(SPIN_LIMIT):
+                cond = None
+                for inner in before.operations:
+                    if inner.operation.name == "scf.condition":
+                        cond = np.broadcast_to(np.asarray(self.get(inner.operation.operands[0]), bool), (self.t,))
+                        break
+                    yield from self.step(inner.operation, group)
+                if not cond[self._active(group)].any():
+                    return None
+                yield from self.run(after, group)
+            raise Deadlock(f"scf.while spun {SPIN_LIMIT} times: a flag no earlier workgroup sets")
+        if name == "memref.atomic_rmw":  # one thread after another, each sees the previous one's result
+            kind = ir.IntegerAttr(op.attributes["kind"]).value
+            assert kind == 1, f"emulator: atomic_rmw kind {kind} (only addi)"
+            value, mem = self.get(ins[0]), self.get(ins[1])
+            idx = [self.idx(v) for v in ins[2:]]
+            old = np.zeros(self.t, mem.dtype)
+            for th in np.flatnonzero(self._active(group)):
+                d = tuple(i[th] for i in idx)
+                old[th] = mem[d]
+                mem[d] += np.broadcast_to(value, (self.t,))[th]
+            self.env[res[0]] = old
+            return None
+        if name == "vector.load":
+            mem = self.get(ins[0])
+            idx = [self.idx(v) for v in ins[1:]]
+            n = ir.VectorType(res[0].type).shape[-1]
+            out = np.zeros((self.t, n), mem.dtype)
+            for th in np.flatnonzero(self._active(group)):
+                d = tuple(i[th] for i in idx)
+                assert d[-1] + n <= mem.shape[-1], f"load past the row: {d} + {n} of {mem.shape}"
+                out[th] = mem[d[:-1]][d[-1] : d[-1] + n]
+            self.env[res[0]] = out
+            return None
+        if name == "vector.shape_cast":
+            self.env[res[0]] = np.asarray(self.get(ins[0])).reshape((self.t, *ir.VectorType(res[0].type).shape))
+            return None
+        if name == "nvvm.memory.barrier":  # workgroups run one after another here: memory is always visible
             return None
         if name == "func.return":
             return None
@@ -344,3 +401,157 @@ def run_kernel(func: ir.Operation, grid: tuple[int, int, int], threads: int, bin
                 for kind, bid, n, k in block.run(body, group):  # no fork: every barrier has every thread
                     assert k == n, f"barrier {bid} ({kind}) reached by {k} of its {n} threads"
                 assert not group.open and not group.committed, "the kernel ended with cp.async copies in flight"
+
+
+def _workgroup(export: ir.Operation) -> tuple[tuple[int, int, int], int]:
+    """The grid (the export's ``count`` region: constants) and the threads of a workgroup."""
+    consts, grid = {}, None
+    for op in export.regions[0].blocks[0].operations:
+        if op.operation.name == "arith.constant":
+            consts[op.result] = _attr_int(op.operation.attributes["value"])
+        elif op.operation.name == "hal.return":
+            grid = tuple(consts[v] for v in op.operation.operands)
+    threads = [_attr_int(a) for a in ir.ArrayAttr(export.attributes["workgroup_size"])]
+    return grid, threads[0] * threads[1] * threads[2]
+
+
+_UNSIGNED = {6, 7, 8, 9}  # ult, ule, ugt, uge: compared as unsigned (a negative index is huge)
+
+
+def _body_op(o: ir.Operation, env: dict, grid: np.ndarray) -> None:
+    """One op of a ``linalg.generic`` body, on arrays over the whole iteration space."""
+    name, a = o.name, [env[v] for v in o.operands]
+    if name == "linalg.index":
+        out = grid[_attr_int(o.attributes["dim"])]
+    elif name == "tensor.extract":
+        out = a[0][tuple(np.asarray(i, np.int64) for i in a[1:])]
+    elif name == "arith.cmpi":
+        pred = _attr_int(o.attributes["predicate"])
+        x, y = (np.asarray(v, np.int64) for v in a)
+        if pred in _UNSIGNED:
+            x, y = x.astype(np.uint64), y.astype(np.uint64)
+        out = [np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal, np.less,
+               np.less_equal, np.greater, np.greater_equal][pred](x, y)  # fmt: skip
+    elif name == "arith.select":
+        out = np.where(a[0], a[1], a[2])
+    elif name == "arith.constant":
+        attr = o.attributes["value"]
+        out = ir.IntegerAttr(attr).value if isinstance(attr, ir.IntegerAttr) else ir.FloatAttr(attr).value
+    else:
+        ops = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply, "arith.andi": np.bitwise_and,
+               "arith.ori": np.bitwise_or, "arith.divui": np.floor_divide, "arith.remui": np.remainder,
+               "arith.addf": np.add, "arith.mulf": np.multiply, "arith.subf": np.subtract,
+               "arith.truncf": lambda v: np.asarray(v).astype(np.float16),
+               "arith.extf": lambda v: np.asarray(v).astype(np.float32)}  # fmt: skip
+        if name not in ops:
+            raise NotImplementedError(f"emulator: linalg.generic body op {name}")
+        out = ops[name](*a)
+    env[o.results[0]] = out
+
+
+def _generic(op: ir.Operation, env: dict) -> np.ndarray:
+    """``linalg.generic`` over its whole iteration space at once (any affine maps, ``linalg.index`` and
+    ``tensor.extract`` in the body); a reduction's body must add to its accumulator, summed by index."""
+    seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+    ins, outs = list(op.operands)[: seg[0]], list(op.operands)[seg[0] :]
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    reduction = any("reduction" in str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"]))
+    extent: dict[int, int] = {}
+    for v, m in zip(ins + outs, maps):
+        for e, size in zip(m.results, np.shape(env[v])):
+            if re.fullmatch(r"d\d+", str(e)):
+                extent[int(str(e)[1:])] = size
+    loops = maps[0].n_dims
+    assert set(extent) == set(range(loops)), f"loops without an extent: {set(range(loops)) - set(extent)}"
+    grid = np.indices([extent[d] for d in range(loops)], np.int64)
+    names = {f"d{d}": grid[d] for d in range(loops)}
+
+    def where(m) -> tuple[np.ndarray, ...]:
+        return tuple(np.broadcast_to(eval(str(e).replace("floordiv", "//").replace("mod", "%"), {}, names),
+                                     grid.shape[1:]) for e in m.results)  # fmt: skip
+
+    body = op.regions[0].blocks[0]
+    local = dict(env)
+    for arg, v, m in zip(body.arguments, ins, maps):
+        local[arg] = np.asarray(env[v])[where(m)]
+    init, at = np.asarray(env[outs[0]]), where(maps[-1])
+    local[body.arguments[len(ins)]] = np.zeros(grid.shape[1:], init.dtype) if reduction else init[at]
+    for inner in body.operations:
+        o = inner.operation
+        if o.name == "linalg.yield":
+            yielded, value = o.operands[0], local[o.operands[0]]
+            break
+        _body_op(o, local, grid)
+    out = np.array(init, copy=True)
+    if reduction:  # the body is acc + f(ins): f summed into each output entry
+        add = yielded.owner
+        assert add.name == "arith.addf" and body.arguments[len(ins)] in list(add.operands), f"not a sum: {add}"
+        np.add.at(out, at, value.astype(out.dtype))
+    else:
+        out[at] = value
+    return out
+
+
+def run_module(module: ir.Module, args: list[np.ndarray], first: str = "else") -> np.ndarray:
+    """Run the module's top-level function on ``args``: its own tensor ops (reshapes, fills, the
+    ``linalg.generic`` of a split's stage 2) in numpy, each ``flow.dispatch`` by :func:`run_kernel`
+    (workgroups in order; a result not tied to an operand starts as NaN). Returns the function's result."""
+    assert module.operation.verify()  # IREE would refuse what does not verify
+    top = [op for op in module.body.operations if op.operation.name == "func.func"]
+    executables = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations
+                   if op.operation.name == "hal.executable.source"}  # fmt: skip
+    (fn,) = top
+    body = fn.regions[0].blocks[0]
+    env = {a: np.asarray(v) for a, v in zip(body.arguments, args)}
+    for op in body.operations:
+        o = op.operation
+        name, res = o.name, list(o.results)
+        if name in ("tensor.collapse_shape", "tensor.expand_shape"):
+            env[res[0]] = np.asarray(env[o.operands[0]]).reshape(ir.RankedTensorType(res[0].type).shape)
+        elif name == "tensor.empty":
+            t = ir.RankedTensorType(res[0].type)
+            dtype = np.int32 if isinstance(t.element_type, ir.IntegerType) else np.float32
+            env[res[0]] = np.full(t.shape, np.nan if dtype == np.float32 else 0, dtype)
+        elif name == "arith.constant":
+            attr = o.attributes["value"]
+            env[res[0]] = ir.IntegerAttr(attr).value if isinstance(attr, ir.IntegerAttr) else ir.FloatAttr(attr).value
+        elif name == "linalg.fill":
+            env[res[0]] = np.full_like(env[o.operands[1]], env[o.operands[0]])
+        elif name == "linalg.generic":
+            env[res[0]] = _generic(o, env)
+        elif name == "flow.dispatch":
+            exe = executables[re.match(r"\[@\"?([\w.]+)", str(o.attributes["entry_points"])).group(1)]
+            (export,) = [e for e in exe.regions[0].blocks[0].operations if e.operation.name == "hal.executable.export"]
+            (kernel,) = [f for f in collect_funcs(exe)]
+            grid, threads = _workgroup(export.operation)
+            tied = [ir.IntegerAttr(a).value for a in ir.ArrayAttr(o.attributes["tied_operands"])] if (
+                "tied_operands" in o.attributes) else [-1] * len(res)  # fmt: skip
+            operands = [np.array(env[v], copy=True) for v in o.operands]
+            fresh = [np.full(ir.RankedTensorType(r.type).shape, np.nan,
+                             np.float16 if "f16" in str(ir.RankedTensorType(r.type).element_type) else np.float32)
+                     for r, t in zip(res, tied) if t < 0]  # fmt: skip
+            subspans = [s for s in _walk(kernel) if s.name == "hal.interface.binding.subspan"]
+            bindings = operands + fresh
+            views = [b.reshape(ir.MemRefType(s.results[0].type).shape) for b, s in zip(bindings, subspans)]
+            run_kernel(kernel, grid, threads, views, first)
+            it = iter(fresh)
+            for r, t in zip(res, tied):
+                env[r] = operands[t] if t >= 0 else next(it)
+        elif name == "func.return":
+            return env[o.operands[0]]
+        else:
+            raise NotImplementedError(f"emulator: top-level op {name}")
+    raise AssertionError("no func.return")
+
+
+def _walk(op: ir.Operation):
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner.operation
+                yield from _walk(inner.operation)
+
+
+def collect_funcs(exe: ir.Operation) -> list[ir.Operation]:
+    """The kernel functions of an executable (``func.func`` with a ``translation_info``)."""
+    return [o for o in _walk(exe) if o.name == "func.func" and "translation_info" in o.attributes]

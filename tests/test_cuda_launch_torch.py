@@ -7,6 +7,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (an optional
 from convbw_mlir import torch as ct  # noqa: E402 - after the skip: it needs torch
 from convbw_mlir.cuda_launch import Launch  # noqa: E402
 from convbw_mlir.problem import ConvBwdWeightProblem  # noqa: E402
+from convbw_mlir.reference import reference  # noqa: E402
 
 P = ConvBwdWeightProblem.from_ck("2 2 1 4 4 3 3 6 6 1 1 1 1 1 1 1 1")
 
@@ -53,7 +54,10 @@ def test_direct_branch_hands_the_kernel_the_callers_tensors_and_returns_its_outp
     x, dy = torch.randn(2, 8, 7, 7, generator=g), torch.randn(2, 16, 7, 7, generator=g)
     if fmt == "channels_last":
         x, dy = (t.contiguous(memory_format=torch.channels_last) for t in (x, dy))
-    want = torch.nn.grad.conv2d_weight(x, (16, 4, 3, 3), dy, padding=1, groups=2)
+    # the float64 reference, not torch's dW (the stand-in kernel's): NCHW is layout 4, G split from C and K
+    problem = ConvBwdWeightProblem.from_ck("2 2 2 8 4 3 3 7 7 1 1 1 1 1 1 1 1", layout=4)
+    exact = reference(problem, x.double().numpy().reshape(2, 2, 4, 7, 7), dy.double().numpy().reshape(2, 2, 8, 7, 7))
+    want = torch.from_numpy(exact.reshape(16, 4, 3, 3)).float()
     handed = []
 
     def kernel(self, xi, dyi, out):  # noqa: ANN001, ANN202 - stands in for the CUDA launch

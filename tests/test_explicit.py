@@ -37,10 +37,13 @@ def test_explicit_plan_carries_the_recipe_tiling_under_the_sm80_shared_memory_ca
     assert Plan.from_dict(plan.to_dict()) == plan
 
 
-def test_explicit_is_never_chosen_without_the_option():
-    # One measurement (one GEMM shape) is not a rule: auto-choice stays off.
+def test_plan_picks_explicit_on_its_own_for_channels_last_only():
+    # The plan's own choice takes channels-last problems (docs/decisions.md#explicit-by-default): the
+    # layout-4 GEMM keeps IREE's codegen unless asked, its layout-2 twin of RESNET_3X3 takes the kernel.
     for target in ("sm_80", "sm_89"):
         assert decide(GEMM4096, target).strategy is not Strategy.EXPLICIT
+        assert decide(RESNET_3X3, target).strategy is not Strategy.EXPLICIT
+        assert decide(RESNET_3X3.with_(layout=2), target).strategy is Strategy.EXPLICIT
 
 
 def test_explicit_kernel_fits_each_targets_shared_memory():

@@ -1,12 +1,11 @@
 """StreamK in the explicit sm_80 kernel (convbw_mlir/kernels/streamk_sm80.py): the plan's option and its
-refusals, the work partition the kernel's index arithmetic follows, and the isolated sm_80 compile.
+refusals, the workgroup clamp, and the isolated sm_80 compile.
 
-Numerics need the GPU: bench/explicit_streamk.py checks them there (docs/explicit-kernels.md "StreamK");
-lit/explicit/streamk*.test check the kernel's IR (the persistent loop, the flag wait, the fixups)."""
+Numerics: tests/test_explicit_emulated.py runs the kernel as built (its partition, flag waits, linear and
+tree fixups) under the sm_80 emulator against float64; bench/explicit_streamk.py checks it on the GPU
+(docs/explicit-kernels.md "StreamK"); lit/explicit/streamk*.test check the kernel's IR."""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 
@@ -65,70 +64,9 @@ def test_a_given_streamk_plan_with_a_split_or_bad_fixup_is_refused_before_compil
         check_plan(CK, Plan(**{**plan.__dict__, "streamk": StreamKPlan(0)}))
 
 
-def _segments(sk: StreamK, w: int) -> list[tuple[int, int, int]]:
-    """(tile, lo, hi) of workgroup ``w``'s segments in the kernel's order (last tile first), from the
-    same index arithmetic as the kernel's persistent loop."""
-    begin, end = sk.begin(w), sk.begin(w + 1)
-    last = (end - 1) // sk.iters
-    out = []
-    for i in range(last + 1 - begin // sk.iters):
-        tile = last - i
-        t0 = tile * sk.iters
-        out.append((tile, max(begin, t0) - t0, min(end, t0 + sk.iters) - t0))
-    return out
-
-
-PARTITIONS = [(1, 392, 132), (2, 1568, 132), (72, 2, 132), (72, 25, 132), (5, 98, 108), (3, 2, 132), (7, 1, 4)]
-
-
-@pytest.mark.parametrize(("tiles", "iters", "workgroups"), PARTITIONS)
-def test_streamk_partition_covers_each_k_iteration_once_and_waits_only_on_lower_workgroups(tiles, iters, workgroups):
-    sk = StreamK(tiles, iters, min(workgroups, tiles * iters))
-    covered = {t: [] for t in range(tiles)}
-    for w in range(sk.workgroups):
-        segs = _segments(sk, w)
-        assert segs, f"workgroup {w} has no work"
-        for k, (tile, lo, hi) in enumerate(segs):
-            assert 0 <= lo < hi <= iters
-            covered[tile].append((lo, hi, w))
-            if hi < iters:  # a partial: only a range's end cuts a tile, so it is the workgroup's first segment
-                assert k == 0
-            if lo > 0:  # the finisher's segment is the last it runs
-                assert k == len(segs) - 1 or hi < iters
-    for tile, parts in covered.items():
-        parts.sort()
-        assert [p[:2] for p in parts] == list(zip([0] + [p[1] for p in parts[:-1]], [p[1] for p in parts]))
-        assert parts[-1][1] == iters
-        first, finisher = sk.owner(tile * iters), sk.owner((tile + 1) * iters - 1)
-        assert [p[2] for p in parts] == list(range(first, finisher + 1))  # contributors wait on nobody above
-
-
 def test_streamk_clamps_workgroups_to_the_k_iterations_so_none_is_idle():
     assert StreamK.of(gemm_shape(P(1, 1, 256, 128, (8, 8), (1, 1), layout=4)), GemmTiling(), 132).workgroups == 1
     assert StreamK.of(gemm_shape(CK), GemmTiling(), 132) == StreamK(2, 1568, 132)
-
-
-def _tree_adds(count: int, levels: int) -> dict[int, list[int]]:
-    """Ranks each rank adds in the tree fixup: the kernel's rule (s below rank's lowest set bit, or any s
-    for rank 0, and rank + s a contributor)."""
-    adds = {}
-    for rank in range(count):
-        low = rank & -rank
-        adds[rank] = [rank + (1 << lv) for lv in range(levels) if (rank == 0 or (1 << lv) < low)
-                      and rank + (1 << lv) < count]  # fmt: skip
-    return adds
-
-
-@pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 33, 131, 132])
-def test_tree_fixup_folds_every_contributor_into_the_finisher_exactly_once(count):
-    levels = max(1, (132 - 1).bit_length())
-    adds = _tree_adds(count, levels)
-
-    def subtree(r: int) -> list[int]:
-        return [r, *itertools.chain.from_iterable(subtree(c) for c in adds[r])]
-
-    assert sorted(subtree(0)) == list(range(count))
-    assert max(map(len, adds.values())) <= levels
 
 
 @pytest.mark.parametrize("fixup", ["linear", "tree"])

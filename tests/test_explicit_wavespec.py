@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sm80_emulator import Deadlock, run_kernel
+from sm80_emulator import Deadlock, run_module
 
 from convbw_mlir.compiler import compile_op, executable_intermediates
-from convbw_mlir.kernels import gemm_sm80, wavespec_sm80
+from convbw_mlir.kernels import wavespec_sm80
 from convbw_mlir.kernels.shapes import GemmTiling, gemm_shape
 from convbw_mlir.plan import Plan, PlanError, decide, explicit_tiling
 from convbw_mlir.problem import ConvBwdWeightProblem as P
@@ -24,27 +24,23 @@ LONG = "2 1 4 16 8 3 3 8 8 1 1 1 1 1 1 1 1"  # 256 positions: 4 k tiles of 64, m
 
 
 def emulated_error(p: P, first: str = "else", **options) -> float:
-    """Max error of the emulated kernel against float64, relative to the largest entry."""
+    """Max error of the emulated module (the kernel, and a split's own stage 2) against float64, relative
+    to the largest entry."""
     from convbw_mlir.dialects import convbw
     from convbw_mlir.passes.explicit_kernel import ExplicitKernel
     from convbw_mlir.passes.framework import collect_ops
 
-    from convbw_mlir.ir_imports import ir, new_context
+    from convbw_mlir.ir_imports import new_context
 
     plan = decide(p, "sm_80", strategy="explicit", **options)
-    shape, t = gemm_shape(p, plan.k_batch), explicit_tiling(plan)
-    threads = wavespec_sm80.threads(t, plan.wavespec.producers) if plan.wavespec else t.threads
+    threads = wavespec_sm80.threads(explicit_tiling(plan), plan.wavespec.producers) if plan.wavespec else None
     x, dy = random_inputs(p, seed=3)
     with new_context():
         module = convbw.build_module(p, plan)
         ExplicitKernel().run(module.operation)
         (fn,) = [f for f in collect_ops(module.operation, "func.func") if "translation_info" in f.attributes]
-        assert f"workgroup_size = [{threads}, 1, 1]" in str(fn.attributes["translation_info"])
-        types = [ir.MemRefType(s.results[0].type) for s in collect_ops(fn, "hal.interface.binding.subspan")]
-        out = np.full(types[2].shape, np.nan, np.float32 if "f32" in str(types[2].element_type) else np.float16)
-        run_kernel(fn, gemm_sm80.grid(shape, t), threads, [dy.reshape(types[0].shape), x.reshape(types[1].shape),
-                                                             out], first=first)  # fmt: skip
-    got = (out.sum(0) if shape.splits > 1 else out).reshape(p.dw_shape).astype(np.float64)
+        assert threads is None or f"workgroup_size = [{threads}, 1, 1]" in str(fn.attributes["translation_info"])
+        got = run_module(module, [x, dy], first=first).astype(np.float64)
     exact = reference(p, x, dy)
     return float(np.abs(got - exact).max() / np.abs(exact).max())
 

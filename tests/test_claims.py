@@ -1,0 +1,125 @@
+"""Numbers the README and docs state, read back from the result files they name (issue 28, item 4).
+
+Each row: the document, a pattern around the stated number (group ``n``), the result file the
+document must link, and how that number follows from the file. A claim edited without its data, or
+data replaced without its claim, fails here."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from convbw_mlir.bench.suites import load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def _jsonl(path: str) -> list[dict]:
+    return [json.loads(line) for line in (RESULTS / path).read_text().splitlines() if line.strip()]
+
+
+def _json(path: str):
+    return json.loads((RESULTS / path).read_text())
+
+
+def _isa(side: str, what: str) -> int:
+    rows = _json("isa_2026-11-22_final.json")
+    runs = [v for r in rows for k, v in r["res"].items() if k.endswith("/" + side)]
+    return {"compiles": len(runs), "failed": sum(not v["ok"] for v in runs),
+            "scratch": sum((v.get("scratch") or 0) > 0 for v in runs)}[what]  # fmt: skip
+
+
+def _streamk(fixups: tuple[str, ...]) -> float:
+    """Geomean of best split-K time / StreamK time (the best of ``fixups``) over the suite problems."""
+    data = _json("h100_2026-11-23_streamk/explicit_streamk.json")
+    us = {tuple(r["name"].split(":")): r["single_us"] for r in data["rows"]}
+    ratios = []
+    for problem in data["tiles"]:
+        split = min(t for (c, p), t in us.items() if p == problem and c.startswith("splitk") and "_128x128" not in c)
+        ratios.append(split / min(us[(f, problem)] for f in fixups if (f, problem) in us))
+    return math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+
+def _epilogue(kind: str, what: str) -> float:
+    ratios = sorted(
+        r[kind]["median_s"] / r["plain"]["median_s"] for r in _json("h100_2026-11-23_epilogue.json")["results"]
+    )
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return {"median": median, "min": ratios[0], "max": ratios[-1]}[what]
+
+
+def _fused_range(end: str) -> float:
+    both = [_epilogue(k, end) for k in ("bilinear", "accumulate")]
+    return min(both) if end == "min" else max(both)
+
+
+def _layout4_strided_runs() -> int:
+    """Layout-4 problems our explicit kernel ran on the H100 with a stride or dilation other than 1."""
+    names = {r["name"].split(":")[1] for r in _json("h100_2026-11-23_explicit_conv.json")["rows"]
+             if r["name"].startswith("ours:")}  # fmt: skip
+    suite = dict(load_suite(ROOT / "convbw_mlir" / "suites" / "seeds.tsv"))
+    suite.update(load_suite(ROOT / "convbw_mlir" / "suites" / "models.tsv"))
+    assert names <= suite.keys(), names - suite.keys()
+    return sum(any(s != 1 for s in suite[n].stride + suite[n].dilation) for n in names)
+
+
+CLAIMS: list[tuple[str, str, str, Callable[[], float]]] = [
+    ("README.md", r"(?P<n>\d+) of 37 of our kernels read past", "h100_2026-11-23_torch/overread.jsonl",
+     lambda: sum(not r["ok"] for r in _jsonl("h100_2026-11-23_torch/overread.jsonl"))),
+    ("README.md", r"re-check has (?P<n>\d+) of 37 inside", "h100_2026-11-23_torch_recheck/overread.jsonl",
+     lambda: sum(r["ok"] for r in _jsonl("h100_2026-11-23_torch_recheck/overread.jsonl"))),
+    ("README.md", r"(?P<n>\d+) compiles,\s+840 ours", "isa_2026-11-22_final.json",
+     lambda: _isa("ours", "compiles") + _isa("iree", "compiles")),
+    ("README.md", r"\d+ compiles,\s+(?P<n>\d+) ours", "isa_2026-11-22_final.json", lambda: _isa("ours", "compiles")),
+    ("README.md", r"default spills in (?P<n>\d+)", "isa_2026-11-22_final.json", lambda: _isa("iree", "scratch")),
+    ("README.md", r"none of ours failing", "isa_2026-11-22_final.json",
+     lambda: _isa("ours", "failed") + _isa("ours", "scratch")),
+    ("README.md", r"(?P<n>[\d.]+)x \(bilinear\)", "h100_2026-11-23_epilogue.json",
+     lambda: round(_epilogue("bilinear", "median"), 2)),
+    ("README.md", r"(?P<n>[\d.]+)x \(accumulate\)", "h100_2026-11-23_epilogue.json",
+     lambda: round(_epilogue("accumulate", "median"), 2)),
+    ("README.md", r"(?P<n>[\d.]+)-[\d.]+x per problem", "h100_2026-11-23_epilogue.json",
+     lambda: round(_fused_range("min"), 2)),
+    ("README.md", r"[\d.]+-(?P<n>[\d.]+)x per problem", "h100_2026-11-23_epilogue.json",
+     lambda: round(_fused_range("max"), 2)),
+    ("README.md", r"against (?P<n>[\d.]+)x unfused", "h100_2026-11-23_epilogue.json",
+     lambda: round(_epilogue("unfused", "median"), 2)),
+    ("docs/results.md", r"IREE's default: (?P<n>\d+)\s+compiles", "isa_2026-11-22_final.json",
+     lambda: _isa("ours", "compiles") + _isa("iree", "compiles")),
+    ("docs/results.md", r"has scratch in (?P<n>\d+)", "isa_2026-11-22_final.json", lambda: _isa("iree", "scratch")),
+    ("docs/explicit-kernels.md", r"geomean (?P<n>[\d.]+)x for the better of linear and tree",
+     "h100_2026-11-23_streamk/explicit_streamk.json", lambda: round(_streamk(("streamk_linear", "streamk_tree")), 2)),
+    ("docs/explicit-kernels.md", r"(?P<n>[\d.]+)x tree alone, 1.19x",
+     "h100_2026-11-23_streamk/explicit_streamk.json", lambda: round(_streamk(("streamk_tree",)), 2)),
+    ("docs/explicit-kernels.md", r"tree alone (?P<n>0\.\d{3})", "h100_2026-11-23_streamk/explicit_streamk.json",
+     lambda: round(_streamk(("streamk_tree",)), 3)),
+    ("docs/explicit-kernels.md", r"\((?P<n>0\.\d{3}): the better of linear and tree",
+     "h100_2026-11-23_streamk/explicit_streamk.json", lambda: round(_streamk(("streamk_linear", "streamk_tree")), 3)),
+    ("docs/epilogues.md", r"fused bilinear \(α = β = 2, D f16\) \| (?P<n>[\d.]+) \|", "h100_2026-11-23_epilogue",
+     lambda: round(_epilogue("bilinear", "median"), 2)),
+    ("docs/epilogues.md", r"fused accumulate \(into the caller's buffer\) \| (?P<n>[\d.]+) \|",
+     "h100_2026-11-23_epilogue", lambda: round(_epilogue("accumulate", "median"), 2)),
+    ("docs/epilogues.md", r"fused accumulate \(into the caller's buffer\) \| [\d.]+ \| [\d.]+-(?P<n>[\d.]+) \|",
+     "h100_2026-11-23_epilogue", lambda: round(_epilogue("accumulate", "max"), 2)),
+    ("docs/epilogues.md", r"fused bilinear \(α = β = 2, D f16\) \| [\d.]+ \| (?P<n>[\d.]+)-",
+     "h100_2026-11-23_epilogue", lambda: round(_epilogue("bilinear", "min"), 2)),
+    ("docs/explicit-kernels.md", r"every one of them with stride 1 and dilation 1",
+     "h100_2026-11-23_explicit_conv.json", _layout4_strided_runs),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("doc", "pattern", "result", "value"), CLAIMS, ids=[f"{c[0]}:{c[1][:40]}" for c in CLAIMS])
+def test_claim_states_the_number_of_the_result_file_it_links(doc, pattern, result, value):
+    text = " ".join((ROOT / doc).read_text().split())  # a claim may wrap
+    found = re.search(pattern, text)
+    assert found, f"{doc}: no claim matching {pattern!r}"
+    assert result in text, f"{doc} states {found.group(0)!r} without naming {result}"
+    stated = float(found.group("n")) if "n" in found.groupdict() else 0  # a sentence without a number: none
+    assert value() == pytest.approx(stated), f"{doc}: {found.group(0)!r}, but {result} gives {value()}"
