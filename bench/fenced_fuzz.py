@@ -96,7 +96,13 @@ def _options(alt: str, problem: ConvBwdWeightProblem) -> dict[str, Any]:
     for pair in alt.split("&"):
         key, value = pair.split("=")
         options[key] = (
-            problem.batch if value == "N" else True if value in ("true", "True") else int(value) if value.isdigit() else value
+            problem.batch
+            if value == "N"
+            else True
+            if value in ("true", "True")
+            else int(value)
+            if value.isdigit()
+            else value
         )
     return options
 
@@ -417,9 +423,16 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("results", nargs="+")
     args = ap.parse_args(argv)
     if args.cmd == "compile":
-        entries = (
-            overread_sweep() if args.sweep else plan_entries(args.count, args.seed, args.alternatives, args.profile)
-        )
+        if args.recheck:
+            alternatives = ("reference", "iree_direct", "convbw:k_batch=1", "convbw:strategy=explicit",
+                            "convbw:grouped=mma", "convbw:reduction_innermost=true")  # fmt: skip
+            entries = recheck_entries(
+                [Path(m) for m, _ in args.recheck], [Path(r) for _, r in args.recheck], alternatives
+            )
+        elif args.sweep:
+            entries = overread_sweep()
+        else:
+            entries = plan_entries(args.count, args.seed, args.alternatives, args.profile)
         print(compile_all(entries, args.target, Path(args.out), args.workers))
     elif args.cmd == "run":
         t0 = time.time()
