@@ -58,16 +58,6 @@ def write_output(path: str, data: bytes | str, flag: str = "-o") -> None:
         raise ValueError(f"{flag}: cannot write {path}: {e.strerror or e}") from None
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.lower().replace(",", "x").split("x"))
@@ -288,6 +278,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from convbw_mlir.dispatch.cli import add_dispatch_commands, int_at_least  # tune, cache, select
     from convbw_mlir.targets import TARGETS
 
     parser = ArgumentParser(prog="convbw", description="Compile and run conv backward-weight kernels.")
@@ -300,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"one of {', '.join(TARGETS)} (default host)")  # fmt: skip
     run.add_argument("--device", type=int, default=None, help="device index of the target's driver")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--reps", type=_positive, default=20, help="minimum timed repetitions (>= 1)")
+    run.add_argument("--reps", type=int_at_least(1), default=20, help="minimum timed repetitions (>= 1)")
     run.add_argument("--no-verify", action="store_true", help="skip the float64 reference check")
     run.set_defaults(func=_cmd_run)
     comp.add_argument("--emit", choices=["convbw", "linalg", "vmfb"], default="linalg")
@@ -315,7 +306,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile-only", action="store_true", help="write the artifacts, run nothing")
     bench.add_argument("--out", required=True, help="artifact folder (e.g. .art)")
     bench.set_defaults(func=_cmd_bench)
-    from convbw_mlir.dispatch.cli import add_dispatch_commands  # tune, cache, select
 
     add_dispatch_commands(sub)
     return parser

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -163,14 +164,19 @@ def _cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= low``; anything else is refused naming the value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 def add_dispatch_commands(sub: Any) -> None:
@@ -186,7 +192,9 @@ def add_dispatch_commands(sub: Any) -> None:
     tune.add_argument("--types", default="f16", help="comma-separated element types")
     tune.add_argument("--filter", default="", help="only problems whose name contains this")
     tune.add_argument("--workers", type=int, default=2, help="parallel compile processes (default 2)")
-    tune.add_argument("--max-plans", type=_count, default=4, help="plan variants per problem beside the heuristic's")
+    tune.add_argument(
+        "--max-plans", type=int_at_least(0), default=4, help="plan variants per problem beside the heuristic's"
+    )
     tune.add_argument("--no-hold-out", action="store_true", help="tune every suite problem (none held out)")
     tune.add_argument("--compile-only", action="store_true", help="build the candidates into --out, time nothing")
     tune.add_argument("--out", help="candidate folder (manifest.json + kernels)")

@@ -1,0 +1,42 @@
+"""The fenced GPU fuzz (bench/fenced_fuzz.py) rehearsed on the CPU: its problems are valid and reproducible,
+its compile side writes a manifest the runner reads, and its report counts what the runner found."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def fuzz():
+    spec = importlib.util.spec_from_file_location("fenced_fuzz", ROOT / "bench" / "fenced_fuzz.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_same_seed_draws_the_same_valid_problems_and_choices(fuzz):
+    first, again = fuzz.plan_entries(40, 3, 0.5), fuzz.plan_entries(40, 3, 0.5)
+    assert first == again
+    assert {e["class"] for e in first} >= {"dense", "thin", "depthwise"}
+    assert any(len(e["options"]) == 2 for e in first)  # some carry a second choice of the plan
+    explicit = fuzz.plan_entries(10, 3, 1.0, "explicit")
+    assert all(o.get("strategy") == "explicit" for e in explicit for n, o in e["options"].items() if n != "convbw")
+
+
+def test_a_host_rehearsal_compiles_runs_checks_and_counts(fuzz, tmp_path):
+    entries = fuzz.plan_entries(3, 7, 1.0)
+    entries[0]["options"]["convbw:k_batch=0"] = {"k_batch": 0}  # refused by the plan: recorded, not fatal
+    out = fuzz.compile_all(entries, "host", tmp_path / "art", workers=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    recs = [r for e in manifest["problems"] for r in e["contenders"].values()]
+    assert sum(not r["ok"] for r in recs) == 1 and all("config" in r for r in recs if r["ok"])
+    results = fuzz.run_all(out, shards=2, timeout_s=120)
+    text = fuzz.report([results])
+    ran = sum(r["ok"] for r in recs)
+    assert f"contenders: {len(recs)} (correct {ran}, refused / no kernel 1)" in text, text
