@@ -141,7 +141,7 @@ def _compile_entries(entries: list[dict], target: str, folder: str) -> list[dict
     for entry in entries:
         problem = ConvBwdWeightProblem.from_dict(entry["problem"])
         for name, options in entry.pop("options").items():
-            path = f"{entry['key']}.{len(entry['contenders'])}.vmfb"
+            path = f"{entry['key']}.{name.replace(':', '.').replace(',', '.').replace('=', '')}.vmfb"
             try:
                 if name in IREE_FORMS:  # IREE's own forms and the GPU reference: rivals, no plan of ours
                     text, flags = build_contender(problem, name, target)
@@ -175,7 +175,8 @@ def _chunk_child(spec_path: str) -> int:
 
 
 def _compile_chunk(entries: list[dict], target: str, folder: Path) -> list[dict]:
-    """Compile ``entries`` in one child; where the compiler kills it, each entry again in its own child."""
+    """Compile ``entries`` in one child; where the compiler kills it, each entry (then each contender) again
+    in its own child."""
     with tempfile.TemporaryDirectory(prefix="convbw-fuzz-") as tmp:
         spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec.write_text(
@@ -186,6 +187,14 @@ def _compile_chunk(entries: list[dict], target: str, folder: Path) -> list[dict]
             return json.loads(result.read_text())
     if len(entries) > 1:
         return [e for entry in entries for e in _compile_chunk([entry], target, folder)]
+    if len(entries[0]["options"]) > 1:  # one contender at a time: a crash is charged to its own choice only
+        merged = dict(entries[0], contenders={})
+        for name, opts in entries[0]["options"].items():
+            merged["contenders"] |= _compile_chunk([dict(entries[0], options={name: opts})], target, folder)[0][
+                "contenders"
+            ]
+        merged.pop("options")
+        return [merged]
     entry = dict(entries[0])
     why = (rc.stderr.strip().splitlines() or [f"exit {rc.returncode}"])[-1][:300]
     entry["contenders"] = {n: {"ok": False, "error": f"compiler crashed: {why}"} for n in entry.pop("options")}
