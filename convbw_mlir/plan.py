@@ -413,7 +413,7 @@ def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Ove
             smaller = _gpu_tile(replace(plan, split=Split("n", k_batch, n // k_batch)), work, tgt, opts)
             if _iree_split_pads(work, smaller, tgt) is None:
                 return smaller
-    return _gpu_strategy(replace(plan, split=None), work, tgt, opts)  # unsplit: IREE's padding is safe there
+    return _gpu_strategy(replace(plan, split=None), work, tgt, opts)  # unsplit (what else IREE pads: docs#fenced-fuzz)
 
 
 def _iree_tiles_itself(plan: Plan) -> bool:
