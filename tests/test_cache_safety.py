@@ -282,3 +282,13 @@ def test_the_test_session_removes_its_kernel_cache(tmp_path):
                          capture_output=True, text=True)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     assert not [p for p in os.listdir(tmp_path) if p.startswith("convbw-test-cache-")]
+
+
+def test_no_test_module_imports_conftest_under_a_second_name():
+    # `tests.conftest` beside `conftest` runs its module code twice: a second session cache that
+    # pytest_sessionfinish never removes (14 MB left in the temp folder a run)
+    from pathlib import Path
+
+    needle = "from tests." + "conftest import"
+    offenders = [p.name for p in Path(__file__).parent.glob("*.py") if needle in p.read_text()]
+    assert offenders == [], offenders

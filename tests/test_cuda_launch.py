@@ -8,11 +8,11 @@ import json
 import math
 
 import pytest
+from conftest import compiled_op
 
 from convbw_mlir.compiler import CompiledOp, compile_module
 from convbw_mlir.cuda_launch import TRANSIENT, Dispatch, Launch, read_cuda_executable, read_launch
 from convbw_mlir.problem import ConvBwdWeightProblem
-from tests.conftest import compiled_op
 
 pytest.importorskip("iree.compiler")
 
