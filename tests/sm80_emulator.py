@@ -555,3 +555,21 @@ def _walk(op: ir.Operation):
 def collect_funcs(exe: ir.Operation) -> list[ir.Operation]:
     """The kernel functions of an executable (``func.func`` with a ``translation_info``)."""
     return [o for o in _walk(exe) if o.name == "func.func" and "translation_info" in o.attributes]
+
+
+def module_error(problem, plan, passes, seed: int) -> float:
+    """Max error of ``problem``'s module, built for ``plan`` and rewritten by ``passes`` (pass instances), run
+    by :func:`run_module` on random inputs, against float64, relative to the largest entry of dW."""
+    from convbw_mlir.dialects import convbw
+
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.reference import random_inputs, reference
+
+    x, dy = random_inputs(problem, seed=seed)
+    with new_context():
+        module = convbw.build_module(problem, plan)
+        for p in passes:
+            p.run(module.operation)
+        got = run_module(module, [x, dy]).astype(np.float64)
+    exact = reference(problem, x, dy)
+    return float(np.abs(got - exact).max() / np.abs(exact).max())

@@ -9,29 +9,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sm80_emulator import _Block, _Group, run_module
+from sm80_emulator import _Block, _Group, module_error
 
 from convbw_mlir.kernels import gemm_sm80
 from convbw_mlir.kernels.shapes import gemm_shape
 from convbw_mlir.plan import decide
 from convbw_mlir.problem import ConvBwdWeightProblem as P
-from convbw_mlir.reference import random_inputs, reference
 
 
 def emulated_error(p: P, **options) -> float:
     """Max error of the emulated module (kernel and tensor ops) against float64, relative to the largest entry."""
-    from convbw_mlir.dialects import convbw
     from convbw_mlir.passes.explicit_kernel import ExplicitKernel
 
-    from convbw_mlir.ir_imports import new_context
-
-    x, dy = random_inputs(p, seed=3)
-    with new_context():
-        module = convbw.build_module(p, decide(p, "sm_80", strategy="explicit", **options))
-        ExplicitKernel().run(module.operation)
-        got = run_module(module, [x, dy])
-    exact = reference(p, x, dy)
-    return float(np.abs(got.astype(np.float64) - exact).max() / np.abs(exact).max())
+    return module_error(p, decide(p, "sm_80", strategy="explicit", **options), [ExplicitKernel()], seed=3)
 
 
 @pytest.mark.parametrize(

@@ -7,35 +7,23 @@ bench/explicit_conv.py, docs/explicit-kernels.md."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from sm80_emulator import run_module
+from sm80_emulator import module_error
 
 from convbw_mlir.compiler import compile_op, executable_intermediates
 from convbw_mlir.kernels import nvgpu
 from convbw_mlir.kernels.shapes import GemmTiling, choose_tiling, gemm_shape, tiling_cost
 from convbw_mlir.plan import PlanError, decide, explicit_tiling
 from convbw_mlir.problem import ConvBwdWeightProblem as P
-from convbw_mlir.reference import random_inputs, reference
 
 PADDED_K36 = P.from_ck("2 1 2 36 16 3 3 7 7 1 1 1 1 1 1 1 1")  # K = 36: 8-byte copies of dy; N ragged
 
 
 def emulated_error(p: P, **options) -> float:
-    """Max error of the emulated module (the kernel, and a split's own stage 2) against float64, relative
-    to the largest entry."""
-    from convbw_mlir.dialects import convbw
+    """Max error of the emulated module (kernel and tensor ops) against float64, relative to the largest entry."""
     from convbw_mlir.passes.explicit_kernel import ExplicitKernel
 
-    from convbw_mlir.ir_imports import new_context
-
-    x, dy = random_inputs(p, seed=3)
-    with new_context():
-        module = convbw.build_module(p, decide(p, "sm_80", strategy="explicit", **options))
-        ExplicitKernel().run(module.operation)
-        got = run_module(module, [x, dy]).astype(np.float64)
-    exact = reference(p, x, dy)
-    return float(np.abs(got - exact).max() / np.abs(exact).max())
+    return module_error(p, decide(p, "sm_80", strategy="explicit", **options), [ExplicitKernel()], seed=3)
 
 
 @pytest.mark.parametrize(

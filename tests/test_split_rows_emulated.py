@@ -8,33 +8,21 @@ interprets the lowered module (gather pads, the contraction, stage 2) against fl
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from sm80_emulator import run_module
+from sm80_emulator import module_error
 
 from convbw_mlir.contraction import Split
 from convbw_mlir.plan import Plan, decide
 from convbw_mlir.problem import ConvBwdWeightProblem as P
-from convbw_mlir.reference import random_inputs, reference
 
 
 def lowered_error(p: P, split: Split) -> float:
     """Max error of the lowered module with ``split`` against float64, relative to the largest entry."""
-    from convbw_mlir.dialects import convbw
     from convbw_mlir.passes.lower_to_linalg import LowerToLinalg
     from convbw_mlir.passes.split_k import SplitK
 
-    from convbw_mlir.ir_imports import new_context
-
     plan = Plan(**{**decide(p, "host").__dict__, "split": split})
-    x, dy = random_inputs(p, seed=1)
-    with new_context():
-        module = convbw.build_module(p, plan)
-        SplitK().run(module.operation)
-        LowerToLinalg().run(module.operation)
-        got = run_module(module, [x, dy]).astype(np.float64)
-    exact = reference(p, x, dy)
-    return float(np.abs(got - exact).max() / np.abs(exact).max())
+    return module_error(p, plan, [SplitK(), LowerToLinalg()], seed=1)
 
 
 @pytest.mark.parametrize(
