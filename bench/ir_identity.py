@@ -48,19 +48,19 @@ def _dump_one(out: Path, job: tuple[str, str, str, str]) -> None:
 
     suite, name, dtype, target = job
     problem = dict(load_suite(suite, dtype=dtype))[name]
-    stem = out / f"{suite}.{name}.{dtype}.{target}"
+    stem = f"{suite}.{name}.{dtype}.{target}"
     text, vmfb = _compile(problem, target)
-    stem.with_suffix(".mlir").write_text(text)
-    stem.with_suffix(".vmfb").write_bytes(vmfb)
+    (out / f"{stem}.mlir").write_text(text)
+    (out / f"{stem}.vmfb").write_bytes(vmfb)
     if target == "host" and vmfb:
         again = _compile(problem, target)[1]
         unstable = [i for i, (a, b) in enumerate(zip(vmfb, again)) if a != b] if len(again) == len(vmfb) else None
-        stem.with_suffix(".unstable").write_text(json.dumps(unstable))
+        (out / f"{stem}.unstable").write_text(json.dumps(unstable))
     try:
         chosen = str(select(problem, target))
     except Exception as e:
         chosen = f"ERROR {type(e).__name__}: {e}"
-    stem.with_suffix(".select").write_text(chosen)
+    (out / f"{stem}.select").write_text(chosen)
 
 
 def dump(out: Path, jobs: int) -> int:
@@ -103,7 +103,7 @@ def _same(before: Path, after: Path, strip: bool) -> bool:
     old, new = before.read_bytes(), after.read_bytes()
     if old == new:
         return True
-    mask = before.with_suffix(".unstable")
+    mask = before.parent / f"{before.stem}.unstable"
     unstable = json.loads(mask.read_text()) if mask.exists() else None
     if unstable is None or len(old) != len(new):
         return False
