@@ -44,8 +44,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.bench.cupti import kernel_events
 from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+from convbw_mlir.measure.cupti import kernel_events
 
 SEED = 7
 SINGLE_REPS = 10
@@ -68,8 +68,8 @@ SMOKE = {
 # -- compile side ------------------------------------------------------------------------------------
 def problems(smoke: bool = False) -> dict[str, Any]:
     """name -> problem in layout 2: the dense 2-D suite problems (G=1), then the ResNet-50 layers."""
-    from convbw_mlir.bench.suites import load_suite
     from convbw_mlir.problem import ConvBwdWeightProblem as P
+    from convbw_mlir.suites import load_suite
 
     if smoke:
         return {name: P.from_ck(line) for name, line in SMOKE.items()}
@@ -97,7 +97,8 @@ def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, An
 
 def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None) -> None:
     """Compile ours and the product's default for every problem into ``folder`` (vmfbs, manifest.json)."""
-    from convbw_mlir.compiler import CompileError, compile_op
+    from convbw_mlir import compile_op
+    from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError, decide
 
     folder.mkdir(parents=True, exist_ok=True)

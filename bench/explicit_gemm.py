@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.bench.cupti import kernel_events
 from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+from convbw_mlir.measure.cupti import kernel_events
 
 SEED = 5
 # IREE's runtime objects die badly with the interpreter (a segfault when they are freed after torch's):
@@ -103,8 +103,8 @@ def _conv_entry(name: str, p, kind: str, vmfb: bytes, folder: Path, plan: Any) -
 
 
 def _conv_problems():
-    from convbw_mlir.bench.suites import load_suite
     from convbw_mlir.problem import ConvBwdWeightProblem as P
+    from convbw_mlir.suites import load_suite
 
     suites = Path(__file__).resolve().parents[1] / "convbw_mlir" / "suites"
     out = {}
@@ -134,7 +134,8 @@ def _conv2d_entry(name: str, p, kind: str, vmfb: bytes | None, folder: Path, pla
 def compile_all(folder: Path, smoke: bool = False) -> None:
     """Compile every contender into ``folder`` (vmfbs and manifest.json); ``smoke``: small host kernels
     for a CPU run of the run side (ours is sm_80 only, so it is left out there)."""
-    from convbw_mlir.compiler import CompileError, compile_module, compile_op
+    from convbw_mlir import compile_op
+    from convbw_mlir.build.iree import CompileError, compile_module
     from convbw_mlir.plan import PlanError, decide
     from convbw_mlir.problem import ConvBwdWeightProblem as P
 

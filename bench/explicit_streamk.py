@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.bench.cupti import gpu_activities
 from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+from convbw_mlir.measure.cupti import gpu_activities
 
 SEED = 5
 SMS = 132  # the H100 the run uses (the sm_80 target table's 108 is an A100's)
@@ -55,7 +55,7 @@ DEVICE = os.environ.get("STREAMK_BENCH_DEVICE", "cuda")
 
 # -- compile side ------------------------------------------------------------------------------------
 def _problems() -> dict[str, Any]:
-    from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.suites import load_suite
 
     suites = Path(__file__).resolve().parents[1] / "convbw_mlir" / "suites"
     return {name: p.with_(layout=4) for name, p in load_suite(suites / "seeds.tsv") if name.startswith("streamk_")}
@@ -63,8 +63,8 @@ def _problems() -> dict[str, Any]:
 
 def _contenders(name: str, p) -> list[tuple[str, dict[str, Any]]]:
     """(contender, compile options) for one problem, in priority order."""
-    from convbw_mlir.kernels.shapes import GemmTiling, auto_splits, gemm_shape
     from convbw_mlir.plan import decide, explicit_tiling
+    from convbw_mlir.policies.sm80 import GemmTiling, auto_splits, gemm_shape
 
     shape = gemm_shape(p)
     own = explicit_tiling(decide(p, "sm_80", strategy="explicit"))  # the tiling rule's: split-K and StreamK alike
@@ -102,10 +102,11 @@ def _entry(name: str, contender: str, p, plan: Any) -> dict[str, Any]:
 def compile_all(folder: Path, smoke: bool = False) -> None:
     """Compile every contender into ``folder`` (vmfbs and manifest.json); ``smoke``: two small problems'
     host kernels under the same names, for a CPU rehearsal of the run side."""
-    from convbw_mlir.compiler import CompileError, compile_op
-    from convbw_mlir.kernels.shapes import GemmTiling, gemm_shape
+    from convbw_mlir import compile_op
+    from convbw_mlir.build.iree import CompileError
     from convbw_mlir.kernels.streamk_sm80 import StreamK
     from convbw_mlir.plan import PlanError, decide
+    from convbw_mlir.policies.sm80 import GemmTiling, gemm_shape
     from convbw_mlir.problem import ConvBwdWeightProblem as P
 
     folder.mkdir(parents=True, exist_ok=True)

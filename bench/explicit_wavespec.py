@@ -50,7 +50,8 @@ def _tiling(plan) -> dict[str, int]:
 
 def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None) -> None:
     """Compile every contender of every problem into ``folder`` (vmfbs, manifest.json)."""
-    from convbw_mlir.compiler import CompileError, compile_op
+    from convbw_mlir import compile_op
+    from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError, decide
 
     folder.mkdir(parents=True, exist_ok=True)

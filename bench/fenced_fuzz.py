@@ -8,7 +8,7 @@
 Each problem gets the plan's own choice (contender ``convbw``) and, for a part of them, one other choice
 the plan can make when asked (``strategy=codegen``, a batch split, the rows split, ``grouped=mma``, ...); a
 choice the plan refuses is recorded as refused. The run side is the benchmark's runner
-(:func:`convbw_mlir.bench.run.run_manifest`, ``check_only``): each problem in its own child process, x and
+(:func:`convbw_mlir.measure.run.run_manifest`, ``check_only``): each problem in its own child process, x and
 dy each placed right before 1 MiB of NaN (a kernel that reads past them returns NaN), dW checked against the
 numpy float64 reference and a float64 sample; nothing is timed. Shards run side by side on one GPU.
 """
@@ -133,8 +133,9 @@ def _contender(options: dict[str, Any]) -> str:
 # -- compile side ----------------------------------------------------------------------------------------
 def _compile_entries(entries: list[dict], target: str, folder: str) -> list[dict]:
     """Compile the contenders of ``entries`` in this process (a child of :func:`compile_all`)."""
-    from convbw_mlir.bench.artifacts import build_contender
-    from convbw_mlir.compiler import CompileError, compile_module, lowered_text
+    from convbw_mlir.build.compile import lowered_text
+    from convbw_mlir.build.contenders import build_contender
+    from convbw_mlir.build.iree import CompileError, compile_module
     from convbw_mlir.pipelines import for_target
     from convbw_mlir.plan import decide
 
@@ -314,7 +315,7 @@ def compile_all(entries: list[dict], target: str, out: Path, workers: int, chunk
 
 # -- run side --------------------------------------------------------------------------------------------
 def _run_shard(folder: Path, shard: int, shards: int, timeout_s: float) -> dict:
-    """Run every ``shards``-th problem of the manifest in a child (``python -m convbw_mlir.bench.run``'s runner)."""
+    """Run every ``shards``-th problem of the manifest in a child (``python -m convbw_mlir.measure.run``'s runner)."""
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["problems"] = manifest["problems"][shard::shards]
     for entry in manifest["problems"]:
@@ -324,7 +325,7 @@ def _run_shard(folder: Path, shard: int, shards: int, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"convbw-shard{shard}-") as tmp:
         (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
         out = Path(tmp) / "results.json"
-        code = ("import json, sys; from convbw_mlir.bench.run import run_manifest; "
+        code = ("import json, sys; from convbw_mlir.measure.run import run_manifest; "
                 f"r = run_manifest({tmp!r}, use_torch=False, check_only=True, timeout_s={timeout_s}, "
                 "log=lambda m: print(m, file=sys.stderr, flush=True)); "
                 f"open({str(out)!r}, 'w').write(json.dumps(r))")  # fmt: skip

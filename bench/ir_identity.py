@@ -25,7 +25,7 @@ DTYPES = ("f16", "bf16", "f32")
 
 
 def _jobs() -> list[tuple[str, str, str, str]]:
-    from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.suites import load_suite
     from convbw_mlir.targets import TARGETS
 
     return [(suite, name, dtype, target) for dtype in DTYPES for suite in SUITES
@@ -43,8 +43,8 @@ def _compile(problem, target: str) -> tuple[str, bytes]:
 
 
 def _dump_one(out: Path, job: tuple[str, str, str, str]) -> None:
-    from convbw_mlir.bench.suites import load_suite
     from convbw_mlir.dispatch import select
+    from convbw_mlir.suites import load_suite
 
     suite, name, dtype, target = job
     problem = dict(load_suite(suite, dtype=dtype))[name]

@@ -31,7 +31,8 @@ def dense_problems() -> dict:
 
 def compile_one(name: str, problem, target: str) -> dict:
     """Plan, compile in a child and report one problem on one target (errors recorded, never raised)."""
-    from convbw_mlir.compiler import CompileError, compile_op
+    from convbw_mlir import compile_op
+    from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError, decide, explicit_tiling
     from convbw_mlir.targets import get_target
 

@@ -55,7 +55,7 @@ def cases(tiny: bool = False) -> dict[str, ConvBwdWeightProblem]:
 
 
 def compile_all(out: Path, target: str, tiny: bool, only: str) -> None:
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir import compile_op
 
     for name, p in cases(tiny).items():
         if only not in name:
@@ -92,7 +92,7 @@ def tail_inputs(p: ConvBwdWeightProblem, seed: int) -> tuple[np.ndarray, np.ndar
 
 def run_case(path: Path, samples: int, seed: int, device: int | None, tail: bool = False) -> dict:
     """Run one saved case and check ``samples`` dW entries against float64; the result as a dict."""
-    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.build.artifact import CompiledOp
     from convbw_mlir.reference import random_inputs
 
     op = CompiledOp.load(path)

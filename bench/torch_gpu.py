@@ -40,7 +40,7 @@ DEVICE = "cuda"
 
 
 def suite_problems() -> list[tuple[str, object]]:
-    from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.suites import load_suite
 
     return (load_suite("seeds") + load_suite("models"))[:LIMIT]
 
@@ -75,7 +75,7 @@ def training_problems(model: str, batch: int, size: int) -> list:
 def compile_all(root: Path, target: str) -> None:
     """Kernels with a caller-owned output (the entry point's) and, for the timed ones, without (the
     Python invoker's), saved as ``root/<target>/<name>`` and ``root/plain-<target>/<name>``."""
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir import compile_op
 
     problems = [p for _, p in suite_problems()]
     contiguous = [p.with_(layout=4) for n, p in suite_problems() if n in CONTIGUOUS]
@@ -268,7 +268,7 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
     import iree.runtime as rt
     import torch
 
-    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.build.artifact import CompiledOp
     from convbw_mlir.torch import _kernel_for, conv_weight, problem_for, target_for
 
     sync = _sync
@@ -590,7 +590,7 @@ def diag(root: Path, names: list[str], out_path: Path) -> None:
     import iree.runtime as rt
     import torch
 
-    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.build.artifact import CompiledOp
     from convbw_mlir.torch import _kernel_for, problem_for
 
     recs = []

@@ -14,8 +14,12 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that `import convbw_mlir` works on a machine with only the IREE runtime.
-    if name in ("compile_op", "CompiledOp"):
-        from convbw_mlir import compiler
+    if name == "compile_op":
+        from convbw_mlir.dispatch.api import compile_op
 
-        return getattr(compiler, name)
+        return compile_op
+    if name == "CompiledOp":
+        from convbw_mlir.build.artifact import CompiledOp
+
+        return CompiledOp
     raise AttributeError(f"module 'convbw_mlir' has no attribute {name!r}")

@@ -1,267 +1,59 @@
-"""The contraction contract: the loops of the one ``linalg.generic`` a convbw op lowers to.
-
-``convbw-lower-to-linalg`` builds the contraction with the loops :func:`contraction_loops` names and
-marks it with :data:`CONTRACTION_ATTR`; ``convbw-tile`` and ``convbw-map-mma`` read it back as a
-:class:`Contraction`. Loop names are produced and interpreted here and nowhere else:
-
-    s          the split loop of a chunked split-K (parallel, outermost)
-    g k c      groups, out channels (the GEMM's M), in channels (the GEMM's N); parallel
-    f0 f1 f2   filter taps, outermost first; parallel
-    n o0 o1 o2 batch and output positions: the reduction (made parallel by a rows split)
-    a*b        two reduction loops merged into one (a GEMM's ``n*o0``)
-
-Loops of extent 1 are left out. The pure-Python half (names, extents, :class:`Split`) imports without
-the IREE compiler, so plans are made where only the runtime is installed; only :meth:`Contraction.attr`
-and :meth:`Contraction.of_op` touch MLIR.
+"""The contraction in the IR: the ``convbw.contraction`` attribute that ``convbw-lower-to-linalg`` puts on the
+one ``linalg.generic`` a convbw op lowers to (its problem, loops, ``k_batch`` and plan), and the reading of it
+back (``convbw-tile``, ``convbw-map-mma``). The loops themselves: :mod:`convbw_mlir.loops`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.dialects import convbw
+from convbw_mlir.ir_imports import ir
+from convbw_mlir.loops import Contraction, Split
 
-if TYPE_CHECKING:
-    from convbw_mlir.ir_imports import ir
-
-__all__ = [
-    "CONTRACTION_ATTR",
-    "Contraction",
-    "Split",
-    "check_split",
-    "contraction_loops",
-    "contractions",
-    "reduction_extents",
-]
+__all__ = ["CONTRACTION_ATTR", "contraction_attr", "contractions", "read_contraction"]
 
 CONTRACTION_ATTR = "convbw.contraction"
 
 
-@dataclass(frozen=True)
-class Split:
-    """A split of one reduction loop into ``k_batch`` chunks of ``chunk`` iterations.
+def contraction_attr(c: Contraction) -> ir.Attribute:
+    """``convbw.contraction``: the problem, its loops (names and extents, in order), ``k_batch`` and
+    the plan."""
+    i64 = ir.IntegerType.get_signless(64)
+    entries = {
+        "problem": convbw.problem_attr(c.problem),
+        "loops": ir.ArrayAttr.get([ir.StringAttr.get(n) for n in c.names]),
+        "extents": ir.DenseI64ArrayAttr.get(c.extents),
+        "k_batch": ir.IntegerAttr.get(i64, c.split.k_batch if c.split else 1),
+    }
+    if c.plan is not None:
+        entries["plan"] = convbw.dict_attr(c.plan)
+    return ir.DictAttr.get(entries)
 
-    ``dim`` is ``n`` (batch) or ``o0``/``o1``/``o2`` (an output spatial loop, outermost first). When
-    ``k_batch * chunk`` exceeds the loop's extent the last chunk reads zero padding: no work is
-    dropped and the padding contributes nothing.
 
-    A comma-separated ``dim`` (``"n,o0"``, a *rows* split) names loops made parallel whole: every
-    combination (each image's each output row) is its own partial sum, ``chunk`` is 1 and ``k_batch``
-    the product of their extents. Nothing is reshaped for it: the loops simply stop being reductions.
+def read_contraction(op: Any) -> Contraction:
+    """Read the contraction of a ``linalg.generic`` marked by ``convbw-lower-to-linalg``.
+
+    Raises:
+        KeyError: the op is not such a contraction.
     """
-
-    dim: str
-    k_batch: int
-    chunk: int
-
-    def __post_init__(self) -> None:
-        if self.k_batch < 1 or self.chunk < 1:
-            raise ValueError(f"split: k_batch and chunk must be positive, got {self.k_batch} and {self.chunk}")
-        if self.promoted and self.chunk != 1:
-            raise ValueError(f"split: a split over loops {self.dim} takes chunk 1, got {self.chunk}")
-
-    @property
-    def padded_extent(self) -> int:
-        return self.k_batch * self.chunk
-
-    @property
-    def promoted(self) -> tuple[str, ...]:
-        """The loops a rows split makes parallel (empty for a chunked split of one loop)."""
-        return tuple(self.dim.split(",")) if "," in self.dim else ()
-
-
-def reduction_extents(problem: ConvBwdWeightProblem) -> dict[str, int]:
-    """Extents of the reduction loops: ``n`` and ``o0``.. (output spatial, outermost first)."""
-    return {"n": problem.batch, **{f"o{i}": o for i, o in enumerate(problem.output_size)}}
-
-
-def check_split(problem: ConvBwdWeightProblem, split: Split) -> None:
-    """Raise ValueError unless ``split`` is a valid split of ``problem``'s reduction loops."""
-    extents = reduction_extents(problem)
-    if split.promoted:
-        unknown = [d for d in split.promoted if d not in extents]
-        if unknown or len(set(split.promoted)) != len(split.promoted):
-            raise ValueError(
-                f"split_dim: '{split.dim}' must name distinct reduction loops; loops: {', '.join(extents)}"
-            )
-        count = math.prod(extents[d] for d in split.promoted)
-        if split.k_batch != count:
-            raise ValueError(f"split: k_batch {split.k_batch} must be {count}, the extents of {split.dim} multiplied")
-    elif split.dim not in extents:
-        raise ValueError(f"split_dim: '{split.dim}' is not a reduction loop; loops: {', '.join(extents)}")
-    elif split.padded_extent < extents[split.dim] or (split.k_batch - 1) * split.chunk >= extents[split.dim]:
-        raise ValueError(
-            f"split: k_batch {split.k_batch} x chunk {split.chunk} must cover loop '{split.dim}' "
-            f"of extent {extents[split.dim]} with no empty chunk"
-        )
-
-
-def filter_loop(problem: ConvBwdWeightProblem, letter: str) -> str:
-    """Accumulator letter -> loop name (g, k, f0.., c)."""
-    if letter in "ZYX":
-        filt = [d for d in problem.dims("dw") if d in "ZYX"]
-        return f"f{filt.index(letter)}"
-    return letter.lower()
-
-
-def contraction_loops(problem: ConvBwdWeightProblem, split: Split | None = None) -> tuple[dict[str, int], int]:
-    """The generic's loops in order, name -> extent, and how many of them are parallel.
-
-    Parallel: ``s`` (split) if any, then g, k, f0.., c; reduction: n, o0..; loops of extent 1 are left
-    out. A split loop's extent is its chunk; a rows split puts its loops (n, o0) first among the parallel
-    ones instead of ``s``.
-    """
-    extents = {"g": problem.groups, "k": problem.out_channels, "c": problem.in_channels, "n": problem.batch}
-    extents |= {f"f{i}": f for i, f in enumerate(problem.filter_size)}
-    extents |= {f"o{i}": o for i, o in enumerate(problem.output_size)}
-    promoted = list(split.promoted) if split else []
-    if split and not promoted:
-        extents[split.dim] = split.chunk
-    parallel = [filter_loop(problem, a) for a in problem.dims("acc")]
-    reduction = [name for name in ["n"] + [f"o{i}" for i in range(problem.rank)] if name not in promoted]
-    loops: dict[str, int] = {"s": split.k_batch} if split and not promoted else {}
-    loops |= {name: extents[name] for name in promoted if extents[name] > 1}
-    loops |= {name: extents[name] for name in parallel if extents[name] > 1}
-    n_parallel = len(loops)
-    loops |= {name: extents[name] for name in reduction if extents[name] > 1}
-    return loops, n_parallel
-
-
-def merged_name(a: str, b: str) -> str:
-    """The name of reduction loops ``a`` and ``b`` merged into one."""
-    return f"{a}*{b}"
-
-
-@dataclass(frozen=True)
-class Contraction:
-    """A typed view of one contraction: the problem it computes, its split, its loops and the plan
-    (a :class:`convbw_mlir.plan.Plan` as a dictionary, or None where no plan was made)."""
-
-    problem: ConvBwdWeightProblem
-    split: Split | None
-    loops: tuple[tuple[str, int], ...]  # (name, extent) in loop order
-    n_parallel: int
-    plan: dict[str, Any] | None = None
-
-    @classmethod
-    def build(cls, problem: ConvBwdWeightProblem, split: Split | None = None) -> Contraction:
-        """The contraction ``convbw-lower-to-linalg`` builds for ``problem`` (before loops are merged)."""
-        loops, n_parallel = contraction_loops(problem, split)
-        return cls(problem, split, tuple(loops.items()), n_parallel)
-
-    # -- what the GPU passes ask ----------------------------------------------------------------
-    @property
-    def names(self) -> list[str]:
-        return [name for name, _ in self.loops]
-
-    @property
-    def extents(self) -> list[int]:
-        return [extent for _, extent in self.loops]
-
-    @property
-    def parallel(self) -> list[str]:
-        """The parallel loops, in order (they come first)."""
-        return self.names[: self.n_parallel]
-
-    @property
-    def reduction_extent(self) -> int:
-        """Reduction elements per output element (merged or not, the product is the same)."""
-        return math.prod(self.extents[self.n_parallel :])
-
-    @property
-    def is_convolution(self) -> bool:
-        """Whether a filter loop is left (an implicit GEMM over taps), rather than a plain GEMM."""
-        return any(name.startswith("f") for name in self.names)
-
-    @property
-    def has_split_loop(self) -> bool:
-        """Whether a chunked split-K made the split its own parallel loop ``s``."""
-        return "s" in self.names
-
-    @property
-    def has_gemm_dims(self) -> bool:
-        """Whether both GEMM dimensions (out channels M, in channels N) are loops (extent > 1)."""
-        return "k" in self.names and "c" in self.names
-
-    @property
-    def is_rows_split(self) -> bool:
-        """Whether this is the first stage of a rows split (loops n and o0 parallel)."""
-        return bool(set(self.parallel) & {"n", "o0"})
-
-    def role(self, name: str) -> str:
-        """What a loop is to a tile: ``m`` (out channels), ``n`` (in channels), ``filter``, ``group``,
-        ``split``, ``image`` and ``row`` (a rows split's parallel batch and first output loop), or
-        ``reduction``.
-
-        Raises:
-            KeyError: no such loop.
-        """
-        if name not in self.names:
-            raise KeyError(f"contraction: no loop {name!r}; loops: {', '.join(self.names)}")
-        if self.names.index(name) >= self.n_parallel:
-            return "reduction"
-        if name.startswith("f"):
-            return "filter"
-        return {"k": "m", "c": "n", "g": "group", "s": "split", "n": "image", "o0": "row"}[name]
-
-    def merge(self, i: int) -> Contraction:
-        """The contraction with reduction loops ``i`` and ``i + 1`` merged into one."""
-        (a, ea), (b, eb) = self.loops[i], self.loops[i + 1]
-        loops = (*self.loops[:i], (merged_name(a, b), ea * eb), *self.loops[i + 2 :])
-        return Contraction(self.problem, self.split, loops, self.n_parallel, self.plan)
-
-    def with_plan(self, plan: dict[str, Any] | None) -> Contraction:
-        return Contraction(self.problem, self.split, self.loops, self.n_parallel, plan)
-
-    # -- the attribute --------------------------------------------------------------------------
-    def attr(self) -> ir.Attribute:
-        """``convbw.contraction``: the problem, its loops (names and extents, in order), ``k_batch`` and
-        the plan."""
-        from convbw_mlir.dialects import convbw
-        from convbw_mlir.ir_imports import ir
-
-        i64 = ir.IntegerType.get_signless(64)
-        entries = {
-            "problem": convbw.problem_attr(self.problem),
-            "loops": ir.ArrayAttr.get([ir.StringAttr.get(n) for n in self.names]),
-            "extents": ir.DenseI64ArrayAttr.get(self.extents),
-            "k_batch": ir.IntegerAttr.get(i64, self.split.k_batch if self.split else 1),
-        }
-        if self.plan is not None:
-            entries["plan"] = convbw.dict_attr(self.plan)
-        return ir.DictAttr.get(entries)
-
-    @classmethod
-    def of_op(cls, op: Any) -> Contraction:
-        """Read the contraction of a ``linalg.generic`` marked by ``convbw-lower-to-linalg``.
-
-        Raises:
-            KeyError: the op is not such a contraction.
-        """
-        from convbw_mlir.dialects import convbw
-        from convbw_mlir.ir_imports import ir
-
-        attrs = op.operation.attributes
-        if CONTRACTION_ATTR not in attrs:
-            raise KeyError(f"{op.operation.name} carries no {CONTRACTION_ATTR}")
-        attr = attrs[CONTRACTION_ATTR]
-        names = [ir.StringAttr(a).value for a in attr["loops"]]
-        extents = list(ir.DenseI64ArrayAttr(attr["extents"]))
-        iterators = [str(it) for it in attrs["iterator_types"]]
-        n_parallel = sum("parallel" in it for it in iterators)
-        plan = convbw.dict_from_attr(attr["plan"]) if "plan" in attr else None
-        split = None
-        if plan is not None and plan.get("split"):
-            split = Split(**plan["split"])
-        return cls(convbw.problem_from_attr(attr["problem"]), split, tuple(zip(names, extents)), n_parallel, plan)
+    attrs = op.operation.attributes
+    if CONTRACTION_ATTR not in attrs:
+        raise KeyError(f"{op.operation.name} carries no {CONTRACTION_ATTR}")
+    attr = attrs[CONTRACTION_ATTR]
+    names = [ir.StringAttr(a).value for a in attr["loops"]]
+    extents = list(ir.DenseI64ArrayAttr(attr["extents"]))
+    iterators = [str(it) for it in attrs["iterator_types"]]
+    n_parallel = sum("parallel" in it for it in iterators)
+    plan = convbw.dict_from_attr(attr["plan"]) if "plan" in attr else None
+    split = None
+    if plan is not None and plan.get("split"):
+        split = Split(**plan["split"])
+    return Contraction(convbw.problem_from_attr(attr["problem"]), split, tuple(zip(names, extents)), n_parallel, plan)
 
 
 def contractions(module: Any) -> list[Any]:
     """The linalg.generic ops under ``module`` built by ``convbw-lower-to-linalg``."""
-    from convbw_mlir.ir_imports import ir
-
     found: list[Any] = []
 
     def visit(op: Any) -> Any:

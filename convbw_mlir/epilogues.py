@@ -2,7 +2,7 @@
 drawing test data for them. The epilogue itself (:class:`convbw_mlir.problem.Epilogue`) lives in the
 problem; where the kernel applies it is :func:`convbw_mlir.builders.finish_dw` (docs/epilogues.md).
 
-Needs only numpy (and the runtime's dtype table): it runs where only the IREE runtime is installed.
+Needs only numpy (and the problem's dtype table): it runs where only the IREE runtime is installed.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _check_array(problem: ConvBwdWeightProblem, name: str, arr: Any, dtype: str,
         TypeError: not a numpy array (e.g. a device tensor: named with its type), or the wrong dtype.
         ValueError: the wrong shape (naming dW's layout letters), or read-only where it is written.
     """
-    from convbw_mlir.runtime import numpy_dtype
+    from convbw_mlir.problem import numpy_dtype
 
     if not isinstance(arr, np.ndarray):
         where = f" on device {arr.device}" if hasattr(arr, "device") else ""
@@ -78,7 +78,7 @@ def check_epilogue_arrays(problem: ConvBwdWeightProblem, d: Any = None, out: Any
 
 def random_d(problem: ConvBwdWeightProblem, seed: int = 1) -> np.ndarray | None:
     """A unit-normal D for the problem's epilogue (dW's shape, D's type), or None where none is read."""
-    from convbw_mlir.runtime import numpy_dtype
+    from convbw_mlir.problem import numpy_dtype
 
     ep = problem.epilogue
     if ep is None or not ep.reads_d:
@@ -93,7 +93,7 @@ def integer_inputs(
     """x, dy (and D where read) with integer values in [low, high], as CK's bilinear bwd-weight test
     draws them (alpha = beta = 2, values in [-5, 5], as issue 16 describes it); such sums are exact in
     f32 while they stay below 2**24."""
-    from convbw_mlir.runtime import numpy_dtype
+    from convbw_mlir.problem import numpy_dtype
 
     rng = np.random.default_rng(seed)
     dt = numpy_dtype(problem.dtype)

@@ -1,17 +1,22 @@
-"""ckProfiler and MIOpenDriver argument lines <-> :class:`ConvBwdWeightProblem`.
+"""ckProfiler and MIOpenDriver argument lines <-> a problem's fields.
 
-Both printers write the canonical form of a line; parsing a printed line gives the same problem back
-(and printing it again gives the same line).
+The codec under :class:`convbw_mlir.problem.ConvBwdWeightProblem`'s ``from_ck``, ``from_miopen``,
+``from_line``, ``to_ck`` and ``to_miopen``: parsers return the problem's constructor arguments, printers read
+a problem's attributes, so this module needs nothing from ``problem`` (which builds on it). Both printers
+write the canonical form of a line; parsing a printed line gives the same problem back (and printing it
+again gives the same line).
 """
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from convbw_mlir.problem import ConvBwdWeightProblem, resolve_layout
+if TYPE_CHECKING:
+    from convbw_mlir.problem import ConvBwdWeightProblem
 
-__all__ = ["CkCommand", "format_miopen", "parse_ck", "parse_miopen", "parse_problem_line"]
+__all__ = ["CkCommand", "format_miopen", "is_miopen_line", "parse_ck", "parse_miopen"]
 
 # ckProfiler grouped_conv_bwd_weight "arg2: data type" (CK profiler/src/profile_grouped_conv_bwd_weight.cpp).
 CK_DTYPES: dict[int, tuple[str, str]] = {0: ("f32", "f32"), 1: ("f16", "f16"), 2: ("bf16", "f32"), 5: ("bf16", "bf16")}
@@ -32,9 +37,10 @@ def _words(line: str | list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class CkCommand:
-    """A whole ckProfiler ``grouped_conv_bwd_weight`` command: the problem and the profiler's switches."""
+    """A whole ckProfiler ``grouped_conv_bwd_weight`` command: the problem (its constructor arguments when
+    parsed, the problem itself when printed) and the profiler's switches."""
 
-    problem: ConvBwdWeightProblem
+    problem: Any  # the problem's fields (a dict) or a ConvBwdWeightProblem
     verify: int = 1
     init: int = 1
     log: int = 0
@@ -64,7 +70,8 @@ class CkCommand:
 
 
 def parse_ck(line: str | list[str], dtype: str = "f16", layout: str | int = 2) -> CkCommand:
-    """Parse ckProfiler arguments: ``[ckProfiler] grouped_conv_bwd_weight DT LAYOUT VERIFY INIT LOG TIME
+    """The problem's fields (``.problem``, a dict) and switches of ckProfiler arguments:
+    ``[ckProfiler] grouped_conv_bwd_weight DT LAYOUT VERIFY INIT LOG TIME
     <problem> SPLIT_K`` or the problem part alone ``NDim G N K C <filter> <input> <strides> <dilations>
     <left pads> <right pads>`` (then ``dtype`` and ``layout`` apply).
 
@@ -105,7 +112,7 @@ def parse_ck(line: str | list[str], dtype: str = "f16", layout: str | int = 2) -
     nums = _ints("ck problem", words)
     g, n, k, c = nums[1:5]
     spatial = [tuple(nums[5 + i * ndim : 5 + (i + 1) * ndim]) for i in range(6)]
-    problem = ConvBwdWeightProblem(
+    problem = dict(
         groups=g,
         batch=n,
         in_channels=c,
@@ -118,7 +125,7 @@ def parse_ck(line: str | list[str], dtype: str = "f16", layout: str | int = 2) -
         pad_high=spatial[5],
         dtype=dtype,
         dw_dtype=dw_dtype,
-        layout=resolve_layout(layout).name,
+        layout=layout,
     )
     if switches and len(words) == expected + 1:
         switches["split_k"] = nums[-1]
@@ -151,8 +158,9 @@ _IGNORED = {"--time", "--verify"}
 _MIOPEN_LAYOUTS = {"NCHW": 4, "NCDHW": 4, "NHWC": 2, "NDHWC": 2}
 
 
-def parse_miopen(line: str | list[str]) -> ConvBwdWeightProblem:
-    """Parse a MIOpenDriver backward-weight line, e.g. ``convfp16 -F 4 -n 4 -c 64 -H 56 -W 56 -k 64 -y 3
+def parse_miopen(line: str | list[str]) -> dict[str, Any]:
+    """The problem's fields of a MIOpenDriver backward-weight line,
+    e.g. ``convfp16 -F 4 -n 4 -c 64 -H 56 -W 56 -k 64 -y 3
     -x 3 -p 1 -q 1 -u 1 -v 1 -l 1 -j 1 -m conv -g 1``. C and K are totals there; G must divide both.
 
     Raises:
@@ -205,7 +213,7 @@ def parse_miopen(line: str | list[str]) -> ConvBwdWeightProblem:
         return tuple(nums[f"--{prefix}_{a}"] for a in axes)
 
     pads = per_axis("pad")
-    return ConvBwdWeightProblem(
+    return dict(
         groups=g,
         batch=nums["--batchsize"],
         in_channels=c_total // g,
@@ -259,9 +267,7 @@ def format_miopen(p: ConvBwdWeightProblem) -> str:
     return shlex.join(parts)
 
 
-def parse_problem_line(line: str) -> ConvBwdWeightProblem:
-    """Parse either kind of line, telling them apart by the first word."""
+def is_miopen_line(line: str | list[str]) -> bool:
+    """Whether ``line`` is a MIOpenDriver line (else a ckProfiler one), by its first word."""
     words = _words(line)
-    if words and (words[0] in _MIOPEN_DTYPES or words[0].endswith("MIOpenDriver")):
-        return parse_miopen(words)
-    return parse_ck(words).problem
+    return bool(words) and (words[0] in _MIOPEN_DTYPES or words[0].endswith("MIOpenDriver"))

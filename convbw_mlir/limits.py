@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from convbw_mlir.problem import DTYPES, INT64_MAX, ConvBwdWeightProblem
-from convbw_mlir.targets import Target, get_target
+from convbw_mlir.targets import Target, resolve
 
 __all__ = ["INT32_MAX", "LIMITS", "MAX_BINDING_BYTES", "BackendLimits", "buffers", "check_limits"]
 
@@ -136,7 +136,7 @@ def check_limits(problem: ConvBwdWeightProblem, target: str | Target) -> None:
     Raises:
         ValueError: naming the buffer, its size and the limit (and the target and backend).
     """
-    tgt = get_target(target) if isinstance(target, str) else target
+    tgt = resolve(target)
     lim = LIMITS[tgt.backend]
     for name, nbytes in buffers(problem):
         if nbytes > lim.max_buffer_bytes:

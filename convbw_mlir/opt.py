@@ -8,7 +8,7 @@
 
 A failing pass prints its diagnostics (file:line:col), writes a reproducer (the IR the failing pass
 saw, with the replay command in its first line) next to the output, and exits with code 1.
-``--emit=vmfb|isa`` compiles in a child process (:mod:`convbw_mlir.isolate`): an IREE crash is an error
+``--emit=vmfb|isa`` compiles in a child process (:mod:`convbw_mlir.build.isolate`): an IREE crash is an error
 line, not the end of the command.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.cli import ArgumentParser, add_problem_arguments, problem_from_args, run_cli, write_output
+from convbw_mlir.cli_args import ArgumentParser, add_problem_arguments, problem_from_args, run_cli, write_output
 
 __all__ = ["main"]
 
@@ -329,8 +329,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _emit_compiled(ir_text: str, target: str, filename: str, args: argparse.Namespace) -> int:
-    from convbw_mlir.compiler import compile_module, executable_intermediates
-    from convbw_mlir.isolate import call
+    from convbw_mlir.build.iree import compile_module, executable_intermediates
+    from convbw_mlir.build.isolate import call
 
     remaining = sorted(set(_CONVBW_OP.findall(ir_text)))
     if remaining:  # IREE does not know them and segfaults on them

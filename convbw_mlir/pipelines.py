@@ -9,28 +9,28 @@ from __future__ import annotations
 from typing import Any
 
 from convbw_mlir.passes import PASSES, PipelineElement, PipelineError, format_pipeline
-from convbw_mlir.targets import get_target
+from convbw_mlir.targets import Target, resolve
 
 __all__ = ["for_target", "pipeline_text"]
 
 
-def for_target(target: str, **options: Any) -> list[PipelineElement]:
+def for_target(target: Target | str, **options: Any) -> list[PipelineElement]:
     """The ordered pipeline for ``target``.
 
     Args:
-        target: a name from :data:`convbw_mlir.targets.TARGETS`.
+        target: a :class:`~convbw_mlir.targets.Target` or a name from :data:`convbw_mlir.targets.TARGETS`.
         **options: pass options by field name, applied to every pass that has that option (the plan's
             overrides, e.g. ``k_batch=4``, ``tile_m=64``; see :class:`convbw_mlir.plan.Overrides`).
 
     Raises:
         ValueError: unknown target, an option no pass of this pipeline takes, or a value the plan refuses.
     """
-    tgt = get_target(target)
+    tgt = resolve(target)
     # The plan decides everything; the target-independent rewrites that carry it out run for every
     # target, host included, so their numerics are tested on the CPU; the GPU passes only annotate the
     # contraction for IREE.
     stages: list[str | tuple[str, dict[str, Any]]] = [
-        ("convbw-plan", {"target": target}),
+        ("convbw-plan", {"target": tgt.name}),
         *([("convbw-explicit-kernel", {})] if tgt.family in ("nvidia", "cdna", "rdna") else []),  # strategy explicit
         ("convbw-explicit-gemm", {}),
         ("convbw-split-k", {}),

@@ -21,29 +21,48 @@ This module imports without the IREE compiler. Each measured rule links its data
 
 from __future__ import annotations
 
-import enum
 import math
-import operator
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
-from convbw_mlir.contraction import Contraction, Split, check_split
+from convbw_mlir import policies
+from convbw_mlir.loops import Contraction, Split, check_split
+from convbw_mlir.plan_data import (
+    STRATEGY_OPTIONS,
+    Overrides,
+    Plan,
+    PlanError,
+    SimtTile,
+    Strategy,
+    StreamKPlan,
+    Tile,
+    WaveSpecPlan,
+    _is_int,
+    _spelled,
+    _target,
+)
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
-from convbw_mlir.targets import Intrinsic, Target, get_target
+from convbw_mlir.targets import Intrinsic, Target
 
+# The plan's data types are plan_data's; they are named here too, where users look for them.
 __all__ = [
+    "STRATEGY_OPTIONS",
     "Overrides",
     "Plan",
     "PlanError",
     "SimtTile",
     "Split",
     "Strategy",
+    "StreamKPlan",
     "Tile",
+    "WaveSpecPlan",
     "as_gemm",
     "check_plan",
     "choose_simt_tile",
     "choose_tile",
     "decide",
+    "effective_problem",
+    "explicit_tiling",
     "pick_intrinsic",
     "plan_rows_split",
     "plan_split",
@@ -51,308 +70,13 @@ __all__ = [
 ]
 
 
-class PlanError(ValueError):
-    """An override the plan cannot take; the message names the option and its value."""
-
-
-class Strategy(enum.StrEnum):
-    """How the contraction is computed (see the module docstring)."""
-
-    MMA = "mma"
-    SIMT = "simt"
-    IREE = "iree"
-    EXPLICIT = "explicit"
-
-
-@dataclass(frozen=True)
-class Tile:
-    """A workgroup's work, in elements: an ``m`` (out channels) by ``n`` (in channels) tile of one
-    group and filter tap, ``k`` reduction elements per step, ``subgroups_m x subgroups_n`` waves,
-    ``stages`` of prefetch, and ``intrinsic``, the matrix instruction (IREE's name)."""
-
-    m: int
-    n: int
-    k: int
-    subgroups_m: int
-    subgroups_n: int
-    stages: int
-    intrinsic: str
-
-    @property
-    def subgroups(self) -> int:
-        return self.subgroups_m * self.subgroups_n
-
-
-@dataclass(frozen=True)
-class SimtTile:
-    """The SIMT strategy's workgroup over a rows split: ``rows`` output rows x ``groups`` groups x
-    ``channels`` out channels, one thread each; a thread owns all filter taps and in channels of its
-    (image, row, group, out channel) and reduces the rest of the row serially."""
-
-    rows: int
-    groups: int
-    channels: int
-
-    @property
-    def threads(self) -> int:
-        return self.rows * self.groups * self.channels
-
-
-@dataclass(frozen=True)
-class StreamKPlan:
-    """StreamK (strategy explicit): ``workgroups`` persistent workgroups share all tiles' k iterations;
-    ``fixup`` (``linear`` or ``tree``) combines a tile's partials (convbw_mlir/kernels/streamk_sm80.py)."""
-
-    workgroups: int
-    fixup: str = "linear"
-
-
-STREAMK_FIXUPS = ("linear", "tree")
-
-
-@dataclass(frozen=True)
-class WaveSpecPlan:
-    """Wave specialization (strategy explicit, sm_80, layout 2): ``producers`` warps copy global -> shared,
-    the tiling's warps compute, split by named barriers (convbw_mlir/kernels/wavespec_sm80.py)."""
-
-    producers: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
-
-    Attributes:
-        target: the target name.
-        strategy: mma, simt or iree.
-        gemm: carried out as a batched GEMM (an unpadded 1x1: ``convbw-explicit-gemm``).
-        reduction_innermost: the GEMM's channels-last x and dy transposed so the reduction is innermost.
-        split: the split-K of the reduction, or None.
-        tile: the matrix-core tile (strategy mma).
-        simt: the thread tile (strategy simt over a rows split).
-        streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
-        wavespec: producer warps of a wave-specialized explicit kernel, or None: every warp copies and computes.
-    """
-
-    target: str
-    strategy: Strategy
-    gemm: bool = False
-    reduction_innermost: bool = False
-    split: Split | None = None
-    tile: Tile | None = None
-    simt: SimtTile | None = None
-    streamk: StreamKPlan | None = None
-    wavespec: WaveSpecPlan | None = None
-
-    @property
-    def target_info(self) -> Target:
-        return get_target(self.target)
-
-    @property
-    def k_batch(self) -> int:
-        return self.split.k_batch if self.split else 1
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data (JSON and the IR attribute): entries that are None or False are left out."""
-        data: dict[str, Any] = {"target": self.target, "strategy": self.strategy.value, "gemm": self.gemm}
-        if self.reduction_innermost:
-            data["reduction_innermost"] = True
-        for name, _ in _PARTS:
-            part = getattr(self, name)
-            if part is not None:
-                data[name] = {f.name: getattr(part, f.name) for f in fields(part)}
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
-        """The inverse of :meth:`to_dict`.
-
-        Raises:
-            PlanError: a malformed plan (unknown entry, strategy or target, a tile missing a field).
-        """
-        if not isinstance(data, dict):
-            raise PlanError(f"plan: expected a dictionary, got {data!r}")
-        known = {"target", "strategy", "gemm", "reduction_innermost", *(name for name, _ in _PARTS)}
-        unknown = set(data) - known
-        if unknown:
-            raise PlanError(f"plan: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-        for name in ("target", "strategy"):
-            if name not in data:
-                raise PlanError(f"plan: missing entry {name!r}")
-        for name in ("gemm", "reduction_innermost"):
-            if not isinstance(data.get(name, False), bool):
-                raise PlanError(f"plan.{name}: expected true or false, got {data[name]!r}")
-        try:
-            get_target(data["target"])
-        except ValueError as e:
-            raise PlanError(f"plan.target: {e}") from None
-        if data["strategy"] not in set(Strategy):
-            known_strategies = ", ".join(s.value for s in Strategy)
-            raise PlanError(f"plan.strategy: expected one of {known_strategies}, got {data['strategy']!r}")
-        parts = {name: _part(name, kind, data[name]) for name, kind in _PARTS if data.get(name) is not None}
-        return cls(data["target"], Strategy(data["strategy"]), data.get("gemm", False),
-                   data.get("reduction_innermost", False), **parts)  # fmt: skip
-
-
-def _part(name: str, kind: type, data: Any) -> Any:
-    """One optional part of a plan from its plain data: every field present and of its type (integers >= 1).
-
-    Raises:
-        PlanError: naming the part, the field and the value.
-    """
-    if not isinstance(data, dict):
-        raise PlanError(f"plan.{name}: expected a dictionary, got {data!r}")
-    spec = {f.name: f for f in fields(kind)}
-    unknown = set(data) - set(spec)
-    if unknown:
-        raise PlanError(f"plan.{name}: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(spec)}")
-    for field_name, f in spec.items():
-        where = f"plan.{name}.{field_name}"
-        if field_name not in data:
-            if f.default is MISSING:
-                raise PlanError(f"{where}: missing")
-            continue
-        value = data[field_name]
-        if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise PlanError(f"{where}: expected an integer >= 1, got {value!r}")
-        if f.type == "str" and not (isinstance(value, str) and value):
-            raise PlanError(f"{where}: expected a non-empty string, got {value!r}")
-    if kind is StreamKPlan and data.get("fixup", "linear") not in STREAMK_FIXUPS:
-        raise PlanError(f"plan.streamk.fixup: expected one of {', '.join(STREAMK_FIXUPS)}, got {data['fixup']!r}")
-    try:
-        return kind(**data)
-    except (TypeError, ValueError) as e:  # the part's own checks (e.g. a rows split's chunk)
-        raise PlanError(f"plan.{name}: {e}") from None
-
-
-# A plan's optional parts: its field name and type, in the order its plain data lists them.
-_PARTS = (("split", Split), ("tile", Tile), ("simt", SimtTile), ("streamk", StreamKPlan), ("wavespec", WaveSpecPlan))
-
-
-# -- the options a user (or a tuner) may give ---------------------------------------------------------
-# ``strategy`` as an option: the explicit kernel, or IREE's codegen configured by the plan.
-STRATEGY_OPTIONS = (Strategy.EXPLICIT.value, "codegen")
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """Choices that replace the plan's own (pipeline spelling: ``k-batch``, ``tile-m`` ...).
-
-    Attributes:
-        k_batch: ``auto``, ``rows`` (one partial per image and output row) or a number of batch splits.
-        plan_for: the target whose facts size the split (default: the target itself).
-        tile_m, tile_n, tile_k: the MMA workgroup tile and reduction step, in elements.
-        subgroups_m, subgroups_n: waves / warps along M and N.
-        stages: prefetch stages (IREE's ``prefetch_num_stages``).
-        gemm, grouped: ``mma`` (our tile) or ``iree`` (IREE's own) for plain GEMMs and grouped
-            convolutions; None takes the target's tile policy.
-        reduction_innermost: transpose a channels-last GEMM's x and dy so the reduction is innermost.
-        strategy: ``explicit`` asks for the kernel our passes write (docs/explicit-kernels.md),
-            ``codegen`` for a plan IREE's codegen carries out (mma, simt or iree: the plan picks); None
-            lets the plan choose: explicit where it wins (:func:`_explicit_wins`), else codegen.
-        streamk: StreamK's persistent workgroups for strategy explicit: ``auto`` (the target's SMs) or a
-            number; None (the default): no StreamK.
-        streamk_fixup: how StreamK combines a tile's partials: ``linear`` (the default) or ``tree``.
-        producers: wave specialization for strategy explicit: 2 or 4 producer warps beside the tiling's
-            (consumer) warps; None (the default): none.
-    """
-
-    k_batch: int | str = "auto"
-    plan_for: str | None = None
-    tile_m: int | None = None
-    tile_n: int | None = None
-    tile_k: int | None = None
-    subgroups_m: int | None = None
-    subgroups_n: int | None = None
-    stages: int | None = None
-    gemm: str | None = None
-    grouped: str | None = None
-    reduction_innermost: bool = False
-    strategy: str | None = None
-    streamk: int | str | None = None
-    streamk_fixup: str | None = None
-    producers: int | None = None
-
-    _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
-
-    def __post_init__(self) -> None:
-        for name in ("k_batch", *self._TILE):  # numpy integers are integers too
-            value = getattr(self, name)
-            if not isinstance(value, int | str | None) and _integral(value):
-                object.__setattr__(self, name, int(value))
-        kb = self.k_batch
-        if not (kb in ("auto", "rows") or (_is_int(kb) and kb >= 1)):
-            raise PlanError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
-        if self.plan_for is not None:
-            _target(self.plan_for, "plan-for")
-        for name in self._TILE:
-            value = getattr(self, name)
-            if value is not None and not (_is_int(value) and value >= 1):
-                raise PlanError(f"{_spelled(name)}: expected a positive integer, got {value!r}")
-        for name in ("gemm", "grouped"):
-            value = getattr(self, name)
-            if value not in (None, "mma", "iree"):
-                raise PlanError(f"{name}: expected mma or iree, got {value!r}")
-        if self.strategy not in (None, *STRATEGY_OPTIONS):
-            choices = "explicit or codegen (or none: the plan's choice)"
-            raise PlanError(f"strategy: expected {choices}, got {self.strategy!r}")
-        if not (self.streamk in (None, "auto") or (_is_int(self.streamk) and self.streamk >= 1)):
-            raise PlanError(f"streamk: expected auto or a positive number of workgroups, got {self.streamk!r}")
-        if self.streamk is not None and self.strategy != Strategy.EXPLICIT.value:
-            chosen = self.strategy or "none, the plan's choice"
-            raise PlanError(f"streamk: {self.streamk!r} applies to strategy explicit only (strategy: {chosen})")
-        if self.streamk_fixup not in (None, *STREAMK_FIXUPS):
-            raise PlanError(f"streamk-fixup: expected linear or tree, got {self.streamk_fixup!r}")
-        if self.streamk_fixup is not None and self.streamk is None:
-            raise PlanError(f"streamk-fixup: {self.streamk_fixup} needs streamk (a number of workgroups or auto)")
-        if self.producers is not None and not (_is_int(self.producers) and self.producers in WAVESPEC_PRODUCERS):
-            raise PlanError(f"producers: expected 2 or 4 producer warps, got {self.producers!r}")
-        if self.producers is not None and self.strategy != Strategy.EXPLICIT.value:
-            chosen = self.strategy or "none, the plan's choice"
-            raise PlanError(f"producers: {self.producers} applies to strategy explicit only (strategy: {chosen})")
-        if not isinstance(self.reduction_innermost, bool):
-            raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
-
-    @property
-    def tile(self) -> dict[str, int]:
-        """The tile overrides given, by :class:`Tile` field (``m``, ``n``, ``k``, ``subgroups_m`` ...)."""
-        key = {"tile_m": "m", "tile_n": "n", "tile_k": "k"}
-        return {key.get(n, n): getattr(self, n) for n in self._TILE if getattr(self, n) is not None}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _integral(value: Any) -> bool:
-    """A non-bool integer of another library (numpy's), which ``operator.index`` accepts."""
-    if type(value).__name__.startswith("bool"):
-        return False
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
-
-
-def _spelled(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _target(name: str, option: str) -> Target:
-    try:
-        return get_target(name)
-    except ValueError as e:
-        raise PlanError(f"{option}: {str(e).removeprefix('target: ')}") from None
-
-
 # -- the one entry ------------------------------------------------------------------------------------
-def decide(problem: ConvBwdWeightProblem, target: str, split: Split | None = None, **overrides: Any) -> Plan:
+def decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | None = None, **overrides: Any) -> Plan:
     """Every decision for ``problem`` on ``target``.
 
     Args:
         problem: the problem as the user gave it.
-        target: a target name (:data:`convbw_mlir.targets.TARGETS`).
+        target: a :class:`~convbw_mlir.targets.Target` or a target name (:data:`convbw_mlir.targets.TARGETS`).
         split: a split already made (an op that arrives split); None lets the plan choose.
         **overrides: fields of :class:`Overrides`.
 
@@ -375,7 +99,7 @@ def decide(problem: ConvBwdWeightProblem, target: str, split: Split | None = Non
         split = plan_split_k(work, planner, opts.k_batch)
     if opts.strategy == Strategy.EXPLICIT:
         return _explicit(problem, tgt, opts)
-    base = Plan(target, Strategy.IREE, gemm, opts.reduction_innermost and gemm, split)
+    base = Plan(tgt.name, Strategy.IREE, gemm, opts.reduction_innermost and gemm, split)
     if not tgt.is_gpu:
         return _no_tile(base, opts, "IREE's CPU codegen")
     codegen = _gpu_strategy(base, work, tgt, opts)
@@ -388,13 +112,38 @@ def decide(problem: ConvBwdWeightProblem, target: str, split: Split | None = Non
 
 
 def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) -> bool:
-    """Whether the plan's own choice is the explicit kernel: NVIDIA, channels-last (layout 2), a problem
-    the kernel computes as it is, and not too thin for matrix cores (codegen's choice is not SIMT): where
-    it was the fastest correct kernel when measured (docs/decisions.md#explicit-by-default)."""
-    from convbw_mlir.kernels.shapes import is_channels_last, unsupported
+    """Whether the plan's own choice is the explicit kernel: the target's kernel family takes the problem
+    by default (:func:`convbw_mlir.policies.sm80.takes_by_default`: where it was the fastest correct kernel
+    when measured) and it is not too thin for matrix cores (codegen's choice is not SIMT)."""
+    policy = policies.for_target(tgt)
+    return policy is not None and codegen.strategy != Strategy.SIMT and policy.takes_by_default(problem)
 
-    return (tgt.family == "nvidia" and is_channels_last(problem) and codegen.strategy != Strategy.SIMT
-            and not unsupported(problem, None))  # fmt: skip
+
+def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
+    """The explicit strategy's plan, as the target's kernel family's policy makes it."""
+    policy = policies.for_target(tgt)
+    if policy is None:
+        raise PlanError(
+            f"strategy: explicit kernels are written for NVIDIA (sm_80), CDNA and RDNA only, not target {tgt.name}"
+        )
+    given = {
+        "k-batch": opts.k_batch if opts.k_batch == "rows" else None,
+        "plan-for": opts.plan_for,
+        "reduction-innermost": opts.reduction_innermost or None,
+        "gemm": opts.gemm,
+        "grouped": opts.grouped,
+    }
+    for name, value in given.items():
+        if value is not None:
+            raise PlanError(
+                f"{name}: {value!r} does not apply to strategy explicit (it takes k-batch and tile options)"
+            )
+    return policy.plan(problem, tgt, opts)
+
+
+def explicit_tiling(plan: Plan):  # -> convbw_mlir.policies.sm80.GemmTiling | convbw_mlir.policies.amd.CdnaTiling
+    """The kernel tiling an explicit plan's tile stands for (its target family's)."""
+    return policies.for_target(plan.target_info).tiling(plan)
 
 
 def _gpu_strategy(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
@@ -469,112 +218,6 @@ def _gpu_tile(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrid
     return replace(plan, strategy=Strategy.MMA, tile=tile)
 
 
-def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
-    """The explicit strategy's plan: the sm_80 kernel's tiling (the rule of ``choose_tiling``, or the tile options)."""
-    from convbw_mlir.kernels.shapes import INTRINSIC, GemmTiling, choose_tiling, gemm_shape, unsupported
-
-    if tgt.family not in ("nvidia", "cdna", "rdna"):
-        raise PlanError(
-            f"strategy: explicit kernels are written for NVIDIA (sm_80), CDNA and RDNA only, not target {tgt.name}"
-        )
-    given = {
-        "k-batch": opts.k_batch if opts.k_batch == "rows" else None,
-        "plan-for": opts.plan_for,
-        "reduction-innermost": opts.reduction_innermost or None,
-        "gemm": opts.gemm,
-        "grouped": opts.grouped,
-    }
-    for name, value in given.items():
-        if value is not None:
-            raise PlanError(
-                f"{name}: {value!r} does not apply to strategy explicit (it takes k-batch and tile options)"
-            )
-    given = opts.tile
-    if tgt.family in ("cdna", "rdna"):  # MFMA / WMMA forms, 2 LDS buffers (compiled, never run: no AMD GPU here)
-        if opts.streamk is not None:
-            raise PlanError(f"streamk: {opts.streamk!r} on target {tgt.name} (StreamK is written for sm_80 only)")
-        if opts.producers is not None:
-            raise PlanError(f"producers: {opts.producers} on target {tgt.name} (wave specialization is written for "
-                            "sm_80 only: named barriers)")  # fmt: skip
-        return _explicit_amd(problem, tgt, opts)
-    t = GemmTiling()
-    if not given and not unsupported(problem, None):  # the plan's rule: the kernel's cost model (choose_tiling)
-        t = choose_tiling(gemm_shape(problem), tgt.compute_units, tgt.lds_bytes)
-    if "subgroups_m" in given:
-        t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
-    if "subgroups_n" in given:
-        t = replace(t, wn=given.get("n", t.bn) // given["subgroups_n"])
-    t = replace(t, bm=given.get("m", t.bm), bn=given.get("n", t.bn), bk=given.get("k", t.bk),
-                stages=given.get("stages", t.stages))  # fmt: skip
-    tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSIC)
-    plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
-    if opts.producers is not None:  # wave specialization: the same tiling and split, producer warps added
-        plan = replace(plan, wavespec=WaveSpecPlan(opts.producers))
-    check_plan(problem, plan)  # the tiling first: the split is sized on it
-    shape = gemm_shape(problem)
-    if opts.streamk is not None:  # StreamK replaces split-K: the persistent grid's workgroups share the k tiles
-        if _is_int(opts.k_batch) and opts.k_batch > 1:
-            raise PlanError(f"k-batch: {opts.k_batch}: StreamK replaces split-K (give one or the other)")
-        workgroups = tgt.compute_units if opts.streamk == "auto" else opts.streamk
-        plan = replace(plan, streamk=StreamKPlan(workgroups, opts.streamk_fixup or "linear"))
-        check_plan(problem, plan)
-        return plan
-    return _explicit_split(problem, plan, shape, t, tgt, opts)
-
-
-def _explicit_amd(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
-    """The AMD explicit plan: the target's first intrinsic the AMD kernel has a form of (its table entry
-    decides MFMA or WMMA and which WMMA operand form), the tile options, split-K as on NVIDIA."""
-    from convbw_mlir.kernels.shapes import AMD_FORMS, CdnaTiling, gemm_shape, is_channels_last
-
-    if is_channels_last(problem):  # the AMD forms gather in layout 4 only (the sm_80 kernel has layout 2)
-        raise PlanError(f"layout: {problem.layout} (the AMD explicit kernel takes layout 4, NGCHW/GKCYX/NGKHW)")
-    given = opts.tile
-    intr = next((i.name for i in tgt.intrinsics.get(problem.dtype, ()) if i.name in AMD_FORMS), None)
-    if intr is None:
-        raise PlanError(f"dtype: {problem.dtype}: target {tgt.name} has no matrix instruction the AMD kernel writes")
-    c = CdnaTiling(wave=tgt.subgroup_size, intrinsic=intr)
-    c = replace(c, wm=given.get("m", c.bm) // given.get("subgroups_m", c.bm // c.wm),
-                wn=given.get("n", c.bn) // given.get("subgroups_n", c.bn // c.wn))  # fmt: skip
-    c = replace(c, bm=given.get("m", c.bm), bn=given.get("n", c.bn), bk=given.get("k", c.bk))
-    if given.get("stages", 2) != 2:
-        raise PlanError(f"stages: {given['stages']}: the AMD forms double-buffer LDS (2 stages)")
-    plan = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=Tile(c.bm, c.bn, c.bk, c.bm // c.wm, c.bn // c.wn, 2,
-                                                                   intr))  # fmt: skip
-    check_plan(problem, plan)
-    shape = gemm_shape(problem)
-    return _explicit_split(problem, plan, shape, c, tgt, opts)
-
-
-def _explicit_split(problem: ConvBwdWeightProblem, plan: Plan, shape: Any, tiling: Any, tgt: Target,
-                    opts: Overrides) -> Plan:  # fmt: skip
-    """``plan`` with its split-K: the k-batch asked for, else the kernel's occupancy rule (``auto_splits``)."""
-    from convbw_mlir.kernels.shapes import auto_splits
-
-    splits = opts.k_batch if _is_int(opts.k_batch) else auto_splits(shape, tiling, tgt.compute_units)
-    if splits > 1:
-        ktiles = -(-shape.reduction // tiling.bk)
-        plan = replace(plan, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
-        check_plan(problem, plan)
-    return plan
-
-
-# The explicit kernel splits its flattened reduction (images x output positions) in k tiles: Split.chunk
-# counts k tiles per split.
-EXPLICIT_SPLIT = "r"
-
-
-def explicit_tiling(plan: Plan):  # -> convbw_mlir.kernels.shapes.GemmTiling | CdnaTiling
-    """The kernel tiling an explicit plan's tile stands for (its target family's)."""
-    from convbw_mlir.kernels.shapes import CdnaTiling, GemmTiling
-
-    t = plan.tile
-    if plan.target_info.family in ("cdna", "rdna"):
-        return CdnaTiling(t.m, t.n, t.k, t.m // t.subgroups_m, t.n // t.subgroups_n, plan.target_info.subgroup_size,
-                          t.intrinsic)  # fmt: skip
-    return GemmTiling(t.m, t.n, t.k, t.stages, t.m // t.subgroups_m, t.n // t.subgroups_n)
-
-
 def _no_tile(plan: Plan, opts: Overrides, why: str) -> Plan:
     """``plan`` as it is; a tile override would be dropped silently, so it is refused instead."""
     if opts.tile:
@@ -591,27 +234,8 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
             kernels read past x and dy: docs/decisions.md#split-gemm-step, #split-iree-step), naming the sizes.
     """
     if plan.strategy == Strategy.EXPLICIT:
-        from convbw_mlir.kernels.shapes import unsupported
-
-        cap = plan.target_info.lds_bytes
-        why = ["tile: none"] if plan.tile is None else unsupported(problem, explicit_tiling(plan), cap)
-        if plan.streamk is not None:
-            why += _streamk_refusals(plan, problem)
-        if plan.wavespec is not None:
-            why += _wavespec_refusals(plan, problem, tiling_ok=not why)
-        if plan.tile is not None and plan.target_info.family in ("cdna", "rdna") and not why:
-            from convbw_mlir.kernels.shapes import gemm_shape
-
-            why = explicit_tiling(plan).problems(gemm_shape(problem, plan.k_batch), cap)
-            if plan.target_info.intrinsic(problem.dtype, plan.tile.intrinsic) is None:  # a stored plan's
-                why.append(f"tile: intrinsic {plan.tile.intrinsic} is not one of {plan.target}'s")
-        if plan.split is not None and plan.tile is not None:
-            ktiles = -(-math.prod((problem.batch, *problem.output_size)) // plan.tile.k)
-            if plan.split.dim != EXPLICIT_SPLIT or plan.split.k_batch > ktiles:
-                why.append(f"split: {plan.split.dim} x {plan.split.k_batch} (the explicit kernel splits its "
-                           f"reduction, {EXPLICIT_SPLIT}, at most in its {ktiles} k tiles)")  # fmt: skip
-            elif plan.split.chunk != -(-ktiles // plan.split.k_batch):
-                why.append(f"split: chunk {plan.split.chunk} (k tiles a split: {-(-ktiles // plan.split.k_batch)})")
+        policy = policies.for_target(plan.target_info)
+        why = ["target: no explicit kernel of ours"] if policy is None else policy.refusals(problem, plan)
         if why:
             raise PlanError("strategy explicit: " + "; ".join(why))
         return
@@ -632,47 +256,6 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
             f"plan: tile k {plan.tile.k} does not divide the {contraction.reduction_extent} reduction elements of "
             f"each of {plan.split.k_batch} splits; such kernels read past x and dy (docs/decisions.md#split-gemm-step)"
         )
-
-
-def _streamk_refusals(plan: Plan, problem: ConvBwdWeightProblem) -> list[str]:
-    """Why a plan's StreamK cannot be carried out ("field: value" lines)."""
-    from convbw_mlir.kernels.shapes import is_channels_last
-
-    why, sk = [], plan.streamk
-    if is_channels_last(problem):  # its copies are layout 4's (the sm_80 kernel's layout 2 came after it)
-        why.append(f"layout: {problem.layout} (StreamK is written for layout 4, NGCHW/GKCYX/NGKHW)")
-    if not _is_int(sk.workgroups) or sk.workgroups < 1:
-        why.append(f"streamk: {sk.workgroups!r} workgroups (a positive number)")
-    if sk.fixup not in STREAMK_FIXUPS:
-        why.append(f"streamk-fixup: {sk.fixup!r} (linear or tree)")
-    if plan.target_info.family != "nvidia":
-        why.append(f"streamk: {sk.workgroups} on target {plan.target} (StreamK is written for sm_80 only)")
-    if plan.split is not None:
-        why.append(f"split: {plan.split.dim} x {plan.split.k_batch} (StreamK replaces split-K)")
-    return why
-
-
-WAVESPEC_PRODUCERS = (2, 4)  # CK's wavelet ratios with 4 consumer warps: 4:2 and 4:4
-
-
-def _wavespec_refusals(plan: Plan, problem: ConvBwdWeightProblem, tiling_ok: bool) -> list[str]:
-    """Why a plan's wave specialization cannot be carried out ("field: value" lines); the kernel's own
-    rule (registers, copies, barriers) only where the plain kernel takes the tiling (``tiling_ok``)."""
-    from convbw_mlir.kernels.shapes import gemm_shape, is_channels_last
-
-    producers = plan.wavespec.producers
-    if plan.target_info.family != "nvidia":
-        return [f"producers: {producers} on target {plan.target} (wave specialization is written for sm_80 only)"]
-    if plan.streamk is not None:
-        return [f"producers: {producers} with streamk (wave specialization is written for the split-K grid)"]
-    if not is_channels_last(problem):
-        return [f"producers: {producers} in layout {problem.layout} (wave specialization is written for layout 2, "
-                "NHWGC/GKYXC/NHWGK)"]  # fmt: skip
-    if not tiling_ok:
-        return []
-    from convbw_mlir.kernels import wavespec_sm80
-
-    return wavespec_sm80.problems(gemm_shape(problem, plan.k_batch), explicit_tiling(plan), producers)
 
 
 def effective_problem(problem: ConvBwdWeightProblem, reduction_innermost: bool = False) -> ConvBwdWeightProblem:

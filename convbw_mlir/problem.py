@@ -19,6 +19,10 @@ import operator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import numpy as np
+
+from convbw_mlir import formats
+
 __all__ = [
     "DTYPES",
     "EPILOGUES",
@@ -90,6 +94,18 @@ LAYOUTS: dict[str, Layout] = {
 }
 DEFAULT_LAYOUT = "NHWGC/GKYXC/NHWGK"
 _LAYOUT_ALIASES = {"torch": "NCHW/KCYX/NKHW", "channels_last": "NHWC/KYXC/NHWK", "default": DEFAULT_LAYOUT}
+
+
+_NUMPY_DTYPES = {"f16": "float16", "f32": "float32"}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """numpy dtype for an element type name; bf16 is ``ml_dtypes.bfloat16`` (a dependency of iree-base-runtime)."""
+    if name == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(_NUMPY_DTYPES[name])
 
 
 def resolve_layout(spec: str | int, rank: int | None = None) -> Layout:
@@ -534,28 +550,25 @@ class ConvBwdWeightProblem:
             raise ValueError(f"problem: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
-    # Parsing and printing live in formats.py; these are the conveniences people look for here.
+    # The lines' codec is formats.py; these are the conveniences people look for here.
     @classmethod
     def from_ck(cls, line: str | list[str], **defaults: Any) -> ConvBwdWeightProblem:
         """Parse a ckProfiler ``grouped_conv_bwd_weight`` line (whole, or the problem part alone)."""
-        from convbw_mlir.formats import parse_ck
-
-        return parse_ck(line, **defaults).problem
+        return cls(**formats.parse_ck(line, **defaults).problem)
 
     @classmethod
     def from_miopen(cls, line: str | list[str]) -> ConvBwdWeightProblem:
         """Parse a MIOpenDriver ``conv``/``convfp16``/``convbfp16`` backward-weight line."""
-        from convbw_mlir.formats import parse_miopen
+        return cls(**formats.parse_miopen(line))
 
-        return parse_miopen(line)
+    @classmethod
+    def from_line(cls, line: str | list[str]) -> ConvBwdWeightProblem:
+        """Parse either kind of line, telling them apart by the first word."""
+        return cls.from_miopen(line) if formats.is_miopen_line(line) else cls.from_ck(line)
 
     def to_ck(self, full: bool = False) -> str:
-        from convbw_mlir.formats import CkCommand
-
-        cmd = CkCommand(self)
+        cmd = formats.CkCommand(self)
         return cmd.format() if full else cmd.format_problem()
 
     def to_miopen(self) -> str:
-        from convbw_mlir.formats import format_miopen
-
-        return format_miopen(self)
+        return formats.format_miopen(self)

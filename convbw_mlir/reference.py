@@ -200,7 +200,8 @@ def random_inputs(problem: ConvBwdWeightProblem, seed: int = 0) -> tuple[np.ndar
     Raises:
         NotEnoughMemoryError: x and dy would not fit in memory (checked before allocating).
     """
-    from convbw_mlir.runtime import check_memory, numpy_dtype
+    from convbw_mlir.problem import numpy_dtype
+    from convbw_mlir.runtime import check_memory
 
     dt = numpy_dtype(problem.dtype)
     sizes = [math.prod(problem.x_shape), math.prod(problem.dy_shape)]

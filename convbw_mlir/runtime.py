@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from convbw_mlir.problem import numpy_dtype
+
 __all__ = [
     "DeviceError",
     "Kernel",
@@ -29,20 +31,9 @@ __all__ = [
     "time_calls",
 ]
 
-_NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32}
-
 
 class DeviceError(RuntimeError):
     """The driver has no usable device (e.g. no AMD GPU for hip)."""
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """numpy dtype for an element type name; bf16 is ``ml_dtypes.bfloat16`` (a dependency of iree-base-runtime)."""
-    if name == "bf16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(_NUMPY_DTYPES[name])
 
 
 _DEVICES: dict[tuple[str, int], Any] = {}

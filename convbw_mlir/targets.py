@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["FAMILIES", "RUNS_SM80", "TARGETS", "Intrinsic", "Target", "TilePolicy", "get_target", "gpu_targets"]
+__all__ = [
+    "FAMILIES",
+    "RUNS_SM80",
+    "TARGETS",
+    "Intrinsic",
+    "Target",
+    "TilePolicy",
+    "get_target",
+    "gpu_targets",
+    "resolve",
+]
 
 FAMILIES = ("cpu", "cdna", "rdna", "nvidia")
 
@@ -275,3 +285,9 @@ def get_target(name: str) -> Target:
         return TARGETS[name]
     except (KeyError, TypeError):
         raise ValueError(f"target: unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+
+
+def resolve(target: Target | str) -> Target:
+    """``target`` itself when it is a :class:`Target` (resolved once, at the top of a compile, and passed
+    down), else the target of that name (:func:`get_target`'s error for an unknown one)."""
+    return target if isinstance(target, Target) else get_target(target)

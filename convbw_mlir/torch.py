@@ -269,7 +269,8 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
     with _LOCK:
         if key in _KERNELS:
             return _KERNELS[key]
-        from convbw_mlir.compiler import CompiledOp, compile_op
+        from convbw_mlir.build.artifact import CompiledOp
+        from convbw_mlir.dispatch.api import compile_op
 
         folder = artifact_dir(problem, target)
         op = None

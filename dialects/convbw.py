@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from convbw_mlir.contraction import Split, check_split
 from convbw_mlir.ir_imports import func_d, ir
+from convbw_mlir.loops import Split, check_split
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = [

@@ -18,7 +18,7 @@ from convbw_mlir import ConvBwdWeightProblem
 tmp = tempfile.mkdtemp(prefix="convbw-dispatch-example-")
 os.environ["CONVBW_CACHE_DIR"] = tmp  # before compile_op runs: a private cache for this example
 
-from convbw_mlir.compiler import compile_op  # noqa: E402
+from convbw_mlir import compile_op  # noqa: E402
 from convbw_mlir.dispatch import Registry, TuningDB, candidates, select  # noqa: E402
 from convbw_mlir.dispatch.build import iree_version  # noqa: E402
 from convbw_mlir.reference import assert_close, random_inputs, reference  # noqa: E402

@@ -132,7 +132,7 @@ class ExplicitKernel(ConvbwPass):
 
     def run(self, module: ir.Operation) -> None:
         from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
-        from convbw_mlir.kernels.shapes import gemm_shape
+        from convbw_mlir.policies.sm80 import gemm_shape, wavespec_threads
 
         count = 0
         for op in collect_ops(module, convbw.OP_NAME):
@@ -169,10 +169,8 @@ class ExplicitKernel(ConvbwPass):
                 )
                 body, threads = partial(_body, shape=shape, tiling=t, family=family), t.threads
                 if plan.wavespec is not None:  # producer warps beside the tiling's: kernels/wavespec_sm80.py
-                    from convbw_mlir.kernels import wavespec_sm80
-
                     producers = plan.wavespec.producers
-                    threads = wavespec_sm80.threads(t, producers)
+                    threads = wavespec_threads(t, producers)
                     body = partial(_wavespec_body, shape=shape, tiling=t, producers=producers)
                 entry = KernelEntry(
                     executable=f"convbw_explicit_{count}",

@@ -57,8 +57,9 @@ from convbw_mlir.builders import (
     reassociation,
     zero,
 )
-from convbw_mlir.contraction import CONTRACTION_ATTR, Contraction, Split
+from convbw_mlir.contraction import CONTRACTION_ATTR, contraction_attr
 from convbw_mlir.ir_imports import arith_d, ir, linalg_d, rewrite, tensor_d
+from convbw_mlir.loops import Contraction, Split
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["LowerToLinalg", "build_contraction", "dy_first", "merge_reduction_loops"]
@@ -244,7 +245,7 @@ def build_contraction(
             a, b = arith_d.ExtFOp(f32, a).result, arith_d.ExtFOp(f32, b).result
         return arith_d.AddFOp(acc, arith_d.MulFOp(a, b).result).result
 
-    result.owner.attributes[CONTRACTION_ATTR] = contraction.attr()
+    result.owner.attributes[CONTRACTION_ATTR] = contraction_attr(contraction)
     if split and sum(dict(contraction.loops).get(name, 1) > 1 for name in split.promoted) > 1:
         shape = list(result.type.shape)  # [n, o0, ...] -> [n * o0, ...]
         flat = ir.RankedTensorType.get([shape[0] * shape[1], *shape[2:]], f32)

@@ -20,8 +20,9 @@ from __future__ import annotations
 from convbw_mlir.passes.framework import ConvbwPass, register
 from convbw_mlir.passes.tile import TILE_ATTR, plan_of_contraction, read_tile
 
-from convbw_mlir.contraction import Contraction, contractions
+from convbw_mlir.contraction import contractions, read_contraction
 from convbw_mlir.ir_imports import ir
+from convbw_mlir.loops import Contraction
 from convbw_mlir.plan import PlanError, SimtTile, Tile
 from convbw_mlir.targets import Target
 
@@ -133,7 +134,7 @@ class MapMma(ConvbwPass):
         for op in contractions(module):
             if TILE_ATTR not in op.attributes:
                 raise self.fail(op, "the contraction has no convbw.tile; run convbw-tile first")
-            contraction = Contraction.of_op(op)
+            contraction = read_contraction(op)
             try:
                 target = plan_of_contraction(contraction).target_info
             except PlanError as e:

@@ -22,8 +22,8 @@ from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
 from convbw_mlir.builders import finish_dw, reduce_partials
-from convbw_mlir.contraction import check_split
 from convbw_mlir.ir_imports import ir
+from convbw_mlir.loops import check_split
 
 __all__ = ["SplitK"]
 

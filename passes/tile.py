@@ -16,8 +16,9 @@ from dataclasses import fields
 
 from convbw_mlir.passes.framework import ConvbwPass, register
 
-from convbw_mlir.contraction import Contraction, contractions
+from convbw_mlir.contraction import contractions, read_contraction
 from convbw_mlir.ir_imports import ir
+from convbw_mlir.loops import Contraction
 from convbw_mlir.plan import Plan, PlanError, SimtTile, Strategy, Tile
 
 __all__ = ["TILE_ATTR", "TilePass", "plan_of_contraction", "read_tile"]
@@ -60,7 +61,7 @@ class TilePass(ConvbwPass):
         i64 = ir.IntegerType.get_signless(64)
         for op in contractions(module):
             try:
-                plan = plan_of_contraction(Contraction.of_op(op))
+                plan = plan_of_contraction(read_contraction(op))
             except PlanError as e:
                 raise self.fail(op, str(e)) from None
             if not plan.target_info.is_gpu:

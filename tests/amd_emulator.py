@@ -323,7 +323,7 @@ class Emulated:
     got: np.ndarray
     want: np.ndarray
     counts: np.ndarray
-    shape: object  # convbw_mlir.kernels.shapes.GemmShape
+    shape: object  # convbw_mlir.policies.sm80.GemmShape
 
     def error(self) -> float:
         """Max error of the computed entries relative to the largest reference entry."""
@@ -343,8 +343,8 @@ def emulate(problem, target: str, *, plan=None, corners: bool = False, mutate=No
 
     from convbw_mlir.ir_imports import new_context
     from convbw_mlir.kernels import gemm_cdna
-    from convbw_mlir.kernels.shapes import gemm_shape
     from convbw_mlir.plan import decide, explicit_tiling
+    from convbw_mlir.policies.sm80 import gemm_shape
     from convbw_mlir.reference import random_inputs, reference
 
     plan = plan or decide(problem, target, strategy="explicit")

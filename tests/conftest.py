@@ -28,12 +28,27 @@ def pytest_sessionfinish(session, exitstatus):
 
 def compiled_op(problem: ConvBwdWeightProblem, target: str = "host", **options):
     """compile_op, memoized per (problem, target, options) across the test session."""
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir import compile_op
 
     key = (problem, target, tuple(sorted(options.items())))
     if key not in _CACHE:
         _CACHE[key] = compile_op(problem, target, **options)
     return _CACHE[key]
+
+
+def bench_script(name: str):
+    """A script of the top-level ``bench/`` loaded as a module: benchmarks are scripts that use the product,
+    not part of it (the product imports none of them)."""
+    import importlib.util
+    import sys
+
+    path = ROOT / "bench" / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # as when run: its sibling modules import
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def suite(name: str) -> list[tuple[str, str]]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from convbw_mlir import files
-from convbw_mlir.compiler import CompiledOp
+from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.reference import random_inputs
 
@@ -187,7 +187,7 @@ _WORKER = textwrap.dedent("""
     import collections, json, os, sys, time
     sys.path[:0] = [{tests!r}]
     from test_artifacts import assert_whole, fake_op
-    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.build.artifact import CompiledOp
     me, folder, go, saves = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     open(go + "." + me, "w").close()  # ready
     while not os.path.exists(go):

@@ -9,17 +9,17 @@ import shutil
 import numpy as np
 import pytest
 
-from convbw_mlir.bench.artifacts import write_artifacts
-from convbw_mlir.bench.report import main as report_main
-from convbw_mlir.bench.report import summarize
-from convbw_mlir.bench.run import (
+from convbw_mlir import compile_op
+from convbw_mlir.build.contenders import write_artifacts
+from convbw_mlir.measure.report import main as report_main
+from convbw_mlir.measure.report import summarize
+from convbw_mlir.measure.run import (
     _status_of,
     error_stats,
     run_manifest,
     sample_indices,
     tolerance_rms,
 )
-from convbw_mlir.compiler import compile_op
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 DENSE = ConvBwdWeightProblem(1, 2, 8, 16, (9, 9), (3, 3), stride=2, pad_low=1, pad_high=1)
@@ -95,8 +95,8 @@ def test_report_rebuilds_table_and_speedups_from_saved_results(artifacts, tmp_pa
 
 
 def test_gpu_reference_of_a_strided_1x1_copies_x_at_the_stride_and_matches_numpy():
-    from convbw_mlir.bench.artifacts import build_contender
-    from convbw_mlir.compiler import compile_module
+    from convbw_mlir.build.contenders import build_contender
+    from convbw_mlir.build.iree import compile_module
     from convbw_mlir.reference import assert_close, random_inputs, reference
     from convbw_mlir.runtime import Kernel
 
@@ -110,7 +110,7 @@ def test_gpu_reference_of_a_strided_1x1_copies_x_at_the_stride_and_matches_numpy
 
 def _segfaulting_kernel(problem: ConvBwdWeightProblem) -> bytes:
     """A vmfb with the contenders' signature that reads x a terabyte past its end: SIGSEGV on the host."""
-    from convbw_mlir.compiler import compile_module
+    from convbw_mlir.build.iree import compile_module
 
     xs, ys, ws = ("x".join(map(str, s)) for s in (problem.x_shape, problem.dy_shape, problem.dw_shape))
     rank, zeros = len(problem.dw_shape), ", ".join(["%c0"] * (len(problem.x_shape) - 1))
@@ -150,7 +150,7 @@ def test_a_kernel_that_kills_its_process_reads_crashed_and_every_other_result_st
 
 def _hanging_kernel(problem: ConvBwdWeightProblem) -> bytes:
     """A vmfb with the contenders' signature whose every thread loops forever."""
-    from convbw_mlir.compiler import compile_module
+    from convbw_mlir.build.iree import compile_module
 
     xs, ys, ws = ("x".join(map(str, s)) for s in (problem.x_shape, problem.dy_shape, problem.dw_shape))
     rank = len(problem.dw_shape)
@@ -187,7 +187,7 @@ def test_a_kernel_that_never_ends_is_killed_and_reads_crashed_and_the_rest_runs(
 
 
 def test_runner_cli_rejects_a_timeout_that_is_not_positive(artifacts, capsys):
-    from convbw_mlir.bench.run import main
+    from convbw_mlir.measure.run import main
 
     assert main([str(artifacts), "--timeout", "0"]) == 1
     assert capsys.readouterr().err.strip() == "error: --timeout: expected seconds > 0, got 0.0"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from convbw_mlir.bench.artifacts import _config_of, build_contender
-from convbw_mlir.bench.report import main as report_main
-from convbw_mlir.bench.report import strategy_cell
+from convbw_mlir.build.contenders import _config_of, build_contender
+from convbw_mlir.measure.report import main as report_main
+from convbw_mlir.measure.report import strategy_cell
 from convbw_mlir.plan import decide
 from convbw_mlir.problem import ConvBwdWeightProblem
 

@@ -11,8 +11,8 @@ import pytest
 from convbw_mlir.dispatch import code_hash as code_hash_mod
 from convbw_mlir.dispatch import variants
 from convbw_mlir.dispatch.variants import Variant, variant_key
-from convbw_mlir.kernels.shapes import FORCE_FORM_ENV
 from convbw_mlir.plan import decide
+from convbw_mlir.policies.amd import FORCE_FORM_ENV
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from convbw_mlir import compile_op
+from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.cli import main
-from convbw_mlir.compiler import CompiledOp, compile_op
 from convbw_mlir.dispatch import KernelCache, Variant, cached_build
 from convbw_mlir.dispatch import build as build_mod
 from convbw_mlir.dispatch import cache as cache_mod
@@ -189,7 +190,7 @@ def test_a_corrupt_entry_found_under_the_held_lock_is_rebuilt_without_waiting(tm
         import os, time
         from pathlib import Path
         from filelock import FileLock
-        from convbw_mlir.compiler import CompiledOp
+        from convbw_mlir.build.artifact import CompiledOp
         from convbw_mlir.dispatch import KernelCache
         from convbw_mlir.problem import ConvBwdWeightProblem
         kc = KernelCache({str(kc.root)!r})

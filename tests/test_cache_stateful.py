@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from convbw_mlir.compiler import CompiledOp
+from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.dispatch import KernelCache
 from convbw_mlir.dispatch.variants import request_key
 from convbw_mlir.problem import ConvBwdWeightProblem

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from convbw_mlir.bench.suites import load_suite
+from convbw_mlir.suites import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

@@ -1,5 +1,5 @@
 """IREE failures become CompileError: in process where IREE reports them, through a child process where
-IREE kills the process that compiles (convbw_mlir.isolate)."""
+IREE kills the process that compiles (convbw_mlir.build.isolate)."""
 
 import os
 import subprocess
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from convbw_mlir import ConvBwdWeightProblem, compile_op
-from convbw_mlir.compiler import CompileError, compile_module
-from convbw_mlir.isolate import CompilerCrash, call
+from convbw_mlir.build.iree import CompileError, compile_module
+from convbw_mlir.build.isolate import CompilerCrash, call
 from convbw_mlir.reference import assert_close, random_inputs, reference
 
 # 2**62 f16 elements: IREE's stream pass rejects the byte size (2**63 overflows) from its worker
@@ -39,7 +39,7 @@ SMALL = ConvBwdWeightProblem.from_ck("1 1 2 4 4 3 8 1 1 0 0")
 def test_iree_error_in_its_worker_threads_raises_compile_error_and_the_process_lives():
     # In a child: before the fix this aborted the interpreter (exit 134), which would end pytest too.
     code = textwrap.dedent(f"""
-        from convbw_mlir.compiler import CompileError, compile_module
+        from convbw_mlir.build.iree import CompileError, compile_module
         try:
             compile_module({IREE_REJECTS!r}, "host", source_name="huge.mlir")
         except CompileError as e:
@@ -112,13 +112,28 @@ def test_isolated_call_rejects_a_non_positive_timeout():
 
 
 def test_isolated_call_finds_a_function_of_a_module_run_with_python_m(tmp_path):
-    # `python -m convbw_mlir.bench.isa_matrix` hands its own functions over: they live in `__main__` there.
+    # `python bench/isa_matrix.py` hands its own functions over: they live in `__main__` there.
     (tmp_path / "twice_mod.py").write_text(
-        "from convbw_mlir.isolate import call\n"
+        "from convbw_mlir.build.isolate import call\n"
         "def twice(x):\n    return 2 * x\n"
         "if __name__ == '__main__':\n    print(call(twice, 21, what='x'))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     res = subprocess.run([sys.executable, "-m", "twice_mod"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout == "42\n"
+
+
+def test_isolated_call_finds_a_function_of_a_script_run_by_its_path(tmp_path):
+    # `python bench/isa_matrix.py`: the child loads the script by its path (its main does not run again).
+    (tmp_path / "helper.py").write_text("FACTOR = 2\n")
+    (tmp_path / "twice_script.py").write_text(
+        "from convbw_mlir.build.isolate import call\n"
+        "import helper\n"
+        "def twice(x):\n    return helper.FACTOR * x\n"
+        "if __name__ == '__main__':\n    print(call(twice, 21, what='x'))\n"
+    )
+    res = subprocess.run([sys.executable, str(tmp_path / "twice_script.py")], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path.parent)  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout == "42\n"

@@ -42,8 +42,9 @@ CONFIG_CASES = {
 
 @pytest.mark.parametrize("name", list(CONFIG_CASES))
 def test_our_compilation_info_is_what_iree_compiles_the_contraction_with(name):
-    from convbw_mlir.compiler import executable_intermediates, lowered_text
-    from convbw_mlir.isa import dropped_configs
+    from convbw_mlir.build.compile import lowered_text
+    from convbw_mlir.build.iree import executable_intermediates
+    from convbw_mlir.build.isa import dropped_configs
     from convbw_mlir.pipelines import for_target
 
     problem, target, k_batch = CONFIG_CASES[name]

@@ -10,8 +10,10 @@ import math
 import pytest
 from conftest import compiled_op
 
-from convbw_mlir.compiler import CompiledOp, compile_module
-from convbw_mlir.cuda_launch import TRANSIENT, Dispatch, Launch, read_cuda_executable, read_launch
+from convbw_mlir.build.artifact import CompiledOp
+from convbw_mlir.build.cuda_schedule import read_cuda_executable, read_launch
+from convbw_mlir.build.iree import compile_module
+from convbw_mlir.cuda_launch import TRANSIENT, Dispatch, Launch
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 pytest.importorskip("iree.compiler")
@@ -179,7 +181,7 @@ def test_dispatch_with_flags_is_refused(split_hal: bytes) -> None:
 
 
 def test_async_external_module_is_refused_at_compile_time() -> None:
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir import compile_op
 
     op = compile_op(SPLIT, "sm_80", ["--iree-execution-model=async-external"], output_arg=True)
     assert op.launch.refused is not None and "!hal.fence" in op.launch.refused
@@ -187,7 +189,7 @@ def test_async_external_module_is_refused_at_compile_time() -> None:
 
 
 def test_kernel_cache_keeps_the_launch(tmp_path) -> None:  # noqa: ANN001
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir import compile_op
     from convbw_mlir.dispatch import KernelCache
 
     built = compile_op(UNSPLIT, "sm_80", output_arg=True, cache=tmp_path)

@@ -36,7 +36,7 @@ def test_unknown_launch_mode_is_an_error_naming_the_variable(monkeypatch: pytest
 
 
 def test_cpu_kernels_run_through_iree_whatever_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir import compile_op
     from convbw_mlir.runtime import PreparedCall
 
     monkeypatch.setenv(ct.LAUNCH_ENV, "direct")  # the direct launch is CUDA's; the CPU has IREE's runtime only

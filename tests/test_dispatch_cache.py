@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from convbw_mlir.compiler import compile_op
+from convbw_mlir import compile_op
 from convbw_mlir.dispatch import CacheError, CacheTrustError, KernelCache, Variant, cached_build, variant_key
 from convbw_mlir.dispatch.build import iree_version
 from convbw_mlir.plan import decide
@@ -38,7 +38,7 @@ def test_a_second_compile_op_in_a_new_process_is_a_cache_hit(tmp_path):
         from convbw_mlir.problem import ConvBwdWeightProblem
         p = ConvBwdWeightProblem.from_ck("1 1 2 4 4 3 8 1 1 0 0")
         t0 = time.perf_counter()
-        from convbw_mlir.compiler import compile_op
+        from convbw_mlir import compile_op
         op = compile_op(p, "host")
         print(time.perf_counter() - t0, op.selection.path, len(op.vmfb), "iree.compiler" in sys.modules)
     """

@@ -171,7 +171,7 @@ def test_select_names_an_exact_hit_by_what_it_is(tmp_path, capsys, monkeypatch):
     assert "variant: convbw[tuned]\npath: exact" in out
 
 
-@pytest.mark.parametrize("module", ["convbw_mlir.dispatch.tune", "convbw_mlir.bench.run"])
+@pytest.mark.parametrize("module", ["convbw_mlir.dispatch.tune", "convbw_mlir.measure.run"])
 @pytest.mark.parametrize("manifest", [None, "garbage", "{}"], ids=["missing", "not-json", "no-fields"])
 def test_the_runtime_halves_on_a_missing_or_bad_manifest_are_one_line(module, manifest, tmp_path, capsys):
     import importlib
@@ -189,7 +189,7 @@ def test_the_runtime_halves_on_a_missing_or_bad_manifest_are_one_line(module, ma
 
 @pytest.mark.parametrize("content", [None, "garbage", "{}", '{"problems": [{"x": 1}]}'])
 def test_the_report_on_a_missing_or_bad_results_file_is_one_line(content, tmp_path, capsys):
-    from convbw_mlir.bench.report import main as report_main
+    from convbw_mlir.measure.report import main as report_main
 
     path = tmp_path / "results.json"
     if content is not None:

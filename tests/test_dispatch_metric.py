@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from convbw_mlir.bench.cupti import gpu_activities
 from convbw_mlir.dispatch import TuningDB, heuristic
 from convbw_mlir.dispatch.tune import _decide, build_database, device_noise
+from convbw_mlir.measure.cupti import gpu_activities
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 P = ConvBwdWeightProblem.from_ck("2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1")

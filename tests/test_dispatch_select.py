@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from convbw_mlir.compiler import compile_op
+from convbw_mlir import compile_op
 from convbw_mlir.dispatch import DatabaseError, TuningDB, Variant, candidates, distance, heuristic, select
 from convbw_mlir.dispatch.db import db_file_name
 from convbw_mlir.dispatch.select import databases

@@ -244,7 +244,7 @@ def test_plain_op_writes_into_out(compiled):
 
 
 def test_saved_artifact_keeps_its_epilogue(compiled, tmp_path):
-    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.build.artifact import CompiledOp
 
     op = compiled(BILINEAR, "host")
     op.save(tmp_path / "art")
@@ -307,8 +307,13 @@ def test_benchmark_kernels_are_correct_and_the_unfused_one_has_its_own_dispatch(
     import tempfile
     from pathlib import Path
 
-    from convbw_mlir.bench.epilogue import KINDS, _child, compile_problem, unfused_text
-    from convbw_mlir.compiler import compile_module
+    from conftest import bench_script
+
+    epilogue = bench_script("epilogue")
+    KINDS, _child, compile_problem, unfused_text = (epilogue.KINDS, epilogue._child, epilogue.compile_problem,
+                                                    epilogue.unfused_text)  # fmt: skip
+
+    from convbw_mlir.build.iree import compile_module
 
     p = CONV
     entry = {"kernels": compile_problem(p, "host", tmp_path, "conv")}
@@ -317,7 +322,7 @@ def test_benchmark_kernels_are_correct_and_the_unfused_one_has_its_own_dispatch(
         assert _child(tmp_path, entry, kind, "local-task")["status"] == "ok", kind
     counts = []
     for text in (unfused_text(p, "sm_80"), None):
-        from convbw_mlir.compiler import lowered_text
+        from convbw_mlir.build.compile import lowered_text
         from convbw_mlir.pipelines import for_target
 
         text = text or lowered_text(p.with_(epilogue=Epilogue("bilinear", 2, 2)), for_target("sm_80"))

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from convbw_mlir.compiler import compile_op, executable_intermediates
+from convbw_mlir import compile_op
+from convbw_mlir.build.iree import executable_intermediates
 from convbw_mlir.dispatch.variants import candidates
-from convbw_mlir.kernels.shapes import SHARED_MEMORY_CAP, GemmShape, GemmTiling, gemm_shape
 from convbw_mlir.plan import Plan, PlanError, Split, Strategy, as_gemm, check_plan, decide, explicit_tiling
+from convbw_mlir.policies.sm80 import SHARED_MEMORY_CAP, GemmShape, GemmTiling, gemm_shape
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 
 GEMM4096 = P(1, 1, 4096, 4096, (64, 64), (1, 1), layout=4, dw_dtype="f32")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from convbw_mlir.compiler import compile_op
+from convbw_mlir import compile_op
 from convbw_mlir.kernels.gemm_rdna import FORCE_FORM_ENV
-from convbw_mlir.kernels.shapes import CdnaTiling
 from convbw_mlir.plan import Plan, PlanError, Split, decide, explicit_tiling
+from convbw_mlir.policies.amd import CdnaTiling
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 from convbw_mlir.targets import get_target
 
@@ -126,7 +126,7 @@ def test_amd_explicit_kernel_isa_has_matrix_instructions_no_scratch_and_planned_
 
 
 def test_rdna3_form_forced_onto_gfx1200_aborts_llvm_in_the_child_and_is_a_compile_error_here(monkeypatch):
-    from convbw_mlir.isolate import CompilerCrash
+    from convbw_mlir.build.isolate import CompilerCrash
 
     monkeypatch.setenv(FORCE_FORM_ENV, R3)
     with pytest.raises(CompilerCrash) as e:

@@ -12,8 +12,8 @@ import pytest
 from sm80_emulator import _Block, _Group, module_error
 
 from convbw_mlir.kernels import gemm_sm80
-from convbw_mlir.kernels.shapes import gemm_shape
 from convbw_mlir.plan import decide
+from convbw_mlir.policies.sm80 import gemm_shape
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 from sm80_emulator import module_error
 
-from convbw_mlir.compiler import compile_op, executable_intermediates
+from convbw_mlir import compile_op
+from convbw_mlir.build.iree import executable_intermediates
 from convbw_mlir.kernels import nvgpu
-from convbw_mlir.kernels.shapes import GemmTiling, choose_tiling, gemm_shape, tiling_cost
 from convbw_mlir.plan import PlanError, decide, explicit_tiling
+from convbw_mlir.policies.sm80 import GemmTiling, choose_tiling, gemm_shape, tiling_cost
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 
 PADDED_K36 = P.from_ck("2 1 2 36 16 3 3 7 7 1 1 1 1 1 1 1 1")  # K = 36: 8-byte copies of dy; N ragged

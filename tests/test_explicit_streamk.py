@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from convbw_mlir.compiler import compile_op, executable_intermediates
-from convbw_mlir.kernels.shapes import GemmTiling, gemm_shape
+from convbw_mlir import compile_op
+from convbw_mlir.build.iree import executable_intermediates
 from convbw_mlir.kernels.streamk_sm80 import StreamK
 from convbw_mlir.plan import Plan, PlanError, Split, StreamKPlan, check_plan, decide
+from convbw_mlir.policies.sm80 import GemmTiling, gemm_shape
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 
 CK = P.from_ck("2 1 32 256 64 1 1 56 56 1 1 1 1 0 0 0 0", layout=4)  # CK's StreamK problem: 2 tiles x 1568 k tiles

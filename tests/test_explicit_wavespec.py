@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from sm80_emulator import Deadlock, run_module
 
-from convbw_mlir.compiler import compile_op, executable_intermediates
+from convbw_mlir import compile_op
+from convbw_mlir.build.iree import executable_intermediates
 from convbw_mlir.kernels import wavespec_sm80
-from convbw_mlir.kernels.shapes import GemmTiling, gemm_shape
 from convbw_mlir.plan import Plan, PlanError, decide, explicit_tiling
+from convbw_mlir.policies.sm80 import GemmTiling, gemm_shape
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 from convbw_mlir.reference import random_inputs, reference
 

@@ -1,12 +1,24 @@
 """ckProfiler and MIOpenDriver lines: exact round trips, CK's own test list, clear errors."""
 
+from dataclasses import replace
+
 import pytest
 from conftest import suite
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convbw_mlir.formats import CkCommand, format_miopen, parse_ck, parse_miopen, parse_problem_line
+from convbw_mlir.formats import CkCommand, format_miopen, parse_ck, parse_miopen
 from convbw_mlir.problem import ConvBwdWeightProblem
+
+
+def ck(line):
+    """A ckProfiler line's command with its problem built (the codec itself returns the problem's fields)."""
+    cmd = parse_ck(line)
+    return replace(cmd, problem=ConvBwdWeightProblem(**cmd.problem))
+
+
+def miopen(line):
+    return ConvBwdWeightProblem(**parse_miopen(line))
 
 ALL_SUITE_LINES = suite("ck_test_grouped_convnd_bwd_weight") + suite("seeds") + suite("models")
 
@@ -27,7 +39,7 @@ def test_ck_problem_part_reads_in_ckprofiler_order():
 
 def test_ck_whole_command_line_keeps_switches_and_split_k():
     line = "grouped_conv_bwd_weight 2 1 1 1 0 1 2 32 4 192 192 3 3 28 28 1 1 1 1 1 1 1 1 4"
-    cmd = parse_ck("ckProfiler " + line)
+    cmd = ck("ckProfiler " + line)
     assert cmd.problem.dtype == "bf16" and cmd.problem.dw_dtype == "f32"  # type code 2
     assert cmd.problem.layout == "GNHWC/GKYXC/GNHWK"  # layout code 1
     assert (cmd.verify, cmd.init, cmd.log, cmd.time, cmd.split_k) == (1, 1, 0, 1, 4)
@@ -38,9 +50,9 @@ def test_ck_whole_command_line_keeps_switches_and_split_k():
     "code, types", [(0, ("f32", "f32")), (1, ("f16", "f16")), (2, ("bf16", "f32")), (5, ("bf16", "bf16"))]
 )
 def test_ck_type_codes(code, types):
-    cmd = parse_ck(f"grouped_conv_bwd_weight {code} 2 1 1 0 1 1 1 1 4 4 3 8 1 1 0 0 0")
+    cmd = ck(f"grouped_conv_bwd_weight {code} 2 1 1 0 1 1 1 1 4 4 3 8 1 1 0 0 0")
     assert (cmd.problem.dtype, cmd.problem.dw_dtype) == types
-    assert parse_ck(cmd.format()) == cmd
+    assert ck(cmd.format()) == cmd
 
 
 @pytest.mark.parametrize(
@@ -58,7 +70,7 @@ def test_ck_type_codes(code, types):
 )
 def test_bad_ck_lines_raise_naming_the_field(line, match):
     with pytest.raises(ValueError, match=match):
-        parse_ck(line)
+        ck(line)
 
 
 def test_layout_without_ck_code_cannot_print_as_ck():
@@ -71,11 +83,11 @@ MIOPEN_2D = "convfp16 -F 4 -n 4 -c 64 -H 56 -W 56 -k 64 -y 3 -x 3 -p 1 -q 1 -u 1
 
 
 def test_miopen_2d_line_reads_totals_per_group_and_prints_back():
-    p = parse_miopen(MIOPEN_2D)
+    p = miopen(MIOPEN_2D)
     assert (p.batch, p.in_channels, p.out_channels, p.groups) == (4, 64, 64, 1)
     assert p.layout == "NGCHW/GKCYX/NGKHW" and p.dtype == "f16"
     assert format_miopen(p) == MIOPEN_2D
-    g = parse_miopen("convbfp16 -F 4 -n 2 -c 64 -H 8 -W 8 -k 32 -y 3 -x 3 -g 4 -t 1 -V 0")
+    g = miopen("convbfp16 -F 4 -n 2 -c 64 -H 8 -W 8 -k 32 -y 3 -x 3 -g 4 -t 1 -V 0")
     assert (g.in_channels, g.out_channels, g.groups, g.dtype) == (16, 8, 4, "bf16")
 
 
@@ -85,16 +97,16 @@ def test_miopen_3d_flags_with_short_and_long_spellings():
         "conv --forw 4 --batchsize 2 --in_channels 8 --in_d 4 --in_h 6 --in_w 6 --out_channels 8 --fil_d 3 "
         "--fil_h 3 --fil_w 3 --pad_d 1 --pad_h 1 --pad_w 1 --conv_stride_d 2 --group_count 2 --spatial_dim 3"
     )
-    a, b = parse_miopen(short), parse_miopen(long)
+    a, b = miopen(short), miopen(long)
     assert a == b
     assert a.rank == 3 and a.input_size == (4, 6, 6) and a.stride == (2, 1, 1) and a.dtype == "f32"
-    assert parse_miopen(format_miopen(a)) == a
+    assert miopen(format_miopen(a)) == a
 
 
 def test_miopen_nhwc_layout_maps_to_ck_code_2():
-    p = parse_miopen(MIOPEN_2D + " --in_layout NHWC --fil_layout NHWC --out_layout NHWC")
+    p = miopen(MIOPEN_2D + " --in_layout NHWC --fil_layout NHWC --out_layout NHWC")
     assert p.layout == "NHWGC/GKYXC/NHWGK"
-    assert parse_miopen(format_miopen(p)) == p
+    assert miopen(format_miopen(p)) == p
 
 
 @pytest.mark.parametrize(
@@ -115,7 +127,7 @@ def test_miopen_nhwc_layout_maps_to_ck_code_2():
 )
 def test_bad_miopen_lines_raise_naming_the_flag(line, match):
     with pytest.raises(ValueError, match=match):
-        parse_miopen(line)
+        miopen(line)
 
 
 def test_format_miopen_rejects_what_miopen_cannot_express():
@@ -126,9 +138,9 @@ def test_format_miopen_rejects_what_miopen_cannot_express():
         format_miopen(ConvBwdWeightProblem(1, 2, 3, 4, (8,), (3,), layout=4))
 
 
-def test_parse_problem_line_tells_the_two_formats_apart():
-    assert parse_problem_line(MIOPEN_2D) == parse_miopen(MIOPEN_2D)
-    assert parse_problem_line("1 1 1 4 4 3 8 1 1 0 0").rank == 1
+def test_from_line_tells_the_two_formats_apart():
+    assert ConvBwdWeightProblem.from_line(MIOPEN_2D) == miopen(MIOPEN_2D)
+    assert ConvBwdWeightProblem.from_line("1 1 1 4 4 3 8 1 1 0 0").rank == 1
 
 
 @st.composite
@@ -150,7 +162,7 @@ def problems(draw):
 @given(problems(), st.integers(0, 128))
 def test_any_problem_round_trips_through_a_whole_ck_line(p, split_k):
     cmd = CkCommand(p, split_k=split_k)
-    assert parse_ck(cmd.format()) == cmd
+    assert ck(cmd.format()) == cmd
     assert ConvBwdWeightProblem.from_ck(p.to_ck(), dtype=p.dtype, layout=p.layout) == p
 
 
@@ -161,4 +173,4 @@ def test_any_symmetric_2d_or_3d_problem_round_trips_through_miopen(p):
         return
     p = p.with_(pad_high=p.pad_low)
     line = format_miopen(p)
-    assert parse_miopen(line) == p and format_miopen(parse_miopen(line)) == line
+    assert miopen(line) == p and format_miopen(miopen(line)) == line

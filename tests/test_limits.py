@@ -177,7 +177,7 @@ def test_large_operand_cases_cross_2_and_4_gib():
 
 
 def test_large_operands_script_compiles_runs_and_catches_a_wrong_entry(tmp_path, monkeypatch, capsys):
-    from convbw_mlir.compiler import CompiledOp
+    from convbw_mlir.build.artifact import CompiledOp
 
     bench = _large_operands()
     args = ["--tiny", "--target", "host", "--filter", "gemm"]

@@ -102,7 +102,9 @@ def test_into_refuses_a_folder_that_holds_other_files(tmp_path, capsys, monkeypa
 
 
 def test_the_epilogue_benchmark_refuses_an_out_folder_holding_user_files(suite, tmp_path, capsys):
-    from convbw_mlir.bench.epilogue import main as epilogue_main
+    from conftest import bench_script
+
+    epilogue_main = bench_script("epilogue").main
 
     work = tmp_path / "mywork"
     work.mkdir()

@@ -147,7 +147,7 @@ def test_a_malformed_plan_part_names_the_field_and_value_not_python_internals(ch
 
 
 def test_the_passes_carry_out_the_plan_in_the_ir_instead_of_deciding_again():
-    from convbw_mlir.compiler import lowered_text
+    from convbw_mlir.build.compile import lowered_text
     from convbw_mlir.pipelines import for_target
 
     plan = decide(DENSE, "gfx942", k_batch=2, tile_m=64, tile_n=32, stages=3)
@@ -231,7 +231,7 @@ def test_a_simt_plan_iree_tiles_itself_never_pads_a_split_reduction():
 
 @pytest.mark.parametrize("target", ["sm_80", "gfx942", "gfx1100"])
 def test_no_automatic_plan_leaves_iree_a_split_whose_reduction_it_would_pad(target):
-    from convbw_mlir.contraction import Contraction
+    from convbw_mlir.loops import Contraction
     from convbw_mlir.plan import effective_problem
     from convbw_mlir.targets import get_target
 
@@ -258,7 +258,7 @@ def test_no_automatic_plan_leaves_iree_a_split_whose_reduction_it_would_pad(targ
 
 
 def test_a_stored_plan_whose_step_pads_its_split_is_refused_before_compiling():
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir import compile_op
     from convbw_mlir.plan import check_plan
 
     p = ConvBwdWeightProblem.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1")
@@ -272,7 +272,7 @@ def test_a_stored_plan_whose_step_pads_its_split_is_refused_before_compiling():
 
 
 def test_compile_op_takes_a_stored_plans_dictionary_and_refuses_anything_else_by_name():
-    from convbw_mlir.compiler import compile_op
+    from convbw_mlir import compile_op
 
     p = ConvBwdWeightProblem.from_ck("2 1 4 8 8 3 3 8 8 1 1 1 1 1 1 1 1")
     plan = decide(p, "host", k_batch=2)

@@ -29,7 +29,7 @@ from fuzz_support import repro as describe
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from convbw_mlir.bench.artifacts import FUSILLI_FLAGS, build_contender
+from convbw_mlir.build.contenders import FUSILLI_FLAGS, build_contender
 from convbw_mlir.problem import ConvBwdWeightProblem, Epilogue
 
 EXAMPLES = int(os.environ.get("CONVBW_RIVAL_EXAMPLES", "20"))
@@ -58,7 +58,7 @@ def forms_of(problem: ConvBwdWeightProblem) -> tuple[str, ...]:
 @pytest.mark.parametrize("target", ["host", "sm_80"])
 @pytest.mark.parametrize("form", FORMS)
 def test_every_iree_form_compiles_where_the_stride_equals_the_input_size(form, target):
-    from convbw_mlir.compiler import compile_module
+    from convbw_mlir.build.iree import compile_module
 
     problem = ConvBwdWeightProblem.from_ck(STRIDE_IS_INPUT).with_(dtype="f16", dw_dtype="f16")
     assert problem.output_size == (1, 1)

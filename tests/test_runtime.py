@@ -10,7 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from convbw_mlir.compiler import CompiledOp, compile_op
+from convbw_mlir import compile_op
+from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.reference import assert_close, random_inputs, reference
 from convbw_mlir.runtime import DeviceError, open_device, time_calls

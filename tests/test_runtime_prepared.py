@@ -92,14 +92,14 @@ def test_async_external_module_queues_calls_on_fences_and_waits_once():
 
 
 def test_output_arg_kernels_are_cached_apart_from_the_default_and_a_hit_starts_no_child(tmp_path, monkeypatch):
-    import convbw_mlir.isolate
+    import convbw_mlir.build.isolate
     from convbw_mlir.dispatch import KernelCache
 
     cache = KernelCache(tmp_path)
     first = compile_op(P, "host", output_arg=True, cache=cache, isolate=True)
     plain = compile_op(P, "host", cache=cache)
     assert cache.info().entries == 2  # one key per ABI
-    monkeypatch.setattr(convbw_mlir.isolate, "call", lambda *a, **k: pytest.fail("a cache hit started a child"))
+    monkeypatch.setattr(convbw_mlir.build.isolate, "call", lambda *a, **k: pytest.fail("a cache hit started a child"))
     again = compile_op(P, "host", output_arg=True, cache=cache, isolate=True)
     assert again.vmfb == first.vmfb and again.selection is not None
     PreparedCall(again.vmfb, "local-task")  # it has the output argument

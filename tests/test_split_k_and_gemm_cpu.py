@@ -159,7 +159,7 @@ def test_auto_k_batch_follows_the_occupancy_rule():
 
 
 def test_auto_picks_the_rows_split_for_thin_problems_on_gpus_only(compiled):
-    from convbw_mlir.compiler import lowered_text
+    from convbw_mlir.build.compile import lowered_text
     from convbw_mlir.pipelines import for_target
 
     depthwise = P(8, 2, 1, 1, (64, 128), (3, 3), pad_low=1, pad_high=1)  # partials 0.07 of the inputs
@@ -204,7 +204,8 @@ def test_tiles_narrow_n_while_the_split_grid_leaves_the_gpu_idle_but_not_once_it
     ],
 )
 def test_a_split_gemm_takes_a_reduction_step_that_divides_its_reduction_or_is_refused(ck, k_batch, step):
-    from convbw_mlir.compiler import CompileError, lowered_text
+    from convbw_mlir.build.compile import lowered_text
+    from convbw_mlir.build.iree import CompileError
     from convbw_mlir.pipelines import for_target
 
     # RDNA: our tiles on GEMMs

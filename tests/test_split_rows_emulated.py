@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from sm80_emulator import module_error
 
-from convbw_mlir.contraction import Split
+from convbw_mlir.loops import Split
 from convbw_mlir.plan import Plan, decide
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from convbw_mlir.bench.suites import load_suite, suite_names
+from convbw_mlir.suites import load_suite, suite_names
 
 
 def test_shipped_suites_load_by_name():

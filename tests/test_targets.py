@@ -8,13 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import bench_script
 
-from convbw_mlir.bench import isa_matrix
-from convbw_mlir.compiler import Intermediates
-from convbw_mlir.isa import parse_rocmasm, report
+from convbw_mlir.build.iree import Intermediates
+from convbw_mlir.build.isa import parse_rocmasm, report
 from convbw_mlir.targets import TARGETS, Intrinsic, TilePolicy, get_target, gpu_targets
 
 ROOT = Path(__file__).resolve().parents[1]
+
+isa_matrix = bench_script("isa_matrix")
 
 
 def kernel(name: str, vgprs: int, lds: int = 0, mnemonic: str = "v_mfma_f32_16x16x16_f16") -> str:
@@ -152,7 +154,7 @@ def test_gfx1200_is_an_rdna4_target_with_gfx1201s_wmma():
 
 
 def test_gfx1200_pipeline_configures_wmmar4():
-    from convbw_mlir.compiler import lowered_text
+    from convbw_mlir.build.compile import lowered_text
     from convbw_mlir.pipelines import for_target
     from convbw_mlir.problem import ConvBwdWeightProblem
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from convbw_mlir.bench.run import error_stats, tolerance_rms
+from convbw_mlir.measure.run import error_stats, tolerance_rms
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 # The reference missed the old bound (8 u sqrt(L / 6) + u peak) on these (issue 30): RMS error 2.24e-5 vs 2.23e-5

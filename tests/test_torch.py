@@ -217,7 +217,7 @@ def test_kernels_are_loaded_from_the_artifacts_folder_before_compiling(monkeypat
     def no_compile(*a, **k):
         raise AssertionError("compiled although an artifact exists")
 
-    monkeypatch.setattr("convbw_mlir.compiler.compile_op", no_compile)
+    monkeypatch.setattr("convbw_mlir.dispatch.api.compile_op", no_compile)
     torch.testing.assert_close(ct.conv2d_weight(x, wsize, dy, padding=1), first)
 
 

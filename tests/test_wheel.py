@@ -72,12 +72,12 @@ def test_wheel_holds_every_module_of_the_source_folders_and_the_suites(wheel):
             if "__pycache__" not in path.parts:
                 expected.add(f"{installed_as}/{path.relative_to(ROOT / folder).as_posix()}")
     expected |= {f"convbw_mlir/suites/{p.name}" for p in (ROOT / "convbw_mlir" / "suites").glob("*.tsv")}
-    assert {"convbw_mlir/suites/seeds.tsv", "convbw_mlir/bench/run.py", "convbw_mlir/passes/split_k.py"} <= expected
+    assert {"convbw_mlir/suites/seeds.tsv", "convbw_mlir/measure/run.py", "convbw_mlir/passes/split_k.py"} <= expected
     assert sorted(expected - names) == []
 
 
 def test_installed_wheel_is_imported_not_the_checkout(installed):
-    code = "import convbw_mlir, convbw_mlir.dialects, convbw_mlir.passes, convbw_mlir.bench.run as r; "
+    code = "import convbw_mlir, convbw_mlir.dialects, convbw_mlir.passes, convbw_mlir.measure.run as r; "
     code += "print(convbw_mlir.__file__, convbw_mlir.dialects.__file__, convbw_mlir.passes.__file__, r.__file__)"
     files = _run([installed["python"], "-c", code], installed["cwd"], installed["env"]).split()
     for f in map(Path, files):
@@ -97,8 +97,7 @@ def test_installed_wheel_hashes_its_kernel_code_as_the_checkout_does(installed):
     [
         (["convbw", "--help"], "compile"),
         (["convbw-opt", "--list-passes"], "convbw-split-k"),
-        (["python", "-m", "convbw_mlir.bench.run", "--help"], "--no-torch"),
-        (["python", "-m", "convbw_mlir.bench.isa_matrix", "--help"], "--targets"),
+        (["python", "-m", "convbw_mlir.measure.run", "--help"], "--no-torch"),
     ],
 )
 def test_installed_commands_run_outside_the_checkout(installed, cmd, expected):
@@ -121,7 +120,7 @@ def test_installed_bench_compiles_a_problem_of_a_shipped_suite(host_artifacts):
 def test_installed_bench_runner_runs_the_artifacts_without_the_compiler(installed, host_artifacts):
     # The GPU machine has iree-base-runtime only: make `import iree.compiler` fail, as it would there.
     code = "import runpy, sys; sys.modules['iree.compiler'] = None; sys.argv[0] = 'run'; "
-    code += "runpy.run_module('convbw_mlir.bench.run', run_name='__main__')"
+    code += "runpy.run_module('convbw_mlir.measure.run', run_name='__main__')"
     _run([installed["python"], "-c", code, str(host_artifacts), "--no-torch"], installed["cwd"], installed["env"])
     (problem,) = json.loads((host_artifacts / "results.json").read_text())["problems"]
     assert problem["name"] == "ck1d_f" and problem["contenders"]["convbw"]["status"] == "ok"

@@ -16,11 +16,16 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from convbw_mlir.compiler import CompiledOp, CompileError
+from convbw_mlir.build.artifact import CompiledOp
+from convbw_mlir.build.compile import build_op
+from convbw_mlir.build.contenders import build_form
+from convbw_mlir.build.iree import CompileError
 from convbw_mlir.dispatch.cache import KernelCache
 from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, request_key, variant_request
+from convbw_mlir.limits import check_limits
+from convbw_mlir.plan import check_plan
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.targets import get_target
+from convbw_mlir.targets import Target, resolve
 
 __all__ = ["BuildReport", "BuildResult", "Registry", "cached_build", "compile_variant", "iree_version"]
 
@@ -34,47 +39,40 @@ def iree_version() -> str:
     return dist_version("iree-base-compiler") or "none"
 
 
-def compile_variant(problem: ConvBwdWeightProblem, target: str, variant: Variant,
+def compile_variant(problem: ConvBwdWeightProblem, target: Target | str, variant: Variant,
                     extra_flags: list[str] | None = None, output_arg: bool = False) -> CompiledOp:  # fmt: skip
     """Compile ``variant`` of ``problem`` in this process (no cache); ``output_arg`` as in compile_op.
 
     Raises:
         CompileError: a pass or IREE failed, or the form has no IR for this problem.
     """
-    from convbw_mlir.compiler import _compile_vmfb, compile_op, with_output_arg
-
+    tgt = resolve(target)
     if variant.form == "convbw":
-        return compile_op(problem, target, extra_flags, plan=variant.plan, cache=False, output_arg=output_arg)
-    from convbw_mlir.bench.artifacts import build_contender
-
-    text, flags = build_contender(problem, variant.form, target)
-    if text is None:
-        raise CompileError(f"{variant.form}: no such form for {problem.name}")
-    flags = flags + list(extra_flags or [])
-    if output_arg:
-        text = with_output_arg(text)
-    vmfb, launch = _compile_vmfb(text, get_target(target), flags)  # CUDA: with the direct launch's schedule
-    return CompiledOp(problem, target, {"linalg": text}, vmfb, variant.form,
-                      get_target(target).iree_flags() + flags, iree_version(), launch=launch)  # fmt: skip
+        check_limits(problem, tgt)
+        if variant.plan is not None:
+            check_plan(problem, variant.plan)
+        return build_op(problem, tgt, variant.plan, extra_flags, output_arg=output_arg)
+    return build_form(problem, tgt, variant.form, extra_flags, output_arg=output_arg)
 
 
-def cached_build(problem: ConvBwdWeightProblem, target: str, variant: Variant,
+def cached_build(problem: ConvBwdWeightProblem, target: Target | str, variant: Variant,
                  cache_root: KernelCache | str | os.PathLike | None = None, extra_flags: list[str] | None = None, *,
                  output_arg: bool = False, isolate: bool = False,
                  timeout: float | None = None) -> tuple[CompiledOp, bool]:  # fmt: skip
     """``(op, hit)``: ``variant`` from the cache ``cache_root`` (a :class:`KernelCache`, its folder, or None:
     the user's), compiled on a miss (in a child process with ``isolate``: an IREE crash is a CompileError here)."""
+    tgt = resolve(target)
     kc = cache_root if isinstance(cache_root, KernelCache) else KernelCache(cache_root)
-    request = variant_request(problem, target, variant, iree_version(), extra_flags, output_arg=output_arg)
+    request = variant_request(problem, tgt, variant, iree_version(), extra_flags, output_arg=output_arg)
     key = request_key(request)
-    args = (problem, target, variant, extra_flags, output_arg)
+    args = (problem, tgt, variant, extra_flags, output_arg)
 
     def build() -> CompiledOp:
         if not isolate:
             return compile_variant(*args)
-        from convbw_mlir.isolate import call
+        from convbw_mlir.build.isolate import call
 
-        return call(compile_variant, *args, what=f"{problem.name} for {target} ({variant.name})", timeout=timeout)
+        return call(compile_variant, *args, what=f"{problem.name} for {tgt.name} ({variant.name})", timeout=timeout)
 
     return kc.get_or_build(key, build, variant.to_dict(), request)
 
@@ -134,8 +132,7 @@ class Registry:
     """
 
     def __init__(self, target: str, cache: KernelCache | str | os.PathLike | None = None) -> None:
-        get_target(target)
-        self.target = target
+        self.target = resolve(target).name
         self.cache = cache if isinstance(cache, KernelCache) else KernelCache(cache)
         self.declared: list[tuple[ConvBwdWeightProblem, Variant]] = []
 
@@ -168,7 +165,7 @@ class Registry:
 
         from tqdm import tqdm
 
-        from convbw_mlir.isolate import call
+        from convbw_mlir.build.isolate import call
 
         if not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers: expected a positive integer, got {max_workers!r}")

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.compiler import CompiledOp
+from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.files import claim_folder
 from convbw_mlir.plan import Plan
 from convbw_mlir.problem import ConvBwdWeightProblem

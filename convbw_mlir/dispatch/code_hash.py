@@ -35,7 +35,7 @@ KERNEL_MODULES = (
     "convbw_mlir.ir_imports",
     "convbw_mlir.compiler",
     "convbw_mlir.cuda_launch",
-    "convbw_mlir.bench.artifacts",  # IREE's own forms (direct, torch, fusilli) and fusilli's flags
+    "convbw_mlir.build.contenders",  # IREE's own forms (direct, torch, fusilli) and fusilli's flags
 )
 
 

@@ -3,7 +3,7 @@
 Compile half (needs the IREE compiler): :func:`compile_candidates` builds every candidate of every
 problem (:func:`convbw_mlir.dispatch.variants.candidates`) in parallel child processes through the
 kernel cache, plus the GPU reference kernel, into a folder whose ``manifest.json`` the benchmark runner
-(:mod:`convbw_mlir.bench.run`) reads.
+(:mod:`convbw_mlir.measure.run`) reads.
 
 Timing half (needs only the IREE runtime): :func:`time_candidates` runs the runner's method on each
 problem (a child process per problem, every result checked against float64 and the GPU reference,
@@ -53,8 +53,8 @@ def held_out(index: int) -> bool:
 
 
 def _reference_record(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path) -> dict[str, Any]:
-    from convbw_mlir.bench.artifacts import compile_contenders
-    from convbw_mlir.isolate import call
+    from convbw_mlir.build.contenders import compile_contenders
+    from convbw_mlir.build.isolate import call
 
     try:
         rec = call(compile_contenders, problem, key, target, folder, ("reference",), what=f"{key} reference")
@@ -128,12 +128,12 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
                     log: Callable[[str], None] = print, deadline_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """Time every candidate of the manifest in ``folder`` (runtime only) in two passes; write ``out``.
 
-    Pass 1: :func:`convbw_mlir.bench.run.run_manifest` per problem (no cuDNN). Pass 2: the winner and the
+    Pass 1: :func:`convbw_mlir.measure.run.run_manifest` per problem (no cuDNN). Pass 2: the winner and the
     runner-up again, in a fresh process, where they are within :data:`PASS2_WITHIN`. Tuned problems
     first, held-out ones after; ``out`` (JSON) is rewritten after each problem, so a run cut short keeps
     what it measured. ``deadline_s``: stop starting problems after this many seconds.
     """
-    from convbw_mlir.bench.run import read_manifest
+    from convbw_mlir.measure.run import read_manifest
 
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
@@ -193,7 +193,7 @@ def _device_name(name: str) -> str:
 
 def _run_one(folder: Path, entry: dict, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS) -> dict:
     """The runner on one manifest entry (its kernels in ``folder``), through a one-problem manifest."""
-    from convbw_mlir.bench.run import run_manifest
+    from convbw_mlir.measure.run import run_manifest
 
     with tempfile.TemporaryDirectory(prefix="convbw-tune-") as tmp:
         contenders = {n: dict(r, vmfb=str(folder / r["vmfb"])) if r.get("ok") else r
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default="")
     ap.add_argument("--deadline", type=float, default=None, help="seconds after which no new problem starts")
     args = ap.parse_args(argv)
-    from convbw_mlir.bench.run import read_manifest
+    from convbw_mlir.measure.run import read_manifest
 
     try:
         read_manifest(args.folder)  # a missing or malformed manifest: one line, before any timing

@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from convbw_mlir.contraction import Split
-from convbw_mlir.kernels.shapes import FORCE_FORM_ENV
+from convbw_mlir.loops import Split
 from convbw_mlir.plan import Plan, PlanError, Strategy, decide, pick_intrinsic
+from convbw_mlir.policies.amd import FORCE_FORM_ENV
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import get_target
 
@@ -98,7 +98,7 @@ class Variant:
     def flags(self) -> list[str]:
         """The extra IREE flags of this variant."""
         if self.form == "iree_fusilli":
-            from convbw_mlir.bench.artifacts import FUSILLI_FLAGS
+            from convbw_mlir.build.contenders import FUSILLI_FLAGS
 
             return list(FUSILLI_FLAGS)
         return []

@@ -1,7 +1,7 @@
 """The AMD explicit kernel, and its CDNA (MFMA) form: ``amdgpu.mfma`` 16x16x16 f16 -> f32.
 
 ``C[g, m, n] = sum_r A[g, m, r] * B[g, n, r]``, the implicit GEMM of a layout-4 weight gradient
-(``convbw_mlir.kernels.shapes``): A = dy ``[N, G, K, Ho*Wo]``; B = x ``[N, G, C, Ho*Wo]`` for a plain 1x1
+(``convbw_mlir.policies.sm80``): A = dy ``[N, G, K, Ho*Wo]``; B = x ``[N, G, C, Ho*Wo]`` for a plain 1x1
 GEMM, else gathered from x ``[N, G, C, H, W]`` at the convolution's coordinates (the address arithmetic
 of ``gemm_sm80._element_address``, per element of the tile: no im2col buffer); C = dW ``[G, K, C*Y*X]``
 or the split-K partials ``[splits, G, K, C*Y*X]`` f32.
@@ -30,7 +30,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, memref, scf, vector
 
 from convbw_mlir.kernels.gemm_sm80 import _all, _element_address, _Ix, _Operand
-from convbw_mlir.kernels.shapes import AMD_FORMS, AMD_LOAD, CDNA_INTRINSIC, CdnaTiling, GemmShape
+from convbw_mlir.policies.amd import AMD_FORMS, AMD_LOAD, CDNA_INTRINSIC, CdnaTiling
+from convbw_mlir.policies.sm80 import GemmShape
 
 __all__ = ["FORMS", "MatrixForm", "build_amd_kernel", "build_kernel_body", "grid"]
 
@@ -42,7 +43,7 @@ class MatrixForm:
     """One 16x16x16 f16 -> f32 matrix instruction as a wave sees it.
 
     Attributes:
-        intrinsic: IREE's name of it (a key of ``shapes.AMD_FORMS``).
+        intrinsic: IREE's name of it (a key of ``policies.amd.AMD_FORMS``).
         frag: f16 of A (and of B) a lane holds.
         acc: f32 accumulators a lane holds.
         k_lanes: lanes 0-15 hold k ``[0, frag)``; lane l starts at ``(l / 16) * k_lanes`` (0: every lane

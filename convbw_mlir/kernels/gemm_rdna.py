@@ -28,7 +28,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import amdgpu
 
 from convbw_mlir.kernels.gemm_cdna import TILE, MatrixForm, build_amd_kernel
-from convbw_mlir.kernels.shapes import AMD_FORMS, FORCE_FORM_ENV, CdnaTiling, GemmShape
+from convbw_mlir.policies.amd import AMD_FORMS, FORCE_FORM_ENV, CdnaTiling
+from convbw_mlir.policies.sm80 import GemmShape
 
 __all__ = ["FORCE_FORM_ENV", "FORMS", "build_kernel_body", "grid"]
 

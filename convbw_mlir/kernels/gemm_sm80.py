@@ -1,7 +1,7 @@
 """The sm_80 kernel of the explicit strategy, written with the MLIR Python builders.
 
 ``C[g, m, n] = sum_r A[g, m, r] * B[g, n, r]``, the implicit GEMM of a layout-4 weight gradient
-(``convbw_mlir.kernels.shapes``): A = dy ``[N, G, K, Ho*Wo]``, B = x itself for a plain 1x1 GEMM or
+(``convbw_mlir.policies.sm80``): A = dy ``[N, G, K, Ho*Wo]``, B = x itself for a plain 1x1 GEMM or
 gathered from x ``[N, G, C, H, W]`` at the convolution's coordinates, C = dW ``[G, K, C*Y*X]`` (or the
 split-K partials), f16 in, f32 accumulate, f32 or f16 out.
 
@@ -38,8 +38,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, memref, nvvm, scf, vector
 
 from convbw_mlir.kernels import nvgpu
-from convbw_mlir.kernels.shapes import COPY_ELEMENTS as COPY
-from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling
+from convbw_mlir.policies.sm80 import COPY_ELEMENTS as COPY
+from convbw_mlir.policies.sm80 import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling
 
 __all__ = ["build_kernel_body", "grid"]
 

@@ -32,7 +32,7 @@ from iree.compiler.dialects import arith, flow, gpu, linalg, memref, nvvm, scf, 
 
 from convbw_mlir.kernels import gemm_sm80 as g80
 from convbw_mlir.kernels.entry import KernelEntry, _build_executable
-from convbw_mlir.kernels.shapes import MMA_M, MMA_N, GemmShape, GemmTiling
+from convbw_mlir.policies.sm80 import MMA_M, MMA_N, GemmShape, GemmTiling
 
 __all__ = ["StreamK", "build_dispatch", "build_kernel_body"]
 

@@ -32,9 +32,10 @@ stages the other order deadlocks, because the producer announces tile ``kt + 1``
 for (the last ``stages`` tiles' ``empty``), so every barrier ends complete.
 
 Register budget: sm_80 has no ``setmaxnreg`` (Hopper's), so every warp gets the consumers' allocation and
-``(consumers + producers) x 32 x registers <= 65,536`` decides which tilings take producers
-(:func:`problems`): the 128x256 recipe's 8 consumer warps at ~254 registers cannot take any, 4-warp
-tilings (128x128, 64x128, 128x64, 64x64) take 2 or 4 (CK's "wavelet" ratios 4:2 and 4:4).
+``(consumers + producers) x 32 x registers <= 65,536`` decides which tilings take producers (the
+policy's :func:`convbw_mlir.policies.sm80.wavespec_problems`): the 128x256 recipe's 8 consumer warps at ~254
+registers cannot take any, 4-warp tilings (128x128, 64x128, 128x64, 64x64) take 2 or 4 (CK's "wavelet"
+ratios 4:2 and 4:4).
 
 Reused from :mod:`gemm_sm80` as they are: ``_Ix``, ``_Operand``, ``_lanes``, ``_copy_tile_cl``,
 ``_load_fragments``, ``_warp_mma``, ``_epilogue``, ``grid``. Not reusable: ``_mainloop`` (one role does
@@ -43,58 +44,25 @@ both halves) and ``build_kernel_body`` (one thread count): their wave-specialize
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref, nvvm, scf
 
 from convbw_mlir.kernels import gemm_sm80 as g80
-from convbw_mlir.kernels.shapes import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling, registers_per_thread
+from convbw_mlir.policies.sm80 import (
+    MMA_K,
+    MMA_M,
+    MMA_N,
+    ROW_PAD,
+    GemmShape,
+    GemmTiling,
+    copiers,
+    wavespec_problems,
+    wavespec_threads,
+)
 
-__all__ = ["PRODUCERS", "REGISTERS", "build_kernel_body", "grid", "problems", "threads"]
+__all__ = ["build_kernel_body", "grid"]
 
-PRODUCERS = (2, 4)  # producer warps a workgroup: CK's wavelet ratios 4:2 and 4:4 with 4 consumer warps
-REGISTERS = 65_536  # an SM's register file; sm_80 cannot give producers fewer registers than consumers
-MAX_BARRIER_ID = 15  # named barriers 0 .. 15; 0 is the whole workgroup's (bar.sync 0, gpu.barrier)
 grid = g80.grid
-
-
-def threads(t: GemmTiling, producers: int) -> int:
-    """The workgroup's threads: the tiling's (consumer) warps and the producer warps."""
-    return (t.warps + producers) * WARP
-
-
-def _copiers(t: GemmTiling, producers: int) -> GemmTiling:
-    """The tiling as ``_copy_tile_cl`` sees it: only ``producers`` warps share the copies (it reads
-    ``threads`` and ``bk``; the warp tile is set so that ``warps == producers``)."""
-    return replace(t, wm=t.bm, wn=t.bn // producers)
-
-
-def problems(shape: GemmShape, t: GemmTiling, producers: int) -> list[str]:
-    """Why the wave-specialized kernel cannot run ``shape`` with ``t`` and ``producers`` ("field: value")."""
-    why = []
-    if producers not in PRODUCERS:
-        return [f"producers: {producers!r} (2 or 4 producer warps)"]
-    if not shape.channels_last:
-        why.append("layout: wave specialization is written for layout 2 (NHWGC/GKYXC/NHWGK)")
-    regs = registers_per_thread(t)
-    need = threads(t, producers) * regs
-    if need > REGISTERS:
-        why.append(f"producers: {producers} with the {t.bm}x{t.bn} tiling's {t.warps} warps: "
-                   f"{t.warps + producers} warps x 32 x ~{regs} registers = {need} > {REGISTERS} (sm_80 has "
-                   "no setmaxnreg: producers get the consumers' registers; take a 4-warp tiling, e.g. "
-                   "tile-n=128)")  # fmt: skip
-    if threads(t, producers) > 1024:
-        why.append(f"producers: {producers}: {threads(t, producers)} threads a workgroup, over 1024")
-    if 1 + 2 * t.stages > MAX_BARRIER_ID + 1:
-        why.append(f"stages: {t.stages} need {2 * t.stages} named barriers, over {MAX_BARRIER_ID}")
-    if t.bn % producers or t.bm % MMA_M:
-        why.append(f"producers: {producers} do not split the {t.bm}x{t.bn} tile")
-    elif not why:
-        for line in _copiers(t, producers).problems(shape):
-            if "copies" in line or "cover" in line:
-                why.append(f"producers: {producers} warps: {line.removeprefix('tiling: ')}")
-    return why
 
 
 def _i32(value: int) -> ir.Value:
@@ -133,7 +101,7 @@ def _producer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: 
     # tiles a producer keeps in flight behind the one it issues: 1 announces tile kt-1 as soon as kt is
     # issued (stages-1, the first form, made the consumers wait on the producers' issue of two more tiles)
     lag = min(1, per_split)
-    copiers = _copiers(t, producers)
+    shared_by = copiers(t, producers)
     full, empty = 1, 1 + t.stages
     loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1))
     with ir.InsertionPoint(loop.body):
@@ -148,7 +116,7 @@ def _producer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: 
             valid = ix.lt(tile, ktiles)
             tile = arith.minsi(tile, ix.c(ktiles - 1))
         for op in (a, b):
-            g80._copy_tile_cl(ix, copiers, op, ptid, g, tile, stage, valid, shape)
+            g80._copy_tile_cl(ix, shared_by, op, ptid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
         ready = _when(arith.cmpi(arith.CmpIPredicate.uge, kt, ix.c(lag)))
         with ir.InsertionPoint(ready.then_block):
@@ -204,8 +172,8 @@ def _consumer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: 
 def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: GemmTiling,
                       producers: int) -> None:  # fmt: skip
     """Emit the wave-specialized kernel into ``entry`` (bindings as gemm_sm80's, layout 2 only), for
-    :func:`threads` threads and the grid :func:`grid` gives."""
-    why = problems(shape, t, producers)
+    :func:`~convbw_mlir.policies.sm80.wavespec_threads` threads and the grid :func:`grid` gives."""
+    why = wavespec_problems(shape, t, producers)
     if why:
         raise ValueError("; ".join(why))
     ix = g80._Ix(entry)
@@ -219,7 +187,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     b_smem = memref.alloc(ir.MemRefType.get(b_tile, f16, memory_space=shared), [], [])
     a_op = g80._Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
     b_op = g80._Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
-    count = _i32(threads(t, producers))  # every thread of the workgroup takes part in every named barrier
+    count = _i32(wavespec_threads(t, producers))  # every thread of the workgroup takes part in every named barrier
     role = scf.IfOp(ix.lt(warp, t.warps), has_else=True)
     with ir.InsertionPoint(role.then_block):  # consumers: warps 0 .. t.warps-1
         lanes = g80._lanes(ix, lane, True)

@@ -3,8 +3,9 @@
 # with no edit here): our pipeline compiles the RetinaNet head (f16, K=C=256, 13x13, no split), its main
 # kernel uses the target's preferred matrix instruction, spelled as the table's mnemonic, and nothing spills.
 
-from convbw_mlir.compiler import executable_intermediates, lowered_text
-from convbw_mlir.isa import report
+from convbw_mlir.build.compile import lowered_text
+from convbw_mlir.build.iree import executable_intermediates
+from convbw_mlir.build.isa import report
 from convbw_mlir.pipelines import for_target
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import gpu_targets

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from convbw_mlir.targets import Target, get_target
+from convbw_mlir.targets import Target, get_target, resolve
 
 __all__ = ["KernelReport", "IsaReport", "dropped_configs", "parse_nvptx_ll", "parse_rocmasm", "report"]
 
@@ -102,7 +102,7 @@ def parse_rocmasm(text: str, target: Target | str) -> list[KernelReport]:
         target: the :class:`~convbw_mlir.targets.Target` (or its name) the file was compiled for; its
             register file, allocation granule, waves per SIMD, SIMDs and LDS per CU bound the occupancy.
     """
-    t = get_target(target) if isinstance(target, str) else target
+    t = resolve(target)
     workgroup_sizes = _workgroup_sizes(text)
     # Instruction counts per function body: a body runs from its label to the next .amdhsa_kernel block.
     bodies: dict[str, str] = {}
@@ -168,7 +168,7 @@ def parse_nvptx_ll(text: str) -> list[KernelReport]:
 
 
 def report(files: dict[str, str], target: str) -> IsaReport:
-    """The report for one compile's intermediates (``convbw_mlir.compiler.Intermediates.files``)."""
+    """The report for one compile's intermediates (``convbw_mlir.build.iree.Intermediates.files``)."""
     t = get_target(target)
     parse = {".rocmasm": lambda text: parse_rocmasm(text, t), ".optimized.ll": parse_nvptx_ll}.get(t.isa_suffix)
     if parse is None:
@@ -190,7 +190,7 @@ def dropped_configs(linalg_text: str, files: dict[str, str]) -> list[str]:
 
     IREE honours a ``compilation_info`` on the root op of a dispatch, but it drops it when it rebuilds
     the op before codegen (unit-dimension folding did, until the lowering left no unit dimensions):
-    the configured executables (``configured_*.mlir`` in :class:`convbw_mlir.compiler.Intermediates`)
+    the configured executables (``configured_*.mlir`` in :class:`convbw_mlir.build.iree.Intermediates`)
     then carry IREE's own config instead. Both print the attribute the same way, so the text compares.
     """
     configured = "\n".join(text for name, text in files.items() if name.startswith("configured_"))

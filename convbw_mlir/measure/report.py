@@ -1,4 +1,4 @@
-"""Table and plot from benchmark results: ``python -m convbw_mlir.bench.report results.json``."""
+"""Table and plot from benchmark results: ``python -m convbw_mlir.measure.report results.json``."""
 
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ def write_report(results: dict, json_path: str | Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m convbw_mlir.bench.report results.json", file=sys.stderr)
+        print("usage: python -m convbw_mlir.measure.report results.json", file=sys.stderr)
         return 1
     from convbw_mlir.jsonio import read_json, require_fields
 

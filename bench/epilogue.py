@@ -1,8 +1,8 @@
 """What a fused epilogue costs on the GPU: plain dW, the fused epilogues, and the unfused one.
 
-    python -m convbw_mlir.bench.epilogue compile --suite seeds --target sm_80 --out .art-epi [--filter S]
-    python -m convbw_mlir.bench.epilogue run .art-epi --out results.json        (GPU machine: runtime only)
-    python -m convbw_mlir.bench.epilogue report results.json [--md table.md]
+    python bench/epilogue.py compile --suite seeds --target sm_80 --out .art-epi [--filter S]
+    python bench/epilogue.py run .art-epi --out results.json        (GPU machine: runtime only)
+    python bench/epilogue.py report results.json [--md table.md]
 
 Per problem (f16 unless the suite says otherwise), four kernels, each ``(x, dy[, D]) -> dW``:
 
@@ -16,7 +16,7 @@ Per problem (f16 unless the suite says otherwise), four kernels, each ``(x, dy[,
 
 The runner runs each (problem, kernel) in its own child process (a CUDA fault poisons a process),
 checks the first result against float64 on a sample of dW entries (with the epilogue applied, the
-benchmark's own tolerance, :func:`convbw_mlir.bench.run.tolerance_rms`), then times it the benchmark's
+benchmark's own tolerance, :func:`convbw_mlir.measure.run.tolerance_rms`), then times it the benchmark's
 way (:func:`convbw_mlir.runtime.time_calls`, device-resident arguments).
 """
 
@@ -52,9 +52,10 @@ def epilogue_problem(p: ConvBwdWeightProblem, kind: str) -> ConvBwdWeightProblem
 
 def unfused_text(p: ConvBwdWeightProblem, target: str) -> str:
     """``f(x, dy, D) = 2 * conv_bwd_weight(x, dy) + 2 * D`` with the elementwise part a kernel of its own."""
-    from convbw_mlir.builders import PARALLEL, generic
-    from convbw_mlir.compiler import run_pipeline
     from convbw_mlir.dialects import convbw
+
+    from convbw_mlir.build.compile import run_pipeline
+    from convbw_mlir.builders import PARALLEL, generic
     from convbw_mlir.ir_imports import arith_d, func_d, ir, new_context, tensor_d, util_d
     from convbw_mlir.pipelines import for_target
 
@@ -90,7 +91,8 @@ def unfused_text(p: ConvBwdWeightProblem, target: str) -> str:
 
 def compile_problem(p: ConvBwdWeightProblem, target: str, folder: Path, key: str) -> dict[str, Any]:
     """Compile the four kernels of ``p`` into ``folder``; a record per kind (vmfb file or error)."""
-    from convbw_mlir.compiler import CompileError, compile_module, lowered_text
+    from convbw_mlir.build.compile import lowered_text
+    from convbw_mlir.build.iree import CompileError, compile_module
     from convbw_mlir.pipelines import for_target
 
     records: dict[str, Any] = {}
@@ -107,9 +109,9 @@ def compile_problem(p: ConvBwdWeightProblem, target: str, folder: Path, key: str
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.build.isolate import call
     from convbw_mlir.files import atomic_directory, check_output
-    from convbw_mlir.isolate import call
+    from convbw_mlir.suites import load_suite
 
     try:
         check_output(args.out)  # before compiling: a folder of the user's is refused, not replaced
@@ -133,8 +135,8 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _child(folder: Path, entry: dict, kind: str, driver: str) -> dict[str, Any]:
     """One kernel of one problem: check its first result against float64 on a sample, then time it."""
-    from convbw_mlir.bench.run import error_stats, sample_indices, tolerance_rms
     from convbw_mlir.epilogues import random_d
+    from convbw_mlir.measure.run import error_stats, sample_indices, tolerance_rms
     from convbw_mlir.reference import random_inputs, sample_reference
     from convbw_mlir.runtime import Kernel, time_calls
 
@@ -169,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
             if not entry["kernels"][kind]["ok"]:
                 row[kind] = {"status": "no kernel", "error": entry["kernels"][kind]["error"]}
                 continue
-            cmd = [sys.executable, "-m", "convbw_mlir.bench.epilogue", "_child", str(folder), entry["key"], kind,
+            cmd = [sys.executable, str(Path(__file__).resolve()), "_child", str(folder), entry["key"], kind,
                    "--driver", args.driver]  # fmt: skip
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             if proc.returncode == 0:
@@ -208,7 +210,7 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m convbw_mlir.bench.epilogue", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python bench/epilogue.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile")
     c.add_argument("--suite", action="append", required=True)

@@ -1,13 +1,13 @@
 """Compile every suite problem for every GPU target with our pipeline and with IREE's default, and
 tabulate the ISA report: the acceptance matrix of the GPU code generation (no GPU needed).
 
-    python -m convbw_mlir.bench.isa_matrix [--suite NAME ...] [--types f16,bf16] [--targets ...]
+    python bench/isa_matrix.py [--suite NAME ...] [--types f16,bf16] [--targets ...]
         [--jobs 2] [--out bench/results/isa_<date>]
 
 The targets (default: every GPU entry of :data:`convbw_mlir.targets.TARGETS`) and the matrix
 instructions expected of each come from that table.
 
-Each (problem, type) is compiled in a child process (:mod:`convbw_mlir.isolate`), so that a compiler
+Each (problem, type) is compiled in a child process (:mod:`convbw_mlir.build.isolate`), so that a compiler
 crash (IREE 3.13 segfaults on some inputs) is recorded as such instead of ending the run.
 """
 
@@ -46,9 +46,11 @@ def matrix_targets(spec: str | None = None) -> list[str]:
 
 def compile_one(ck: str, dtype: str, target: str, flavor: str) -> dict:
     """In this process: compile and report. flavor: ours (the target pipeline) or iree (plain lowering)."""
-    from convbw_mlir.compiler import executable_intermediates, lowered_text
-    from convbw_mlir.isa import dropped_configs, report
     from convbw_mlir.passes import parse_pipeline
+
+    from convbw_mlir.build.compile import lowered_text
+    from convbw_mlir.build.iree import executable_intermediates
+    from convbw_mlir.build.isa import dropped_configs, report
     from convbw_mlir.pipelines import for_target
     from convbw_mlir.problem import ConvBwdWeightProblem
 
@@ -89,7 +91,7 @@ def compile_many(ck: str, dtype: str, targets: list[str], flavors: list[str]) ->
 
 
 def _run_job(ck: str, dtype: str, targets: list[str], flavors: list[str]) -> dict:
-    from convbw_mlir.isolate import CompilerCrash, call
+    from convbw_mlir.build.isolate import CompilerCrash, call
 
     try:
         out = call(compile_many, ck, dtype, targets, flavors, what=f"'{ck}' ({dtype}) for {','.join(targets)}")
@@ -182,9 +184,9 @@ def _iree_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from convbw_mlir.bench.suites import load_suite
+    from convbw_mlir.suites import load_suite
 
-    ap = argparse.ArgumentParser(prog="python -m convbw_mlir.bench.isa_matrix")
+    ap = argparse.ArgumentParser(prog="python bench/isa_matrix.py")
     ap.add_argument("--suite", action="append", default=None)
     ap.add_argument("--types", default="f16,bf16")
     ap.add_argument("--targets", default="", help="comma-separated (default: every GPU target of the table)")

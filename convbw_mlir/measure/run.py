@@ -1,6 +1,6 @@
 """Run side of the benchmark: needs only iree-base-runtime, numpy and (if importable) torch.
 
-    python -m convbw_mlir.bench.run DIR [--filter SUBSTR] [--out results.json] [--device N] [--driver D]
+    python -m convbw_mlir.measure.run DIR [--filter SUBSTR] [--out results.json] [--device N] [--driver D]
                                         [--no-torch] [--timeout SECONDS]
 
 For each problem of ``DIR/manifest.json`` a child process (so that a kernel that faults the GPU, which
@@ -346,7 +346,7 @@ _CUPTI: list[bool] = []  # whether this child can time by CUPTI, decided (and CU
 
 
 def _gpu_time(call: Any, sync: Any, driver: str) -> dict[str, Any]:
-    """``kernel_s``: the call's GPU time by CUPTI (:mod:`convbw_mlir.bench.cupti`), on CUDA where torch
+    """``kernel_s``: the call's GPU time by CUPTI (:mod:`convbw_mlir.measure.cupti`), on CUDA where torch
     is importable; the tuner ranks by it (docs/decisions.md#kernel-time). Its failure is recorded, not fatal."""
     from convbw_mlir.bench import cupti
 
@@ -453,7 +453,7 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
             spec = {"folder": str(folder), "entry": entry, "names": todo, "state": tmp, "events": str(ev_path)}
             spec |= options
             (Path(tmp) / "spec.json").write_text(json.dumps(spec))
-            cmd = [sys.executable, "-m", "convbw_mlir.bench.run", "--child", str(Path(tmp) / "spec.json")]
+            cmd = [sys.executable, "-m", "convbw_mlir.measure.run", "--child", str(Path(tmp) / "spec.json")]
             with open(err_path, "w") as err:
                 rc = _wait(subprocess.Popen(cmd, stdout=err, stderr=err), ev_path, timeout_s)
             pending, done = None, False
@@ -569,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # no teardown: after a device fault, releasing the device can hang or abort
-    ap = argparse.ArgumentParser(prog="python -m convbw_mlir.bench.run", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m convbw_mlir.measure.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("folder")
     ap.add_argument("--filter", default="")
     ap.add_argument("--out", default=None, help="results JSON (default FOLDER/results.json)")
@@ -581,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.timeout > 0:
         print(f"error: --timeout: expected seconds > 0, got {args.timeout}", file=sys.stderr)
         return 1
-    from convbw_mlir.bench.report import write_report
+    from convbw_mlir.measure.report import write_report
 
     t0 = time.time()
     try:

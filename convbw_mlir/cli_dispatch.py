@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from convbw_mlir.cli_args import add_problem_arguments, int_at_least, problem_from_args
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 
 __all__ = ["add_dispatch_commands", "read_problem_lines"]
@@ -49,8 +49,8 @@ def read_problem_lines(path: str, dtype: str) -> list[tuple[str, ConvBwdWeightPr
 
 
 def _problems(args: argparse.Namespace) -> list[tuple[str, ConvBwdWeightProblem, bool]]:
-    from convbw_mlir.bench.suites import load_suite
     from convbw_mlir.dispatch.tune import held_out
+    from convbw_mlir.suites import load_suite
 
     out = []
     for dtype in args.types.split(","):
@@ -147,7 +147,6 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 def _cmd_select(args: argparse.Namespace) -> int:
     import time
 
-    from convbw_mlir.cli import problem_from_args
     from convbw_mlir.dispatch.select import databases, select
 
     problem = problem_from_args(args)
@@ -164,24 +163,8 @@ def _cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer ``>= low``; anything else is refused naming the value."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
-
 def add_dispatch_commands(sub: Any) -> None:
     """Add ``tune``, ``cache`` and ``select`` to the ``convbw`` subcommands ``sub``."""
-    from convbw_mlir.cli import add_problem_arguments
     from convbw_mlir.targets import TARGETS
 
     tune = sub.add_parser("tune", help="build, time and select kernel variants; write a tuning database",

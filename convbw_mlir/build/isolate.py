@@ -1,7 +1,7 @@
 """Run a compile in a child process, so that an IREE crash does not end the caller.
 
 IREE 3.13 kills the compiling process on some inputs (a segfault on unregistered ops, LLVM aborts such
-as "Cannot select"). :func:`call` runs a function in ``python -m convbw_mlir.isolate``: the function and
+as "Cannot select"). :func:`call` runs a function in ``python -m convbw_mlir.build.isolate``: the function and
 its arguments go in pickled on stdin, the result (or the exception it raised) comes back pickled in a
 file; a child killed by a signal, or past its time limit, becomes :class:`CompilerCrash`.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import pickle
 import signal
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.compiler import CompileError
+from convbw_mlir.build.iree import CompileError
 
 __all__ = ["CompilerCrash", "call"]
 
@@ -79,16 +80,18 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
         raise ValueError(f"timeout: must be > 0 seconds, got {timeout!r}")
     module = fn.__module__
     if module == "__main__":  # run as `python -m pkg.mod`: the child finds it under its real name
-        spec = getattr(sys.modules["__main__"], "__spec__", None)
-        if spec is None:
-            raise ValueError(f"fn: {fn.__qualname__} is defined in a script; a child process cannot import it")
-        module = spec.name
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        script = getattr(main, "__file__", None)
+        if spec is None and script is None:
+            raise ValueError(f"fn: {fn.__qualname__} is defined in an interactive session; a child cannot import it")
+        module = spec.name if spec is not None else f"{SCRIPT_PREFIX}{Path(script).resolve()}"
     payload = pickle.dumps(((module, fn.__qualname__), args, kwargs))
     fd, result_path = tempfile.mkstemp(prefix="convbw-isolate-", suffix=".pickle")
     os.close(fd)
     result = Path(result_path)
     try:
-        cmd = [sys.executable, "-m", "convbw_mlir.isolate", result_path]
+        cmd = [sys.executable, "-m", "convbw_mlir.build.isolate", result_path]
         try:
             res = subprocess.run(cmd, input=payload, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
@@ -107,10 +110,27 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
     return value
 
 
+# A function of a script run as ``python path/script.py`` (the benchmarks in bench/): the child loads the
+# script by its path, under another name than __main__, so its main() does not run again.
+SCRIPT_PREFIX = "script:"
+
+
+def _import(module: str) -> Any:
+    if not module.startswith(SCRIPT_PREFIX):
+        return importlib.import_module(module)
+    path = module.removeprefix(SCRIPT_PREFIX)
+    sys.path.insert(0, str(Path(path).parent))  # as for the script itself: its folder's modules import
+    spec = importlib.util.spec_from_file_location("_convbw_isolated_script", path)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
 def _child(result_path: str) -> None:
     (module, qualname), args, kwargs = pickle.loads(sys.stdin.buffer.read())
     try:
-        fn = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+        fn = functools.reduce(getattr, qualname.split("."), _import(module))
         out = ("ok", fn(*args, **kwargs))
     except Exception as e:  # the parent re-raises it
         out = ("error", e)

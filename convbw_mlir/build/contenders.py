@@ -24,10 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.files import atomic_directory
 from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.targets import Target
 
-__all__ = ["CONTENDERS", "FUSILLI_FLAGS", "build_contender", "write_artifacts"]
+__all__ = ["CONTENDERS", "FUSILLI_FLAGS", "build_contender", "build_form", "compile_contenders", "write_artifacts"]
 
 FUSILLI_FLAGS = [
     "--iree-opt-level=O3",
@@ -45,6 +47,7 @@ CONTENDERS = ("convbw", "reference", "iree_direct", "iree_torch", "iree_fusilli"
 def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
     """A module with ``func @conv_bwd_weight(x, dy) -> result_type`` whose body ``body(x, dy)`` builds."""
     from convbw_mlir.dialects import convbw
+
     from convbw_mlir.ir_imports import func_d, ir
 
     loc = convbw.problem_location(problem)
@@ -60,10 +63,11 @@ def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
 
 
 def reference_module(problem: ConvBwdWeightProblem) -> Any:
-    from convbw_mlir.builders import convert
-    from convbw_mlir.ir_imports import ir
     from convbw_mlir.passes.explicit_gemm import subsample
     from convbw_mlir.passes.lower_to_linalg import build_contraction
+
+    from convbw_mlir.builders import convert
+    from convbw_mlir.ir_imports import ir
     from convbw_mlir.plan import as_gemm
 
     p32 = problem.with_(dtype="f32", dw_dtype="f32")
@@ -84,8 +88,9 @@ def reference_module(problem: ConvBwdWeightProblem) -> Any:
 
 def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
     """The torch-mlir form (2-D, G=1, no fused epilogue: torch's conv backward has none), or None."""
-    from convbw_mlir.builders import as_value, convert, transpose
     from convbw_mlir.dialects import convbw
+
+    from convbw_mlir.builders import as_value, convert, transpose
     from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
 
     p = problem
@@ -194,9 +199,10 @@ def _add_unit(value: Any, pos: int, full_shape: tuple[int, ...]) -> Any:
 
 def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) -> tuple[str | None, list[str]]:
     """(linalg IR text or None if the contender has no form for this problem, extra IREE flags)."""
-    from convbw_mlir.compiler import lowered_text, run_pipeline
-    from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.passes import parse_pipeline
+
+    from convbw_mlir.build.compile import lowered_text, run_pipeline
+    from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.pipelines import for_target
 
     if contender == "convbw" or contender.startswith("convbw:"):
@@ -218,11 +224,33 @@ def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) 
     return lowered_text(problem, frontend), (list(FUSILLI_FLAGS) if contender == "iree_fusilli" else [])
 
 
+def build_form(problem: ConvBwdWeightProblem, target: Target, form: str, extra_flags: list[str] | None = None, *,
+               output_arg: bool = False) -> CompiledOp:  # fmt: skip
+    """One of IREE's own forms of ``problem`` (``iree_direct``, ``iree_torch``, ``iree_fusilli``) compiled for
+    ``target``; ``output_arg`` as in compile_op (the same ABI as ours).
+
+    Raises:
+        CompileError: IREE failed, or the form has no IR for this problem.
+    """
+    from convbw_mlir.build.compile import _compile_vmfb, with_output_arg
+    from convbw_mlir.build.iree import CompileError, iree_version
+
+    text, flags = build_contender(problem, form, target.name)
+    if text is None:
+        raise CompileError(f"{form}: no such form for {problem.name}")
+    flags = flags + list(extra_flags or [])
+    if output_arg:
+        text = with_output_arg(text)
+    vmfb, launch = _compile_vmfb(text, target, flags)  # CUDA: with the direct launch's schedule
+    return CompiledOp(problem, target.name, {"linalg": text}, vmfb, form, target.iree_flags() + flags,
+                      iree_version(), launch=launch)  # fmt: skip
+
+
 def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path,
                        contenders: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
     """In this process: compile ``contenders`` of one problem into ``folder``; a record per contender."""
-    from convbw_mlir.compiler import CompileError, compile_module, executable_intermediates
-    from convbw_mlir.isa import report
+    from convbw_mlir.build.iree import CompileError, compile_module, executable_intermediates
+    from convbw_mlir.build.isa import report
     from convbw_mlir.targets import get_target
 
     gpu = get_target(target).is_gpu
@@ -260,7 +288,7 @@ def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, fol
 def _compile_isolated(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path,
                       contenders: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
     """compile_contenders in a child process: IREE 3.13 crashes on some inputs, which must not end the run."""
-    from convbw_mlir.isolate import CompilerCrash, call
+    from convbw_mlir.build.isolate import CompilerCrash, call
 
     try:
         records = call(compile_contenders, problem, key, target, folder, contenders, what=f"{key} for {target}")

@@ -1,5 +1,7 @@
-"""The explicit kernel's problem view and tiling, and which problems it computes (no IREE import: the
-plan uses it).
+"""The policy of our sm_80 kernels (``convbw_mlir/kernels/gemm_sm80.py`` and its StreamK and
+wave-specialized forms): the implicit-GEMM view of a problem, the kernel's tiling and its rule, its split
+rule, which problems and plans it takes and why not (pure Python: the plan asks it, :func:`plan` and
+:func:`refusals`, once).
 
 The weight gradient in layout 4 (NGCHW/GKCYX/NGKHW) is, per group, an implicit GEMM
 ``dW[k, j] = sum_r A[k, r] * B[j, r]``: M = K out channels, N = C x taps (``j = c * Y * X + y * X + x``,
@@ -17,10 +19,26 @@ reduction-major (``[bk, bm]``, ``[bk, bn]``) and reach the registers by ``ldmatr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-__all__ = ["ConvGeometry", "GemmShape", "GemmTiling", "INTRINSIC", "SHARED_MEMORY_CAP", "auto_splits", "gemm_shape",
-           "unsupported"]  # fmt: skip
+from convbw_mlir.plan_data import (
+    STREAMK_FIXUPS,
+    WAVESPEC_PRODUCERS,
+    Overrides,
+    Plan,
+    PlanError,
+    Strategy,
+    StreamKPlan,
+    Tile,
+    WaveSpecPlan,
+    _is_int,
+)
+from convbw_mlir.policies.split import check, explicit_split, split_refusals
+from convbw_mlir.targets import Target
+
+__all__ = ["INTRINSIC", "SHARED_MEMORY_CAP", "ConvGeometry", "GemmShape", "GemmTiling", "auto_splits", "gemm_shape",
+           "plan", "refusals", "takes_by_default", "tiling", "unsupported"]  # fmt: skip
 
 INTRINSIC = "NV_MMA_SYNC_F32_16x8x16_F16"  # the plan's name of mma.sync m16n8k16 f16 -> f32
 
@@ -273,83 +291,134 @@ def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP
     return why
 
 
-CDNA_INTRINSIC = "MFMA_F32_16x16x16_F16"
-
-# The AMD matrix forms the explicit kernel writes, by IREE's intrinsic name (a target's table entry
-# picks one): f16 of A (and of B) a lane for one 16x16x16 instruction, f32 accumulators a lane, wave size.
-# MFMA (CDNA, wave64): 4 and 4; WMMA on RDNA 3 (gfx11, wave32): 16 (lanes 16-31 repeat lanes 0-15) and
-# 8; RDNA 4 (gfx12): 8 and 8 (IREE's IREEGPUAttrs.cpp, getSingleSubgroupLayout).
-AMD_FORMS = {
-    CDNA_INTRINSIC: (4, 4, 64),
-    "WMMAR3_F32_16x16x16_F16": (16, 8, 32),
-    "WMMAR4_F32_16x16x16_F16": (8, 8, 32),
-}
-AMD_LOAD = 8  # f16 elements of one 16-byte global load, LDS store and chunk of the reduction
+# -- wave specialization (kernels/wavespec_sm80.py): which tilings take producer warps -----------------------
+PRODUCERS = WAVESPEC_PRODUCERS  # producer warps a workgroup: CK's wavelet ratios 4:2 and 4:4 with 4 consumer warps
+REGISTERS = 65_536  # an SM's register file; sm_80 cannot give producers fewer registers than consumers
+MAX_BARRIER_ID = 15  # named barriers 0 .. 15; 0 is the whole workgroup's (bar.sync 0, gpu.barrier)
 
 
-@dataclass(frozen=True)
-class CdnaTiling:
-    """The AMD kernel's numbers (CDNA MFMA and RDNA WMMA forms): workgroup tile ``bm x bn x bk``, waves of
-    ``wave`` lanes each ``wm x wn``, two LDS buffers (global -> registers -> LDS, double-buffered), the
-    matrix ``intrinsic`` (a key of :data:`AMD_FORMS`)."""
-
-    bm: int = 128
-    bn: int = 128
-    bk: int = 32
-    wm: int = 32  # 8 waves of 32x64: 2 waves a SIMD on gfx942 (64x64 waves: 257 registers, 1)
-    wn: int = 64
-    wave: int = 64
-    intrinsic: str = CDNA_INTRINSIC
-
-    @property
-    def threads(self) -> int:
-        return (self.bm // self.wm) * (self.bn // self.wn) * self.wave
-
-    @property
-    def waves(self) -> int:
-        return self.threads // self.wave
-
-    @property
-    def row(self) -> int:
-        return self.bk + ROW_PAD
-
-    def lds_bytes(self) -> int:
-        return 2 * (self.bm + self.bn) * self.row * 2
-
-    def planned_occupancy(self, target) -> int:  # target: convbw_mlir.targets.Target
-        """Waves a SIMD the plan expects: what the two LDS buffers and the target's wave slots allow
-        (the ISA report's LDS rule, convbw_mlir.isa.parse_rocmasm). The kernel meets it if its registers
-        stay within :meth:`register_budget`."""
-        by_lds = (target.lds_per_cu // self.lds_bytes()) * self.waves // target.simds_per_cu
-        return max(1, min(target.max_waves_per_simd, by_lds))
-
-    def register_budget(self, target) -> int:
-        """The most registers a lane (VGPRs + AGPRs) that keep :meth:`planned_occupancy` (whole granules)."""
-        per_wave = target.register_file // self.planned_occupancy(target)
-        return min(target.registers, per_wave // target.register_granule * target.register_granule)
-
-    def problems(self, shape: GemmShape, lds_cap: int) -> list[str]:
-        """Why this tiling cannot compute ``shape`` ("field: value ..." lines); empty if it can.
-
-        Any M, N and reduction (ragged edges are masked), any filter, stride, dilation and padding (B's
-        addresses computed per element), split-K: only the tiling itself can be wrong."""
-        why = []
-        if self.intrinsic not in AMD_FORMS:
-            why.append(f"intrinsic: {self.intrinsic} (the AMD forms: {', '.join(AMD_FORMS)})")
-        elif AMD_FORMS[self.intrinsic][2] != self.wave:
-            why.append(f"intrinsic: {self.intrinsic} runs on waves of {AMD_FORMS[self.intrinsic][2]}, not {self.wave}")
-        if self.bm % self.wm or self.bn % self.wn or self.wm % 16 or self.wn % 16 or self.bk % 16:
-            why.append(f"tiling: wave tile {self.wm}x{self.wn} does not divide {self.bm}x{self.bn} in 16x16 tiles")
-        for name, rows in (("bm", self.bm), ("bn", self.bn)):
-            if (rows * self.bk // AMD_LOAD) % self.threads:
-                why.append(f"tiling: the {name}x{self.bk} tile is no whole number of 16-byte loads per thread")
-        if self.threads > 1024:
-            why.append(f"tiling: {self.threads} threads a workgroup, over 1024")
-        if self.lds_bytes() > lds_cap:
-            why.append(f"tiling: {self.lds_bytes()} B of LDS, over {lds_cap}")
-        return why
+def wavespec_threads(t: GemmTiling, producers: int) -> int:
+    """The workgroup's threads: the tiling's (consumer) warps and the producer warps."""
+    return (t.warps + producers) * WARP
 
 
-# Test-only: the intrinsic whose operand form every RDNA kernel is built with (the plan's is ignored);
-# the kernel cache's key names it, so a forced kernel is never stored under the plan's own key.
-FORCE_FORM_ENV = "CONVBW_TEST_FORCE_WMMA_FORM"
+def copiers(t: GemmTiling, producers: int) -> GemmTiling:
+    """The tiling as ``_copy_tile_cl`` sees it: only ``producers`` warps share the copies (it reads
+    ``threads`` and ``bk``; the warp tile is set so that ``warps == producers``)."""
+    return replace(t, wm=t.bm, wn=t.bn // producers)
+
+
+def wavespec_problems(shape: GemmShape, t: GemmTiling, producers: int) -> list[str]:
+    """Why the wave-specialized kernel cannot run ``shape`` with ``t`` and ``producers`` ("field: value")."""
+    why = []
+    if producers not in PRODUCERS:
+        return [f"producers: {producers!r} (2 or 4 producer warps)"]
+    if not shape.channels_last:
+        why.append("layout: wave specialization is written for layout 2 (NHWGC/GKYXC/NHWGK)")
+    regs = registers_per_thread(t)
+    need = wavespec_threads(t, producers) * regs
+    if need > REGISTERS:
+        why.append(f"producers: {producers} with the {t.bm}x{t.bn} tiling's {t.warps} warps: "
+                   f"{t.warps + producers} warps x 32 x ~{regs} registers = {need} > {REGISTERS} (sm_80 has "
+                   "no setmaxnreg: producers get the consumers' registers; take a 4-warp tiling, e.g. "
+                   "tile-n=128)")  # fmt: skip
+    if wavespec_threads(t, producers) > 1024:
+        why.append(f"producers: {producers}: {wavespec_threads(t, producers)} threads a workgroup, over 1024")
+    if 1 + 2 * t.stages > MAX_BARRIER_ID + 1:
+        why.append(f"stages: {t.stages} need {2 * t.stages} named barriers, over {MAX_BARRIER_ID}")
+    if t.bn % producers or t.bm % MMA_M:
+        why.append(f"producers: {producers} do not split the {t.bm}x{t.bn} tile")
+    elif not why:
+        for line in copiers(t, producers).problems(shape):
+            if "copies" in line or "cover" in line:
+                why.append(f"producers: {producers} warps: {line.removeprefix('tiling: ')}")
+    return why
+
+
+# -- what the plan asks -------------------------------------------------------------------------------------
+def takes_by_default(problem: Any) -> bool:
+    """Whether the plan may choose this kernel by itself: channels-last (layout 2) and a problem the kernel
+    computes as it is, where it was the fastest correct kernel when measured (docs/decisions.md#explicit-by-default)."""
+    return is_channels_last(problem) and not unsupported(problem, None)
+
+
+def tiling(plan: Plan) -> GemmTiling:
+    """The kernel tiling a plan's tile stands for."""
+    t = plan.tile
+    return GemmTiling(t.m, t.n, t.k, t.stages, t.m // t.subgroups_m, t.n // t.subgroups_n)
+
+
+def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
+    """The explicit plan: the tiling rule (``choose_tiling``, or the tile options), wave specialization or
+    StreamK where asked, else split-K by the occupancy rule (``auto_splits``) or as asked.
+
+    Raises:
+        PlanError: the kernel cannot carry the plan out (every reason, "field: value").
+    """
+    given = opts.tile
+    t = GemmTiling()
+    if not given and not unsupported(problem, None):  # the plan's rule: the kernel's cost model (choose_tiling)
+        t = choose_tiling(gemm_shape(problem), tgt.compute_units, tgt.lds_bytes)
+    if "subgroups_m" in given:
+        t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
+    if "subgroups_n" in given:
+        t = replace(t, wn=given.get("n", t.bn) // given["subgroups_n"])
+    t = replace(t, bm=given.get("m", t.bm), bn=given.get("n", t.bn), bk=given.get("k", t.bk),
+                stages=given.get("stages", t.stages))  # fmt: skip
+    tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSIC)
+    chosen = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
+    if opts.producers is not None:  # wave specialization: the same tiling and split, producer warps added
+        chosen = replace(chosen, wavespec=WaveSpecPlan(opts.producers))
+    check(problem, chosen, refusals)  # the tiling first: the split is sized on it
+    shape = gemm_shape(problem)
+    if opts.streamk is not None:  # StreamK replaces split-K: the persistent grid's workgroups share the k tiles
+        if _is_int(opts.k_batch) and opts.k_batch > 1:
+            raise PlanError(f"k-batch: {opts.k_batch}: StreamK replaces split-K (give one or the other)")
+        workgroups = tgt.compute_units if opts.streamk == "auto" else opts.streamk
+        chosen = replace(chosen, streamk=StreamKPlan(workgroups, opts.streamk_fixup or "linear"))
+        check(problem, chosen, refusals)
+        return chosen
+    return explicit_split(problem, chosen, shape, t, tgt, opts, auto_splits, refusals)
+
+
+def refusals(problem: Any, plan: Plan) -> list[str]:
+    """Why this kernel cannot carry ``plan`` out ("field: value" lines; empty: it can)."""
+    cap = plan.target_info.lds_bytes
+    why = ["tile: none"] if plan.tile is None else unsupported(problem, tiling(plan), cap)
+    if plan.streamk is not None:
+        why += _streamk_refusals(plan, problem)
+    if plan.wavespec is not None:
+        why += _wavespec_refusals(plan, problem, tiling_ok=not why)
+    return why + split_refusals(problem, plan)
+
+
+def _streamk_refusals(plan: Plan, problem: Any) -> list[str]:
+    """Why a plan's StreamK cannot be carried out ("field: value" lines)."""
+    why, sk = [], plan.streamk
+    if is_channels_last(problem):  # its copies are layout 4's (the sm_80 kernel's layout 2 came after it)
+        why.append(f"layout: {problem.layout} (StreamK is written for layout 4, NGCHW/GKCYX/NGKHW)")
+    if not _is_int(sk.workgroups) or sk.workgroups < 1:
+        why.append(f"streamk: {sk.workgroups!r} workgroups (a positive number)")
+    if sk.fixup not in STREAMK_FIXUPS:
+        why.append(f"streamk-fixup: {sk.fixup!r} (linear or tree)")
+    if plan.target_info.family != "nvidia":
+        why.append(f"streamk: {sk.workgroups} on target {plan.target} (StreamK is written for sm_80 only)")
+    if plan.split is not None:
+        why.append(f"split: {plan.split.dim} x {plan.split.k_batch} (StreamK replaces split-K)")
+    return why
+
+
+def _wavespec_refusals(plan: Plan, problem: Any, tiling_ok: bool) -> list[str]:
+    """Why a plan's wave specialization cannot be carried out ("field: value" lines); the kernel's own
+    rule (registers, copies, barriers) only where the plain kernel takes the tiling (``tiling_ok``)."""
+    producers = plan.wavespec.producers
+    if plan.target_info.family != "nvidia":
+        return [f"producers: {producers} on target {plan.target} (wave specialization is written for sm_80 only)"]
+    if plan.streamk is not None:
+        return [f"producers: {producers} with streamk (wave specialization is written for the split-K grid)"]
+    if not is_channels_last(problem):
+        return [f"producers: {producers} in layout {problem.layout} (wave specialization is written for layout 2, "
+                "NHWGC/GKYXC/NHWGK)"]  # fmt: skip
+    if not tiling_ok:
+        return []
+    return wavespec_problems(gemm_shape(problem, plan.k_batch), tiling(plan), producers)

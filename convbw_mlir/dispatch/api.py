@@ -1,0 +1,100 @@
+"""``compile_op``, the call users make: the target resolved once, the limits and a given plan checked, then
+the variant chosen (the given plan, the plan of the given options, or :func:`~convbw_mlir.dispatch.select`'s
+choice) and taken from the kernel cache or built (:mod:`convbw_mlir.build`) on a miss.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from convbw_mlir.build.artifact import CompiledOp
+from convbw_mlir.build.compile import build_op
+from convbw_mlir.dispatch.build import cached_build
+from convbw_mlir.dispatch.cache import KernelCache
+from convbw_mlir.dispatch.select import select
+from convbw_mlir.dispatch.variants import Variant
+from convbw_mlir.limits import check_limits
+from convbw_mlir.plan import Plan, PlanError, check_plan, decide
+from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.targets import get_target
+
+__all__ = ["compile_op"]
+
+
+def compile_op(
+    problem: ConvBwdWeightProblem,
+    target: str = "host",
+    extra_flags: list[str] | None = None,
+    *,
+    plan: Plan | dict[str, Any] | None = None,
+    isolate: bool = False,
+    timeout: float | None = None,
+    output_arg: bool = False,
+    cache: Any = None,
+    **options: Any,
+) -> CompiledOp:
+    """Compile ``problem`` for ``target`` through the target's pipeline and IREE.
+
+    Args:
+        problem: the problem.
+        target: ``host``, an AMD ``gfx*`` or an NVIDIA ``sm_*`` name (see :data:`convbw_mlir.targets.TARGETS`).
+        extra_flags: more IREE compiler flags.
+        plan: a plan to carry out as it is (e.g. one a tuner stored, or its dictionary) instead of
+            deciding one; it must be for ``target`` and takes no ``options``.
+        isolate: compile in a child process (:mod:`convbw_mlir.build.isolate`), so that an IREE crash raises
+            :class:`CompileError` here instead of ending this process (a cache hit starts no child).
+        timeout: with ``isolate``, seconds before the child is killed (None: no limit).
+        output_arg: give the function a third argument, the buffer dW is written into
+            (``{iree.abi.output = 0}``): the caller owns the output (:class:`convbw_mlir.runtime.PreparedCall`).
+            Cached apart from the same kernel without it.
+        cache: the kernel cache (:class:`convbw_mlir.dispatch.KernelCache` or its folder; None: the user's,
+            ``$CONVBW_CACHE_DIR`` or the platform's cache folder); False compiles without it. With no
+            ``plan`` and no ``options``, :func:`convbw_mlir.dispatch.select` picks the variant (a tuned
+            one where a tuning database has it); ``op.selection`` says which path chose it.
+        **options: pass options for the target pipeline (see :func:`convbw_mlir.pipelines.for_target`).
+
+    Raises:
+        ValueError: unknown target or option.
+        CompileError: a pass or IREE failed; with ``isolate``, also IREE crashed or timed out
+            (:class:`convbw_mlir.build.isolate.CompilerCrash`).
+    """
+    if timeout is not None and not isolate:
+        raise ValueError("timeout: applies to isolate=True compiles only")
+    tgt = get_target(target)  # the one lookup: the Target goes down from here (a bad name fails before a child)
+    check_limits(problem, tgt)
+    if isinstance(plan, dict):  # a stored plan's plain data (as Plan.to_dict writes it)
+        plan = Plan.from_dict(plan)
+    if plan is not None and not isinstance(plan, Plan):
+        raise TypeError(f"plan: expected a Plan, its dictionary or None, got {plan!r}")
+    if plan is not None and (options or plan.target != tgt.name):
+        why = f"options {', '.join(options)} given too" if options else f"it is for {plan.target}"
+        raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
+    if plan is not None:
+        check_plan(problem, plan)
+    if cache is False:
+        if not isolate:
+            return build_op(problem, tgt, plan, extra_flags, output_arg=output_arg, **options)
+        from convbw_mlir.build.isolate import call
+
+        return call(build_op, problem, tgt, plan, extra_flags, output_arg=output_arg,
+                    what=f"{problem.name} for {tgt.name}", timeout=timeout, **options)  # fmt: skip
+    if not (cache is None or isinstance(cache, (KernelCache, str, os.PathLike))) or isinstance(cache, bool):
+        raise TypeError(f"cache: expected a KernelCache, a folder, None or False, got {cache!r:.60}")
+    if isinstance(cache, (str, os.PathLike)) and not os.fspath(cache):
+        raise ValueError("cache: expected a folder, got ''")
+    selection = None
+    if plan is not None:
+        variant = Variant("convbw", plan)
+    elif options:
+        from convbw_mlir.pipelines import for_target
+
+        for_target(tgt, **options)  # the pipeline's own errors for unknown options and bad values
+        variant = Variant("convbw", decide(problem, tgt, **options))
+    else:
+        selection = select(problem, tgt)
+        variant = selection.variant
+    op, _ = cached_build(problem, tgt, variant, cache, extra_flags, output_arg=output_arg, isolate=isolate,
+                         timeout=timeout)  # fmt: skip
+    op.selection = selection
+    return op

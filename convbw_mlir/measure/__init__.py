@@ -1,0 +1,3 @@
+"""Measure: what times and verifies kernels on a machine with only the IREE runtime (the tuner's stopwatch and
+the benchmarks'): the runner of an artifact folder (``python -m convbw_mlir.measure.run``), the GPU kernel time
+by CUPTI, and the report (``python -m convbw_mlir.measure.report``)."""

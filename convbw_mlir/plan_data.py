@@ -1,0 +1,327 @@
+"""What a plan is: the frozen :class:`Plan` and its parts (split, tile, SIMT tile, StreamK, wave
+specialization), their plain data (:meth:`Plan.to_dict`, :meth:`Plan.from_dict`), and the options a user or a
+tuner may give (:class:`Overrides`). Data only: :mod:`convbw_mlir.plan` decides, the kernel policies
+(:mod:`convbw_mlir.policies`) answer for their kernels, the passes carry a plan out.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from convbw_mlir.loops import Split
+from convbw_mlir.targets import Target, get_target
+
+__all__ = [
+    "STRATEGY_OPTIONS",
+    "STREAMK_FIXUPS",
+    "WAVESPEC_PRODUCERS",
+    "Overrides",
+    "Plan",
+    "PlanError",
+    "SimtTile",
+    "StreamKPlan",
+    "Strategy",
+    "Tile",
+    "WaveSpecPlan",
+]
+
+
+class PlanError(ValueError):
+    """An override the plan cannot take; the message names the option and its value."""
+
+
+class Strategy(enum.StrEnum):
+    """How the contraction is computed (see the module docstring)."""
+
+    MMA = "mma"
+    SIMT = "simt"
+    IREE = "iree"
+    EXPLICIT = "explicit"
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A workgroup's work, in elements: an ``m`` (out channels) by ``n`` (in channels) tile of one
+    group and filter tap, ``k`` reduction elements per step, ``subgroups_m x subgroups_n`` waves,
+    ``stages`` of prefetch, and ``intrinsic``, the matrix instruction (IREE's name)."""
+
+    m: int
+    n: int
+    k: int
+    subgroups_m: int
+    subgroups_n: int
+    stages: int
+    intrinsic: str
+
+    @property
+    def subgroups(self) -> int:
+        return self.subgroups_m * self.subgroups_n
+
+
+@dataclass(frozen=True)
+class SimtTile:
+    """The SIMT strategy's workgroup over a rows split: ``rows`` output rows x ``groups`` groups x
+    ``channels`` out channels, one thread each; a thread owns all filter taps and in channels of its
+    (image, row, group, out channel) and reduces the rest of the row serially."""
+
+    rows: int
+    groups: int
+    channels: int
+
+    @property
+    def threads(self) -> int:
+        return self.rows * self.groups * self.channels
+
+
+@dataclass(frozen=True)
+class StreamKPlan:
+    """StreamK (strategy explicit): ``workgroups`` persistent workgroups share all tiles' k iterations;
+    ``fixup`` (``linear`` or ``tree``) combines a tile's partials (convbw_mlir/kernels/streamk_sm80.py)."""
+
+    workgroups: int
+    fixup: str = "linear"
+
+
+STREAMK_FIXUPS = ("linear", "tree")
+WAVESPEC_PRODUCERS = (2, 4)  # CK's wavelet ratios with 4 consumer warps: 4:2 and 4:4
+
+
+@dataclass(frozen=True)
+class WaveSpecPlan:
+    """Wave specialization (strategy explicit, sm_80, layout 2): ``producers`` warps copy global -> shared,
+    the tiling's warps compute, split by named barriers (convbw_mlir/kernels/wavespec_sm80.py)."""
+
+    producers: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
+
+    Attributes:
+        target: the target name.
+        strategy: mma, simt or iree.
+        gemm: carried out as a batched GEMM (an unpadded 1x1: ``convbw-explicit-gemm``).
+        reduction_innermost: the GEMM's channels-last x and dy transposed so the reduction is innermost.
+        split: the split-K of the reduction, or None.
+        tile: the matrix-core tile (strategy mma).
+        simt: the thread tile (strategy simt over a rows split).
+        streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
+        wavespec: producer warps of a wave-specialized explicit kernel, or None: every warp copies and computes.
+    """
+
+    target: str
+    strategy: Strategy
+    gemm: bool = False
+    reduction_innermost: bool = False
+    split: Split | None = None
+    tile: Tile | None = None
+    simt: SimtTile | None = None
+    streamk: StreamKPlan | None = None
+    wavespec: WaveSpecPlan | None = None
+
+    @property
+    def target_info(self) -> Target:
+        return get_target(self.target)
+
+    @property
+    def k_batch(self) -> int:
+        return self.split.k_batch if self.split else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON and the IR attribute): entries that are None or False are left out."""
+        data: dict[str, Any] = {"target": self.target, "strategy": self.strategy.value, "gemm": self.gemm}
+        if self.reduction_innermost:
+            data["reduction_innermost"] = True
+        for name, _ in _PARTS:
+            part = getattr(self, name)
+            if part is not None:
+                data[name] = {f.name: getattr(part, f.name) for f in fields(part)}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            PlanError: a malformed plan (unknown entry, strategy or target, a tile missing a field).
+        """
+        if not isinstance(data, dict):
+            raise PlanError(f"plan: expected a dictionary, got {data!r}")
+        known = {"target", "strategy", "gemm", "reduction_innermost", *(name for name, _ in _PARTS)}
+        unknown = set(data) - known
+        if unknown:
+            raise PlanError(f"plan: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        for name in ("target", "strategy"):
+            if name not in data:
+                raise PlanError(f"plan: missing entry {name!r}")
+        for name in ("gemm", "reduction_innermost"):
+            if not isinstance(data.get(name, False), bool):
+                raise PlanError(f"plan.{name}: expected true or false, got {data[name]!r}")
+        try:
+            get_target(data["target"])
+        except ValueError as e:
+            raise PlanError(f"plan.target: {e}") from None
+        if data["strategy"] not in set(Strategy):
+            known_strategies = ", ".join(s.value for s in Strategy)
+            raise PlanError(f"plan.strategy: expected one of {known_strategies}, got {data['strategy']!r}")
+        parts = {name: _part(name, kind, data[name]) for name, kind in _PARTS if data.get(name) is not None}
+        return cls(data["target"], Strategy(data["strategy"]), data.get("gemm", False),
+                   data.get("reduction_innermost", False), **parts)  # fmt: skip
+
+
+def _part(name: str, kind: type, data: Any) -> Any:
+    """One optional part of a plan from its plain data: every field present and of its type (integers >= 1).
+
+    Raises:
+        PlanError: naming the part, the field and the value.
+    """
+    if not isinstance(data, dict):
+        raise PlanError(f"plan.{name}: expected a dictionary, got {data!r}")
+    spec = {f.name: f for f in fields(kind)}
+    unknown = set(data) - set(spec)
+    if unknown:
+        raise PlanError(f"plan.{name}: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(spec)}")
+    for field_name, f in spec.items():
+        where = f"plan.{name}.{field_name}"
+        if field_name not in data:
+            if f.default is MISSING:
+                raise PlanError(f"{where}: missing")
+            continue
+        value = data[field_name]
+        if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise PlanError(f"{where}: expected an integer >= 1, got {value!r}")
+        if f.type == "str" and not (isinstance(value, str) and value):
+            raise PlanError(f"{where}: expected a non-empty string, got {value!r}")
+    if kind is StreamKPlan and data.get("fixup", "linear") not in STREAMK_FIXUPS:
+        raise PlanError(f"plan.streamk.fixup: expected one of {', '.join(STREAMK_FIXUPS)}, got {data['fixup']!r}")
+    try:
+        return kind(**data)
+    except (TypeError, ValueError) as e:  # the part's own checks (e.g. a rows split's chunk)
+        raise PlanError(f"plan.{name}: {e}") from None
+
+
+# A plan's optional parts: its field name and type, in the order its plain data lists them.
+_PARTS = (("split", Split), ("tile", Tile), ("simt", SimtTile), ("streamk", StreamKPlan), ("wavespec", WaveSpecPlan))
+
+
+# -- the options a user (or a tuner) may give ---------------------------------------------------------
+# ``strategy`` as an option: the explicit kernel, or IREE's codegen configured by the plan.
+STRATEGY_OPTIONS = (Strategy.EXPLICIT.value, "codegen")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Choices that replace the plan's own (pipeline spelling: ``k-batch``, ``tile-m`` ...).
+
+    Attributes:
+        k_batch: ``auto``, ``rows`` (one partial per image and output row) or a number of batch splits.
+        plan_for: the target whose facts size the split (default: the target itself).
+        tile_m, tile_n, tile_k: the MMA workgroup tile and reduction step, in elements.
+        subgroups_m, subgroups_n: waves / warps along M and N.
+        stages: prefetch stages (IREE's ``prefetch_num_stages``).
+        gemm, grouped: ``mma`` (our tile) or ``iree`` (IREE's own) for plain GEMMs and grouped
+            convolutions; None takes the target's tile policy.
+        reduction_innermost: transpose a channels-last GEMM's x and dy so the reduction is innermost.
+        strategy: ``explicit`` asks for the kernel our passes write (docs/explicit-kernels.md),
+            ``codegen`` for a plan IREE's codegen carries out (mma, simt or iree: the plan picks); None
+            lets the plan choose: explicit where it wins (:func:`_explicit_wins`), else codegen.
+        streamk: StreamK's persistent workgroups for strategy explicit: ``auto`` (the target's SMs) or a
+            number; None (the default): no StreamK.
+        streamk_fixup: how StreamK combines a tile's partials: ``linear`` (the default) or ``tree``.
+        producers: wave specialization for strategy explicit: 2 or 4 producer warps beside the tiling's
+            (consumer) warps; None (the default): none.
+    """
+
+    k_batch: int | str = "auto"
+    plan_for: str | None = None
+    tile_m: int | None = None
+    tile_n: int | None = None
+    tile_k: int | None = None
+    subgroups_m: int | None = None
+    subgroups_n: int | None = None
+    stages: int | None = None
+    gemm: str | None = None
+    grouped: str | None = None
+    reduction_innermost: bool = False
+    strategy: str | None = None
+    streamk: int | str | None = None
+    streamk_fixup: str | None = None
+    producers: int | None = None
+
+    _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
+
+    def __post_init__(self) -> None:
+        for name in ("k_batch", *self._TILE):  # numpy integers are integers too
+            value = getattr(self, name)
+            if not isinstance(value, int | str | None) and _integral(value):
+                object.__setattr__(self, name, int(value))
+        kb = self.k_batch
+        if not (kb in ("auto", "rows") or (_is_int(kb) and kb >= 1)):
+            raise PlanError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
+        if self.plan_for is not None:
+            _target(self.plan_for, "plan-for")
+        for name in self._TILE:
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and value >= 1):
+                raise PlanError(f"{_spelled(name)}: expected a positive integer, got {value!r}")
+        for name in ("gemm", "grouped"):
+            value = getattr(self, name)
+            if value not in (None, "mma", "iree"):
+                raise PlanError(f"{name}: expected mma or iree, got {value!r}")
+        if self.strategy not in (None, *STRATEGY_OPTIONS):
+            choices = "explicit or codegen (or none: the plan's choice)"
+            raise PlanError(f"strategy: expected {choices}, got {self.strategy!r}")
+        if not (self.streamk in (None, "auto") or (_is_int(self.streamk) and self.streamk >= 1)):
+            raise PlanError(f"streamk: expected auto or a positive number of workgroups, got {self.streamk!r}")
+        if self.streamk is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"streamk: {self.streamk!r} applies to strategy explicit only (strategy: {chosen})")
+        if self.streamk_fixup not in (None, *STREAMK_FIXUPS):
+            raise PlanError(f"streamk-fixup: expected linear or tree, got {self.streamk_fixup!r}")
+        if self.streamk_fixup is not None and self.streamk is None:
+            raise PlanError(f"streamk-fixup: {self.streamk_fixup} needs streamk (a number of workgroups or auto)")
+        if self.producers is not None and not (_is_int(self.producers) and self.producers in WAVESPEC_PRODUCERS):
+            raise PlanError(f"producers: expected 2 or 4 producer warps, got {self.producers!r}")
+        if self.producers is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"producers: {self.producers} applies to strategy explicit only (strategy: {chosen})")
+        if not isinstance(self.reduction_innermost, bool):
+            raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
+
+    @property
+    def tile(self) -> dict[str, int]:
+        """The tile overrides given, by :class:`Tile` field (``m``, ``n``, ``k``, ``subgroups_m`` ...)."""
+        key = {"tile_m": "m", "tile_n": "n", "tile_k": "k"}
+        return {key.get(n, n): getattr(self, n) for n in self._TILE if getattr(self, n) is not None}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integral(value: Any) -> bool:
+    """A non-bool integer of another library (numpy's), which ``operator.index`` accepts."""
+    if type(value).__name__.startswith("bool"):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _spelled(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _target(name: Target | str, option: str) -> Target:
+    if isinstance(name, Target):  # resolved once at the top of a compile
+        return name
+    try:
+        return get_target(name)
+    except ValueError as e:
+        raise PlanError(f"{option}: {str(e).removeprefix('target: ')}") from None
