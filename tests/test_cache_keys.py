@@ -77,12 +77,13 @@ def test_an_edit_to_a_kernel_builder_changes_the_cache_key(tmp_path, monkeypatch
     assert key(target="sm_80", variant=sm80) == before  # the code as it is: the key as it was
 
 
-def test_the_hashed_sources_are_every_module_of_kernels_passes_dialects_and_the_kernel_shaping_ones():
+def test_the_hashed_sources_are_every_module_of_kernels_passes_dialects_policies_build_and_the_shaping_ones():
     names = {name for name, _ in code_hash_mod.kernel_sources()}
     for installed_as, folder in [("convbw_mlir.kernels", "convbw_mlir/kernels"), ("convbw_mlir.passes", "passes"),
-                                 ("convbw_mlir.dialects", "dialects")]:  # fmt: skip
+                                 ("convbw_mlir.dialects", "dialects"), ("convbw_mlir.policies", "convbw_mlir/policies"),
+                                 ("convbw_mlir.build", "convbw_mlir/build")]:  # fmt: skip
         on_disk = {f"{installed_as}/{p.relative_to(ROOT / folder).as_posix()}" for p in (ROOT / folder).rglob("*.py")}
         assert on_disk and on_disk <= names
     assert {"convbw_mlir.builders", "convbw_mlir.plan", "convbw_mlir.pipelines", "convbw_mlir.targets",
-            "convbw_mlir.contraction", "convbw_mlir.compiler"} <= names  # fmt: skip
+            "convbw_mlir.contraction", "convbw_mlir.loops", "convbw_mlir.plan_data"} <= names  # fmt: skip
     assert all(not name.startswith(("/", str(ROOT))) for name in names)  # path-free: a wheel hashes the same

@@ -20,6 +20,7 @@ def ck(line):
 def miopen(line):
     return ConvBwdWeightProblem(**parse_miopen(line))
 
+
 ALL_SUITE_LINES = suite("ck_test_grouped_convnd_bwd_weight") + suite("seeds") + suite("models")
 
 

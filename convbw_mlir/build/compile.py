@@ -27,10 +27,10 @@ def build_op(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None = 
         ValueError: an unknown option. CompileError: a pass or IREE failed.
     """
     import iree.compiler
-    from convbw_mlir.dialects import convbw
-    from convbw_mlir.passes import format_pipeline
 
+    from convbw_mlir.dialects import convbw
     from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.passes import format_pipeline
     from convbw_mlir.pipelines import for_target
 
     pipeline = for_target(target, **options)
@@ -85,7 +85,6 @@ def lowered_text(problem: ConvBwdWeightProblem, pipeline: list) -> str:
         CompileError: a pass failed.
     """
     from convbw_mlir.dialects import convbw
-
     from convbw_mlir.ir_imports import new_context
 
     with new_context() as ctx:
@@ -129,7 +128,6 @@ def _add_output_arg(module: Any) -> None:
     """Append ``%out: !hal.buffer {iree.abi.output = 0 : index}`` to the entry function: IREE then
     writes result 0 into that caller-owned buffer instead of allocating one per call (iree-org/iree#17012)."""
     from convbw_mlir.dialects.convbw import FUNC_NAME
-
     from convbw_mlir.ir_imports import ir
 
     (fn,) = [op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == FUNC_NAME]

@@ -47,7 +47,6 @@ CONTENDERS = ("convbw", "reference", "iree_direct", "iree_torch", "iree_fusilli"
 def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
     """A module with ``func @conv_bwd_weight(x, dy) -> result_type`` whose body ``body(x, dy)`` builds."""
     from convbw_mlir.dialects import convbw
-
     from convbw_mlir.ir_imports import func_d, ir
 
     loc = convbw.problem_location(problem)
@@ -63,11 +62,10 @@ def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
 
 
 def reference_module(problem: ConvBwdWeightProblem) -> Any:
-    from convbw_mlir.passes.explicit_gemm import subsample
-    from convbw_mlir.passes.lower_to_linalg import build_contraction
-
     from convbw_mlir.builders import convert
     from convbw_mlir.ir_imports import ir
+    from convbw_mlir.passes.explicit_gemm import subsample
+    from convbw_mlir.passes.lower_to_linalg import build_contraction
     from convbw_mlir.plan import as_gemm
 
     p32 = problem.with_(dtype="f32", dw_dtype="f32")
@@ -88,9 +86,8 @@ def reference_module(problem: ConvBwdWeightProblem) -> Any:
 
 def torch_style_module(problem: ConvBwdWeightProblem) -> Any | None:
     """The torch-mlir form (2-D, G=1, no fused epilogue: torch's conv backward has none), or None."""
-    from convbw_mlir.dialects import convbw
-
     from convbw_mlir.builders import as_value, convert, transpose
+    from convbw_mlir.dialects import convbw
     from convbw_mlir.ir_imports import arith_d, ir, linalg_d, tensor_d
 
     p = problem
@@ -199,10 +196,9 @@ def _add_unit(value: Any, pos: int, full_shape: tuple[int, ...]) -> Any:
 
 def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) -> tuple[str | None, list[str]]:
     """(linalg IR text or None if the contender has no form for this problem, extra IREE flags)."""
-    from convbw_mlir.passes import parse_pipeline
-
     from convbw_mlir.build.compile import lowered_text, run_pipeline
     from convbw_mlir.ir_imports import ir, new_context
+    from convbw_mlir.passes import parse_pipeline
     from convbw_mlir.pipelines import for_target
 
     if contender == "convbw" or contender.startswith("convbw:"):

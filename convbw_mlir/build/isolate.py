@@ -7,7 +7,7 @@ file; a child killed by a signal, or past its time limit, becomes :class:`Compil
 
     vmfb = call(compile_module, text, "host", what="conv.mlir for host")
 
-``compile_op(..., isolate=True)``, the CLI and the batch builds of ``convbw_mlir.bench`` all use it.
+``compile_op(..., isolate=True)``, the CLI, the dispatcher's builds and the benchmark artifacts all use it.
 """
 
 from __future__ import annotations

@@ -17,14 +17,14 @@ from convbw_mlir.dispatch.variants import Variant
 from convbw_mlir.limits import check_limits
 from convbw_mlir.plan import Plan, PlanError, check_plan, decide
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.targets import get_target
+from convbw_mlir.targets import Target, resolve
 
 __all__ = ["compile_op"]
 
 
 def compile_op(
     problem: ConvBwdWeightProblem,
-    target: str = "host",
+    target: Target | str = "host",
     extra_flags: list[str] | None = None,
     *,
     plan: Plan | dict[str, Any] | None = None,
@@ -61,7 +61,7 @@ def compile_op(
     """
     if timeout is not None and not isolate:
         raise ValueError("timeout: applies to isolate=True compiles only")
-    tgt = get_target(target)  # the one lookup: the Target goes down from here (a bad name fails before a child)
+    tgt = resolve(target)  # the one lookup: the Target goes down from here (a bad name fails before a child)
     check_limits(problem, tgt)
     if isinstance(plan, dict):  # a stored plan's plain data (as Plan.to_dict writes it)
         plan = Plan.from_dict(plan)

@@ -21,21 +21,29 @@ from pathlib import Path
 
 __all__ = ["KERNEL_MODULES", "KERNEL_PACKAGES", "code_hash", "hash_sources", "kernel_sources"]
 
-# Packages whose every module shapes a kernel's IR.
-KERNEL_PACKAGES = ("convbw_mlir.kernels", "convbw_mlir.passes", "convbw_mlir.dialects")
+# Packages whose every module shapes a kernel's IR: the builders, passes and dialect, the kernel policies
+# (tiling and split rules), and the build (pipeline, IREE's flags and forms, the CUDA schedule, what an entry stores).
+KERNEL_PACKAGES = (
+    "convbw_mlir.kernels",
+    "convbw_mlir.passes",
+    "convbw_mlir.dialects",
+    "convbw_mlir.policies",
+    "convbw_mlir.build",
+)
 # Modules that shape a kernel: its IR, its plan, the IREE flags and forms it is compiled with, what an entry stores.
 KERNEL_MODULES = (
     "convbw_mlir.builders",
     "convbw_mlir.contraction",
+    "convbw_mlir.loops",
     "convbw_mlir.pipelines",
     "convbw_mlir.targets",
     "convbw_mlir.plan",
+    "convbw_mlir.plan_data",
     "convbw_mlir.problem",
+    "convbw_mlir.formats",
     "convbw_mlir.epilogues",
     "convbw_mlir.ir_imports",
-    "convbw_mlir.compiler",
     "convbw_mlir.cuda_launch",
-    "convbw_mlir.build.contenders",  # IREE's own forms (direct, torch, fusilli) and fusilli's flags
 )
 
 

@@ -32,7 +32,7 @@ from convbw_mlir.dispatch.db import DatabaseError, TuningDB, db_file_name, probl
 from convbw_mlir.dispatch.variants import Variant, dist_version, heuristic
 from convbw_mlir.plan import PlanError, check_plan, decide
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.targets import get_target
+from convbw_mlir.targets import Target, resolve
 
 __all__ = ["NEAREST_MAX", "Selection", "databases", "distance", "select"]
 
@@ -142,7 +142,7 @@ def distance(a: ConvBwdWeightProblem, b: ConvBwdWeightProblem) -> float:
     return d + 2.0 * (a.filter_size != b.filter_size) + 1.0 * (a.stride != b.stride)
 
 
-def select(problem: ConvBwdWeightProblem, target: str, device: str | None = None,
+def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | None = None,
            dbs: list[TuningDB] | None = None) -> Selection:  # fmt: skip
     """The variant for ``problem`` on ``target``: exact database hit, nearest tuned neighbour, or heuristic.
 
@@ -153,8 +153,8 @@ def select(problem: ConvBwdWeightProblem, target: str, device: str | None = None
     Raises:
         ValueError: unknown target.
     """
-    get_target(target)
-    dbs = databases(target, device) if dbs is None else dbs
+    tgt = resolve(target)
+    dbs = databases(tgt.name, device) if dbs is None else dbs
     key = problem_key(problem)
     for db in dbs:
         entry = db.entries.get(key)
@@ -182,7 +182,7 @@ def select(problem: ConvBwdWeightProblem, target: str, device: str | None = None
     for d, _name, entry, db in sorted(ranked, key=lambda r: (r[0], r[1])):
         options = dict(entry["variant"].get("options") or {})
         try:
-            plan = decide(problem, target, **options)
+            plan = decide(problem, tgt, **options)
         except (PlanError, ValueError):
             continue  # the neighbour's choice does not apply here: the next neighbour
         if plan.split is not None and plan.split.dim == "n" and plan.split.padded_extent != problem.batch:
@@ -190,4 +190,4 @@ def select(problem: ConvBwdWeightProblem, target: str, device: str | None = None
         variant = Variant("convbw", plan, tuple(sorted(options.items())), "nearest")
         why = f"{entry['name']} at distance {d:.2f} (tuned on {db.device}) with options {options or 'none'}"
         return Selection(variant, "nearest", why, entry)
-    return Selection(heuristic(problem, target), "heuristic", "no tuned problem near enough")
+    return Selection(heuristic(problem, tgt), "heuristic", "no tuned problem near enough")

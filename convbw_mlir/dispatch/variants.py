@@ -33,7 +33,7 @@ from convbw_mlir.loops import Split
 from convbw_mlir.plan import Plan, PlanError, Strategy, decide, pick_intrinsic
 from convbw_mlir.policies.amd import FORCE_FORM_ENV
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.targets import get_target
+from convbw_mlir.targets import Target, resolve
 
 __all__ = [
     "FORMS",
@@ -155,7 +155,7 @@ def product_version() -> str:
     return dist_version("convbw-mlir") or "0+unknown"
 
 
-def variant_request(problem: ConvBwdWeightProblem, target: str, variant: Variant, iree_version: str,
+def variant_request(problem: ConvBwdWeightProblem, target: Target | str, variant: Variant, iree_version: str,
                     extra_flags: list[str] | None = None, output_arg: bool = False) -> dict[str, Any]:  # fmt: skip
     """What a cached kernel is for: problem, target, variant (form, plan, flags), IREE's version, the
     product's version and the hash of its kernel-shaping code, and the function's ABI where it differs from
@@ -163,9 +163,10 @@ def variant_request(problem: ConvBwdWeightProblem, target: str, variant: Variant
     stores it beside the kernel and checks a hit against it."""
     from convbw_mlir.dispatch.code_hash import code_hash
 
+    tgt = resolve(target)
     data = {
         "problem": problem.to_dict(),
-        "target": target,
+        "target": tgt.name,
         "form": variant.form,
         "plan": variant.plan.to_dict() if variant.plan else None,
         "flags": variant.flags + list(extra_flags or []),
@@ -175,7 +176,7 @@ def variant_request(problem: ConvBwdWeightProblem, target: str, variant: Variant
     }
     if output_arg:
         data["abi"] = "output-arg"
-    if get_target(target).driver == "cuda":  # entries carry the direct launch's schedule since this format
+    if tgt.driver == "cuda":  # entries carry the direct launch's schedule since this format
         data["cuda_launch"] = LAUNCH_FORMAT
     if os.environ.get(FORCE_FORM_ENV):  # a test's forced operand form is not the plan's kernel
         data["forced_form"] = os.environ[FORCE_FORM_ENV]
@@ -187,7 +188,7 @@ def request_key(request: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
-def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, iree_version: str,
+def variant_key(problem: ConvBwdWeightProblem, target: Target | str, variant: Variant, iree_version: str,
                 extra_flags: list[str] | None = None, output_arg: bool = False) -> str:  # fmt: skip
     """The cache key: :func:`request_key` of :func:`variant_request`."""
     return request_key(variant_request(problem, target, variant, iree_version, extra_flags, output_arg))
@@ -198,14 +199,14 @@ def variant_key(problem: ConvBwdWeightProblem, target: str, variant: Variant, ir
 LAUNCH_FORMAT = 2
 
 
-def heuristic(problem: ConvBwdWeightProblem, target: str) -> Variant:
+def heuristic(problem: ConvBwdWeightProblem, target: Target | str) -> Variant:
     """The heuristic's own choice: :func:`convbw_mlir.plan.decide` without overrides."""
     return Variant("convbw", decide(problem, target), (), "heuristic")
 
 
-def _grid(problem: ConvBwdWeightProblem, target: str, base: Plan) -> Iterator[dict[str, Any]]:
+def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator[dict[str, Any]]:
     """Override sets to try, most promising first (docs/dispatch.md#candidates)."""
-    tgt = get_target(target)
+    tgt = target
     if not tgt.is_gpu:
         for kb in (1, 2, 4):
             yield {"k_batch": kb}
@@ -242,7 +243,7 @@ def _grid(problem: ConvBwdWeightProblem, target: str, base: Plan) -> Iterator[di
     yield from choices
 
 
-def candidates(problem: ConvBwdWeightProblem, target: str, max_plans: int = 6,
+def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: int = 6,
                iree: bool = True) -> list[Variant]:  # fmt: skip
     """The valid variants of ``problem`` on ``target``: the heuristic's first, IREE's forms (with
     ``iree``; the torch form only where it exists: 2-D, G=1, no epilogue), then up to ``max_plans`` further plans.
@@ -250,10 +251,10 @@ def candidates(problem: ConvBwdWeightProblem, target: str, max_plans: int = 6,
     Raises:
         ValueError: unknown target.
     """
-    get_target(target)  # one clear error for an unknown target
+    target = resolve(target)  # one clear error for an unknown target
     base = heuristic(problem, target)
     out = [base]
-    if iree and get_target(target).is_gpu:
+    if iree and target.is_gpu:
         torch_form = problem.rank == 2 and problem.groups == 1 and problem.epilogue is None
         out += [Variant(f) for f in IREE_FORMS if f != "iree_torch" or torch_form]
     seen = {base}
@@ -275,7 +276,7 @@ def candidates(problem: ConvBwdWeightProblem, target: str, max_plans: int = 6,
     return out
 
 
-def row_chunk_variant(problem: ConvBwdWeightProblem, target: str, k_batch: int) -> Variant:
+def row_chunk_variant(problem: ConvBwdWeightProblem, target: Target | str, k_batch: int) -> Variant:
     """The heuristic's plan with the reduction split into chunks of output rows (``o0``) instead of images.
 
     IREE 3.13 crashes compiling it (docs/decisions.md#no-row-chunks), so :func:`candidates` never yields

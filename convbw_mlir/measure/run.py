@@ -348,7 +348,7 @@ _CUPTI: list[bool] = []  # whether this child can time by CUPTI, decided (and CU
 def _gpu_time(call: Any, sync: Any, driver: str) -> dict[str, Any]:
     """``kernel_s``: the call's GPU time by CUPTI (:mod:`convbw_mlir.measure.cupti`), on CUDA where torch
     is importable; the tuner ranks by it (docs/decisions.md#kernel-time). Its failure is recorded, not fatal."""
-    from convbw_mlir.bench import cupti
+    from convbw_mlir.measure import cupti
 
     if driver != "cuda":
         return {}
