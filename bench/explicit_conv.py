@@ -282,6 +282,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         by.setdefault(r["problem"], {})[r["kind"]] = r
     plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "ours"}
     suite = {e["problem"]: e["suite"] for e in manifest["entries"]}
+    f = harness.cell
     lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), f16: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back).", "",
              "| problem | tile, split | ours us | ok (max rel err) | sustained us | 128x256 us | cuDNN us | "
@@ -310,10 +311,6 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
             if prod.get("single_us") and prod.get("correct"):
                 b = prod["single_us"] / ours["single_us"]
                 vs_product.append(b)
-
-        def f(v: Any, fmt: str = "{:.1f}") -> str:
-            return "-" if v is None else fmt.format(v)
-
         recipe = alt_.get("single_us") if alt_.get("correct") else None
         lines.append(f"| {name} | {tile} | {f(ours.get('single_us'))} | {ok} | {f(ours.get('sustained_us'))} | "
                      f"{f(recipe)} | {f(cudnn.get('single_us'))} | {f(prod.get('single_us'))} | {f(a, '{:.2f}')} | "
@@ -335,13 +332,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
               f"(with the ResNet-50 layers, {len(vs_cudnn_all)}: {f(all_geo, '{:.3f}')}); "
               f"product / ours over {len(vs_product)}: {f(doc['geomean_product_over_ours'], '{:.2f}')}.",
               ""]  # fmt: skip
-    for r in rows:
-        for key in ("crashed", "skipped", "error"):
-            if key in r:
-                lines.append(f"- `{r['name']}` {key}: {str(r[key])[-300:]}")
-    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
-    if wall is not None:
-        lines += ["", f"Run wall time: {wall:.0f} s."]
+    lines += harness.notes(manifest, rows, wall)
     return harness.write_tables(out, "explicit_conv", doc, lines)
 
 

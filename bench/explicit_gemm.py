@@ -368,17 +368,13 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
              "| contender | correct | max rel err | single us | TFLOP/s | sustained us | TFLOP/s | kernels/call |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-
-        def f(k: str, fmt: str = "{:.1f}", r: dict = r) -> str:
-            return fmt.format(r[k]) if r.get(k) is not None else "-"
-
         ok = "crashed" if "crashed" in r else ("yes" if r.get("correct") else "WRONG")
-        cells = [f("max_rel_err", "{:.2e}"), f("single_us"), f("single_tflops"), f("sustained_us"),
-                 f("sustained_tflops"), f("kernels_per_call")]  # fmt: skip
+        cells = harness.cells(r, "max_rel_err:.2e", "single_us", "single_tflops", "sustained_us", "sustained_tflops",
+                              "kernels_per_call")  # fmt: skip
         lines.append(f"| {r['name']} | {ok} | {' | '.join(cells)} |")
     lines += ["", f"Gate (ours / TileAndFuse, >= {GATE}): {gate}", ""]
     lines += _conv_summary(rows, doc)
-    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
+    lines += harness.notes(manifest)
     return harness.write_tables(out, "explicit_gemm", doc, lines)
 
 

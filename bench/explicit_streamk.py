@@ -440,16 +440,12 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
               "| contender | correct | max rel err | single us | copy us | sustained us | TFLOP/s | kernels/call |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-
-        def f(k: str, fmt: str = "{:.1f}", r: dict = r) -> str:
-            return fmt.format(r[k]) if r.get(k) is not None else "-"
-
         ok = ("crashed" if "crashed" in r else "error" if "error" in r else "untimed" if "untimed" in r
               else "yes" if r.get("correct") else "WRONG")  # fmt: skip
-        cells = [ok, f("max_rel_err", "{:.2e}"), f("single_us"), f("copy_us", "{:.2f}"), f("sustained_us"),
-                 f("single_tflops"), f("kernels_per_call")]  # fmt: skip
+        cells = [ok, *harness.cells(r, "max_rel_err:.2e", "single_us", "copy_us:.2f", "sustained_us", "single_tflops",
+                                    "kernels_per_call")]  # fmt: skip
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
-    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
+    lines += harness.notes(manifest)
     return harness.write_tables(out, "explicit_streamk", doc, lines)
 
 

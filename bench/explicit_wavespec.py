@@ -117,9 +117,6 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     def us(r: dict, key: str = "single_us") -> float | None:
         return r.get(key) if r.get("correct") else None
 
-    def f(v, fmt: str = "{:.1f}") -> str:
-        return "-" if v is None else fmt.format(v)
-
     def launch(r: dict) -> str:  # CUPTI's "blocks per SM" is the grid over the SMs, not residency: left out
         regs = (r.get("launch") or {}).get("registers per thread")
         return "-" if regs is None else str(regs)
@@ -130,6 +127,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
                 return key
         return "-" if not r else ("yes" if r.get("correct") else f"WRONG ({r.get('max_rel_err', 0):.1e})")
 
+    f = harness.cell
     lines = [f"# Wave specialization, explicit sm_80 kernel, layout 2, f16: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sus.: per call back to back). "
              "plain / ws44 / ws42: the same tiling and split; ws = wave-specialized consumer:producer warps.", "",
@@ -172,15 +170,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         lines.append(f"Geomean plain / {label} over {len(speed[kind])} problems: {f(single, '{:.3f}')} (sustained "
                      f"{f(sustained, '{:.3f}')}); > 1: wave specialization is faster.")  # fmt: skip
     lines.append("")
-    for r in rows:
-        for key in ("crashed", "skipped", "error"):
-            if key in r:
-                lines.append(f"- `{r['name']}` {key}: {str(r[key])[-300:]}")
-        if "correct" in r and not r["correct"]:
-            lines.append(f"- `{r['name']}` WRONG: max rel. error {r.get('max_rel_err')}")
-    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
-    if wall is not None:
-        lines += ["", f"Run wall time: {wall:.0f} s."]
+    lines += harness.notes(manifest, rows, wall, wrong=True)
     return harness.write_tables(out, "explicit_wavespec", doc, lines)
 
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -365,6 +365,36 @@ def tflops(flops: float, us: float | None) -> float | None:
 
 
 # -- report --------------------------------------------------------------------------------------------
+def cell(v: Any, spec: str = "{:.1f}") -> str:
+    """A table cell: ``v`` formatted by ``spec``, ``-`` for None."""
+    return "-" if v is None else spec.format(v)
+
+
+def cells(r: dict, *keys: str) -> list[str]:
+    """Row ``r``'s values at ``keys`` as table cells (``key:spec``: a format spec other than ``.1f``)."""
+    out = []
+    for key in keys:
+        name, _, spec = key.partition(":")
+        out.append(cell(r.get(name), "{:" + (spec or ".1f") + "}"))
+    return out
+
+
+def notes(manifest: dict, rows: Iterable[dict] = (), wall: float | None = None, wrong: bool = False) -> list[str]:
+    """A report's closing lines: each row that crashed, was skipped or raised an error (with ``wrong``,
+    each wrong one too), each contender the compile side refused, the run's wall time (where given)."""
+    lines = []
+    for r in rows:
+        for key in ("crashed", "skipped", "error"):
+            if key in r:
+                lines.append(f"- `{r['name']}` {key}: {str(r[key])[-300:]}")
+        if wrong and "correct" in r and not r["correct"]:
+            lines.append(f"- `{r['name']}` WRONG: max rel. error {r.get('max_rel_err')}")
+    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
+    if wall is not None:
+        lines += ["", f"Run wall time: {wall:.0f} s."]
+    return lines
+
+
 def geomean(values: list[float]) -> float | None:
     """The geometric mean, None for no values."""
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
