@@ -29,13 +29,10 @@ place of both of ours and the product's, a few small problems) and ``EXPLICIT_CO
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
-import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,16 +41,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+import harness  # bench/harness.py, beside this script (its docstring says how)
+
 from convbw_mlir.measure.cupti import kernel_events
 
 SEED = 7
 SINGLE_REPS = 10
 SUSTAINED_CALLS = 100
 DEVICE = os.environ.get("EXPLICIT_CONV_DEVICE", "cuda")
-# IREE's runtime objects die badly with the interpreter (a segfault when freed after torch's): children
-# keep them here and leave by os._exit once their JSON lines are out.
-_KEEP: list[Any] = []
 
 EXTRA = {
     "resnet50_3x3_256_n256_14": "2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1",
@@ -89,7 +84,7 @@ def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, An
         "problem": name,
         "suite": suite,
         "vmfb": f"{kind}_{name}.vmfb" if kind != "cudnn" else None,
-        **problem_fields(p),
+        **harness.problem_fields(p),
         "pad_high": list(p.pad_high),
         "plan": plan.to_dict() if plan is not None else None,
     }
@@ -129,10 +124,8 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
             entries.append(_entry(name, kind, p, op.plan, suite))
         entries.append(_entry(name, "cudnn", p, None, suite))
         print(f"{name}: {', '.join(kinds)} in {time.time() - t0:.1f} s", flush=True)
-    manifest = {"target": target, "entries": entries, "refused": refused, "seed": SEED, "layout": 2}
-    tmp = folder / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(folder / "manifest.json")
+    harness.write_manifest(folder, {"target": target, "entries": entries, "refused": refused, "seed": SEED,
+                                    "layout": 2})  # fmt: skip
 
 
 # -- run side: one child --------------------------------------------------------------------------------
@@ -165,9 +158,7 @@ def _inputs(e: dict, torch: Any) -> tuple[Any, Any]:
 
 def _torch_weight(e: dict, x: Any, dy: Any, torch: Any) -> Any:
     """torch's weight gradient of NHWC tensors seen as channels_last NCHW: ``[G*K, C, Y, X]``."""
-    shape = (e["groups"] * e["out_channels"], e["in_channels"], *e["filter_size"])
-    return torch.nn.grad.conv2d_weight(x.permute(0, 3, 1, 2), shape, dy.permute(0, 3, 1, 2), stride=e["stride"],
-                                       padding=e["pad"], dilation=e["dilation"], groups=e["groups"])  # fmt: skip
+    return harness.conv2d_weight(e, x.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2), torch)
 
 
 def _as_gkyxc(e: dict, w: Any) -> Any:
@@ -196,18 +187,11 @@ def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
         xc, dyc = (x, dy) if DEVICE == "cuda" else (x.float(), dy.float())
         sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
         return (lambda: _torch_weight(e, xc, dyc, torch)), (lambda r: _as_gkyxc(e, r)), (lambda _r: sync())
-    import iree.runtime as rt
-
-    device = rt.get_driver("cuda" if DEVICE == "cuda" else "local-task").create_default_device()
-    config = rt.Config(device=device)
-    module = rt.VmModule.copy_buffer(config.vm_instance, (folder / e["vmfb"]).read_bytes())
-    fn = rt.load_vm_module(module, config)["conv_bwd_weight"]
     n, grp = e["images"], e["groups"]
     xs = x.cpu().numpy().reshape(n, *e["input_size"], grp, e["in_channels"])
     dys = dy.cpu().numpy().reshape(n, *e["output_size"], grp, e["out_channels"])
-    args = [rt.asdevicearray(device, xs), rt.asdevicearray(device, dys)]
-    _KEEP.append((device, config, module, fn, args))
-    return (lambda: fn(*args)), (lambda r: torch.from_numpy(r.to_host().astype("float64"))), (lambda r: r.to_host())
+    call = harness.iree_call(folder / e["vmfb"], "conv_bwd_weight", DEVICE, xs, dys)
+    return call, (lambda r: torch.from_numpy(r.to_host().astype("float64"))), (lambda r: r.to_host())
 
 
 # What CUPTI records of a launch (torch.profiler's kernel events): registers and occupancy tell why a
@@ -225,61 +209,26 @@ def _launch_facts(trace: Path) -> dict[str, Any]:
     return {k: args[k] for k in LAUNCH_FACTS if k in args}
 
 
-def _calls(kernels: list[tuple[float, float, str]], gap_us: float = 4000.0) -> list[float]:
-    """Kernel time a call: the single-call reps are separated by pauses far longer than ``gap_us``."""
-    calls: list[float] = []
-    end = -math.inf
-    for ts, dur, _ in kernels:
-        if ts - end > gap_us:
-            calls.append(0.0)
-        calls[-1] += dur
-        end = max(end, ts + dur)
-    return calls
-
-
 def _measure(e: dict, folder: Path, x: Any, dy: Any, torch: Any) -> dict[str, Any]:
     """Check one contender against float64 and time it (the caller holds the GPU lock)."""
     rec: dict[str, Any] = {"name": e["name"], "kind": e["kind"], "problem": e["problem"], "flops": e["flops"]}
     call, as_torch, sync = _contender(e, folder, x, dy, torch)
     exact = _reference(e, x, dy, folder, torch).cpu()
     got = as_torch(call()).cpu().double()
-    err = (got - exact).abs()
-    rec["max_rel_err"] = err.max().item() / max(exact.abs().max().item(), 1e-30)
-    # f32 accumulation of f16 products; an f16 result adds its rounding (2^-11 of the largest entry).
-    rec["tolerance"] = 1e-3 if e["dw_dtype"] == "f32" else 2e-3
-    rec["correct"] = bool(rec["max_rel_err"] <= rec["tolerance"]) and bool(torch.isfinite(got).all())
-    del got, exact, err
-    for _ in range(3):
-        r = call()
-    sync(r)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if DEVICE == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    # One profiler session (its start and stop cost more than the calls): the single calls, 10 ms apart,
-    # then the back-to-back stream, told apart by the pauses (_calls).
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "trace.json"
-        with torch.profiler.profile(activities=activities) as prof:
-            for _ in range(SINGLE_REPS):
-                sync(call())
-                time.sleep(0.01)  # a pause: the clocks recover between calls
-            t0 = time.perf_counter()
-            for _ in range(SUSTAINED_CALLS):
-                r = call()
-            sync(r)
-            wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
-        prof.export_chrome_trace(str(trace))
-        kernels = kernel_events(trace)
-        rec["launch"] = _launch_facts(trace)
-    calls = _calls(kernels)
+    rec.update(harness.check(got, exact, e["dw_dtype"], torch, rms=False))
+    del got, exact
+    # The single calls and the back-to-back stream in one session, told apart by the pauses (harness.calls).
+    (kernels, rec["launch"]), wall = harness.profile_calls(
+        call, sync, torch, harness.activities(torch, DEVICE), SINGLE_REPS, SUSTAINED_CALLS,
+        lambda trace: (kernel_events(trace), _launch_facts(trace)))  # fmt: skip
+    calls = [sum(dur for _, dur, _ in c) for c in harness.calls(kernels, 4000.0)]
     per_call, stream = calls[:SINGLE_REPS], calls[SINGLE_REPS:]
     rec["kernels"] = sorted({k for _, _, k in kernels})[:4]
     rec["kernels_per_call"] = len(kernels) / (SINGLE_REPS + SUSTAINED_CALLS)
     rec["single_us"] = statistics.median(per_call) if per_call else None
     rec["sustained_us"] = sum(stream) / SUSTAINED_CALLS if stream else None
     rec["sustained_wall_us"] = wall * 1e6
-    us = rec["single_us"]
-    rec["single_tflops"] = e["flops"] / (us * 1e-6) / 1e12 if us else None
+    rec["single_tflops"] = harness.tflops(e["flops"], rec["single_us"])
     return rec
 
 
@@ -291,7 +240,7 @@ def run_children(folder: Path, names: list[str]) -> None:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
             torch.zeros(1, device="cuda").add_(1)
             torch.cuda.synchronize()
-    entries = {e["name"]: e for e in json.loads((folder / "manifest.json").read_text())["entries"]}
+    entries = {e["name"]: e for e in harness.load_manifest(folder)["entries"]}
     for name in names:
         e = entries[name]
         t0 = time.time()
@@ -313,7 +262,7 @@ def run_children(folder: Path, names: list[str]) -> None:
 def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] | None = None) -> int:
     """Every contender in a child (cuDNN's all in one), ``jobs`` children at once, within ``budget`` s."""
     start = time.time()
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = harness.load_manifest(folder)
     entries = [e for e in manifest["entries"] if not only or any(o in e["name"] for o in only)]
     # cuDNN's child first (it walks every problem); ours before the product's: ours is what is measured.
     batches = [[e["name"] for e in entries if e["kind"] == "cudnn"]]
@@ -322,85 +271,8 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
     batches += [[e["name"], *([f"alt:{e['problem']}"] if e["problem"] in alt else [])]
                 for e in entries if e["kind"] == "ours"]  # fmt: skip
     batches += [[e["name"]] for e in entries if e["kind"] == "product"]
-    rows = run_batches(folder, out, [b for b in batches if b], budget, jobs, start)
-    return report(rows, manifest, out, device_name(), wall=time.time() - start)
-
-
-def run_batches(folder: Path, out: Path, batches: list[list[str]], budget: float, jobs: int,
-                start: float | None = None, child_limit: float | None = None) -> list[dict]:  # fmt: skip
-    """Run each batch of contender names (manifest entries of ``folder``) in its own child, in order,
-    ``jobs`` at once; past ``budget`` s (from ``start``) none starts and running ones are stopped; a child
-    running past ``child_limit`` s is stopped (a hung kernel would hold the GPU lock for the rest).
-    Returns a row per name (measured, crashed or skipped); ``OUT/rows.json`` is rewritten after each child."""
-    start = time.time() if start is None else start
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    running: list[tuple[subprocess.Popen, list[str], float]] = []
-
-    logs = out / "logs"
-    logs.mkdir(exist_ok=True)
-
-    def harvest(proc: subprocess.Popen, names: list[str], t0: float, why: str | None) -> None:
-        proc.wait()
-        stem = logs / names[0].replace(":", "_")
-        stdout, stderr = (stem.with_suffix(s).read_text(errors="replace") for s in (".out", ".err"))
-        got = {}
-        for line in stdout.splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "name" in rec:
-                got[rec["name"]] = rec
-        for name in names:
-            rec = got.get(name)
-            if rec is None:
-                rec = {"name": name, "kind": name.split(":")[0], "problem": name.split(":", 1)[1]}
-                rec["crashed" if why is None else "skipped"] = why or f"rc {proc.returncode}: {stderr[-1500:]}"
-            rows.append(rec)
-            print(json.dumps({k: v for k, v in rec.items() if k != "kernels"}), flush=True)
-        print(f"[{time.time() - start:.0f} s] {len(names)} done in {time.time() - t0:.1f} s", flush=True)
-        (out / "rows.json").write_text(json.dumps(rows, indent=1))
-
-    pending = list(batches)
-    while pending or running:
-        late = time.time() - start > budget
-        for item in list(running):
-            proc, names, t0 = item
-            hung = child_limit is not None and time.time() - t0 > child_limit
-            if proc.poll() is not None or late or hung:
-                if proc.poll() is None:
-                    proc.kill()  # our own child, by its pid: the budget is spent or it is hung
-                    print(f"killed {names} after {time.time() - t0:.0f} s", flush=True)
-                harvest(proc, names, t0, None if proc.returncode == 0 or not late else "the budget ran out")
-                running.remove(item)
-        if late:
-            for names in pending:
-                for name in names:
-                    rows.append({"name": name, "kind": name.split(":")[0], "problem": name.split(":", 1)[1],
-                                 "skipped": f"not started: the {budget:.0f} s budget ran out"})  # fmt: skip
-            pending = []
-            break
-        while pending and len(running) < jobs:
-            names = pending.pop(0)
-            cmd = [sys.executable, __file__, "run-one", str(folder), *names]
-            stem = logs / names[0].replace(":", "_")  # files, not pipes: a chatty child never blocks on them
-            with open(stem.with_suffix(".out"), "w") as o, open(stem.with_suffix(".err"), "w") as e:
-                proc = subprocess.Popen(cmd, stdout=o, stderr=e, text=True)
-            running.append((proc, names, time.time()))
-        time.sleep(0.2)
-    return rows
-
-
-def device_name() -> str:
-    """The GPU's name (nvidia-smi), or ``cpu`` for a rehearsal."""
-    if DEVICE != "cuda":
-        return "cpu"
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20).stdout.strip().splitlines()[0]  # fmt: skip
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return "cuda (nvidia-smi gave no name)"
+    rows = harness.run_batches(__file__, folder, out, [b for b in batches if b], budget, jobs, start)
+    return report(rows, manifest, out, harness.device_name(DEVICE), wall=time.time() - start)
 
 
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None,
@@ -411,7 +283,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         by.setdefault(r["problem"], {})[r["kind"]] = r
     plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "ours"}
     suite = {e["problem"]: e["suite"] for e in manifest["entries"]}
-    lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), f16: {device}, {date or _now()}", "",
+    f = harness.cell
+    lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), f16: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back).", "",
              "| problem | tile, split | ours us | ok (max rel err) | sustained us | 128x256 us | cuDNN us | "
              "product us | cuDNN / ours | product / ours | ours TFLOP/s |",
@@ -439,22 +312,18 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
             if prod.get("single_us") and prod.get("correct"):
                 b = prod["single_us"] / ours["single_us"]
                 vs_product.append(b)
-
-        def f(v: Any, fmt: str = "{:.1f}") -> str:
-            return "-" if v is None else fmt.format(v)
-
         recipe = alt_.get("single_us") if alt_.get("correct") else None
         lines.append(f"| {name} | {tile} | {f(ours.get('single_us'))} | {ok} | {f(ours.get('sustained_us'))} | "
                      f"{f(recipe)} | {f(cudnn.get('single_us'))} | {f(prod.get('single_us'))} | {f(a, '{:.2f}')} | "
                      f"{f(b, '{:.2f}')} | {f(ours.get('single_tflops'))} |")  # fmt: skip
     doc = {
         "device": device,
-        "date": date or _now(),
+        "date": date or harness.now(),
         "wall_s": wall,
-        "geomean_cudnn_over_ours_suite": geomean(vs_cudnn),
+        "geomean_cudnn_over_ours_suite": harness.geomean(vs_cudnn),
         "suite_problems_timed": len(vs_cudnn),
-        "geomean_cudnn_over_ours_all": geomean(vs_cudnn_all),
-        "geomean_product_over_ours": geomean(vs_product),
+        "geomean_cudnn_over_ours_all": harness.geomean(vs_cudnn_all),
+        "geomean_product_over_ours": harness.geomean(vs_product),
         "product_problems_timed": len(vs_product),
         "rows": rows,
         "refused": manifest["refused"],
@@ -464,50 +333,19 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
               f"(with the ResNet-50 layers, {len(vs_cudnn_all)}: {f(all_geo, '{:.3f}')}); "
               f"product / ours over {len(vs_product)}: {f(doc['geomean_product_over_ours'], '{:.2f}')}.",
               ""]  # fmt: skip
-    for r in rows:
-        for key in ("crashed", "skipped", "error"):
-            if key in r:
-                lines.append(f"- `{r['name']}` {key}: {str(r[key])[-300:]}")
-    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
-    if wall is not None:
-        lines += ["", f"Run wall time: {wall:.0f} s."]
-    return write_tables(out, "explicit_conv", doc, lines)
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines += harness.notes(manifest, rows, wall)
+    return harness.write_tables(out, "explicit_conv", doc, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile")
-    c.add_argument("dir", type=Path)
-    c.add_argument("--smoke", action="store_true", help="host kernels of a few small problems (CPU rehearsal)")
-    c.add_argument("--only", nargs="*", help="only the problems whose name holds one of these")
-    r = sub.add_parser("run")
-    r.add_argument("dir", type=Path)
-    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    r.add_argument("--budget", type=float, default=150.0, help="seconds after which nothing new starts")
-    r.add_argument("--jobs", type=int, default=6, help="children at once (their set-up overlaps)")
-    r.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
-    one = sub.add_parser("run-one")
-    one.add_argument("dir", type=Path)
-    one.add_argument("names", nargs="+")
-    add_report_parser(sub)
-    a = ap.parse_args(argv)
-    if a.cmd == "compile":
-        compile_all(a.dir, a.smoke, a.only)
-        return 0
-    if a.cmd == "report":
-        manifest = json.loads((a.dir / "manifest.json").read_text())
-        return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
-    if a.cmd == "run":
-        return run_all(a.dir, a.out, a.budget, a.jobs, a.only)
-    run_children(a.dir, a.names)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    ap, sub, run = harness.command_line(__file__, __doc__, "host kernels of a few small problems (CPU rehearsal)",
+                                        only=True)  # fmt: skip
+    harness.add_batch_options(run, budget=150.0, jobs=6)
+    run.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
+    harness.add_child_parser(sub, "run-one")
+    return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only),
+                        run=lambda a: run_all(a.dir, a.out, a.budget, a.jobs, a.only), report=report,
+                        children={"run-one": lambda a: run_children(a.dir, a.names)})  # fmt: skip
 
 
 if __name__ == "__main__":

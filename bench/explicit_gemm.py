@@ -20,25 +20,20 @@ back-to-back stream (these kernels reach the power cap). Writes ``OUT/explicit_g
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+import harness  # bench/harness.py, beside this script (its docstring says how)
+
 from convbw_mlir.measure.cupti import kernel_events
 
 SEED = 5
-# IREE's runtime objects die badly with the interpreter (a segfault when they are freed after torch's):
-# run-one keeps them here and leaves by os._exit once its JSON line is out.
-_KEEP: list[Any] = []
 SINGLE_REPS = 10
 SUSTAINED_CALLS = 200
 GATE = 2.0  # ours over TileAndFuse, same run (issue 14)
@@ -126,7 +121,7 @@ def _conv2d_entry(name: str, p, kind: str, vmfb: bytes | None, folder: Path, pla
         "form": "conv2d",
         "function": "conv_bwd_weight",
         "problem": name.split(":", 1)[1],
-        **problem_fields(p),
+        **harness.problem_fields(p),
         "plan": plan.to_dict() if plan is not None else None,
     }
 
@@ -186,34 +181,17 @@ def compile_all(folder: Path, smoke: bool = False) -> None:
     print(f"iree matmul: {time.time() - t0:.1f} s", flush=True)
     entries.append({"name": f"torch_matmul{size}_f16", "kind": "torch", "form": "torch", "m": size, "n": size,
                     "k": size, "dw_dtype": "f16", "flops": 2 * size**3})  # fmt: skip
-    manifest = {"target": target, "entries": entries, "refused": refused, "seed": SEED}
-    tmp = folder / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(folder / "manifest.json")
+    harness.write_manifest(folder, {"target": target, "entries": entries, "refused": refused, "seed": SEED})
 
 
 # -- run side ----------------------------------------------------------------------------------------
-def _calls(kernels: list[tuple[float, float, str]], gap_us: float = 5000.0) -> list[list[tuple[float, float, str]]]:
-    """Kernels grouped into calls: the single-call reps are separated by a pause far longer than ``gap_us``."""
-    calls: list[list[tuple[float, float, str]]] = []
-    end = -math.inf
-    for k in kernels:
-        if k[0] - end > gap_us:
-            calls.append([])
-        calls[-1].append(k)
-        end = max(end, k[0] + k[1])
-    return calls
-
-
 def _inputs(entry: dict, torch: Any) -> tuple[Any, Any]:
     """dy as [images, groups, m, hw] and x as [images, groups, n, hw] (f16, seeded, on the GPU); for a
     conv2d entry, dy as [N, G * K, Ho, Wo] and x as [N, G * C, H, W]."""
-    g = torch.Generator(device="cpu").manual_seed(SEED)
     if entry["form"] == "conv2d":
-        n, grp = entry["images"], entry["groups"]
-        dy = torch.randn(n, grp * entry["out_channels"], *entry["output_size"], generator=g)
-        x = torch.randn(n, grp * entry["in_channels"], *entry["input_size"], generator=g)
-    elif entry["form"] == "conv":
+        return harness.nchw_inputs(entry, SEED, DEVICE, torch)
+    g = torch.Generator(device="cpu").manual_seed(SEED)
+    if entry["form"] == "conv":
         dy = torch.randn(entry["images"], entry["groups"], entry["m"], entry["hw"], generator=g)
         x = torch.randn(entry["images"], entry["groups"], entry["n"], entry["hw"], generator=g)
     else:
@@ -222,18 +200,11 @@ def _inputs(entry: dict, torch: Any) -> tuple[Any, Any]:
     return dy.half().to(DEVICE), x.half().to(DEVICE)
 
 
-def _conv2d_weight(entry: dict, x: Any, dy: Any, torch: Any) -> Any:
-    """cuDNN's weight gradient, ``[G * K, C, Y, X]``, in the inputs' type."""
-    shape = (entry["groups"] * entry["out_channels"], entry["in_channels"], *entry["filter_size"])
-    return torch.nn.grad.conv2d_weight(x, shape, dy, stride=entry["stride"], padding=entry["pad"],
-                                       dilation=entry["dilation"], groups=entry["groups"])  # fmt: skip
-
-
 def _reference(entry: dict, dy: Any, x: Any, torch: Any) -> Any:
     """``[groups, m, n]``: float64 sums of dy * x; a conv2d entry's in f32 by cuDNN without TF32."""
     if entry["form"] == "conv2d":
         torch.backends.cudnn.allow_tf32 = False
-        dw = _conv2d_weight(entry, x.float(), dy.float(), torch).double()
+        dw = harness.conv2d_weight(entry, x.float(), dy.float(), torch).double()
         return dw.reshape(entry["groups"], entry["out_channels"], -1)
     return torch.einsum("igmr,ignr->gmn", dy.double(), x.double())
 
@@ -245,7 +216,7 @@ def _contender(entry: dict, folder: Path, dy: Any, x: Any, torch: Any):
         xc, dyc = (x, dy) if DEVICE == "cuda" else (x.float(), dy.float())  # CPU: the plumbing only
 
         def conv() -> Any:
-            return _conv2d_weight(entry, xc, dyc, torch)
+            return harness.conv2d_weight(entry, xc, dyc, torch)
 
         return conv, lambda r: r.reshape(entry["groups"], entry["out_channels"], -1)
     if entry["kind"] == "torch":
@@ -258,30 +229,19 @@ def _contender(entry: dict, folder: Path, dy: Any, x: Any, torch: Any):
             return torch.matmul(a, b.t())
 
         return call, lambda r: r.reshape(1, *r.shape)
-    import iree.runtime as rt
-
-    device = rt.get_driver("cuda" if DEVICE == "cuda" else "local-task").create_default_device()
-    config = rt.Config(device=device)
-    vmfb = folder / entry.get("vmfb", f"{entry['name']}.vmfb")
-    module = rt.VmModule.copy_buffer(config.vm_instance, vmfb.read_bytes())
-    fn = rt.load_vm_module(module, config)[entry["function"]]
     if entry["form"] == "conv2d":
         n, grp = entry["images"], entry["groups"]
         shape_x = (n, grp, entry["in_channels"], *entry["input_size"])
         shape_dy = (n, grp, entry["out_channels"], *entry["output_size"])
-        args = [rt.asdevicearray(device, x.cpu().numpy().reshape(shape_x)),
-                rt.asdevicearray(device, dy.cpu().numpy().reshape(shape_dy))]  # fmt: skip
+        args = [x.cpu().numpy().reshape(shape_x), dy.cpu().numpy().reshape(shape_dy)]
     elif entry["form"] == "conv":
         shape_x = (entry["images"], entry["groups"], entry["n"], *entry["input_size"])
         shape_dy = (entry["images"], entry["groups"], entry["m"], *entry["input_size"])
-        args = [rt.asdevicearray(device, x.cpu().numpy().reshape(shape_x)),
-                rt.asdevicearray(device, dy.cpu().numpy().reshape(shape_dy))]  # fmt: skip
+        args = [x.cpu().numpy().reshape(shape_x), dy.cpu().numpy().reshape(shape_dy)]
     else:  # linalg.matmul: A [m, k], B [k, n]
-        args = [rt.asdevicearray(device, dy[0, 0].cpu().numpy()),
-                rt.asdevicearray(device, x[0, 0].t().contiguous().cpu().numpy())]  # fmt: skip
-
-    def call() -> Any:
-        return fn(*args)
+        args = [dy[0, 0].cpu().numpy(), x[0, 0].t().contiguous().cpu().numpy()]
+    vmfb = folder / entry.get("vmfb", f"{entry['name']}.vmfb")
+    call = harness.iree_call(vmfb, entry["function"], DEVICE, *args)
 
     def result(r: Any) -> Any:
         arr = torch.from_numpy(r.to_host().astype("float64"))
@@ -295,20 +255,14 @@ def run_one(folder: Path, name: str) -> dict[str, Any]:
     """Check and time one contender (in this process)."""
     import torch
 
-    entry = next(e for e in json.loads((folder / "manifest.json").read_text())["entries"] if e["name"] == name)
+    entry = next(e for e in harness.load_manifest(folder)["entries"] if e["name"] == name)
     rec: dict[str, Any] = {"name": name, "kind": entry["kind"], "flops": entry["flops"]}
     dy, x = _inputs(entry, torch)
     call, result = _contender(entry, folder, dy, x, torch)
-    _KEEP.append((call, result))
+    harness.KEEP.append((call, result))
     exact = _reference(entry, dy, x, torch).cpu()
     got = result(call()).cpu().double()
-    err = (got - exact).abs()
-    scale = exact.abs().max().item()
-    rec["max_rel_err"] = err.max().item() / scale
-    rec["rms_rel_err"] = (err.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
-    # f32 accumulation of f16 products; an f16 result adds its rounding (2^-11 of the largest entry).
-    rec["tolerance"] = 1e-3 if entry["dw_dtype"] == "f32" else 2e-3
-    rec["correct"] = bool(rec["max_rel_err"] <= rec["tolerance"]) and bool(torch.isfinite(got).all())
+    rec.update(harness.check(got, exact, entry["dw_dtype"], torch))
     del got, exact
     if entry["form"] == "conv" and entry["flops"] < 1e10 and DEVICE == "cuda":  # numerics-only checks
         return rec
@@ -316,9 +270,7 @@ def run_one(folder: Path, name: str) -> dict[str, Any]:
     for _ in range(5):
         r = call()
     result(r) if entry["kind"] not in TORCH_KINDS else sync()
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if DEVICE == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    activities = harness.activities(torch, DEVICE)
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "single.json"
         with torch.profiler.profile(activities=activities) as prof:
@@ -340,13 +292,12 @@ def run_one(folder: Path, name: str) -> dict[str, Any]:
     rec["kernels"] = sorted({n for _, _, n in single})[:4]
     rec["kernels_per_call"] = len(single) / SINGLE_REPS
     # Per call: the kernels of a call are contiguous; with one kernel a call, the durations themselves.
-    per_call = [sum(d for _, d, _ in call_) for call_ in _calls(single)]
+    per_call = [sum(d for _, d, _ in call_) for call_ in harness.calls(single, 5000.0)]
     rec["single_us"] = statistics.median(per_call) if per_call else None
     rec["sustained_us"] = sum(d for _, d, _ in sustained) / SUSTAINED_CALLS if sustained else None
     rec["sustained_wall_us"] = wall * 1e6
     for key in ("single", "sustained"):
-        us = rec[f"{key}_us"]
-        rec[f"{key}_tflops"] = entry["flops"] / (us * 1e-6) / 1e12 if us else None
+        rec[f"{key}_tflops"] = harness.tflops(entry["flops"], rec[f"{key}_us"])
     return rec
 
 
@@ -354,10 +305,10 @@ def profile_one(folder: Path, name: str, calls: int = 3) -> None:
     """Run one contender ``calls`` times and nothing else (for Nsight Compute: ``ncu ... profile-one``)."""
     import torch
 
-    entry = next(e for e in json.loads((folder / "manifest.json").read_text())["entries"] if e["name"] == name)
+    entry = next(e for e in harness.load_manifest(folder)["entries"] if e["name"] == name)
     dy, x = _inputs(entry, torch)
     call, result = _contender(entry, folder, dy, x, torch)
-    _KEEP.append((call, result))
+    harness.KEEP.append((call, result))
     for _ in range(calls):
         r = call()
         r.to_host() if entry["kind"] not in TORCH_KINDS else torch.cuda.synchronize()
@@ -386,42 +337,22 @@ def _conv_summary(rows: list[dict], doc: dict) -> list[str]:
                  ours.get("single_tflops")]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(c if isinstance(c, str) else ("-" if c is None else f"{c:.2f}")
                                              for c in cells) + " |")  # fmt: skip
-    geo = geomean(ratios)
+    geo = harness.geomean(ratios)
     doc["conv_geomean_cudnn_over_ours"] = geo
     doc["conv_problems_timed"] = len(ratios)
     return [*lines, "", f"Geomean cuDNN / ours over {len(ratios)} problems: {geo}", ""]
 
 
 def run_all(folder: Path, out: Path, only: list[str] | None = None) -> int:
-    """Run every contender in a child of its own; write OUT/explicit_gemm.json and .md."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    rows: list[dict] = []
+    """Run every contender in a child of its own, one at a time; write OUT/explicit_gemm.json and .md."""
+    manifest = harness.load_manifest(folder)
     entries = [e for e in manifest["entries"] if not only or any(o in e["name"] for o in only)]
+    kinds = {e["name"]: e["kind"] for e in entries}
     # Our kernels each in a child (a fault poisons a process); cuDNN's, which do not fault, share one.
-    batches = [[e for e in entries if e["kind"] == "cudnn"]] + [[e] for e in entries if e["kind"] != "cudnn"]
-    out.mkdir(parents=True, exist_ok=True)
-    for batch in filter(None, batches):
-        t0 = time.time()
-        proc = subprocess.run([sys.executable, __file__, "run-one", str(folder), *(e["name"] for e in batch)],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-        got = {}
-        for line in proc.stdout.splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "name" in rec:
-                got[rec["name"]] = rec
-        for e in batch:
-            rec = got.get(e["name"]) or {"name": e["name"], "kind": e["kind"], "crashed": proc.stderr[-2000:]}
-            rec["seconds"] = round(time.time() - t0, 1)
-            print(json.dumps(rec), flush=True)
-            rows.append(rec)
-        (out / "rows.json").write_text(json.dumps(rows, indent=1))  # what a cut-off run still returns
-    import torch
-
-    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"
-    return report(rows, manifest, out, device)
+    batches = [[n for n, k in kinds.items() if k == "cudnn"]] + [[n] for n, k in kinds.items() if k != "cudnn"]
+    rows = harness.run_batches(__file__, folder, out, [b for b in batches if b], child_limit=300,
+                               lost=lambda n: {"name": n, "kind": kinds[n]}, seconds="seconds")  # fmt: skip
+    return report(rows, manifest, out, harness.device_name(DEVICE))
 
 
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None) -> int:
@@ -431,60 +362,38 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     gate = None
     if ours.get("single_us") and tnf.get("single_us"):
         gate = {key: tnf[f"{key}_us"] / ours[f"{key}_us"] for key in ("single", "sustained")}
-    doc = {"device": device, "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    doc = {"device": device, "date": date or harness.now(),
            "rows": rows, "refused": manifest["refused"],
            "gate_ratio_over_tileandfuse": gate, "gate": GATE}  # fmt: skip
     lines = [f"# Explicit GEMM gate: {doc['device']}, {doc['date']}", "",
              "| contender | correct | max rel err | single us | TFLOP/s | sustained us | TFLOP/s | kernels/call |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-
-        def f(k: str, fmt: str = "{:.1f}", r: dict = r) -> str:
-            return fmt.format(r[k]) if r.get(k) is not None else "-"
-
         ok = "crashed" if "crashed" in r else ("yes" if r.get("correct") else "WRONG")
-        cells = [f("max_rel_err", "{:.2e}"), f("single_us"), f("single_tflops"), f("sustained_us"),
-                 f("sustained_tflops"), f("kernels_per_call")]  # fmt: skip
+        cells = harness.cells(r, "max_rel_err:.2e", "single_us", "single_tflops", "sustained_us", "sustained_tflops",
+                              "kernels_per_call")  # fmt: skip
         lines.append(f"| {r['name']} | {ok} | {' | '.join(cells)} |")
     lines += ["", f"Gate (ours / TileAndFuse, >= {GATE}): {gate}", ""]
     lines += _conv_summary(rows, doc)
-    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
-    return write_tables(out, "explicit_gemm", doc, lines)
+    lines += harness.notes(manifest)
+    return harness.write_tables(out, "explicit_gemm", doc, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile")
-    c.add_argument("dir", type=Path)
-    c.add_argument("--smoke", action="store_true", help="small host kernels for a CPU run of the run side")
-    r = sub.add_parser("run")
-    r.add_argument("dir", type=Path)
-    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    r.add_argument("--only", nargs="*", help="run only the contenders whose name holds one of these")
-    one = sub.add_parser("run-one")
-    one.add_argument("dir", type=Path)
-    one.add_argument("names", nargs="+")
-    add_report_parser(sub)
+    ap, sub, run = harness.command_line(__file__, __doc__, "small host kernels for a CPU run of the run side")
+    run.add_argument("--only", nargs="*", help="run only the contenders whose name holds one of these")
+    harness.add_child_parser(sub, "run-one")
     prof = sub.add_parser("profile-one")
     prof.add_argument("dir", type=Path)
     prof.add_argument("name")
-    a = ap.parse_args(argv)
-    if a.cmd == "compile":
-        compile_all(a.dir, a.smoke)
-        return 0
-    if a.cmd == "report":
-        manifest = json.loads((a.dir / "manifest.json").read_text())
-        return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
-    if a.cmd == "run":
-        return run_all(a.dir, a.out, a.only)
-    if a.cmd == "profile-one":
-        profile_one(a.dir, a.name)
-    else:
+
+    def run_one_(a: Any) -> None:
         for name in a.names:
             print(json.dumps(run_one(a.dir, name)), flush=True)
-    sys.stderr.flush()
-    os._exit(0)
+
+    children = {"run-one": run_one_, "profile-one": lambda a: profile_one(a.dir, a.name)}
+    return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke),
+                        run=lambda a: run_all(a.dir, a.out, a.only), report=report, children=children)  # fmt: skip
 
 
 if __name__ == "__main__":

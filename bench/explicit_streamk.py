@@ -24,7 +24,6 @@ Writes ``OUT/explicit_streamk.json`` and ``.md`` (and ``rows.json`` as it goes).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -32,13 +31,13 @@ import queue
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.bench.explicit import add_report_parser, geomean, problem_fields, write_tables
+import harness  # bench/harness.py, beside this script (its docstring says how)
+
 from convbw_mlir.measure.cupti import gpu_activities
 
 SEED = 5
@@ -47,8 +46,6 @@ SINGLE_REPS = 10
 SUSTAINED_CALLS = 100
 CK_PROBLEM = "streamk_1x1_k256_c64_n32_56"
 TURN_LIMIT = 8.0  # seconds one child may take to time its contender(s), cuDNN's eight included
-# Our kernels' results must stay alive until os._exit (IREE's objects freed after torch's segfault it).
-_KEEP: list[Any] = []
 # A CPU rehearsal of the run side (``compile --smoke``, STREAMK_BENCH_DEVICE=cpu): host kernels, no timing.
 DEVICE = os.environ.get("STREAMK_BENCH_DEVICE", "cuda")
 
@@ -94,7 +91,7 @@ def _entry(name: str, contender: str, p, plan: Any) -> dict[str, Any]:
         "contender": contender,
         "kind": "cudnn" if contender == "cudnn" else "ours",
         "vmfb": f"{contender}_{name}.vmfb",
-        **problem_fields(p),
+        **harness.problem_fields(p),
         "plan": plan.to_dict() if plan is not None else None,
     }
 
@@ -137,89 +134,38 @@ def compile_all(folder: Path, smoke: bool = False) -> None:
             entries.append(_entry(name, contender, p, op.plan))
             print(f"{key}: {time.time() - t0:.1f} s", flush=True)
         entries.append(_entry(name, "cudnn", p, None))
-    manifest = {"target": "host" if smoke else "sm_80", "sms": SMS, "entries": entries, "refused": refused,
-                "tiles": tiles, "seed": SEED}  # fmt: skip
-    tmp = folder / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(folder / "manifest.json")
+    harness.write_manifest(folder, {"target": "host" if smoke else "sm_80", "sms": SMS, "entries": entries,
+                                    "refused": refused, "tiles": tiles, "seed": SEED})  # fmt: skip
 
 
 # -- run side ----------------------------------------------------------------------------------------
-def _inputs(e: dict, torch: Any) -> tuple[Any, Any]:
-    """dy ``[N, G*K, Ho, Wo]`` and x ``[N, G*C, H, W]``, f16, seeded."""
-    g = torch.Generator(device="cpu").manual_seed(SEED)
-    dy = torch.randn(e["images"], e["groups"] * e["out_channels"], *e["output_size"], generator=g)
-    x = torch.randn(e["images"], e["groups"] * e["in_channels"], *e["input_size"], generator=g)
-    return dy.half().to(DEVICE), x.half().to(DEVICE)
-
-
-def _cudnn(e: dict, x: Any, dy: Any, torch: Any) -> Any:
-    shape = (e["groups"] * e["out_channels"], e["in_channels"], *e["filter_size"])
-    return torch.nn.grad.conv2d_weight(x, shape, dy, stride=e["stride"], padding=e["pad"], dilation=e["dilation"],
-                                       groups=e["groups"])  # fmt: skip
-
-
 def _prepare(folder: Path, e: dict, torch: Any) -> tuple[Any, dict]:
     """The contender's call on device-resident inputs, and its correctness against cuDNN in f32 (no TF32)."""
-    dy, x = _inputs(e, torch)
+    dy, x = harness.nchw_inputs(e, SEED, DEVICE, torch)
     torch.backends.cudnn.allow_tf32 = False
-    exact = _cudnn(e, x.float(), dy.float(), torch).double().cpu().reshape(e["groups"], e["out_channels"], -1)
+    exact = harness.conv2d_weight(e, x.float(), dy.float(), torch).double().cpu()
+    exact = exact.reshape(e["groups"], e["out_channels"], -1)
     if e["kind"] == "cudnn":
         torch.backends.cudnn.benchmark = True
         xc, dyc = (x, dy) if DEVICE == "cuda" else (x.float(), dy.float())
 
         def call() -> Any:
-            return _cudnn(e, xc, dyc, torch)
+            return harness.conv2d_weight(e, xc, dyc, torch)
 
         def result(r: Any) -> Any:
             return r.double().cpu().reshape(e["groups"], e["out_channels"], -1)
     else:
-        import iree.runtime as rt
-
-        device = rt.get_driver("cuda" if DEVICE == "cuda" else "local-task").create_default_device()
-        config = rt.Config(device=device)
-        module = rt.VmModule.copy_buffer(config.vm_instance, (folder / e["vmfb"]).read_bytes())
-        fn = rt.load_vm_module(module, config)["conv_bwd_weight"]
         n, g = e["images"], e["groups"]
         xs, dys = (n, g, e["in_channels"], *e["input_size"]), (n, g, e["out_channels"], *e["output_size"])
-        args = [
-            rt.asdevicearray(device, x.cpu().numpy().reshape(xs)),
-            rt.asdevicearray(device, dy.cpu().numpy().reshape(dys)),
-        ]
-        _KEEP.append((device, config, module, fn, args))
-
-        def call() -> Any:
-            return fn(*args)
+        call = harness.iree_call(folder / e["vmfb"], "conv_bwd_weight", DEVICE, x.cpu().numpy().reshape(xs),
+                                 dy.cpu().numpy().reshape(dys))  # fmt: skip
 
         def result(r: Any) -> Any:
             return torch.from_numpy(r.to_host().astype("float64")).reshape(e["groups"], e["out_channels"], -1)
 
     got = result(call())
-    _KEEP.append(got)
-    err = (got - exact).abs()
-    rec: dict[str, Any] = {"max_rel_err": err.max().item() / exact.abs().max().item()}
-    rec["rms_rel_err"] = (err.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
-    # f32 accumulation of f16 products; an f16 dW adds its rounding (2^-11 of the largest entry).
-    rec["tolerance"] = 1e-3 if e["dw_dtype"] == "f32" else 2e-3
-    rec["correct"] = bool(rec["max_rel_err"] <= rec["tolerance"]) and bool(torch.isfinite(got).all())
-    return call, rec
-
-
-def _per_call(events: list[tuple[float, float, str, str]], gap_us: float = 5000.0) -> list[list[tuple]]:
-    """GPU activities grouped into calls (the single calls are 10 ms apart)."""
-    calls: list[list[tuple]] = []
-    end = -math.inf
-    for ev in events:
-        if ev[0] - end > gap_us:
-            calls.append([])
-        calls[-1].append(ev)
-        end = max(end, ev[0] + ev[1])
-    return calls
-
-
-def _activities(torch: Any) -> list[Any]:
-    """What torch.profiler records: the GPU's activities through CUPTI (the CPU's in a rehearsal)."""
-    return [torch.profiler.ProfilerActivity.CUDA if DEVICE == "cuda" else torch.profiler.ProfilerActivity.CPU]
+    harness.KEEP.append(got)
+    return call, harness.check(got, exact, e["dw_dtype"], torch)
 
 
 def _time(call: Any, e: dict, torch: Any) -> dict[str, Any]:
@@ -229,23 +175,10 @@ def _time(call: Any, e: dict, torch: Any) -> dict[str, Any]:
     def done(r: Any) -> None:
         r.to_host() if e["kind"] != "cudnn" else sync()
 
-    for _ in range(3):
-        r = call()
-    done(r)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "trace.json"
-        with torch.profiler.profile(activities=_activities(torch)) as prof:
-            for _ in range(SINGLE_REPS):
-                done(call())
-                time.sleep(0.01)
-            time.sleep(0.02)
-            t0 = time.perf_counter()
-            for _ in range(SUSTAINED_CALLS):
-                r = call()
-            done(r)
-            wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
-        prof.export_chrome_trace(str(trace))
-        calls = _per_call(gpu_activities(trace))
+    kinds = harness.activities(torch, DEVICE, cpu=False)
+    events, wall = harness.profile_calls(call, done, torch, kinds, SINGLE_REPS, SUSTAINED_CALLS, gpu_activities,
+                                         settle=0.02)  # fmt: skip
+    calls = harness.calls(events, 5000.0)  # the single calls are 10 ms apart
     rec: dict[str, Any] = {"sustained_wall_us": wall * 1e6}
     single, sustained = calls[:SINGLE_REPS], calls[SINGLE_REPS:]
     kernels = [[ev for ev in c if ev[2] == "kernel"] for c in single]
@@ -257,8 +190,7 @@ def _time(call: Any, e: dict, torch: Any) -> dict[str, Any]:
     flat = [ev for c in sustained for ev in c if ev[2] == "kernel"]
     rec["sustained_us"] = sum(ev[1] for ev in flat) / SUSTAINED_CALLS if flat else None
     for key in ("single", "sustained"):
-        us = rec[f"{key}_us"]
-        rec[f"{key}_tflops"] = e["flops"] / (us * 1e-6) / 1e12 if us else None
+        rec[f"{key}_tflops"] = harness.tflops(e["flops"], rec[f"{key}_us"])
     return rec
 
 
@@ -266,9 +198,11 @@ def child(folder: Path, names: list[str]) -> None:
     """One contender (or cuDNN's, several): set up and check now, time when the parent says ``go``."""
     import torch
 
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = harness.load_manifest(folder)
     entries = [e for e in manifest["entries"] if e["name"] in names]
-    with torch.profiler.profile(activities=_activities(torch)):  # the first session costs seconds: not in the turn
+    with torch.profiler.profile(
+        activities=harness.activities(torch, DEVICE, cpu=False)
+    ):  # the first session costs seconds: not in the turn
         torch.zeros(1, device=DEVICE).add_(1)
     prepared = []
     for e in entries:
@@ -283,15 +217,14 @@ def child(folder: Path, names: list[str]) -> None:
     device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"
     print(json.dumps({"ready": names, "device": device}), flush=True)
     if sys.stdin.readline().strip() != "go":
-        os._exit(0)
+        harness.exit_child()
     for e, call, rec in prepared:
         rec.update(name=e["name"], kind=e["kind"], flops=e["flops"])
         if rec["correct"] or e["kind"] == "cudnn":
             rec.update(_time(call, e, torch))
         print(json.dumps(rec), flush=True)
     print(json.dumps({"done": names}), flush=True)
-    sys.stderr.flush()
-    os._exit(0)
+    harness.exit_child()
 
 
 def _reader(proc: subprocess.Popen, tag: int, box: queue.Queue) -> None:
@@ -303,6 +236,15 @@ def _reader(proc: subprocess.Popen, tag: int, box: queue.Queue) -> None:
     box.put((tag, {"eof": True}))
 
 
+def _start(folder: Path, names: list[str], logs: Path, i: int, box: queue.Queue) -> subprocess.Popen:
+    """Child ``i`` (``child FOLDER NAMES...``), its messages read into ``box`` tagged ``i``, its stderr in a log."""
+    with open(logs / f"child{i}.err", "w") as err:  # a file: a full stderr pipe would block the child
+        p = subprocess.Popen([sys.executable, __file__, "child", str(folder), *names], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+    threading.Thread(target=_reader, args=(p, i, box), daemon=True).start()
+    return p
+
+
 def run_all(folder: Path, out: Path, budget: float, setup_limit: float, serial: bool = False) -> int:
     """Start every child, wait until all are set up (or ``setup_limit`` s), time them one at a time in
     priority order until ``budget`` s are spent; write OUT/explicit_streamk.json and .md.
@@ -312,7 +254,7 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float, serial: 
     kernel that spins (a StreamK flag wait) or hangs slows every other set-up; alone, a hang costs its child.
     """
     t_start = time.time()
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = harness.load_manifest(folder)
     # Timing order: the headline contenders of every problem first (the rule's split-K, StreamK tree and
     # linear), then the other split-K and CK's 128x128 tiles; cuDNN's last.
     rank = {"splitk": 0, "streamk_tree": 1, "streamk_linear": 2}
@@ -327,11 +269,7 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float, serial: 
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for i, names in enumerate(batches):
-        with open(logs / f"child{i}.err", "w") as err:  # a file: a full stderr pipe would block the child
-            p = subprocess.Popen([sys.executable, __file__, "child", str(folder), *names], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
-        threading.Thread(target=_reader, args=(p, i, box), daemon=True).start()
-        procs.append(p)
+        procs.append(_start(folder, names, logs, i, box))
     rows: dict[str, dict] = {}
     ready, ended, devices = set(), set(), set()
     if serial:
@@ -375,7 +313,7 @@ def run_all(folder: Path, out: Path, budget: float, setup_limit: float, serial: 
             p.kill()  # our own child, past its turn (a hung kernel)
             for n in batches[i]:
                 rows.setdefault(n, {"name": n}).setdefault("crashed", f"its turn took over {TURN_LIMIT} s (killed)")
-        (out / "rows.json").write_text(json.dumps(list(rows.values()), indent=1))
+        harness.write_rows(out, list(rows.values()))
     for i, p in enumerate(procs):
         if p.poll() is None:
             p.kill()  # our own child, past the budget
@@ -398,10 +336,7 @@ def _run_serial(folder: Path, out: Path, batches: list[list[str]], budget: float
         if time.time() - t_start > budget:
             break
         box: queue.Queue = queue.Queue()
-        with open(logs / f"child{i}.err", "w") as err:
-            p = subprocess.Popen([sys.executable, __file__, "child", str(folder), *names], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
-        threading.Thread(target=_reader, args=(p, i, box), daemon=True).start()
+        p = _start(folder, names, logs, i, box)
         end, went, why = time.time() + setup_limit, False, None
         while True:
             try:
@@ -434,7 +369,7 @@ def _run_serial(folder: Path, out: Path, batches: list[list[str]], budget: float
             f"{[rows.get(n, {}).get('single_us') or rows.get(n, {}).get('crashed') for n in names][:3]}",
             flush=True,
         )
-        (out / "rows.json").write_text(json.dumps(list(rows.values()), indent=1))
+        harness.write_rows(out, list(rows.values()))
     for names in batches:
         for n in names:
             rows.setdefault(n, {"name": n, "untimed": "budget spent"})
@@ -460,8 +395,8 @@ def _tiles_cell(name: str, manifest: dict) -> str:
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None) -> int:
     """The CK-shaped table (problem, tiles, best split-K, StreamK, speedup) and every row."""
     by = {r["name"]: r for r in rows}
-    doc = {"device": device, "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "sms": manifest["sms"],
-           "rows": rows, "refused": manifest["refused"], "tiles": manifest["tiles"]}  # fmt: skip
+    doc = {"device": device, "date": date or harness.now(), "sms": manifest["sms"], "rows": rows,
+           "refused": manifest["refused"], "tiles": manifest["tiles"]}  # fmt: skip
 
     def ok_us(r: dict | None) -> float | None:
         return r.get("single_us") if r and r.get("correct") else None
@@ -500,52 +435,30 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
                      best[1], "-" if best[0] is None else f"{best[0]:.1f}", cell(lin), cell(tree),
                      "-" if speed is None else f"{speed:.2f}x", "-" if cudnn is None else f"{cudnn:.1f}"]  # fmt: skip
             lines.append(f"| {problem} | " + " | ".join(map(str, cells)) + " |")
-    geo = geomean(speedups)
+    geo = harness.geomean(speedups)
     doc["geomean_speedup"] = geo
     lines += ["", f"Geomean speedup over {len(speedups)} problems: {geo}", "", "## Every contender", "",
               "| contender | correct | max rel err | single us | copy us | sustained us | TFLOP/s | kernels/call |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-
-        def f(k: str, fmt: str = "{:.1f}", r: dict = r) -> str:
-            return fmt.format(r[k]) if r.get(k) is not None else "-"
-
         ok = ("crashed" if "crashed" in r else "error" if "error" in r else "untimed" if "untimed" in r
               else "yes" if r.get("correct") else "WRONG")  # fmt: skip
-        cells = [ok, f("max_rel_err", "{:.2e}"), f("single_us"), f("copy_us", "{:.2f}"), f("sustained_us"),
-                 f("single_tflops"), f("kernels_per_call")]  # fmt: skip
+        cells = [ok, *harness.cells(r, "max_rel_err:.2e", "single_us", "copy_us:.2f", "sustained_us", "single_tflops",
+                                    "kernels_per_call")]  # fmt: skip
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
-    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
-    return write_tables(out, "explicit_streamk", doc, lines)
+    lines += harness.notes(manifest)
+    return harness.write_tables(out, "explicit_streamk", doc, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile")
-    c.add_argument("dir", type=Path)
-    c.add_argument("--smoke", action="store_true", help="small host kernels for a CPU rehearsal of the run side")
-    r = sub.add_parser("run")
-    r.add_argument("dir", type=Path)
-    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    r.add_argument("--budget", type=float, default=60.0, help="seconds after which no more contenders are timed")
-    r.add_argument("--setup-limit", type=float, default=25.0, help="seconds to wait for the children's set-up")
-    r.add_argument("--serial", action="store_true", help="one child at a time (setup-limit each)")
-    ch = sub.add_parser("child")
-    ch.add_argument("dir", type=Path)
-    ch.add_argument("names", nargs="+")
-    add_report_parser(sub)
-    a = ap.parse_args(argv)
-    if a.cmd == "compile":
-        compile_all(a.dir, a.smoke)
-        return 0
-    if a.cmd == "run":
-        return run_all(a.dir, a.out, a.budget, a.setup_limit, a.serial)
-    if a.cmd == "report":
-        manifest = json.loads((a.dir / "manifest.json").read_text())
-        return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
-    child(a.dir, a.names)
-    return 0
+    ap, sub, run = harness.command_line(__file__, __doc__, "small host kernels for a CPU rehearsal of the run side")
+    run.add_argument("--budget", type=float, default=60.0, help="seconds after which no more contenders are timed")
+    run.add_argument("--setup-limit", type=float, default=25.0, help="seconds to wait for the children's set-up")
+    run.add_argument("--serial", action="store_true", help="one child at a time (setup-limit each)")
+    harness.add_child_parser(sub, "child")
+    return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke),
+                        run=lambda a: run_all(a.dir, a.out, a.budget, a.setup_limit, a.serial), report=report,
+                        children={"child": lambda a: child(a.dir, a.names)})  # fmt: skip
 
 
 if __name__ == "__main__":

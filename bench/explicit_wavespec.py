@@ -12,9 +12,9 @@ layers). Per problem the tiling ``T`` is the plan's rule's where it has 4 warps 
 plain pipeline at ``T``, split-K by the kernel's rule), ``ws44`` and ``ws42`` (4 and 2 producer warps, same
 ``T``, same split), and ``default`` (the plan's own choice, where it is not ``plain``: for scale).
 
-The run side is explicit_conv.py's harness, imported: each contender in its own child process (explicit_conv.py
-``run-one``), checked against a float64 reference on the GPU, kernel time by CUPTI (single calls and
-sustained). Contenders start in priority order, so a cut-off run still answers the question: four problems
+The run side is bench/harness.py's with explicit_conv.py's children: each contender in its own child process
+(explicit_conv.py ``run-one``), checked against a float64 reference on the GPU, kernel time by CUPTI (single calls
+and sustained). Contenders start in priority order, so a cut-off run still answers the question: four problems
 with all contenders first, then plain/4:4/4:2 of the rest, then the defaults. Writes
 ``OUT/explicit_wavespec.{md,json}`` (``report`` rebuilds them from a cut-off run's ``rows.json``).
 
@@ -24,16 +24,12 @@ problems) and ``EXPLICIT_CONV_DEVICE=cpu``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import explicit_conv as harness  # noqa: E402 - the shared run side: children, checks, CUPTI timing
-
-from convbw_mlir.bench.explicit import add_report_parser, geomean, write_tables
+import explicit_conv as conv  # beside this script: its problems, and its children check and time ours
+import harness  # bench/harness.py, beside this script (its docstring says how)
 
 KINDS = ("plain", "ws44", "ws42", "default")
 PRODUCERS = {"ws44": 4, "ws42": 2}
@@ -56,11 +52,11 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
 
     folder.mkdir(parents=True, exist_ok=True)
     entries, refused = [], {}
-    for name, p in harness.problems(smoke).items():
+    for name, p in conv.problems(smoke).items():
         if only and not any(o in name for o in only):
             continue
         t0 = time.time()
-        suite = name not in harness.EXTRA
+        suite = name not in conv.EXTRA
         kinds = {}
         try:
             if smoke:  # no sm_80 on the CPU: the product's host kernel stands in for each (plumbing only)
@@ -79,13 +75,10 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
             refused[name] = str(e)
         for kind, op in kinds.items():
             (folder / f"{kind}_{name}.vmfb").write_bytes(op.vmfb)
-            entries.append(harness._entry(name, kind, p, op.plan, suite))
+            entries.append(conv._entry(name, kind, p, op.plan, suite))
         print(f"{name}: {', '.join(kinds)} in {time.time() - t0:.1f} s", flush=True)
-    manifest = {"target": "host" if smoke else "sm_80", "entries": entries, "refused": refused,
-                "seed": harness.SEED, "layout": 2}  # fmt: skip
-    tmp = folder / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(folder / "manifest.json")
+    harness.write_manifest(folder, {"target": "host" if smoke else "sm_80", "entries": entries, "refused": refused,
+                                    "seed": conv.SEED, "layout": 2})  # fmt: skip
 
 
 def batches(entries: list[dict]) -> list[list[str]]:
@@ -101,9 +94,10 @@ def batches(entries: list[dict]) -> list[list[str]]:
 
 def run(folder: Path, out: Path, budget: float, jobs: int, child_limit: float) -> int:
     start = time.time()
-    manifest = json.loads((folder / "manifest.json").read_text())
-    rows = harness.run_batches(folder, out, batches(manifest["entries"]), budget, jobs, start, child_limit)
-    return report(rows, manifest, out, harness.device_name(), wall=time.time() - start)
+    manifest = harness.load_manifest(folder)
+    rows = harness.run_batches(conv.__file__, folder, out, batches(manifest["entries"]), budget, jobs, start,
+                               child_limit)  # fmt: skip
+    return report(rows, manifest, out, harness.device_name(conv.DEVICE), wall=time.time() - start)
 
 
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None,
@@ -124,9 +118,6 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     def us(r: dict, key: str = "single_us") -> float | None:
         return r.get(key) if r.get("correct") else None
 
-    def f(v, fmt: str = "{:.1f}") -> str:
-        return "-" if v is None else fmt.format(v)
-
     def launch(r: dict) -> str:  # CUPTI's "blocks per SM" is the grid over the SMs, not residency: left out
         regs = (r.get("launch") or {}).get("registers per thread")
         return "-" if regs is None else str(regs)
@@ -137,7 +128,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
                 return key
         return "-" if not r else ("yes" if r.get("correct") else f"WRONG ({r.get('max_rel_err', 0):.1e})")
 
-    lines = [f"# Wave specialization, explicit sm_80 kernel, layout 2, f16: {device}, {date or harness._now()}", "",
+    f = harness.cell
+    lines = [f"# Wave specialization, explicit sm_80 kernel, layout 2, f16: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sus.: per call back to back). "
              "plain / ws44 / ws42: the same tiling and split; ws = wave-specialized consumer:producer warps.", "",
              "| problem | tile, split | plain us | 4:4 us | 4:2 us | plain/4:4 | plain/4:2 | plain sus. | 4:4 sus. | "
@@ -168,51 +160,27 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
             f"{ok(k.get('ws42', {}))} | {launch(plain)}; {launch(k.get('ws44', {}))}; {launch(k.get('ws42', {}))} | "
             f"{tile(dplan)} | {f(us(d))} |"
         )
-    doc = {"device": device, "date": date or harness._now(), "wall_s": wall, "rows": rows,
+    doc = {"device": device, "date": date or harness.now(), "wall_s": wall, "rows": rows,
            "refused": manifest["refused"]}  # fmt: skip
     lines.append("")
     for kind, label in (("ws44", "4:4"), ("ws42", "4:2")):
-        doc[f"geomean_plain_over_{kind}"] = geomean(speed[kind])
-        doc[f"geomean_plain_over_{kind}_sustained"] = geomean(sus[kind])
+        doc[f"geomean_plain_over_{kind}"] = harness.geomean(speed[kind])
+        doc[f"geomean_plain_over_{kind}_sustained"] = harness.geomean(sus[kind])
         doc[f"problems_{kind}"] = len(speed[kind])
         single, sustained = doc[f"geomean_plain_over_{kind}"], doc[f"geomean_plain_over_{kind}_sustained"]
         lines.append(f"Geomean plain / {label} over {len(speed[kind])} problems: {f(single, '{:.3f}')} (sustained "
                      f"{f(sustained, '{:.3f}')}); > 1: wave specialization is faster.")  # fmt: skip
     lines.append("")
-    for r in rows:
-        for key in ("crashed", "skipped", "error"):
-            if key in r:
-                lines.append(f"- `{r['name']}` {key}: {str(r[key])[-300:]}")
-        if "correct" in r and not r["correct"]:
-            lines.append(f"- `{r['name']}` WRONG: max rel. error {r.get('max_rel_err')}")
-    lines += [f"- refused `{k}`: {v}" for k, v in manifest["refused"].items()]
-    if wall is not None:
-        lines += ["", f"Run wall time: {wall:.0f} s."]
-    return write_tables(out, "explicit_wavespec", doc, lines)
+    lines += harness.notes(manifest, rows, wall, wrong=True)
+    return harness.write_tables(out, "explicit_wavespec", doc, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile")
-    c.add_argument("dir", type=Path)
-    c.add_argument("--smoke", action="store_true", help="host kernels of two small problems (CPU rehearsal)")
-    c.add_argument("--only", nargs="*", help="only the problems whose name holds one of these")
-    r = sub.add_parser("run")
-    r.add_argument("dir", type=Path)
-    r.add_argument("--out", type=Path, required=True)
-    r.add_argument("--budget", type=float, default=110.0, help="seconds after which nothing new starts")
-    r.add_argument("--jobs", type=int, default=12, help="children at once (their set-up overlaps)")
-    r.add_argument("--child-limit", type=float, default=45.0, help="seconds after which a child is stopped")
-    add_report_parser(sub)
-    a = ap.parse_args(argv)
-    if a.cmd == "compile":
-        compile_all(a.dir, a.smoke, a.only)
-        return 0
-    if a.cmd == "report":
-        manifest = json.loads((a.dir / "manifest.json").read_text())
-        return report(json.loads(a.rows.read_text()), manifest, a.out, a.device, a.date)
-    return run(a.dir, a.out, a.budget, a.jobs, a.child_limit)
+    ap, _, run_ = harness.command_line(__file__, __doc__, "host kernels of two small problems (CPU rehearsal)",
+                                       only=True, out_required=True)  # fmt: skip
+    harness.add_batch_options(run_, budget=110.0, jobs=12, child_limit=45.0)
+    return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only),
+                        run=lambda a: run(a.dir, a.out, a.budget, a.jobs, a.child_limit), report=report)  # fmt: skip
 
 
 if __name__ == "__main__":

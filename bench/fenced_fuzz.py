@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import harness  # bench/harness.py, beside this script (its docstring says how)
 
 from convbw_mlir.problem import ConvBwdWeightProblem
 
@@ -342,12 +343,8 @@ def run_all(folder: Path, shards: int, timeout_s: float) -> dict:
     with ThreadPoolExecutor(shards) as pool:
         parts = list(pool.map(lambda s: _run_shard(folder, s, shards, timeout_s), range(shards)))
     merged = {k: v for k, v in parts[0].items() if k != "problems"}
-    merged["device"] = merged.get("device")  # the runner names the driver only where torch is not asked for
-    if shutil.which("nvidia-smi"):
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
-        )
-        merged["device"] = (smi.stdout.strip().splitlines() or [merged["device"]])[0]
+    # the GPU's name; the runner names the driver only where torch is not asked for
+    merged["device"] = harness.gpu_name() or merged.get("device")
     merged["problems"] = sorted((row for p in parts for row in p["problems"]), key=lambda r: r["key"])
     merged["shards_died"] = sum(1 for p in parts if "error" in p)
     return merged
