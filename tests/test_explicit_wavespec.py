@@ -16,7 +16,7 @@ from convbw_mlir import compile_op
 from convbw_mlir.build.iree import executable_intermediates
 from convbw_mlir.kernels import wavespec_sm80
 from convbw_mlir.plan import Plan, PlanError, decide, explicit_tiling
-from convbw_mlir.policies.sm80 import GemmTiling, gemm_shape
+from convbw_mlir.policies.sm80 import GemmTiling, gemm_shape, wavespec_problems, wavespec_threads
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 from convbw_mlir.reference import random_inputs, reference
 
@@ -34,7 +34,7 @@ def emulated_error(p: P, first: str = "else", **options) -> float:
     from convbw_mlir.ir_imports import new_context
 
     plan = decide(p, "sm_80", strategy="explicit", **options)
-    threads = wavespec_sm80.threads(explicit_tiling(plan), plan.wavespec.producers) if plan.wavespec else None
+    threads = wavespec_threads(explicit_tiling(plan), plan.wavespec.producers) if plan.wavespec else None
     x, dy = random_inputs(p, seed=3)
     with new_context():
         module = convbw.build_module(p, plan)
@@ -177,8 +177,8 @@ def test_register_budget_admits_4_warp_tilings_and_refuses_the_8_warp_recipe():
     shape = gemm_shape(P.from_ck("2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1"))
     for tiling in (GemmTiling(128, 128, 64, 3, 64, 64), GemmTiling(64, 128, 64, 3, 32, 64)):
         for producers in (2, 4):
-            assert wavespec_sm80.problems(shape, tiling, producers) == []
-    assert "65536" in wavespec_sm80.problems(shape, GemmTiling(), 2)[0]
+            assert wavespec_problems(shape, tiling, producers) == []
+    assert "65536" in wavespec_problems(shape, GemmTiling(), 2)[0]
 
 
 def test_wavespec_kernel_compiles_for_sm80_in_a_child_with_named_barriers():
