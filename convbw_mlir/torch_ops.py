@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -83,7 +84,9 @@ class _Config:
 
 
 _STATE: dict[str, Any] = {"lib": None, "config": None, "originals": {}}
-_DECISIONS: dict[tuple, tuple[str, str]] = {}  # argument signature -> ("ours" | "torch", why)
+# argument signature -> ("ours" | "torch", why, copy x?, dy's memory format to copy it into or None): the
+# format checks cost ~13 µs each, a dictionary lookup ~0.1
+_DECISIONS: dict[tuple, tuple] = {}
 _STATS: Counter = Counter()
 _SWITCH_LOCK = threading.Lock()
 _KEYS = ("CPU", "CUDA")  # ROCm builds of torch use the CUDA key too; other devices are not overridden
@@ -159,8 +162,10 @@ def enable(
             op = torch.ops.aten.convolution_backward.default
             originals = {key: torch.library.get_kernel(op, key) for key in _KEYS}
             lib = torch.library.Library("aten", "IMPL")
-            for key in _KEYS:
-                lib.impl("convolution_backward", _override(originals[key]), key, with_keyset=True)
+            with warnings.catch_warnings():  # torch says once that a kernel (CUDA's) is overridden: we mean it
+                warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+                for key in _KEYS:
+                    lib.impl("convolution_backward", _override(originals[key]), key, with_keyset=True)
             _STATE["lib"], _STATE["originals"] = lib, originals
 
 
@@ -202,22 +207,23 @@ def reset_stats() -> None:
     _STATS.clear()
 
 
-def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, config: _Config) -> tuple[str, str]:
-    """("ours" | "torch", why) for these convolution_backward arguments (memoized by the caller)."""
+def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, config: _Config) -> tuple:
+    """("ours" | "torch", why, copy x?, dy's format to copy it into or None) for these convolution_backward
+    arguments (memoized by the caller)."""
     stride, padding, dilation, transposed, output_padding, groups = args
     if transposed:
-        return "torch", "transposed convolution"
+        return "torch", "transposed convolution", False, None
     if x.dtype not in config.dtypes or go.dtype != x.dtype:
-        return "torch", f"dtype {x.dtype}"
+        return "torch", f"dtype {x.dtype}", False, None
     if not 3 <= x.dim() <= 5:
-        return "torch", f"{x.dim() - 2}-d convolution"
+        return "torch", f"{x.dim() - 2}-d convolution", False, None
     flops = 2 * go.numel() * w.numel() // max(w.shape[0], 1)
     if flops < config.min_flops:
-        return "torch", "below min_flops"
+        return "torch", "below min_flops", False, None
     if config.layers is not None and not config.layers(
         (tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), int(groups))
     ):
-        return "torch", "not in layers"
+        return "torch", "not in layers", False, None
     if not ct._formats(x):
         ct._warn_once(f"convbw_mlir.torch.enable: input of shape {tuple(x.shape)} and strides {x.stride()} is "
                       "neither contiguous nor channels-last: the weight gradient reads a contiguous copy")  # fmt: skip
@@ -226,14 +232,14 @@ def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, con
         ct._problem_memo(xd, list(w.shape), _like(go, xd), list(stride), list(padding), list(dilation), int(groups))
     except Exception as e:  # no kernel (compile error, no compiler): torch's, said once per problem
         ct._warn_once(f"convbw_mlir.torch.enable: weight gradient left to torch: {type(e).__name__}: {e}")
-        return "torch", "no kernel"
-    if torch.are_deterministic_algorithms_enabled():
+        return "torch", "no kernel", False, None
+    if _deterministic():
         plan, flags = _plan_of(xd, w, _like(go, xd), args)
         if not plan_is_deterministic(plan, flags):
             ct._warn_once("convbw_mlir.torch.enable: torch.use_deterministic_algorithms(True) and our kernel's "
                           "plan is not known to be deterministic: the weight gradient is torch's")  # fmt: skip
-            return "torch", "not deterministic"
-    return "ours", ""
+            return "torch", "not deterministic", False, None
+    return "ours", "", xd is not x, _copy_format(go, xd)
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:
@@ -242,10 +248,13 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
 
 def _like(go: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """dy in x's memory format (cuDNN and views may hand another): our kernel reads both in one format."""
-    fmt = ct._formats(x)[0]
-    if fmt in ct._formats(go):
-        return go
-    return go.contiguous(memory_format=ct._memory_format(x))
+    fmt = _copy_format(go, x)
+    return go if fmt is None else go.contiguous(memory_format=fmt)
+
+
+def _copy_format(go: torch.Tensor, x: torch.Tensor) -> torch.memory_format | None:
+    """The memory format dy must be copied into to match dense ``x``; None where it does already."""
+    return None if ct._formats(x)[0] in ct._formats(go) else ct._memory_format(x)
 
 
 def _plan_of(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, args: tuple) -> Any:
@@ -253,6 +262,9 @@ def _plan_of(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, args: tuple) ->
     problem = ct._problem_memo(x, list(w.shape), go, list(stride), list(padding), list(dilation), int(groups))[0]
     target, _, index = ct.target_for(x.device)
     return ct._PLANS.get((problem, target, index), (None, ()))
+
+
+_deterministic = torch._C._get_deterministic_algorithms  # torch.are_deterministic_algorithms_enabled's own call
 
 
 def _override(original: Any) -> Callable:
@@ -265,21 +277,25 @@ def _override(original: Any) -> Callable:
         if not mask[1] or config is None:
             return original.call_boxed(keyset, *args)
         conf = (stride, padding, dilation, transposed, output_padding, groups)
-        key = (x.shape, x.stride(), go.stride(), x.dtype, x.device, w.shape, *map(str, conf),
-               torch.are_deterministic_algorithms_enabled())  # fmt: skip
+        key = (x.shape, x.stride(), go.stride(), x.dtype, x.device, w.shape, tuple(stride), tuple(padding),
+               tuple(dilation), transposed, tuple(output_padding), groups, _deterministic())  # fmt: skip
         decision = _DECISIONS.get(key)
         if decision is None:
             decision = _DECISIONS[key] = _decide(go, x, w, conf, config)
         if decision[0] == "ours" and x.is_cuda and (x.data_ptr() | go.data_ptr()) & 15:
             decision = ("torch", "data not 16-byte aligned")  # the direct launch's pointers are aligned
-        if decision[0] == "torch":
+        if decision[0] != "ours":
             _STATS[f"torch: {decision[1]}"] += 1
             return original.call_boxed(keyset, *args)
         dx = db = None
         if mask[0] or mask[2]:  # torch's kernel for the rest, asked not to compute dW
             dx, _, db = original.call_boxed(keyset, *args[:-1], [mask[0], False, mask[2]])
-        xd = _dense(x)
-        dw = ct.conv_weight(xd, w.shape, _like(go, xd), stride, padding, dilation, groups)
+        _, _, copy_x, go_format = decision
+        if copy_x:
+            x = x.contiguous()
+        if go_format is not None:
+            go = go.contiguous(memory_format=go_format)
+        dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
         _STATS["ours"] += 1
         return dx, dw, db
 

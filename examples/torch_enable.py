@@ -44,6 +44,8 @@ def build(name: str, classes: int) -> nn.Module:
         import torchvision
     except ModuleNotFoundError:
         sys.exit(f"--model {name} needs torchvision (pip install torchvision); --model tiny does not")
+    if not callable(getattr(torchvision.models, name, None)):
+        sys.exit(f"--model: expected tiny or a torchvision model name (resnet50, mobilenet_v3_large), got {name!r}")
     return getattr(torchvision.models, name)(num_classes=classes)
 
 
@@ -147,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write both runs as JSON here")
     p.add_argument("--plot", help="draw the two loss curves into this image (needs matplotlib)")
     args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error(f"--steps: expected >= 1, got {args.steps}")
+    for name in ("steps", "batch", "size", "classes"):
+        if getattr(args, name) < 1:
+            sys.exit(f"--{name}: expected >= 1, got {getattr(args, name)}")
     result = {"args": vars(args), "torch": train(args, ours=False), "ours": train(args, ours=True)}
     worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(result["torch"]["loss"], result["ours"]["loss"]))
     result["max_relative_loss_difference"] = worst

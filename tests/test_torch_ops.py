@@ -129,6 +129,38 @@ def test_the_switch_under_torch_compile_has_no_graph_break_and_runs_our_kernel()
     assert ct.stats() == {"ours": 2}
 
 
+def test_a_compiled_function_that_calls_backward_runs_our_kernel_eagerly_after_its_graph_break():
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    ct.enable()
+    model.zero_grad()
+
+    def step(t):
+        loss = model(t).square().sum()
+        loss.backward()  # dynamo breaks the graph here and runs the backward eagerly, our override inside it
+        return loss
+
+    torch._dynamo.reset()
+    torch._dynamo.explain(step)(x)
+    _close([p.grad for p in model.parameters()], want)
+    assert ct.stats() == {"ours": 2}
+
+
+def test_double_backward_through_the_switch_gives_torchs_second_order_gradients():
+    def penalty(m, x):
+        m.zero_grad()
+        x = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(m(x).square().sum(), x, create_graph=True)
+        gx.square().sum().backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    model, x = _model(), _x()
+    want = penalty(model, x)
+    ct.enable()
+    _close(penalty(model, x), want)
+    assert ct.stats().get("ours", 0) >= 2
+
+
 def test_min_flops_dtypes_and_layers_choose_what_is_ours():
     model, x = _model(), _x()
     flops = 2 * (2 * 8 * 6 * 6) * (4 * 3 * 3)  # both layers: dy elements x (C/groups x filter) x 2
