@@ -38,7 +38,21 @@ def _out_strides(weight_size: list[int], fmt: str) -> list[int]:
     return [dense_strides[order.index(i)] for i in range(len(order))]
 
 
-@torch.library.custom_op("convbw::conv_weight", mutates_args=())
+def _kernel_inputs(x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and dy as the kernel reads them: x dense (else a contiguous copy), dy in x's memory format (else a
+    copy: inductor, cuDNN and views choose layouts of their own). The fake implementation takes the same."""
+    if not ct._formats(x):
+        x = x.contiguous()
+    fmt = _copy_format(dy, x)
+    return x, (dy if fmt is None else dy.contiguous(memory_format=fmt))
+
+
+# needs_exact_strides: inductor hands the op tensors with the strides its fake implementation saw (it may
+# otherwise pick other layouts, e.g. channels-last for convolutions), so dW's strides are the ones it planned for
+_TAGS = tuple(getattr(torch.Tag, t) for t in ("needs_exact_strides",) if hasattr(torch.Tag, t))
+
+
+@torch.library.custom_op("convbw::conv_weight", mutates_args=(), tags=_TAGS)
 def conv_weight_op(
     input: torch.Tensor,
     grad_output: torch.Tensor,
@@ -48,16 +62,15 @@ def conv_weight_op(
     dilation: list[int],
     groups: int,
 ) -> torch.Tensor:
-    """dW of a convolution (:func:`convbw_mlir.torch.conv_weight` with even pads) as a torch op."""
-    return ct.conv_weight(input, weight_size, grad_output, stride, padding, dilation, groups)
+    """dW of a convolution (:func:`convbw_mlir.torch.conv_weight` with even pads) as a torch op; any strides."""
+    x, dy = _kernel_inputs(input, grad_output)
+    return ct.conv_weight(x, weight_size, dy, stride, padding, dilation, groups)
 
 
 @conv_weight_op.register_fake
 def _conv_weight_fake(input, grad_output, weight_size, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
-    formats = [f for f in ct._formats(input) if f in ct._formats(grad_output)]
-    if not formats:  # as the real op: one error naming the argument
-        ct.problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
-    return input.new_empty_strided(list(weight_size), _out_strides(list(weight_size), formats[0]))
+    x, _ = _kernel_inputs(input, grad_output)
+    return input.new_empty_strided(list(weight_size), _out_strides(list(weight_size), ct._formats(x)[0]))
 
 
 # -- which plans are deterministic --------------------------------------------------------------------
