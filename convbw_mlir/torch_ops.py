@@ -278,6 +278,7 @@ def _plan_of(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, args: tuple) ->
 
 
 _deterministic = torch._C._get_deterministic_algorithms  # torch.are_deterministic_algorithms_enabled's own call
+_profiling = torch._C._autograd._profiler_enabled
 
 
 def _override(original: Any) -> Callable:
@@ -308,7 +309,11 @@ def _override(original: Any) -> Callable:
             x = x.contiguous()
         if go_format is not None:
             go = go.contiguous(memory_format=go_format)
-        dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
+        if _profiling():  # a named range, so torch.profiler tells our dW from torch's (examples/torch_enable.py)
+            with torch.profiler.record_function("convbw::conv_weight"):
+                dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
+        else:
+            dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
         _STATS["ours"] += 1
         return dx, dw, db
 
