@@ -216,6 +216,15 @@ def test_bad_settings_are_one_error_naming_the_field_and_leave_the_switch_off(se
     assert not ct.is_enabled()
 
 
+def test_a_torch_without_get_kernel_is_one_error_naming_the_version_needed(monkeypatch):
+    monkeypatch.delattr(torch.library, "get_kernel")
+    with pytest.raises(
+        RuntimeError, match=r"^convbw_mlir.torch.enable needs torch >= 2.9 \(torch.library.get_kernel\)"
+    ):
+        ct.enable()
+    assert not ct.is_enabled()
+
+
 def test_channels_last_models_and_strided_inputs_train_as_torch_with_one_warning(monkeypatch):
     monkeypatch.setattr(ct, "_WARNED", set())
     model = _model().to(memory_format=torch.channels_last)
