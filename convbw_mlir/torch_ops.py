@@ -295,6 +295,8 @@ def _override(original: Any) -> Callable:
                tuple(dilation), transposed, tuple(output_padding), groups, _deterministic())  # fmt: skip
         decision = _DECISIONS.get(key)
         if decision is None:
+            if len(_DECISIONS) > 4096:  # a bound for programs that see endless shapes
+                _DECISIONS.clear()
             decision = _DECISIONS[key] = _decide(go, x, w, conf, config)
         if decision[0] == "ours" and x.is_cuda and (x.data_ptr() | go.data_ptr()) & 15:
             decision = ("torch", "data not 16-byte aligned")  # the direct launch's pointers are aligned
