@@ -97,8 +97,8 @@ class _Config:
 
 
 _STATE: dict[str, Any] = {"lib": None, "config": None, "originals": {}}
-# argument signature -> ("ours" | "torch", why, copy x?, dy's memory format to copy it into or None): the
-# format checks cost ~13 µs each, a dictionary lookup ~0.1
+# argument signature -> ("ours" | "torch", why, copy x?, dy's memory format to copy it into or None, dW's
+# strides to copy it into or None): the format checks cost ~13 µs each, a dictionary lookup ~0.1
 _DECISIONS: dict[tuple, tuple] = {}
 _STATS: Counter = Counter()
 _SWITCH_LOCK = threading.Lock()
@@ -221,22 +221,22 @@ def reset_stats() -> None:
 
 
 def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, config: _Config) -> tuple:
-    """("ours" | "torch", why, copy x?, dy's format to copy it into or None) for these convolution_backward
-    arguments (memoized by the caller)."""
+    """("ours" | "torch", why, copy x?, dy's format to copy it into or None, dW's strides to copy it into or
+    None) for these convolution_backward arguments (memoized by the caller)."""
     stride, padding, dilation, transposed, output_padding, groups = args
     if transposed:
-        return "torch", "transposed convolution", False, None
+        return "torch", "transposed convolution", False, None, None
     if x.dtype not in config.dtypes or go.dtype != x.dtype:
-        return "torch", f"dtype {x.dtype}", False, None
+        return "torch", f"dtype {x.dtype}", False, None, None
     if not 3 <= x.dim() <= 5:
-        return "torch", f"{x.dim() - 2}-d convolution", False, None
+        return "torch", f"{x.dim() - 2}-d convolution", False, None, None
     flops = 2 * go.numel() * w.numel() // max(w.shape[0], 1)
     if flops < config.min_flops:
-        return "torch", "below min_flops", False, None
+        return "torch", "below min_flops", False, None, None
     if config.layers is not None and not config.layers(
         (tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), int(groups))
     ):
-        return "torch", "not in layers", False, None
+        return "torch", "not in layers", False, None, None
     if not ct._formats(x):
         ct._warn_once(f"convbw_mlir.torch.enable: input of shape {tuple(x.shape)} and strides {x.stride()} is "
                       "neither contiguous nor channels-last: the weight gradient reads a contiguous copy")  # fmt: skip
@@ -245,14 +245,27 @@ def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, con
         ct._problem_memo(xd, list(w.shape), _like(go, xd), list(stride), list(padding), list(dilation), int(groups))
     except Exception as e:  # no kernel (compile error, no compiler): torch's, said once per problem
         ct._warn_once(f"convbw_mlir.torch.enable: weight gradient left to torch: {type(e).__name__}: {e}")
-        return "torch", "no kernel", False, None
+        return "torch", "no kernel", False, None, None
     if _deterministic():
         plan, flags = _plan_of(xd, w, _like(go, xd), args)
         if not plan_is_deterministic(plan, flags):
             ct._warn_once("convbw_mlir.torch.enable: torch.use_deterministic_algorithms(True) and our kernel's "
                           "plan is not known to be deterministic: the weight gradient is torch's")  # fmt: skip
-            return "torch", "not deterministic", False, None
-    return "ours", "", xd is not x, _copy_format(go, xd)
+            return "torch", "not deterministic", False, None, None
+    return "ours", "", xd is not x, _copy_format(go, xd), _torch_dw_strides(go, x, w, args, xd)
+
+
+def _torch_dw_strides(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, xd: torch.Tensor) -> Any:
+    """The strides torch's own kernel gives dW (its meta kernel's: what torch.compile plans with), where ours
+    (dense in x's format) differ in a dimension longer than 1; else None."""
+    meta = [t.to("meta") for t in (go, x, w)]
+    want = aten_convolution_backward(*meta, None, *args, [False, True, False])[1].stride()
+    ours = _out_strides(list(w.shape), ct._formats(xd)[0])
+    same = all(a == b or size == 1 for a, b, size in zip(want, ours, w.shape))
+    return None if same else tuple(want)
+
+
+aten_convolution_backward = torch.ops.aten.convolution_backward.default
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:
@@ -306,7 +319,7 @@ def _override(original: Any) -> Callable:
         dx = db = None
         if mask[0] or mask[2]:  # torch's kernel for the rest, asked not to compute dW
             dx, _, db = original.call_boxed(keyset, *args[:-1], [mask[0], False, mask[2]])
-        _, _, copy_x, go_format = decision
+        _, _, copy_x, go_format, dw_strides = decision
         if copy_x:
             x = x.contiguous()
         if go_format is not None:
@@ -316,6 +329,8 @@ def _override(original: Any) -> Callable:
                 dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
         else:
             dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
+        if dw_strides is not None:  # torch's layout for dW (e.g. channels-last weights, contiguous x): a copy
+            dw = torch.empty_strided(dw.shape, dw_strides, dtype=dw.dtype, device=dw.device).copy_(dw)
         _STATS["ours"] += 1
         return dx, dw, db
 

@@ -115,6 +115,22 @@ def test_dx_and_the_bias_gradient_stay_torchs_bit_for_bit():
         assert torch.equal(got, w)
 
 
+@pytest.mark.parametrize("x_fmt, w_fmt", [(CONTIGUOUS, CL), (CL, CONTIGUOUS), (CL, CL), (CONTIGUOUS, CONTIGUOUS)])
+def test_dw_comes_back_with_the_strides_torchs_kernel_gives_it(x_fmt, w_fmt):
+    # torch.compile plans with the meta kernel's strides (channels-last if x or the weight is): a dW of other
+    # strides would be read wrongly by the compiled code after it
+    x = _x().contiguous(memory_format=x_fmt)
+    w = torch.randn(8, 4, 3, 3).contiguous(memory_format=w_fmt)
+    dy = torch.randn(2, 8, 6, 6).contiguous(memory_format=x_fmt)
+    args = (dy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])
+    want = torch.ops.aten.convolution_backward.default(*args)[1]
+    ct.enable()
+    got = torch.ops.aten.convolution_backward.default(*args)[1]
+    assert ct.stats() == {"ours": 1}
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_enabled_restores_the_state_before_it():
     model, x = _model(), _x()
     with ct.enabled():
