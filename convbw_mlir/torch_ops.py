@@ -2,7 +2,8 @@
 
 - ``torch.ops.convbw.conv_weight(input, grad_output, weight_size, stride, padding, dilation, groups)``: a
   registered custom op (``torch.library.custom_op``) with a fake implementation, so ``torch.compile`` traces
-  it without a graph break; :class:`convbw_mlir.torch.ConvWeightGrad` (``convert_model``) calls it.
+  it without a graph break; :class:`convbw_mlir.torch.ConvWeightGrad` (``convert_model``) calls it while
+  torch.compile traces (eager calls skip its dispatch).
 - :func:`enable` / :func:`disable` / :func:`enabled`: a ``torch.library`` override of
   ``aten::convolution_backward`` for the CPU and CUDA dispatch keys that computes dW (``output_mask[1]``)
   with our kernel where the problem qualifies and hands everything else (dx, the bias gradient, problems
