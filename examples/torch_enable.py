@@ -7,7 +7,7 @@ step of both, the step time (median over the steps after the first few), how man
 our dW (``torch.profiler``). ``--plot`` draws the two loss curves (matplotlib).
 
 On the GPU (what docs/torch.md asks to be measured; kernels compiled on a machine with the IREE compiler and
-carried in $CONVBW_ARTIFACTS):
+carried in $CONVBW_ARTIFACTS: the same command with ``--precompile sm_80`` compiles exactly those):
   python examples/torch_enable.py --model resnet50 --dtype bf16 --compile --steps 100 --batch 32 --size 224 \\
       --device cuda --profile --out resnet50.json --plot resnet50.png
   python examples/torch_enable.py --model mobilenet_v3_large ...
@@ -129,6 +129,45 @@ def profile_share(step_fn, opt, batch, device) -> dict:  # noqa: ANN001
             "share": ours / backward if backward else None, "kernels": kernels}  # fmt: skip
 
 
+def precompile(args: argparse.Namespace) -> int:
+    """Compile the kernels a run of these arguments needs for ``--precompile TARGET`` into ``$CONVBW_ARTIFACTS``
+    (the GPU machine has no IREE compiler): the model runs one step on meta tensors (no data, no time) with
+    its convolutions in ``--dtype``, every ``convolution_backward`` that asks for dW is recorded, and each
+    distinct problem is compiled as the entry point would compile it there."""
+    import os
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from convbw_mlir import torch as ct
+    from convbw_mlir.compiler import compile_op
+
+    if not os.environ.get(ct.ARTIFACTS_ENV):
+        sys.exit(f"--precompile: set ${ct.ARTIFACTS_ENV} to the folder the GPU run will read")
+    seen = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):  # noqa: ANN001, ANN204
+            if func is torch.ops.aten.convolution_backward.default and a[-1][1] and not a[7]:
+                go, x, w, _, stride, padding, dilation, _, _, groups, _ = a
+                cl = torch.channels_last  # the run's x is; the switch copies a dy of another format into x's
+                x, go = x.contiguous(memory_format=cl), go.contiguous(memory_format=cl)
+                problem, _ = ct.problem_for(x, w.shape, go, stride, padding, dilation, groups)
+                seen[problem.name] = problem
+            return func(*a, **(kw or {}))
+
+    dtype = DTYPES[args.dtype]  # autocast's casts, done here by hand: autocast does not act on meta tensors
+    model = build(args.model, args.classes).to("meta", dtype).to(memory_format=torch.channels_last)
+    x = torch.empty(args.batch, 3, args.size, args.size, device="meta", dtype=dtype)
+    with Record():
+        model(x.contiguous(memory_format=torch.channels_last)).float().sum().backward()
+    for i, problem in enumerate(sorted(seen.values(), key=lambda p: p.name)):
+        folder = ct.artifact_dir(problem, args.precompile)
+        print(f"[{i + 1}/{len(seen)}] {problem.name}", flush=True)
+        if not (folder / "op.json").is_file():
+            compile_op(problem, args.precompile, isolate=True, output_arg=True).save(folder)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny", help="tiny, or a torchvision model name (resnet50, mobilenet_v3_large)")
@@ -145,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="the share of weight-gradient kernel time that was ours")
     p.add_argument("--out", help="write both runs as JSON here")
     p.add_argument("--plot", help="draw the two loss curves into this image (needs matplotlib)")
+    p.add_argument("--precompile", metavar="TARGET", help="only compile the run's kernels for TARGET (e.g. sm_80)")
     args = p.parse_args(argv)
     for name in ("steps", "batch", "size", "classes"):
         if getattr(args, name) < 1:
             sys.exit(f"--{name}: expected >= 1, got {getattr(args, name)}")
+    if args.precompile:
+        return precompile(args)
     result = {"args": vars(args), "torch": train(args, ours=False), "ours": train(args, ours=True)}
     worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(result["torch"]["loss"], result["ours"]["loss"]))
     result["max_relative_loss_difference"] = worst

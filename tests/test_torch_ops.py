@@ -2,6 +2,7 @@
 without graph breaks, routing on and off, what stays torch's, channels-last and strided inputs, autocast,
 deterministic mode, activation checkpointing, torch.func and DDP over two gloo processes (docs/torch.md)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -367,12 +368,22 @@ def test_ddp_over_two_gloo_processes_all_reduces_our_weight_gradients(tmp_path):
         _close([torch.tensor(g) for g in got["grads"]], want)
 
 
-def test_the_training_example_runs_two_steps_on_the_cpu(tmp_path):
+def test_the_training_example_runs_two_steps_on_the_cpu_and_precompiles_what_it_needs(tmp_path, monkeypatch):
     from conftest import ROOT
 
     out = tmp_path / "run.json"
     cmd = [sys.executable, str(ROOT / "examples" / "torch_enable.py"), "--model", "tiny", "--steps", "2"]
-    subprocess.run([*cmd, "--device", "cpu", "--batch", "2", "--size", "8", "--out", str(out)], check=True)
+    cmd += ["--device", "cpu", "--batch", "2", "--size", "8"]
+    run_env = dict(os.environ, **{ct.ARTIFACTS_ENV: str(tmp_path / "run")})  # the run saves its kernels there
+    subprocess.run([*cmd, "--out", str(out)], check=True, env=run_env)
     result = json.loads(out.read_text())
     assert len(result["torch"]["loss"]) == len(result["ours"]["loss"]) == 2
     assert result["ours"]["stats"].get("ours", 0) > 0
+    # --precompile (meta tensors, no run) compiles exactly the kernels the run needed: what the GPU machine gets
+    monkeypatch.setenv(ct.ARTIFACTS_ENV, str(tmp_path / "pre"))
+    spec = importlib.util.spec_from_file_location("torch_enable", ROOT / "examples" / "torch_enable.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main([*cmd[2:], "--precompile", "host"]) == 0
+    needed = sorted(p.name for p in (tmp_path / "run" / "host").iterdir())
+    assert needed and sorted(p.name for p in (tmp_path / "pre" / "host").iterdir()) == needed
