@@ -10,10 +10,10 @@ On the GPU (what docs/torch.md asks to be measured; kernels compiled on a machin
 carried in $CONVBW_ARTIFACTS: the same command with ``--precompile sm_80`` compiles exactly those):
   python examples/torch_enable.py --model resnet50 --dtype bf16 --compile --steps 100 --batch 32 --size 224 \\
       --device cuda --profile --out resnet50.json --plot resnet50.png
-  python examples/torch_enable.py --model mobilenet_v3_large ...
+  python examples/torch_enable.py --model mobilenet_v2 ...   (mobilenet_v3_large: torchvision's)
 On the CPU, seconds (a two-convolution-layer net on 8x8 images; also a test):
   python examples/torch_enable.py --model tiny --steps 2 --device cpu
-``resnet50`` and ``mobilenet_v3_large`` need torchvision.
+``resnet50``, ``mobilenet_v2`` and ``tiny`` are written out here; other names are torchvision's models.
 """
 
 from __future__ import annotations
@@ -33,19 +33,89 @@ except ModuleNotFoundError:
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def build(name: str, classes: int) -> nn.Module:
-    if name == "tiny":
-        return nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-            nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, classes),
+def conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, act: type | None = nn.ReLU) -> list:
+    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return layers + ([act(inplace=True)] if act else [])
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50's block (torchvision's v1.5: the stride on the 3x3)."""
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(
+            *conv_bn(cin, width, 1), *conv_bn(width, width, 3, stride), *conv_bn(width, cout, 1, act=None)
+        )
+        self.down = nn.Sequential(*conv_bn(cin, cout, 1, stride, act=None)) if stride != 1 or cin != cout else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, depthwise 3x3, 1x1 project."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        expand_layers = conv_bn(cin, hidden, 1, act=nn.ReLU6) if expand != 1 else []
+        self.body = nn.Sequential(
+            *expand_layers, *conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6),
+            *conv_bn(hidden, cout, 1, act=None),
         )  # fmt: skip
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+def resnet50(classes: int) -> nn.Module:
+    blocks, cin = [], 64
+    for width, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(count):
+            blocks.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = 4 * width
+    return nn.Sequential(
+        *conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1), *blocks,
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes),
+    )  # fmt: skip
+
+
+def mobilenet_v2(classes: int) -> nn.Module:
+    blocks, cin = [], 32
+    stages = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+    for t, c, n, s in stages:  # expansion, channels, blocks, first stride
+        for i in range(n):
+            blocks.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+            cin = c
+    return nn.Sequential(
+        *conv_bn(3, 32, 3, 2, act=nn.ReLU6), *blocks, *conv_bn(cin, 1280, 1, act=nn.ReLU6),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, classes),
+    )  # fmt: skip
+
+
+def tiny(classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, classes),
+    )  # fmt: skip
+
+
+# written out here (the same layers as torchvision's) so that --precompile runs where torchvision is not installed
+MODELS = {"tiny": tiny, "resnet50": resnet50, "mobilenet_v2": mobilenet_v2}
+
+
+def build(name: str, classes: int) -> nn.Module:
+    if name in MODELS:
+        return MODELS[name](classes)
     try:
         import torchvision
     except ModuleNotFoundError:
-        sys.exit(f"--model {name} needs torchvision (pip install torchvision); --model tiny does not")
+        sys.exit(f"--model {name} needs torchvision (pip install torchvision); {', '.join(MODELS)} do not")
     if not callable(getattr(torchvision.models, name, None)):
-        sys.exit(f"--model: expected tiny or a torchvision model name (resnet50, mobilenet_v3_large), got {name!r}")
+        sys.exit(f"--model: expected {', '.join(MODELS)} or a torchvision model name, got {name!r}")
     return getattr(torchvision.models, name)(num_classes=classes)
 
 
@@ -170,7 +240,7 @@ def precompile(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="tiny", help="tiny, or a torchvision model name (resnet50, mobilenet_v3_large)")
+    p.add_argument("--model", default="tiny", help="tiny, resnet50, mobilenet_v2, or a torchvision model name")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--size", type=int, default=8)
