@@ -8,6 +8,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# test-torch: torch==2.13.0 (CPU build), so make test runs the torch tests; TEST_EXTRAS=test leaves torch out
+TEST_EXTRAS ?= test,test-torch
 
 .PHONY: setup run test pytest lit lint clean fuzz emulate-amd mutate
 MUTATION ?= $(wildcard tests/mutation/*.toml)
@@ -17,7 +19,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[$(TEST_EXTRAS)]'
 	touch $(STAMP)
 
 run: setup

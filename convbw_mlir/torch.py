@@ -35,6 +35,12 @@ from convbw_mlir.runtime import PreparedCall
 
 __all__ = [
     "ConvWeightGrad",
+    "disable",
+    "enable",
+    "enabled",
+    "is_enabled",
+    "reset_stats",
+    "stats",
     "artifact_dir",
     "conv1d_weight",
     "conv2d_weight",
@@ -242,6 +248,7 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
 
 # -- kernels ---------------------------------------------------------------------------------------
 _KERNELS: dict[tuple, PreparedCall | _DirectCall] = {}
+_PLANS: dict[tuple, tuple] = {}  # the same key -> (plan, IREE flags) of the kernel: torch_ops' deterministic check
 _LOCK = threading.Lock()
 atexit.register(_KERNELS.clear)  # release IREE's objects before the interpreter tears its bindings down
 
@@ -292,6 +299,7 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
             if folder is not None:
                 op.save(folder)
         _KERNELS[key] = _call_for(op, driver, index)
+        _PLANS[key] = (op.plan, tuple(op.flags))
         return _KERNELS[key]
 
 
@@ -556,7 +564,16 @@ class ConvWeightGrad(torch.autograd.Function):
             if not grad_output.permute(_order(_formats(input)[0], input.dim())).is_contiguous():
                 # cuDNN may hand a differently laid out gradient; our kernel reads the input's format
                 grad_output = grad_output.contiguous(memory_format=_memory_format(input))
-            grad_w = conv_weight(input, weight.shape, grad_output, stride, padding, dilation, groups)
+            low, high = _pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank, 1))
+            # the registered op where torch.compile traces (no graph break); eager calls skip its ~40 µs of
+            # custom-op dispatch (docs/torch.md#the-switch)
+            if low == high and torch.compiler.is_compiling():
+                grad_w = torch.ops.convbw.conv_weight(
+                    input, grad_output, list(weight.shape), list(_tuple("stride", stride, rank, 1)), list(low),
+                    list(_tuple("dilation", dilation, rank, 1)), groups,
+                )  # fmt: skip
+            else:
+                grad_w = conv_weight(input, weight.shape, grad_output, stride, padding, dilation, groups)
         return grad_x, grad_w, grad_b, None, None, None, None
 
 
@@ -619,3 +636,8 @@ def convert_model(model: torch.nn.Module) -> list[str]:
         layer._conv_forward = types.MethodType(_conv_forward, layer)
         done.append(name)
     return done
+
+
+# the custom op convbw::conv_weight and the switch (enable/disable) live beside this module; imported last:
+# they use the names above
+from convbw_mlir.torch_ops import disable, enable, enabled, is_enabled, reset_stats, stats  # noqa: E402

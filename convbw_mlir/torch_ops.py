@@ -1,0 +1,338 @@
+"""The torch custom op ``convbw::conv_weight`` and the switch that routes torch's own weight gradients to us.
+
+- ``torch.ops.convbw.conv_weight(input, grad_output, weight_size, stride, padding, dilation, groups)``: a
+  registered custom op (``torch.library.custom_op``) with a fake implementation, so ``torch.compile`` traces
+  it without a graph break; :class:`convbw_mlir.torch.ConvWeightGrad` (``convert_model``) calls it while
+  torch.compile traces (eager calls skip its dispatch).
+- :func:`enable` / :func:`disable` / :func:`enabled`: a ``torch.library`` override of
+  ``aten::convolution_backward`` for the CPU and CUDA dispatch keys that computes dW (``output_mask[1]``)
+  with our kernel where the problem qualifies and hands everything else (dx, the bias gradient, problems
+  we do not take) to torch's own kernel, fetched with ``torch.library.get_kernel`` before the override.
+
+Why an override and not a ``TorchDispatchMode``, and what a call costs: docs/torch.md#the-switch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from convbw_mlir import torch as ct
+
+__all__ = ["disable", "enable", "enabled", "is_enabled", "plan_is_deterministic", "stats"]
+
+
+# -- the custom op -----------------------------------------------------------------------------------
+def _out_strides(weight_size: list[int], fmt: str) -> list[int]:
+    """dW's strides dense in memory format ``fmt`` (the input's): what the kernel writes, no reordering."""
+    order = ct._order(fmt, len(weight_size))
+    dense = [weight_size[i] for i in order]
+    dense_strides = [math.prod(dense[j + 1 :]) for j in range(len(dense))]
+    return [dense_strides[order.index(i)] for i in range(len(order))]
+
+
+def _kernel_inputs(x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and dy as the kernel reads them: x dense (else a contiguous copy), dy in x's memory format (else a
+    copy: inductor, cuDNN and views choose layouts of their own). The fake implementation takes the same."""
+    if not ct._formats(x):
+        x = x.contiguous()
+    fmt = _copy_format(dy, x)
+    return x, (dy if fmt is None else dy.contiguous(memory_format=fmt))
+
+
+# needs_exact_strides: inductor hands the op tensors with the strides its fake implementation saw (it may
+# otherwise pick other layouts, e.g. channels-last for convolutions), so dW's strides are the ones it planned for
+_TAGS = tuple(getattr(torch.Tag, t) for t in ("needs_exact_strides",) if hasattr(torch.Tag, t))
+
+
+@torch.library.custom_op("convbw::conv_weight", mutates_args=(), tags=_TAGS)
+def conv_weight_op(
+    input: torch.Tensor,
+    grad_output: torch.Tensor,
+    weight_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> torch.Tensor:
+    """dW of a convolution (:func:`convbw_mlir.torch.conv_weight` with even pads) as a torch op; any strides."""
+    x, dy = _kernel_inputs(input, grad_output)
+    return ct.conv_weight(x, weight_size, dy, stride, padding, dilation, groups)
+
+
+@conv_weight_op.register_fake
+def _conv_weight_fake(input, grad_output, weight_size, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
+    x, _ = _kernel_inputs(input, grad_output)
+    return input.new_empty_strided(list(weight_size), _out_strides(list(weight_size), ct._formats(x)[0]))
+
+
+# -- which plans are deterministic --------------------------------------------------------------------
+def plan_is_deterministic(plan: Any, flags: Iterable[str] = ()) -> bool:
+    """Whether a kernel of ``plan``, compiled with IREE ``flags``, gives bit-identical dW run after run
+    (what ``torch.use_deterministic_algorithms(True)`` asks).
+
+    Every plan of ours sums in a fixed order: split-K writes partial sums that a second dispatch reduces
+    in order, StreamK's finisher adds its contributors' partials in workgroup order (the atomics are
+    flags, not sums), and IREE's own codegen (without its opt-in split reduction flag) uses no atomics.
+    A kernel whose plan is unknown (an artifact saved before plans existed) is not trusted.
+    """
+    if plan is None:
+        return False
+    return not any("split-reduction" in f for f in flags)
+
+
+# -- the switch ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Config:
+    min_flops: int
+    dtypes: frozenset
+    layers: Callable[[Any], bool] | None
+
+
+_STATE: dict[str, Any] = {"lib": None, "config": None, "originals": {}}
+# argument signature -> ("ours" | "torch", why, copy x?, dy's memory format to copy it into or None, dW's
+# strides to copy it into or None): the format checks cost ~13 µs each, a dictionary lookup ~0.1
+_DECISIONS: dict[tuple, tuple] = {}
+_STATS: Counter = Counter()
+_SWITCH_LOCK = threading.Lock()
+_KEYS = ("CPU", "CUDA")  # ROCm builds of torch use the CUDA key too; other devices are not overridden
+
+
+def _layer_filter(layers: Any) -> Callable[[Any], bool] | None:
+    """``layers`` as a predicate on (weight shape, stride, padding, dilation, groups).
+
+    Raises:
+        TypeError: naming ``layers`` and what it got.
+    """
+    if layers is None or callable(layers):
+        return layers
+    if isinstance(layers, torch.nn.Module):
+        layers = [layers]
+    try:
+        mods = list(layers)
+    except TypeError:
+        raise TypeError(f"layers: expected None, a callable or convolution modules, got {layers!r}") from None
+    signatures = set()
+    for m in mods:
+        if isinstance(m, torch.nn.Module) and not isinstance(m, torch.nn.modules.conv._ConvNd):
+            mods.extend(c for c in m.modules() if isinstance(c, torch.nn.modules.conv._ConvNd))
+            continue
+        if not isinstance(m, torch.nn.modules.conv._ConvNd):
+            raise TypeError(f"layers: expected convolution modules, got {type(m).__name__}")
+        if isinstance(m.padding, str):  # "same"/"valid": the pads aten sees
+            low, _ = ct._pads(m.padding, len(m.kernel_size), tuple(m.kernel_size), tuple(m.dilation))
+        else:
+            low = tuple(m.padding)
+        signatures.add((tuple(m.weight.shape), tuple(m.stride), low, tuple(m.dilation), m.groups))
+    return lambda sig: sig in signatures
+
+
+def enable(
+    min_flops: int = 0,
+    dtypes: Iterable[torch.dtype] = (torch.float16, torch.bfloat16, torch.float32),
+    layers: Any = None,
+) -> None:
+    """Route the weight gradient of every convolution torch computes to our kernels (until :func:`disable`).
+
+    torch's ``aten::convolution_backward`` with ``output_mask[1]`` set is overridden on the CPU and CUDA
+    keys: dW comes from our kernel where the problem qualifies, dx and the bias gradient stay torch's,
+    and any problem we do not take goes to torch's kernel whole. Calling it again replaces the settings.
+
+    Args:
+        min_flops: only problems of at least this many multiply-adds x 2 (smaller ones stay torch's).
+        dtypes: the dtypes to take (a subset of float16, bfloat16, float32).
+        layers: None (all), convolution modules (or modules holding them; a problem qualifies when its
+            weight shape, stride, padding, dilation and groups are one of theirs), or a callable taking
+            that tuple and returning whether to take it.
+
+    Raises:
+        TypeError / ValueError: naming the argument.
+        RuntimeError: this torch has no ``torch.library.get_kernel`` (torch >= 2.9 needed for the switch).
+    """
+    if isinstance(min_flops, bool) or not isinstance(min_flops, int) or min_flops < 0:
+        raise ValueError(f"min_flops: expected an int >= 0, got {min_flops!r}")
+    dtypes = frozenset(dtypes)
+    if not dtypes or any(d not in ct._DTYPES for d in dtypes):
+        raise TypeError(
+            f"dtypes: expected a non-empty subset of float16, bfloat16, float32, got {sorted(map(str, dtypes))}"
+        )
+    config = _Config(min_flops, dtypes, _layer_filter(layers))
+    if not hasattr(torch.library, "get_kernel"):
+        raise RuntimeError(
+            f"convbw_mlir.torch.enable needs torch >= 2.9 (torch.library.get_kernel); this is {torch.__version__}"
+        )
+    with _SWITCH_LOCK:
+        _DECISIONS.clear()
+        _STATE["config"] = config
+        if _STATE["lib"] is None:
+            op = torch.ops.aten.convolution_backward.default
+            originals = {key: torch.library.get_kernel(op, key) for key in _KEYS}
+            lib = torch.library.Library("aten", "IMPL")
+            with warnings.catch_warnings():  # torch says once that a kernel (CUDA's) is overridden: we mean it
+                warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+                for key in _KEYS:
+                    lib.impl("convolution_backward", _override(originals[key]), key, with_keyset=True)
+            _STATE["lib"], _STATE["originals"] = lib, originals
+
+
+def disable() -> None:
+    """Give ``aten::convolution_backward`` back to torch (nothing of ours is left registered)."""
+    with _SWITCH_LOCK:
+        if _STATE["lib"] is not None:
+            _STATE["lib"]._destroy()
+        _STATE.update(lib=None, config=None, originals={})
+        _DECISIONS.clear()
+
+
+def is_enabled() -> bool:
+    return _STATE["lib"] is not None
+
+
+@contextlib.contextmanager
+def enabled(**settings: Any) -> Iterator[None]:
+    """:func:`enable` for a ``with`` block; the switch's earlier state (on with its settings, or off) after."""
+    before = _STATE["config"]
+    enable(**settings)
+    try:
+        yield
+    finally:
+        if before is None:
+            disable()
+        else:
+            with _SWITCH_LOCK:
+                _STATE["config"] = before
+                _DECISIONS.clear()
+
+
+def stats() -> dict[str, int]:
+    """Weight gradients computed since the last reset: ``{"ours": n, "torch: <why>": n, ...}``; ``stats(reset)``."""
+    return dict(_STATS)
+
+
+def reset_stats() -> None:
+    _STATS.clear()
+
+
+def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, config: _Config) -> tuple:
+    """("ours" | "torch", why, copy x?, dy's format to copy it into or None, dW's strides to copy it into or
+    None) for these convolution_backward arguments (memoized by the caller)."""
+    stride, padding, dilation, transposed, output_padding, groups = args
+    if transposed:
+        return "torch", "transposed convolution", False, None, None
+    if x.dtype not in config.dtypes or go.dtype != x.dtype:
+        return "torch", f"dtype {x.dtype}", False, None, None
+    if not 3 <= x.dim() <= 5:
+        return "torch", f"{x.dim() - 2}-d convolution", False, None, None
+    flops = 2 * go.numel() * w.numel() // max(w.shape[0], 1)
+    if flops < config.min_flops:
+        return "torch", "below min_flops", False, None, None
+    if config.layers is not None and not config.layers(
+        (tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), int(groups))
+    ):
+        return "torch", "not in layers", False, None, None
+    if not ct._formats(x):
+        ct._warn_once(f"convbw_mlir.torch.enable: input of shape {tuple(x.shape)} and strides {x.stride()} is "
+                      "neither contiguous nor channels-last: the weight gradient reads a contiguous copy")  # fmt: skip
+    xd = _dense(x)
+    try:
+        ct._problem_memo(xd, list(w.shape), _like(go, xd), list(stride), list(padding), list(dilation), int(groups))
+    except Exception as e:  # no kernel (compile error, no compiler): torch's, said once per problem
+        ct._warn_once(f"convbw_mlir.torch.enable: weight gradient left to torch: {type(e).__name__}: {e}")
+        return "torch", "no kernel", False, None, None
+    if _deterministic():
+        plan, flags = _plan_of(xd, w, _like(go, xd), args)
+        if not plan_is_deterministic(plan, flags):
+            ct._warn_once("convbw_mlir.torch.enable: torch.use_deterministic_algorithms(True) and our kernel's "
+                          "plan is not known to be deterministic: the weight gradient is torch's")  # fmt: skip
+            return "torch", "not deterministic", False, None, None
+    return "ours", "", xd is not x, _copy_format(go, xd), _torch_dw_strides(go, x, w, args, xd)
+
+
+def _torch_dw_strides(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, xd: torch.Tensor) -> Any:
+    """The strides torch's own kernel gives dW (its meta kernel's: what torch.compile plans with), where ours
+    (dense in x's format) differ in a dimension longer than 1; else None."""
+    meta = [t.to("meta") for t in (go, x, w)]
+    want = aten_convolution_backward(*meta, None, *args, [False, True, False])[1].stride()
+    ours = _out_strides(list(w.shape), ct._formats(xd)[0])
+    same = all(a == b or size == 1 for a, b, size in zip(want, ours, w.shape))
+    return None if same else tuple(want)
+
+
+aten_convolution_backward = torch.ops.aten.convolution_backward.default
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    return x if ct._formats(x) else x.contiguous()
+
+
+def _like(go: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """dy in x's memory format (cuDNN and views may hand another): our kernel reads both in one format."""
+    fmt = _copy_format(go, x)
+    return go if fmt is None else go.contiguous(memory_format=fmt)
+
+
+def _copy_format(go: torch.Tensor, x: torch.Tensor) -> torch.memory_format | None:
+    """The memory format dy must be copied into to match dense ``x``; None where it does already."""
+    return None if ct._formats(x)[0] in ct._formats(go) else ct._memory_format(x)
+
+
+def _plan_of(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, args: tuple) -> Any:
+    stride, padding, dilation, _, _, groups = args
+    problem = ct._problem_memo(x, list(w.shape), go, list(stride), list(padding), list(dilation), int(groups))[0]
+    target, _, index = ct.target_for(x.device)
+    return ct._PLANS.get((problem, target, index), (None, ()))
+
+
+_deterministic = torch._C._get_deterministic_algorithms  # torch.are_deterministic_algorithms_enabled's own call
+_profiling = torch._C._autograd._profiler_enabled
+
+
+def _override(original: Any) -> Callable:
+    """The ``convolution_backward`` kernel of one dispatch key: ours for dW where we take it, ``original``'s else."""
+
+    @torch.compiler.disable  # called by the dispatcher under compiled code: never traced
+    def convolution_backward(keyset, *args):  # noqa: ANN001, ANN002, ANN202
+        go, x, w, _, stride, padding, dilation, transposed, output_padding, groups, mask = args
+        config = _STATE["config"]
+        if not mask[1] or config is None:
+            return original.call_boxed(keyset, *args)
+        conf = (stride, padding, dilation, transposed, output_padding, groups)
+        key = (x.shape, x.stride(), go.stride(), x.dtype, x.device, w.shape, tuple(stride), tuple(padding),
+               tuple(dilation), transposed, tuple(output_padding), groups, _deterministic())  # fmt: skip
+        decision = _DECISIONS.get(key)
+        if decision is None:
+            if len(_DECISIONS) > 4096:  # a bound for programs that see endless shapes
+                _DECISIONS.clear()
+            decision = _DECISIONS[key] = _decide(go, x, w, conf, config)
+        if decision[0] == "ours" and x.is_cuda and (x.data_ptr() | go.data_ptr()) & 15:
+            decision = ("torch", "data not 16-byte aligned")  # the direct launch's pointers are aligned
+        if decision[0] != "ours":
+            _STATS[f"torch: {decision[1]}"] += 1
+            return original.call_boxed(keyset, *args)
+        dx = db = None
+        if mask[0] or mask[2]:  # torch's kernel for the rest, asked not to compute dW
+            dx, _, db = original.call_boxed(keyset, *args[:-1], [mask[0], False, mask[2]])
+        _, _, copy_x, go_format, dw_strides = decision
+        if copy_x:
+            x = x.contiguous()
+        if go_format is not None:
+            go = go.contiguous(memory_format=go_format)
+        if _profiling():  # a named range, so torch.profiler tells our dW from torch's (examples/torch_enable.py)
+            with torch.profiler.record_function("convbw::conv_weight"):
+                dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
+        else:
+            dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
+        if dw_strides is not None:  # torch's layout for dW (e.g. channels-last weights, contiguous x): a copy
+            dw = torch.empty_strided(dw.shape, dw_strides, dtype=dw.dtype, device=dw.device).copy_(dw)
+        _STATS["ours"] += 1
+        return dx, dw, db
+
+    return convolution_backward
