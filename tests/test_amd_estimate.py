@@ -68,3 +68,23 @@ def test_estimate_ranks_ours_against_irees_kernel_on_one_problem() -> None:
     assert o.main.conflict >= 1.0
     text = table([("retina_k36_7", "gfx942", o, i, "")], ["gfx942"])
     assert "| retina_k36_7 |" in text and f"{i.time / o.time:.2f}" in text
+
+
+def test_docs_state_what_the_committed_estimate_says() -> None:
+    import math
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "bench/results/amd_estimate_2026-11-25.md").read_text()
+    docs = (root / "docs/explicit-kernels.md").read_text()
+    said = {}
+    for target, section in re.findall(r"### (gfx\d+) \(.*?\)\n(.*?)(?=\n### |\Z)", text, re.S):
+        rows = [r.split("|") for r in section.splitlines() if r.startswith("| ") and "problem" not in r]
+        ratios = [float(r[4]) for r in rows]
+        bounds = [re.search(r"\((\w+)\)", r[2]).group(1) for r in rows]
+        said[target] = (sum(v > 1 for v in ratios), len(rows), math.exp(sum(map(math.log, ratios)) / len(rows)),
+                        bounds.count("LDS"), bounds.count("matrix"))  # fmt: skip
+    (a, n, g, lds, _), (b, m, h, _, mat) = said["gfx942"], said["gfx1100"]
+    assert f"ranks ours ahead on {a} of {n} problems on MI300X (geometric\nmean {g:.2f}x)" in docs
+    assert f"and {b} of {m} on RX 7900 XTX ({h:.2f}x)" in docs
+    assert f"**LDS on MI300X** ({lds} of {n})" in docs and f"**the matrix rate on RX 7900 XTX** ({mat} of {m})" in docs
