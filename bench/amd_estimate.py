@@ -302,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated problem names (default: all 2-D dense problems)")
     ap.add_argument("--out", default="", help="also write the table to this markdown file")
     args = ap.parse_args(argv)
+    if args.out and Path(args.out).is_dir():
+        print(f"--out: {args.out} is a folder, not a file", file=sys.stderr)
+        return 1
     from isa_explicit import dense_problems
 
     from convbw_mlir.plan import PlanError
@@ -339,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         head = (f"# AMD static estimate, {datetime.date.today()} (bench/amd_estimate.py; an ESTIMATE, no AMD GPU)\n\n"
                 f"Command: `.venv/bin/python bench/amd_estimate.py {' '.join(argv or sys.argv[1:])}`\n\n")  # fmt: skip
-        Path(args.out).write_text(head + text + "\n")
+        from convbw_mlir.files import write_atomic
+
+        write_atomic(args.out, head + text + "\n")  # nothing half-written is left behind
     return 0
 
 

@@ -88,3 +88,19 @@ def test_docs_state_what_the_committed_estimate_says() -> None:
     assert f"ranks ours ahead on {a} of {n} problems on MI300X (geometric\nmean {g:.2f}x)" in docs
     assert f"and {b} of {m} on RX 7900 XTX ({h:.2f}x)" in docs
     assert f"**LDS on MI300X** ({lds} of {n})" in docs and f"**the matrix rate on RX 7900 XTX** ({mat} of {m})" in docs
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--targets", "gfx90a"], "--targets: gfx90a is not one of gfx942, gfx1100\n"),
+        (["--only", "nope"], "--only: nope is not a 2-D dense suite problem\n"),
+        (["--out", "."], "--out: . is a folder, not a file\n"),
+    ],
+)
+def test_estimate_cli_refuses_bad_arguments_with_one_line(args, message, capsys) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from amd_estimate import main
+
+    assert main(args) == 1
+    assert capsys.readouterr().err == message
