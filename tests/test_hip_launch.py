@@ -1,5 +1,5 @@
 """The direct HIP launch to the device's door: the schedule and the HSACO code objects read from real IREE
-compiles for gfx942 and gfx1100, checked against the code objects' own metadata and kernel descriptors;
+compiles for gfx942, gfx1100 and gfx1200, checked against the code objects' own metadata and kernel descriptors;
 corrupt code objects and disagreeing launches refused with one error; the launcher's HIP calls (a fake
 libamdhip64) pass the kernarg layout the code object declares; no AMD GPU: one error. No AMD GPU exists
 here: the launch itself is unproven on hardware (docs/explicit-kernels.md, AMD)."""
@@ -33,7 +33,7 @@ pytest.importorskip("msgpack")
 
 RAGGED = P.from_ck("2 1 2 36 256 3 3 7 7 2 2 1 1 1 1 1 1", layout=4)  # our explicit kernel: every edge ragged
 SPLIT = P.from_ck("2 960 32 1 1 3 3 7 7 1 1 1 1 1 1 1 1")  # IREE's own: pad, partial products, reduction
-WAVE = {"gfx942": 64, "gfx1100": 32}
+WAVE = {"gfx942": 64, "gfx1100": 32, "gfx1200": 32}
 _COMPILED: dict = {}
 
 
@@ -48,7 +48,7 @@ def _compiled(problem: P, target: str, **options) -> tuple:
     return _COMPILED[key]
 
 
-@pytest.mark.parametrize("target", ["gfx942", "gfx1100"])
+@pytest.mark.parametrize("target", ["gfx942", "gfx1100", "gfx1200"])
 def test_explicit_kernel_launch_agrees_with_its_code_object(target: str) -> None:
     op, vmfb, launch = _compiled(RAGGED, target, strategy="explicit")
     assert launch.refused is None, launch.refused
