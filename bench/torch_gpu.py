@@ -366,11 +366,12 @@ def _time_direct(p) -> dict:  # noqa: ANN001
     perm = (0, *range(2, x.dim()), 1)
     out_t = torch.empty([wsize[i] for i in perm], device=DEVICE, dtype=x.dtype)
 
-    from convbw_mlir import torch as ct
+
+    from convbw_mlir.torch import entry as ct_entry
 
     kernel(x, dy, out_t)  # makes the workspace of this stream
     stream = torch.cuda.current_stream().cuda_stream
-    ptrs = (x.data_ptr(), dy.data_ptr(), out_t.data_ptr(), ct._WORKSPACE[(kernel.index, stream)].data_ptr())
+    ptrs = (x.data_ptr(), dy.data_ptr(), out_t.data_ptr(), ct_entry._WORKSPACE[(kernel.index, stream)].data_ptr())
 
     def launcher():  # noqa: ANN202 - the dispatches alone: no lookup, no allocation, no graph
         kernel.launcher(ptrs, stream)
@@ -409,12 +410,12 @@ def _cuda_bindings_launcher(kernel, x, dy, out_t):  # noqa: ANN001, ANN202
     import torch
     from cuda.bindings import driver
 
-    from convbw_mlir import torch as ct
+    from convbw_mlir.torch import entry as ct_entry
 
     launcher = kernel.launcher
     assert all(step[0] == "k" for step in launcher._plan), "transfers: not timed here"
     funcs = [driver.CUfunction(step[1]) for step in launcher._plan]
-    ws = ct._WORKSPACE[(kernel.index, ct._raw_stream(kernel.index))]
+    ws = ct_entry._WORKSPACE[(kernel.index, ct_entry._raw_stream(kernel.index))]
 
     def launch() -> None:
         stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -435,15 +436,15 @@ def _host_parts(x, wsize, dy, kw: dict, out_t) -> dict:  # noqa: ANN001
     """Host µs of the direct entry point's steps (medians of 2,000 calls each, no GPU wait)."""
     import torch
 
-    from convbw_mlir import torch as ct
+    from convbw_mlir.torch import entry as ct_entry
 
-    memo = ct._problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], False)
+    memo = ct_entry._problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], False)
     kernel, layout = memo[6], memo[7]
     parts = {
-        "problem_memo": lambda: ct._problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"],
+        "problem_memo": lambda: ct_entry._problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"],
                                                  kw["groups"], False),
         "empty_strided": lambda: torch.empty_strided(*layout, dtype=x.dtype, device=x.device),
-        "current_stream": lambda: ct._raw_stream(x.device.index),
+        "current_stream": lambda: ct_entry._raw_stream(x.device.index),
         "direct_call": lambda: kernel(x, dy, out_t),  # after the second call: a graph replay
     }  # fmt: skip
     out = {}

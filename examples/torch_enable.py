@@ -208,8 +208,8 @@ def precompile(args: argparse.Namespace) -> int:
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from convbw_mlir import torch as ct
     from convbw_mlir import compile_op
+    from convbw_mlir import torch as ct
 
     if not os.environ.get(ct.ARTIFACTS_ENV):
         sys.exit(f"--precompile: set ${ct.ARTIFACTS_ENV} to the folder the GPU run will read")

@@ -20,6 +20,8 @@ interpreter of ``sm80_emulator`` plus LDS, ``amdgpu.mfma``, ``amdgpu.wmma`` and
   interval a wave may not read an LDS element another wave wrote, nor write one another wave read or
   wrote. ``gpu.barrier`` and ``amdgpu.lds_barrier`` end the interval.
 - **Stores**: each element of the output written exactly once (:func:`run_kernel` returns the counts).
+- **Counts** (:class:`Counts`, for bench/amd_estimate.py): matrix instructions, global and LDS bytes,
+  and LDS cycles with bank conflicts, counted from the emulated accesses (the model: :meth:`Counts.lds`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,46 @@ from sm80_emulator import _Block, _Group  # the generic arith/scf/gpu/vector int
 
 from convbw_mlir.ir_imports import ir
 
-__all__ = ["LANE_MAPS", "Emulated", "LaneMap", "LdsRace", "emulate", "lane_map", "run_kernel"]
+__all__ = ["LANE_MAPS", "Counts", "Emulated", "LaneMap", "LdsRace", "emulate", "lane_map", "run_kernel"]
+
+
+@dataclass
+class Counts:
+    """What the emulated workgroups did, as the hardware would count it: an instruction once a wave that
+    has an active lane, bytes for the active lanes only.
+
+    LDS bank conflicts, the model: ``banks`` banks of 4 bytes (IREE's target description, KnownTargets.cpp
+    ``workgroupMemoryBankCount``: 32 on CDNA 3, 64 on RDNA 3), one dword a bank a clock; a wave's access
+    is served in groups of consecutive lanes of ``4 * banks`` bytes (CDNA 3: 8 lanes for 16 bytes a lane,
+    32 for 4 or fewer); a group takes as many clocks as the most distinct dwords one bank must deliver
+    (lanes reading the same dword share it: a broadcast). ``lds_cycles`` against ``lds_ideal_cycles`` (one
+    clock a group) is the conflict cost."""
+
+    banks: int = 32
+    mma: int = 0
+    global_load_bytes: int = 0
+    global_store_bytes: int = 0
+    lds_read_bytes: int = 0
+    lds_write_bytes: int = 0
+    lds_instructions: int = 0
+    lds_cycles: int = 0
+    lds_ideal_cycles: int = 0
+
+    def lds(self, lanes: np.ndarray, byte_addr: np.ndarray, width: int) -> None:
+        """Count one wave's LDS access: the active ``lanes`` (indices in the wave) at ``byte_addr``, ``width``
+        bytes each."""
+        self.lds_instructions += 1
+        group = lanes // max(1, 4 * self.banks // max(width, 4))
+        dwords = byte_addr[:, None] // 4 + np.arange(-(-width // 4))[None, :]  # the dwords each lane touches
+        for g in np.unique(group):
+            touched = np.unique(dwords[group == g])
+            self.lds_cycles += int(np.bincount(touched % self.banks).max())
+            self.lds_ideal_cycles += 1
+
+    def add(self, other: Counts) -> None:
+        for name in self.__dataclass_fields__:
+            if name != "banks":
+                setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 class LdsRace(AssertionError):
@@ -146,8 +187,9 @@ class _AmdBlock(_Block):
     """A workgroup of ``threads`` lanes in waves of ``wave``: sm80_emulator's interpreter plus AMD's ops."""
 
     def __init__(self, threads: int, wave: int, block_id: tuple[int, int, int], bindings: dict[int, np.ndarray],
-                 writes: dict[int, np.ndarray]) -> None:  # fmt: skip
+                 writes: dict[int, np.ndarray], counts: Counts | None = None) -> None:  # fmt: skip
         super().__init__(threads, block_id, bindings)
+        self.counts = counts
         self.wave = wave
         self.lanes_wave = self.tid // wave
         self.lds: dict[int, _Lds] = {}  # id(array) -> its bookkeeping
@@ -182,6 +224,8 @@ class _AmdBlock(_Block):
             return None
         if name in ("amdgpu.mfma", "amdgpu.wmma"):
             self.env[res[0]] = self._matrix(op, name, ins)
+            if self.counts is not None:
+                self.counts.mma += len(np.unique(self.lanes_wave[mask]))
             return None
         return (yield from super().step(op, group))
 
@@ -211,6 +255,7 @@ class _AmdBlock(_Block):
             waves = self.lanes_wave[mask]
             for w in np.unique(waves):
                 lds.access(int(w), flat[waves == w], write=False)
+        self._count(mem_v, mem, flat, mask, write=False)
         vals = mem.reshape(-1)[flat]  # [active lanes, n or 1]
         out = np.zeros((self.t, max(n, 1)), np.float32)
         out[mask] = vals
@@ -226,9 +271,32 @@ class _AmdBlock(_Block):
             for w in np.unique(waves):
                 lds.access(int(w), flat[waves == w], write=True)
         mem.reshape(-1)[flat] = val
+        self._count(mem_v, mem, flat, mask, write=True)
         count = self.writes.get(id(mem))
         if count is not None:
             np.add.at(count, flat.ravel(), 1)
+
+    def _count(self, mem_v: ir.Value, mem: np.ndarray, flat: np.ndarray, mask: np.ndarray, write: bool) -> None:
+        """Add one access of the active lanes (``flat``: their element indices) to :attr:`counts`."""
+        c = self.counts
+        if c is None:
+            return
+        elem = ir.MemRefType(mem_v.type).element_type
+        size = (elem.width if hasattr(elem, "width") else ir.FloatType(elem).width) // 8
+        nbytes = int(flat.size) * size
+        if id(mem) not in self.lds:
+            if write:
+                c.global_store_bytes += nbytes
+            else:
+                c.global_load_bytes += nbytes
+            return
+        if write:
+            c.lds_write_bytes += nbytes
+        else:
+            c.lds_read_bytes += nbytes
+        waves, lanes = self.lanes_wave[mask], np.flatnonzero(mask) % self.wave
+        for w in np.unique(waves):
+            c.lds(lanes[waves == w], flat[waves == w][:, 0] * size, flat.shape[1] * size)
 
     def _buffer_load(self, op, ins, res, mask):
         """``amdgpu.raw_buffer_load``: 0 where an element's byte offset is at or past ``num_records``."""
@@ -297,9 +365,10 @@ class _AmdBlock(_Block):
 
 
 def run_kernel(func: ir.Operation, grid: tuple[int, int, int], threads: int, wave: int, bindings: list[np.ndarray],
-               blocks: list[tuple[int, int, int]] | None = None) -> np.ndarray:  # fmt: skip
+               blocks: list[tuple[int, int, int]] | None = None,
+               counts: Counts | None = None) -> np.ndarray:  # fmt: skip
     """Run ``func`` (the kernel's ``func.func``) over ``grid`` (or only ``blocks`` of it); ``bindings`` in
-    binding order, the last written.
+    binding order, the last written; ``counts`` (where given) adds up what the workgroups did.
 
     Returns the number of stores to each element of the last binding (1 everywhere for a kernel that
     writes its output once)."""
@@ -309,7 +378,7 @@ def run_kernel(func: ir.Operation, grid: tuple[int, int, int], threads: int, wav
     if blocks is None:
         blocks = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
     for block_id in blocks:
-        block = _AmdBlock(threads, wave, block_id, dict(enumerate(bindings)), writes)
+        block = _AmdBlock(threads, wave, block_id, dict(enumerate(bindings)), writes, counts)
         for kind, bid, n, k in block.run(body, _Group(None)):
             assert k == n, f"barrier {bid} ({kind}) reached by {k} of its {n} lanes"
     return writes[id(out)].reshape(out.shape)
@@ -331,12 +400,23 @@ class Emulated:
         return float(np.abs(self.got[done] - self.want[done]).max() / np.abs(self.want).max())
 
 
-def emulate(problem, target: str, *, plan=None, corners: bool = False, mutate=None, seed: int = 3) -> Emulated:
+def emulate(
+    problem,
+    target: str,
+    *,
+    plan=None,
+    corners: bool = False,
+    mutate=None,
+    seed: int = 3,
+    blocks: list[tuple[int, int, int]] | None = None,
+    counts: Counts | None = None,
+) -> Emulated:
     """Build the AMD kernel of ``problem`` for ``target`` (``plan``: the plan's own by default) and run it.
 
     ``corners``: only the workgroups of the first and last M and N tiles (every group and split of
     them: their sums are whole), where the ragged edges are. ``mutate(func)`` edits the kernel's
-    ``func.func`` before it runs (a seeded bug)."""
+    ``func.func`` before it runs (a seeded bug). ``blocks``: only these workgroups; ``counts``: what they did
+    is added there (:class:`Counts`)."""
     from convbw_mlir.dialects import convbw
     from convbw_mlir.passes.explicit_kernel import ExplicitKernel
     from convbw_mlir.passes.framework import collect_ops
@@ -351,7 +431,6 @@ def emulate(problem, target: str, *, plan=None, corners: bool = False, mutate=No
     shape, t = gemm_shape(problem, plan.k_batch), explicit_tiling(plan)
     x, dy = random_inputs(problem, seed=seed)
     grid = gemm_cdna.grid(shape, t)
-    blocks = None
     if corners:
         xs, ys = sorted({0, grid[0] - 1}), sorted({0, grid[1] - 1})
         blocks = [(bx, by, z) for z in range(grid[2]) for by in ys for bx in xs]
@@ -364,11 +443,11 @@ def emulate(problem, target: str, *, plan=None, corners: bool = False, mutate=No
         types = [ir.MemRefType(s.results[0].type) for s in collect_ops(fn, "hal.interface.binding.subspan")]
         dtype = np.float32 if str(types[2].element_type) == "f32" else np.float16
         out = np.full(types[2].shape, np.nan, dtype)
-        counts = run_kernel(fn, grid, t.threads, t.wave, [dy.reshape(types[0].shape), x.reshape(types[1].shape), out],
-                            blocks)  # fmt: skip
+        stored = run_kernel(fn, grid, t.threads, t.wave, [dy.reshape(types[0].shape), x.reshape(types[1].shape), out],
+                            blocks, counts)  # fmt: skip
     view = (shape.groups, shape.m, shape.n)
     got = out.astype(np.float64).reshape((shape.splits, *view) if shape.splits > 1 else view)
     if shape.splits > 1:
         got = got.sum(0)
     want = reference(problem, x, dy).reshape(view)
-    return Emulated(got, want, counts, shape)
+    return Emulated(got, want, stored, shape)

@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: pip install .[torch])")
 from convbw_mlir import torch as ct  # noqa: E402 - after the skip: it needs torch
+from convbw_mlir.torch import entry as ct_entry  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -53,7 +54,7 @@ def test_conv_weight_matches_torch_nn_grad(case):
     assert got.shape == wsize and got.dtype == x.dtype and got.device == x.device
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
     # dW comes back in the input's memory format (no reordering copy)
-    assert ct._formats(got)[0] == ct._formats(x)[0] or fmt in ct._formats(got)
+    assert ct_entry._formats(got)[0] == ct_entry._formats(x)[0] or fmt in ct_entry._formats(got)
 
 
 def test_conv_weight_f16():
@@ -203,7 +204,7 @@ def test_convert_model_switches_conv_layers_and_leaves_others_with_a_warning():
     for p, r, g in zip(model.parameters(), ref, want):
         assert torch.equal(p.detach(), r)
         torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-4)
-    assert model[0]._conv_forward.__func__ is ct._conv_forward
+    assert model[0]._conv_forward.__func__ is ct_entry._conv_forward
 
 
 def test_kernels_are_loaded_from_the_artifacts_folder_before_compiling(monkeypatch):
@@ -211,8 +212,8 @@ def test_kernels_are_loaded_from_the_artifacts_folder_before_compiling(monkeypat
     problem, _ = ct.problem_for(x, wsize, dy, padding=1)
     first = ct.conv2d_weight(x, wsize, dy, padding=1)
     assert (ct.artifact_dir(problem, "host") / "op.json").is_file()
-    ct._KERNELS.clear()  # a new process: only the folder is left
-    ct._PROBLEMS.clear()
+    ct_entry._KERNELS.clear()  # a new process: only the folder is left
+    ct_entry._PROBLEMS.clear()
 
     def no_compile(*a, **k):
         raise AssertionError("compiled although an artifact exists")
@@ -223,8 +224,8 @@ def test_kernels_are_loaded_from_the_artifacts_folder_before_compiling(monkeypat
 
 def test_no_artifact_and_no_compiler_is_an_error_naming_the_variable(monkeypatch):
     x, wsize, dy = _inputs(2, 4, 4, 1, size=4)
-    ct._KERNELS.clear()
-    ct._PROBLEMS.clear()
+    ct_entry._KERNELS.clear()
+    ct_entry._PROBLEMS.clear()
     monkeypatch.setitem(sys.modules, "iree.compiler", None)  # as on a runtime-only GPU machine
     with pytest.raises(RuntimeError, match=r"no kernel for .* on host: none in CONVBW_ARTIFACTS=.*no IREE compiler"):
         ct.conv2d_weight(x, wsize, dy, padding=1)
@@ -248,7 +249,7 @@ def _trained_grads(model, x):
     ids=["every-other-column", "transposed"],
 )
 def test_a_converted_layer_takes_a_strided_input_torch_accepts_with_one_warning(view, monkeypatch):
-    monkeypatch.setattr(ct, "_WARNED", set(), raising=False)
+    monkeypatch.setattr(ct_entry, "_WARNED", set(), raising=False)
     torch.manual_seed(0)
     model = torch.nn.Conv2d(4, 8, 3, padding=1)
     x = view(torch.randn(2, 4, 6, 12))
@@ -265,7 +266,7 @@ def test_a_converted_layer_takes_a_strided_input_torch_accepts_with_one_warning(
 
 
 def test_a_converted_float64_model_trains_on_torchs_weight_gradient_with_one_warning(monkeypatch):
-    monkeypatch.setattr(ct, "_WARNED", set(), raising=False)
+    monkeypatch.setattr(ct_entry, "_WARNED", set(), raising=False)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU()).double()
     x = torch.randn(2, 4, 6, 6, dtype=torch.float64)

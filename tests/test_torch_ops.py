@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: pip install .[torch])")
 from convbw_mlir import torch as ct  # noqa: E402 - after the skip: it needs torch
-from convbw_mlir import torch_ops  # noqa: E402
+from convbw_mlir.torch import entry as ct_entry  # noqa: E402
+from convbw_mlir.torch import switch as torch_ops  # noqa: E402
 
 F = torch.nn.functional
 
@@ -243,7 +244,7 @@ def test_a_torch_without_get_kernel_is_one_error_naming_the_version_needed(monke
 
 
 def test_channels_last_models_and_strided_inputs_train_as_torch_with_one_warning(monkeypatch):
-    monkeypatch.setattr(ct, "_WARNED", set())
+    monkeypatch.setattr(ct_entry, "_WARNED", set())
     model = _model().to(memory_format=torch.channels_last)
     x = _x().contiguous(memory_format=torch.channels_last)
     want = _grads(model, x)
@@ -275,7 +276,7 @@ def test_autocast_bf16_weight_gradients_are_ours_and_close_to_torchs():
 
 
 def test_deterministic_mode_takes_our_deterministic_plans_and_leaves_the_rest_to_torch(monkeypatch):
-    monkeypatch.setattr(ct, "_WARNED", set())
+    monkeypatch.setattr(ct_entry, "_WARNED", set())
     model, x = _model(), _x()
     ct.enable()
     torch.use_deterministic_algorithms(True)
@@ -335,6 +336,7 @@ import json, sys, torch, torch.distributed as dist
 rank, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
 from convbw_mlir import torch as ct
+from convbw_mlir.torch import entry as ct_entry
 torch.manual_seed(0)
 conv = torch.nn.Conv2d
 model = torch.nn.Sequential(conv(4, 8, 3, padding=1), torch.nn.ReLU(), conv(8, 8, 3, padding=1, groups=2))

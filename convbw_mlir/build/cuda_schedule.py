@@ -170,18 +170,19 @@ def _symbol_leaf(attr: Any) -> str:
     return str(attr).rsplit("::@", 1)[-1].lstrip("@")
 
 
-def read_launch(module: Any, function: str = "conv_bwd_weight") -> Launch:
-    """The launch schedule of a module compiled to the ``hal`` phase for CUDA (an ``ir.Module``).
+def read_launch(module: Any, function: str = "conv_bwd_weight", readers: dict | None = None) -> Launch:
+    """The launch schedule of a module compiled to the ``hal`` phase for CUDA (an ``ir.Module``); ``readers``
+    maps executable formats to their readers (default: ``cuda-nvptx-fb``; HIP: convbw_mlir.build.hip_schedule).
 
     Never raises for an unsupported schedule: the result's ``refused`` says why.
     """
     try:
-        return _read(module, function)
+        return _read(module, function, readers or {"cuda-nvptx-fb": read_cuda_executable})
     except _Refused as e:
         return Launch(function=function, refused=str(e))
 
 
-def _read(module: Any, function: str) -> Launch:
+def _read(module: Any, function: str, readers: dict) -> Launch:
     from convbw_mlir.ir_imports import ir
 
     top = {(_sym(o.operation), o.operation.name): o.operation for o in module.body.operations}
@@ -201,10 +202,10 @@ def _read(module: Any, function: str) -> Launch:
             if inner.name != "hal.executable.binary":
                 raise _Refused(f"executable @{_sym(op)} holds {inner.name}, not a serialized binary")
             fmt = ir.StringAttr(inner.attributes["format"]).value
-            if fmt != "cuda-nvptx-fb":
-                raise _Refused(f"executable format {fmt} (the direct path launches cuda-nvptx-fb)")
+            if fmt not in readers:
+                raise _Refused(f"executable format {fmt} (the direct path launches {', '.join(readers)})")
             data = bytes(memoryview(ir.DenseIntElementsAttr(inner.attributes["data"])).cast("B"))
-            found, images = read_cuda_executable(data)
+            found, images = readers[fmt](data)
             for e in found:
                 exports[e.name] = ExportDef(e.name, e.module + len(ptx), e.block, e.shared_memory, e.constants,
                                             e.bindings)  # fmt: skip

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from convbw_mlir import torch as ct
+from convbw_mlir.torch import entry as ct
 
 __all__ = ["disable", "enable", "enabled", "is_enabled", "plan_is_deterministic", "stats"]
 

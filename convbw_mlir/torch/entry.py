@@ -1,4 +1,4 @@
-"""PyTorch entry point: our weight gradient on torch tensors, on torch's device, without copies.
+"""The PyTorch entry point's functions: our weight gradient on torch tensors, on torch's device, without copies.
 
 - :func:`conv_weight` (and :func:`conv1d_weight`, :func:`conv2d_weight`, :func:`conv3d_weight`): the
   signature and result of ``torch.nn.grad.conv{1,2,3}d_weight``.
@@ -35,12 +35,6 @@ from convbw_mlir.runtime import PreparedCall
 
 __all__ = [
     "ConvWeightGrad",
-    "disable",
-    "enable",
-    "enabled",
-    "is_enabled",
-    "reset_stats",
-    "stats",
     "artifact_dir",
     "conv1d_weight",
     "conv2d_weight",
@@ -636,8 +630,3 @@ def convert_model(model: torch.nn.Module) -> list[str]:
         layer._conv_forward = types.MethodType(_conv_forward, layer)
         done.append(name)
     return done
-
-
-# the custom op convbw::conv_weight and the switch (enable/disable) live beside this module; imported last:
-# they use the names above
-from convbw_mlir.torch_ops import disable, enable, enabled, is_enabled, reset_stats, stats  # noqa: E402

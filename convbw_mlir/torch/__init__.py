@@ -1,0 +1,49 @@
+"""PyTorch entry point (needs torch, the ``[torch]`` extra): our weight gradient on torch tensors, on torch's
+device, without copies (docs/torch.md).
+
+- :func:`conv_weight` (and :func:`conv1d_weight`, :func:`conv2d_weight`, :func:`conv3d_weight`): the
+  signature and result of ``torch.nn.grad.conv{1,2,3}d_weight``; :class:`ConvWeightGrad` and
+  :func:`convert_model` (``entry``).
+- the custom op ``convbw::conv_weight`` and the switch :func:`enable` / :func:`disable` that routes torch's own
+  weight gradients to us (``switch``).
+"""
+
+from convbw_mlir.torch.entry import (
+    ConvWeightGrad,
+    artifact_dir,
+    conv1d_weight,
+    conv2d_weight,
+    conv3d_weight,
+    conv_weight,
+    convert_model,
+    problem_for,
+    target_for,
+)
+from convbw_mlir.torch.switch import (
+    disable,
+    enable,
+    enabled,
+    is_enabled,
+    plan_is_deterministic,
+    reset_stats,
+    stats,
+)
+
+__all__ = [
+    "ConvWeightGrad",
+    "artifact_dir",
+    "conv1d_weight",
+    "conv2d_weight",
+    "conv3d_weight",
+    "conv_weight",
+    "convert_model",
+    "disable",
+    "enable",
+    "enabled",
+    "is_enabled",
+    "plan_is_deterministic",
+    "problem_for",
+    "reset_stats",
+    "stats",
+    "target_for",
+]
