@@ -97,7 +97,7 @@ class Launch:
     transient: int = 0
     arg_bytes: tuple[int, ...] = ()
     exports: dict[str, ExportDef] = field(default_factory=dict)
-    ptx: list[bytes] = field(default_factory=list)
+    ptx: list[bytes] = field(default_factory=list)  # the kernel images: PTX (CUDA) or HSACO code objects (HIP)
     refused: str | None = None
 
     @property

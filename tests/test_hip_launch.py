@@ -222,3 +222,25 @@ def test_launcher_refuses_a_device_this_machine_lacks(monkeypatch: pytest.Monkey
     monkeypatch.setattr(hip_launch, "_libhip", lambda: _FakeHip(()))
     with pytest.raises(ValueError, match="device: 3 is not one of this machine's 1 AMD GPUs"):
         HipLauncher(_compiled(RAGGED, "gfx942", strategy="explicit")[2], 3)
+
+
+def test_compile_op_for_hip_carries_a_checked_launch_that_survives_the_cache_and_a_save(tmp_path) -> None:
+    # what the torch entry's direct HIP call loads: compiled once, from the kernel cache, and from a saved folder
+    from convbw_mlir import CompiledOp, compile_op
+
+    op = compile_op(RAGGED, "gfx942", output_arg=True, cache=tmp_path / "cache", strategy="explicit")
+    assert op.launch is not None and op.launch.refused is None
+    check_hip_launch(op.launch, "gfx942")  # the code objects agree with what the launch passes
+    hit = compile_op(RAGGED, "gfx942", output_arg=True, cache=tmp_path / "cache", strategy="explicit")
+    assert hit.launch == op.launch
+    assert CompiledOp.load(op.save(tmp_path / "saved")).launch == op.launch
+
+
+def test_the_torch_entry_launches_a_hip_kernel_through_the_hip_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    ct_entry = pytest.importorskip("convbw_mlir.torch.entry")
+    op, _, launch = _compiled(RAGGED, "gfx942", strategy="explicit")
+    (step,) = launch.steps
+    fake = _FakeHip(read_code_object(launch.ptx[0]).kernels[step.kernel].args)
+    monkeypatch.setattr(hip_launch, "_libhip", lambda: fake)
+    call = ct_entry._call_for(op, "hip", 0)
+    assert isinstance(call.launcher, HipLauncher) and fake.loaded == launch.ptx

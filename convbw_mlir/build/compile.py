@@ -116,11 +116,16 @@ class _collect_diagnostics:  # noqa: N801 - used as a context manager, reads lik
 
 
 def _compile_vmfb(bytecode: bytes, tgt: Target, extra_flags: list[str] | None) -> tuple[bytes, Any]:
-    """The vmfb and, for CUDA targets, the direct launch's schedule read at the ``hal`` phase of the same compile."""
+    """The vmfb and, for CUDA and HIP targets, the direct launch's schedule read at the ``hal`` phase of the same
+    compile (split in two there; the vmfb is the one-shot compile's, byte for byte: tests/test_hip_launch.py)."""
     if tgt.driver == "cuda":
         from convbw_mlir.build.cuda_schedule import compile_with_launch
 
         return compile_with_launch(bytecode, tgt, extra_flags)
+    if tgt.driver == "hip":
+        from convbw_mlir.build.hip_schedule import compile_with_hip_launch
+
+        return compile_with_hip_launch(bytecode, tgt, extra_flags)
     return compile_module(bytecode, tgt, extra_flags), None
 
 

@@ -305,7 +305,7 @@ class KernelCache:
                 flags=list(meta["flags"]),
                 iree_version=meta["iree_version"],
                 plan=Plan.from_dict(meta["plan"]) if meta["plan"] else None,
-                launch=_launch(files) if meta["launch"] else None,  # CUDA's direct launch (cuda_launch.py)
+                launch=_launch(files) if meta["launch"] else None,  # the direct CUDA or HIP launch
             )
             if json.loads(json.dumps(op.problem.to_dict())) != meta["problem"]:
                 raise ValueError("its problem does not read back as stored")

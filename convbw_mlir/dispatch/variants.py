@@ -178,6 +178,8 @@ def variant_request(problem: ConvBwdWeightProblem, target: Target | str, variant
         data["abi"] = "output-arg"
     if tgt.driver == "cuda":  # entries carry the direct launch's schedule since this format
         data["cuda_launch"] = LAUNCH_FORMAT
+    if tgt.driver == "hip":  # entries carry the HIP launch's schedule and code objects since it was wired in
+        data["hip_launch"] = LAUNCH_FORMAT
     if os.environ.get(FORCE_FORM_ENV):  # a test's forced operand form is not the plan's kernel
         data["forced_form"] = os.environ[FORCE_FORM_ENV]
     return data

@@ -299,7 +299,8 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
 
 # -- the direct CUDA launch (convbw_mlir/cuda_launch.py) ---------------------------------------------
 def _call_for(op: Any, driver: str, index: int | None) -> Any:
-    """How ``op`` runs: a :class:`_DirectCall` on CUDA where its launch schedule allows, else IREE's runtime.
+    """How ``op`` runs: a :class:`_DirectCall` on CUDA or ROCm (HIP) where its launch schedule allows, else IREE's
+    runtime.
 
     Raises:
         ValueError: ``$CONVBW_CUDA_LAUNCH`` is not ``auto``, ``direct`` or ``iree``.
@@ -308,15 +309,16 @@ def _call_for(op: Any, driver: str, index: int | None) -> Any:
     mode = os.environ.get(LAUNCH_ENV, "auto")
     if mode not in ("auto", "direct", "iree"):
         raise ValueError(f"{LAUNCH_ENV}: expected auto, direct or iree, got {mode!r}")
-    if driver == "cuda" and mode != "iree":
+    if driver in ("cuda", "hip") and mode != "iree":
         launch = getattr(op, "launch", None)
         why = "its artifact has no launch schedule (compiled before it existed)" if launch is None else launch.refused
         if why is None:
-            return _DirectCall(launch, index)
+            return _DirectCall(launch, index, driver, op.target)
         if mode == "direct":
             raise RuntimeError(f"{LAUNCH_ENV}=direct: {op.problem.name} cannot be launched directly: {why}")
         warnings.warn(
-            f"{op.problem.name}: runs through IREE's runtime, not the direct CUDA launch: {why}", stacklevel=4
+            f"{op.problem.name}: runs through IREE's runtime, not the direct {driver.upper()} launch: {why}",
+            stacklevel=4,
         )
     return PreparedCall(op.vmfb, driver, index)
 
@@ -334,10 +336,15 @@ class _DirectCall:
     while torch is capturing a graph itself (then the dispatches are launched into the caller's capture).
     """
 
-    def __init__(self, launch: Any, index: int) -> None:
-        from convbw_mlir.cuda_launch import CudaLauncher
+    def __init__(self, launch: Any, index: int, driver: str = "cuda", arch: str | None = None) -> None:
+        if driver == "hip":  # ROCm's torch: the same streams and graphs API, HIP underneath
+            from convbw_mlir.hip_launch import HipLauncher
 
-        self.launcher = CudaLauncher(launch, index)
+            self.launcher = HipLauncher(launch, index, arch)
+        else:
+            from convbw_mlir.cuda_launch import CudaLauncher
+
+            self.launcher = CudaLauncher(launch, index)
         self.index, self.transient = index, launch.transient
         self.use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
