@@ -366,7 +366,6 @@ def _time_direct(p) -> dict:  # noqa: ANN001
     perm = (0, *range(2, x.dim()), 1)
     out_t = torch.empty([wsize[i] for i in perm], device=DEVICE, dtype=x.dtype)
 
-
     from convbw_mlir.torch import entry as ct_entry
 
     kernel(x, dy, out_t)  # makes the workspace of this stream

@@ -36,6 +36,7 @@ __all__ = [
     "ExportDef",
     "Launch",
     "Transfer",
+    "launch_plan",
 ]
 
 LAUNCH_FILE = "launch.json"
@@ -160,6 +161,37 @@ class Launch:
             raise ValueError(f"{LAUNCH_FILE}: malformed: {type(e).__name__}: {e}") from None
 
 
+def launch_plan(launch: Launch, funcs: dict[str, int], dynamic_shared: bool) -> tuple[list[tuple], list[Any]]:
+    """What a launcher's call loop reads, per step, and the parameter arrays it must keep alive: a kernel
+    ``("k", function, grid + block + dynamic shared bytes, payload, params address, bindings, name)`` whose
+    params point into its payload (one 8-byte slot per binding, then each 32-bit constant in its slot: IREE's
+    CUDA and HIP ABI), or a transfer ``(kind, (buffer, offset), length, source, pattern, width)``; buffers by
+    their position in the pointer tuple a call passes (the arguments, then the transient).
+    ``dynamic_shared``: pass the export's dynamic shared memory (CUDA); HIP kernels declare theirs statically."""
+
+    def index(name: str) -> int:
+        return len(launch.arg_bytes) if name == TRANSIENT else int(name[3:])
+
+    plan: list[tuple] = []
+    keep: list[Any] = []
+    for s in launch.steps:
+        if isinstance(s, Dispatch):
+            e = launch.exports[s.kernel]
+            n = len(s.bindings) + len(s.constants)
+            payload = (ctypes.c_uint64 * max(n, 1))()
+            params = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(payload) + 8 * i for i in range(n)])
+            for i, c in enumerate(s.constants):  # a 32-bit value in its 8-byte slot
+                payload[len(s.bindings) + i] = c
+            keep.append(params)  # kept alive: the plan holds its address
+            binds = [(index(b), off) for b, off in s.bindings]
+            dims = (*s.grid, *e.block, e.shared_memory if dynamic_shared else 0)
+            plan.append(("k", funcs[s.kernel], dims, payload, ctypes.addressof(params), binds, s.kernel))
+        else:
+            src = (index(s.source[0]), s.source[1]) if s.source else None
+            plan.append((s.kind, (index(s.target[0]), s.target[1]), s.length, src, s.pattern, s.pattern_bytes))
+    return plan, keep
+
+
 # -- running it: the CUDA driver API through ctypes ------------------------------------------------
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the driver's error."""
@@ -250,31 +282,7 @@ class CudaLauncher:
                 _check(lib, lib.cuFuncSetAttribute(f, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                    e.shared_memory), f"cuFuncSetAttribute({e.name})")  # fmt: skip
             funcs[e.name] = f.value
-        # per step: a tuple the call loop reads; each kernel's params point into its payload array
-        self._plan: list[tuple] = []
-        self._params: list[Any] = []
-        for s in launch.steps:
-            if isinstance(s, Dispatch):
-                e = launch.exports[s.kernel]
-                n = len(s.bindings) + len(s.constants)
-                payload = (ctypes.c_uint64 * max(n, 1))()
-                params = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(payload) + 8 * i for i in range(n)])
-                for i, c in enumerate(s.constants):  # a 32-bit value in its 8-byte slot (IREE's ABI)
-                    payload[len(s.bindings) + i] = c
-                self._params.append(params)  # kept alive: the plan holds its address
-                binds = [(self._index(b), off) for b, off in s.bindings]
-                dims = (*s.grid, *e.block, e.shared_memory)
-                self._plan.append(("k", funcs[s.kernel], dims, payload, ctypes.addressof(params), binds))
-            else:
-                src = (self._index(s.source[0]), s.source[1]) if s.source else None
-                self._plan.append((s.kind, (self._index(s.target[0]), s.target[1]), s.length, src,
-                                   s.pattern, s.pattern_bytes))  # fmt: skip
-
-    def _index(self, name: str) -> int:
-        """The position of buffer ``name`` in the pointer tuple a call passes (args, then the transient)."""
-        if name == TRANSIENT:
-            return len(self.launch.arg_bytes)
-        return int(name[3:])
+        self._plan, self._params = launch_plan(launch, funcs, dynamic_shared=True)
 
     def _bind(self) -> None:
         """Make the primary context current on this thread (torch's threads have it already)."""
@@ -298,12 +306,12 @@ class CudaLauncher:
     def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int) -> None:
         for step in self._plan:
             if step[0] == "k":
-                _, func, dims, payload, params, binds = step
+                _, func, dims, payload, params, binds, name = step
                 for i, (which, off) in enumerate(binds):
                     payload[i] = pointers[which] + off
                 rc = lib.cuLaunchKernel(func, *dims, stream, params, None)
                 if rc:
-                    _check(lib, rc, f"cuLaunchKernel({self.launch.steps[self._plan.index(step)].kernel})")
+                    _check(lib, rc, f"cuLaunchKernel({name})")
             else:
                 kind, (t, toff), length, src, pattern, width = step
                 dst = pointers[t] + toff

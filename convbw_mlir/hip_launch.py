@@ -20,7 +20,7 @@ import ctypes
 import threading
 from typing import Any
 
-from convbw_mlir.cuda_launch import TRANSIENT, Dispatch, Launch
+from convbw_mlir.cuda_launch import Launch, launch_plan
 from convbw_mlir.hip_code_object import check_hip_launch
 
 __all__ = ["HipError", "HipLauncher", "HipUnavailable"]
@@ -133,28 +133,7 @@ class HipLauncher:
             _check(lib, lib.hipModuleGetFunction(ctypes.byref(f), modules[e.module], e.name.encode()),
                    f"hipModuleGetFunction({e.name})")  # fmt: skip
             funcs[e.name] = f.value
-        self._plan: list[tuple] = []
-        self._params: list[Any] = []
-        for s in launch.steps:
-            if isinstance(s, Dispatch):
-                e = launch.exports[s.kernel]
-                n = len(s.bindings) + len(s.constants)
-                payload = (ctypes.c_uint64 * max(n, 1))()
-                params = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(payload) + 8 * i for i in range(n)])
-                for i, c in enumerate(s.constants):  # a 32-bit value in its 8-byte slot (IREE's HIP ABI)
-                    payload[len(s.bindings) + i] = c
-                self._params.append(params)
-                binds = [(self._index(b), off) for b, off in s.bindings]
-                dims = (*s.grid, *e.block, 0)  # no dynamic LDS: IREE's AMD kernels declare theirs statically
-                self._plan.append(("k", funcs[s.kernel], dims, payload, ctypes.addressof(params), binds, s.kernel))
-            else:
-                src = (self._index(s.source[0]), s.source[1]) if s.source else None
-                self._plan.append((s.kind, (self._index(s.target[0]), s.target[1]), s.length, src,
-                                   s.pattern, s.pattern_bytes))  # fmt: skip
-
-    def _index(self, name: str) -> int:
-        """The position of buffer ``name`` in the pointer tuple a call passes (args, then the transient)."""
-        return len(self.launch.arg_bytes) if name == TRANSIENT else int(name[3:])
+        self._plan, self._params = launch_plan(launch, funcs, dynamic_shared=False)  # no dynamic LDS on AMD
 
     def __call__(self, pointers: tuple[int, ...], stream: int) -> None:
         """Queue the schedule on ``stream`` (a ``hipStream_t``; torch's ``cuda_stream`` on ROCm):

@@ -388,9 +388,11 @@ def _record(func: Any, buffers: dict, table: list[tuple[str, int]]) -> list[Disp
     return steps
 
 
-def compile_with_launch(bytecode: bytes, target: Any, extra_flags: list[str] | None) -> tuple[bytes, Launch]:
-    """Compile to the ``hal`` phase, read the launch schedule there, then continue from ``hal`` to the vmfb
-    (one compile, split in two: the vmfb is what a one-shot compile gives).
+def compile_with_launch(bytecode: bytes, target: Any, extra_flags: list[str] | None,
+                        read: Any = None) -> tuple[bytes, Launch]:  # fmt: skip
+    """Compile to the ``hal`` phase, read the launch schedule there (``read``: :func:`read_launch` for CUDA,
+    ``build.hip_schedule.read_hip_launch`` for HIP), then continue from ``hal`` to the vmfb (one compile, split
+    in two: the vmfb is what a one-shot compile gives).
 
     Raises:
         CompileError: IREE's diagnostics.
@@ -401,7 +403,7 @@ def compile_with_launch(bytecode: bytes, target: Any, extra_flags: list[str] | N
     hal = compile_module(bytecode, target, [*extra, "--compile-to=hal"])
     with new_context() as ctx:
         try:
-            launch = read_launch(ir.Module.parse(hal, ctx))
+            launch = (read or read_launch)(ir.Module.parse(hal, ctx))
         except Exception as e:  # a reader bug must not fail the compile: IREE's runtime still runs the vmfb
             launch = Launch(refused=f"the schedule reader failed: {type(e).__name__}: {e}")
     vmfb = compile_module(hal, target, [*extra, "--compile-from=hal"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from convbw_mlir.build.cuda_schedule import _Table, read_launch
+from convbw_mlir.build.cuda_schedule import _Table, compile_with_launch, read_launch
 from convbw_mlir.cuda_launch import ExportDef, Launch
 from convbw_mlir.hip_code_object import HIP_FORMAT, CodeObjectError
 
@@ -94,21 +94,10 @@ def read_hip_launch(module: Any, function: str = "conv_bwd_weight") -> Launch:
 
 
 def compile_with_hip_launch(bytecode: bytes, target: Any, extra_flags: list[str] | None) -> tuple[bytes, Launch]:
-    """As :func:`convbw_mlir.cuda_launch.compile_with_launch`, for a HIP target: the vmfb and its launch,
+    """As :func:`convbw_mlir.build.cuda_schedule.compile_with_launch`, for a HIP target: the vmfb and its launch,
     read at the ``hal`` phase of the same compile.
 
     Raises:
         CompileError: IREE's diagnostics.
     """
-    from convbw_mlir.build.iree import compile_module
-    from convbw_mlir.ir_imports import ir, new_context
-
-    extra = list(extra_flags or [])
-    hal = compile_module(bytecode, target, [*extra, "--compile-to=hal"])
-    with new_context() as ctx:
-        try:
-            launch = read_hip_launch(ir.Module.parse(hal, ctx))
-        except Exception as e:  # a reader bug must not fail the compile: IREE's runtime still runs the vmfb
-            launch = Launch(refused=f"the schedule reader failed: {type(e).__name__}: {e}")
-    vmfb = compile_module(hal, target, [*extra, "--compile-from=hal"])
-    return vmfb, launch
+    return compile_with_launch(bytecode, target, extra_flags, read_hip_launch)
