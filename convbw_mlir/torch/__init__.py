@@ -9,6 +9,9 @@ device, without copies (docs/torch.md).
 """
 
 from convbw_mlir.torch.entry import (
+    ARTIFACTS_ENV,
+    GRAPHS_ENV,
+    LAUNCH_ENV,
     ConvWeightGrad,
     artifact_dir,
     conv1d_weight,
@@ -30,6 +33,9 @@ from convbw_mlir.torch.switch import (
 )
 
 __all__ = [
+    "ARTIFACTS_ENV",
+    "GRAPHS_ENV",
+    "LAUNCH_ENV",
     "ConvWeightGrad",
     "artifact_dir",
     "conv1d_weight",
