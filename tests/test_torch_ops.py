@@ -389,3 +389,24 @@ def test_the_training_example_runs_two_steps_on_the_cpu_and_precompiles_what_it_
     assert example.main([*cmd[2:], "--precompile", "host"]) == 0
     needed = sorted(p.name for p in (tmp_path / "run" / "host").iterdir())
     assert needed and sorted(p.name for p in (tmp_path / "pre" / "host").iterdir()) == needed
+
+
+def test_the_overhead_benchs_stub_stands_in_for_the_kernel_in_every_row(monkeypatch):
+    # bench/torch_switch_overhead.py --stub: the switch and the custom op call the entry module's conv_weight;
+    # stubbing only the package's name left them running the real kernel (the rows compared plumbing to kernels)
+    from conftest import ROOT
+
+    calls = []
+
+    def kernel(x, weight_size, dy, *args):
+        calls.append(weight_size)
+        return torch.zeros(tuple(weight_size), dtype=x.dtype)
+
+    monkeypatch.setattr(ct, "conv_weight", kernel)
+    monkeypatch.setattr(ct_entry, "conv_weight", kernel)
+    monkeypatch.setattr(ct_entry, "_kernel_for", lambda problem, device: None)  # nothing compiled
+    monkeypatch.setattr(ct_entry, "_PROBLEMS", {})  # so no later test meets that kernel
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    bench = importlib.import_module("torch_switch_overhead")
+    assert bench.main(["--stub", "--calls", "2", "--device", "cpu"]) == 0
+    assert len(calls) == 1  # the call that made the stub's result; every row after it ran the stub
