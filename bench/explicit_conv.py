@@ -7,14 +7,18 @@ Compile here (needs the IREE compiler), run there (needs iree-base-runtime, nump
     python3 explicit_conv.py run DIR --out OUT --budget 150        # on the GPU machine
 
 Problems: the dense 2-D suite problems (seeds + models, G=1), ResNet-50's 3x3 layer of issue 14
-(``2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1``) and its 1x1 1024->256 layer. ``compile`` writes
+(``2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1``) and its 1x1 1024->256 layer; ``compile --ranks 1 3``
+takes the dense 1-D and 3-D suite problems instead (or beside, ``--ranks 1 2 3``), ``--types f16 bf16``
+each problem in each input type (dW of the same type; a bf16 problem's name ends in ``_bf16``). Until
+those were measured the plan does not choose our kernel for bf16 or 1-D/3-D gathers by itself, so
+``product`` there is IREE's codegen kernel. ``compile`` writes
 ``DIR/<kind>_<problem>.vmfb`` and ``DIR/manifest.json`` (ours: ``compile_op(strategy="explicit")``, the
 plan's own tiling and split; alt: the 128x256 recipe tiling where the plan's rule chose another;
 product: ``compile_op`` with the default plan, ``cache=False``; all isolated), and records what the
 explicit kernel refuses with its PlanError.
 
 ``run`` runs ours and the product's kernel one child process per problem (a CUDA fault poisons a
-process) and cuDNN (``torch.nn.grad.conv2d_weight``, channels_last f16, ``cudnn.benchmark``) in one
+process) and cuDNN (``torch.nn.grad.conv{1,2,3}d_weight``, channels_last, ``cudnn.benchmark``) in one
 child. Children start ``--jobs`` at a time so that their set-up (torch, IREE, the PTX JIT, CUPTI)
 overlaps, but each takes an exclusive GPU lock for its checks and timing: no two time at once. Each
 result is checked against a float64 reference on the GPU (cached per problem), then timed by CUPTI
@@ -57,24 +61,31 @@ EXTRA = {
 SMOKE = {
     "small_3x3": "2 1 2 16 8 3 3 6 6 1 1 1 1 1 1 1 1",
     "small_1x1": "2 1 2 8 16 1 1 5 5 1 1 1 1 0 0 0 0",
+    "small_1d_k3_s2": "1 1 2 16 8 3 20 2 1 1 1",
+    "small_3d_3x3x3": "3 1 2 16 8 3 3 3 5 6 6 1 2 1 1 1 2 1 1 1 1 1 1",
 }
+TYPES = ("f16", "bf16")
 
 
 # -- compile side ------------------------------------------------------------------------------------
-def problems(smoke: bool = False) -> dict[str, Any]:
-    """name -> problem in layout 2: the dense 2-D suite problems (G=1), then the ResNet-50 layers."""
+def problems(smoke: bool = False, ranks: tuple[int, ...] = (2,), types: tuple[str, ...] = ("f16",)) -> dict[str, Any]:
+    """name -> problem in layout 2: the dense suite problems (G=1) of ``ranks``, then (rank 2) the ResNet-50
+    layers; each in every input type of ``types`` (dW of that type; names of bf16 ones end in ``_bf16``)."""
     from convbw_mlir.problem import ConvBwdWeightProblem as P
     from convbw_mlir.suites import load_suite
 
+    base = {}
     if smoke:
-        return {name: P.from_ck(line) for name, line in SMOKE.items()}
-    out = {}
-    for suite in ("seeds", "models"):
-        for name, p in load_suite(suite):
-            if p.groups == 1 and p.rank == 2:
-                out[name] = p.with_(layout=2)
-    out.update({name: P.from_ck(line) for name, line in EXTRA.items()})
-    return out
+        base = {name: P.from_ck(line) for name, line in SMOKE.items() if P.from_ck(line).rank in ranks}
+    else:
+        for suite in ("seeds", "models"):
+            for name, p in load_suite(suite):
+                if p.groups == 1 and p.rank in ranks:
+                    base[name] = p.with_(layout=2)
+        if 2 in ranks:
+            base.update({name: P.from_ck(line) for name, line in EXTRA.items()})
+    return {name + ("" if t == "f16" else f"_{t}"): p.with_(dtype=t, dw_dtype=t) for t in types
+            for name, p in base.items()}  # fmt: skip
 
 
 def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, Any]:
@@ -85,12 +96,14 @@ def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, An
         "suite": suite,
         "vmfb": f"{kind}_{name}.vmfb" if kind != "cudnn" else None,
         **harness.problem_fields(p),
+        "dtype": p.dtype,
         "pad_high": list(p.pad_high),
         "plan": plan.to_dict() if plan is not None else None,
     }
 
 
-def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None) -> None:
+def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None, ranks: tuple[int, ...] = (2,),
+                types: tuple[str, ...] = ("f16",)) -> None:  # fmt: skip
     """Compile ours and the product's default for every problem into ``folder`` (vmfbs, manifest.json)."""
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
@@ -99,10 +112,10 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
     folder.mkdir(parents=True, exist_ok=True)
     entries, refused = [], {}
     target = "host" if smoke else "sm_80"
-    for name, p in problems(smoke).items():
+    for name, p in problems(smoke, ranks, types).items():
         if only and not any(o in name for o in only):
             continue
-        suite = name not in EXTRA
+        suite = name.removesuffix("_bf16") not in EXTRA
         t0 = time.time()
         kinds = {}
         try:
@@ -148,23 +161,39 @@ def _gpu_lock(folder: Path):
 
 
 def _inputs(e: dict, torch: Any) -> tuple[Any, Any]:
-    """x ``[N, H, W, G*C]`` and dy ``[N, Ho, Wo, G*K]`` f16 (layout 2's memory), seeded, on the host."""
+    """x ``[N, H, W, G*C]`` and dy ``[N, Ho, Wo, G*K]`` (any rank's spatial sizes) in the entry's input type
+    (layout 2's memory), seeded, on the host."""
     g = torch.Generator(device="cpu").manual_seed(SEED)
     n, grp = e["images"], e["groups"]
     x = torch.randn(n, *e["input_size"], grp * e["in_channels"], generator=g)
     dy = torch.randn(n, *e["output_size"], grp * e["out_channels"], generator=g)
-    return x.half(), dy.half()
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[e.get("dtype", "f16")]
+    return x.to(dtype), dy.to(dtype)
+
+
+def _channels_first(t: Any) -> Any:
+    """An NHWC (NWC, NDHWC) tensor seen as NCHW: torch's channels_last."""
+    return t.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
 
 
 def _torch_weight(e: dict, x: Any, dy: Any, torch: Any) -> Any:
-    """torch's weight gradient of NHWC tensors seen as channels_last NCHW: ``[G*K, C, Y, X]``."""
-    return harness.conv2d_weight(e, x.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2), torch)
+    """torch's weight gradient of channels-last tensors seen as channels_last NCHW: ``[G*K, C, Y, X]``."""
+    return harness.conv2d_weight(e, _channels_first(x), _channels_first(dy), torch)
 
 
 def _as_gkyxc(e: dict, w: Any) -> Any:
-    """``[G*K, C, Y, X]`` -> ``[G, K, Y, X, C]`` (GKYXC, the layout-2 dW)."""
-    w = w.permute(0, 2, 3, 1)
+    """``[G*K, C, Y, X]`` -> ``[G, K, Y, X, C]`` (GKYXC, the layout-2 dW; any rank's filter)."""
+    w = w.permute(0, *range(2, w.dim()), 1)
     return w.reshape(e["groups"], e["out_channels"], *e["filter_size"], e["in_channels"])
+
+
+def _numpy(t: Any, torch: Any) -> Any:
+    """A host tensor as numpy (bf16 as ml_dtypes.bfloat16, which iree-base-runtime brings)."""
+    if t.dtype != torch.bfloat16:
+        return t.cpu().numpy()
+    import ml_dtypes
+
+    return t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
 
 def _reference(e: dict, x: Any, dy: Any, folder: Path, torch: Any) -> Any:
@@ -188,8 +217,8 @@ def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
         sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
         return (lambda: _torch_weight(e, xc, dyc, torch)), (lambda r: _as_gkyxc(e, r)), (lambda _r: sync())
     n, grp = e["images"], e["groups"]
-    xs = x.cpu().numpy().reshape(n, *e["input_size"], grp, e["in_channels"])
-    dys = dy.cpu().numpy().reshape(n, *e["output_size"], grp, e["out_channels"])
+    xs = _numpy(x, torch).reshape(n, *e["input_size"], grp, e["in_channels"])
+    dys = _numpy(dy, torch).reshape(n, *e["output_size"], grp, e["out_channels"])
     call = harness.iree_call(folder / e["vmfb"], "conv_bwd_weight", DEVICE, xs, dys)
     return call, (lambda r: torch.from_numpy(r.to_host().astype("float64"))), (lambda r: r.to_host())
 
@@ -284,7 +313,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "ours"}
     suite = {e["problem"]: e["suite"] for e in manifest["entries"]}
     f = harness.cell
-    lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), f16: {device}, {date or harness.now()}", "",
+    types = ", ".join(sorted({e.get("dtype", "f16") for e in manifest["entries"]}))
+    lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), {types}: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back).", "",
              "| problem | tile, split | ours us | ok (max rel err) | sustained us | 128x256 us | cuDNN us | "
              "product us | cuDNN / ours | product / ours | ours TFLOP/s |",
@@ -340,10 +370,15 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
 def main(argv: list[str] | None = None) -> int:
     ap, sub, run = harness.command_line(__file__, __doc__, "host kernels of a few small problems (CPU rehearsal)",
                                         only=True)  # fmt: skip
+    compile_parser = sub.choices["compile"]
+    compile_parser.add_argument("--ranks", nargs="+", type=int, choices=(1, 2, 3), default=[2],
+                                help="spatial ranks of the suite problems (default 2)")  # fmt: skip
+    compile_parser.add_argument("--types", nargs="+", choices=TYPES, default=["f16"],
+                                help="input types, each problem in each (default f16)")  # fmt: skip
     harness.add_batch_options(run, budget=150.0, jobs=6)
     run.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
     harness.add_child_parser(sub, "run-one")
-    return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only),
+    return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only, tuple(a.ranks), tuple(a.types)),
                         run=lambda a: run_all(a.dir, a.out, a.budget, a.jobs, a.only), report=report,
                         children={"run-one": lambda a: run_children(a.dir, a.names)})  # fmt: skip
 

@@ -282,10 +282,11 @@ def nchw_inputs(e: dict, seed: int, device: str, torch: Any) -> tuple[Any, Any]:
 
 
 def conv2d_weight(e: dict, x: Any, dy: Any, torch: Any) -> Any:
-    """cuDNN's weight gradient of entry ``e`` (NCHW ``x`` and ``dy``), ``[G*K, C, Y, X]``, in their type."""
+    """cuDNN's weight gradient of entry ``e`` (NCHW ``x`` and ``dy``), ``[G*K, C, Y, X]``, in their type;
+    a 1-D or 3-D entry (NCW, NCDHW) goes to ``conv1d_weight`` / ``conv3d_weight``."""
     shape = (e["groups"] * e["out_channels"], e["in_channels"], *e["filter_size"])
-    return torch.nn.grad.conv2d_weight(x, shape, dy, stride=e["stride"], padding=e["pad"], dilation=e["dilation"],
-                                       groups=e["groups"])  # fmt: skip
+    grad = getattr(torch.nn.grad, f"conv{len(e['filter_size'])}d_weight")
+    return grad(x, shape, dy, stride=e["stride"], padding=e["pad"], dilation=e["dilation"], groups=e["groups"])
 
 
 def iree_call(vmfb: Path, function: str, device: str, *arrays: Any) -> Callable[[], Any]:
@@ -309,8 +310,8 @@ def check(got: Any, exact: Any, dw_dtype: str, torch: Any, rms: bool = True) -> 
     rec: dict[str, Any] = {"max_rel_err": err.max().item() / max(exact.abs().max().item(), 1e-30)}
     if rms:
         rec["rms_rel_err"] = (err.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
-    # f32 accumulation of f16 products; an f16 result adds its rounding (2^-11 of the largest entry).
-    rec["tolerance"] = 1e-3 if dw_dtype == "f32" else 2e-3
+    # f32 accumulation of f16 products; an f16 result adds its rounding (2^-11 of the largest entry), bf16 2^-8.
+    rec["tolerance"] = {"f32": 1e-3, "bf16": 2.0**-8}.get(dw_dtype, 2e-3)
     rec["correct"] = bool(rec["max_rel_err"] <= rec["tolerance"]) and bool(torch.isfinite(got).all())
     return rec
 

@@ -39,6 +39,15 @@ def _attr_int(a: ir.Attribute) -> int:
     return ir.IntegerAttr(a).value
 
 
+def _float(t: ir.Type) -> np.dtype:
+    """numpy's type of a 16-bit or f32 element (of ``t`` or of the vector or memref ``t``): bf16 is
+    ml_dtypes', so a bf16 kernel rounds as the GPU does."""
+    from convbw_mlir.problem import numpy_dtype
+
+    text = str(t)
+    return numpy_dtype("bf16") if "bf16" in text else np.dtype(np.float16 if "f16" in text else np.float32)
+
+
 class Deadlock(AssertionError):
     """Every thread group of a fork waits at a barrier that no one else will complete."""
 
@@ -171,7 +180,7 @@ class _Block:
             self.env[res[0]] = np.asarray(self.get(ins[0]), np.int64)
             return None
         if name == "arith.truncf":
-            self.env[res[0]] = np.asarray(self.get(ins[0])).astype(np.float16)
+            self.env[res[0]] = np.asarray(self.get(ins[0])).astype(_float(res[0].type))
             return None
         if name == "gpu.thread_id":
             self.env[res[0]] = self.tid
@@ -185,7 +194,7 @@ class _Block:
             return None
         if name == "memref.alloc":
             mt = ir.MemRefType(res[0].type)
-            self.env[res[0]] = np.full(mt.shape, np.nan, np.float16)  # uninitialised: NaN shows a stray read
+            self.env[res[0]] = np.full(mt.shape, np.nan, _float(mt))  # uninitialised: NaN shows a stray read
             return None
         if name == "nvvm.cp.async.commit.group":
             group.committed.append(group.open)
@@ -322,7 +331,7 @@ class _Block:
         for th in np.flatnonzero(self._active(group)):
             s = tuple(i[th] for i in src_idx)
             d = tuple(i[th] for i in dst_idx)
-            vals = np.zeros(n, np.float16)
+            vals = np.zeros(n, dst.dtype)
             k = int(count[th])
             if k:
                 assert s[-1] + k <= src.shape[-1], f"copy past the row: {s} + {k} of {src.shape}"
@@ -347,10 +356,10 @@ class _Block:
         idx = [self.idx(v) for v in ins[1:]]
         tiles = _attr_int(op.attributes["numTiles"])
         trans = ir.BoolAttr(op.attributes["transpose"]).value
-        rows = np.zeros((self.t, 8), np.float16)  # [T, 8]: each lane's row address (threads masked off: none)
+        rows = np.zeros((self.t, 8), smem.dtype)  # [T, 8]: each lane's row address (threads masked off: none)
         for th in range(self.t) if mask is None else np.flatnonzero(mask):
             rows[th] = smem[tuple(i[th] for i in idx[:-1])][idx[-1][th] : idx[-1][th] + 8]
-        out = np.zeros((self.t, tiles, 2), np.float16)
+        out = np.zeros((self.t, tiles, 2), smem.dtype)
         for w in range(self.t // WARP):
             lanes = rows[w * WARP : (w + 1) * WARP]
             for q in range(tiles):
@@ -441,7 +450,7 @@ def _body_op(o: ir.Operation, env: dict, grid: np.ndarray) -> None:
         ops = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply, "arith.andi": np.bitwise_and,
                "arith.ori": np.bitwise_or, "arith.divui": np.floor_divide, "arith.remui": np.remainder,
                "arith.addf": np.add, "arith.mulf": np.multiply, "arith.subf": np.subtract,
-               "arith.truncf": lambda v: np.asarray(v).astype(np.float16),
+               "arith.truncf": lambda v: np.asarray(v).astype(_float(o.results[0].type)),
                "arith.extf": lambda v: np.asarray(v).astype(np.float32)}  # fmt: skip
         if name not in ops:
             raise NotImplementedError(f"emulator: linalg.generic body op {name}")
@@ -527,8 +536,7 @@ def run_module(module: ir.Module, args: list[np.ndarray], first: str = "else") -
             tied = [ir.IntegerAttr(a).value for a in ir.ArrayAttr(o.attributes["tied_operands"])] if (
                 "tied_operands" in o.attributes) else [-1] * len(res)  # fmt: skip
             operands = [np.array(env[v], copy=True) for v in o.operands]
-            fresh = [np.full(ir.RankedTensorType(r.type).shape, np.nan,
-                             np.float16 if "f16" in str(ir.RankedTensorType(r.type).element_type) else np.float32)
+            fresh = [np.full(ir.RankedTensorType(r.type).shape, np.nan, _float(r.type))
                      for r, t in zip(res, tied) if t < 0]  # fmt: skip
             subspans = [s for s in _walk(kernel) if s.name == "hal.interface.binding.subspan"]
             bindings = operands + fresh

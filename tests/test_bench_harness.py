@@ -123,3 +123,41 @@ def test_the_scripts_and_harness_import_no_compiler():  # the GPU machine's run 
     )
     got = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, check=True)
     assert got.stdout.strip() == "[]"
+
+
+def test_conv_bench_compiles_1d_3d_and_bf16_problems_when_asked(bench):
+    """``compile --ranks 1 3 --types f16 bf16``: the dense 1-D and 3-D suite layers, each in both types."""
+    got = bench("explicit_conv").problems(ranks=(1, 3), types=("f16", "bf16"))
+    assert {p.rank for p in got.values()} == {1, 3} and "resnet50_3x3_256_n256_14" not in got
+    assert got["audio_conv1d_k3_512_l3000_bf16"].dtype == got["audio_conv1d_k3_512_l3000_bf16"].dw_dtype == "bf16"
+    assert got["video_r3d_3x3x3_64_8x56"].dtype == "f16" and got["video_r3d_3x3x3_64_8x56"].layout_family.x == "NHWGC"
+    assert list(bench("explicit_conv").problems()) == list(bench("explicit_conv").problems(ranks=(2,), types=("f16",)))
+
+
+@pytest.mark.parametrize("ck", ["1 1 2 4 6 3 11 2 2 1 1", "3 1 2 4 6 3 2 3 4 5 6 2 1 1 1 2 1 1 0 1 1 0 1"])
+def test_conv_bench_torch_reference_of_1d_and_3d_is_the_layout2_weight_gradient(bench, ck):
+    """The run side's cuDNN call and float64 reference (channels-last seen as NC..., dW back to GK..C) for
+    1-D and 3-D entries: on the CPU, against the project's own reference."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from convbw_mlir.problem import ConvBwdWeightProblem as P
+    from convbw_mlir.reference import reference
+
+    conv = bench("explicit_conv")
+    p = P.from_ck(ck, layout=2).with_(dtype="bf16", dw_dtype="bf16")
+    e = conv._entry("p", "cudnn", p, None, True)
+    x, dy = conv._inputs(e, torch)
+    assert x.dtype == torch.bfloat16 and conv._numpy(x, torch).dtype.name == "bfloat16"
+    got = conv._as_gkyxc(e, conv._torch_weight(e, x.double(), dy.double(), torch)).numpy()
+    want = reference(p, conv._numpy(x, torch).reshape(p.x_shape), conv._numpy(dy, torch).reshape(p.dy_shape))
+    np.testing.assert_allclose(got, want.reshape(got.shape), rtol=1e-9, atol=1e-9)
+
+
+def test_a_bf16_dw_is_checked_against_its_own_rounding_not_f16s(bench):
+    """Rounding dW to bf16 alone costs up to 2^-9 of the largest entry: f16's 2e-3 would fail correct kernels."""
+    torch = pytest.importorskip("torch")
+    exact = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    got = exact + torch.tensor([2.5e-3, 0.0], dtype=torch.float64)
+    h = bench("harness")
+    assert h.check(got, exact, "bf16", torch)["correct"] and not h.check(got, exact, "f16", torch)["correct"]

@@ -51,8 +51,8 @@ def test_streamk_options_are_refused_naming_the_option_and_value(target, options
 def test_streamk_refuses_what_the_explicit_kernel_does_not_take_by_name():
     with pytest.raises(PlanError, match=r"layout: GNHWC"):
         decide(CK.with_(layout=1), "sm_80", strategy="explicit", streamk=132)
-    with pytest.raises(PlanError, match=r"dtype: bf16"):
-        decide(CK.with_(dtype="bf16"), "sm_80", strategy="explicit", streamk=132)
+    with pytest.raises(PlanError, match=r"dtype: f32 \(f16 or bf16\)"):
+        decide(CK.with_(dtype="f32", dw_dtype="f32"), "sm_80", strategy="explicit", streamk=132)
 
 
 def test_a_given_streamk_plan_with_a_split_or_bad_fixup_is_refused_before_compiling():

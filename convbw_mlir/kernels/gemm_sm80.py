@@ -3,7 +3,7 @@
 ``C[g, m, n] = sum_r A[g, m, r] * B[g, n, r]``, the implicit GEMM of a layout-4 weight gradient
 (``convbw_mlir.policies.sm80``): A = dy ``[N, G, K, Ho*Wo]``, B = x itself for a plain 1x1 GEMM or
 gathered from x ``[N, G, C, H, W]`` at the convolution's coordinates, C = dW ``[G, K, C*Y*X]`` (or the
-split-K partials), f16 in, f32 accumulate, f32 or f16 out.
+split-K partials), f16 or bf16 in (``mma.sync`` of that type), f32 accumulate, f32 or the input type out.
 
 The recipe (../shared/DESIGN.md "Kernels built by our own passes": 392 TFLOP/s on the H100 for the
 hand-written kernel it describes): a workgroup tile of ``bm x bn`` with reduction step ``bk``;
@@ -111,31 +111,49 @@ class _Operand:
     gather: bool = False
 
 
+def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
+    """Row-major coordinates of ``value`` in a box of ``sizes`` (any rank; the outermost is not reduced:
+    ``value`` is inside the box)."""
+    coords, inner = [], 1
+    for d in range(len(sizes) - 1, -1, -1):
+        at = value if inner == 1 else ix.div(value, inner)
+        coords.append(at if d == 0 else ix.rem(at, sizes[d]))
+        inner *= sizes[d]
+    return coords[::-1]
+
+
+def _gather_coords(ix: _Ix, conv, outs: list[ir.Value], taps: list[ir.Value],
+                   valid: list[ir.Value]) -> tuple[list[ir.Value], list[ir.Value]]:  # fmt: skip
+    """x's spatial indices ``o * s + f * d - p`` per dimension (output position ``outs``, filter tap
+    ``taps``), clamped inside the image, and ``valid`` with the bounds that padding can break."""
+    coords = []
+    for dim, (o, f) in enumerate(zip(outs, taps)):
+        size = conv.in_size[dim]
+        at = ix.sub(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), conv.pad[dim])
+        if conv.pad[dim]:  # only padding reaches before the image's start
+            valid = [*valid, ix.lt(ix.c(-1), at)]
+        last = (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim]
+        if last - conv.pad[dim] >= size:
+            valid = [*valid, ix.lt(at, size)]
+        coords.append(ix.clamp(at, size - 1))
+    return coords, valid
+
+
 def _element_address(ix: _Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Value, r: ir.Value,
                      valid: list[ir.Value]) -> tuple[list[ir.Value], ir.Value | None]:  # fmt: skip
     """Indices of element (row, r) of ``op`` in its global memref, clamped inside it, and whether it is real.
 
     ``r`` is the reduction index ``(image, output position)``; for a gathered B, ``row`` is
-    ``c * taps + y * X + x`` and the element is x at ``(ho * s + y * d - p, wo * s + x * d - p)``.
+    ``c * taps + tap`` (the tap row-major over the filter) and the element is x at ``o * s + f * d - p``
+    in each of the 1, 2 or 3 spatial dimensions.
     """
     image = ix.div(r, shape.hw)
     pos = ix.rem(r, shape.hw)
     if not op.gather:
         return [image, g, row, pos], _all(valid)
     conv = shape.conv
-    taps, fx = conv.taps, conv.filter[1]
-    c, tap = ix.div(row, taps), ix.rem(row, taps)
-    coords = []
-    for o, f, size, dim in ((ix.div(pos, conv.out_size[1]), ix.div(tap, fx), conv.in_size[0], 0),
-                            (ix.rem(pos, conv.out_size[1]), ix.rem(tap, fx), conv.in_size[1], 1)):  # fmt: skip
-        at = ix.sub(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), conv.pad[dim])
-        if conv.pad[dim]:  # only padding reaches before the image's start
-            valid = [*valid, ix.lt(ix.c(-1), at)]
-        if (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim] - conv.pad[
-            dim
-        ] >= size:
-            valid = [*valid, ix.lt(at, size)]
-        coords.append(ix.clamp(at, size - 1))
+    c, tap = ix.div(row, conv.taps), ix.rem(row, conv.taps)
+    coords, valid = _gather_coords(ix, conv, _unravel(ix, pos, conv.out_size), _unravel(ix, tap, conv.filter), valid)
     return [image, g, c, *coords], _all(valid)
 
 
@@ -159,7 +177,7 @@ def _copy_tile(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value,
     r0 = ix.add(ix.mul(ktile, t.bk), col)
     rows_ragged = op.extent % op.rows != 0
     reduction = shape.reduction
-    elem = ir.F16Type.get()
+    elem = ir.MemRefType(op.glob.type).element_type
     for i in range(op.rows // per_pass):
         r_row = ix.add(row, i * per_pass)
         grow = ix.add(op.row0, r_row)
@@ -209,7 +227,7 @@ def _copy_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
     if conv is not None:  # the vector's tap and channel (loop-invariant: hoisted by LLVM)
         channels = shape.channels
         c, tap = ix.rem(grow, channels), ix.div(grow, channels)
-        fy, fx = ix.div(tap, conv.filter[1]), ix.rem(tap, conv.filter[1])
+        taps = _unravel(ix, tap, conv.filter)
     reduction = shape.reduction
     for i in range(t.bk // per_pass):
         r_local = ix.add(r_first, i * per_pass)
@@ -222,16 +240,7 @@ def _copy_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
             idx = [r, g, grow]
         else:
             image, pos = ix.div(r, shape.hw), ix.rem(r, shape.hw)
-            coords = []
-            for o, f, dim in ((ix.div(pos, conv.out_size[1]), fy, 0), (ix.rem(pos, conv.out_size[1]), fx, 1)):
-                size = conv.in_size[dim]
-                at = ix.sub(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), conv.pad[dim])
-                if conv.pad[dim]:  # only padding reaches before the image's start
-                    ok.append(ix.lt(ix.c(-1), at))
-                last = (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim]
-                if last - conv.pad[dim] >= size:
-                    ok.append(ix.lt(at, size))
-                coords.append(ix.clamp(at, size - 1))
+            coords, ok = _gather_coords(ix, conv, _unravel(ix, pos, conv.out_size), taps, ok)
             idx = [image, *coords, g, c]
         cond = _all(ok)
         count = ix.c(v) if cond is None else arith.select(cond, ix.c(v), ix.c(0))
@@ -461,7 +470,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
             ``memref<splits x groups x m x n x f32>``.
     """
     ix = _Ix(entry)
-    f16 = ir.F16Type.get()
+    f16 = ir.MemRefType(a.type).element_type  # f16 or bf16: 16-bit elements copy and load alike
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
     tid, lane, warp, warp_m, warp_n = _threads(ix, t)

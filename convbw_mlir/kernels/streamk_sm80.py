@@ -205,7 +205,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, partials: ir.Va
     """
     sk = StreamK.of(shape, t, workgroups)
     ix = g80._Ix(entry)
-    f16 = ir.F16Type.get()
+    f16 = ir.MemRefType(a.type).element_type  # f16 or bf16
     f32 = ir.F32Type.get()
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
@@ -286,7 +286,7 @@ def build_dispatch(executable: str, function: str, dy: ir.Value, x: ir.Value, sh
     binds dy, x, partials, flags, then dW (operands first, then the untied result).
     """
     sk = StreamK.of(shape, t, streamk.workgroups)
-    f16, f32, i32 = ir.F16Type.get(), ir.F32Type.get(), ir.IntegerType.get_signless(32)
+    f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
     frags = (t.wm // MMA_M) * (t.wn // MMA_N)
     ws_shape = [sk.workgroups, frags, t.threads, 4]
     c_shape = [shape.groups, shape.m, shape.n]
@@ -298,7 +298,7 @@ def build_dispatch(executable: str, function: str, dy: ir.Value, x: ir.Value, sh
         workgroup_size=(t.threads, 1, 1),
         subgroup_size=subgroup_size,
         bindings=(
-            *(ir.MemRefType.get(list(tt.shape), f16) for tt in in_types),
+            *(ir.MemRefType.get(list(tt.shape), tt.element_type) for tt in in_types),
             ir.MemRefType.get(ws_shape, f32),
             ir.MemRefType.get([sk.workgroups], i32),
             ir.MemRefType.get(c_shape, out),

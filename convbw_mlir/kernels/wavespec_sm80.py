@@ -177,7 +177,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     if why:
         raise ValueError("; ".join(why))
     ix = g80._Ix(entry)
-    f16 = ir.F16Type.get()
+    f16 = ir.MemRefType(a.type).element_type  # f16 or bf16
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
     tid, lane, warp, warp_m, warp_n = g80._threads(ix, t)

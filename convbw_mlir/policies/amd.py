@@ -150,6 +150,11 @@ def refusals(problem: Any, plan: Plan) -> list[str]:
         return ["tile: none"] + split_refusals(problem, plan)
     cap = plan.target_info.lds_bytes
     why = unsupported(problem, tiling(plan), cap)
+    # unsupported() passes bf16 and 1-D/3-D gathers for the sm_80 kernel; the AMD forms are not written for them.
+    if problem.dtype != "f16":
+        why.append(f"dtype: {problem.dtype} (the AMD explicit kernel writes f16 forms only)")
+    if problem.rank != 2 and gemm_shape(problem).conv is not None:
+        why.append(f"input_size: {problem.input_size} (the AMD explicit kernel gathers x of 2-D problems only)")
     if plan.streamk is not None:
         why.append(f"streamk: {plan.streamk.workgroups} on target {plan.target} (StreamK is written for sm_80 only)")
     if plan.wavespec is not None:

@@ -37,10 +37,12 @@ from convbw_mlir.plan_data import (
 from convbw_mlir.policies.split import check, explicit_split, split_refusals
 from convbw_mlir.targets import Target
 
-__all__ = ["INTRINSIC", "SHARED_MEMORY_CAP", "ConvGeometry", "GemmShape", "GemmTiling", "auto_splits", "gemm_shape",
-           "plan", "refusals", "takes_by_default", "tiling", "unsupported"]  # fmt: skip
+__all__ = ["INTRINSIC", "INTRINSICS", "SHARED_MEMORY_CAP", "ConvGeometry", "GemmShape", "GemmTiling", "auto_splits",
+           "gemm_shape", "plan", "refusals", "takes_by_default", "tiling", "unsupported"]  # fmt: skip
 
 INTRINSIC = "NV_MMA_SYNC_F32_16x8x16_F16"  # the plan's name of mma.sync m16n8k16 f16 -> f32
+# mma.sync m16n8k16 per input type (IREE's names, targets._SM80): bf16 has f16's fragment layouts.
+INTRINSICS = {"f16": INTRINSIC, "bf16": "NV_MMA_SYNC_F32_16x8x16_BF16"}
 
 # The sm_80 target's shared-memory limit (an A100's 163 KiB): IREE refuses a kernel above it
 # (../shared/DESIGN.md: "a 4-stage 128x256x64 (216 KiB) is refused").
@@ -53,14 +55,15 @@ ROW_PAD = 8  # elements of padding per shared row: a row stride of 16 bytes past
 
 @dataclass(frozen=True)
 class ConvGeometry:
-    """Where B's elements live in x (a 2-D convolution): sizes ``(H, W)`` pairs."""
+    """Where B's elements live in x: sizes per spatial dimension (1, 2 or 3 of them: ``(W,)``, ``(H, W)``,
+    ``(D, H, W)``), outermost first; the tap and output position run row-major over them."""
 
-    in_size: tuple[int, int]
-    out_size: tuple[int, int]
-    filter: tuple[int, int]
-    stride: tuple[int, int]
-    dilation: tuple[int, int]
-    pad: tuple[int, int]
+    in_size: tuple[int, ...]
+    out_size: tuple[int, ...]
+    filter: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    pad: tuple[int, ...]
 
     @property
     def taps(self) -> int:
@@ -277,13 +280,10 @@ def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP
         for name, value in (("in_channels", problem.in_channels), ("out_channels", problem.out_channels)):
             if value % 2:
                 why.append(f"{name}: {value} a group (layout 2 takes even channel counts: 4-byte copies or wider)")
-    plain = all(f == 1 for f in problem.filter_size) and all(s == 1 for s in problem.stride)
-    if not (plain and not any(problem.pad_low) and not any(problem.pad_high)) and problem.rank != 2:
-        why.append(f"input_size: {problem.input_size} (a filter, stride or padding needs a 2-D problem)")
-    if problem.dtype != "f16":
-        why.append(f"dtype: {problem.dtype} (f16 only)")
-    if problem.dw_dtype not in ("f16", "f32"):
-        why.append(f"dw_dtype: {problem.dw_dtype} (f32 or f16)")
+    if problem.dtype not in INTRINSICS:
+        why.append(f"dtype: {problem.dtype} (f16 or bf16)")
+    elif problem.dw_dtype not in (problem.dtype, "f32"):
+        why.append(f"dw_dtype: {problem.dw_dtype} (f32 or {problem.dtype}, the input type)")
     if problem.epilogue is not None:
         why.append(f"epilogue: {problem.epilogue.kind} (none yet)")
     if not why and isinstance(tiling, GemmTiling):  # a CdnaTiling is checked by the plan, with the split
@@ -336,10 +336,20 @@ def wavespec_problems(shape: GemmShape, t: GemmTiling, producers: int) -> list[s
 
 
 # -- what the plan asks -------------------------------------------------------------------------------------
+# The classes the kernel was measured fastest on (docs/decisions.md#explicit-by-default): the input type, and
+# the rank of a gathered x (a plain 1x1 is one GEMM at any rank). bf16 and 1-D/3-D gathers are correct under
+# the emulator but not measured on a GPU yet: the plan takes them only where the strategy asks.
+MEASURED_DTYPES = ("f16",)
+MEASURED_RANKS = (2,)
+
+
 def takes_by_default(problem: Any) -> bool:
     """Whether the plan may choose this kernel by itself: channels-last (layout 2) and a problem the kernel
-    computes as it is, where it was the fastest correct kernel when measured (docs/decisions.md#explicit-by-default)."""
-    return is_channels_last(problem) and not unsupported(problem, None)
+    computes as it is, of a class (:data:`MEASURED_DTYPES`, :data:`MEASURED_RANKS`) where it was the fastest
+    correct kernel when measured (docs/decisions.md#explicit-by-default)."""
+    gathered = gemm_shape(problem).conv is not None
+    measured = problem.dtype in MEASURED_DTYPES and (problem.rank in MEASURED_RANKS or not gathered)
+    return measured and is_channels_last(problem) and not unsupported(problem, None)
 
 
 def tiling(plan: Plan) -> GemmTiling:
@@ -365,7 +375,7 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         t = replace(t, wn=given.get("n", t.bn) // given["subgroups_n"])
     t = replace(t, bm=given.get("m", t.bm), bn=given.get("n", t.bn), bk=given.get("k", t.bk),
                 stages=given.get("stages", t.stages))  # fmt: skip
-    tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSIC)
+    tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSICS.get(problem.dtype, INTRINSIC))
     chosen = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
     if opts.producers is not None:  # wave specialization: the same tiling and split, producer warps added
         chosen = replace(chosen, wavespec=WaveSpecPlan(opts.producers))
