@@ -19,6 +19,8 @@ interpreter of ``sm80_emulator`` plus LDS, ``amdgpu.mfma``, ``amdgpu.wmma`` and
 - **LDS races** (:class:`LdsRace`): waves run in no fixed order between barriers, so within one barrier
   interval a wave may not read an LDS element another wave wrote, nor write one another wave read or
   wrote. ``gpu.barrier`` and ``amdgpu.lds_barrier`` end the interval.
+- **Types**: LDS and global arrays hold the IR's element type (f16, or bf16 as ml_dtypes'), registers
+  f32 holding those values exactly; ``arith.truncf`` rounds to nearest even in its result type.
 - **Stores**: each element of the output written exactly once (:func:`run_kernel` returns the counts).
 - **Counts** (:class:`Counts`, for bench/amd_estimate.py): matrix instructions, global and LDS bytes,
   and LDS cycles with bank conflicts, counted from the emulated accesses (the model: :meth:`Counts.lds`).

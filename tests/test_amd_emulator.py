@@ -1,6 +1,7 @@
 """The AMD kernel's numerics on the CPU: ``tests/amd_emulator.py`` runs its IR (gfx942 MFMA, gfx1100 RDNA 3
 WMMA, gfx1200 RDNA 4 WMMA) against float64, with the lane maps checked equal to the tables AMD's matrix
-instruction calculator prints (tests/data/amd_lane_maps), and LDS races caught.
+instruction calculator prints (tests/data/amd_lane_maps), and LDS races caught; layouts 4 and 2
+(NHWGC/GKYXC/NHWGK), f16 and bf16.
 
 ``make emulate-amd`` runs every dense suite problem (tests/emulate_amd.py); these are the small ones."""
 
