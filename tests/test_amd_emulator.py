@@ -180,10 +180,12 @@ def test_the_other_amd_targets_of_the_table_match_float64_under_emulation(target
     [("gfx942", gemm_cdna.FORMS, {"acc_row": (1, 4)}),  # D rows (l / 16) + 4e instead of AMD's 4(l / 16) + e
      ("gfx1200", gemm_rdna.FORMS, {"acc_row": (1, 2)})],  # RDNA 3's result rows on RDNA 4
 )  # fmt: skip
-def test_a_kernel_form_with_another_lane_map_is_wrong_under_emulation(monkeypatch, target, forms, wrong):
-    (name,) = [n for n in forms if (n.startswith("MFMA") if target == "gfx942" else n.startswith("WMMAR4"))]
+@pytest.mark.parametrize(("layout", "dtype"), [(4, "f16"), (2, "bf16")])
+def test_a_kernel_form_with_another_lane_map_is_wrong_under_emulation(monkeypatch, target, forms, wrong, layout,
+                                                                      dtype):  # fmt: skip
+    name = f"{'MFMA' if target == 'gfx942' else 'WMMAR4'}_F32_16x16x16_{dtype.upper()}"
     monkeypatch.setitem(forms, name, forms[name].__class__(**{**vars(forms[name]), **wrong}))
-    assert emulate(P.from_ck(RAGGED, layout=4), target).error() > 0.1
+    assert emulate(P.from_ck(RAGGED, layout=layout, dtype=dtype), target).error() > 0.1
 
 
 def test_rdna3_operands_not_repeated_in_both_half_waves_are_refused(monkeypatch):
