@@ -1,7 +1,9 @@
 """The policy of our AMD kernels (``convbw_mlir/kernels/gemm_cdna.py``: MFMA on CDNA; ``gemm_rdna.py``: WMMA
 on RDNA 3 and 4): the forms and their tiling, which problems and plans they take and why not (pure Python:
 the plan asks it, :func:`plan` and :func:`refusals`, once). The implicit-GEMM view and the occupancy rule
-of the split are the sm_80 kernel's (:mod:`convbw_mlir.policies.sm80`).
+of the split are the sm_80 kernel's (:mod:`convbw_mlir.policies.sm80`). They take layouts 4 and 2
+(NHWGC/GKYXC/NHWGK, any channel count: plain global loads of 8, 4, 2 or 1 channels), f16 and bf16 in
+(the target's bf16 MFMA/WMMA), dW f32 or the input type; 2-D problems, or any rank for a plain 1x1.
 """
 
 from __future__ import annotations
