@@ -170,8 +170,10 @@ def test_layout_2_and_bf16_match_float64_under_emulation_and_store_each_output_o
 
 
 @pytest.mark.parametrize("target", ["gfx90a", "gfx950", "gfx1151", "gfx1201"])
-def test_the_other_amd_targets_of_the_table_match_float64_under_emulation(target):
-    e = emulate(P.from_ck(RAGGED, layout=4).with_(dw_dtype="f32"), target)  # dW in f32: no rounding to f16
+@pytest.mark.parametrize(("layout", "dtype"), [(4, "f16"), (2, "bf16")])
+def test_the_other_amd_targets_of_the_table_match_float64_under_emulation(target, layout, dtype):
+    p = P.from_ck(RAGGED, layout=layout, dtype=dtype).with_(dw_dtype="f32")  # dW in f32: no rounding
+    e = emulate(p, target)
     assert e.error() < 1e-5 and (e.counts == 1).all()
 
 
