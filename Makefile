@@ -1,7 +1,8 @@
 # make run:  set up .venv and run the main example on the CPU (compile, run, verify, time)
 # make test: set up .venv, then pytest and lit
 # make fuzz: 2000 random problems compiled for the host and checked (CONVBW_FUZZ_EXAMPLES to change)
-# make emulate-amd: every AMD form x every dense suite problem through the CPU emulator, with counts (slow)
+# make emulate-amd: every AMD form x every dense suite problem (layouts 4 and 2, f16 and bf16) through the CPU
+#                   emulator, with counts (slow: ~1.5 h on 2 cores; tests/emulate_amd.py --layouts/--dtypes/--only for less)
 # make mutate: cosmic-ray over the numerically critical functions (tests/mutation/*.toml; long: hours;
 #              it edits those sources in place while it runs, one mutant at a time; docs/mutation.md)
 PYTHON ?= python3

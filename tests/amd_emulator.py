@@ -19,6 +19,8 @@ interpreter of ``sm80_emulator`` plus LDS, ``amdgpu.mfma``, ``amdgpu.wmma`` and
 - **LDS races** (:class:`LdsRace`): waves run in no fixed order between barriers, so within one barrier
   interval a wave may not read an LDS element another wave wrote, nor write one another wave read or
   wrote. ``gpu.barrier`` and ``amdgpu.lds_barrier`` end the interval.
+- **Types**: LDS and global arrays hold the IR's element type (f16, or bf16 as ml_dtypes'), registers
+  f32 holding those values exactly; ``arith.truncf`` rounds to nearest even in its result type.
 - **Stores**: each element of the output written exactly once (:func:`run_kernel` returns the counts).
 - **Counts** (:class:`Counts`, for bench/amd_estimate.py): matrix instructions, global and LDS bytes,
   and LDS cycles with bank conflicts, counted from the emulated accesses (the model: :meth:`Counts.lds`).
@@ -97,6 +99,17 @@ class LaneMap:
     a: np.ndarray
     b: np.ndarray
     d: np.ndarray
+
+
+def _dtype(t: ir.Type) -> np.dtype:
+    """The numpy type of an MLIR element type (bf16: ml_dtypes', as the runtime's arrays)."""
+    from convbw_mlir.problem import numpy_dtype
+
+    return numpy_dtype(str(t))
+
+
+def _element(t: ir.Type) -> ir.Type:
+    return ir.VectorType(t).element_type if isinstance(t, ir.VectorType) else t
 
 
 def _grid(wave: int, per: int, f) -> np.ndarray:
@@ -201,7 +214,7 @@ class _AmdBlock(_Block):
         mask = np.ones(self.t, bool) if group.mask is None else group.mask
         if name == "memref.alloc":
             mt = ir.MemRefType(res[0].type)
-            mem = np.full(mt.shape, np.nan, np.float16)  # uninitialised: NaN shows a stray read
+            mem = np.full(mt.shape, np.nan, _dtype(mt.element_type))  # uninitialised: NaN shows a stray read
             self.env[res[0]] = mem
             if "workgroup" in str(mt.memory_space):
                 self.lds[id(mem)] = _Lds(tuple(mt.shape))
@@ -218,6 +231,10 @@ class _AmdBlock(_Block):
         if name in ("memref.store", "vector.store"):
             n = ir.VectorType(ins[0].type).shape[0] if name == "vector.store" else 0
             self._store_to(ins[1], ins[2:], np.asarray(self.get(ins[0])), n, mask)
+            return None
+        if name == "arith.truncf":  # to f16 or bf16, rounded to nearest even, held in f32 registers
+            to = _dtype(_element(res[0].type))
+            self.env[res[0]] = np.asarray(self.get(ins[0]), np.float32).astype(to).astype(np.float32)
             return None
         if name == "amdgpu.raw_buffer_load":
             self.env[res[0]] = self._buffer_load(op, ins, res, mask)
@@ -441,8 +458,7 @@ def emulate(
         if mutate is not None:
             mutate(fn)
         types = [ir.MemRefType(s.results[0].type) for s in collect_ops(fn, "hal.interface.binding.subspan")]
-        dtype = np.float32 if str(types[2].element_type) == "f32" else np.float16
-        out = np.full(types[2].shape, np.nan, dtype)
+        out = np.full(types[2].shape, np.nan, _dtype(types[2].element_type))
         stored = run_kernel(fn, grid, t.threads, t.wave, [dy.reshape(types[0].shape), x.reshape(types[1].shape), out],
                             blocks, counts)  # fmt: skip
     view = (shape.groups, shape.m, shape.n)

@@ -1,6 +1,7 @@
 """The AMD kernel's numerics on the CPU: ``tests/amd_emulator.py`` runs its IR (gfx942 MFMA, gfx1100 RDNA 3
 WMMA, gfx1200 RDNA 4 WMMA) against float64, with the lane maps checked equal to the tables AMD's matrix
-instruction calculator prints (tests/data/amd_lane_maps), and LDS races caught.
+instruction calculator prints (tests/data/amd_lane_maps), and LDS races caught; layouts 4 and 2
+(NHWGC/GKYXC/NHWGK), f16 and bf16.
 
 ``make emulate-amd`` runs every dense suite problem (tests/emulate_amd.py); these are the small ones."""
 
@@ -141,9 +142,38 @@ def test_amd_kernel_matches_float64_under_emulation_and_stores_each_output_once(
     assert (e.counts == 1).all()  # every dW entry (or split partial) stored once, nothing past M or N
 
 
+TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 8e-3}  # of the largest entry: dW's rounding (bf16: 2^-8)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    ("ck", "layout", "dtype", "options"),
+    [
+        (RAGGED, 2, "f16", {}),  # NHWGC: stride 2, padding, K = 36 of 128 (4-channel loads), N and r ragged
+        (RAGGED, 2, "bf16", {}),
+        (RAGGED, 4, "bf16", {}),  # bf16 in layout 4: gathered x element by element
+        ("2 2 3 20 24 3 3 9 9 1 1 2 2 1 1 1 1", 2, "bf16", {"k_batch": 3}),  # 2 groups, dilation 2, 3 splits
+        ("2 1 3 40 24 1 1 6 6 1 1 1 1 0 0 0 0", 2, "f16", {"k_batch": 2}),  # plain 1x1 GEMM, split in 2
+        ("2 1 3 7 5 3 3 6 6 1 1 1 1 1 1 1 1", 2, "bf16", {}),  # odd K and C: one channel a load
+    ],
+)  # fmt: skip
+def test_layout_2_and_bf16_match_float64_under_emulation_and_store_each_output_once(target, ck, layout, dtype,
+                                                                                     options):  # fmt: skip
+    from convbw_mlir.plan import decide
+
+    p = P.from_ck(ck, layout=layout, dtype=dtype)
+    for dw in (dtype, "f32"):
+        q = p.with_(dw_dtype=dw)
+        e = emulate(q, target, plan=decide(q, target, strategy="explicit", **options))
+        assert e.error() < TOLERANCE[dw], dw
+        assert (e.counts == 1).all()
+
+
 @pytest.mark.parametrize("target", ["gfx90a", "gfx950", "gfx1151", "gfx1201"])
-def test_the_other_amd_targets_of_the_table_match_float64_under_emulation(target):
-    e = emulate(P.from_ck(RAGGED, layout=4).with_(dw_dtype="f32"), target)  # dW in f32: no rounding to f16
+@pytest.mark.parametrize(("layout", "dtype"), [(4, "f16"), (2, "bf16")])
+def test_the_other_amd_targets_of_the_table_match_float64_under_emulation(target, layout, dtype):
+    p = P.from_ck(RAGGED, layout=layout, dtype=dtype).with_(dw_dtype="f32")  # dW in f32: no rounding
+    e = emulate(p, target)
     assert e.error() < 1e-5 and (e.counts == 1).all()
 
 
@@ -152,10 +182,12 @@ def test_the_other_amd_targets_of_the_table_match_float64_under_emulation(target
     [("gfx942", gemm_cdna.FORMS, {"acc_row": (1, 4)}),  # D rows (l / 16) + 4e instead of AMD's 4(l / 16) + e
      ("gfx1200", gemm_rdna.FORMS, {"acc_row": (1, 2)})],  # RDNA 3's result rows on RDNA 4
 )  # fmt: skip
-def test_a_kernel_form_with_another_lane_map_is_wrong_under_emulation(monkeypatch, target, forms, wrong):
-    (name,) = [n for n in forms if (n.startswith("MFMA") if target == "gfx942" else n.startswith("WMMAR4"))]
+@pytest.mark.parametrize(("layout", "dtype"), [(4, "f16"), (2, "bf16")])
+def test_a_kernel_form_with_another_lane_map_is_wrong_under_emulation(monkeypatch, target, forms, wrong, layout,
+                                                                      dtype):  # fmt: skip
+    name = f"{'MFMA' if target == 'gfx942' else 'WMMAR4'}_F32_16x16x16_{dtype.upper()}"
     monkeypatch.setitem(forms, name, forms[name].__class__(**{**vars(forms[name]), **wrong}))
-    assert emulate(P.from_ck(RAGGED, layout=4), target).error() > 0.1
+    assert emulate(P.from_ck(RAGGED, layout=layout, dtype=dtype), target).error() > 0.1
 
 
 def test_rdna3_operands_not_repeated_in_both_half_waves_are_refused(monkeypatch):
@@ -179,15 +211,16 @@ def _drop_barrier(which: str):
     return mutate
 
 
-@pytest.mark.parametrize("target", ["gfx942", "gfx1200"])
+@pytest.mark.parametrize(("target", "layout"), [("gfx942", 4), ("gfx1200", 4), ("gfx1100", 2)])
 @pytest.mark.parametrize(
     ("which", "message"),
     [("loop", r"reads LDS element \(1, .* that wave \d+ wrote"),  # tile 1 read while other waves store it
      ("prologue", r"reads LDS element \(0, .* that wave \d+ wrote")],  # tile 0 read before every wave stored it
 )  # fmt: skip
-def test_a_removed_barrier_is_caught_as_an_lds_race(target, which, message):
+def test_a_removed_barrier_is_caught_as_an_lds_race(target, layout, which, message):
+    p = P.from_ck("2 1 2 36 16 3 3 9 9 1 1 1 1 1 1 1 1", layout=layout)
     with pytest.raises(LdsRace, match=message):
-        emulate(P.from_ck("2 1 2 36 16 3 3 9 9 1 1 1 1 1 1 1 1", layout=4), target, mutate=_drop_barrier(which))
+        emulate(p, target, mutate=_drop_barrier(which))
 
 
 def test_lds_race_check_catches_a_write_over_what_another_wave_read_and_forgets_at_a_barrier():

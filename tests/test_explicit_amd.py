@@ -11,7 +11,7 @@ import pytest
 
 from convbw_mlir import compile_op
 from convbw_mlir.kernels.gemm_rdna import FORCE_FORM_ENV
-from convbw_mlir.plan import Plan, PlanError, Split, decide, explicit_tiling
+from convbw_mlir.plan import Plan, PlanError, Split, Strategy, decide, explicit_tiling
 from convbw_mlir.policies.amd import CdnaTiling
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 from convbw_mlir.targets import get_target
@@ -19,6 +19,7 @@ from convbw_mlir.targets import get_target
 GEMM = P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dw_dtype="f32")  # C = 256, K = 128, HW = 64
 RESNET_3X3 = P.from_ck("2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1", layout=4)  # padded 3x3, Ho*Wo = 196
 RAGGED = P.from_ck("2 1 2 36 256 3 3 7 7 2 2 1 1 1 1 1 1", layout=4)  # K = 36, stride 2: every edge ragged
+LAYOUT2_BF16 = P.from_ck("2 1 1 36 24 3 3 7 7 1 1 1 1 1 1 1 1", dtype="bf16")  # NHWGC, K = 36, C = 24, padded
 TARGETS = ("gfx942", "gfx1100", "gfx1200")
 R3, R4 = "WMMAR3_F32_16x16x16_F16", "WMMAR4_F32_16x16x16_F16"
 
@@ -52,7 +53,12 @@ def test_occupancy_plan_is_the_lds_bound_and_the_register_budget_that_keeps_it()
     ("problem", "target", "options", "message"),
     [
         (GEMM, "gfx1100", {"stages": 3}, "stages: 3: the AMD forms double-buffer LDS"),
-        (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dtype="bf16"), "gfx942", {}, "dtype: bf16"),
+        (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dtype="f32"), "gfx942", {},
+         "dtype: f32: target gfx942 has no matrix instruction the AMD kernel writes"),
+        (P.from_ck("2 1 8 16 16 3 3 7 7 1 1 1 1 1 1 1 1", layout=1), "gfx1100", {},
+         "layout: GNHWC/GKYXC/GNHWK (the explicit kernel takes layouts 4, NGCHW/GKCYX/NGKHW, and 2, NHWGC/"),
+        (P(1, 2, 16, 16, (6, 6, 6), (3, 3, 3), layout="NDHWGC/GKZYXC/NDHWGK", dtype="bf16"), "gfx942", {},
+         "input_size: (6, 6, 6) (a filter, stride or padding needs a 2-D problem)"),
         (GEMM, "gfx942", {"tile_m": 256, "tile_n": 256}, "tiling: 81920 B of LDS, over 65536"),
         (GEMM, "gfx1200", {"subgroups_m": 3}, "tiling: wave tile"),
     ],
@@ -105,11 +111,11 @@ def test_implicit_gemm_gathers_x_in_the_kernel_with_masked_ragged_edges():
     assert "scf.if" in text  # K = 36 of a 128 tile: rows past M are not stored
 
 
-@pytest.fixture(scope="module", params=[(t, name) for t in TARGETS for name in ("gemm", "resnet_3x3")],
+@pytest.fixture(scope="module", params=[(t, name) for t in TARGETS for name in ("gemm", "resnet_3x3", "layout2_bf16")],
                 ids=lambda p: f"{p[0]}-{p[1]}")  # fmt: skip
 def compiled(request):
     target, name = request.param
-    problem = {"gemm": GEMM, "resnet_3x3": RESNET_3X3}[name]
+    problem = {"gemm": GEMM, "resnet_3x3": RESNET_3X3, "layout2_bf16": LAYOUT2_BF16}[name]
     return target, compile_op(problem, target, strategy="explicit", isolate=True, cache=False)
 
 
@@ -118,7 +124,7 @@ def test_amd_explicit_kernel_isa_has_matrix_instructions_no_scratch_and_planned_
     tgt = get_target(target)
     t = explicit_tiling(op.plan)
     kernel = op.isa_report().main
-    assert kernel.mma and set(kernel.mma) <= tgt.mnemonics("f16")  # only the target's v_mfma_* / v_wmma_*
+    assert kernel.mma and set(kernel.mma) <= tgt.mnemonics(op.problem.dtype)  # the target's v_mfma_* / v_wmma_*
     assert kernel.scratch_bytes == 0 and op.isa_report().scratch_bytes == 0
     assert kernel.lds_bytes == t.lds_bytes() == 40_960 and kernel.workgroup_size == t.threads
     assert kernel.occupancy == t.planned_occupancy(tgt)
@@ -151,9 +157,21 @@ def test_an_llvm_abort_costs_the_dispatcher_that_one_variant(monkeypatch, tmp_pa
     assert plain.ok and plain.op.isa_report().main.mma_count > 0
 
 
-@pytest.mark.parametrize("target", ["gfx942", "gfx1100", "gfx1200"])
-def test_the_amd_forms_refuse_channels_last_by_name(target):
-    # their gather is layout 4's; a layout-2 problem would be read with the wrong strides
-    p = P.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1")  # layout 2: NHWGC
-    with pytest.raises(PlanError, match=r"^layout: NHWGC/GKYXC/NHWGK \(the AMD explicit kernel takes layout 4"):
-        decide(p, target, strategy="explicit")
+@pytest.mark.parametrize(("target", "form"), [("gfx942", "MFMA"), ("gfx1100", "WMMAR3"), ("gfx1200", "WMMAR4")])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_the_plan_takes_the_amd_kernel_for_layout_2_and_bf16_only_with_strategy_explicit(target, form, dtype):
+    p = P.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1", dtype=dtype)  # layout 2: NHWGC/GKYXC/NHWGK
+    assert p.layout == "NHWGC/GKYXC/NHWGK"
+    assert decide(p, target).strategy != Strategy.EXPLICIT  # never by default: compiled and emulated, not run
+    plan = decide(p, target, strategy="explicit")
+    assert plan.tile.intrinsic == f"{form}_F32_16x16x16_{dtype.upper()}"
+
+
+def test_layout_2_loads_whole_vectors_of_channels_and_stores_them_transposed_into_lds():
+    text = _kernel_ir(LAYOUT2_BF16, "gfx1200")
+    assert "memref<49x1x36xbf16>" in text and "memref<1x7x7x1x24xbf16>" in text  # dy (N*Ho*Wo) x G x K, x as it is
+    assert "memref<2x128x40xbf16, #gpu.address_space<workgroup>>" in text  # layout 4's k-contiguous LDS rows
+    assert ": memref<49x1x36xbf16>, vector<4xbf16>" in text  # 36 = 4 x 9: 8-byte loads of dy
+    assert ": memref<1x7x7x1x24xbf16>, vector<8xbf16>" in text  # 24 = 8 x 3: 16-byte loads of x
+    assert "memref.load" not in text  # no element-wise global loads
+    assert "amdgpu.wmma 16x16x16" in text and "vector<8xbf16>, vector<8xbf16>, vector<8xf32>" in text

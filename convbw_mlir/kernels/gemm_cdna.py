@@ -1,4 +1,4 @@
-"""The AMD explicit kernel, and its CDNA (MFMA) form: ``amdgpu.mfma`` 16x16x16 f16 -> f32.
+"""The AMD explicit kernel, and its CDNA (MFMA) form: ``amdgpu.mfma`` 16x16x16 f16 or bf16 -> f32.
 
 ``C[g, m, n] = sum_r A[g, m, r] * B[g, n, r]``, the implicit GEMM of a layout-4 weight gradient
 (``convbw_mlir.policies.sm80``): A = dy ``[N, G, K, Ho*Wo]``; B = x ``[N, G, C, Ho*Wo]`` for a plain 1x1
@@ -12,6 +12,15 @@ barrier. LDS is a static ``memref.alloc`` in workgroup space (IREE launches HIP 
 LDS: ../shared/DESIGN.md), rows padded by 8 elements. Each wave computes ``wm x wn`` in 16x16 tiles.
 Ragged M, N and reduction are zero-filled on load and masked on store.
 
+Layout 2 (NHWGC/GKYXC/NHWGK, ``shape.channels_last``, CK's and MIOpen's default for grouped bwd-weight):
+A = dy ``[N*Ho*Wo, G, K]``, B = x ``[N*H*W, G, C]`` (plain) or ``[N, H, W, G, C]`` (gathered), C = dW
+``[G, K, Y*X*C]``. Both operands are reduction-outer with channels contiguous, so a thread loads 8 (4,
+2, 1: whatever divides K or C) consecutive channels of one r in one 16-byte global load and stores them
+transposed into the same k-contiguous LDS rows as layout 4 (:func:`_global_load_cl`,
+:func:`_lds_store_cl`): the fragment reads and the matrix forms are the same in both layouts.
+
+f16 or bf16 in (the bindings' element type), f32 accumulate, dW f32, f16 or bf16.
+
 What differs between MFMA and the WMMA forms (``gemm_rdna``) is one :class:`MatrixForm`: which LDS
 elements a lane reads for a fragment, the instruction, and where a lane's accumulators land.
 
@@ -24,7 +33,7 @@ No AMD GPU exists here: this kernel is compiled and its ISA checked (v_mfma, no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, memref, scf, vector
@@ -33,18 +42,18 @@ from convbw_mlir.kernels.gemm_sm80 import _all, _element_address, _Ix, _Operand
 from convbw_mlir.policies.amd import AMD_FORMS, AMD_LOAD, CDNA_INTRINSIC, CdnaTiling
 from convbw_mlir.policies.sm80 import GemmShape
 
-__all__ = ["FORMS", "MatrixForm", "build_amd_kernel", "build_kernel_body", "grid"]
+__all__ = ["FORMS", "MatrixForm", "build_amd_kernel", "build_kernel_body", "grid", "with_bf16"]
 
 TILE = 16  # the 16x16x16 instructions' M, N and K
 
 
 @dataclass(frozen=True)
 class MatrixForm:
-    """One 16x16x16 f16 -> f32 matrix instruction as a wave sees it.
+    """One 16x16x16 f16 (or bf16) -> f32 matrix instruction as a wave sees it.
 
     Attributes:
         intrinsic: IREE's name of it (a key of ``policies.amd.AMD_FORMS``).
-        frag: f16 of A (and of B) a lane holds.
+        frag: f16/bf16 of A (and of B) a lane holds.
         acc: f32 accumulators a lane holds.
         k_lanes: lanes 0-15 hold k ``[0, frag)``; lane l starts at ``(l / 16) * k_lanes`` (0: every lane
             holds all 16 k, lanes 16-31 repeating 0-15).
@@ -62,7 +71,20 @@ class MatrixForm:
 
 
 MFMA = MatrixForm(CDNA_INTRINSIC, 4, 4, 4, (4, 1))
-FORMS: dict[str, MatrixForm] = {MFMA.intrinsic: MFMA}
+
+
+def with_bf16(forms: tuple[MatrixForm, ...]) -> dict[str, MatrixForm]:
+    """``forms`` by intrinsic, each also under its bf16 name (the same lane maps: AMD's calculator)."""
+    out = {}
+    for f in forms:
+        out[f.intrinsic] = f
+        out[f.intrinsic.removesuffix("_F16") + "_BF16"] = replace(
+            f, intrinsic=f.intrinsic.removesuffix("_F16") + "_BF16"
+        )
+    return out
+
+
+FORMS: dict[str, MatrixForm] = with_bf16((MFMA,))
 
 
 def grid(shape: GemmShape, t: CdnaTiling) -> tuple[int, int, int]:
@@ -75,8 +97,8 @@ def _zero(vec: ir.Type) -> ir.Value:
                                                                                      0.0)))  # fmt: skip
 
 
-def _global_load(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir.Value, g: ir.Value,
-                 ktile: ir.Value, valid: ir.Value | None) -> list[tuple[ir.Value, int, int]]:  # fmt: skip
+def _global_load(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
+                 valid: ir.Value | None, elem: ir.Type) -> list[tuple[ir.Value, int, int]]:  # fmt: skip
     """This thread's share of k tile ``ktile`` of ``op`` into registers: ``(vector, pass, column offset)``.
 
     Rows contiguous along r load ``op.vector`` elements at a time (16 bytes where 8 | Ho*Wo); a gathered
@@ -87,7 +109,6 @@ def _global_load(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir
     per_pass = t.threads // chunks
     col = ix.mul(ix.rem(tid, chunks), AMD_LOAD)
     r0 = ix.add(ix.mul(ktile, t.bk), col)
-    f16 = ir.F16Type.get()
     ragged_r = shape.reduction % t.bk != 0
     out = []
     for i in range(op.rows // per_pass):
@@ -99,7 +120,7 @@ def _global_load(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir
             grow = arith.minsi(grow, ix.c(op.extent - 1))  # in bounds even where nothing is read
         v = op.vector
         if v > 1:
-            vec_t = ir.VectorType.get([v], f16)
+            vec_t = ir.VectorType.get([v], elem)
             for s in range(AMD_LOAD // v):
                 r = ix.add(r0, s * v)
                 in_r = [ix.lt(r, shape.reduction)] if ragged_r else []
@@ -117,8 +138,8 @@ def _global_load(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir
                 r = arith.minsi(r, ix.c(shape.reduction - 1))
             idx, ok = _element_address(ix, shape, op, g, grow, r, conds + in_r)
             x = memref.load(op.glob, idx)
-            values.append(x if ok is None else arith.select(ok, x, arith.constant(f16, 0.0)))
-        out.append((vector.from_elements(ir.VectorType.get([AMD_LOAD], f16), values), i, 0))
+            values.append(x if ok is None else arith.select(ok, x, arith.constant(elem, 0.0)))
+        out.append((vector.from_elements(ir.VectorType.get([AMD_LOAD], elem), values), i, 0))
     return out
 
 
@@ -132,11 +153,72 @@ def _lds_store(ix: _Ix, t: CdnaTiling, lds: ir.Value, stage: ir.Value, tid: ir.V
         vector.store(v, lds, [stage, ix.add(row, i * per_pass), ix.add(col, off)])
 
 
+def _cl_address(ix: _Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Value, r: ir.Value,
+                valid: list[ir.Value]) -> tuple[list[ir.Value], ir.Value | None]:  # fmt: skip
+    """Layout 2: indices of the vector of channels at (``row``, ``r``) of ``op``, clamped inside its memref,
+    and whether it is real. dy and a plain x are ``[r, g, row]``; a gathered x is ``[N, H, W, G, C]`` at
+    ``(ho * s + y * d - p, wo * s + x * d - p)`` with ``row = (y * X + x) * C + c`` (dW's GKYXC order)."""
+    if not op.gather:
+        return [r, g, row], _all(valid)
+    conv = shape.conv
+    c, tap = ix.rem(row, shape.channels), ix.div(row, shape.channels)
+    image, pos = ix.div(r, shape.hw), ix.rem(r, shape.hw)
+    coords = []
+    for o, f, dim in ((ix.div(pos, conv.out_size[1]), ix.div(tap, conv.filter[1]), 0),
+                      (ix.rem(pos, conv.out_size[1]), ix.rem(tap, conv.filter[1]), 1)):  # fmt: skip
+        size = conv.in_size[dim]
+        at = ix.sub(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), conv.pad[dim])
+        if conv.pad[dim]:  # only padding reaches before the image's start
+            valid = [*valid, ix.lt(ix.c(-1), at)]
+        last = (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim]
+        if last - conv.pad[dim] >= size:
+            valid = [*valid, ix.lt(at, size)]
+        coords.append(ix.clamp(at, size - 1))
+    return [image, *coords, g, c], _all(valid)
+
+
+def _global_load_cl(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir.Value, g: ir.Value,
+                    ktile: ir.Value, valid: ir.Value | None, elem: ir.Type) -> list[tuple[ir.Value, ...]]:  # fmt: skip
+    """Layout 2: this thread's vectors of ``op.vector`` channels (16 bytes where 8 divide K or C) of k tile
+    ``ktile``: ``(vector, its first row in the tile, its r in the tile)``. Vector ``q = tid + pass x threads``
+    of the tile is rows ``v (q % (rows / v))`` .. +v-1 at r ``q / (rows / v)``: consecutive lanes read
+    consecutive channels. A vector past M or N (v divides K and C: whole vectors are in or out), the
+    reduction, the split or the image (gathered x) is zero."""
+    v = op.vector
+    chunks = op.rows // v
+    vec_t = ir.VectorType.get([v], elem)
+    out = []
+    for i in range(op.rows * t.bk // v // t.threads):
+        q = ix.add(tid, i * t.threads)
+        lrow, lr = ix.mul(ix.rem(q, chunks), v), ix.div(q, chunks)
+        grow = ix.add(op.row0, lrow)
+        r = ix.add(ix.mul(ktile, t.bk), lr)
+        conds = [] if valid is None else [valid]
+        if op.extent % op.rows:
+            conds.append(ix.lt(grow, op.extent))
+            grow = arith.minsi(grow, ix.c(op.extent - v))  # in bounds even where nothing is read
+        if shape.reduction % t.bk:
+            conds.append(ix.lt(r, shape.reduction))
+            r = arith.minsi(r, ix.c(shape.reduction - 1))
+        idx, ok = _cl_address(ix, shape, op, g, grow, r, conds)
+        x = vector.load(vec_t, op.glob, idx)
+        out.append((x if ok is None else arith.select(ok, x, _zero(vec_t)), lrow, lr))
+    return out
+
+
+def _lds_store_cl(ix: _Ix, lds: ir.Value, stage: ir.Value, values: list[tuple[ir.Value, ...]]) -> None:
+    """Layout 2: :func:`_global_load_cl`'s vectors into LDS transposed, one element a row (the fragments
+    read k-contiguous rows in both layouts, so the transpose happens once, here, not in every wave)."""
+    for x, lrow, lr in values:
+        for e in range(ir.VectorType(x.type).shape[0]):
+            memref.store(vector.extract(x, [], [e]), lds, [stage, ix.add(lrow, e), lr])
+
+
 def build_amd_kernel(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: CdnaTiling,
                      form: MatrixForm) -> None:  # fmt: skip
     """Emit the kernel into ``entry`` with the matrix instruction ``form``; operands as in the module doc."""
     ix = _Ix(entry)
-    f16, f32 = ir.F16Type.get(), ir.F32Type.get()
+    elem, f32 = ir.MemRefType(a.type).element_type, ir.F32Type.get()  # f16 or bf16
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
     tid = gpu.thread_id(gpu.Dimension.x)
@@ -154,13 +236,13 @@ def build_amd_kernel(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sha
         g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
         where, base = [split, g], ix.mul(split, per_split)
     exact = per_split * shape.splits == ktiles  # every split's every tile is real
-    a_lds = memref.alloc(ir.MemRefType.get([2, t.bm, t.row], f16, memory_space=shared), [], [])
-    b_lds = memref.alloc(ir.MemRefType.get([2, t.bn, t.row], f16, memory_space=shared), [], [])
+    a_lds = memref.alloc(ir.MemRefType.get([2, t.bm, t.row], elem, memory_space=shared), [], [])
+    b_lds = memref.alloc(ir.MemRefType.get([2, t.bn, t.row], elem, memory_space=shared), [], [])
     a_op = _Operand(a, block_m, a_lds, t.bm, shape.m, shape.a_vector())
     b_op = _Operand(b, block_n, b_lds, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
     frag_row = ix.rem(lane, TILE)
     frag_k = ix.mul(ix.div(lane, TILE), form.k_lanes) if form.k_lanes else ix.c(0)
-    frag_t = ir.VectorType.get([form.frag], f16)
+    frag_t = ir.VectorType.get([form.frag], elem)
     acc_t = ir.VectorType.get([form.acc], f32)
     tiles_m, tiles_n = t.wm // TILE, t.wn // TILE
 
@@ -174,12 +256,17 @@ def build_amd_kernel(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sha
         if not exact:
             valid = ix.lt(tile, ktiles)
             tile = arith.minsi(tile, ix.c(ktiles - 1))
-        return (_global_load(ix, t, shape, a_op, tid, g, tile, valid),
-                _global_load(ix, t, shape, b_op, tid, g, tile, valid))  # fmt: skip
+        fetch = _global_load_cl if shape.channels_last else _global_load
+        return fetch(ix, t, shape, a_op, tid, g, tile, valid, elem), fetch(
+            ix, t, shape, b_op, tid, g, tile, valid, elem
+        )
 
     def store(stage: ir.Value, regs: tuple[list, list]) -> None:
-        _lds_store(ix, t, a_lds, stage, tid, regs[0])
-        _lds_store(ix, t, b_lds, stage, tid, regs[1])
+        for lds, values in ((a_lds, regs[0]), (b_lds, regs[1])):
+            if shape.channels_last:
+                _lds_store_cl(ix, lds, stage, values)
+            else:
+                _lds_store(ix, t, lds, stage, tid, values)
 
     store(ix.c(0), load(0))
     gpu.barrier()

@@ -1,4 +1,4 @@
-"""The RDNA (WMMA) forms of the AMD explicit kernel: ``amdgpu.wmma 16x16x16`` f16 -> f32, wave32.
+"""The RDNA (WMMA) forms of the AMD explicit kernel: ``amdgpu.wmma 16x16x16`` f16 or bf16 -> f32, wave32.
 
 The kernel is ``gemm_cdna.build_amd_kernel`` (global -> registers -> LDS, double-buffered, static LDS,
 the implicit GEMM's per-element addresses, split-K, masked edges); only the matrix instruction's operand
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu
 
-from convbw_mlir.kernels.gemm_cdna import TILE, MatrixForm, build_amd_kernel
+from convbw_mlir.kernels.gemm_cdna import TILE, MatrixForm, build_amd_kernel, with_bf16
 from convbw_mlir.policies.amd import AMD_FORMS, FORCE_FORM_ENV, CdnaTiling
 from convbw_mlir.policies.sm80 import GemmShape
 
@@ -45,13 +45,12 @@ def _form(intrinsic: str, k_lanes: int, acc_row: tuple[int, int]) -> WmmaForm:
     return WmmaForm(intrinsic, frag, acc, k_lanes, acc_row)
 
 
-FORMS: dict[str, MatrixForm] = {
-    f.intrinsic: f
-    for f in (
+FORMS: dict[str, MatrixForm] = with_bf16(
+    (
         _form("WMMAR3_F32_16x16x16_F16", 0, (1, 2)),  # all 16 k a lane; D row 2e + l / 16
         _form("WMMAR4_F32_16x16x16_F16", 8, (8, 1)),  # k 8(l / 16) .. +7; D row 8(l / 16) + e
     )
-}
+)
 
 
 def grid(shape: GemmShape, t: CdnaTiling) -> tuple[int, int, int]:

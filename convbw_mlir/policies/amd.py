@@ -1,7 +1,9 @@
 """The policy of our AMD kernels (``convbw_mlir/kernels/gemm_cdna.py``: MFMA on CDNA; ``gemm_rdna.py``: WMMA
 on RDNA 3 and 4): the forms and their tiling, which problems and plans they take and why not (pure Python:
 the plan asks it, :func:`plan` and :func:`refusals`, once). The implicit-GEMM view and the occupancy rule
-of the split are the sm_80 kernel's (:mod:`convbw_mlir.policies.sm80`).
+of the split are the sm_80 kernel's (:mod:`convbw_mlir.policies.sm80`). They take layouts 4 and 2
+(NHWGC/GKYXC/NHWGK, any channel count: plain global loads of 8, 4, 2 or 1 channels), f16 and bf16 in
+(the target's bf16 MFMA/WMMA), dW f32 or the input type; 2-D problems, or any rank for a plain 1x1.
 """
 
 from __future__ import annotations
@@ -10,26 +12,29 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, Tile
-from convbw_mlir.policies.sm80 import ROW_PAD, GemmShape, auto_splits, gemm_shape, is_channels_last, unsupported
+from convbw_mlir.policies.sm80 import ROW_PAD, GemmShape, auto_splits, gemm_shape, unsupported
 from convbw_mlir.policies.split import check, explicit_split, split_refusals
 from convbw_mlir.targets import Target
 
-__all__ = ["AMD_FORMS", "AMD_LOAD", "CDNA_INTRINSIC", "FORCE_FORM_ENV", "CdnaTiling", "plan", "refusals",
+__all__ = ["AMD_FORMS", "AMD_LOAD", "CDNA_INTRINSIC", "DTYPES", "FORCE_FORM_ENV", "CdnaTiling", "plan", "refusals",
            "takes_by_default", "tiling"]  # fmt: skip
 
 
 CDNA_INTRINSIC = "MFMA_F32_16x16x16_F16"
+DTYPES = ("f16", "bf16")  # the input types the AMD kernel takes (dW: f32 or one of them)
 
 # The AMD matrix forms the explicit kernel writes, by IREE's intrinsic name (a target's table entry
-# picks one): f16 of A (and of B) a lane for one 16x16x16 instruction, f32 accumulators a lane, wave size.
-# MFMA (CDNA, wave64): 4 and 4; WMMA on RDNA 3 (gfx11, wave32): 16 (lanes 16-31 repeat lanes 0-15) and
-# 8; RDNA 4 (gfx12): 8 and 8 (IREE's IREEGPUAttrs.cpp, getSingleSubgroupLayout).
+# picks one): f16/bf16 of A (and of B) a lane for one 16x16x16 instruction, f32 accumulators a lane, wave
+# size. MFMA (CDNA, wave64): 4 and 4; WMMA on RDNA 3 (gfx11, wave32): 16 (lanes 16-31 repeat lanes 0-15)
+# and 8; RDNA 4 (gfx12): 8 and 8 (IREE's IREEGPUAttrs.cpp, getSingleSubgroupLayout). bf16 has the f16
+# forms' lane maps (AMD's calculator: v_mfma_f32_16x16x16_bf16, v_wmma_f32_16x16x16_bf16).
 AMD_FORMS = {
-    CDNA_INTRINSIC: (4, 4, 64),
-    "WMMAR3_F32_16x16x16_F16": (16, 8, 32),
-    "WMMAR4_F32_16x16x16_F16": (8, 8, 32),
-}
-AMD_LOAD = 8  # f16 elements of one 16-byte global load, LDS store and chunk of the reduction
+    f"{name}_{t}": form
+    for name, form in (("MFMA_F32_16x16x16", (4, 4, 64)), ("WMMAR3_F32_16x16x16", (16, 8, 32)),
+                       ("WMMAR4_F32_16x16x16", (8, 8, 32)))
+    for t in ("F16", "BF16")
+}  # fmt: skip
+AMD_LOAD = 8  # 16-bit elements of one 16-byte global load, LDS store and chunk of the reduction
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,6 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     if opts.producers is not None:
         raise PlanError(f"producers: {opts.producers} on target {tgt.name} (wave specialization is written for "
                         "sm_80 only: named barriers)")  # fmt: skip
-    if is_channels_last(problem):  # the AMD forms gather in layout 4 only (the sm_80 kernel has layout 2)
-        raise PlanError(f"layout: {problem.layout} (the AMD explicit kernel takes layout 4, NGCHW/GKCYX/NGKHW)")
     given = opts.tile
     intr = next((i.name for i in tgt.intrinsics.get(problem.dtype, ()) if i.name in AMD_FORMS), None)
     if intr is None:
@@ -149,12 +152,7 @@ def refusals(problem: Any, plan: Plan) -> list[str]:
     if plan.tile is None:
         return ["tile: none"] + split_refusals(problem, plan)
     cap = plan.target_info.lds_bytes
-    why = unsupported(problem, tiling(plan), cap)
-    # unsupported() passes bf16 and 1-D/3-D gathers for the sm_80 kernel; the AMD forms are not written for them.
-    if problem.dtype != "f16":
-        why.append(f"dtype: {problem.dtype} (the AMD explicit kernel writes f16 forms only)")
-    if problem.rank != 2 and gemm_shape(problem).conv is not None:
-        why.append(f"input_size: {problem.input_size} (the AMD explicit kernel gathers x of 2-D problems only)")
+    why = unsupported(problem, tiling(plan), cap, DTYPES, any_channels=True, any_rank=False)
     if plan.streamk is not None:
         why.append(f"streamk: {plan.streamk.workgroups} on target {plan.target} (StreamK is written for sm_80 only)")
     if plan.wavespec is not None:

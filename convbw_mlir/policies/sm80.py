@@ -269,20 +269,33 @@ def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED
     return best or GemmTiling()
 
 
-def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP) -> list[str]:
-    """Why the explicit kernel cannot compute ``problem`` with ``tiling`` ("field: value ..." lines)."""
+def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP, dtypes: tuple[str, ...] | None = None,
+                any_channels: bool = False, any_rank: bool = True) -> list[str]:  # fmt: skip
+    """Why the explicit kernel cannot compute ``problem`` with ``tiling`` ("field: value ..." lines).
+
+    ``dtypes``: the input types the kernel takes (default: the sm_80 kernel's, :data:`INTRINSICS`; dW: f32 or
+    the input type); ``any_channels``: layout 2 with any channel count and dW of any of ``dtypes`` (the AMD
+    kernel's plain loads), not only even channel counts (cp.async: 4 bytes or more); ``any_rank``: 1-D and 3-D
+    problems with a filter, stride or padding too (the sm_80 kernel's per-dimension gather; not the AMD one's)."""
     why = []
     fam = problem.layout_family
     if (fam.x, fam.w) not in (("NGCHW", "GKCYX"), ("NHWGC", "GKYXC")):
         why.append(f"layout: {problem.layout} (the explicit kernel takes layouts 4, NGCHW/GKCYX/NGKHW, and 2, "
                    "NHWGC/GKYXC/NHWGK)")  # fmt: skip
-    elif is_channels_last(problem):  # cp.async of 4, 8 or 16 bytes: whole, aligned vectors of channels
+    elif (
+        is_channels_last(problem) and not any_channels
+    ):  # cp.async of 4, 8 or 16 bytes: whole, aligned vectors of channels
         for name, value in (("in_channels", problem.in_channels), ("out_channels", problem.out_channels)):
             if value % 2:
                 why.append(f"{name}: {value} a group (layout 2 takes even channel counts: 4-byte copies or wider)")
-    if problem.dtype not in INTRINSICS:
-        why.append(f"dtype: {problem.dtype} (f16 or bf16)")
-    elif problem.dw_dtype not in (problem.dtype, "f32"):
+    if not any_rank:  # the AMD forms gather x of 2-D problems only
+        plain = all(f == 1 for f in problem.filter_size) and all(s == 1 for s in problem.stride)
+        if not (plain and not any(problem.pad_low) and not any(problem.pad_high)) and problem.rank != 2:
+            why.append(f"input_size: {problem.input_size} (a filter, stride or padding needs a 2-D problem)")
+    dtypes = tuple(INTRINSICS) if dtypes is None else dtypes
+    if problem.dtype not in dtypes:
+        why.append(f"dtype: {problem.dtype} ({' or '.join(dtypes)})")
+    elif problem.dw_dtype not in ("f32", problem.dtype) and not (any_channels and problem.dw_dtype in dtypes):
         why.append(f"dw_dtype: {problem.dw_dtype} (f32 or {problem.dtype}, the input type)")
     if problem.epilogue is not None:
         why.append(f"epilogue: {problem.epilogue.kind} (none yet)")
