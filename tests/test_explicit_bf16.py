@@ -76,13 +76,14 @@ def test_bf16_refusals_name_the_field_and_value(problem, message):
     assert message in str(e.value)
 
 
-def test_amd_kernels_still_refuse_bf16_by_name():
-    """The sm_80 policy's checks, which the AMD policy shares, now pass bf16: the AMD forms are f16 only."""
+def test_a_stored_f16_amd_plan_is_refused_for_the_bf16_problem_naming_the_instruction():
+    """The AMD forms take bf16 too (their own bf16 instruction): an f16 plan replayed on bf16 is refused."""
     f16 = P(1, 1, 64, 64, (8, 8), (3, 3), layout=4)
     stored = decide(f16, "gfx942", strategy="explicit")
     assert amd.refusals(f16.with_(dtype="bf16", dw_dtype="bf16"), stored) == [
-        "dtype: bf16 (the AMD explicit kernel writes f16 forms only)"
+        "tile: intrinsic MFMA_F32_16x16x16_F16 is not one of gfx942's for bf16"
     ]
+    assert decide(f16.with_(dtype="bf16"), "gfx942", strategy="explicit").tile.intrinsic == "MFMA_F32_16x16x16_BF16"
 
 
 def test_plan_takes_the_kernel_for_bf16_only_when_asked_until_measured():

@@ -161,5 +161,5 @@ def refusals(problem: Any, plan: Plan) -> list[str]:
     if not why:
         why = tiling(plan).problems(gemm_shape(problem, plan.k_batch), cap)
         if plan.target_info.intrinsic(problem.dtype, plan.tile.intrinsic) is None:  # a stored plan's
-            why.append(f"tile: intrinsic {plan.tile.intrinsic} is not one of {plan.target}'s")
+            why.append(f"tile: intrinsic {plan.tile.intrinsic} is not one of {plan.target}'s for {problem.dtype}")
     return why + split_refusals(problem, plan)
