@@ -1,12 +1,16 @@
 """Every vmfb of explicit_conv manifests run once with x and dy each followed by 1 MiB of NaN
 (convbw_mlir.runtime.Kernel.to_device_fenced), dW checked against the float64 reference (harness.check).
 Usage: python3 fence_check.py OUT.json DIR [DIR ...]   (run from bench/, PYTHONPATH with the repo)."""
-import json, sys, time, traceback
+
+import json
+import sys
+import time
 from pathlib import Path
 
-import torch
 import explicit_conv as ec
 import harness
+import torch
+
 from convbw_mlir.runtime import Kernel
 
 out, dirs = Path(sys.argv[1]), [Path(d) for d in sys.argv[2:]]
