@@ -53,6 +53,7 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     assert DENSE.layout == "NHWGC/GKYXC/NHWGK" and decide(DENSE, "sm_80").strategy is Strategy.EXPLICIT
     assert decide(DENSE, "sm_86").strategy is Strategy.EXPLICIT  # its smaller shared memory: the rule's 2 stages
     assert decide(GROUPED, "sm_80").strategy is Strategy.EXPLICIT  # 8 channels a group: matrix cores pay
+    assert decide(DENSE.with_(dtype="bf16", dw_dtype="bf16"), "sm_80").strategy is Strategy.EXPLICIT  # measured too
     not_chosen = {
         "AMD": decide(DENSE, "gfx942"),  # compiled, never run: no AMD GPU measured it
         "too thin for matrix cores": decide(
@@ -60,7 +61,7 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
         ),
         "depthwise": decide(DEPTHWISE, "sm_80"),
         "layout 4": decide(DENSE.with_(layout=4), "sm_80"),
-        "bf16": decide(DENSE.with_(dtype="bf16", dw_dtype="bf16"), "sm_80"),
+        "f32": decide(DENSE.with_(dtype="f32", dw_dtype="f32"), "sm_80"),
         "odd channels": decide(DENSE.with_(in_channels=3), "sm_80"),
         "epilogue": decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80"),
         "codegen asked": decide(DENSE, "sm_80", strategy="codegen"),
