@@ -53,10 +53,20 @@ def test_1d_and_3d_kernels_match_float64_under_emulation(problem, options):
     [
         conv((9,), (3,), layout=4, stride=2, dilation=1, pad_low=2, pad_high=1),
         conv((4, 5, 6), (2, 3, 2), layout=4, stride=(1, 2, 1), dilation=(2, 1, 3), pad_low=(1, 0, 2), pad_high=1),
+        # 2-D: unequal filters, strides, dilations and pads per dimension; rows past the image's end; 2 output
+        # rows where the bound comes from one output step or from the filter's reach alone; padding after only
+        P.from_ck("2 1 2 16 8 3 3 9 9 2 2 1 1 1 1 1 1", layout=4),
+        P.from_ck("2 1 2 16 8 3 3 11 11 2 2 2 2 2 2 0 0", layout=4),
+        P.from_ck("2 1 3 4 4 3 2 7 8 3 1 1 3 1 2 2 0", layout=4),
+        P.from_ck("2 1 2 4 4 3 3 6 6 1 1 1 1 2 2 2 2", layout=4),
+        P.from_ck("2 1 2 4 4 3 3 3 3 2 2 1 1 1 1 1 1", layout=4),
+        P.from_ck("2 1 2 4 4 3 3 2 2 1 1 1 1 1 1 1 1", layout=4),
+        P.from_ck("2 1 2 4 4 3 3 6 6 1 1 1 1 0 0 2 2", layout=4),
     ],
 )  # fmt: skip
 def test_gather_address_map_of_any_rank_matches_the_convolutions_index_formula(problem):
-    """``_element_address`` for every (row, reduction index) against ``o * s + f * d - p`` per dimension."""
+    """``_element_address`` (the gather of x the sm_80 kernel and the CDNA and RDNA kernels share) for every
+    (row, reduction index) against ``o * s + f * d - p`` per dimension."""
     from iree.compiler.dialects import func
 
     from convbw_mlir.ir_imports import ir, new_context

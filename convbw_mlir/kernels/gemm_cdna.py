@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, memref, scf, vector
 
-from convbw_mlir.kernels.gemm_sm80 import _all, _element_address, _Ix, _Operand
+from convbw_mlir.kernels.gemm_sm80 import _all, _element_address, _gather_coords, _Ix, _Operand, _unravel
 from convbw_mlir.policies.amd import AMD_FORMS, AMD_LOAD, CDNA_INTRINSIC, CdnaTiling
 from convbw_mlir.policies.sm80 import GemmShape
 
@@ -163,17 +163,7 @@ def _cl_address(ix: _Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Va
     conv = shape.conv
     c, tap = ix.rem(row, shape.channels), ix.div(row, shape.channels)
     image, pos = ix.div(r, shape.hw), ix.rem(r, shape.hw)
-    coords = []
-    for o, f, dim in ((ix.div(pos, conv.out_size[1]), ix.div(tap, conv.filter[1]), 0),
-                      (ix.rem(pos, conv.out_size[1]), ix.rem(tap, conv.filter[1]), 1)):  # fmt: skip
-        size = conv.in_size[dim]
-        at = ix.sub(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), conv.pad[dim])
-        if conv.pad[dim]:  # only padding reaches before the image's start
-            valid = [*valid, ix.lt(ix.c(-1), at)]
-        last = (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim]
-        if last - conv.pad[dim] >= size:
-            valid = [*valid, ix.lt(at, size)]
-        coords.append(ix.clamp(at, size - 1))
+    coords, valid = _gather_coords(ix, conv, _unravel(ix, pos, conv.out_size), _unravel(ix, tap, conv.filter), valid)
     return [image, *coords, g, c], _all(valid)
 
 
