@@ -58,7 +58,7 @@ def test_occupancy_plan_is_the_lds_bound_and_the_register_budget_that_keeps_it()
         (P.from_ck("2 1 8 16 16 3 3 7 7 1 1 1 1 1 1 1 1", layout=1), "gfx1100", {},
          "layout: GNHWC/GKYXC/GNHWK (the explicit kernel takes layouts 4, NGCHW/GKCYX/NGKHW, and 2, NHWGC/"),
         (P(1, 2, 16, 16, (6, 6, 6), (3, 3, 3), layout="NDHWGC/GKZYXC/NDHWGK", dtype="bf16"), "gfx942", {},
-         "input_size: (6, 6, 6) (a filter, stride or padding needs a 2-D problem)"),
+         "input_size: (6, 6, 6) (the AMD explicit kernel gathers x of 2-D problems only)"),
         (GEMM, "gfx942", {"tile_m": 256, "tile_n": 256}, "tiling: 81920 B of LDS, over 65536"),
         (GEMM, "gfx1200", {"subgroups_m": 3}, "tiling: wave tile"),
     ],

@@ -118,7 +118,7 @@ def test_plan_takes_the_kernel_for_gathered_1d_and_3d_by_itself():
 def test_amd_kernels_still_refuse_1d_and_3d_gathers_by_name():
     """The shared checks now pass any rank; the AMD forms are emulated for 2-D gathers only."""
     p = P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4)
-    with pytest.raises(PlanError, match=r"input_size: \(4, 8, 8\) \(a filter, stride or padding needs a 2-D problem"):
+    with pytest.raises(PlanError, match=r"input_size: \(4, 8, 8\) \(the AMD explicit kernel gathers x of 2-D"):
         decide(p, "gfx942", strategy="explicit")
     stored = decide(P(1, 1, 64, 64, (8, 8), (3, 3), layout=4), "gfx942", strategy="explicit")
     assert any(w.startswith("input_size: (4, 8, 8)") for w in amd.refusals(p, stored))

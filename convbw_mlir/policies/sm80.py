@@ -291,7 +291,7 @@ def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP
     if not any_rank:  # the AMD forms gather x of 2-D problems only
         plain = all(f == 1 for f in problem.filter_size) and all(s == 1 for s in problem.stride)
         if not (plain and not any(problem.pad_low) and not any(problem.pad_high)) and problem.rank != 2:
-            why.append(f"input_size: {problem.input_size} (a filter, stride or padding needs a 2-D problem)")
+            why.append(f"input_size: {problem.input_size} (the AMD explicit kernel gathers x of 2-D problems only)")
     dtypes = tuple(INTRINSICS) if dtypes is None else dtypes
     if problem.dtype not in dtypes:
         why.append(f"dtype: {problem.dtype} ({' or '.join(dtypes)})")
