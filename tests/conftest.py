@@ -64,3 +64,18 @@ def suite(name: str) -> list[tuple[str, str]]:
 @pytest.fixture(scope="session")
 def compiled():
     return compiled_op
+
+
+@pytest.fixture(scope="session")
+def _torch_kernel_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("torch_art")
+
+
+@pytest.fixture(scope="module")
+def torch_artifacts(_torch_kernel_folder):
+    """The torch entry's CONVBW_ARTIFACTS for a module's tests: one folder per test run, so the torch tests compile
+    a kernel once (the DDP test's processes load them from it too)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CONVBW_ARTIFACTS", str(_torch_kernel_folder))
+    yield
+    mp.undo()

@@ -11,14 +11,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (an optional
 from convbw_mlir import torch as ct  # noqa: E402 - after the skip: it needs torch
 from convbw_mlir.torch import entry as ct_entry  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _artifacts(tmp_path_factory):
-    """Kernels compiled once per test run into one folder (the entry point's CONVBW_ARTIFACTS)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv(ct.ARTIFACTS_ENV, str(tmp_path_factory.mktemp("art")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("torch_artifacts")  # conftest: one kernel folder for the torch tests
 
 
 def _inputs(rank, c, k, groups, size=7, fmt="contiguous", stride=1, padding=1, dilation=1, dtype=torch.float32):

@@ -19,13 +19,7 @@ from convbw_mlir.torch import switch as torch_ops  # noqa: E402
 F = torch.nn.functional
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _artifacts(tmp_path_factory):
-    """Kernels compiled once per module into one folder, which the DDP test's processes load them from."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv(ct.ARTIFACTS_ENV, str(tmp_path_factory.mktemp("art")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("torch_artifacts")  # conftest: one kernel folder for the torch tests
 
 
 @pytest.fixture(autouse=True)
