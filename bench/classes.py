@@ -145,9 +145,10 @@ def report(paths: list[Path], before: list[Path]) -> str:
             if old:
                 cells.append(_status(old[r["key"]], "convbw") if r["key"] in old else "-")
             lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
         for dtype, vals in sorted(ratios.items()):
             g = geomean(vals)
-            lines.append(f"\n- {dtype}: cuDNN/ours geomean {g:.2f}, worst {min(vals):.2f} ({len(vals)} problems)")
+            lines.append(f"- {dtype}: cuDNN/ours geomean {g:.2f}, worst {min(vals):.2f} ({len(vals)} problems)")
         pairs = [(_time(r, "convbw"), _time(next((o for o in members if o["key"] == r["key"].replace(".bf16", ".f16")),
                  r), "convbw")) for r in members if r["key"].endswith(".bf16")]  # fmt: skip
         pairs = [b / f for b, f in pairs if b and f]
