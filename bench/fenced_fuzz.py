@@ -2,6 +2,8 @@
 
     python bench/fenced_fuzz.py compile --count 500 --seed 1 --out .art/fuzz      (here: needs the compiler)
     python bench/fenced_fuzz.py compile --sweep overread --out .art/sweep         (the over-read class, by name)
+    python bench/fenced_fuzz.py compile --recheck M.json R.json --recheck-with '' --ours-only --out .art/re
+                                                   (an earlier run's failing problems, the plan's choices now)
     python bench/fenced_fuzz.py run .art/fuzz --shards 8 --out fuzz.json          (GPU machine: runtime only)
     python bench/fenced_fuzz.py report fuzz.json [more.json ...]                  (markdown, by strategy and class)
 
