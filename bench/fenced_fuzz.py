@@ -2,6 +2,8 @@
 
     python bench/fenced_fuzz.py compile --count 500 --seed 1 --out .art/fuzz      (here: needs the compiler)
     python bench/fenced_fuzz.py compile --sweep overread --out .art/sweep         (the over-read class, by name)
+    python bench/fenced_fuzz.py compile --recheck M.json R.json --recheck-with '' --ours-only --out .art/re
+                                                   (an earlier run's failing problems, the plan's choices now)
     python bench/fenced_fuzz.py run .art/fuzz --shards 8 --out fuzz.json          (GPU machine: runtime only)
     python bench/fenced_fuzz.py report fuzz.json [more.json ...]                  (markdown, by strategy and class)
 
@@ -42,6 +44,9 @@ _LAYOUTS = ("NHWGC/GKYXC/NHWGK", "GNCHW/GKCYX/GNKHW", "GNHWC/GKYXC/GNHWK", "NGCH
 _ALTERNATIVES = ("strategy=codegen", "k_batch=2", "k_batch=3", "k_batch=rows", "k_batch=N", "grouped=mma",
                  "reduction_innermost=true", "strategy=explicit")  # fmt: skip
 # The explicit kernels' own choices (profile ``explicit``: 2-D, f16, channels-last or layout 4, wide channels).
+# The choices a recheck adds by default: the GPU reference, IREE's direct form, and the plan's other forms.
+RECHECK_ALTERNATIVES = ("reference", "iree_direct", "convbw:k_batch=1", "convbw:strategy=explicit",
+                        "convbw:grouped=mma", "convbw:reduction_innermost=true")  # fmt: skip
 _EXPLICIT_ALTERNATIVES = ("strategy=explicit&k_batch=4", "strategy=explicit&streamk=auto",
                           "strategy=explicit&streamk=auto&streamk_fixup=tree", "strategy=explicit&producers=4",
                           "strategy=explicit&producers=2", "strategy=explicit&tile_m=64&tile_n=64")  # fmt: skip
@@ -268,23 +273,30 @@ def overread_sweep() -> list[dict]:
     return entries
 
 
-def recheck_entries(manifests: list[Path], results: list[Path], alternatives: tuple[str, ...]) -> list[dict]:
-    """The problems of earlier runs with a contender that was not correct: each again with the plan's
-    choice now, the same contenders, and ``alternatives`` (other plans and IREE's forms), to find
-    which choice is right where one is wrong."""
-    rows = {row["key"]: row for r in results for row in json.loads(r.read_text())["problems"]}
-    entries = []
+def recheck_entries(manifests: list[Path], results: list[Path], alternatives: tuple[str, ...],
+                    ours_only: bool = False) -> list[dict]:  # fmt: skip
+    """The problems of earlier runs with a contender that was not correct (each once): each again with the
+    plan's choice now, the same contenders, and ``alternatives`` (other plans and IREE's forms), to find
+    which choice is right where one is wrong; ``ours_only`` leaves IREE's own forms out."""
+    rows = {(m, row["key"]): row for m, r in zip(manifests, results) for row in json.loads(r.read_text())["problems"]}
+    entries, seen = [], set()
     for manifest in manifests:
         for e in json.loads(manifest.read_text())["problems"]:
-            row = rows.get(e["key"])
-            if row is None or not any(c.get("status") == "WRONG" for c in row["contenders"].values()):
+            row = rows.get((manifest, e["key"]))
+            same = json.dumps(e["problem"], sort_keys=True)
+            if same in seen or row is None or not any(c.get("status") == "WRONG" for c in row["contenders"].values()):
                 continue
+            seen.add(same)
+            if any(x["key"] == e["key"] for x in entries):  # another run's problem of the same name
+                e = {**e, "key": f"{manifest.stem}.{e['key']}", "name": f"{manifest.stem}.{e['name']}"}
             p = ConvBwdWeightProblem.from_dict(e["problem"])
             names = list(e["contenders"]) + [a for a in alternatives if a not in e["contenders"]]
             options = {}
             for name in names:
-                if name in IREE_FORMS:
+                if name in IREE_FORMS and not ours_only:
                     options[name] = {}
+                elif name in IREE_FORMS:
+                    continue
                 else:
                     opts = _options(name.partition(":")[2].replace(",", "&"), p) if ":" in name else {}
                     options[_contender(opts)] = opts
@@ -418,6 +430,12 @@ def main(argv: list[str] | None = None) -> int:
         help="explicit: problems and choices of the explicit kernels",
     )
     c.add_argument("--alternatives", type=float, default=0.5, help="share of problems with one other plan choice")
+    c.add_argument(
+        "--recheck-with",
+        default=",".join(RECHECK_ALTERNATIVES),
+        help="with --recheck: the other choices besides the earlier run's, comma-separated ('' for none)",
+    )
+    c.add_argument("--ours-only", action="store_true", help="with --recheck: leave IREE's own forms out")
     c.add_argument("--target", default="sm_80")
     c.add_argument("--workers", type=int, default=2)
     c.add_argument("--out", required=True)
@@ -431,10 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "compile":
         if args.recheck:
-            alternatives = ("reference", "iree_direct", "convbw:k_batch=1", "convbw:strategy=explicit",
-                            "convbw:grouped=mma", "convbw:reduction_innermost=true")  # fmt: skip
+            alternatives = tuple(a for a in args.recheck_with.split(",") if a)
             entries = recheck_entries(
-                [Path(m) for m, _ in args.recheck], [Path(r) for _, r in args.recheck], alternatives
+                [Path(m) for m, _ in args.recheck], [Path(r) for _, r in args.recheck], alternatives, args.ours_only
             )
         elif args.sweep:
             entries = overread_sweep()

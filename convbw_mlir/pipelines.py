@@ -31,6 +31,7 @@ def for_target(target: Target | str, **options: Any) -> list[PipelineElement]:
     # contraction for IREE.
     stages: list[str | tuple[str, dict[str, Any]]] = [
         ("convbw-plan", {"target": tgt.name}),
+        ("convbw-relayout", {}),  # the plan's layout (plan.relayout), before any kernel is built
         *([("convbw-explicit-kernel", {})] if tgt.family in ("nvidia", "cdna", "rdna") else []),  # strategy explicit
         ("convbw-explicit-gemm", {}),
         ("convbw-split-k", {}),

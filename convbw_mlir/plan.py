@@ -63,8 +63,10 @@ __all__ = [
     "decide",
     "effective_problem",
     "explicit_tiling",
+    "one_tap_window",
     "pick_intrinsic",
     "plan_rows_split",
+    "relayout",
     "plan_split",
     "plan_split_k",
 ]
@@ -85,6 +87,7 @@ def decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | N
             or a tile given for a problem whose strategy takes none.
     """
     tgt = _target(target, "target")
+    problem = relayout(problem)  # the problem the passes compute (convbw-relayout)
     try:
         opts = Overrides(**overrides)
     except TypeError:
@@ -171,16 +174,20 @@ def _iree_tiles_itself(plan: Plan) -> bool:
 
 
 def _iree_split_pads(work: ConvBwdWeightProblem, plan: Plan, tgt: Target) -> str | None:
-    """Why ``plan`` (IREE tiling a split itself) would read past x and dy, or None: a per-split reduction
-    the K of the type's matrix instruction does not divide. IREE picks that instruction by the type alone,
+    """Why ``plan`` (IREE tiling a split itself) would read past x and dy or be wrong, or None: a per-split
+    reduction the K of the type's matrix instruction does not divide, or more than :data:`MAX_IREE_SPLITS`
+    splits of a problem with one in channel. IREE picks that instruction by the type alone,
     also where :func:`pick_intrinsic` declines, wherever the problem has more than one out channel a group
     (docs/decisions.md#split-iree-step has the measurements)."""
     if not _iree_tiles_itself(plan) or plan.split is None or not tgt.is_gpu:
         return None
     if work.out_channels == 1:  # no M loop for an instruction: every such split stayed inside (docs, as above)
         return None
-    contraction = Contraction.build(work, plan.split)
     intrinsics = tgt.intrinsics.get(work.dtype, ())
+    if intrinsics and work.in_channels == 1 and plan.split.k_batch > MAX_IREE_SPLITS:
+        return (f"IREE's own tiling of {plan.split.k_batch} splits (over {MAX_IREE_SPLITS}) of a {work.dtype} "
+                "problem with one in channel gave wrong dW (docs/decisions.md#split-iree-step)")  # fmt: skip
+    contraction = Contraction.build(work, plan.split)
     if not contraction.has_split_loop or not intrinsics or contraction.reduction_extent % intrinsics[0].k == 0:
         return None
     return (f"IREE's own tiling pads the {contraction.reduction_extent} reduction elements of each of "
@@ -233,6 +240,7 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
         PlanError: a split whose reduction the tile's step pads, or IREE's own tiling would pad (its
             kernels read past x and dy: docs/decisions.md#split-gemm-step, #split-iree-step), naming the sizes.
     """
+    problem = relayout(problem)
     if plan.strategy == Strategy.EXPLICIT:
         policy = policies.for_target(plan.target_info)
         why = ["target: no explicit kernel of ours"] if policy is None else policy.refusals(problem, plan)
@@ -269,17 +277,59 @@ def effective_problem(problem: ConvBwdWeightProblem, reduction_innermost: bool =
     return gemm
 
 
-def as_gemm(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem | None:
-    """The equivalent 1-D problem with the spatial dimensions flattened, or None if not an unpadded 1x1.
+# Layouts the passes compute in layout 2 (NHWGC/GKYXC/NHWGK: the same dW and D), x and dy transposed
+# (convbw-relayout); the group-outermost layout 1 always, layout 3 for convolutions (its 1x1s stay GEMMs).
+RELAYOUT = ("GNHWC/GKYXC/GNHWK", "NGCHW/GKYXC/NGKHW")
+LAYOUT_2 = "NHWGC/GKYXC/NHWGK"
 
-    A strided 1x1 reads x only at o * stride: its GEMM takes that subsample of x.
+
+def relayout(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem:
+    """The problem in the layout the passes compute it in (``convbw-relayout`` transposes x and dy there):
+    layout 1 (GNHWC, the group outermost) and layout 3's convolutions (NGCHW) become layout 2 (NHWGC), with
+    the same dW and D. IREE 3.13's CUDA codegen read past the end of x or dy at the last group of layout 1 in
+    every form, and computed two layout-3 convolutions wrongly in every form (docs/decisions.md#relayout);
+    layout 2 is the explicit kernel's and the layout the fenced fuzz found right."""
+    name = problem.layout_family.name
+    if name == RELAYOUT[0] or (name == RELAYOUT[1] and as_gemm(problem) is None):
+        return problem.with_(layout=LAYOUT_2)
+    return problem
+
+
+def one_tap_window(problem: ConvBwdWeightProblem) -> tuple[tuple[int, int], ...] | None:
+    """Per spatial dimension of a 1x1 (filter extent 1 everywhere): (the first output position that reads x,
+    how many do); they read x at ``first * stride - pad_low`` onwards, ``stride`` apart. None if some
+    filter extent is not 1, or some dimension reads no x at all (dW is then 0: nothing to slice).
+
+    The other output positions read only padding: their dy rows add nothing to dW.
     """
-    one = all(f == 1 for f in problem.filter_size)
-    if not one or any(problem.pad_low) or any(problem.pad_high):
+    if any(f != 1 for f in problem.filter_size):
         return None
-    if problem.rank == 1 and problem.stride == (1,):
+    window = []
+    for size, out, s, lo in zip(problem.input_size, problem.output_size, problem.stride, problem.pad_low):
+        first = -(-lo // s)  # the first o with o * s - lo >= 0
+        last = min(out - 1, (size - 1 + lo) // s)  # the last o with o * s - lo < size
+        if last < first:
+            return None
+        window.append((first, last - first + 1))
+    return tuple(window)
+
+
+def as_gemm(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem | None:
+    """The equivalent 1-D, stride-1, unpadded problem with the spatial dimensions flattened, or None if not
+    a 1x1 (or already that form).
+
+    A 1x1 reads x only at ``o * stride - pad_low``, and only the output positions of :func:`one_tap_window`
+    read x inside the image: its GEMM takes those dy rows and that strided window of x. IREE 3.13's CUDA
+    codegen was wrong or read past x and dy on padded strided 1x1s in every form it was given
+    (docs/decisions.md#padded-1x1); the GEMM of the window has no padding and no stride left.
+    """
+    window = one_tap_window(problem)
+    if window is None:
+        return None
+    padded = any(problem.pad_low) or any(problem.pad_high)
+    if problem.rank == 1 and problem.stride == (1,) and not padded:
         return None  # already the GEMM form
-    flat = math.prod(problem.output_size)
+    flat = math.prod(count for _, count in window)
     return problem.with_(input_size=(flat,), filter_size=(1,), stride=1, dilation=1, pad_low=0, pad_high=0)
 
 
@@ -290,6 +340,9 @@ MAX_ROWS_PARTIAL_FRACTION = 0.1
 MAX_THREAD_ACCUMULATORS = 64
 # Each split keeps at least this many reduction elements: docs/decisions.md#split-minimum
 MIN_SPLIT_REDUCTION = 512
+# IREE's own tiling of a matrix-instruction type with one in channel: at most this many splits (32 gave
+# wrong dW, 16 and fewer did not): docs/decisions.md#split-iree-step
+MAX_IREE_SPLITS = 16
 # Thin 1x1 problems split at most this often (IREE's kernels were wrong beyond): docs/decisions.md#thin-gemm-splits
 MAX_THIN_GEMM_SPLITS = 2
 

@@ -1,4 +1,4 @@
-"""convbw-explicit-gemm: a 1x1 filter with no padding is a batched GEMM; say so in the IR.
+"""convbw-explicit-gemm: a 1x1 filter is a batched GEMM; say so in the IR.
 
     %dw = convbw.conv_bwd_weight(%x, %dy)   x: N x H x W x G x C, filter 1 x 1, stride 1, pad 0
   ->
@@ -7,8 +7,9 @@
     %w1 = convbw.conv_bwd_weight(%x1, %d1)  the 1-D, filter-1 problem: G x K x 1 x C
     %dw = tensor.expand_shape %w1           G x K x 1 x 1 x C
 
-A strided 1x1 reads x only at o * stride; that subsample (copied by a linalg.generic) is its GEMM
-operand, so it becomes the stride-1 case. No im2col (CK's "explicit GEMM" for 1x1 bwd-weight).
+A strided or padded 1x1 reads x only at o * stride - pad_low, and only some output positions read x
+inside the image; those dy rows and that x window (each copied by a linalg.generic) are its GEMM
+operands, so it becomes the stride-1, unpadded case. No im2col (CK's "explicit GEMM" for 1x1 bwd-weight).
 Lowered, the 1-D op has no filter loop and an identity x map: a batched GEMM over groups with M = K,
 N = C and the reduction N * prod(output), which IREE compiles as a contraction rather than a convolution.
 
@@ -24,37 +25,60 @@ from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
 from convbw_mlir.builders import PARALLEL, generic, reassociation, transpose
 from convbw_mlir.ir_imports import ir, tensor_d, util_d
-from convbw_mlir.plan import as_gemm, effective_problem
+from convbw_mlir.plan import as_gemm, effective_problem, one_tap_window
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-__all__ = ["ExplicitGemm", "subsample"]
+__all__ = ["ExplicitGemm", "window"]
 
 
-def subsample(problem: ConvBwdWeightProblem, x: ir.Value) -> tuple[ConvBwdWeightProblem, ir.Value]:
-    """x at the positions a strided 1x1 reads (o * stride), copied by a linalg.generic; the problem with
-    stride 1 on it. Unchanged for stride 1.
+def window(problem: ConvBwdWeightProblem, x: ir.Value, dy: ir.Value) -> tuple[ConvBwdWeightProblem, ir.Value, ir.Value]:
+    """The x and dy a 1x1 reads inside the image (:func:`convbw_mlir.plan.one_tap_window`), each copied by a
+    linalg.generic where it is not the whole tensor: x at ``(first + o) * stride - pad_low``, dy at
+    ``first + o``; the problem of that window (stride 1, no padding). Unchanged for stride 1 and no padding.
 
     A copy of its own, not a strided tensor.extract_slice: IREE 3.13 fuses such a slice into the GEMM's
-    loads, and that kernel gave wrong dW (
-    docs/decisions.md#strided-1x1). A util.optimization_barrier keeps IREE from fusing it back.
+    loads, and that kernel gave wrong dW (docs/decisions.md#strided-1x1). A util.optimization_barrier keeps
+    IREE from fusing it back.
     """
-    if all(s == 1 for s in problem.stride):
-        return problem, x
-    dims = problem.dims("x")
-    spatial = [d for d in dims if d in "DHW"]
-    p1 = problem.with_(input_size=problem.output_size, stride=1)
-    loops = [ir.AffineDimExpr.get(i) for i in range(len(dims))]
-    src = [loops[i] * problem.stride[spatial.index(d)] if d in spatial else loops[i] for i, d in enumerate(dims)]
-    maps = [ir.AffineMap.get(len(dims), 0, src), ir.AffineMap.get_identity(len(dims))]
-    out_t = convbw.tensor_type(p1, "x")
+    spans = one_tap_window(problem)
+    counts = tuple(count for _, count in spans)
+    unit = problem.with_(input_size=counts, stride=1, dilation=1, pad_low=0, pad_high=0)
+    x_start = [first * s - lo for (first, _), s, lo in zip(spans, problem.stride, problem.pad_low)]
+    if any(s != 1 for s in problem.stride) or any(x_start) or counts != problem.input_size:
+        x = _copy(x, problem.dims("x"), unit, "x", problem.stride, x_start)
+    if counts != problem.output_size:
+        dy = _copy(dy, problem.dims("dy"), unit, "dy", (1,) * problem.rank, [first for first, _ in spans])
+    return unit, x, dy
 
-    @generic([x], [tensor_d.EmptyOp(list(out_t.shape), out_t.element_type).result], maps, [PARALLEL] * len(dims))
-    def copy(a: ir.Value, _out: ir.Value) -> ir.Value:
+
+def _copy(value: ir.Value, dims: tuple[str, ...], unit: ConvBwdWeightProblem, tensor: str,
+          stride: tuple[int, ...], start: list[int]) -> ir.Value:  # fmt: skip
+    """``value`` at ``o * stride + start`` in each spatial dimension, as ``unit``'s ``tensor``, kept its own dispatch.
+
+    The rows from ``start`` on are sliced off first (a plain offset), so that the copy's map is ``o * stride``
+    and linalg infers its loops from the output wherever the stride is 1.
+    """
+    spatial = [d for d in dims if d in "DHW"]
+    out_t = convbw.tensor_type(unit, tensor)
+    shape, offsets = list(value.type.shape), [0] * len(dims)
+    for i, d in enumerate(dims):
+        if d in spatial:
+            k = spatial.index(d)
+            offsets[i], shape[i] = start[k], (out_t.shape[i] - 1) * stride[k] + 1
+    ones = [1] * len(dims)
+    sliced_t = ir.RankedTensorType.get(shape, out_t.element_type)
+    value = tensor_d.ExtractSliceOp(sliced_t, value, [], [], [], offsets, shape, ones).result
+    loops = [ir.AffineDimExpr.get(i) for i in range(len(dims))]
+    src = [loops[i] * stride[spatial.index(d)] if d in spatial else loops[i] for i, d in enumerate(dims)]
+    maps = [ir.AffineMap.get(len(dims), 0, src), ir.AffineMap.get_identity(len(dims))]
+
+    @generic([value], [tensor_d.EmptyOp(list(out_t.shape), out_t.element_type).result], maps, [PARALLEL] * len(dims))
+    def copied(a: ir.Value, _out: ir.Value) -> ir.Value:
         return a
 
     # Keep the copy its own dispatch: fused into the GEMM, the GEMM became a SIMT reduction
     # (docs/decisions.md#strided-1x1).
-    return p1, util_d.OptimizationBarrierOp([out_t], [copy]).results[0]
+    return util_d.OptimizationBarrierOp([out_t], [copied]).results[0]
 
 
 def _reassociation(letters: tuple[str, ...], spatial: str) -> ir.ArrayAttr:
@@ -72,8 +96,9 @@ def _reassociation(letters: tuple[str, ...], spatial: str) -> ir.ArrayAttr:
 class ExplicitGemm(ConvbwPass):
     argument = "convbw-explicit-gemm"
     description = (
-        "Rewrite each convbw.conv_bwd_weight with a 1x1 filter and no padding into a batched GEMM: subsample "
-        "x where strided, collapse the spatial dimensions of x and dy, a 1-D filter-1 op, expand dW back."
+        "Rewrite each convbw.conv_bwd_weight with a 1x1 filter into a batched GEMM: copy the x and dy window "
+        "that reads inside the image where strided or padded, collapse the spatial dimensions of x and dy, a 1-D "
+        "filter-1 op, expand dW back."
     )
 
     def run(self, module: ir.Operation) -> None:
@@ -87,12 +112,12 @@ class ExplicitGemm(ConvbwPass):
                 continue
             gemm = effective_problem(problem, plan is not None and plan.reduction_innermost)
             with ir.InsertionPoint(op), op.location:
-                unit_stride, x_v = subsample(problem, op.operands[0])
+                unit, x_v, dy_v = window(problem, op.operands[0], op.operands[1])
                 x_v = tensor_d.CollapseShapeOp(
-                    convbw.tensor_type(flat, "x"), x_v, _reassociation(unit_stride.dims("x"), "DHW")
+                    convbw.tensor_type(flat, "x"), x_v, _reassociation(unit.dims("x"), "DHW")
                 ).result
                 dy_v = tensor_d.CollapseShapeOp(
-                    convbw.tensor_type(flat, "dy"), op.operands[1], _reassociation(problem.dims("dy"), "DHW")
+                    convbw.tensor_type(flat, "dy"), dy_v, _reassociation(unit.dims("dy"), "DHW")
                 ).result
                 if gemm.layout != flat.layout:  # the plan's reduction-innermost form: [N, W, G, C] -> [N, G, C, W]
                     x_v = transpose(x_v, [flat.dims("x").index(d) for d in gemm.dims("x")])

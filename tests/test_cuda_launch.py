@@ -214,3 +214,17 @@ def test_explicit_split_schedule_records_its_command_buffer_per_call() -> None:
     assert [b for b, _ in reduce.bindings] == [TRANSIENT, "arg2"]  # the partials summed into the caller's dW
     assert launch.transient >= op.plan.k_batch * _bytes(problem.dw_shape, 4)
     assert launch.exports["gemm"].shared_memory > 48 * 1024  # over the default: the launcher raises the limit
+
+
+def test_strided_1x1_schedule_reads_both_memoized_command_buffers_across_the_copy_barrier() -> None:
+    # A strided 1x1 through IREE's codegen: the copy of x at the stride and the GEMM are two memoized command
+    # buffers (two initializers, which have no symbol name), the copy's result held by util.optimization_barrier
+    # between them. ResNet-50's stride-2 downsamples fell back to IREE's runtime on this (torch_enable results).
+    problem = ConvBwdWeightProblem.from_ck("2 1 4 64 32 1 1 14 14 2 2 1 1 0 0 0 0", layout="torch")
+    op = compiled_op(problem, "sm_80", output_arg=True)
+    assert op.plan.strategy == "iree" and op.plan.gemm
+    launch = op.launch
+    assert launch.refused is None, launch.refused
+    copy, gemm = launch.steps
+    assert [b for b, _ in copy.bindings] == ["arg0", TRANSIENT]  # x at the stride, into the transient
+    assert [b for b, _ in gemm.bindings] == ["arg1", TRANSIENT, "arg2"]  # dy and the copy into the caller's dW

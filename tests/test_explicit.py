@@ -66,7 +66,7 @@ def test_tile_options_reshape_the_explicit_kernel():
     ("problem", "target", "options", "message"),
     [
         (P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4), "gfx942", {}, "input_size: (4, 8, 8) (the AMD explicit"),
-        (P(1, 1, 256, 128, (8, 8), (1, 1), layout=1), "sm_80", {}, "layout: GNHWC/GKYXC/GNHWK"),
+        (P(1, 1, 256, 128, (8, 8), (1, 1), layout=0), "sm_80", {}, "layout: GNCHW/GKCYX/GNKHW"),
         (P(1, 1, 3, 64, (8, 8), (3, 3), pad_low=1, pad_high=1, layout=2), "sm_80", {}, "in_channels: 3 a group"),
         (P(1, 1, 64, 9, (8, 8), (3, 3), pad_low=1, pad_high=1, layout=2), "sm_80", {}, "out_channels: 9 a group"),
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dtype="f32"), "sm_80", {}, "dtype: f32 (f16 or bf16)"),

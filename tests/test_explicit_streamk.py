@@ -49,8 +49,8 @@ def test_streamk_options_are_refused_naming_the_option_and_value(target, options
 
 
 def test_streamk_refuses_what_the_explicit_kernel_does_not_take_by_name():
-    with pytest.raises(PlanError, match=r"layout: GNHWC"):
-        decide(CK.with_(layout=1), "sm_80", strategy="explicit", streamk=132)
+    with pytest.raises(PlanError, match=r"layout: GNCHW"):
+        decide(CK.with_(layout=0), "sm_80", strategy="explicit", streamk=132)
     with pytest.raises(PlanError, match=r"dtype: f32 \(f16 or bf16\)"):
         decide(CK.with_(dtype="f32", dw_dtype="f32"), "sm_80", strategy="explicit", streamk=132)
 

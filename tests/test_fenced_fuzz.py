@@ -42,3 +42,23 @@ def test_a_host_rehearsal_compiles_runs_checks_and_counts(fuzz, tmp_path):
     text = fuzz.report([results])
     ran = sum(r["ok"] for r in recs)
     assert f"contenders: {len(recs)} (correct {ran}, refused / no kernel 1)" in text, text
+
+
+def test_a_recheck_takes_each_failing_problem_once_and_ours_only_leaves_irees_forms_out(fuzz, tmp_path):
+    entries = fuzz.plan_entries(3, 7, 0.0)
+    wrong = {"status": "WRONG", "error": "max error"}
+    for e in entries:
+        e["contenders"] = {"convbw": {"ok": True}, "iree_direct": {"ok": True}}
+    runs = []
+    for i, keys in enumerate(({0, 1}, {1, 2})):  # problem 1 failed in both runs, problem 2 is another run's
+        run = [dict(e, key=e["key"]) for e in entries]
+        if i:
+            run[2] = dict(run[2], key=run[0]["key"])  # a different problem under the same name
+        results = [{"key": e["key"], "contenders": {"convbw": wrong if j in keys else {"status": "ok"}}}
+                   for j, e in enumerate(run)]  # fmt: skip
+        runs.append((tmp_path / f"m{i}.json", tmp_path / f"r{i}.json"))
+        runs[-1][0].write_text(json.dumps({"problems": run}))
+        runs[-1][1].write_text(json.dumps({"problems": results}))
+    got = fuzz.recheck_entries([m for m, _ in runs], [r for _, r in runs], (), ours_only=True)
+    assert len(got) == 3 and len({e["key"] for e in got}) == 3  # problem 1 once; the same name renamed
+    assert all(list(e["options"]) == ["convbw"] for e in got)

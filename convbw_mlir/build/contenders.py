@@ -64,7 +64,7 @@ def _function(problem: ConvBwdWeightProblem, body, result_type) -> Any:
 def reference_module(problem: ConvBwdWeightProblem) -> Any:
     from convbw_mlir.builders import convert
     from convbw_mlir.ir_imports import ir
-    from convbw_mlir.passes.explicit_gemm import subsample
+    from convbw_mlir.passes.explicit_gemm import window
     from convbw_mlir.passes.lower_to_linalg import build_contraction
     from convbw_mlir.plan import as_gemm
 
@@ -73,13 +73,13 @@ def reference_module(problem: ConvBwdWeightProblem) -> Any:
     out_t = ir.RankedTensorType.get(problem.dw_shape, ir.F32Type.get())
 
     def body(x: Any, dy: Any) -> Any:  # tensor.pad and x first: the simplest form, as obvious as it gets
-        p, x32 = p32, convert(x, f32)
+        p, x32, dy32 = p32, convert(x, f32), convert(dy, f32)
         if as_gemm(p32) is not None:
             # A strided 1x1 reads x at o * stride: a plain copy of those positions first. Read in place,
             # IREE 3.13 failed to compile the f32 form for sm_80 ("failed to pack reduction dimensions
             # for partial reduction"; CK's ck2d_b and ck3d_a).
-            p, x32 = subsample(p32, x32)
-        return build_contraction(p, x32, convert(dy, f32), frontend_form=True)
+            p, x32, dy32 = window(p32, x32, dy32)
+        return build_contraction(p, x32, dy32, frontend_form=True)
 
     return _function(problem, body, out_t)
 

@@ -211,9 +211,11 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
                                             e.bindings)  # fmt: skip
             ptx += images
     # the memoized command buffers: global -> the function whose result an initializer stores there
+    # (initializers have no symbol name: each one is read, not only the last in ``top``)
     memo: dict[str, str] = {}
-    for (_, name), op in top.items():
-        if name != "util.initializer":
+    for op in module.body.operations:
+        op = op.operation
+        if op.name != "util.initializer":
             continue
         calls = {}
         for o in op.regions[0].blocks[0].operations:
@@ -248,6 +250,8 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
             recorded[op.results[0]] = (callee, [_buffer(buffers, v) for v in op.operands])
         elif name == "hal.buffer_view.buffer":
             buffers[op.results[0]] = buffers[op.operands[0]]
+        elif name == "util.optimization_barrier":  # our copies' barriers (a strided 1x1's x): the same buffers
+            buffers.update({r: buffers[v] for r, v in zip(op.results, op.operands, strict=True) if v in buffers})
         elif name == "hal.buffer.assert" and op.operands[0] in buffers:
             b = buffers[op.operands[0]]
             if b.startswith("arg"):
