@@ -1,0 +1,116 @@
+"""The sm_90a target and the Hopper GEMM (issue 24): the hand-written target, the kernel's numerics under
+the sm_90a emulator (tests/sm90_emulator.py: TMA with the 128-byte swizzle, mbarrier phases, wgmma
+through matrix descriptors and its m64nNk16 accumulator layout, warp roles), its refusals. The GPU
+numbers: docs/explicit-kernels.md "Hopper"."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sm90_emulator import Deadlock, d_fragment, run_gemm
+
+from convbw_mlir.ir_imports import ir, new_context
+from convbw_mlir.kernels import gemm_sm90
+from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling, accumulator_coords, gemm_module
+from convbw_mlir.targets import get_target
+
+
+def emulated(m: int, n: int, k: int, t: Sm90Tiling, out: str = "f32", seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((n, k)).astype(np.float16)
+    with new_context(), ir.Location.unknown():
+        c = run_gemm(gemm_module(m, n, k, t, "f16", out), a, b, np.float32 if out == "f32" else np.float16)
+    return c, a.astype(np.float64) @ b.astype(np.float64).T
+
+
+def _error(c: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(c.astype(np.float64) - ref).max() / np.abs(ref).max())
+
+
+def test_sm90a_target_is_hand_written_and_takes_no_target_flag():
+    t = get_target("sm_90a")
+    assert t.iree_flags() == []  # the module's hal.device.targets selects it (IREE 3.13 has no sm_90 flag)
+    assert 'arch = "sm_90a"' in t.device_targets() and "max_workgroup_memory_bytes = 232448" in t.device_targets()
+    assert (t.compute_units, t.lds_bytes, t.wgmma_n[0], t.wgmma_n[-1]) == (132, 232448, 8, 256)
+    assert get_target("sm_80").device_targets() == ""
+
+
+@pytest.mark.parametrize(
+    ("fields", "shape", "out"),
+    [
+        ({"bn": 16, "stages": 2}, (128, 32, 320), "f32"),  # 2 consumers, 5 k tiles round a 2-stage ring
+        ({"bn": 24, "stages": 3, "consumers": 1}, (64, 48, 448), "f16"),  # 1 consumer, f16 out, 7 k tiles
+    ],
+)
+def test_wgmma_gemm_matches_float64_under_emulation(fields, shape, out):
+    c, ref = emulated(*shape, Sm90Tiling(**fields), out)
+    assert not np.isnan(c).any()  # every element written, nothing read before its TMA landed
+    assert _error(c, ref) < (1e-6 if out == "f32" else 2e-3)
+
+
+def test_accumulator_coords_follow_the_ptx_m64nNk16_layout():
+    rows, cols = d_fragment(32)
+    coords = accumulator_coords(32)
+    assert all((coords[v][0] == rows[:, v]).all() and (coords[v][1] == cols[:, v]).all() for v in range(16))
+    # each (row, column) of the 64 x 32 tile is held by exactly one thread and value
+    assert len({(r, c) for r, c in zip(rows.ravel(), cols.ravel())}) == 64 * 32
+
+
+def test_a_producer_that_skips_the_empty_wait_is_caught(monkeypatch):
+    """The emulator runs the producer ahead: without its wait on empty[s] it refills a stage before the
+    consumers read it and completes full[s]'s phases ahead of them, so they wait on a phase that is
+    gone (the ring's protocol is tested, not assumed)."""
+    real = gemm_sm90.nvvm.mbarrier_try_wait_parity
+    calls = []
+
+    def skip_first_kind(addr, phase, ticks):  # the producer's wait is the first one built
+        calls.append(addr)
+        if len(calls) > 1:
+            real(addr, phase, ticks)
+
+    monkeypatch.setattr(gemm_sm90.nvvm, "mbarrier_try_wait_parity", skip_first_kind)
+    with pytest.raises(Deadlock):
+        emulated(128, 16, 512, Sm90Tiling(bn=16, stages=2))
+
+
+def test_a_consumer_waiting_on_the_wrong_parity_deadlocks(monkeypatch):
+    real = gemm_sm90._stage_and_phase
+
+    def flipped(b, t, kt):
+        s, phase = real(b, t, kt)
+        return s, gemm_sm90.arith.xori(phase, b.c(1))
+
+    monkeypatch.setattr(gemm_sm90, "_stage_and_phase", flipped)
+    with pytest.raises(Deadlock):
+        emulated(128, 16, 256, Sm90Tiling(bn=16, stages=2))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"bn": 12}, "bn: 12 is not a wgmma N"), ({"bk": 32}, "bk: 32"), ({"consumers": 3}, "consumers: 3")],
+)
+def test_tiling_refuses_what_wgmma_and_the_swizzle_cannot_take(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Sm90Tiling(**fields)
+
+
+def test_gemm_refuses_sizes_off_the_tile():
+    with (
+        new_context(),
+        ir.Location.unknown(),
+        pytest.raises(ValueError, match="n: 40 is not a multiple of the tile's 16"),
+    ):
+        gemm_module(128, 40, 128, Sm90Tiling(bn=16))
+
+
+def test_torch_entry_keeps_sm80_kernels_on_a_hopper_device(monkeypatch):
+    """With sm_90a in the table, a compute-capability-9.0 device still gets the sm_80 kernels (the conv
+    kernels have no sm_90a form yet); the arch-specific name must not break the choice."""
+    torch = pytest.importorskip("torch")
+    from convbw_mlir.torch import entry
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    assert entry.target_for(torch.device("cuda", 0)) == ("sm_80", "cuda", 0)
