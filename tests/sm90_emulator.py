@@ -233,8 +233,9 @@ class _Hopper(_Block):
                 raise Deadlock("every role waits on an mbarrier that nothing will complete")
 
 
-def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, out_dtype=np.float32) -> np.ndarray:
-    """C = A B^T by the module's kernel (A, B: 16-bit ``[M, K]``, ``[N, K]``), workgroups in grid order."""
+def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, int], out_dtype=np.float32) -> np.ndarray:
+    """C = A B^T by the module's kernel (A, B: 16-bit ``[M, K]``, ``[N, K]``; ``box``: the rows of A's and
+    B's TMA boxes, the tile's bm and bn), workgroups in grid order."""
     from sm80_emulator import _workgroup, collect_funcs
 
     exe = next(o.operation for o in module.body.operations if o.operation.name == "hal.executable.source")
@@ -243,7 +244,7 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, out_dtype=np.float
     grid, threads = _workgroup(export)
     m, k = a.shape
     n = b.shape[0]
-    bm, bn = _box_rows(grid, m, n)
+    bm, bn = box
     maps = np.concatenate([tensor_map(0, m, k, bm), tensor_map(1, n, k, bn)])
     c = np.full((m, n), np.nan, out_dtype)
     bindings = dict(enumerate([a, b, maps, c]))
@@ -254,10 +255,6 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, out_dtype=np.float
             for kind, bid, count, arrived in block.run(body, _Group(None)):
                 assert kind == "sync" and arrived == count, f"barrier {bid} reached by {arrived} of {count}"
     return c
-
-
-def _box_rows(grid: tuple[int, int, int], m: int, n: int) -> tuple[int, int]:
-    return m // grid[1], n // grid[0]
 
 
 def _walk(op: ir.Operation):

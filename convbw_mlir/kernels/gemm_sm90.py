@@ -53,6 +53,9 @@ class Sm90Tiling:
         stages: shared-memory stages of the ring.
         bk: reduction step (64: one 128-byte swizzled row of 16-bit elements).
         producer_regs, consumer_regs: ``setmaxnreg`` targets (multiples of 8 in 24..256); 0: no setmaxnreg.
+        persistent: workgroups of a persistent grid (each takes tiles ``id, id + persistent, ...``, N
+            fastest, its ring running on across them, so the producer loads the next tile's first stages
+            while the consumers store the last one's); 0: one workgroup a tile.
     """
 
     bn: int = 256
@@ -61,6 +64,7 @@ class Sm90Tiling:
     bk: int = 64
     producer_regs: int = 40
     consumer_regs: int = 232
+    persistent: int = 0
 
     def __post_init__(self) -> None:
         if self.bn % 8 or not 8 <= self.bn <= 256:
@@ -122,7 +126,7 @@ def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Typ
     return KernelEntry(
         executable="gemm_sm90",
         function="gemm_sm90",
-        grid=(-(-n // t.bn), -(-m // t.bm), 1),
+        grid=(t.persistent, 1, 1) if t.persistent else (-(-n // t.bn), -(-m // t.bm), 1),
         workgroup_size=(t.threads, 1, 1),
         subgroup_size=32,
         bindings=(
@@ -204,19 +208,22 @@ def _init_barriers(b: _B, t: Sm90Tiling, base: ir.Value, tid: ir.Value) -> None:
 
 
 def _stage_and_phase(b: _B, t: Sm90Tiling, kt: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """Ring slot ``kt % stages`` and the parity of its round ``(kt / stages) % 2`` (i32)."""
+    """Ring slot ``kt % stages`` and the parity of its round ``(kt / stages) % 2`` (i32; ``kt`` counts the
+    workgroup's k tiles over all its output tiles)."""
     k32 = arith.index_cast(b.i32, kt)
     return arith.remui(k32, b.c(t.stages)), arith.andi(arith.divui(k32, b.c(t.stages)), b.c(1))
 
 
-def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, ktiles: int) -> None:
+def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, ktiles: int,
+              ring: ir.Value) -> None:  # fmt: skip
     """One thread's loop: wait until slot ``s`` is empty (parity of the previous round: a fresh barrier
-    passes parity 1), announce the bytes, load A's and B's k tile into it by TMA."""
+    passes parity 1), announce the bytes, load A's and B's k tile into it by TMA. ``ring``: the
+    workgroup's k tiles before this output tile's."""
     map_a, map_b = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
     loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1))
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
-        s, phase = _stage_and_phase(b, t, kt)
+        s, phase = _stage_and_phase(b, t, arith.addi(ring, kt))
         a, bb, full, empty = _stage_addresses(b, t, base, s)
         nvvm.mbarrier_try_wait_parity(b.ptr(empty, 3), arith.xori(phase, b.c(1)), b.c(WAIT_TICKS))
         full_p = b.ptr(full, 3)
@@ -252,14 +259,16 @@ def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_row
     return acc
 
 
-def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: int, elem: str) -> ir.Value:
+def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: int, elem: str,
+              ring: ir.Value) -> ir.Value:  # fmt: skip
     """Warpgroup loop over k tiles with one wgmma group in flight (``a_rows``: byte offset of its 64 rows
-    in an A tile); returns the accumulators."""
+    in an A tile; ``ring`` as :func:`_producer`'s); returns the accumulators once all its wgmmas are done
+    and its last stage released."""
     loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1),
                      [_zero_acc(b, t)])  # fmt: skip
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
-        s, phase = _stage_and_phase(b, t, kt)
+        s, phase = _stage_and_phase(b, t, arith.addi(ring, kt))
         a, bb, full, _ = _stage_addresses(b, t, base, s)
         nvvm.mbarrier_try_wait_parity(b.ptr(full, 3), phase, b.c(WAIT_TICKS))
         nvvm.wgmma_fence_aligned()
@@ -269,13 +278,19 @@ def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: in
         k32 = arith.index_cast(b.i32, kt)
         prev = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, k32, b.c(0)))
         with ir.InsertionPoint(prev.then_block):
-            ps = arith.remui(arith.subi(k32, b.c(1)), b.c(t.stages))
-            *_, empty = _stage_addresses(b, t, base, ps)
-            nvvm.mbarrier_arrive(b.ptr(empty, 3), results=[b.i64])
+            _release(b, t, base, arith.subi(arith.addi(ring, kt), arith.constant(b.index, 1)))
             scf.YieldOp([])
         scf.YieldOp([acc])
     nvvm.wgmma_wait_group_sync_aligned(0)
+    _release(b, t, base, arith.addi(ring, arith.constant(b.index, ktiles - 1)))
     return loop.results[0]
+
+
+def _release(b: _B, t: Sm90Tiling, base: ir.Value, kt: ir.Value) -> None:
+    """Every consumer thread arrives on empty[kt % stages]: its wgmmas have read that stage."""
+    s, _ = _stage_and_phase(b, t, kt)
+    *_, empty = _stage_addresses(b, t, base, s)
+    nvvm.mbarrier_arrive(b.ptr(empty, 3), results=[b.i64])
 
 
 def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value) -> None:
@@ -318,8 +333,7 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
     wg = arith.divui(tid, arith.constant(idx, WARPGROUP))
     base = _shared_base(b, t)
     _init_barriers(b, t, base, tid)
-    m0 = arith.muli(gpu.block_id(gpu.Dimension.y), arith.constant(idx, t.bm))
-    n0 = arith.muli(gpu.block_id(gpu.Dimension.x), arith.constant(idx, t.bn))
+    ktiles = k // t.bk
     # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
     role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
     with ir.InsertionPoint(role.then_block):
@@ -327,7 +341,8 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
             nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
         one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
         with ir.InsertionPoint(one.then_block):
-            _producer(b, t, base, maps, arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0), k // t.bk)
+            for m0, n0, ring in _tiles(b, t, m, n, ktiles):
+                _producer(b, t, base, maps, arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0), ktiles, ring)
             scf.YieldOp([])
         scf.YieldOp([])
     with ir.InsertionPoint(role.else_block):
@@ -336,9 +351,32 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
-        acc = _consumer(b, t, base, a_rows, k // t.bk, elem)
-        row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
-        _epilogue(b, t, c, acc, wtid, row0, n0)
+        for m0, n0, ring in _tiles(b, t, m, n, ktiles):
+            acc = _consumer(b, t, base, a_rows, ktiles, elem, ring)
+            row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
+            _epilogue(b, t, c, acc, wtid, row0, n0)
+        scf.YieldOp([])
+
+
+def _tiles(b: _B, t: Sm90Tiling, m: int, n: int, ktiles: int):
+    """The workgroup's output tiles, as (first row, first column, k tiles of the ring before it): its block
+    ids, or (persistent) a loop over tiles ``id, id + persistent, ...``, N fastest (one iteration yielded
+    inside the ``scf.for``)."""
+    idx = b.index
+    if not t.persistent:
+        m0 = arith.muli(gpu.block_id(gpu.Dimension.y), arith.constant(idx, t.bm))
+        n0 = arith.muli(gpu.block_id(gpu.Dimension.x), arith.constant(idx, t.bn))
+        yield m0, n0, arith.constant(idx, 0)
+        return
+    first = gpu.block_id(gpu.Dimension.x)
+    total, n_tiles = (m // t.bm) * (n // t.bn), n // t.bn
+    loop = scf.ForOp(first, arith.constant(idx, total), arith.constant(idx, t.persistent))
+    with ir.InsertionPoint(loop.body):
+        tile = loop.induction_variable
+        done = arith.divui(arith.subi(tile, first), arith.constant(idx, t.persistent))
+        m0 = arith.muli(arith.divui(tile, arith.constant(idx, n_tiles)), arith.constant(idx, t.bm))
+        n0 = arith.muli(arith.remui(tile, arith.constant(idx, n_tiles)), arith.constant(idx, t.bn))
+        yield m0, n0, arith.muli(done, arith.constant(idx, ktiles))
         scf.YieldOp([])
 
 
