@@ -42,6 +42,7 @@ VARIANTS: dict[str, tuple] = {
     "ws128x256_s4_f16_nomaxnreg": (4096, 4096, 4096, "f16", "f16", {"producer_regs": 0, "consumer_regs": 0}),
     "ws128x128_s6_f16_p132": (4096, 4096, 4096, "f16", "f16", {"bn": 128, "stages": 6, "persistent": 132}),
     "ws64x256_s4_f16": (4096, 4096, 4096, "f16", "f16", {"consumers": 1}),
+    "ws128x256_s3_f16_p132": (4096, 4096, 4096, "f16", "f16", {"stages": 3, "persistent": 132}),
     "ws128x256_s4_bf16_p132": (4096, 4096, 4096, "bf16", "bf16", {"persistent": 132}),
 }
 TORCH = {"cublas_f16": (4096, 4096, 4096, "f16"), "cublas_bf16": (4096, 4096, 4096, "bf16")}

@@ -15,13 +15,16 @@ from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling, accumulator_coords, gemm_m
 from convbw_mlir.targets import get_target
 
 
-def emulated(m: int, n: int, k: int, t: Sm90Tiling, out: str = "f32", seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def emulated(m: int, n: int, k: int, t: Sm90Tiling, out: str = "f32", seed: int = 0,
+             dtype: str = "f16") -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    from convbw_mlir.problem import numpy_dtype
+
     rng = np.random.default_rng(seed)
-    a = rng.standard_normal((m, k)).astype(np.float16)
-    b = rng.standard_normal((n, k)).astype(np.float16)
+    a = rng.standard_normal((m, k)).astype(numpy_dtype(dtype))
+    b = rng.standard_normal((n, k)).astype(numpy_dtype(dtype))
     with new_context(), ir.Location.unknown():
-        module = gemm_module(m, n, k, t, "f16", out)
-        c = run_gemm(module, a, b, (t.bm, t.bn), np.float32 if out == "f32" else np.float16)
+        module = gemm_module(m, n, k, t, dtype, out)
+        c = run_gemm(module, a, b, (t.bm, t.bn), numpy_dtype(out))
     return c, a.astype(np.float64) @ b.astype(np.float64).T
 
 
@@ -50,6 +53,11 @@ def test_wgmma_gemm_matches_float64_under_emulation(fields, shape, out):
     c, ref = emulated(*shape, Sm90Tiling(**fields), out)
     assert not np.isnan(c).any()  # every element written, nothing read before its TMA landed
     assert _error(c, ref) < (1e-6 if out == "f32" else 2e-3)
+
+
+def test_bf16_gemm_with_bf16_output_matches_float64_under_emulation():
+    c, ref = emulated(128, 32, 192, Sm90Tiling(bn=32, stages=2, persistent=1), "bf16", dtype="bf16")
+    assert not np.isnan(c.astype(np.float32)).any() and _error(c.astype(np.float32), ref) < 1e-2
 
 
 def test_accumulator_coords_follow_the_ptx_m64nNk16_layout():
