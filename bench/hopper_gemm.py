@@ -31,6 +31,7 @@ from typing import Any
 SINGLE_REPS = 10
 SUSTAINED_CALLS = 100
 GATE_TFLOPS = 620.0
+CHILD_SECONDS = 60
 
 # name: (m, n, k, dtype, out, tiling fields)
 VARIANTS: dict[str, tuple] = {
@@ -206,10 +207,14 @@ def run_all(folder: Path, out: Path, only: list[str] | None) -> int:
     for e in entries:
         if only and not any(o in e["name"] for o in only):
             continue
-        proc = subprocess.run([sys.executable, __file__, "run-one", str(folder), e["name"]], capture_output=True,
-                              text=True, timeout=240)  # fmt: skip
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-        row = json.loads(lines[-1]) if lines else {"name": e["name"], "crashed": proc.stderr[-800:]}
+        try:  # a kernel that hangs (an mbarrier never completing) costs one child, not the run
+            proc = subprocess.run([sys.executable, __file__, "run-one", str(folder), e["name"]], capture_output=True,
+                                  text=True, timeout=CHILD_SECONDS)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            row = {"name": e["name"], "crashed": f"timed out after {CHILD_SECONDS} s (a hang?)"}
+        else:
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+            row = json.loads(lines[-1]) if lines else {"name": e["name"], "crashed": proc.stderr[-800:]}
         rows.append(row)
         print(json.dumps(row), flush=True)
     device = torch.cuda.get_device_name(0)
