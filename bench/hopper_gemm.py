@@ -106,7 +106,9 @@ def _encode_maps(lib: Any, a: Any, b: Any, e: dict) -> bytes:
     dtype = {"f16": 6, "bf16": 9}[e["dtype"]]  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
     out = b""
     for tensor, rows, box in ((a, e["m"], e["tiling"]["bm"]), (b, e["n"], e["tiling"]["bn"])):
-        tmap = (ctypes.c_uint8 * 128)()
+        raw = (ctypes.c_uint8 * 192)()  # CUtensorMap is alignas(64): an aligned 128 bytes inside
+        at = -ctypes.addressof(raw) % 64
+        tmap = (ctypes.c_uint8 * 128).from_buffer(raw, at)
         dims = (u64 * 2)(e["k"], rows)
         strides = (u64 * 1)(e["k"] * 2)
         boxes = (u32 * 2)(64, box)
