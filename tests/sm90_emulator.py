@@ -15,6 +15,8 @@ integers and arrays. As the PTX ISA has them:
 - ``wgmma.mma_async`` m64nNk16: A and B read through their matrix descriptors (start address, stride byte
   offset between 8-row groups, 128-byte swizzle; K-major), D = A B^T + C, and the accumulators of each
   warpgroup thread laid out as the PTX ISA's figure for the m64nNk16 D fragment has them (:func:`d_fragment`);
+  asynchronous: shared memory is read when ``wgmma.wait_group`` retires the wgmma's commit group (the
+  latest the PTX ISA allows), and reading the accumulators before that fails;
 - roles: the producer and the consumers fork at the kernel's role ``scf.if`` and run interleaved, each
   until it blocks on an mbarrier or a barrier; the producer runs first, so a missing *empty* wait lets it
   overwrite a stage still unread (a wrong result) and a missing *full* wait reads NaN.
@@ -58,6 +60,13 @@ def _swizzle128(address: np.ndarray) -> np.ndarray:
     return address ^ (((address >> 7) & 7) << 4)
 
 
+class _Pending:
+    """A wgmma's accumulators before ``wgmma.wait_group`` retires its group: read then, not at issue."""
+
+    def __init__(self, acc, parts: list[tuple[np.ndarray, int, int, int]]) -> None:
+        self.acc, self.parts, self.value = acc, parts, None
+
+
 class _Barrier:
     def __init__(self, count: int) -> None:
         self.count, self.pending, self.tx, self.phase = count, count, 0, 0
@@ -76,6 +85,8 @@ class _Hopper(_Block):
         self.shared: np.ndarray | None = None  # 16-bit elements by (address - SHARED_BASE) / 2
         self.barriers: dict[int, _Barrier] = {}
         self.ops = 0  # ops run: a round of the scheduler that runs none is a deadlock
+        self.wgmma_open: list[_Pending] = []  # issued, not yet committed
+        self.wgmma_groups: list[list[_Pending]] = []  # committed, not yet retired
 
     # -- memory --------------------------------------------------------------------------------------
     def _global(self, address: int) -> tuple[np.ndarray, int]:
@@ -124,7 +135,11 @@ class _Hopper(_Block):
             return None
         if name == "llvm.extractvalue":
             (pos,) = ir.DenseI64ArrayAttr(op.attributes["position"])
-            self.env[res[0]] = self.get(ins[0])[:, pos]
+            acc = self.get(ins[0])
+            if isinstance(acc, _Pending):
+                assert acc.value is not None, "accumulators read before wgmma.wait_group retired their wgmma"
+                acc = acc.value
+            self.env[res[0]] = acc[:, pos]
             return None
         if name == "nvvm.mbarrier.init":
             address = self._uniform(ins[0], group)
@@ -157,8 +172,16 @@ class _Hopper(_Block):
             regs = _attr_int(op.attributes["regCount"])
             assert regs % 8 == 0 and 24 <= regs <= 256, f"setmaxnreg {regs}"
             return None
-        if name in ("nvvm.wgmma.fence.aligned", "nvvm.wgmma.commit.group.sync.aligned",
-                    "nvvm.wgmma.wait.group.sync.aligned"):  # fmt: skip  # wgmma completes at issue here
+        if name == "nvvm.wgmma.commit.group.sync.aligned":
+            self.wgmma_groups.append(self.wgmma_open)
+            self.wgmma_open = []
+            return None
+        if name == "nvvm.wgmma.wait.group.sync.aligned":
+            while len(self.wgmma_groups) > _attr_int(op.attributes["group"]):
+                for pending in self.wgmma_groups.pop(0):
+                    self._retire(pending)
+            return None
+        if name == "nvvm.wgmma.fence.aligned":
             return None
         out = yield from super().step(op, group)
         return out
@@ -185,20 +208,31 @@ class _Hopper(_Block):
         b.settle()
 
     def _wgmma(self, op, ins, res, group: _Group) -> None:
+        """Issue: the descriptors are read now, shared memory only when the group retires (as late as
+        the PTX ISA allows, so a stage released or refilled too early shows in the result)."""
         shape = str(op.attributes["shape"])
         n = int(shape.split("n = ")[1].split(",")[0])
-        acc = np.asarray(self.get(ins[0]), np.float32)
-        out = np.array(acc)
         active = np.flatnonzero(self._active(group))
+        parts = []
         for first in sorted({int(t) // 128 * 128 for t in active}):
             lanes = np.arange(first, first + 128)
             assert np.isin(lanes, active).all(), "a wgmma without its whole warpgroup"
-            a = self._operand(self._uniform_at(ins[1], first), 64)
-            b = self._operand(self._uniform_at(ins[2], first), n)
-            d = a @ b.T
+            parts.append((lanes, self._uniform_at(ins[1], first), self._uniform_at(ins[2], first), n))
+        pending = _Pending(self.get(ins[0]), parts)
+        self.wgmma_open.append(pending)
+        self.env[res[0]] = pending
+
+    def _retire(self, pending: _Pending) -> None:
+        acc = pending.acc
+        if isinstance(acc, _Pending):
+            assert acc.value is not None, "a wgmma chained on one not yet retired"
+            acc = acc.value
+        out = np.array(acc, np.float32)
+        for lanes, desc_a, desc_b, n in pending.parts:
+            d = self._operand(desc_a, 64) @ self._operand(desc_b, n).T
             row, col = d_fragment(n)
-            out[lanes] = acc[lanes] + d[row, col]
-        self.env[res[0]] = out
+            out[lanes] = out[lanes] + d[row, col]
+        pending.value = out
 
     def _uniform_at(self, v: ir.Value, lane: int) -> int:
         return int(np.broadcast_to(np.asarray(self.get(v), np.int64), (self.t,))[lane])

@@ -127,3 +127,18 @@ def test_torch_entry_keeps_sm80_kernels_on_a_hopper_device(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     assert entry.target_for(torch.device("cuda", 0)) == ("sm_80", "cuda", 0)
+
+
+def test_releasing_stages_without_waiting_for_their_wgmmas_lets_the_producer_overwrite_them(monkeypatch):
+    """Without ``wgmma.wait_group 1`` before the release, a stage goes back to the producer while the
+    wgmmas reading it are in flight; the emulator's wgmmas read shared memory when their group retires
+    (here: at the final ``wait_group 0``), so the refilled stages give a wrong result."""
+    real = gemm_sm90.nvvm.wgmma_wait_group_sync_aligned
+
+    def only_the_last(group):
+        if group == 0:
+            real(group)
+
+    monkeypatch.setattr(gemm_sm90.nvvm, "wgmma_wait_group_sync_aligned", only_the_last)
+    c, ref = emulated(128, 16, 512, Sm90Tiling(bn=16, stages=2))
+    assert _error(c, ref) > 1e-2
