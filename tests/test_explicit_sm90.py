@@ -142,3 +142,16 @@ def test_releasing_stages_without_waiting_for_their_wgmmas_lets_the_producer_ove
     monkeypatch.setattr(gemm_sm90.nvvm, "wgmma_wait_group_sync_aligned", only_the_last)
     c, ref = emulated(128, 16, 512, Sm90Tiling(bn=16, stages=2))
     assert _error(c, ref) > 1e-2
+
+
+def test_gate_bench_compiles_a_variant_to_sm90a_ptx_with_its_launch(tmp_path):
+    """bench/hopper_gemm.py's compile half (the run half needs a Hopper GPU): the PTX and the export IREE
+    wrote for it (block, dynamic shared memory), which the direct launch uses as they are."""
+    from conftest import bench_script
+
+    bench = bench_script("hopper_gemm")
+    entry = bench.compile_variant("check_ws128x256_s4_p3_512x768x512", tmp_path)
+    t = Sm90Tiling(persistent=3)
+    assert (entry["grid"], entry["block"], entry["shared"]) == ([3, 1, 1], [384, 1, 1], t.shared_bytes)
+    ptx = (tmp_path / "check_ws128x256_s4_p3_512x768x512.ptx").read_text()
+    assert ".target sm_90a" in ptx and f".entry {entry['kernel']}(" in ptx
