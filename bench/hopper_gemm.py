@@ -37,7 +37,10 @@ CHILD_SECONDS = 60
 VARIANTS: dict[str, tuple] = {
     "check_ws128x256_s4_256x512x1024": (256, 512, 1024, "f16", "f32", {}),
     "check_ws128x256_s4_p3_512x768x512": (512, 768, 512, "f16", "f32", {"persistent": 3}),
+    "check_ws128x256_s4_c2_p4_512x512x1024": (512, 512, 1024, "f16", "f32", {"cluster": 2, "persistent": 4}),
     "ws128x256_s4_f16": (4096, 4096, 4096, "f16", "f16", {}),
+    "ws128x256_s4_f16_c2_p132": (4096, 4096, 4096, "f16", "f16", {"cluster": 2, "persistent": 132}),
+    "ws128x256_s4_f16_c2": (4096, 4096, 4096, "f16", "f16", {"cluster": 2}),
     "ws128x256_s4_f16_p132": (4096, 4096, 4096, "f16", "f16", {"persistent": 132}),
     "ws128x256_s4_f32_p132": (4096, 4096, 4096, "f16", "f32", {"persistent": 132}),
     "ws128x256_s4_f16_nomaxnreg": (4096, 4096, 4096, "f16", "f16", {"producer_regs": 0, "consumer_regs": 0}),
@@ -105,7 +108,8 @@ def _encode_maps(lib: Any, a: Any, b: Any, e: dict) -> bytes:
     fn.restype = ctypes.c_int
     dtype = {"f16": 6, "bf16": 9}[e["dtype"]]  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
     out = b""
-    for tensor, rows, box in ((a, e["m"], e["tiling"]["bm"]), (b, e["n"], e["tiling"]["bn"])):
+    half = e["tiling"]["cluster"]  # in a cluster each workgroup loads 1/cluster of B (multicast)
+    for tensor, rows, box in ((a, e["m"], e["tiling"]["bm"]), (b, e["n"], e["tiling"]["bn"] // half)):
         raw = (ctypes.c_uint8 * 192)()  # CUtensorMap is alignas(64): an aligned 128 bytes inside
         at = -ctypes.addressof(raw) % 64
         tmap = (ctypes.c_uint8 * 128).from_buffer(raw, at)

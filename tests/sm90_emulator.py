@@ -32,6 +32,7 @@ from convbw_mlir.ir_imports import ir
 __all__ = ["Deadlock", "d_fragment", "run_gemm", "tensor_map"]
 
 SHARED_BASE = 80  # 16-aligned, not 1024-aligned: the kernel must round its tiles up itself
+CLUSTER = 1 << 36  # a shared::cluster address (mapa): CLUSTER | rank << 32 | shared address
 GLOBAL = 1 << 40  # binding i lives at (i + 1) << 40
 MAP_MAGIC = 0x5A90
 
@@ -85,6 +86,9 @@ class _Hopper(_Block):
         self.shared: np.ndarray | None = None  # 16-bit elements by (address - SHARED_BASE) / 2
         self.barriers: dict[int, _Barrier] = {}
         self.ops = 0  # ops run: a round of the scheduler that runs none is a deadlock
+        self.rank, self.peers = 0, [self]  # the cluster: this workgroup's rank, all its workgroups
+        self.finished = False
+        self.cluster_barrier = {"arrived": 0, "phase": 0, "expected": self.t}
         self.wgmma_open: list[_Pending] = []  # issued, not yet committed
         self.wgmma_groups: list[list[_Pending]] = []  # committed, not yet retired
 
@@ -97,6 +101,14 @@ class _Hopper(_Block):
         at = (address - SHARED_BASE) // 2
         assert (address % 2 == 0).all() and (at >= 0).all() and (at < self.shared.size).all(), "shared read outside"
         return self.shared[at]
+
+    def _barrier(self, address: int) -> _Barrier:
+        """The mbarrier at a shared address, or at a cluster address (``mapa``) of any workgroup of the cluster."""
+        if address & CLUSTER:
+            peer = self.peers[(address >> 32) & 0xF]
+            assert not peer.finished, "an arrival on the barrier of a workgroup that has exited"
+            return peer.barriers[address & 0xFFFFFFFF]
+        return self.barriers[address]
 
     def _uniform(self, v: ir.Value, group: _Group) -> int:
         vals = np.broadcast_to(np.asarray(self.get(v), np.int64), (self.t,))[self._active(group)]
@@ -147,7 +159,7 @@ class _Hopper(_Block):
             self.barriers[address] = _Barrier(self._uniform(ins[1], group))
             return None
         if name in ("nvvm.mbarrier.arrive", "nvvm.mbarrier.arrive.expect_tx"):
-            bar = self.barriers[self._uniform(ins[0], group)]
+            bar = self._barrier(self._uniform(ins[0], group))
             arrivals = int(self._active(group).sum())
             if name.endswith("expect_tx"):
                 bar.tx += arrivals * self._uniform(ins[1], group)
@@ -183,14 +195,54 @@ class _Hopper(_Block):
             return None
         if name == "nvvm.wgmma.fence.aligned":
             return None
+        if name == "scf.if" and len(op.regions[1].blocks) and not res:
+            cond = np.broadcast_to(np.asarray(self.get(ins[0]), bool), (self.t,))
+            active = self._active(group)
+            branches = [(op.regions[0].blocks[0], cond & active), (op.regions[1].blocks[0], ~cond & active)]
+            if all(m.any() for _, m in branches):  # the threads diverge: warp roles
+                yield from self._fork(branches)
+                return None
+        if name == "nvvm.read.ptx.sreg.cluster.ctarank":
+            self.env[res[0]] = np.int64(self.rank)
+            return None
+        if name == "nvvm.mapa":
+            address, rank = self._uniform(ins[0], group), self._uniform(ins[1], group)
+            self.env[res[0]] = np.int64(CLUSTER | (rank << 32) | address)
+            return None
+        if name == "nvvm.fence.mbarrier.init":
+            return None
+        if name == "nvvm.cluster.arrive":
+            cb = self.cluster_barrier
+            group.cluster_phase = cb["phase"]
+            cb["arrived"] += int(self._active(group).sum())
+            if cb["arrived"] == cb["expected"]:
+                cb["arrived"], cb["phase"] = 0, cb["phase"] + 1
+            return None
+        if name == "nvvm.cluster.wait":
+            assert getattr(group, "cluster_phase", None) is not None, "barrier.cluster.wait without its arrive"
+            while self.cluster_barrier["phase"] == group.cluster_phase:
+                yield ("spin", "cluster", 0, 0)
+            group.cluster_phase = None
+            return None
         out = yield from super().step(op, group)
         return out
 
     def _tma(self, op, ins, group: _Group) -> None:
         assert self._active(group).sum() == 1, "a TMA issued by more than one thread"
+        seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
         dst, tmap = self._uniform(ins[0], group), self._uniform(ins[1], group)
         coords = [self._uniform(v, group) for v in ins[2:4]]
         bar = self._uniform(ins[4], group)
+        at = sum(seg[:5])
+        mask = self._uniform(ins[at], group) if seg[5] else 1 << self.rank
+        for rank in range(len(self.peers)):
+            if mask >> rank & 1:
+                self.peers[rank]._land(dst, tmap, coords, bar)
+        assert mask >> len(self.peers) == 0, f"multicast mask {mask:#x} names workgroups outside the cluster"
+
+    def _land(self, dst: int, tmap: int, coords: list[int], bar: int) -> None:
+        """The box of ``tmap`` at ``coords`` written into this workgroup's shared memory, its bytes completed
+        on this workgroup's barrier at ``bar``."""
         mem, offset = self._global(tmap)
         magic, binding, rows, k, box_rows, box_k = mem[offset : offset + 128].view(np.int64)[:6]
         assert magic == MAP_MAGIC, "TMA through something that is not a tensor map"
@@ -247,8 +299,11 @@ class _Hopper(_Block):
         return self._smem_read(_swizzle128(address)).astype(np.float64)
 
     def _fork(self, branches):
-        """Roles interleaved: each runs until it blocks (a ``bar.sync`` or a spinning mbarrier wait)."""
+        """Roles interleaved: each runs until it blocks (a spinning mbarrier or cluster wait); when none
+        can go on, the fork spins too, so that the other workgroup of a cluster runs (a generator)."""
         groups = [_Group(m) for _, m in branches]
+        for g in groups:
+            g.cluster_phase = None
         gens = [self.run(b, g) for (b, _), g in zip(branches, groups)]
         order = list(range(len(gens))) if self.first == "then" else list(reversed(range(len(gens))))
         done = [False] * len(gens)
@@ -264,7 +319,7 @@ class _Hopper(_Block):
                     assert kind == "spin", "emulator: bar.sync inside warp roles is not modelled for sm_90a"
                     break
             if self.ops == before and not all(done):
-                raise Deadlock("every role waits on an mbarrier that nothing will complete")
+                yield ("spin", None, 0, 0)
 
 
 def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, int], out_dtype=np.float32) -> np.ndarray:
@@ -283,12 +338,36 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, in
     c = np.full((m, n), np.nan, out_dtype)
     bindings = dict(enumerate([a, b, maps, c]))
     body = func.regions[0].blocks[0]
+    attrs = func.attributes
+    size = list(ir.DenseI32ArrayAttr(attrs["nvvm.cluster_dim"]))[0] if "nvvm.cluster_dim" in attrs else 1
     for y in range(grid[1]):
-        for x in range(grid[0]):
-            block = _Hopper(threads, (x, y, 0), bindings, "then")
-            for kind, bid, count, arrived in block.run(body, _Group(None)):
-                assert kind == "sync" and arrived == count, f"barrier {bid} reached by {arrived} of {count}"
+        for x0 in range(0, grid[0], size):
+            _run_cluster([_Hopper(threads, (x, y, 0), bindings, "then") for x in range(x0, x0 + size)], body)
     return c
+
+
+def _run_cluster(blocks: list[_Hopper], body: ir.Block) -> None:
+    """The workgroups of one cluster, interleaved: each runs until it spins; a round where none runs an op
+    is a deadlock."""
+    shared_barrier = {"arrived": 0, "phase": 0, "expected": sum(b.t for b in blocks)}
+    for rank, block in enumerate(blocks):
+        block.rank, block.peers, block.cluster_barrier = rank, blocks, shared_barrier
+    gens = [block.run(body, _Group(None)) for block in blocks]
+    done = [False] * len(gens)
+    while not all(done):
+        before = sum(b.ops for b in blocks)
+        for i, gen in enumerate(gens):
+            while not done[i]:
+                try:
+                    kind, bid, count, arrived = next(gen)
+                except StopIteration:
+                    done[i] = blocks[i].finished = True
+                    break
+                if kind == "spin":
+                    break
+                assert kind == "sync" and arrived == count, f"barrier {bid} reached by {arrived} of {count}"
+        if sum(b.ops for b in blocks) == before and not all(done):
+            raise Deadlock("every role of every workgroup waits on a barrier that nothing will complete")
 
 
 def _walk(op: ir.Operation):

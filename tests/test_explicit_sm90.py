@@ -24,7 +24,7 @@ def emulated(m: int, n: int, k: int, t: Sm90Tiling, out: str = "f32", seed: int 
     b = rng.standard_normal((n, k)).astype(numpy_dtype(dtype))
     with new_context(), ir.Location.unknown():
         module = gemm_module(m, n, k, t, dtype, out)
-        c = run_gemm(module, a, b, (t.bm, t.bn), numpy_dtype(out))
+        c = run_gemm(module, a, b, (t.bm, t.bn // t.cluster), numpy_dtype(out))
     return c, a.astype(np.float64) @ b.astype(np.float64).T
 
 
@@ -47,6 +47,9 @@ def test_sm90a_target_is_hand_written_and_takes_no_target_flag():
         ({"bn": 24, "stages": 3, "consumers": 1}, (64, 48, 448), "f16"),  # 1 consumer, f16 out, 7 k tiles
         # persistent: 3 workgroups take 2x3 tiles of 3 k tiles each (2 each), the ring running on across them
         ({"bn": 16, "stages": 2, "persistent": 3}, (256, 48, 192), "f32"),
+        # clusters of 2 sharing B by TMA multicast: one block per tile pair, then a persistent pair
+        ({"bn": 16, "stages": 2, "cluster": 2}, (512, 32, 192), "f32"),
+        ({"bn": 32, "stages": 3, "cluster": 2, "persistent": 2}, (512, 64, 256), "f32"),
     ],
 )
 def test_wgmma_gemm_matches_float64_under_emulation(fields, shape, out):
@@ -155,3 +158,32 @@ def test_gate_bench_compiles_a_variant_to_sm90a_ptx_with_its_launch(tmp_path):
     assert (entry["grid"], entry["block"], entry["shared"]) == ([3, 1, 1], [384, 1, 1], t.shared_bytes)
     ptx = (tmp_path / "check_ws128x256_s4_p3_512x768x512.ptx").read_text()
     assert ".target sm_90a" in ptx and f".entry {entry['kernel']}(" in ptx
+
+
+def test_cluster_pair_without_multicast_never_fills_its_b_tiles(monkeypatch):
+    """Each workgroup of a pair loads half of B for both; without the multicast mask its peer's half never
+    lands, so the full barrier's bytes never complete."""
+    real = gemm_sm90.nvvm.cp_async_bulk_tensor_shared_cluster_global
+
+    def own_only(*args, multicast_mask=None, **kwargs):
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gemm_sm90.nvvm, "cp_async_bulk_tensor_shared_cluster_global", own_only)
+    with pytest.raises(Deadlock):
+        emulated(512, 32, 192, Sm90Tiling(bn=16, stages=2, cluster=2))
+
+
+def test_cluster_pair_must_meet_before_exit(monkeypatch):
+    """Without the closing cluster barrier a workgroup can exit while its peer still arrives on its
+    empty barriers (the emulator runs rank 0 first, so its peer's last releases come after it left)."""
+    real = gemm_sm90._sync
+    calls = []
+
+    def first_only(t):
+        calls.append(t)
+        if len(calls) == 1:
+            real(t)
+
+    monkeypatch.setattr(gemm_sm90, "_sync", first_only)
+    with pytest.raises(AssertionError, match="workgroup that has exited"):
+        emulated(512, 32, 192, Sm90Tiling(bn=16, stages=2, cluster=2))

@@ -56,6 +56,9 @@ class Sm90Tiling:
         persistent: workgroups of a persistent grid (each takes tiles ``id, id + persistent, ...``, N
             fastest, its ring running on across them, so the producer loads the next tile's first stages
             while the consumers store the last one's); 0: one workgroup a tile.
+        cluster: 2: workgroups in clusters of two (``.reqnctapercluster 2``) on M tiles ``2i, 2i + 1`` of
+            one N tile; each loads half of the shared B tile by TMA multicast into both, so L2 serves
+            B once for the pair; a stage's empty barrier then counts the consumer warps of both.
     """
 
     bn: int = 256
@@ -65,6 +68,7 @@ class Sm90Tiling:
     producer_regs: int = 40
     consumer_regs: int = 232
     persistent: int = 0
+    cluster: int = 1
 
     def __post_init__(self) -> None:
         if self.bn % 8 or not 8 <= self.bn <= 256:
@@ -73,6 +77,13 @@ class Sm90Tiling:
             raise ValueError(f"bk: {self.bk}: the 128-byte swizzle takes 64 16-bit elements a row")
         if self.consumers not in (1, 2) or self.stages < 2:
             raise ValueError(f"consumers: {self.consumers}, stages: {self.stages} (1 or 2 consumers, 2+ stages)")
+        if self.cluster not in (1, 2) or (self.cluster == 2 and (self.bn % 16 or self.persistent % 2)):
+            raise ValueError(f"cluster: {self.cluster} (1, or 2 with bn a multiple of 16 and an even persistent grid)")
+
+    @property
+    def empty_count(self) -> int:
+        """Arrivals that free a stage: every consumer thread; in a cluster, every consumer warp of both."""
+        return WARPGROUP * self.consumers if self.cluster == 1 else self.cluster * 4 * self.consumers
 
     @property
     def bm(self) -> int:
@@ -126,7 +137,7 @@ def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Typ
     return KernelEntry(
         executable="gemm_sm90",
         function="gemm_sm90",
-        grid=(t.persistent, 1, 1) if t.persistent else (-(-n // t.bn), -(-m // t.bm), 1),
+        grid=(t.persistent, 1, 1) if t.persistent else (t.cluster * -(-n // t.bn), -(-m // t.bm) // t.cluster, 1),
         workgroup_size=(t.threads, 1, 1),
         subgroup_size=32,
         bindings=(
@@ -202,9 +213,20 @@ def _init_barriers(b: _B, t: Sm90Tiling, base: ir.Value, tid: ir.Value) -> None:
             full = arith.addi(base, b.c(t.barriers + 8 * s))
             nvvm.mbarrier_init(b.ptr(full, 3), b.c(1))
             empty = arith.addi(base, b.c(t.barriers + 8 * (t.stages + s)))
-            nvvm.mbarrier_init(b.ptr(empty, 3), b.c(WARPGROUP * t.consumers))
+            nvvm.mbarrier_init(b.ptr(empty, 3), b.c(t.empty_count))
+        if t.cluster > 1:  # the peer's TMA and arrivals reach these barriers: initialised before either runs
+            nvvm.fence_mbarrier_init()
         scf.YieldOp([])
-    gpu.barrier()
+    _sync(t)
+
+
+def _sync(t: Sm90Tiling) -> None:
+    """The workgroup's barrier; in a cluster, the cluster's (it orders the peer's accesses too)."""
+    if t.cluster == 1:
+        gpu.barrier()
+        return
+    nvvm.cluster_arrive()
+    nvvm.cluster_wait()
 
 
 def _stage_and_phase(b: _B, t: Sm90Tiling, kt: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -215,7 +237,7 @@ def _stage_and_phase(b: _B, t: Sm90Tiling, kt: ir.Value) -> tuple[ir.Value, ir.V
 
 
 def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, ktiles: int,
-              ring: ir.Value) -> None:  # fmt: skip
+              ring: ir.Value, rank: ir.Value | None) -> None:  # fmt: skip
     """One thread's loop: wait until slot ``s`` is empty (parity of the previous round: a fresh barrier
     passes parity 1), announce the bytes, load A's and B's k tile into it by TMA. ``ring``: the
     workgroup's k tiles before this output tile's."""
@@ -230,9 +252,17 @@ def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value
         nvvm.mbarrier_arrive_expect_tx(full_p, b.c(t.a_bytes + t.b_bytes))
         k0 = arith.muli(arith.index_cast(b.i32, kt), b.c(t.bk))
         cluster = ir.Type.parse("!llvm.ptr<7>")
-        for dst, tmap, row in ((a, map_a, m0), (bb, map_b, n0)):
-            dst_p = llvm.addrspacecast(cluster, b.ptr(dst, 3))
-            nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_p, tmap, [k0, row], full_p, [])
+        dst_a = llvm.addrspacecast(cluster, b.ptr(a, 3))
+        nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_a, map_a, [k0, m0], full_p, [])
+        if rank is None:
+            dst_b = llvm.addrspacecast(cluster, b.ptr(bb, 3))
+            nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_b, map_b, [k0, n0], full_p, [])
+        else:  # this workgroup's half of B, into both workgroups of the pair (same offsets, same barrier)
+            half = t.bn // 2
+            dst_b = llvm.addrspacecast(cluster, b.ptr(arith.addi(bb, arith.muli(rank, b.c(half * SWIZZLE_BYTES))), 3))
+            row = arith.addi(n0, arith.muli(rank, b.c(half)))
+            both = arith.constant(ir.IntegerType.get_signless(16), 3)
+            nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_b, map_b, [k0, row], full_p, [], multicast_mask=both)
         scf.YieldOp([])
 
 
@@ -287,10 +317,20 @@ def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: in
 
 
 def _release(b: _B, t: Sm90Tiling, base: ir.Value, kt: ir.Value) -> None:
-    """Every consumer thread arrives on empty[kt % stages]: its wgmmas have read that stage."""
+    """Every consumer thread arrives on empty[kt % stages]: its wgmmas have read that stage. In a cluster,
+    lane 0 of each consumer warp arrives on that barrier of both workgroups (both producers write it)."""
     s, _ = _stage_and_phase(b, t, kt)
     *_, empty = _stage_addresses(b, t, base, s)
-    nvvm.mbarrier_arrive(b.ptr(empty, 3), results=[b.i64])
+    if t.cluster == 1:
+        nvvm.mbarrier_arrive(b.ptr(empty, 3), results=[b.i64])
+        return
+    lane = arith.remui(gpu.thread_id(gpu.Dimension.x), arith.constant(b.index, 32))
+    first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, lane, arith.constant(b.index, 0)))
+    with ir.InsertionPoint(first.then_block):
+        for peer in range(t.cluster):
+            remote = nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), b.ptr(empty, 3), b.c(peer))
+            nvvm.MBarrierArriveOp(remote, results=[], scope=ir.Attribute.parse("#nvvm.mem_scope<cluster>"))
+        scf.YieldOp([])
 
 
 def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value) -> None:
@@ -329,10 +369,13 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
             raise ValueError(f"{name}: {size} is not a multiple of the tile's {tile}")
     b = _B()
     idx = b.index
+    if t.cluster > 1:  # IREE carries it to PTX: .explicitcluster .reqnctapercluster 2, 1, 1
+        entry.owner.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([t.cluster, 1, 1])
     tid = gpu.thread_id(gpu.Dimension.x)
     wg = arith.divui(tid, arith.constant(idx, WARPGROUP))
     base = _shared_base(b, t)
     _init_barriers(b, t, base, tid)
+    rank = nvvm.read_ptx_sreg_cluster_ctarank() if t.cluster > 1 else None
     ktiles = k // t.bk
     # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
     role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
@@ -341,8 +384,9 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
             nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
         one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
         with ir.InsertionPoint(one.then_block):
-            for m0, n0, ring in _tiles(b, t, m, n, ktiles):
-                _producer(b, t, base, maps, arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0), ktiles, ring)
+            for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
+                m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
+                _producer(b, t, base, maps, m32, n32, ktiles, ring, rank)
             scf.YieldOp([])
         scf.YieldOp([])
     with ir.InsertionPoint(role.else_block):
@@ -351,32 +395,41 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
-        for m0, n0, ring in _tiles(b, t, m, n, ktiles):
+        for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
             acc = _consumer(b, t, base, a_rows, ktiles, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
             _epilogue(b, t, c, acc, wtid, row0, n0)
         scf.YieldOp([])
+    if t.cluster > 1:  # no workgroup leaves while its peer may still arrive on its barriers
+        _sync(t)
 
 
-def _tiles(b: _B, t: Sm90Tiling, m: int, n: int, ktiles: int):
+def _tiles(b: _B, t: Sm90Tiling, m: int, n: int, ktiles: int, rank: ir.Value | None):
     """The workgroup's output tiles, as (first row, first column, k tiles of the ring before it): its block
     ids, or (persistent) a loop over tiles ``id, id + persistent, ...``, N fastest (one iteration yielded
-    inside the ``scf.for``)."""
+    inside the ``scf.for``). In a cluster the pair walks pair tiles (M tiles ``2i, 2i + 1`` of one N tile)
+    the same way, and ``rank`` picks the M tile."""
     idx = b.index
+
+    def c(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    pair = t.cluster
+    mine = c(0) if rank is None else arith.index_cast(idx, rank)
     if not t.persistent:
-        m0 = arith.muli(gpu.block_id(gpu.Dimension.y), arith.constant(idx, t.bm))
-        n0 = arith.muli(gpu.block_id(gpu.Dimension.x), arith.constant(idx, t.bn))
-        yield m0, n0, arith.constant(idx, 0)
+        m_tile = arith.addi(arith.muli(gpu.block_id(gpu.Dimension.y), c(pair)), mine)
+        n0 = arith.muli(arith.divui(gpu.block_id(gpu.Dimension.x), c(pair)), c(t.bn))
+        yield arith.muli(m_tile, c(t.bm)), n0, c(0)
         return
-    first = gpu.block_id(gpu.Dimension.x)
-    total, n_tiles = (m // t.bm) * (n // t.bn), n // t.bn
-    loop = scf.ForOp(first, arith.constant(idx, total), arith.constant(idx, t.persistent))
+    first = arith.divui(gpu.block_id(gpu.Dimension.x), c(pair))
+    total, n_tiles = (m // t.bm // pair) * (n // t.bn), n // t.bn
+    loop = scf.ForOp(first, c(total), c(t.persistent // pair))
     with ir.InsertionPoint(loop.body):
         tile = loop.induction_variable
-        done = arith.divui(arith.subi(tile, first), arith.constant(idx, t.persistent))
-        m0 = arith.muli(arith.divui(tile, arith.constant(idx, n_tiles)), arith.constant(idx, t.bm))
-        n0 = arith.muli(arith.remui(tile, arith.constant(idx, n_tiles)), arith.constant(idx, t.bn))
-        yield m0, n0, arith.muli(done, arith.constant(idx, ktiles))
+        done = arith.divui(arith.subi(tile, first), c(t.persistent // pair))
+        m_tile = arith.addi(arith.muli(arith.divui(tile, c(n_tiles)), c(pair)), mine)
+        n0 = arith.muli(arith.remui(tile, c(n_tiles)), c(t.bn))
+        yield arith.muli(m_tile, c(t.bm)), n0, arith.muli(done, c(ktiles))
         scf.YieldOp([])
 
 
