@@ -41,6 +41,9 @@ VARIANTS: dict[str, tuple] = {
     "ws128x256_s4_f16": (4096, 4096, 4096, "f16", "f16", {}),
     "ws128x256_s4_f16_c2_p132": (4096, 4096, 4096, "f16", "f16", {"cluster": 2, "persistent": 132}),
     "ws128x256_s4_f16_c2": (4096, 4096, 4096, "f16", "f16", {"cluster": 2}),
+    # fewer clusters than SM pairs: a GPC with an odd count of free SMs cannot hold a pair, and a persistent
+    # cluster that does not fit waits a whole wave
+    "ws128x256_s4_f16_c2_p128": (4096, 4096, 4096, "f16", "f16", {"cluster": 2, "persistent": 128}),
     "ws128x256_s4_f16_p132": (4096, 4096, 4096, "f16", "f16", {"persistent": 132}),
     "ws128x256_s4_f32_p132": (4096, 4096, 4096, "f16", "f32", {"persistent": 132}),
     "ws128x256_s4_f16_nomaxnreg": (4096, 4096, 4096, "f16", "f16", {"producer_regs": 0, "consumer_regs": 0}),
