@@ -187,3 +187,17 @@ def test_cluster_pair_must_meet_before_exit(monkeypatch):
     monkeypatch.setattr(gemm_sm90, "_sync", first_only)
     with pytest.raises(AssertionError, match="workgroup that has exited"):
         emulated(512, 32, 192, Sm90Tiling(bn=16, stages=2, cluster=2))
+
+
+def test_gate_verdict_takes_the_best_correct_f16_kernel_against_620_and_cublas():
+    from conftest import bench_script
+
+    bench = bench_script("hopper_gemm")
+    rows = [
+        {"name": "ws_a", "kind": "ours", "correct": True, "single_tflops": 650.0},
+        {"name": "ws_fast_wrong", "kind": "ours", "correct": False, "single_tflops": 900.0},
+        {"name": "ws_bf16", "kind": "ours", "correct": True, "single_tflops": 700.0},
+        {"name": "cublas_f16", "kind": "torch", "correct": True, "single_tflops": 760.0},
+    ]
+    assert bench._verdict(rows).endswith("MET: best ws_a 650.0 TFLOP/s, 0.86x cuBLAS f16.")
+    assert "NOT met" in bench._verdict([{**rows[0], "single_tflops": 600.0}])
