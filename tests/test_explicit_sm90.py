@@ -11,7 +11,7 @@ from sm90_emulator import Deadlock, d_fragment, run_gemm
 
 from convbw_mlir.ir_imports import ir, new_context
 from convbw_mlir.kernels import gemm_sm90
-from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling, accumulator_coords, gemm_module
+from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling, accumulator_coords, descriptor, gemm_module
 from convbw_mlir.targets import get_target
 
 
@@ -201,3 +201,9 @@ def test_gate_verdict_takes_the_best_correct_f16_kernel_against_620_and_cublas()
     ]
     assert bench._verdict(rows).endswith("MET: best ws_a 650.0 TFLOP/s, 0.86x cuBLAS f16.")
     assert "NOT met" in bench._verdict([{**rows[0], "single_tflops": 600.0}])
+
+
+def test_descriptor_fields_are_where_the_emulator_decodes_them():
+    d = descriptor(0x2C400)
+    assert (d & 0x3FFF) << 4 == 0x2C400  # start address >> 4, 14 bits (shared addresses < 256 KiB)
+    assert ((d >> 32) & 0x3FFF) << 4 == 1024 and d >> 62 == 1  # 8-row groups 1024 B apart; 128-byte swizzle

@@ -269,7 +269,7 @@ def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value
 def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value, elem: str) -> ir.Value:
     """The consumer's k tile: ``bk / 16`` wgmma m64n{bn}k16 on descriptors of its 64 rows of A and of B,
     each k16 step 32 bytes further along the swizzled rows."""
-    bits = b.c((1 << 16) | ((ATOM_BYTES >> 4) << 32) | (1 << 62), b.i64)
+    bits = b.c(descriptor(0), b.i64)  # the fields other than the start address
 
     def desc(addr: ir.Value) -> ir.Value:
         return arith.ori(arith.shrui(arith.extui(b.i64, addr), b.c(4, b.i64)), bits)
