@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "ExportDef",
     "Launch",
     "Transfer",
+    "check_ptx_targets",
     "launch_plan",
 ]
 
@@ -192,6 +194,26 @@ def launch_plan(launch: Launch, funcs: dict[str, int], dynamic_shared: bool) -> 
     return plan, keep
 
 
+def check_ptx_targets(ptx: list[bytes], capability: tuple[int, int]) -> None:
+    """Refuse PTX this device cannot run: an arch-specific target (``sm_90a``: wgmma, setmaxnreg) on any
+    other compute capability than its own, or a plain target newer than the device (the driver's JIT
+    compiles older PTX forward only).
+
+    Raises:
+        ValueError: naming the PTX target and the device's compute capability.
+    """
+    major, minor = capability
+    for image in ptx:
+        found = re.search(rb"^\s*\.target\s+sm_(\d+)(a?)", image, re.M)
+        if not found:
+            continue
+        arch, specific = int(found.group(1)), bool(found.group(2))
+        target = f"sm_{arch}{'a' if specific else ''}"
+        if (specific and arch != 10 * major + minor) or arch > 10 * major + minor:
+            raise ValueError(f"launch: the kernels are {target} PTX, which a device of compute capability "
+                             f"{major}.{minor} cannot run; compile for sm_80 (or the device's own target)")  # fmt: skip
+
+
 # -- running it: the CUDA driver API through ctypes ------------------------------------------------
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the driver's error."""
@@ -213,6 +235,7 @@ def _libcuda() -> Any:
             sigs = {
                 "cuInit": [u32],
                 "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
+                "cuDeviceGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
                 "cuDevicePrimaryCtxRetain": [pvp, ctypes.c_int],
                 "cuCtxGetCurrent": [pvp],
                 "cuCtxSetCurrent": [vp],
@@ -249,7 +272,7 @@ class CudaLauncher:
         device: the CUDA device ordinal (torch's index).
 
     Raises:
-        ValueError: a refused schedule.
+        ValueError: a refused schedule, or PTX the device cannot run (:func:`check_ptx_targets`).
         CudaError: the driver refused the PTX or a kernel.
     """
 
@@ -260,6 +283,10 @@ class CudaLauncher:
         self.launch, self.device = launch, device
         dev = ctypes.c_int()
         _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+        cc = [ctypes.c_int(), ctypes.c_int()]
+        for value, attribute in zip(cc, (75, 76)):  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+            _check(lib, lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, dev), "cuDeviceGetAttribute")
+        check_ptx_targets(launch.ptx, (cc[0].value, cc[1].value))
         ctx = ctypes.c_void_p()
         # torch's runtime uses the device's primary context: load the kernels into that one
         _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")

@@ -8,6 +8,7 @@ the ISA file IREE dumps for it, and its tile policy); nothing else lists targets
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -116,6 +117,10 @@ class Target:
         isa_suffix: the file of IREE's dumped intermediates that holds the machine-level text
             (``.rocmasm`` AMD assembly; ``.optimized.ll`` NVPTX LLVM IR, as 3.13 dumps no PTX; ``.s`` x86).
         tile_policy: how plans tile on this target (:class:`TilePolicy`).
+        target_info: a hand-written ``#iree_gpu.target<...>`` for a chip IREE has no flag value for
+            (sm_90a in 3.13): the module then carries ``hal.device.targets`` (:meth:`device_targets`)
+            and takes no target flags.
+        wgmma_n: the N of the ``wgmma.mma_async`` m64nNk16 shapes (sm_90a; empty elsewhere).
     """
 
     name: str
@@ -140,6 +145,8 @@ class Target:
     register_granule: int = 0
     isa_suffix: str = ""
     tile_policy: TilePolicy = TilePolicy()
+    target_info: str = ""
+    wgmma_n: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # A new entry with a missing or inconsistent fact fails at import, not as a wrong plan later.
@@ -181,8 +188,17 @@ class Target:
         """The ISA mnemonics of this target's matrix instructions for inputs of ``dtype``."""
         return frozenset(i.mnemonic for i in self.intrinsics.get(dtype, ()))
 
+    def device_targets(self) -> str:
+        """The ``hal.device.targets`` module attribute of a hand-written target ('' for a flag target)."""
+        if not self.target_info:
+            return ""
+        return (f'[#hal.device.target<"{self.backend}", [#hal.executable.target<"{self.backend}", '
+                f'"cuda-nvptx-fb", {{iree_codegen.target_info = {self.target_info}}}>]> : !hal.device]')  # fmt: skip
+
     def iree_flags(self) -> list[str]:
         """The IREE compiler flags selecting this target (verified against iree-base-compiler 3.13)."""
+        if self.target_info:  # the module's hal.device.targets selects it (compile_module attaches it)
+            return list(self.extra_flags)
         if self.backend == "local":
             flags = [
                 "--iree-hal-target-device=local",
@@ -268,6 +284,25 @@ RUNS_SM80 = {
     "H200": _nv("H200", "H200 running sm_80 PTX", 132, 232448, 233472, 64,
                 {"f16": 643.0, "bf16": 643.0, "f32": 67.0}, 4250, arch="sm_80"),
 }  # fmt: skip
+
+
+# sm_90a (Hopper's arch-specific PTX: wgmma, setmaxnreg): IREE 3.13 has no flag value for it, but takes
+# this target written out by hand (../shared/DESIGN.md "IREE 3.13 facts"): sm_80's fields, PTX 8.0, and
+# Hopper's 227 KiB of shared memory a block (CUDA guide, cc 9.0). H100 SXM datasheet: 132 SMs, 989.4
+# TFLOP/s dense f16/bf16 (wgmma), 3.35 TB/s. wgmma N: 8..256 in steps of 8 (PTX ISA "wgmma.mma_async").
+_SM90A_INFO = (
+    '#iree_gpu.target<arch = "sm_90a", features = "+ptx80", wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, '
+    "storage = b64|b32|b16|b8, subgroup = shuffle|arithmetic, dot = dp4xi8toi32, mma = [<NV_MMA_SYNC_F32_16x8x16_F16>, "
+    "<NV_MMA_SYNC_F16_16x8x16_F16>, <NV_MMA_SYNC_F32_16x8x16_BF16>, <NV_WMMA_F32_16x16x16_F16>, "
+    "<NV_WMMA_F16_16x16x16_F16>], subgroup_size_choices = [32], max_workgroup_sizes = [1024, 1024, 1024], "
+    "max_thread_count_per_workgroup = 1024, max_workgroup_memory_bytes = 232448, "
+    "max_workgroup_counts = [2147483647, 65535, 65535]>>"
+)
+TARGETS["sm_90a"] = dataclasses.replace(
+    _nv("sm_90a", "Hopper H100/H200 (wgmma, TMA, setmaxnreg)", 132, 232448, 233472, 64,
+        {"f16": 989.4, "bf16": 989.4, "f32": 67.0}, 3350),
+    target_info=_SM90A_INFO, wgmma_n=tuple(range(8, 257, 8)),
+)  # fmt: skip
 
 
 def gpu_targets() -> list[Target]:

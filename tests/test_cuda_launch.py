@@ -228,3 +228,25 @@ def test_strided_1x1_schedule_reads_both_memoized_command_buffers_across_the_cop
     copy, gemm = launch.steps
     assert [b for b, _ in copy.bindings] == ["arg0", TRANSIENT]  # x at the stride, into the transient
     assert [b for b, _ in gemm.bindings] == ["arg1", TRANSIENT, "arg2"]  # dy and the copy into the caller's dW
+
+
+@pytest.mark.parametrize(
+    ("target", "capability", "refused"),
+    [
+        ("sm_90a", (9, 0), False),
+        ("sm_90a", (8, 0), True),  # wgmma / setmaxnreg: only the chip the PTX is specific to
+        ("sm_90a", (10, 0), True),
+        ("sm_80", (9, 0), False),  # plain PTX is compiled forward by the driver's JIT
+        ("sm_89", (8, 0), True),
+    ],
+)
+def test_launcher_refuses_ptx_the_device_cannot_run_naming_target_and_capability(target, capability, refused):
+    from convbw_mlir.cuda_launch import check_ptx_targets
+
+    ptx = [b"//\n.version 8.0\n.target " + target.encode() + b"\n.address_size 64\n"]
+    if not refused:
+        check_ptx_targets(ptx, capability)
+        return
+    major, minor = capability
+    with pytest.raises(ValueError, match=f"{target} PTX, which a device of compute capability {major}.{minor}"):
+        check_ptx_targets(ptx, capability)

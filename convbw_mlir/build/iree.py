@@ -7,6 +7,7 @@ diagnostics as lines, and its dumped executable intermediates (ISA, LLVM IR, con
 from __future__ import annotations
 
 import ctypes
+import io
 import re
 import tempfile
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ def compile_module(
         session.set_flags(*flags)
     except Exception as e:
         raise CompileError(f"flags: {e}") from None
+    if target.target_info and "compile-from" not in phases:
+        module_text = _with_device_targets(module_text, target)
     inv = session.invocation()
     for phase, value in phases.items():
         from iree.compiler.api import ctypes_dl
@@ -71,6 +74,21 @@ def compile_module(
         out = api.Output.open_membuffer()
         inv.output_ir_bytecode(out) if "compile-to" in phases else inv.output_vm_bytecode(out)
         return bytes(out.map_memory())
+
+
+def _with_device_targets(module_text: str | bytes, target: Target) -> bytes:
+    """``module_text`` with the hand-written ``hal.device.targets`` of ``target`` (a chip IREE 3.13 has no
+    flag value for, e.g. sm_90a), as bytecode; a module that already names its targets is kept as is."""
+    from convbw_mlir.ir_imports import ir, new_context
+
+    with new_context() as ctx:
+        module = ir.Module.parse(module_text, ctx)
+        attrs = module.operation.attributes
+        if "hal.device.targets" not in attrs:
+            attrs["hal.device.targets"] = ir.Attribute.parse(target.device_targets())
+        out = io.BytesIO()
+        module.operation.write_bytecode(out)
+        return out.getvalue()
 
 
 _SEVERITY = {0: "note", 1: "warning", 2: "error", 3: "remark"}  # embedding_api.h: iree_compiler_diagnostic_severity_t

@@ -117,8 +117,10 @@ def target_for(device: torch.device) -> tuple[str, str, int | None]:
     from convbw_mlir.targets import TARGETS
 
     major, minor = torch.cuda.get_device_capability(index)
-    # IREE 3.13's newest CUDA target is sm_80..89; newer GPUs run sm_80 PTX through the driver's JIT.
-    known = sorted((int(n[3:]), n) for n in TARGETS if n.startswith("sm_") and int(n[3:]) <= 10 * major + minor)
+    # IREE 3.13's newest CUDA flag target is sm_80..89; newer GPUs run sm_80 PTX through the driver's JIT.
+    # Arch-specific targets (sm_90a: only our GEMM has kernels for it yet) are never picked here.
+    known = sorted((int(n[3:]), n) for n in TARGETS
+                   if n.startswith("sm_") and n[3:].isdigit() and int(n[3:]) <= 10 * major + minor)  # fmt: skip
     if not known:
         raise ValueError(f"input: compute capability {major}.{minor} is older than IREE's sm_80 target")
     cap = 10 * major + minor

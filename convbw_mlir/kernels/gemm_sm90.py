@@ -1,0 +1,455 @@
+"""The sm_90a GEMM of the explicit strategy: wgmma, TMA and an mbarrier ring, warp-specialized.
+
+``C[m, n] = sum_k A[m, k] * B[n, k]`` (A = dy, B = x of a 1x1 layout-4 weight gradient: both K-contiguous),
+f16 or bf16 in, f32 accumulate, f32 or the input type out. docs/explicit-kernels.md "Hopper" has the
+design and the numbers.
+
+The recipe (CUTLASS's warp-specialized cooperative kernel, as the PTX ISA describes its parts):
+
+- one **producer** warpgroup (threads 0-127) gives its registers away (``setmaxnreg.dec``) and one of its
+  threads loads each k tile of A (``bm x bk``) and B (``bn x bk``) by TMA (``cp.async.bulk.tensor.2d``,
+  128-byte swizzle: ``bk`` = 64 16-bit elements = one 128-byte row) into a ring of ``stages`` shared
+  buffers; each stage has a *full* mbarrier (the TMA's bytes complete it: ``expect_tx``) and an *empty*
+  one (every consumer thread arrives when its wgmmas have read the stage);
+- ``consumers`` consumer warpgroups take the registers (``setmaxnreg.inc``); warpgroup ``c`` owns rows
+  ``64c .. 64c+63`` of the tile and runs ``wgmma.mma_async.m64n{bn}k16`` on shared-memory matrix
+  descriptors (K-major, 128-byte swizzle, 8-row groups 1024 bytes apart), one wgmma group in flight: the
+  stage of k tile ``kt - 1`` is released once ``wgmma.wait_group 1`` says its group is done;
+- the epilogue stores the accumulators straight from registers (PTX ISA "wgmma .m64nNk16" D fragment:
+  :func:`accumulator_coords`).
+
+The tensor maps (CUtensorMap, 128 bytes each, A's then B's) arrive in a device buffer (the ``maps``
+binding): IREE's HAL has no way to pass a 128-byte by-value kernel parameter, and ``cp.async.bulk.tensor``
+takes a map in global memory too; the launcher encodes them (``cuTensorMapEncodeTiled``) for the buffers
+it binds (bench/hopper_gemm.py). A and B are bound as well, unread by the kernel, so that IREE's dataflow
+and the launch schedule keep their order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
+
+from convbw_mlir.kernels.entry import KernelEntry
+
+__all__ = ["Sm90Tiling", "accumulator_coords", "build_gemm_body", "descriptor", "gemm_entry", "gemm_module"]
+
+WARPGROUP = 128
+WGMMA_M, WGMMA_K = 64, 16
+SWIZZLE_BYTES = 128  # one swizzled row: bk 16-bit elements
+ATOM_BYTES = 8 * SWIZZLE_BYTES  # 8 rows: the 128-byte swizzle pattern's period, and the descriptor's stride
+WAIT_TICKS = 0x989680  # mbarrier.try_wait's suspend-time hint (CUTLASS's value)
+
+
+@dataclass(frozen=True)
+class Sm90Tiling:
+    """The numbers of one sm_90a GEMM kernel.
+
+    Attributes:
+        bn: columns of C a workgroup (the wgmma N: 8..256, a multiple of 8; TMA boxes hold 256 rows at most).
+        consumers: consumer warpgroups, 64 rows of C each (``bm = 64 * consumers``).
+        stages: shared-memory stages of the ring.
+        bk: reduction step (64: one 128-byte swizzled row of 16-bit elements).
+        producer_regs, consumer_regs: ``setmaxnreg`` targets (multiples of 8 in 24..256); 0: no setmaxnreg.
+        persistent: workgroups of a persistent grid (each takes tiles ``id, id + persistent, ...``, N
+            fastest, its ring running on across them, so the producer loads the next tile's first stages
+            while the consumers store the last one's); 0: one workgroup a tile.
+        cluster: 2: workgroups in clusters of two (``.reqnctapercluster 2``) on M tiles ``2i, 2i + 1`` of
+            one N tile; each loads half of the shared B tile by TMA multicast into both, so L2 serves
+            B once for the pair; a stage's empty barrier then counts the consumer warps of both.
+    """
+
+    bn: int = 256
+    consumers: int = 2
+    stages: int = 4
+    bk: int = 64
+    producer_regs: int = 40
+    consumer_regs: int = 232
+    persistent: int = 0
+    cluster: int = 1
+
+    def __post_init__(self) -> None:
+        if self.bn % 8 or not 8 <= self.bn <= 256:
+            raise ValueError(f"bn: {self.bn} is not a wgmma N (8..256, a multiple of 8)")
+        if self.bk != 64:
+            raise ValueError(f"bk: {self.bk}: the 128-byte swizzle takes 64 16-bit elements a row")
+        if self.consumers not in (1, 2) or self.stages < 2:
+            raise ValueError(f"consumers: {self.consumers}, stages: {self.stages} (1 or 2 consumers, 2+ stages)")
+        if self.cluster not in (1, 2) or (self.cluster == 2 and (self.bn % 16 or self.persistent % 2)):
+            raise ValueError(f"cluster: {self.cluster} (1, or 2 with bn a multiple of 16 and an even persistent grid)")
+
+    @property
+    def empty_count(self) -> int:
+        """Arrivals that free a stage: every consumer thread; in a cluster, every consumer warp of both."""
+        return WARPGROUP * self.consumers if self.cluster == 1 else self.cluster * 4 * self.consumers
+
+    @property
+    def bm(self) -> int:
+        return WGMMA_M * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return WARPGROUP * (1 + self.consumers)
+
+    @property
+    def a_bytes(self) -> int:
+        return self.bm * self.bk * 2
+
+    @property
+    def b_bytes(self) -> int:
+        return self.bn * self.bk * 2
+
+    @property
+    def barriers(self) -> int:
+        """Byte offset of the mbarriers (after the stages): full[s] at +8s, empty[s] at +8(stages + s)."""
+        return self.stages * (self.a_bytes + self.b_bytes)
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory: the stages, the barriers, and 1024 bytes to align the base to the swizzle."""
+        return self.barriers + 16 * self.stages + ATOM_BYTES
+
+
+def descriptor(address: int) -> int:
+    """The wgmma matrix descriptor of a K-major, 128-byte-swizzled tile at shared ``address`` (PTX ISA
+    "Matrix Descriptor Format": start address >> 4 in bits 0-13, leading byte offset >> 4 in 16-29 (unused
+    by swizzled K-major: 1), stride byte offset >> 4 in 32-45 (1024: the next 8 rows), swizzle mode in
+    62-63 (1: 128 bytes))."""
+    return ((address & 0x3FFFF) >> 4) | (1 << 16) | ((ATOM_BYTES >> 4) << 32) | (1 << 62)
+
+
+def accumulator_coords(n: int) -> list[tuple[int, int]]:
+    """(row, column) of each accumulator of a warpgroup thread in an m64nNk16 wgmma, for threads 0..127:
+    ``coords[v]`` are arrays over threads (PTX ISA "Matrix fragments for wgmma .m64nNk16", D: value ``v``
+    lies in the n8 chunk ``v // 4``; row ``16 warp + lane / 4 (+8 for v % 4 >= 2)``, column
+    ``8 (v // 4) + 2 (lane % 4) + v % 2``)."""
+    import numpy as np
+
+    t = np.arange(WARPGROUP)
+    warp, lane = t // 32, t % 32
+    return [(16 * warp + lane // 4 + 8 * ((v % 4) // 2), 8 * (v // 4) + 2 * (lane % 4) + v % 2) for v in range(n // 2)]
+
+
+def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Type) -> KernelEntry:
+    """The kernel's launch: grid (N tiles, M tiles), 128 (1 + consumers) threads, bindings A, B, maps, C."""
+    return KernelEntry(
+        executable="gemm_sm90",
+        function="gemm_sm90",
+        grid=(t.persistent, 1, 1) if t.persistent else (t.cluster * -(-n // t.bn), -(-m // t.bm) // t.cluster, 1),
+        workgroup_size=(t.threads, 1, 1),
+        subgroup_size=32,
+        bindings=(
+            ir.MemRefType.get([m, k], elem),
+            ir.MemRefType.get([n, k], elem),
+            ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+            ir.MemRefType.get([m, n], out),
+        ),
+    )
+
+
+class _B:
+    """i32/i64/index arithmetic and pointer casts, constants made where used (LLVM hoists them)."""
+
+    def __init__(self) -> None:
+        self.i1 = ir.IntegerType.get_signless(1)
+        self.i32 = ir.IntegerType.get_signless(32)
+        self.i64 = ir.IntegerType.get_signless(64)
+        self.index = ir.IndexType.get()
+
+    def c(self, v: int, t: ir.Type | None = None) -> ir.Value:
+        return arith.constant(t or self.i32, v)
+
+    def ptr(self, address: ir.Value, space: int) -> ir.Value:
+        """An ``!llvm.ptr<space>`` from an i32 shared-memory address or an i64 global one."""
+        return llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>" if space else "!llvm.ptr"), address)
+
+    def eq(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return arith.cmpi(arith.CmpIPredicate.eq, a, b)
+
+
+def _acc_type(t: Sm90Tiling) -> ir.Type:
+    return ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (t.bn // 2)) + ")>")
+
+
+def _zero_acc(b: _B, t: Sm90Tiling) -> ir.Value:
+    acc = llvm.mlir_undef(_acc_type(t))
+    zero = arith.constant(ir.F32Type.get(), 0.0)
+    for v in range(t.bn // 2):
+        acc = llvm.insertvalue(acc, zero, ir.DenseI64ArrayAttr.get([v]))
+    return acc
+
+
+def _shared_base(b: _B, t: Sm90Tiling) -> ir.Value:
+    """The i32 shared address of the kernel's dynamic shared memory, rounded up to 1024 (the swizzle atom:
+    TMA and the descriptors address swizzled rows relative to it)."""
+    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    buf = memref.alloc(ir.MemRefType.get([t.shared_bytes], ir.IntegerType.get_signless(8), memory_space=shared), [], [])
+    raw = arith.index_cast(b.i32, memref.extract_aligned_pointer_as_index(buf))
+    return arith.andi(arith.addi(raw, b.c(ATOM_BYTES - 1)), b.c(-ATOM_BYTES))
+
+
+def _global_ptr(b: _B, buf: ir.Value, offset: int) -> ir.Value:
+    raw = arith.index_cast(b.i64, memref.extract_aligned_pointer_as_index(buf))
+    return b.ptr(arith.addi(raw, b.c(offset, b.i64)) if offset else raw, 0)
+
+
+def _stage_addresses(b: _B, t: Sm90Tiling, base: ir.Value, stage: ir.Value) -> tuple[ir.Value, ...]:
+    """(A tile, B tile, full barrier, empty barrier) shared addresses of ring slot ``stage`` (i32)."""
+    a = arith.addi(base, arith.muli(stage, b.c(t.a_bytes)))
+    bb = arith.addi(base, arith.addi(b.c(t.stages * t.a_bytes), arith.muli(stage, b.c(t.b_bytes))))
+    full = arith.addi(base, arith.addi(b.c(t.barriers), arith.muli(stage, b.c(8))))
+    empty = arith.addi(full, b.c(8 * t.stages))
+    return a, bb, full, empty
+
+
+def _init_barriers(b: _B, t: Sm90Tiling, base: ir.Value, tid: ir.Value) -> None:
+    """Thread 0: full[s] waits for one arrival (the producer's, with the TMA bytes), empty[s] for every
+    consumer thread; then all threads meet, so no one waits on an uninitialised barrier."""
+    first = scf.IfOp(b.eq(tid, b.c(0, b.index)))
+    with ir.InsertionPoint(first.then_block):
+        for s in range(t.stages):
+            full = arith.addi(base, b.c(t.barriers + 8 * s))
+            nvvm.mbarrier_init(b.ptr(full, 3), b.c(1))
+            empty = arith.addi(base, b.c(t.barriers + 8 * (t.stages + s)))
+            nvvm.mbarrier_init(b.ptr(empty, 3), b.c(t.empty_count))
+        if t.cluster > 1:  # the peer's TMA and arrivals reach these barriers: initialised before either runs
+            nvvm.fence_mbarrier_init()
+        scf.YieldOp([])
+    _sync(t)
+
+
+def _sync(t: Sm90Tiling) -> None:
+    """The workgroup's barrier; in a cluster, the cluster's (it orders the peer's accesses too)."""
+    if t.cluster == 1:
+        gpu.barrier()
+        return
+    nvvm.cluster_arrive()
+    nvvm.cluster_wait()
+
+
+def _stage_and_phase(b: _B, t: Sm90Tiling, kt: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Ring slot ``kt % stages`` and the parity of its round ``(kt / stages) % 2`` (i32; ``kt`` counts the
+    workgroup's k tiles over all its output tiles)."""
+    k32 = arith.index_cast(b.i32, kt)
+    return arith.remui(k32, b.c(t.stages)), arith.andi(arith.divui(k32, b.c(t.stages)), b.c(1))
+
+
+def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, ktiles: int,
+              ring: ir.Value, rank: ir.Value | None) -> None:  # fmt: skip
+    """One thread's loop: wait until slot ``s`` is empty (parity of the previous round: a fresh barrier
+    passes parity 1), announce the bytes, load A's and B's k tile into it by TMA. ``ring``: the
+    workgroup's k tiles before this output tile's."""
+    map_a, map_b = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
+    loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1))
+    with ir.InsertionPoint(loop.body):
+        kt = loop.induction_variable
+        s, phase = _stage_and_phase(b, t, arith.addi(ring, kt))
+        a, bb, full, empty = _stage_addresses(b, t, base, s)
+        nvvm.mbarrier_try_wait_parity(b.ptr(empty, 3), arith.xori(phase, b.c(1)), b.c(WAIT_TICKS))
+        full_p = b.ptr(full, 3)
+        nvvm.mbarrier_arrive_expect_tx(full_p, b.c(t.a_bytes + t.b_bytes))
+        k0 = arith.muli(arith.index_cast(b.i32, kt), b.c(t.bk))
+        cluster = ir.Type.parse("!llvm.ptr<7>")
+        dst_a = llvm.addrspacecast(cluster, b.ptr(a, 3))
+        nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_a, map_a, [k0, m0], full_p, [])
+        if rank is None:
+            dst_b = llvm.addrspacecast(cluster, b.ptr(bb, 3))
+            nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_b, map_b, [k0, n0], full_p, [])
+        else:  # this workgroup's half of B, into both workgroups of the pair (same offsets, same barrier)
+            half = t.bn // 2
+            dst_b = llvm.addrspacecast(cluster, b.ptr(arith.addi(bb, arith.muli(rank, b.c(half * SWIZZLE_BYTES))), 3))
+            row = arith.addi(n0, arith.muli(rank, b.c(half)))
+            both = arith.constant(ir.IntegerType.get_signless(16), 3)
+            nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_b, map_b, [k0, row], full_p, [], multicast_mask=both)
+        scf.YieldOp([])
+
+
+def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value, elem: str) -> ir.Value:
+    """The consumer's k tile: ``bk / 16`` wgmma m64n{bn}k16 on descriptors of its 64 rows of A and of B,
+    each k16 step 32 bytes further along the swizzled rows."""
+    bits = b.c(descriptor(0), b.i64)  # the fields other than the start address
+
+    def desc(addr: ir.Value) -> ir.Value:
+        return arith.ori(arith.shrui(arith.extui(b.i64, addr), b.c(4, b.i64)), bits)
+
+    da = desc(arith.addi(a, a_rows))
+    db = desc(bb)
+    attr = ir.Attribute.parse
+    for k in range(t.bk // WGMMA_K):
+        step = b.c(k * WGMMA_K * 2 // 16, b.i64)  # 32 bytes, in the descriptor's 16-byte units
+        acc = nvvm.wgmma_mma_async(
+            _acc_type(t), acc, arith.addi(da, step), arith.addi(db, step),
+            attr(f"#nvvm.shape<m = 64, n = {t.bn}, k = 16>"), attr(f"#nvvm.wgmma_type<{elem}>"),
+            attr(f"#nvvm.wgmma_type<{elem}>"), attr("#nvvm.wgmma_type<f32>"), attr("#nvvm.wgmma_scale_out<one>"),
+            attr("#nvvm.wgmma_scale_in<one>"), attr("#nvvm.wgmma_scale_in<one>"),
+            attr("#nvvm.mma_layout<row>"), attr("#nvvm.mma_layout<col>"),
+        )  # fmt: skip
+    return acc
+
+
+def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: int, elem: str,
+              ring: ir.Value) -> ir.Value:  # fmt: skip
+    """Warpgroup loop over k tiles with one wgmma group in flight (``a_rows``: byte offset of its 64 rows
+    in an A tile; ``ring`` as :func:`_producer`'s); returns the accumulators once all its wgmmas are done
+    and its last stage released."""
+    loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1),
+                     [_zero_acc(b, t)])  # fmt: skip
+    with ir.InsertionPoint(loop.body):
+        kt = loop.induction_variable
+        s, phase = _stage_and_phase(b, t, arith.addi(ring, kt))
+        a, bb, full, _ = _stage_addresses(b, t, base, s)
+        nvvm.mbarrier_try_wait_parity(b.ptr(full, 3), phase, b.c(WAIT_TICKS))
+        nvvm.wgmma_fence_aligned()
+        acc = _wgmma(b, t, loop.inner_iter_args[0], a, bb, a_rows, elem)
+        nvvm.wgmma_commit_group_sync_aligned()
+        nvvm.wgmma_wait_group_sync_aligned(1)  # k tile kt - 1's group is done: its slot can be refilled
+        k32 = arith.index_cast(b.i32, kt)
+        prev = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, k32, b.c(0)))
+        with ir.InsertionPoint(prev.then_block):
+            _release(b, t, base, arith.subi(arith.addi(ring, kt), arith.constant(b.index, 1)))
+            scf.YieldOp([])
+        scf.YieldOp([acc])
+    nvvm.wgmma_wait_group_sync_aligned(0)
+    _release(b, t, base, arith.addi(ring, arith.constant(b.index, ktiles - 1)))
+    return loop.results[0]
+
+
+def _release(b: _B, t: Sm90Tiling, base: ir.Value, kt: ir.Value) -> None:
+    """Every consumer thread arrives on empty[kt % stages]: its wgmmas have read that stage. In a cluster,
+    lane 0 of each consumer warp arrives on that barrier of both workgroups (both producers write it)."""
+    s, _ = _stage_and_phase(b, t, kt)
+    *_, empty = _stage_addresses(b, t, base, s)
+    if t.cluster == 1:
+        nvvm.mbarrier_arrive(b.ptr(empty, 3), results=[b.i64])
+        return
+    lane = arith.remui(gpu.thread_id(gpu.Dimension.x), arith.constant(b.index, 32))
+    first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, lane, arith.constant(b.index, 0)))
+    with ir.InsertionPoint(first.then_block):
+        for peer in range(t.cluster):
+            remote = nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), b.ptr(empty, 3), b.c(peer))
+            nvvm.MBarrierArriveOp(remote, results=[], scope=ir.Attribute.parse("#nvvm.mem_scope<cluster>"))
+        scf.YieldOp([])
+
+
+def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value) -> None:
+    """Each accumulator pair (columns 2 (lane % 4), +1 of an n8 chunk) to C, converted to C's type."""
+    out = ir.MemRefType(c.type).element_type
+    f32 = ir.F32Type.get()
+    idx = b.index
+    warp, lane = arith.divui(wtid, arith.constant(idx, 32)), arith.remui(wtid, arith.constant(idx, 32))
+    row = arith.addi(
+        row0, arith.addi(arith.muli(warp, arith.constant(idx, 16)), arith.divui(lane, arith.constant(idx, 4)))
+    )
+    col = arith.addi(n0, arith.muli(arith.remui(lane, arith.constant(idx, 4)), arith.constant(idx, 2)))
+    for v in range(0, t.bn // 2, 2):
+        pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
+        vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+        if out != f32:
+            vec = arith.truncf(ir.VectorType.get([2], out), vec)
+        r = arith.addi(row, arith.constant(idx, 8 * ((v % 4) // 2)))
+        cc = arith.addi(col, arith.constant(idx, 8 * (v // 4)))
+        vector.store(vec, c, [r, cc])
+
+
+def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Tiling) -> None:
+    """Emit the kernel into ``entry`` given its bound memrefs (A, B, maps, C) for :func:`gemm_entry`'s grid.
+
+    Raises:
+        ValueError: a size the kernel does not take (M, N, K multiples of the tile; 16-bit inputs).
+    """
+    _, a_mem, maps, c = bindings
+    m, n = ir.MemRefType(c.type).shape
+    elem = str(ir.MemRefType(a_mem.type).element_type)
+    if elem not in ("f16", "bf16"):
+        raise ValueError(f"dtype: {elem!r}: the sm_90a GEMM takes f16 or bf16")
+    for name, size, tile in (("m", m, t.bm), ("n", n, t.bn), ("k", k, t.bk)):
+        if size % tile:
+            raise ValueError(f"{name}: {size} is not a multiple of the tile's {tile}")
+    b = _B()
+    idx = b.index
+    if t.cluster > 1:  # IREE carries it to PTX: .explicitcluster .reqnctapercluster 2, 1, 1
+        entry.owner.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([t.cluster, 1, 1])
+    tid = gpu.thread_id(gpu.Dimension.x)
+    wg = arith.divui(tid, arith.constant(idx, WARPGROUP))
+    base = _shared_base(b, t)
+    _init_barriers(b, t, base, tid)
+    rank = nvvm.read_ptx_sreg_cluster_ctarank() if t.cluster > 1 else None
+    ktiles = k // t.bk
+    # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
+    role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
+    with ir.InsertionPoint(role.then_block):
+        if t.producer_regs:
+            nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
+        one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
+        with ir.InsertionPoint(one.then_block):
+            for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
+                m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
+                _producer(b, t, base, maps, m32, n32, ktiles, ring, rank)
+            scf.YieldOp([])
+        scf.YieldOp([])
+    with ir.InsertionPoint(role.else_block):
+        if t.consumer_regs:
+            nvvm.setmaxregister(t.consumer_regs, ir.Attribute.parse("#nvvm.action<increase>"))
+        consumer = arith.subi(wg, arith.constant(idx, 1))
+        wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
+        a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
+        for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
+            acc = _consumer(b, t, base, a_rows, ktiles, elem, ring)
+            row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
+            _epilogue(b, t, c, acc, wtid, row0, n0)
+        scf.YieldOp([])
+    if t.cluster > 1:  # no workgroup leaves while its peer may still arrive on its barriers
+        _sync(t)
+
+
+def _tiles(b: _B, t: Sm90Tiling, m: int, n: int, ktiles: int, rank: ir.Value | None):
+    """The workgroup's output tiles, as (first row, first column, k tiles of the ring before it): its block
+    ids, or (persistent) a loop over tiles ``id, id + persistent, ...``, N fastest (one iteration yielded
+    inside the ``scf.for``). In a cluster the pair walks pair tiles (M tiles ``2i, 2i + 1`` of one N tile)
+    the same way, and ``rank`` picks the M tile."""
+    idx = b.index
+
+    def c(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    pair = t.cluster
+    mine = c(0) if rank is None else arith.index_cast(idx, rank)
+    if not t.persistent:
+        m_tile = arith.addi(arith.muli(gpu.block_id(gpu.Dimension.y), c(pair)), mine)
+        n0 = arith.muli(arith.divui(gpu.block_id(gpu.Dimension.x), c(pair)), c(t.bn))
+        yield arith.muli(m_tile, c(t.bm)), n0, c(0)
+        return
+    first = arith.divui(gpu.block_id(gpu.Dimension.x), c(pair))
+    total, n_tiles = (m // t.bm // pair) * (n // t.bn), n // t.bn
+    loop = scf.ForOp(first, c(total), c(t.persistent // pair))
+    with ir.InsertionPoint(loop.body):
+        tile = loop.induction_variable
+        done = arith.divui(arith.subi(tile, first), c(t.persistent // pair))
+        m_tile = arith.addi(arith.muli(arith.divui(tile, c(n_tiles)), c(pair)), mine)
+        n0 = arith.muli(arith.remui(tile, c(n_tiles)), c(t.bn))
+        yield arith.muli(m_tile, c(t.bm)), n0, arith.muli(done, c(ktiles))
+        scf.YieldOp([])
+
+
+def gemm_module(m: int, n: int, k: int, t: Sm90Tiling, dtype: str = "f16", out: str = "f32") -> ir.Module:
+    """``@main(A: MxK, B: NxK, maps: 256 x i8) -> C: MxN`` dispatching the kernel (in the current context)."""
+    from iree.compiler.dialects import func
+
+    from convbw_mlir.kernels.entry import build_dispatch
+
+    elem, out_t = ir.Type.parse(dtype), ir.Type.parse(out)
+    entry = gemm_entry(m, n, k, t, elem, out_t)
+    module = ir.Module.create()
+    tensors = [ir.RankedTensorType.get(ir.MemRefType(x).shape, ir.MemRefType(x).element_type) for x in entry.bindings]
+    with ir.InsertionPoint(module.body):
+        fn = func.FuncOp("main", ir.FunctionType.get(tensors[:3], [tensors[3]]))
+        block = fn.add_entry_block()
+    with ir.InsertionPoint(block):
+        result = build_dispatch(
+            entry, lambda blk, mems: build_gemm_body(blk, mems, k, t), list(block.arguments), tensors[3],
+            ir.InsertionPoint.at_block_begin(module.body),
+        )  # fmt: skip
+        func.ReturnOp([result])
+    return module

@@ -1,0 +1,378 @@
+"""The sm_80 emulator (sm80_emulator.py) grown by the sm_90a ops of ``convbw_mlir.kernels.gemm_sm90``.
+
+Shared memory is one byte-addressed space (16-bit elements, NaN until written, at a base that is 16- but
+not 1024-aligned, so the kernel's own rounding is exercised); the LLVM pointer casts and struct ops carry
+integers and arrays. As the PTX ISA has them:
+
+- ``mbarrier``: a phase bit, pending arrivals and a transaction count; a phase completes when both reach 0
+  (then arrivals reset to the init count); ``try_wait.parity P`` passes once the phase of parity ``P``
+  completed (a fresh barrier is in phase 0: waiting on parity 1 passes at once), else the thread group
+  spins; when every group spins or waits with nothing left to run, that is a ``Deadlock``;
+- TMA (``cp.async.bulk.tensor.2d``): the box lands at issue with the 128-byte swizzle (16-byte chunk
+  ``j`` of the 128-byte row ``r`` of a 1024-aligned tile goes to chunk ``j ^ (r % 8)``: address bits 4-6
+  XOR bits 7-9) and completes its bytes on the mbarrier; the tensor map is this module's own encoding
+  (:func:`tensor_map`: which binding, its extents, the box), since a CUtensorMap is opaque;
+- ``wgmma.mma_async`` m64nNk16: A and B read through their matrix descriptors (start address, stride byte
+  offset between 8-row groups, 128-byte swizzle; K-major), D = A B^T + C, and the accumulators of each
+  warpgroup thread laid out as the PTX ISA's figure for the m64nNk16 D fragment has them (:func:`d_fragment`);
+  asynchronous: shared memory is read when ``wgmma.wait_group`` retires the wgmma's commit group (the
+  latest the PTX ISA allows), and reading the accumulators before that fails;
+- roles: the producer and the consumers fork at the kernel's role ``scf.if`` and run interleaved, each
+  until it blocks on an mbarrier or a barrier; the producer runs first, so a missing *empty* wait lets it
+  overwrite a stage still unread (a wrong result) and a missing *full* wait reads NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sm80_emulator import Deadlock, _attr_int, _Block, _Group
+
+from convbw_mlir.ir_imports import ir
+
+__all__ = ["Deadlock", "d_fragment", "run_gemm", "tensor_map"]
+
+SHARED_BASE = 80  # 16-aligned, not 1024-aligned: the kernel must round its tiles up itself
+CLUSTER = 1 << 36  # a shared::cluster address (mapa): CLUSTER | rank << 32 | shared address
+GLOBAL = 1 << 40  # binding i lives at (i + 1) << 40
+MAP_MAGIC = 0x5A90
+
+
+def tensor_map(binding: int, rows: int, k: int, box_rows: int, box_k: int = 64) -> np.ndarray:
+    """128 bytes standing for a 2-D CUtensorMap of a ``rows x k`` 16-bit tensor bound at ``binding``."""
+    out = np.zeros(16, np.int64)
+    out[:6] = (MAP_MAGIC, binding, rows, k, box_rows, box_k)
+    return out.view(np.uint8)
+
+
+def d_fragment(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) ``[128, n / 2]`` of each accumulator of each warpgroup thread in a m64nNk16 wgmma
+    (PTX ISA, "Matrix fragments for wgmma .m64nNk16", figure for D): warp ``w`` owns rows 16w..16w+15;
+    lane ``l`` holds, for each n8 chunk ``c``, (row 16w + l/4, columns 8c + 2(l%4) and +1) then the same
+    columns 8 rows lower."""
+    t = np.arange(128)[:, None]
+    v = np.arange(n // 2)[None, :]
+    w, lane = t // 32, t % 32
+    row = 16 * w + lane // 4 + 8 * ((v // 2) % 2)
+    col = 8 * (v // 4) + 2 * (lane % 4) + v % 2
+    return np.broadcast_to(row, (128, n // 2)), np.broadcast_to(col, (128, n // 2))
+
+
+def _swizzle128(address: np.ndarray) -> np.ndarray:
+    return address ^ (((address >> 7) & 7) << 4)
+
+
+class _Pending:
+    """A wgmma's accumulators before ``wgmma.wait_group`` retires its group: read then, not at issue."""
+
+    def __init__(self, acc, parts: list[tuple[np.ndarray, int, int, int]]) -> None:
+        self.acc, self.parts, self.value = acc, parts, None
+
+
+class _Barrier:
+    def __init__(self, count: int) -> None:
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def settle(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.phase ^= 1
+            self.pending = self.count
+
+
+class _Hopper(_Block):
+    """A workgroup running the sm_90a kernel."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.shared: np.ndarray | None = None  # 16-bit elements by (address - SHARED_BASE) / 2
+        self.barriers: dict[int, _Barrier] = {}
+        self.ops = 0  # ops run: a round of the scheduler that runs none is a deadlock
+        self.rank, self.peers = 0, [self]  # the cluster: this workgroup's rank, all its workgroups
+        self.finished = False
+        self.cluster_barrier = {"arrived": 0, "phase": 0, "expected": self.t}
+        self.wgmma_open: list[_Pending] = []  # issued, not yet committed
+        self.wgmma_groups: list[list[_Pending]] = []  # committed, not yet retired
+
+    # -- memory --------------------------------------------------------------------------------------
+    def _global(self, address: int) -> tuple[np.ndarray, int]:
+        binding, offset = divmod(int(address), GLOBAL)
+        return self.bindings[binding - 1], offset
+
+    def _smem_read(self, address: np.ndarray) -> np.ndarray:
+        at = (address - SHARED_BASE) // 2
+        assert (address % 2 == 0).all() and (at >= 0).all() and (at < self.shared.size).all(), "shared read outside"
+        return self.shared[at]
+
+    def _barrier(self, address: int) -> _Barrier:
+        """The mbarrier at a shared address, or at a cluster address (``mapa``) of any workgroup of the cluster."""
+        if address & CLUSTER:
+            peer = self.peers[(address >> 32) & 0xF]
+            assert not peer.finished, "an arrival on the barrier of a workgroup that has exited"
+            return peer.barriers[address & 0xFFFFFFFF]
+        return self.barriers[address]
+
+    def _uniform(self, v: ir.Value, group: _Group) -> int:
+        vals = np.broadcast_to(np.asarray(self.get(v), np.int64), (self.t,))[self._active(group)]
+        assert (vals == vals[0]).all(), f"emulator: {v} differs across the threads that use it"
+        return int(vals[0])
+
+    # -- ops -----------------------------------------------------------------------------------------
+    def step(self, op: ir.Operation, group: _Group):  # noqa: C901 - one branch an op
+        self.ops += 1
+        name = op.name
+        ins, res = list(op.operands), list(op.results)
+        if name == "memref.alloc" and "workgroup" in str(res[0].type):
+            self.shared = np.full(ir.MemRefType(res[0].type).shape[0] // 2, np.nan, np.float32)
+            self.env[res[0]] = ("shared", SHARED_BASE)
+            return None
+        if name == "memref.extract_aligned_pointer_as_index":
+            src = self.get(ins[0])
+            if isinstance(src, tuple):
+                self.env[res[0]] = np.int64(src[1])
+            else:
+                which = next(i for i, b in self.bindings.items() if b is src)
+                self.env[res[0]] = np.int64((which + 1) * GLOBAL)
+            return None
+        if name in ("llvm.inttoptr", "llvm.addrspacecast", "arith.extui", "arith.trunci"):
+            self.env[res[0]] = self.get(ins[0])
+            return None
+        if name == "llvm.mlir.undef":
+            size = len(str(res[0].type).split(","))
+            self.env[res[0]] = np.full((self.t, size), np.nan, np.float32)
+            return None
+        if name == "llvm.insertvalue":
+            (pos,) = ir.DenseI64ArrayAttr(op.attributes["position"])
+            out = np.array(self.get(ins[0]))
+            out[:, pos] = self.get(ins[1])
+            self.env[res[0]] = out
+            return None
+        if name == "llvm.extractvalue":
+            (pos,) = ir.DenseI64ArrayAttr(op.attributes["position"])
+            acc = self.get(ins[0])
+            if isinstance(acc, _Pending):
+                assert acc.value is not None, "accumulators read before wgmma.wait_group retired their wgmma"
+                acc = acc.value
+            self.env[res[0]] = acc[:, pos]
+            return None
+        if name == "nvvm.mbarrier.init":
+            address = self._uniform(ins[0], group)
+            assert self._active(group).sum() == 1, "mbarrier.init by more than one thread"
+            self.barriers[address] = _Barrier(self._uniform(ins[1], group))
+            return None
+        if name in ("nvvm.mbarrier.arrive", "nvvm.mbarrier.arrive.expect_tx"):
+            bar = self._barrier(self._uniform(ins[0], group))
+            arrivals = int(self._active(group).sum())
+            if name.endswith("expect_tx"):
+                bar.tx += arrivals * self._uniform(ins[1], group)
+            bar.pending -= arrivals
+            assert bar.pending >= 0, "more arrivals than the mbarrier's count in one phase"
+            bar.settle()
+            for r in res:
+                self.env[r] = np.int64(0)
+            return None
+        if name == "nvvm.mbarrier.try_wait.parity":
+            address, parity = self._uniform(ins[0], group), self._uniform(ins[1], group)
+            while self.barriers[address].phase == parity:  # the phase of that parity has not completed
+                yield ("spin", address, 0, 0)
+            return None
+        if name == "nvvm.cp.async.bulk.tensor.shared.cluster.global":
+            self._tma(op, ins, group)
+            return None
+        if name == "nvvm.wgmma.mma_async":
+            self._wgmma(op, ins, res, group)
+            return None
+        if name == "nvvm.setmaxregister":
+            regs = _attr_int(op.attributes["regCount"])
+            assert regs % 8 == 0 and 24 <= regs <= 256, f"setmaxnreg {regs}"
+            return None
+        if name == "nvvm.wgmma.commit.group.sync.aligned":
+            self.wgmma_groups.append(self.wgmma_open)
+            self.wgmma_open = []
+            return None
+        if name == "nvvm.wgmma.wait.group.sync.aligned":
+            while len(self.wgmma_groups) > _attr_int(op.attributes["group"]):
+                for pending in self.wgmma_groups.pop(0):
+                    self._retire(pending)
+            return None
+        if name == "nvvm.wgmma.fence.aligned":
+            return None
+        if name == "scf.if" and len(op.regions[1].blocks) and not res:
+            cond = np.broadcast_to(np.asarray(self.get(ins[0]), bool), (self.t,))
+            active = self._active(group)
+            branches = [(op.regions[0].blocks[0], cond & active), (op.regions[1].blocks[0], ~cond & active)]
+            if all(m.any() for _, m in branches):  # the threads diverge: warp roles
+                yield from self._fork(branches)
+                return None
+        if name == "nvvm.read.ptx.sreg.cluster.ctarank":
+            self.env[res[0]] = np.int64(self.rank)
+            return None
+        if name == "nvvm.mapa":
+            address, rank = self._uniform(ins[0], group), self._uniform(ins[1], group)
+            self.env[res[0]] = np.int64(CLUSTER | (rank << 32) | address)
+            return None
+        if name == "nvvm.fence.mbarrier.init":
+            return None
+        if name == "nvvm.cluster.arrive":
+            cb = self.cluster_barrier
+            group.cluster_phase = cb["phase"]
+            cb["arrived"] += int(self._active(group).sum())
+            if cb["arrived"] == cb["expected"]:
+                cb["arrived"], cb["phase"] = 0, cb["phase"] + 1
+            return None
+        if name == "nvvm.cluster.wait":
+            assert getattr(group, "cluster_phase", None) is not None, "barrier.cluster.wait without its arrive"
+            while self.cluster_barrier["phase"] == group.cluster_phase:
+                yield ("spin", "cluster", 0, 0)
+            group.cluster_phase = None
+            return None
+        out = yield from super().step(op, group)
+        return out
+
+    def _tma(self, op, ins, group: _Group) -> None:
+        assert self._active(group).sum() == 1, "a TMA issued by more than one thread"
+        seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+        dst, tmap = self._uniform(ins[0], group), self._uniform(ins[1], group)
+        coords = [self._uniform(v, group) for v in ins[2:4]]
+        bar = self._uniform(ins[4], group)
+        at = sum(seg[:5])
+        mask = self._uniform(ins[at], group) if seg[5] else 1 << self.rank
+        for rank in range(len(self.peers)):
+            if mask >> rank & 1:
+                self.peers[rank]._land(dst, tmap, coords, bar)
+        assert mask >> len(self.peers) == 0, f"multicast mask {mask:#x} names workgroups outside the cluster"
+
+    def _land(self, dst: int, tmap: int, coords: list[int], bar: int) -> None:
+        """The box of ``tmap`` at ``coords`` written into this workgroup's shared memory, its bytes completed
+        on this workgroup's barrier at ``bar``."""
+        mem, offset = self._global(tmap)
+        magic, binding, rows, k, box_rows, box_k = mem[offset : offset + 128].view(np.int64)[:6]
+        assert magic == MAP_MAGIC, "TMA through something that is not a tensor map"
+        assert dst % 1024 == 0, f"TMA box at {dst}: a 128-byte swizzled tile must be 1024-aligned"
+        src = self.bindings[int(binding)]
+        k0, r0 = coords
+        box = np.zeros((box_rows, box_k), np.float32)  # out of bounds: zero (OOB fill none)
+        r_hi, k_hi = min(r0 + box_rows, rows), min(k0 + box_k, k)
+        box[: r_hi - r0, : k_hi - k0] = src[r0:r_hi, k0:k_hi]
+        r, c = np.meshgrid(np.arange(box_rows), np.arange(box_k), indexing="ij")
+        address = _swizzle128(dst + r * 2 * box_k + 2 * c)
+        self.shared[(address - SHARED_BASE) // 2] = box
+        b = self.barriers[bar]
+        b.tx -= box.size * 2
+        b.settle()
+
+    def _wgmma(self, op, ins, res, group: _Group) -> None:
+        """Issue: the descriptors are read now, shared memory only when the group retires (as late as
+        the PTX ISA allows, so a stage released or refilled too early shows in the result)."""
+        shape = str(op.attributes["shape"])
+        n = int(shape.split("n = ")[1].split(",")[0])
+        active = np.flatnonzero(self._active(group))
+        parts = []
+        for first in sorted({int(t) // 128 * 128 for t in active}):
+            lanes = np.arange(first, first + 128)
+            assert np.isin(lanes, active).all(), "a wgmma without its whole warpgroup"
+            parts.append((lanes, self._uniform_at(ins[1], first), self._uniform_at(ins[2], first), n))
+        pending = _Pending(self.get(ins[0]), parts)
+        self.wgmma_open.append(pending)
+        self.env[res[0]] = pending
+
+    def _retire(self, pending: _Pending) -> None:
+        acc = pending.acc
+        if isinstance(acc, _Pending):
+            assert acc.value is not None, "a wgmma chained on one not yet retired"
+            acc = acc.value
+        out = np.array(acc, np.float32)
+        for lanes, desc_a, desc_b, n in pending.parts:
+            d = self._operand(desc_a, 64) @ self._operand(desc_b, n).T
+            row, col = d_fragment(n)
+            out[lanes] = out[lanes] + d[row, col]
+        pending.value = out
+
+    def _uniform_at(self, v: ir.Value, lane: int) -> int:
+        return int(np.broadcast_to(np.asarray(self.get(v), np.int64), (self.t,))[lane])
+
+    def _operand(self, desc: int, rows: int) -> np.ndarray:
+        """A K-major ``rows x 16`` operand through its descriptor (128-byte swizzle)."""
+        start = (desc & 0x3FFF) << 4
+        stride = ((desc >> 32) & 0x3FFF) << 4
+        assert desc >> 62 == 1, f"descriptor swizzle mode {desc >> 62}, not 128-byte"
+        r, k = np.meshgrid(np.arange(rows), np.arange(16), indexing="ij")
+        address = start + (r // 8) * stride + (r % 8) * 128 + 2 * k
+        return self._smem_read(_swizzle128(address)).astype(np.float64)
+
+    def _fork(self, branches):
+        """Roles interleaved: each runs until it blocks (a spinning mbarrier or cluster wait); when none
+        can go on, the fork spins too, so that the other workgroup of a cluster runs (a generator)."""
+        groups = [_Group(m) for _, m in branches]
+        for g in groups:
+            g.cluster_phase = None
+        gens = [self.run(b, g) for (b, _), g in zip(branches, groups)]
+        order = list(range(len(gens))) if self.first == "then" else list(reversed(range(len(gens))))
+        done = [False] * len(gens)
+        while not all(done):
+            before = self.ops
+            for i in order:
+                while not done[i]:
+                    try:
+                        kind, *_ = next(gens[i])
+                    except StopIteration:
+                        done[i] = True
+                        break
+                    assert kind == "spin", "emulator: bar.sync inside warp roles is not modelled for sm_90a"
+                    break
+            if self.ops == before and not all(done):
+                yield ("spin", None, 0, 0)
+
+
+def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, int], out_dtype=np.float32) -> np.ndarray:
+    """C = A B^T by the module's kernel (A, B: 16-bit ``[M, K]``, ``[N, K]``; ``box``: the rows of A's and
+    B's TMA boxes, the tile's bm and bn), workgroups in grid order."""
+    from sm80_emulator import _workgroup, collect_funcs
+
+    exe = next(o.operation for o in module.body.operations if o.operation.name == "hal.executable.source")
+    export = next(o for o in _walk(exe) if o.name == "hal.executable.export")
+    (func,) = collect_funcs(exe)
+    grid, threads = _workgroup(export)
+    m, k = a.shape
+    n = b.shape[0]
+    bm, bn = box
+    maps = np.concatenate([tensor_map(0, m, k, bm), tensor_map(1, n, k, bn)])
+    c = np.full((m, n), np.nan, out_dtype)
+    bindings = dict(enumerate([a, b, maps, c]))
+    body = func.regions[0].blocks[0]
+    attrs = func.attributes
+    size = list(ir.DenseI32ArrayAttr(attrs["nvvm.cluster_dim"]))[0] if "nvvm.cluster_dim" in attrs else 1
+    for y in range(grid[1]):
+        for x0 in range(0, grid[0], size):
+            _run_cluster([_Hopper(threads, (x, y, 0), bindings, "then") for x in range(x0, x0 + size)], body)
+    return c
+
+
+def _run_cluster(blocks: list[_Hopper], body: ir.Block) -> None:
+    """The workgroups of one cluster, interleaved: each runs until it spins; a round where none runs an op
+    is a deadlock."""
+    shared_barrier = {"arrived": 0, "phase": 0, "expected": sum(b.t for b in blocks)}
+    for rank, block in enumerate(blocks):
+        block.rank, block.peers, block.cluster_barrier = rank, blocks, shared_barrier
+    gens = [block.run(body, _Group(None)) for block in blocks]
+    done = [False] * len(gens)
+    while not all(done):
+        before = sum(b.ops for b in blocks)
+        for i, gen in enumerate(gens):
+            while not done[i]:
+                try:
+                    kind, bid, count, arrived = next(gen)
+                except StopIteration:
+                    done[i] = blocks[i].finished = True
+                    break
+                if kind == "spin":
+                    break
+                assert kind == "sync" and arrived == count, f"barrier {bid} reached by {arrived} of {count}"
+        if sum(b.ops for b in blocks) == before and not all(done):
+            raise Deadlock("every role of every workgroup waits on a barrier that nothing will complete")
+
+
+def _walk(op: ir.Operation):
+    yield op
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield from _walk(inner.operation)
