@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.cli_args import add_problem_arguments, int_at_least, problem_from_args
+from convbw_mlir.cli_args import add_problem_arguments, add_request_arguments, int_at_least, problem_from_args
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 
 __all__ = ["add_dispatch_commands", "read_problem_lines"]
@@ -157,13 +157,16 @@ def _cmd_select(args: argparse.Namespace) -> int:
     problem = problem_from_args(args)
     dbs = databases(args.target, args.device, args.db)
     t0 = time.perf_counter()
-    sel = select(problem, args.target, args.device, dbs=dbs)
+    sel = select(problem, args.target, args.device, dbs=dbs, deterministic=args.deterministic,
+                 max_workspace_bytes=args.max_workspace_bytes)  # fmt: skip
     dt = time.perf_counter() - t0
     print(f"problem: {problem.to_ck()} ({problem.dtype})")
     print(f"variant: {sel.variant.name}")
     print(f"path: {sel.path} ({sel.why})")
     if sel.variant.plan is not None:
-        print(f"plan: {json.dumps(sel.variant.plan.to_dict())}")
+        plan = sel.variant.plan
+        print(f"plan: {json.dumps(plan.to_dict())}")
+        print(f"workspace: {plan.workspace_bytes} bytes, {'' if plan.deterministic else 'not '}deterministic")
     print(f"select took {dt * 1e3:.3f} ms")
     return 0
 
@@ -200,6 +203,7 @@ def add_dispatch_commands(sub: Any) -> None:
     cache.set_defaults(func=_cmd_cache)
     sel = sub.add_parser("select", help="print the variant chosen for a problem and why")
     add_problem_arguments(sel)
+    add_request_arguments(sel)
     sel.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
     sel.add_argument("--device", default=None, help="device name: only its database")
     sel.add_argument("--db", action="append", help="another database file to consult")
