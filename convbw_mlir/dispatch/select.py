@@ -3,6 +3,9 @@
 :func:`select` tries, in order:
 
 1. ``exact``: a tuning database entry for exactly this problem (measured and verified on a device);
+   then ``learned``, where a learned selector for the target is installed (``selector.<target>.json``,
+   shipped only where it beat the nearest neighbour on held-out models: docs/dispatch.md#generalize):
+   the candidate of least predicted time;
 2. ``nearest``: the winner of the nearest tuned problem on the GEMM view (distance below), re-decided
    for this problem with the same overrides, where :func:`convbw_mlir.plan.decide` accepts them. Only our
    own pipeline's variants transfer: IREE's default forms were wrong on some problems (every 1x1 on
@@ -35,12 +38,22 @@ from pathlib import Path
 from typing import Any
 
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, db_file_name, problem_key
+from convbw_mlir.dispatch.learned import TreeSelector, selector_file_name
 from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, heuristic
 from convbw_mlir.plan import PlanError, check_plan, decide, plan_properties, satisfies
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
-__all__ = ["NEAREST_MAX", "Selection", "check_requests", "databases", "distance", "select", "variant_satisfies"]
+__all__ = [
+    "NEAREST_MAX",
+    "Selection",
+    "check_requests",
+    "databases",
+    "distance",
+    "learned_selector",
+    "select",
+    "variant_satisfies",
+]
 
 # A neighbour farther than this says nothing: the heuristic decides. Measured on the H100 (docs/dispatch.md#untuned):
 # the overrides of neighbours at distance 2-4 lost 13-39% against the heuristic's own plan on held-out problems.
@@ -105,7 +118,7 @@ def databases(target: str, device: str | None = None, extra: list[str | os.PathL
     paths: list[Path] = []
     suffix = f".{target}.json"
     for folder in folders:
-        names = [n for n in _listing(folder) if n.endswith(suffix)]
+        names = [n for n in _listing(folder) if n.endswith(suffix) and n != selector_file_name(target)]
         if device is not None:
             names = [n for n in names if n == db_file_name(device, target)]
         paths += [Path(str(folder / n)) for n in names]
@@ -175,9 +188,35 @@ def variant_satisfies(problem: ConvBwdWeightProblem, variant: Variant, determini
     return satisfies(plan_properties(problem, variant.plan), deterministic, max_workspace_bytes)
 
 
+_SELECTORS: dict[tuple[str, float], TreeSelector | None] = {}
+
+
+def learned_selector(target: str) -> TreeSelector | None:
+    """The learned selector for ``target``: the user's (``<cache>/tuning/``), else the shipped one, else None.
+    A file that does not load is ignored with a warning."""
+    from convbw_mlir.dispatch.cache import default_cache_dir
+
+    for folder in (default_cache_dir() / "tuning", SHIPPED):
+        path = Path(str(folder / selector_file_name(target)))
+        try:
+            stamp = (str(path), path.stat().st_mtime)
+        except OSError:
+            continue
+        if stamp not in _SELECTORS:
+            try:
+                _SELECTORS[stamp] = TreeSelector.load(path)
+            except ValueError as e:
+                warnings.warn(f"{e}: ignored", stacklevel=3)
+                _SELECTORS[stamp] = None
+        if _SELECTORS[stamp] is not None:
+            return _SELECTORS[stamp]
+    return None
+
+
 def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | None = None,
            dbs: list[TuningDB] | None = None, *, deterministic: bool = False,
-           max_workspace_bytes: int | None = None) -> Selection:  # fmt: skip
+           max_workspace_bytes: int | None = None,
+           selector: TreeSelector | None | bool = None) -> Selection:  # fmt: skip
     """The variant for ``problem`` on ``target``: exact database hit, nearest tuned neighbour, or heuristic.
 
     Args:
@@ -185,6 +224,7 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
         dbs: the databases to use (default :func:`databases`).
         deterministic: only a variant whose dW is bitwise the same run after run.
         max_workspace_bytes: only a variant needing at most this much workspace (``plan.workspace_bytes``).
+        selector: a learned selector; None: the installed one (:func:`learned_selector`); False: none.
 
     Raises:
         ValueError: unknown target; no variant meets ``deterministic`` and ``max_workspace_bytes`` (naming them).
@@ -212,6 +252,17 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
                 break  # the measured winner does not meet the requests: the paths below, filtered
             why = f"tuned on {db.device}: {entry.get('median_s', 0) * 1e6:.1f} us"
             return Selection(variant, "exact", why, entry)
+    learned = (
+        learned_selector(tgt.name) if selector is None else selector if isinstance(selector, TreeSelector) else None
+    )
+    if learned is not None:
+        options = [
+            v for v in candidates(problem, tgt, iree=False) if satisfies(v.plan, deterministic, max_workspace_bytes)
+        ]
+        if options:
+            trained = learned.meta.get("problems")
+            why = f"least predicted time of {len(options)} candidates (trained on {trained} problems)"
+            return Selection(learned.choose(problem, options), "learned", why)
     ranked = []
     for db in dbs:
         for k, other in db.problems().items():
