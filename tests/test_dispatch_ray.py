@@ -148,3 +148,20 @@ def test_cli_address_without_engine_ray_is_one_line_and_builds_nothing(tmp_path,
     err = capsys.readouterr().err
     assert err == "convbw: error: address: 'auto' applies to engine ray only (engine: local)\n"
     assert not out.exists()
+
+
+def test_a_cache_sent_to_another_machine_makes_its_folder_there(tmp_path):
+    import pickle
+
+    from convbw_mlir.dispatch.build import build_one
+
+    cache = KernelCache(tmp_path / "cache")
+    cache._setup()  # the caller's machine: made and tagged before the tasks start
+    sent = pickle.dumps(cache)
+    (tmp_path / "cache" / "CACHEDIR.TAG").unlink()  # a node where none of it exists
+    for sub in ("entries", "locks", "tmp"):
+        (tmp_path / "cache" / sub).rmdir()
+    (tmp_path / "cache").rmdir()
+    one = TINY[0][1]
+    r = build_one(one, "host", Variant("convbw", decide(one, "host")), pickle.loads(sent), None)
+    assert r.ok and (tmp_path / "cache" / "CACHEDIR.TAG").is_file() and any((tmp_path / "cache" / "entries").iterdir())
