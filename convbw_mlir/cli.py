@@ -19,6 +19,7 @@ import time
 from convbw_mlir.cli_args import (
     ArgumentParser,
     add_problem_arguments,
+    add_request_arguments,
     int_at_least,
     problem_from_args,
     run_cli,
@@ -43,8 +44,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         print(f"epilogue: {ep.kind} alpha={ep.alpha:g}" + (f" beta={ep.beta:g} D {ep.d_dtype}" if ep.reads_d else ""))
     t0 = time.perf_counter()
-    op = compile_op(problem, args.target, isolate=True)
+    op = compile_op(problem, args.target, isolate=True, deterministic=args.deterministic,
+                    max_workspace_bytes=args.max_workspace_bytes)  # fmt: skip
     print(f"compile: {time.perf_counter() - t0:.2f} s for {args.target}")
+    plan = op.plan
+    if plan is not None and plan.workspace_bytes is not None:
+        print(f"plan:    {plan.strategy.value}, workspace {plan.workspace_bytes} bytes, "
+              f"{'deterministic' if plan.deterministic else 'not deterministic'}")  # fmt: skip
     x, dy = random_inputs(problem, args.seed)
     d = random_d(problem, args.seed + 1) if ep is not None else None
     kernel = op.kernel(args.device)
@@ -78,7 +84,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     problem = problem_from_args(args)
     if args.emit == "vmfb" and args.output == "-" and sys.stdout.isatty():
         raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
-    op = compile_op(problem, args.target, isolate=True)
+    op = compile_op(problem, args.target, isolate=True, deterministic=args.deterministic,
+                    max_workspace_bytes=args.max_workspace_bytes)  # fmt: skip
     if args.isa_report:
         print(call(CompiledOp.isa_report, op, what=f"{problem.name} for {args.target}").summary())
         return 0
@@ -125,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="compile and write the IR or the vmfb")
     for p in (run, comp):
         add_problem_arguments(p)
+        add_request_arguments(p)
         p.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET",
                        help=f"one of {', '.join(TARGETS)} (default host)")  # fmt: skip
     run.add_argument("--device", type=int, default=None, help="device index of the target's driver")

@@ -221,6 +221,14 @@ def _one_line_warnings(prog: str) -> Iterator[None]:
         warnings.formatwarning = previous
 
 
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--deterministic`` and ``--max-workspace-bytes N``: the plan restricted as ``compile_op`` restricts it."""
+    parser.add_argument("--deterministic", action="store_true",
+                        help="only a kernel whose result is bitwise the same run after run")  # fmt: skip
+    parser.add_argument("--max-workspace-bytes", type=int_at_least(0), default=None, metavar="N",
+                        help="only a kernel needing at most N bytes of device memory beyond x, dy and dW")  # fmt: skip
+
+
 def int_at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an integer ``>= low``; anything else is refused naming the value."""
 

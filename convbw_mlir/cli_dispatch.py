@@ -1,6 +1,7 @@
 """``convbw tune``, ``convbw cache {info,clear}``, ``convbw select``: the dispatcher's commands.
 
 convbw tune --suite seeds --suite models --target sm_80 --compile-only --out DIR   # build half
+convbw tune ... --compile-only --engine ray [--address HOST:PORT] --out DIR         # its compiles as Ray tasks
 python -m convbw_mlir.dispatch.tune DIR --out DIR/results.json                    # timing half (runtime)
 convbw tune --import DIR/results.json                                             # into your database
 convbw select --ck "2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1" --target sm_80
@@ -14,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.cli_args import add_problem_arguments, int_at_least, problem_from_args
+from convbw_mlir.cli_args import add_problem_arguments, add_request_arguments, int_at_least, problem_from_args
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 
 __all__ = ["add_dispatch_commands", "read_problem_lines"]
@@ -92,8 +93,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("tune: --out DIR is required to build")
     check_output(args.out)  # before the build: a folder of the user's is refused, not replaced
+    from convbw_mlir.dispatch.engine import check_engine
+
+    check_engine(args.engine, args.address)  # before the problems are read: one line, nothing built
     problems = _problems(args)
-    tune.compile_candidates(problems, args.target, args.out, max_workers=args.workers, max_plans=args.max_plans)
+    tune.compile_candidates(problems, args.target, args.out, max_workers=args.workers, max_plans=args.max_plans,
+                            engine=args.engine, address=args.address)  # fmt: skip
     print(f"built {len(problems)} problems' candidates for {args.target} into {args.out} (manifest.json)")
     if args.compile_only:
         return 0
@@ -152,13 +157,16 @@ def _cmd_select(args: argparse.Namespace) -> int:
     problem = problem_from_args(args)
     dbs = databases(args.target, args.device, args.db)
     t0 = time.perf_counter()
-    sel = select(problem, args.target, args.device, dbs=dbs)
+    sel = select(problem, args.target, args.device, dbs=dbs, deterministic=args.deterministic,
+                 max_workspace_bytes=args.max_workspace_bytes)  # fmt: skip
     dt = time.perf_counter() - t0
     print(f"problem: {problem.to_ck()} ({problem.dtype})")
     print(f"variant: {sel.variant.name}")
     print(f"path: {sel.path} ({sel.why})")
     if sel.variant.plan is not None:
-        print(f"plan: {json.dumps(sel.variant.plan.to_dict())}")
+        plan = sel.variant.plan
+        print(f"plan: {json.dumps(plan.to_dict())}")
+        print(f"workspace: {plan.workspace_bytes} bytes, {'' if plan.deterministic else 'not '}deterministic")
     print(f"select took {dt * 1e3:.3f} ms")
     return 0
 
@@ -175,6 +183,10 @@ def add_dispatch_commands(sub: Any) -> None:
     tune.add_argument("--types", default="f16", help="comma-separated element types")
     tune.add_argument("--filter", default="", help="only problems whose name contains this")
     tune.add_argument("--workers", type=int, default=2, help="parallel compile processes (default 2)")
+    tune.add_argument("--engine", default="local", choices=["local", "ray"],
+                      help="where the compiles run: here (local, the default) or as Ray tasks (ray: pip install "
+                           "'convbw-mlir[ray]'; a local Ray of --workers CPUs unless --address)")  # fmt: skip
+    tune.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (host:port or auto)")
     tune.add_argument(
         "--max-plans", type=int_at_least(0), default=4, help="plan variants per problem beside the heuristic's"
     )
@@ -191,6 +203,7 @@ def add_dispatch_commands(sub: Any) -> None:
     cache.set_defaults(func=_cmd_cache)
     sel = sub.add_parser("select", help="print the variant chosen for a problem and why")
     add_problem_arguments(sel)
+    add_request_arguments(sel)
     sel.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
     sel.add_argument("--device", default=None, help="device name: only its database")
     sel.add_argument("--db", action="append", help="another database file to consult")

@@ -19,7 +19,7 @@ from typing import Any
 
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-__all__ = ["Contraction", "Split", "check_split", "contraction_loops", "reduction_extents"]
+__all__ = ["Contraction", "InputPads", "Split", "check_split", "contraction_loops", "input_pads", "reduction_extents"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,57 @@ class Split:
     def promoted(self) -> tuple[str, ...]:
         """The loops a rows split makes parallel (empty for a chunked split of one loop)."""
         return tuple(self.dim.split(",")) if "," in self.dim else ()
+
+
+@dataclass(frozen=True)
+class InputPads:
+    """How the lowering pads x and dy before the contraction (per dimension of their layouts): x by the
+    problem's pads and further where a split reads past the end, dy where an uneven split does;
+    ``x_slice`` keeps only the leading rows of an x dimension (position -> rows)."""
+
+    x_low: tuple[int, ...]
+    x_high: tuple[int, ...]
+    dy_high: tuple[int, ...]
+    x_slice: tuple[tuple[int, int], ...] = ()
+
+    def x_shape(self, problem: ConvBwdWeightProblem) -> tuple[int, ...]:
+        """x's shape after the pads and the slice."""
+        shape = [d + lo + hi for d, lo, hi in zip(problem.x_shape, self.x_low, self.x_high)]
+        for pos, rows in self.x_slice:
+            shape[pos] = rows
+        return tuple(shape)
+
+    def dy_shape(self, problem: ConvBwdWeightProblem) -> tuple[int, ...]:
+        return tuple(d + hi for d, hi in zip(problem.dy_shape, self.dy_high))
+
+
+def input_pads(problem: ConvBwdWeightProblem, split: Split | None = None) -> InputPads:
+    """The pads of x and dy the lowering makes for ``problem`` and ``split`` (``convbw-lower-to-linalg``)."""
+    x_dims, dy_dims = problem.dims("x"), problem.dims("dy")
+    x_low, x_high = [0] * len(x_dims), [0] * len(x_dims)
+    dy_high = [0] * len(dy_dims)
+    x_slice: dict[int, int] = {}
+    spatial = [s for s in x_dims if s in "DHW"]
+    for i, letter in enumerate(spatial):
+        pos = x_dims.index(letter)
+        x_low[pos], x_high[pos] = problem.pad_low[i], problem.pad_high[i]
+        out = problem.output_size[i]
+        if split and split.dim == f"o{i}":
+            out = split.padded_extent
+            dy_high[dy_dims.index(letter)] = out - problem.output_size[i]
+        # The last x row read, + 1, against the padded extent (an uneven split reads further).
+        needed = (out - 1) * problem.stride[i] + (problem.filter_size[i] - 1) * problem.dilation[i] + 1
+        have = problem.input_size[i] + problem.pad_low[i] + problem.pad_high[i]
+        x_high[pos] += max(0, needed - have)
+        if out == 1 and problem.dilation[i] == 1 and needed < have:
+            # A single output position leaves x indexed by the filter loop alone, and linalg infers
+            # that loop's extent from x: x must hold exactly the rows read.
+            x_slice[pos] = needed
+    if split and split.dim == "n":
+        extra = split.padded_extent - problem.batch
+        x_high[x_dims.index("N")] += extra
+        dy_high[dy_dims.index("N")] += extra
+    return InputPads(tuple(x_low), tuple(x_high), tuple(dy_high), tuple(sorted(x_slice.items())))
 
 
 def reduction_extents(problem: ConvBwdWeightProblem) -> dict[str, int]:

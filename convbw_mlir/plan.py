@@ -26,7 +26,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from convbw_mlir import policies
-from convbw_mlir.loops import Contraction, Split, check_split
+from convbw_mlir.loops import Contraction, Split, check_split, input_pads
 from convbw_mlir.plan_data import (
     STRATEGY_OPTIONS,
     Overrides,
@@ -65,10 +65,13 @@ __all__ = [
     "explicit_tiling",
     "one_tap_window",
     "pick_intrinsic",
+    "plan_properties",
     "plan_rows_split",
     "relayout",
     "plan_split",
     "plan_split_k",
+    "plan_workspace_bytes",
+    "satisfies",
 ]
 
 
@@ -82,10 +85,18 @@ def decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | N
         split: a split already made (an op that arrives split); None lets the plan choose.
         **overrides: fields of :class:`Overrides`.
 
+    Returns:
+        the plan, its :attr:`~Plan.workspace_bytes` and :attr:`~Plan.deterministic` filled
+        (:func:`plan_properties`).
+
     Raises:
         PlanError: an unknown target or override, a value out of range, a tile the target cannot run,
             or a tile given for a problem whose strategy takes none.
     """
+    return plan_properties(problem, _decide(problem, target, split, **overrides))
+
+
+def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | None = None, **overrides: Any) -> Plan:
     tgt = _target(target, "target")
     problem = relayout(problem)  # the problem the passes compute (convbw-relayout)
     try:
@@ -331,6 +342,82 @@ def as_gemm(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem | None:
         return None  # already the GEMM form
     flat = math.prod(count for _, count in window)
     return problem.with_(input_size=(flat,), filter_size=(1,), stride=1, dilation=1, pad_low=0, pad_high=0)
+
+
+# -- what a plan costs besides its time: workspace and determinism -------------------------------------
+# IREE 3.13 keeps the StreamK dispatch's workspace operand (partials, zeroed flags) a second time, as the
+# constant each call's copy starts from, where the partials are at most this size (its const-expr hoisting
+# limit); above it only the flags; buffers packed together are aligned to 64 bytes (both measured at IREE's
+# stream phase: docs/plan.md#workspace).
+STREAMK_HOIST_MAX_BYTES = 1 << 20
+ALIGNMENT = 64
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
+    """Device memory a kernel of ``plan`` takes beyond x, dy, dW (and D), in bytes (docs/plan.md#workspace):
+
+    * split-K: ``k_batch`` f32 partial sums of dW (stage 1), reduced by stage 2;
+    * StreamK: ``W`` f32 partial tiles ``bm x bn`` and ``W`` i32 flags, and IREE's constant copy of them
+      (:data:`STREAMK_HOIST_MAX_BYTES`);
+    * codegen (not the explicit kernels, which read the padding by address): the copies of x and dy the
+      lowering pads (:func:`convbw_mlir.loops.input_pads`), and of a GEMM form's x where it subsamples a
+      strided 1x1.
+
+    Checked against the transient and constant buffers IREE allocates (its stream phase) for every plan kind
+    on host, sm_80 and gfx942 (tests/test_plan_properties.py).
+    """
+    work = effective_problem(problem, plan.reduction_innermost) if plan.gemm else problem
+    elem = DTYPES[problem.dtype]
+    total = 0
+    if plan.split is not None:
+        total += plan.split.k_batch * math.prod(work.shape("acc")) * 4
+    if plan.streamk is not None:
+        from convbw_mlir.policies.sm80 import gemm_shape
+
+        t, shape = explicit_tiling(plan), gemm_shape(problem)
+        tiles = shape.groups * math.ceil(shape.m / t.bm) * math.ceil(shape.n / t.bn)
+        workgroups = max(1, min(plan.streamk.workgroups, tiles * math.ceil(shape.reduction / t.bk)))
+        partials, flags = _aligned(workgroups * t.bm * t.bn * 4), _aligned(workgroups * 4)
+        total += partials + flags + (partials if partials <= STREAMK_HOIST_MAX_BYTES else 0) + flags
+    if plan.strategy == Strategy.EXPLICIT:
+        return total
+    if plan.gemm and any(s > 1 for s in problem.stride):  # the GEMM's x: every stride-th position (a transpose fuses)
+        total += math.prod(work.x_shape) * elem
+    pads = input_pads(work, plan.split)
+    if any(pads.x_low) or any(pads.x_high):
+        total += math.prod(pads.x_shape(work)) * elem
+    if any(pads.dy_high):
+        total += math.prod(pads.dy_shape(work)) * elem
+    return total
+
+
+def plan_is_deterministic(plan: Plan) -> bool:
+    """Whether a kernel of ``plan`` writes bitwise the same dW run after run: every plan of ours sums in a
+    fixed order. Split-K's stage 1 writes each partial sum to its own slot and stage 2 adds them in split
+    order (no atomics); StreamK's finisher adds its contributors' partials in workgroup order, linear or
+    by a fixed binomial tree (the atomics are its flags, never sums); a SIMT thread and an MMA tile reduce
+    serially; IREE's own codegen uses no atomics without its opt-in split reduction (docs/plan.md#determinism;
+    bench/determinism.py checks it on the GPU). A plan that summed with atomics would answer False here."""
+    return True
+
+
+def plan_properties(problem: ConvBwdWeightProblem, plan: Plan) -> Plan:
+    """``plan`` with its :attr:`~Plan.workspace_bytes` and :attr:`~Plan.deterministic` for ``problem``."""
+    return replace(plan, workspace_bytes=plan_workspace_bytes(problem, plan), deterministic=plan_is_deterministic(plan))
+
+
+def satisfies(plan: Plan, deterministic: bool = False, max_workspace_bytes: int | None = None) -> bool:
+    """Whether ``plan`` (its properties filled) meets a user's requests: bitwise reproducible where
+    ``deterministic``, at most ``max_workspace_bytes`` of workspace where given."""
+    if deterministic and not plan.deterministic:
+        return False
+    return max_workspace_bytes is None or (
+        plan.workspace_bytes is not None and plan.workspace_bytes <= max_workspace_bytes
+    )
 
 
 # -- split-K ------------------------------------------------------------------------------------------

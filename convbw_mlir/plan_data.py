@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from convbw_mlir.loops import Split
@@ -111,6 +111,14 @@ class Plan:
         simt: the thread tile (strategy simt over a rows split).
         streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
         wavespec: producer warps of a wave-specialized explicit kernel, or None: every warp copies and computes.
+        workspace_bytes: device memory the kernel takes beyond x, dy, dW and D (split-K partials, StreamK
+            partials and flags, IREE's padded copies of x and dy): :func:`convbw_mlir.plan.plan_properties`.
+        deterministic: whether dW is bitwise the same run after run (every sum in a fixed order).
+
+    The last two are properties of the plan for its problem, not choices: :func:`convbw_mlir.plan.decide`,
+    :func:`convbw_mlir.plan.plan_properties`, ``compile_op`` and ``CompiledOp.load`` fill them; they are
+    not part of the plan's identity (equality, hash, :meth:`to_dict`), and None on a plan read from its
+    plain data alone (no problem to size them by).
     """
 
     target: str
@@ -122,6 +130,8 @@ class Plan:
     simt: SimtTile | None = None
     streamk: StreamKPlan | None = None
     wavespec: WaveSpecPlan | None = None
+    workspace_bytes: int | None = field(default=None, compare=False, repr=False)
+    deterministic: bool | None = field(default=None, compare=False, repr=False)
 
     @property
     def target_info(self) -> Target:

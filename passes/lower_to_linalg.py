@@ -59,7 +59,7 @@ from convbw_mlir.builders import (
 )
 from convbw_mlir.contraction import CONTRACTION_ATTR, contraction_attr
 from convbw_mlir.ir_imports import arith_d, ir, linalg_d, rewrite, tensor_d
-from convbw_mlir.loops import Contraction, Split
+from convbw_mlir.loops import Contraction, Split, input_pads
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["LowerToLinalg", "build_contraction", "dy_first", "merge_reduction_loops"]
@@ -119,34 +119,13 @@ def _padded_inputs(
     problem: ConvBwdWeightProblem, split: Split | None, x: ir.Value, dy: ir.Value, frontend_form: bool = False
 ) -> tuple[ir.Value, ir.Value]:
     """Pad x by the problem's pads, and x and dy further where an uneven split reads past the end."""
+    pads = input_pads(problem, split)
     x_dims, dy_dims = problem.dims("x"), problem.dims("dy")
-    x_low, x_high = [0] * len(x_dims), [0] * len(x_dims)
-    dy_high = [0] * len(dy_dims)
-    x_slice: dict[int, int] = {}
     spatial = [s for s in x_dims if s in "DHW"]
-    for i, letter in enumerate(spatial):
-        pos = x_dims.index(letter)
-        x_low[pos], x_high[pos] = problem.pad_low[i], problem.pad_high[i]
-        out = problem.output_size[i]
-        if split and split.dim == f"o{i}":
-            out = split.padded_extent
-            dy_high[dy_dims.index(letter)] = out - problem.output_size[i]
-        # The last x row read, + 1, against the padded extent (an uneven split reads further).
-        needed = (out - 1) * problem.stride[i] + (problem.filter_size[i] - 1) * problem.dilation[i] + 1
-        have = problem.input_size[i] + problem.pad_low[i] + problem.pad_high[i]
-        x_high[pos] += max(0, needed - have)
-        if out == 1 and problem.dilation[i] == 1 and needed < have:
-            # A single output position leaves x indexed by the filter loop alone, and linalg infers
-            # that loop's extent from x: x must hold exactly the rows read.
-            x_slice[pos] = needed
-    if split and split.dim == "n":
-        extra = split.padded_extent - problem.batch
-        x_high[x_dims.index("N")] += extra
-        dy_high[dy_dims.index("N")] += extra
     pad = pad_zeros if frontend_form else pad_by_gather
-    x, dy = pad(x, x_low, x_high), pad(dy, [0] * len(dy_dims), dy_high)
-    if x_slice:
-        x = leading_slice(x, x_slice)
+    x, dy = pad(x, list(pads.x_low), list(pads.x_high)), pad(dy, [0] * len(dy_dims), list(pads.dy_high))
+    if pads.x_slice:
+        x = leading_slice(x, dict(pads.x_slice))
     if split and not split.promoted:
         # The split dimension becomes [k_batch, chunk] in dy (and in x for a batch split), so that linalg
         # sees both loops as plain dimensions of an operand (loop ranges are inferred from operand shapes)

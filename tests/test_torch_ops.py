@@ -404,3 +404,43 @@ def test_the_overhead_benchs_stub_stands_in_for_the_kernel_in_every_row(monkeypa
     bench = importlib.import_module("torch_switch_overhead")
     assert bench.main(["--stub", "--calls", "2", "--device", "cpu"]) == 0
     assert len(calls) == 1  # the call that made the stub's result; every row after it ran the stub
+
+
+def test_deterministic_mode_asks_compile_op_for_a_deterministic_plan_and_keeps_that_kernel_apart(monkeypatch):
+    from convbw_mlir.dispatch import api
+
+    asked = []
+    real = api.compile_op
+    monkeypatch.setattr(api, "compile_op", lambda *a, **k: asked.append(k["deterministic"]) or real(*a, **k))
+    monkeypatch.delenv(ct.ARTIFACTS_ENV)  # each kernel compiled, none loaded from the first one's save
+    x, dy = torch.randn(2, 3, 7, 5), torch.randn(2, 5, 7, 5)  # a shape no other test compiles: a fresh kernel
+    plain = ct.conv_weight(x, (5, 3, 3, 3), dy, padding=1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        strict = ct.conv_weight(x, (5, 3, 3, 3), dy, padding=1)
+        ct.conv_weight(x, (5, 3, 3, 3), dy, padding=1)  # remembered under deterministic mode's own key
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert asked == [False, True]
+    assert torch.equal(plain, strict)
+
+
+def test_deterministic_mode_refuses_a_saved_kernel_of_unknown_plan(monkeypatch, tmp_path):
+    import dataclasses
+
+    from convbw_mlir import compile_op
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    x, dy = torch.randn(1, 2, 5, 4), torch.randn(1, 3, 5, 4)
+    problem = ConvBwdWeightProblem(1, 1, 2, 3, (5, 4), (3, 3), pad_low=1, pad_high=1, dtype="f32", dw_dtype="f32",
+                                   layout=4)  # fmt: skip
+    op = compile_op(problem, "host", cache=False, output_arg=True)
+    monkeypatch.setenv(ct.ARTIFACTS_ENV, str(tmp_path))
+    dataclasses.replace(op, plan=None).save(ct.artifact_dir(problem, "host"))  # as saved before plans existed
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match=r"use_deterministic_algorithms\(True\): the kernel in .* is not known"):
+            ct.conv_weight(x, (3, 2, 3, 3), dy, padding=1)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert ct.conv_weight(x, (3, 2, 3, 3), dy, padding=1).shape == (3, 2, 3, 3)  # outside it, the kernel is used

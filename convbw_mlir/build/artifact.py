@@ -17,7 +17,7 @@ import numpy as np
 
 from convbw_mlir import runtime
 from convbw_mlir.files import VERSION_RE, read_versioned, write_versioned
-from convbw_mlir.plan import Plan
+from convbw_mlir.plan import Plan, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem, numpy_dtype
 from convbw_mlir.targets import get_target
 
@@ -198,15 +198,17 @@ class CompiledOp:
                     f"artifact: {directory / 'op.json'}: files: expected v-<32 hex>, got {meta['files']!r}"
                 )
             folder = directory / meta["files"]
+        problem = ConvBwdWeightProblem.from_dict(meta["problem"])
+        plan = Plan.from_dict(meta["plan"]) if meta.get("plan") else None
         return cls(
-            problem=ConvBwdWeightProblem.from_dict(meta["problem"]),
+            problem=problem,
             target=meta["target"],
             stages={s: (folder / f"{s}.mlir").read_text() for s in meta["stages"]},
             vmfb=(folder / "kernel.vmfb").read_bytes(),
             pipeline=meta["pipeline"],
             flags=list(meta["flags"]),
             iree_version=meta.get("iree_version", ""),
-            plan=Plan.from_dict(meta["plan"]) if meta.get("plan") else None,
+            plan=plan_properties(problem, plan) if plan is not None else None,  # sized for the problem, not stored
             launch=_load_launch(folder) if meta.get("launch") else None,
         )
 

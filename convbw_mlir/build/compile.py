@@ -9,7 +9,7 @@ from typing import Any
 
 from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.build.iree import CompileError, compile_module, iree_version
-from convbw_mlir.plan import Plan
+from convbw_mlir.plan import Plan, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target
 
@@ -43,6 +43,7 @@ def build_op(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None = 
         stages["linalg"] = str(module)
         bytecode = _bytecode(module)
         plan = _plan_carried_out(module)
+    plan = plan_properties(problem, plan) if plan is not None else None  # its workspace and determinism
     vmfb, launch = _compile_vmfb(bytecode, target, extra_flags)
     return CompiledOp(
         problem=problem,

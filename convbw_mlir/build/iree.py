@@ -16,7 +16,14 @@ from typing import Any
 
 from convbw_mlir.targets import Target, get_target, resolve
 
-__all__ = ["CompileError", "Intermediates", "compile_module", "executable_intermediates", "iree_version"]
+__all__ = [
+    "CompileError",
+    "Intermediates",
+    "compile_module",
+    "device_allocations",
+    "executable_intermediates",
+    "iree_version",
+]
 
 
 class CompileError(RuntimeError):
@@ -183,6 +190,37 @@ def executable_intermediates(
             if path.suffix in (".ll", ".rocmasm", ".s") or path.name.startswith("configured_"):
                 files[path.name] = path.read_text(errors="replace")
     return Intermediates(target, files, vmfb)
+
+
+# stream.resource.alloca / alloc of a static size, as IREE 3.13 prints them: the lifetime and the size (a
+# constant's SSA name, or a literal)
+_ALLOC = re.compile(r"stream\.resource\.alloca?\b[^\n]*?!stream\.resource<(\w+)>\{(%?[\w]+)\}")
+_INDEX_CONST = re.compile(r"(%c\w*) = arith\.constant (\d+) : index")
+
+
+def device_allocations(module: str | bytes, target: Target | str, extra_flags: list[str] | None = None) -> dict:
+    """Bytes IREE allocates for one call of ``module`` (a lowered module, text or bytecode), by buffer
+    lifetime (``external``: the results; ``transient``: scratch of the call; ``constant``: kept by the
+    module), read from its stream phase (``--compile-to=stream``, ~0.2-1 s): what a plan's
+    ``workspace_bytes`` is checked against.
+
+    Raises:
+        CompileError: IREE's diagnostics; a size that is not a constant (a dynamic shape: none of ours).
+    """
+    from iree.compiler import ir
+
+    data = compile_module(module, target, [*(extra_flags or []), "--compile-to=stream"])
+    with ir.Context() as ctx:
+        ctx.allow_unregistered_dialects = True
+        text = str(ir.Module.parse(data))
+    consts = dict(_INDEX_CONST.findall(text))
+    out: dict[str, int] = {}
+    for lifetime, size in _ALLOC.findall(text):
+        value = consts.get(size, size)
+        if not value.isdigit():
+            raise CompileError(f"allocations: a {lifetime} buffer of dynamic size {size}")
+        out[lifetime] = out.get(lifetime, 0) + int(value)
+    return out
 
 
 def iree_version() -> str:

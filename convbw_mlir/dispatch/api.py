@@ -12,10 +12,10 @@ from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.build.compile import build_op
 from convbw_mlir.dispatch.build import cached_build
 from convbw_mlir.dispatch.cache import KernelCache
-from convbw_mlir.dispatch.select import select
+from convbw_mlir.dispatch.select import check_requests, select
 from convbw_mlir.dispatch.variants import Variant
 from convbw_mlir.limits import check_limits
-from convbw_mlir.plan import Plan, PlanError, check_plan, decide
+from convbw_mlir.plan import Plan, PlanError, check_plan, decide, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
@@ -32,6 +32,8 @@ def compile_op(
     timeout: float | None = None,
     output_arg: bool = False,
     cache: Any = None,
+    deterministic: bool = False,
+    max_workspace_bytes: int | None = None,
     **options: Any,
 ) -> CompiledOp:
     """Compile ``problem`` for ``target`` through the target's pipeline and IREE.
@@ -52,10 +54,17 @@ def compile_op(
             ``$CONVBW_CACHE_DIR`` or the platform's cache folder); False compiles without it. With no
             ``plan`` and no ``options``, :func:`convbw_mlir.dispatch.select` picks the variant (a tuned
             one where a tuning database has it); ``op.selection`` says which path chose it.
+        deterministic: only a plan whose dW is bitwise the same run after run (``op.plan.deterministic``).
+        max_workspace_bytes: only a plan needing at most this many bytes of device memory beyond x, dy and
+            dW (``op.plan.workspace_bytes``: split-K partials, StreamK partials and flags, padded copies).
+            Both restrict :func:`~convbw_mlir.dispatch.select` to the variants that meet them (a tuned winner
+            that does not is passed over); a given ``plan`` or ``options`` must meet them.
         **options: pass options for the target pipeline (see :func:`convbw_mlir.pipelines.for_target`).
 
     Raises:
-        ValueError: unknown target or option.
+        ValueError: unknown target or option; no plan meets ``deterministic`` / ``max_workspace_bytes``, or
+            the given plan or options do not (naming the request, the value and what the plan needs).
+        TypeError: a request of the wrong type.
         CompileError: a pass or IREE failed; with ``isolate``, also IREE crashed or timed out
             (:class:`convbw_mlir.build.isolate.CompilerCrash`).
     """
@@ -72,6 +81,14 @@ def compile_op(
         raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
     if plan is not None:
         check_plan(problem, plan)
+    check_requests(deterministic, max_workspace_bytes)
+    wants = {"deterministic": deterministic, "max_workspace_bytes": max_workspace_bytes}
+    constrained = deterministic or max_workspace_bytes is not None
+    if constrained and (plan is not None or options):
+        given = plan_properties(problem, plan if plan is not None else _decided(problem, tgt, options))
+        _check_meets(given, "the given plan" if plan is not None else "the plan of the given options", **wants)
+    if cache is False and constrained and plan is None and not options:  # the heuristic's, or the first that meets them
+        plan = select(problem, tgt, dbs=[], **wants).variant.plan
     if cache is False:
         if not isolate:
             return build_op(problem, tgt, plan, extra_flags, output_arg=output_arg, **options)
@@ -87,14 +104,31 @@ def compile_op(
     if plan is not None:
         variant = Variant("convbw", plan)
     elif options:
-        from convbw_mlir.pipelines import for_target
-
-        for_target(tgt, **options)  # the pipeline's own errors for unknown options and bad values
-        variant = Variant("convbw", decide(problem, tgt, **options))
+        variant = Variant("convbw", _decided(problem, tgt, options))
     else:
-        selection = select(problem, tgt)
+        selection = select(problem, tgt, **wants)
         variant = selection.variant
     op, _ = cached_build(problem, tgt, variant, cache, extra_flags, output_arg=output_arg, isolate=isolate,
                          timeout=timeout)  # fmt: skip
     op.selection = selection
     return op
+
+
+def _decided(problem: ConvBwdWeightProblem, tgt: Target, options: dict[str, Any]) -> Plan:
+    from convbw_mlir.pipelines import for_target
+
+    for_target(tgt, **options)  # the pipeline's own errors for unknown options and bad values
+    return decide(problem, tgt, **options)
+
+
+def _check_meets(plan: Plan, what: str, deterministic: bool, max_workspace_bytes: int | None) -> None:
+    """Refuse a given plan (or the plan of given options) that does not meet the requests.
+
+    Raises:
+        ValueError: naming the request, its value and what the plan needs.
+    """
+    if deterministic and not plan.deterministic:
+        raise ValueError(f"deterministic: True, but {what} is not deterministic")
+    if max_workspace_bytes is not None and plan.workspace_bytes > max_workspace_bytes:
+        raise ValueError(f"max_workspace_bytes: {max_workspace_bytes}, but {what} needs {plan.workspace_bytes} bytes "
+                         "of workspace")  # fmt: skip

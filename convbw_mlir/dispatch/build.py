@@ -27,7 +27,7 @@ from convbw_mlir.plan import check_plan
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
-__all__ = ["BuildReport", "BuildResult", "Registry", "cached_build", "compile_variant", "iree_version"]
+__all__ = ["BuildReport", "BuildResult", "Registry", "build_one", "cached_build", "compile_variant", "iree_version"]
 
 # One variant compiles in 0.3-20 s here; past this it is recorded as hung and its child killed.
 BUILD_TIMEOUT_S = 600
@@ -87,6 +87,7 @@ class BuildResult:
     error: str = ""
     seconds: float = 0.0
     hit: bool = False
+    worker: str = ""  # host:pid of the process that ran the task (a thread here, or a Ray worker)
 
     @property
     def ok(self) -> bool:
@@ -101,6 +102,7 @@ class BuildReport:
     workers: int
     wall_s: float
     host: str = field(default_factory=lambda: f"{os.cpu_count()} CPUs")
+    engine: str = "local"
 
     def table(self) -> str:
         """The compile-time table: kernels x workers -> seconds (as CK Tile's dispatcher reports it)."""
@@ -108,10 +110,10 @@ class BuildReport:
         hits = sum(r.hit for r in self.results)
         cpu = sum(r.seconds for r in self.results)
         lines = [
-            "| kernels | built | cache hits | failed | workers | wall s | sum of compile s | host |",
-            "|---:|---:|---:|---:|---:|---:|---:|---|",
-            f"| {len(self.results)} | {ok - hits} | {hits} | {len(self.results) - ok} | {self.workers} "
-            f"| {self.wall_s:.1f} | {cpu:.1f} | {self.host} |",
+            "| kernels | built | cache hits | failed | engine | workers | wall s | sum of compile s | host |",
+            "|---:|---:|---:|---:|---|---:|---:|---:|---|",
+            f"| {len(self.results)} | {ok - hits} | {hits} | {len(self.results) - ok} | {self.engine} "
+            f"| {self.workers} | {self.wall_s:.1f} | {cpu:.1f} | {self.host} |",
         ]
         failed = [r for r in self.results if not r.ok]
         if failed:
@@ -150,47 +152,55 @@ class Registry:
             self.declare(problem, v)
         return found
 
-    def build(
-        self, max_workers: int = 2, timeout: float = BUILD_TIMEOUT_S, progress: bool | None = None
-    ) -> BuildReport:
+    def build(self, max_workers: int = 2, timeout: float = BUILD_TIMEOUT_S, progress: bool | None = None,
+              engine: str = "local", address: str | None = None) -> BuildReport:  # fmt: skip
         """Compile every declared variant, ``max_workers`` child processes at a time, through the cache.
 
         A variant whose compile fails, crashes IREE (a signal) or runs past ``timeout`` seconds is
         recorded with its reason; the others go on. ``progress``: a tqdm bar (default: on a terminal).
+        ``engine``: ``local`` (threads here) or ``ray`` (a Ray task a variant, on a local Ray of
+        ``max_workers`` CPUs or the cluster at ``address``): :func:`convbw_mlir.dispatch.engine.run_tasks`.
 
         Raises:
-            ValueError: ``max_workers`` below 1.
+            ValueError: ``max_workers`` below 1, an unknown engine, an address without Ray.
         """
-        from concurrent.futures import ThreadPoolExecutor, as_completed
-
         from tqdm import tqdm
 
-        from convbw_mlir.build.isolate import call
+        from convbw_mlir.dispatch.engine import run_tasks
 
         if not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers: expected a positive integer, got {max_workers!r}")
-        cache = self.cache
-
-        def one(problem: ConvBwdWeightProblem, variant: Variant) -> BuildResult:
-            t0 = time.perf_counter()
-            res = BuildResult(problem, variant)
-            try:
-                what = f"{problem.name} {variant.name} for {self.target}"
-                res.op, res.hit = call(cached_build, problem, self.target, variant, cache, what=what, timeout=timeout)
-            except (CompileError, ValueError) as e:
-                res.error = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            res.seconds = time.perf_counter() - t0
-            return res
-
+        self.cache._setup()  # tagged once here: tasks creating one new cache at once read each other's half-written tag
+        jobs = [(p, self.target, v, self.cache, timeout) for p, v in self.declared]
         show = sys.stderr.isatty() if progress is None else progress
         t0 = time.perf_counter()
         results: dict[int, BuildResult] = {}
         bar = tqdm(total=len(self.declared), disable=not show, desc=f"build {self.target}", unit="kernel")
-        with ThreadPoolExecutor(max_workers) as pool, bar:
-            futures = {pool.submit(one, p, v): i for i, (p, v) in enumerate(self.declared)}
-            for fut in as_completed(futures):
-                results[futures[fut]] = r = fut.result()
+        with bar:
+            for i, r in run_tasks(build_one, jobs, engine, max_workers, address):
+                if not isinstance(r, BuildResult):  # a task the engine lost: that variant only
+                    problem, variant = self.declared[i]
+                    r = BuildResult(problem, variant, error=str(r))
+                results[i] = r
                 bar.update()
                 if not r.ok:
                     bar.write(f"failed: {r.problem.name} {r.variant.name}: {r.error}")
-        return BuildReport([results[i] for i in range(len(self.declared))], max_workers, time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        return BuildReport([results[i] for i in range(len(self.declared))], max_workers, wall, engine=engine)
+
+
+def build_one(problem: ConvBwdWeightProblem, target: str, variant: Variant, cache: KernelCache,
+              timeout: float | None) -> BuildResult:  # fmt: skip
+    """One variant through the cache, compiled in a child process: a task of :meth:`Registry.build`."""
+    from convbw_mlir.build.isolate import call
+    from convbw_mlir.dispatch.engine import worker_name
+
+    t0 = time.perf_counter()
+    res = BuildResult(problem, variant, worker=worker_name())
+    try:
+        what = f"{problem.name} {variant.name} for {target}"
+        res.op, res.hit = call(cached_build, problem, target, variant, cache, what=what, timeout=timeout)
+    except (CompileError, ValueError) as e:
+        res.error = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    res.seconds = time.perf_counter() - t0
+    return res

@@ -206,6 +206,10 @@ class KernelCache:
     def __repr__(self) -> str:
         return f"KernelCache({str(self.root)!r}, max_bytes={self.max_bytes})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # another process, maybe on another machine (a Ray build task), checks and makes the folder itself
+        return {**self.__dict__, "_ready": False}
+
     # -- folders -------------------------------------------------------------------------------------
     def _claim(self, create: bool) -> bool:
         """Check the root is this cache (tagged; or empty, or an untagged cache of before the tag); with

@@ -3,11 +3,20 @@
 :func:`select` tries, in order:
 
 1. ``exact``: a tuning database entry for exactly this problem (measured and verified on a device);
+   then ``learned``, where a learned selector for the target is installed (``selector.<target>.json``,
+   shipped only where it beat the nearest neighbour on held-out models: docs/dispatch.md#generalize):
+   the candidate of least predicted time;
 2. ``nearest``: the winner of the nearest tuned problem on the GEMM view (distance below), re-decided
    for this problem with the same overrides, where :func:`convbw_mlir.plan.decide` accepts them. Only our
    own pipeline's variants transfer: IREE's default forms were wrong on some problems (every 1x1 on
    sm_80), so they are used only where they were verified, on an exact hit;
 3. ``heuristic``: :func:`convbw_mlir.plan.decide`'s own plan.
+
+With ``deterministic=True`` or ``max_workspace_bytes=N`` (cuDNN's frontend filters of the same names) each
+path takes only a variant that meets them (:func:`convbw_mlir.plan.satisfies`: a plan's
+``deterministic`` and ``workspace_bytes``; IREE's own forms are of unknown workspace, and the one with
+IREE's split reduction is not called deterministic); where the heuristic's plan does not, the first
+candidate (:func:`convbw_mlir.dispatch.variants.candidates`) that does; where none does, one ValueError.
 
 Distance between problems of one element type, rank and layout family: the sum of |log2| ratios of the
 GEMM view's M, N, K and groups, plus 2 where the filter differs and 1 where the strides differ. Beyond
@@ -29,12 +38,22 @@ from pathlib import Path
 from typing import Any
 
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, db_file_name, problem_key
-from convbw_mlir.dispatch.variants import Variant, dist_version, heuristic
-from convbw_mlir.plan import PlanError, check_plan, decide
+from convbw_mlir.dispatch.learned import TreeSelector, selector_file_name
+from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, heuristic
+from convbw_mlir.plan import PlanError, check_plan, decide, plan_properties, satisfies
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
-__all__ = ["NEAREST_MAX", "Selection", "databases", "distance", "select"]
+__all__ = [
+    "NEAREST_MAX",
+    "Selection",
+    "check_requests",
+    "databases",
+    "distance",
+    "learned_selector",
+    "select",
+    "variant_satisfies",
+]
 
 # A neighbour farther than this says nothing: the heuristic decides. Measured on the H100 (docs/dispatch.md#untuned):
 # the overrides of neighbours at distance 2-4 lost 13-39% against the heuristic's own plan on held-out problems.
@@ -99,7 +118,7 @@ def databases(target: str, device: str | None = None, extra: list[str | os.PathL
     paths: list[Path] = []
     suffix = f".{target}.json"
     for folder in folders:
-        names = [n for n in _listing(folder) if n.endswith(suffix)]
+        names = [n for n in _listing(folder) if n.endswith(suffix) and n != selector_file_name(target)]
         if device is not None:
             names = [n for n in names if n == db_file_name(device, target)]
         paths += [Path(str(folder / n)) for n in names]
@@ -142,19 +161,79 @@ def distance(a: ConvBwdWeightProblem, b: ConvBwdWeightProblem) -> float:
     return d + 2.0 * (a.filter_size != b.filter_size) + 1.0 * (a.stride != b.stride)
 
 
+def check_requests(deterministic: Any = False, max_workspace_bytes: Any = None) -> None:
+    """Refuse a request that is not one: ``deterministic`` a bool, ``max_workspace_bytes`` None or an integer >= 0.
+
+    Raises:
+        TypeError, ValueError: naming the field and the value.
+    """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
+    if max_workspace_bytes is not None:
+        if isinstance(max_workspace_bytes, bool) or not isinstance(max_workspace_bytes, int):
+            raise TypeError(
+                f"max_workspace_bytes: expected an integer number of bytes or None, got {max_workspace_bytes!r}"
+            )
+        if max_workspace_bytes < 0:
+            raise ValueError(f"max_workspace_bytes: expected 0 or more bytes, got {max_workspace_bytes}")
+
+
+def variant_satisfies(problem: ConvBwdWeightProblem, variant: Variant, deterministic: bool = False,
+                      max_workspace_bytes: int | None = None) -> bool:  # fmt: skip
+    """Whether ``variant`` meets the requests (see the module docstring); always without any."""
+    if not deterministic and max_workspace_bytes is None:
+        return True
+    if variant.plan is None:  # IREE's own forms: workspace unknown; its split reduction sums in no fixed order
+        return max_workspace_bytes is None and not any("split-reduction" in f for f in variant.flags)
+    return satisfies(plan_properties(problem, variant.plan), deterministic, max_workspace_bytes)
+
+
+_SELECTORS: dict[tuple[str, float], TreeSelector | None] = {}
+
+
+def learned_selector(target: str) -> TreeSelector | None:
+    """The learned selector for ``target``: the user's (``<cache>/tuning/``), else the shipped one, else None.
+    A file that does not load is ignored with a warning."""
+    from convbw_mlir.dispatch.cache import default_cache_dir
+
+    for folder in (default_cache_dir() / "tuning", SHIPPED):
+        path = Path(str(folder / selector_file_name(target)))
+        try:
+            stamp = (str(path), path.stat().st_mtime)
+        except OSError:
+            continue
+        if stamp not in _SELECTORS:
+            try:
+                _SELECTORS[stamp] = TreeSelector.load(path)
+            except ValueError as e:
+                warnings.warn(f"{e}: ignored", stacklevel=3)
+                _SELECTORS[stamp] = None
+        if _SELECTORS[stamp] is not None:
+            return _SELECTORS[stamp]
+    return None
+
+
 def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | None = None,
-           dbs: list[TuningDB] | None = None) -> Selection:  # fmt: skip
+           dbs: list[TuningDB] | None = None, *, deterministic: bool = False,
+           max_workspace_bytes: int | None = None,
+           selector: TreeSelector | None | bool = None) -> Selection:  # fmt: skip
     """The variant for ``problem`` on ``target``: exact database hit, nearest tuned neighbour, or heuristic.
 
     Args:
         device: a device name (``NVIDIA H100 80GB HBM3``): only its database; None: any for the target.
         dbs: the databases to use (default :func:`databases`).
+        deterministic: only a variant whose dW is bitwise the same run after run.
+        max_workspace_bytes: only a variant needing at most this much workspace (``plan.workspace_bytes``).
+        selector: a learned selector; None: the installed one (:func:`learned_selector`); False: none.
 
     Raises:
-        ValueError: unknown target.
+        ValueError: unknown target; no variant meets ``deterministic`` and ``max_workspace_bytes`` (naming them).
+        TypeError: a request of the wrong type.
     """
+    check_requests(deterministic, max_workspace_bytes)
     tgt = resolve(target)
     dbs = databases(tgt.name, device) if dbs is None else dbs
+    wants = {"deterministic": deterministic, "max_workspace_bytes": max_workspace_bytes}
     key = problem_key(problem)
     for db in dbs:
         entry = db.entries.get(key)
@@ -166,10 +245,24 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
                 except ValueError as e:  # a tuned plan this version knows to be unsafe: never replayed
                     warnings.warn(f"tuning database {db.device}: {entry['name']}: {e}; decided anew", stacklevel=2)
                     break
+                variant = replace(variant, plan=plan_properties(problem, variant.plan))
                 if not variant.options:  # the heuristic's plan when it was tuned: named as what it is now
                     variant = replace(variant, label="tuned")
+            if not variant_satisfies(problem, variant, **wants):
+                break  # the measured winner does not meet the requests: the paths below, filtered
             why = f"tuned on {db.device}: {entry.get('median_s', 0) * 1e6:.1f} us"
             return Selection(variant, "exact", why, entry)
+    learned = (
+        learned_selector(tgt.name) if selector is None else selector if isinstance(selector, TreeSelector) else None
+    )
+    if learned is not None:
+        options = [
+            v for v in candidates(problem, tgt, iree=False) if satisfies(v.plan, deterministic, max_workspace_bytes)
+        ]
+        if options:
+            trained = learned.meta.get("problems")
+            why = f"least predicted time of {len(options)} candidates (trained on {trained} problems)"
+            return Selection(learned.choose(problem, options), "learned", why)
     ranked = []
     for db in dbs:
         for k, other in db.problems().items():
@@ -187,7 +280,44 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
             continue  # the neighbour's choice does not apply here: the next neighbour
         if plan.split is not None and plan.split.dim == "n" and plan.split.padded_extent != problem.batch:
             continue  # uneven batch split: docs/decisions.md#even-splits
+        if not satisfies(plan, deterministic, max_workspace_bytes):
+            continue
         variant = Variant("convbw", plan, tuple(sorted(options.items())), "nearest")
         why = f"{entry['name']} at distance {d:.2f} (tuned on {db.device}) with options {options or 'none'}"
         return Selection(variant, "nearest", why, entry)
-    return Selection(heuristic(problem, tgt), "heuristic", "no tuned problem near enough")
+    base = heuristic(problem, tgt)
+    if satisfies(base.plan, deterministic, max_workspace_bytes):
+        return Selection(base, "heuristic", "no tuned problem near enough")
+    return _constrained(problem, tgt, base, deterministic, max_workspace_bytes)
+
+
+# Plan variants tried for a request the heuristic's plan does not meet (the tuner's grid, all of it), then
+# the unsplit plans (the least workspace: no partials; the explicit kernel reads the padding in place).
+CONSTRAINED_PLANS = 64
+UNSPLIT = ({"strategy": "explicit", "k_batch": 1}, {"k_batch": 1})
+
+
+def _constrained(problem: ConvBwdWeightProblem, tgt: Target, base: Variant, deterministic: bool,
+                 max_workspace_bytes: int | None) -> Selection:  # fmt: skip
+    """The first candidate plan meeting the requests, in the tuner's order (the heuristic's first).
+
+    Raises:
+        ValueError: none does: naming the request and the least workspace a plan needs.
+    """
+    plans = [v for v in candidates(problem, tgt, max_plans=CONSTRAINED_PLANS, iree=False) if v.plan is not None]
+    for opts in UNSPLIT:
+        try:
+            plans.append(Variant("convbw", decide(problem, tgt, **opts), tuple(sorted(opts.items()))))
+        except (PlanError, ValueError):
+            continue  # e.g. no explicit kernel of ours for this problem or target
+    for v in plans:
+        if satisfies(v.plan, deterministic, max_workspace_bytes):
+            why = (f"the heuristic's plan needs {base.plan.workspace_bytes} bytes of workspace"
+                   if max_workspace_bytes is not None and base.plan.workspace_bytes > max_workspace_bytes
+                   else "the heuristic's plan is not deterministic")  # fmt: skip
+            return Selection(v, "heuristic", f"{why}: the first candidate within")
+    if deterministic and not any(v.plan.deterministic for v in plans):
+        raise ValueError(f"deterministic: True: no plan of {problem.name} on {tgt.name} is deterministic")
+    least = min(plans, key=lambda v: v.plan.workspace_bytes)
+    raise ValueError(f"max_workspace_bytes: {max_workspace_bytes}: every plan of {problem.name} on {tgt.name} "
+                     f"needs more (the least: {least.plan.workspace_bytes} bytes, {least.name})")  # fmt: skip

@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,15 @@ from convbw_mlir.dispatch.db import DatabaseError, TuningDB, check_header
 from convbw_mlir.dispatch.variants import IREE_FORMS, Variant
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-__all__ = ["build_database", "compile_candidates", "database_from_results", "held_out", "summarize", "time_candidates"]
+__all__ = [
+    "build_database",
+    "compile_candidates",
+    "database_from_results",
+    "held_out",
+    "reference_task",
+    "summarize",
+    "time_candidates",
+]
 
 # Every third problem of a suite (positions 2, 5, 8 ... from 0) is held out of tuning, decided before any
 # measurement: the untuned path (nearest neighbour or heuristic) is measured on these (docs/dispatch.md).
@@ -52,43 +59,60 @@ def held_out(index: int) -> bool:
     return index % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
 
 
-def _reference_record(problem: ConvBwdWeightProblem, key: str, target: str, folder: Path) -> dict[str, Any]:
+def reference_task(problem: ConvBwdWeightProblem, key: str, target: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The GPU reference of one problem built in a child process (a build task of :func:`compile_candidates`):
+    its manifest record and its files (name -> bytes), which the caller writes into the output folder."""
     from convbw_mlir.build.contenders import compile_contenders
     from convbw_mlir.build.isolate import call
 
-    try:
-        rec = call(compile_contenders, problem, key, target, folder, ("reference",), what=f"{key} reference")
-        return json.loads(json.dumps(rec["reference"]))
-    except Exception as e:  # noqa: BLE001 - a reference that does not build is recorded; the runner uses float64
-        return {"ok": False, "error": str(e).splitlines()[0][:300] if str(e) else type(e).__name__}
+    with tempfile.TemporaryDirectory(prefix="convbw-reference-") as tmp:
+        try:
+            rec = call(compile_contenders, problem, key, target, Path(tmp), ("reference",), what=f"{key} reference")
+            rec = json.loads(json.dumps(rec["reference"]))
+        except Exception as e:  # noqa: BLE001 - a reference that does not build is recorded; the runner uses float64
+            rec = {"ok": False, "error": str(e).splitlines()[0][:300] if str(e) else type(e).__name__}
+        return rec, {f.name: f.read_bytes() for f in Path(tmp).iterdir()}
 
 
 def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], target: str,
                        out: str | os.PathLike, max_workers: int = 2, max_plans: int = 4,
                        cache: Any = None, progress: bool | None = None,
-                       log: Callable[[str], None] = print) -> Any:  # fmt: skip
+                       log: Callable[[str], None] = print, engine: str = "local",
+                       address: str | None = None) -> Any:  # fmt: skip
     """Build the candidates of ``problems`` ((name, problem, held out) each) for ``target`` into ``out``.
 
     Returns the build's :class:`convbw_mlir.dispatch.build.BuildReport`. ``out`` appears whole at the end
     (built beside it); a variant that fails or crashes IREE is recorded in the manifest, not fatal.
+    ``engine``: ``local`` (``max_workers`` child processes here) or ``ray`` (a Ray task a compile, on a
+    local Ray of ``max_workers`` CPUs or the cluster at ``address``); the folder's content is the same.
+
+    Raises:
+        ValueError: an unknown engine, an address without Ray, Ray not installed (before any build).
     """
     from importlib.metadata import version
 
     from convbw_mlir.dispatch.build import Registry
+    from convbw_mlir.dispatch.engine import check_engine, run_tasks, session
     from convbw_mlir.files import atomic_directory
 
+    check_engine(engine, address)
     reg = Registry(target, cache)
     per_problem = []
     for _name, problem, _ in problems:
         per_problem.append(reg.declare_candidates(problem, max_plans=max_plans))
-    report = reg.build(max_workers=max_workers, progress=progress)
+    keys = [f"{i:03d}-{name}.{p.dtype}" for i, (name, p, _) in enumerate(problems)]
+    with session(engine, max_workers, address):  # one Ray session for the variants and the references
+        report = reg.build(max_workers=max_workers, progress=progress, engine=engine, address=address)
+        refs: list[Any] = [None] * len(problems)  # the GPU reference of each problem
+        jobs = [(p, key, target) for (_, p, _), key in zip(problems, keys)]
+        for i, r in run_tasks(reference_task, jobs, engine, max_workers, address):
+            refs[i] = r if isinstance(r, tuple) else ({"ok": False, "error": str(r)}, {})
     by = {(r.problem, r.variant): r for r in report.results}
     entries = []
     with atomic_directory(out) as tmp:
-        keys = [f"{i:03d}-{name}.{p.dtype}" for i, (name, p, _) in enumerate(problems)]
-        with ThreadPoolExecutor(max_workers) as pool:  # the GPU reference of each problem
-            refs = list(pool.map(lambda a: _reference_record(a[0][1], a[1], target, tmp), zip(problems, keys)))
-        for (name, problem, held), key, variants, ref in zip(problems, keys, per_problem, refs):
+        for (name, problem, held), key, variants, (ref, files) in zip(problems, keys, per_problem, refs):
+            for file_name, data in files.items():
+                (tmp / file_name).write_bytes(data)
             contenders: dict[str, Any] = {"reference": ref}
             for j, v in enumerate(variants):
                 r = by[(problem, v)]
@@ -102,9 +126,9 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
                 contenders[v.name] = rec
             entries.append({"name": name, "key": key, "held_out": held, "problem": problem.to_dict(),
                             "contenders": contenders})  # fmt: skip
+        build = {"engine": engine, "workers": report.workers, "wall_s": report.wall_s, "kernels": len(report.results)}
         manifest = {"target": target, "date": str(datetime.date.today()), "iree_version": version("iree-base-compiler"),
-                    "build": {"workers": report.workers, "wall_s": report.wall_s, "kernels": len(report.results)},
-                    "problems": entries}  # fmt: skip
+                    "build": build, "problems": entries}  # fmt: skip
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     log(report.table())
     return report

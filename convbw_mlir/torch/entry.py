@@ -215,7 +215,7 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
         key = (
             input.shape, input.stride(), input.dtype, input.device, grad_output.shape, grad_output.stride(),
             grad_output.dtype, grad_output.device, tuple(weight_size), str(stride), str(padding), str(dilation),
-            str(groups), accumulate,
+            str(groups), accumulate, torch.are_deterministic_algorithms_enabled(),  # the kernel may differ
         )  # fmt: skip
     except (AttributeError, TypeError):  # not tensors, weight_size not a sequence: the error naming it
         problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
@@ -268,7 +268,8 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
         RuntimeError: no precompiled kernel and no IREE compiler to build one.
     """
     target, driver, index = target_for(device)
-    key = (problem, target, index)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    key = (problem, target, index, deterministic)  # deterministic mode may choose another plan
     with _LOCK:
         if key in _KERNELS:
             return _KERNELS[key]
@@ -281,6 +282,9 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
             op = CompiledOp.load(folder)
             if op.problem != problem or op.target != target:
                 raise ValueError(f"{ARTIFACTS_ENV}: {folder} holds {op.problem.name} for {op.target}")
+            if deterministic and not (op.plan is not None and op.plan.deterministic):
+                raise RuntimeError(f"torch.use_deterministic_algorithms(True): the kernel in {folder} is not known "
+                                   "to be deterministic (its plan is unknown or sums in no fixed order)")  # fmt: skip
         if op is None:
             try:
                 import iree.compiler  # noqa: F401
@@ -291,7 +295,7 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
                 ) from None
             # an accumulate epilogue's D is its output already; otherwise the kernel gets an output buffer
             output_arg = problem.epilogue is None
-            op = compile_op(problem, target, isolate=True, output_arg=output_arg)
+            op = compile_op(problem, target, isolate=True, output_arg=output_arg, deterministic=deterministic)
             if folder is not None:
                 op.save(folder)
         _KERNELS[key] = _call_for(op, driver, index)

@@ -79,12 +79,11 @@ def plan_is_deterministic(plan: Any, flags: Iterable[str] = ()) -> bool:
     """Whether a kernel of ``plan``, compiled with IREE ``flags``, gives bit-identical dW run after run
     (what ``torch.use_deterministic_algorithms(True)`` asks).
 
-    Every plan of ours sums in a fixed order: split-K writes partial sums that a second dispatch reduces
-    in order, StreamK's finisher adds its contributors' partials in workgroup order (the atomics are
-    flags, not sums), and IREE's own codegen (without its opt-in split reduction flag) uses no atomics.
-    A kernel whose plan is unknown (an artifact saved before plans existed) is not trusted.
+    The plan says (``plan.deterministic``: :func:`convbw_mlir.plan.plan_is_deterministic`, true of every plan
+    of ours: all sum in a fixed order); IREE's opt-in split reduction flag is not trusted, nor a kernel whose
+    plan is unknown (an artifact saved before plans existed).
     """
-    if plan is None:
+    if plan is None or plan.deterministic is False:
         return False
     return not any("split-reduction" in f for f in flags)
 
@@ -288,7 +287,7 @@ def _plan_of(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, args: tuple) ->
     stride, padding, dilation, _, _, groups = args
     problem = ct._problem_memo(x, list(w.shape), go, list(stride), list(padding), list(dilation), int(groups))[0]
     target, _, index = ct.target_for(x.device)
-    return ct._PLANS.get((problem, target, index), (None, ()))
+    return ct._PLANS.get((problem, target, index, _deterministic()), (None, ()))
 
 
 _deterministic = torch._C._get_deterministic_algorithms  # torch.are_deterministic_algorithms_enabled's own call

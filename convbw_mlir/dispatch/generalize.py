@@ -1,0 +1,275 @@
+"""How well a selection generalizes to problems nobody tuned, and a learned selector (docs/dispatch.md#generalize).
+
+1. :func:`split_by_model`: a fifth of a zoo's models held out, decided from the model names alone before any
+   tuning (sha256 of seed and name) and written to a file (:func:`write_split`); a problem is held out when
+   every model it comes from is.
+2. :func:`evaluate`: on the held-out problems of timing results (:func:`convbw_mlir.dispatch.tune.time_candidates`'
+   format), how often each selector's choice is within 10% of the best measured variant, and the geomean loss:
+   the heuristic's plan, :func:`~convbw_mlir.dispatch.select.select` on a database of the tuned problems
+   (exact, nearest or heuristic, by path) and a :class:`TreeSelector`.
+3. :func:`train_selector`: gradient-boosted trees (scikit-learn's ``GradientBoostingRegressor``) on the GEMM
+   view's features and the variant's, predicting a variant's time over the problem's best; a selector picks
+   the candidate of least predicted time. Exported as plain JSON (the trees' splits and leaves) and
+   evaluated here in numpy: loading it needs no scikit-learn and runs no pickled code.
+   :func:`ships` says whether it beat nearest-neighbour on the held-out fifth; only then does it go into
+   ``convbw_mlir/tuning/`` beside the database it was trained with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from convbw_mlir.dispatch.learned import FEATURES, TreeSelector, features
+from convbw_mlir.dispatch.variants import Variant
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+__all__ = [
+    "WITHIN",
+    "evaluate",
+    "read_split",
+    "ships",
+    "split_by_model",
+    "train_selector",
+    "write_split",
+]
+
+WITHIN = 0.10  # a choice "lands" when its time is within 10% of the best measured variant's
+HELD_OUT_FRACTION = 0.2
+SPLIT_KIND = "convbw-model-split"
+
+
+# -- the split, decided before tuning -------------------------------------------------------------------
+def split_by_model(models: list[str], fraction: float = HELD_OUT_FRACTION, seed: str = "convbw") -> dict[str, Any]:
+    """Hold out ``ceil(fraction * len(models))`` models: those first in sha256(seed, name) order.
+
+    Decided by the names alone, so it is fixed before any problem is built or measured and anyone can
+    recompute it. Raises ValueError on no models or a fraction outside (0, 1).
+    """
+    names = sorted(set(models))
+    if not names:
+        raise ValueError("models: expected at least one model name, got none")
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction: expected a number between 0 and 1, got {fraction!r}")
+    order = sorted(names, key=lambda m: hashlib.sha256(f"{seed}\0{m}".encode()).hexdigest())
+    held = sorted(order[: math.ceil(fraction * len(names))])
+    return {"kind": SPLIT_KIND, "version": 1, "seed": seed, "fraction": fraction, "held_out": held,
+            "tuned": sorted(set(names) - set(held))}  # fmt: skip
+
+
+def write_split(path: str | os.PathLike, split: dict[str, Any]) -> None:
+    """Write the split (before tuning: the held-out models are on record before any time is)."""
+    from convbw_mlir.files import write_atomic
+
+    write_atomic(str(path), json.dumps(split, indent=1) + "\n")
+
+
+def read_split(path: str | os.PathLike) -> dict[str, Any]:
+    """The split written by :func:`write_split`. Raises ValueError naming the file and what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"split: cannot read {path}: {e}") from None
+    if not isinstance(data, dict) or data.get("kind") != SPLIT_KIND:
+        raise ValueError(f"split: {path}: not a model split (kind {SPLIT_KIND!r})")
+    for name in ("held_out", "tuned"):
+        if not isinstance(data.get(name), list) or not all(isinstance(m, str) for m in data[name]):
+            raise ValueError(f"split: {path}: {name}: expected a list of model names")
+    return data
+
+
+def is_held_out(models: list[str], split: dict[str, Any]) -> bool:
+    """A problem is held out when every model it comes from is (a layer shared with a tuned model is tuned)."""
+    held = set(split["held_out"])
+    return bool(models) and all(m in held for m in models)
+
+
+# -- timing results ---------------------------------------------------------------------------------------
+def _times(row: dict[str, Any]) -> dict[str, float]:
+    """Correct, timed contenders of a results row: name -> seconds (kernel time where all have it)."""
+    ok = {n: r for n, r in row["contenders"].items() if r.get("status") == "ok" and "median_s" in r}
+    metric = "kernel_s" if ok and all("kernel_s" in r for r in ok.values()) else "median_s"
+    return {n: r[metric] for n, r in ok.items()}
+
+
+def _variants(row: dict[str, Any]) -> dict[str, Variant]:
+    return {n: Variant.from_dict(v) for n, v in row.get("variants", {}).items()}
+
+
+def training_rows(results: dict[str, Any], split: dict[str, Any] | None = None,
+                  models: dict[str, list[str]] | None = None) -> tuple[list, list]:  # fmt: skip
+    """(features, log(time / best)) of every correct, timed variant of the tuned problems."""
+    xs, ys = [], []
+    for row in results["problems"]:
+        if _held(row, split, models):
+            continue
+        times, variants = _times(row), _variants(row)
+        timed = {n: t for n, t in times.items() if n in variants}
+        if not timed:
+            continue
+        best = min(timed.values())
+        problem = ConvBwdWeightProblem.from_dict(row["problem"])
+        for name, t in timed.items():
+            xs.append(features(problem, variants[name]))
+            ys.append(math.log(t / best))
+    return xs, ys
+
+
+def train_selector(results: dict[str, Any], split: dict[str, Any] | None = None,
+                   models: dict[str, list[str]] | None = None, seed: int = 0, trees: int = 200, depth: int = 3,
+                   rate: float = 0.05) -> TreeSelector:  # fmt: skip
+    """Fit gradient-boosted trees (scikit-learn) on the tuned problems of ``results``.
+
+    Raises:
+        ValueError: no tuned problem with a timed variant. ImportError: scikit-learn is not installed.
+    """
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    xs, ys = training_rows(results, split, models)
+    if not xs:
+        raise ValueError("results: no tuned problem with a correct, timed variant to learn from")
+    model = GradientBoostingRegressor(n_estimators=trees, max_depth=depth, learning_rate=rate, random_state=seed)
+    model.fit(xs, ys)
+    exported = []
+    for (est,) in model.estimators_:
+        t = est.tree_
+        exported.append({"left": t.children_left.tolist(), "right": t.children_right.tolist(),
+                         "feature": t.feature.tolist(), "threshold": t.threshold.tolist(),
+                         "value": t.value[:, 0, 0].tolist()})  # fmt: skip
+    init = float(model.init_.constant_.ravel()[0])
+    meta = {"problems": len({json.dumps(r["problem"]) for r in results["problems"] if not _held(r, split, models)}),
+            "rows": len(xs), "device": results.get("device"), "iree_version": results.get("iree_version")}  # fmt: skip
+    return TreeSelector(results["target"], init, rate, exported, FEATURES, meta)
+
+
+def _held(row: dict[str, Any], split: dict[str, Any] | None, models: dict[str, list[str]] | None = None) -> bool:
+    """Held out by the split where one is given (the row's models: ``models[name]`` or its own ``models``),
+    else by the run's own flag."""
+    if split is None:
+        return bool(row.get("held_out"))
+    return is_held_out((models or {}).get(row.get("name"), row.get("models", [])), split)
+
+
+# -- the evaluation ---------------------------------------------------------------------------------------
+def evaluate(results: dict[str, Any], split: dict[str, Any] | None = None, selector: TreeSelector | None = None,
+             models: dict[str, list[str]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """For the held-out problems of ``results``: each selector's choice against the best measured variant.
+
+    ``results`` should time every candidate of every problem (``convbw tune --no-hold-out``): the split,
+    not the run, says which problems are held out (``models`` maps a row's name to its models), and the
+    database ``select`` consults holds the tuned problems only.
+
+    Selectors: ``heuristic`` (the plan's own), ``select`` (exact, nearest or heuristic on a database of the
+    tuned problems; also broken down by path), ``nearest`` (``select``'s choice where a tuned problem is near,
+    else the heuristic's), ``learned`` (``selector``, where given). Each gets ``within`` (choices within
+    :data:`WITHIN` of the best), ``measured`` (choices that were timed), ``geomean_loss`` (geomean of
+    time / best, minus 1) and ``not_measured`` (a choice no candidate of the run was: left out of the rates).
+    """
+    from convbw_mlir.dispatch.select import select
+    from convbw_mlir.dispatch.tune import build_database
+
+    tuned = dict(results, problems=[dict(r, held_out=_held(r, split, models)) for r in results["problems"]])
+    db = build_database(tuned, device=results.get("device") or "device")
+    per: dict[str, list[float]] = {}
+    missing: dict[str, int] = {}
+    rows = []
+    for row in tuned["problems"]:
+        if not row["held_out"]:
+            continue
+        times, variants = _times(row), _variants(row)
+        if not times:
+            continue
+        best = min(times.values())
+        problem = ConvBwdWeightProblem.from_dict(row["problem"])
+        sel = select(problem, results["target"], dbs=[db], selector=False)  # the paths without a learned one
+        choices = {"heuristic": row.get("heuristic"), "select": _name_of(sel.variant, variants),
+                   f"select:{sel.path}": _name_of(sel.variant, variants)}  # fmt: skip
+        choices["nearest"] = choices["select"] if sel.path != "heuristic" else row.get("heuristic")
+        if selector is not None:
+            timed = [n for n in times if n in variants]
+            choices["learned"] = _name_of(selector.choose(problem, [variants[n] for n in timed]), variants)
+        entry = {"name": row.get("name"), "best": min(times, key=times.get), "path": sel.path}
+        for who, name in choices.items():
+            if name is None or name not in times:
+                missing[who] = missing.get(who, 0) + 1
+                continue
+            per.setdefault(who, []).append(times[name] / best)
+            entry[who] = name
+        rows.append(entry)
+    summary = {who: {"within": sum(r <= 1 + WITHIN for r in ratios), "measured": len(ratios),
+                     "within_rate": sum(r <= 1 + WITHIN for r in ratios) / len(ratios),
+                     "geomean_loss": statistics.geometric_mean(ratios) - 1, "not_measured": missing.get(who, 0)}
+               for who, ratios in per.items()}  # fmt: skip
+    return {"held_out_problems": len(rows), "selectors": summary, "rows": rows}
+
+
+def _name_of(variant: Variant, variants: dict[str, Variant]) -> str | None:
+    return next((n for n, v in variants.items() if v == variant), None)
+
+
+def ships(report: dict[str, Any]) -> bool:
+    """Whether the learned selector beat nearest-neighbour on the held-out problems: more choices within
+    10% of the best, or as many with a smaller geomean loss."""
+    s = report["selectors"]
+    if "learned" not in s or "nearest" not in s:
+        return False
+    a, b = s["learned"], s["nearest"]
+    return (a["within_rate"], -a["geomean_loss"]) > (b["within_rate"], -b["geomean_loss"])
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a table: selector, within 10%, geomean loss, choices not measured."""
+    lines = [f"{report['held_out_problems']} held-out problems", "",
+             "| selector | within 10% of the best | geomean loss | not measured |", "|---|---:|---:|---:|"]  # fmt: skip
+    for who, s in sorted(report["selectors"].items()):
+        lines.append(f"| {who} | {s['within']} of {s['measured']} ({s['within_rate']:.0%}) "
+                     f"| {s['geomean_loss']:.1%} | {s['not_measured']} |")  # fmt: skip
+    verdict = "ships" if ships(report) else "does not ship"
+    lines += ["", f"learned selector: {verdict} (it must beat nearest-neighbour on the held-out problems)"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m convbw_mlir.dispatch.generalize {split,evaluate}``: the split before tuning, the report after."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m convbw_mlir.dispatch.generalize", description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("split", help="hold out a fifth of the models; write the split")
+    sp.add_argument("--models", required=True, help="a JSON file: problem name -> [model names]")
+    sp.add_argument("--fraction", type=float, default=HELD_OUT_FRACTION)
+    sp.add_argument("--out", required=True)
+    ev = sub.add_parser("evaluate", help="the held-out report of timing results; train the learned selector")
+    ev.add_argument("results")
+    ev.add_argument("--split", required=True)
+    ev.add_argument("--models", required=True, help="a JSON file: problem name -> [model names]")
+    ev.add_argument("--selector-out", help="where the learned selector is written if it ships")
+    ev.add_argument("--out", required=True, help="the report (markdown; .json beside it)")
+    args = ap.parse_args(argv)
+    try:
+        models = json.loads(Path(args.models).read_text())
+        if args.cmd == "split":
+            write_split(args.out, split_by_model([m for ms in models.values() for m in ms], args.fraction))
+            return 0
+        results = json.loads(Path(args.results).read_text())
+        split = read_split(args.split)
+        selector = train_selector(results, split, models)
+        report = evaluate(results, split, selector, models)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    Path(args.out).write_text(markdown(report))
+    Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    if args.selector_out and ships(report):
+        selector.save(args.selector_out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""How a selection generalizes: the model split decided before tuning, the held-out report, the learned
+selector (trained with scikit-learn, shipped as JSON trees, loaded without it), on synthetic results."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from convbw_mlir.dispatch import candidates
+from convbw_mlir.dispatch.generalize import (
+    evaluate,
+    is_held_out,
+    read_split,
+    ships,
+    split_by_model,
+    train_selector,
+    training_rows,
+    write_split,
+)
+from convbw_mlir.dispatch.learned import FEATURES, TreeSelector, features
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+MODELS = [f"net{i:02d}" for i in range(10)]
+
+
+def test_the_split_holds_out_a_fifth_of_the_models_by_name_alone(tmp_path):
+    split = split_by_model(MODELS)
+    assert len(split["held_out"]) == 2 and set(split["held_out"]) | set(split["tuned"]) == set(MODELS)
+    assert split_by_model(list(reversed(MODELS)) + MODELS[:3]) == split  # order and repeats change nothing
+    write_split(tmp_path / "split.json", split)
+    assert read_split(tmp_path / "split.json") == split
+    held, tuned = split["held_out"][0], split["tuned"][0]
+    assert is_held_out([held], split) and not is_held_out([held, tuned], split)  # a layer a tuned model shares
+
+
+@pytest.mark.parametrize(
+    ("models", "fraction", "message"),
+    [([], 0.2, "models: expected at least one model name"), (["a"], 1.0, "fraction: expected a number between")],
+)
+def test_a_bad_split_request_is_one_error_naming_it(models, fraction, message):
+    with pytest.raises(ValueError, match=message):
+        split_by_model(models, fraction)
+
+
+def test_a_file_that_is_not_a_split_is_refused_naming_it(tmp_path):
+    bad = tmp_path / "s.json"
+    bad.write_text('{"kind": "something"}')
+    with pytest.raises(ValueError, match=r"split: .*s\.json: not a model split"):
+        read_split(bad)
+
+
+# -- synthetic results: a time law the GEMM view explains -------------------------------------------------
+def _law(problem: ConvBwdWeightProblem, variant) -> float:
+    """Seconds: the best split grows with the reduction (K / 2^13 splits), IREE's own forms are slower."""
+    g, m, n, k = problem.gemm
+    base = 2 * g * m * n * k / 100e12
+    if variant.plan is None:
+        return base * 1.6
+    ideal = max(1.0, k / 2**13)
+    return base * (1 + 0.35 * abs(math.log2(variant.plan.k_batch / ideal)))
+
+
+def _results(count: int = 60) -> tuple[dict, dict]:
+    rows, models = [], {}
+    for i in range(count):
+        p = ConvBwdWeightProblem.from_ck(f"2 1 {2 ** (1 + i % 7)} {64 * (1 + i % 3)} 64 3 3 {8 + 2 * (i % 5)} "
+                                         f"{8 + 2 * (i % 5)} 1 1 1 1 1 1 1 1")  # fmt: skip
+        name = f"p{i:03d}"
+        models[name] = [MODELS[i % len(MODELS)]]
+        variants = {v.name: v for v in candidates(p, "sm_80", max_plans=4)}
+        contenders = {n: {"status": "ok", "median_s": _law(p, v)} for n, v in variants.items()}
+        rows.append({"name": name, "problem": p.to_dict(), "contenders": contenders, "heuristic": "convbw[heuristic]",
+                     "variants": {n: v.to_dict() for n, v in variants.items()}})  # fmt: skip
+    results = {
+        "target": "sm_80",
+        "iree_version": "3.13.0",
+        "date": "2026-11-25",
+        "device": "synthetic",
+        "problems": rows,
+    }
+    return results, models
+
+
+def test_the_report_counts_each_selectors_choices_within_ten_percent_of_the_best():
+    results, models = _results(20)
+    split = {"held_out": ["net00", "net01"], "tuned": MODELS[2:]}
+    report = evaluate(results, split, models=models)
+    held = [r for r in results["problems"] if models[r["name"]][0] in ("net00", "net01")]
+    assert report["held_out_problems"] == len(held) == 4
+    ratios = []
+    for r in held:
+        times = {n: c["median_s"] for n, c in r["contenders"].items()}
+        ratios.append(times["convbw[heuristic]"] / min(times.values()))
+    h = report["selectors"]["heuristic"]
+    assert h["within"] == sum(x <= 1.1 for x in ratios) and h["measured"] == 4
+    assert h["geomean_loss"] == pytest.approx(math.prod(ratios) ** (1 / 4) - 1)
+    assert {"select", "nearest"} <= report["selectors"].keys()
+
+
+def test_the_learned_selector_round_trips_as_json_and_predicts_as_scikit_learn_does(tmp_path):
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    results, models = _results(30)
+    split = split_by_model(MODELS)
+    sel = train_selector(results, split, models, trees=40)
+    xs, ys = training_rows(results, split, models)
+    ref = GradientBoostingRegressor(n_estimators=40, max_depth=3, learning_rate=0.05, random_state=0).fit(xs, ys)
+    assert sel.predict(xs) == pytest.approx(list(ref.predict(xs)), abs=1e-9)
+    sel.save(tmp_path / "selector.sm_80.json")
+    back = TreeSelector.load(tmp_path / "selector.sm_80.json")
+    assert back.predict(xs[:20]) == sel.predict(xs[:20]) and back.meta["rows"] == len(xs)
+    data = json.loads((tmp_path / "selector.sm_80.json").read_text())
+    data["features"] = data["features"][:-1]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="trained on other features than this version's"):
+        TreeSelector.load(tmp_path / "old.json")
+
+
+def test_a_selector_that_learned_the_law_beats_nearest_neighbour_and_ships():
+    results, models = _results(80)
+    split = split_by_model(MODELS)
+    report = evaluate(results, split, train_selector(results, split, models), models)
+    s = report["selectors"]
+    assert s["learned"]["within_rate"] >= 0.85 and s["learned"]["geomean_loss"] < s["heuristic"]["geomean_loss"]
+    assert ships(report) == (
+        (s["learned"]["within_rate"], -s["learned"]["geomean_loss"])
+        > (s["nearest"]["within_rate"], -s["nearest"]["geomean_loss"])
+    )
+
+
+def test_ships_only_when_learned_beats_nearest():
+    def report(learned, nearest):
+        keys = ("within_rate", "geomean_loss")
+        return {"selectors": {"learned": dict(zip(keys, learned)), "nearest": dict(zip(keys, nearest))}}
+
+    assert ships(report((0.9, 0.05), (0.8, 0.01)))
+    assert not ships(report((0.8, 0.05), (0.9, 0.01)))
+    assert ships(report((0.9, 0.02), (0.9, 0.03))) and not ships(report((0.9, 0.03), (0.9, 0.03)))
+    assert not ships({"selectors": {"nearest": {"within_rate": 0.1, "geomean_loss": 1.0}}})  # none trained
+
+
+def test_features_name_the_gemm_view_and_the_variants_choices():
+    p = ConvBwdWeightProblem.from_ck("2 1 32 64 64 3 3 14 14 1 1 1 1 1 1 1 1")
+    (heur, *_rest) = candidates(p, "sm_80")
+    row = dict(zip(FEATURES, features(p, heur)))
+    assert row["log2_m"] == 6 and row["log2_n"] == math.log2(64 * 9) and row["log2_k"] == math.log2(32 * 196)
+    assert row["strategy_explicit"] == 1 and row["log2_k_batch"] == math.log2(heur.plan.k_batch)
+
+
+def test_an_installed_selector_chooses_after_an_exact_hit_and_a_database_folder_ignores_it(tmp_path, monkeypatch):
+    import warnings
+
+    from convbw_mlir.dispatch.select import databases, select
+
+    results, models = _results(40)
+    split = split_by_model(MODELS)
+    sel = train_selector(results, split, models, trees=60)
+    monkeypatch.setenv("CONVBW_CACHE_DIR", str(tmp_path / "cache"))
+    p = ConvBwdWeightProblem.from_ck("2 1 16 128 64 3 3 12 12 1 1 1 1 1 1 1 1")
+    assert select(p, "sm_80", dbs=[]).path == "heuristic"  # none installed
+    (tmp_path / "cache" / "tuning").mkdir(parents=True)
+    sel.save(tmp_path / "cache" / "tuning" / "selector.sm_80.json")
+    got = select(p, "sm_80", dbs=[])
+    options = [v for v in candidates(p, "sm_80", iree=False)]
+    assert got.path == "learned" and got.variant == sel.choose(p, options)
+    assert select(p, "sm_80", dbs=[], selector=False).path == "heuristic"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the selector file is not read as a malformed database
+        assert databases("sm_80") == [d for d in databases("sm_80") if d.target == "sm_80"]
+
+
+def test_the_command_splits_before_tuning_and_reports_after(tmp_path, capsys):
+    from convbw_mlir.dispatch.generalize import main
+
+    results, models = _results(40)
+    (tmp_path / "models.json").write_text(json.dumps(models))
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert main(["split", "--models", str(tmp_path / "models.json"), "--out", str(tmp_path / "split.json")]) == 0
+    assert read_split(tmp_path / "split.json") == split_by_model(MODELS)
+    argv = ["evaluate", str(tmp_path / "results.json"), "--split", str(tmp_path / "split.json"), "--models",
+            str(tmp_path / "models.json"), "--out", str(tmp_path / "report.md"),
+            "--selector-out", str(tmp_path / "selector.sm_80.json")]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "| learned |" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "selector.sm_80.json").exists() == ships(report)
+    argv[3] = str(tmp_path / "results.json")  # not a split
+    assert main(argv) == 1 and capsys.readouterr().err.startswith("error: split: ")
