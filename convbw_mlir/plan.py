@@ -8,7 +8,8 @@ carried out as a GEMM, how its reduction is split (split-K), and the strategy wi
     simt  no matrix instructions (depthwise, thin groups): a thread per (image, row, group, channel)
           over a rows split, else IREE's own reduction codegen over a batch split
     iree  IREE's own configuration (and the host's CPU codegen)
-    explicit  a whole kernel our passes write (``convbw_mlir/kernels``), on request only
+    explicit  a whole kernel our passes write (``convbw_mlir/kernels``): the implicit GEMM, or for depthwise
+          problems the depthwise kernel (``plan.depthwise``, convbw_mlir/policies/depthwise.py)
 
 The passes only carry a plan out: ``convbw-plan`` attaches it to each ``convbw.conv_bwd_weight`` as
 its ``plan`` attribute (it prints and parses, so a pipeline replays from text), ``convbw-explicit-gemm``
@@ -41,6 +42,7 @@ from convbw_mlir.plan_data import (
     _spelled,
     _target,
 )
+from convbw_mlir.policies import depthwise
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target
 
@@ -103,6 +105,8 @@ def decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | N
     if not tgt.is_gpu:
         return _no_tile(base, opts, "IREE's CPU codegen")
     codegen = _gpu_strategy(base, work, tgt, opts)
+    if opts == Overrides() and given_split is None and depthwise.takes_by_default(problem, tgt):
+        return depthwise.plan(problem, tgt, opts)  # the policy's one switch (depthwise.BY_DEFAULT)
     if opts.strategy is None and opts == Overrides() and given_split is None and _explicit_wins(problem, tgt, codegen):
         try:
             return _explicit(problem, tgt, opts)
@@ -120,7 +124,10 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
 
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
-    """The explicit strategy's plan, as the target's kernel family's policy makes it."""
+    """The explicit strategy's plan, as the target's kernel family's policy makes it (on NVIDIA, the depthwise
+    kernel's for a depthwise problem it takes)."""
+    if tgt.family == "nvidia" and depthwise.is_depthwise(problem) and not depthwise.takes(problem):
+        return depthwise.plan(problem, tgt, opts)
     policy = policies.for_target(tgt)
     if policy is None:
         raise PlanError(
@@ -235,7 +242,12 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
     """
     if plan.strategy == Strategy.EXPLICIT:
         policy = policies.for_target(plan.target_info)
-        why = ["target: no explicit kernel of ours"] if policy is None else policy.refusals(problem, plan)
+        if plan.depthwise is not None:
+            why = depthwise.refusals(problem, plan)
+        elif policy is None:
+            why = ["target: no explicit kernel of ours"]
+        else:
+            why = policy.refusals(problem, plan)
         if why:
             raise PlanError("strategy explicit: " + "; ".join(why))
         return
