@@ -39,8 +39,8 @@ THREADS = 256  # threads a workgroup the rule aims at (rows lanes fill up to it)
 MAX_THREADS = 1024
 MAX_ACCUMULATORS = 64  # f32 accumulators a thread (taps x vector)
 SEGMENT = 64  # the innermost output dimension is cut into segments of this many (long 1-D signals)
+MIN_SEGMENT = 16  # segments are halved down to this while the rows cannot fill the grid
 WAVES = 8  # workgroups an SM the rule aims at (rows split into chunks until the grid has that many)
-MIN_CHUNK_ROWS = 2  # rows a lane at least, per chunk: fewer and the workspace outweighs the work
 
 
 def is_depthwise(problem: Any) -> bool:
@@ -169,8 +169,8 @@ def _geometry(problem: Any) -> ConvGeometry:
 def _rule(problem: Any, tgt: Target) -> DepthwisePlan:
     """The kernel's numbers by rule: the widest channel vector that divides G, up to 64 channels a
     workgroup, runs of at most :data:`MAX_INNER_TAPS` taps, row lanes up to :data:`THREADS` threads, and
-    the rows cut into chunks until the grid has :data:`WAVES` workgroups an SM (each lane keeping
-    :data:`MIN_CHUNK_ROWS` rows)."""
+    rows cut into chunks of a whole number of rows a lane until the grid has :data:`WAVES` workgroups an SM
+    (long innermost dimensions cut into segments first, halved while the rows are too few for that)."""
     g = problem.groups
     vector = next(v for v in (VECTOR, 4, 2, 1) if g % v == 0)
     lanes_c = max(d for d in range(1, MAX_CHANNELS // vector + 1) if (g // vector) % d == 0)
@@ -182,11 +182,17 @@ def _rule(problem: Any, tgt: Target) -> DepthwisePlan:
         lanes_r *= 2
     wo = problem.output_size[-1]
     segment = -(-wo // UNROLL) * UNROLL if wo <= 2 * SEGMENT else SEGMENT
-    k = DepthwiseKernel(_geometry(problem), problem.batch, g, vector, vector * lanes_c, taps, lanes_r, 1, segment)
-    want = -(-WAVES * max(tgt.compute_units, 1) // k.grid[0])
-    chunks = max(1, min(want, k.rows // (lanes_r * MIN_CHUNK_ROWS)))
-    chunks = -(-k.rows // -(-k.rows // chunks))  # no empty chunk
-    return DepthwisePlan(vector, vector * lanes_c, taps, lanes_r, chunks, segment)
+    want = -(-WAVES * max(tgt.compute_units, 1) // (g // (vector * lanes_c)))  # chunks that fill the grid
+
+    def numbers(segment: int) -> DepthwiseKernel:
+        return DepthwiseKernel(_geometry(problem), problem.batch, g, vector, vector * lanes_c, taps, lanes_r, 1,
+                               segment)  # fmt: skip
+
+    while segment >= 2 * MIN_SEGMENT and numbers(segment).rows < want * lanes_r:
+        segment = -(-segment // (2 * UNROLL)) * UNROLL
+    rows = numbers(segment).rows
+    chunk_rows = lanes_r * -(-rows // (lanes_r * want))  # a whole number of rows a lane
+    return DepthwisePlan(vector, vector * lanes_c, taps, lanes_r, -(-rows // chunk_rows), segment)
 
 
 def kernel(problem: Any, dw: DepthwisePlan) -> DepthwiseKernel:
