@@ -103,7 +103,7 @@ class DepthwisePlan:
     """The depthwise kernel's numbers (strategy explicit, sm_80, layout 2; convbw_mlir/kernels/depthwise_sm80.py):
     ``vector`` channels a thread's load, ``channels`` a workgroup, ``taps`` inner filter taps a thread, ``rows``
     row lanes a workgroup, ``chunks`` workgroups along the rows (each writes an f32 partial), ``segment``
-    outputs of the innermost dimension a row."""
+    outputs of the innermost dimension a row, ``unroll`` of them a step of a thread's loop."""
 
     vector: int
     channels: int
@@ -111,6 +111,7 @@ class DepthwisePlan:
     rows: int
     chunks: int
     segment: int
+    unroll: int = 4
 
 
 @dataclass(frozen=True)

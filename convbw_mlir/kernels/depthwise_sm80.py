@@ -133,43 +133,69 @@ def _row(ix: _Ix, k: DepthwiseKernel, row: ir.Value, th: _Thread) -> tuple[ir.Va
 
 
 def _load(ix: _Ix, mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: int, f32: ir.Type) -> ir.Value:
-    """``v`` channels at ``idx`` as f32, zero where ``ok`` is false (the address is clamped inside)."""
+    """``v`` channels at ``idx`` as f32, zero where ``ok`` is false (the address is clamped inside; the
+    select acts on the 16-bit vector: half the selects of the f32 one)."""
     elem = ir.MemRefType(mem.type).element_type
-    val = arith.extf(ir.VectorType.get([v], f32), vector.load(ir.VectorType.get([v], elem), mem, idx))
-    if ok is None:
-        return val
-    zero = arith.constant(val.type, ir.DenseElementsAttr.get_splat(val.type, ir.FloatAttr.get(f32, 0.0)))
-    return arith.select(ok, val, zero)
+    val = vector.load(ir.VectorType.get([v], elem), mem, idx)
+    if ok is not None:
+        zero = arith.constant(val.type, ir.DenseElementsAttr.get_splat(val.type, ir.FloatAttr.get(elem, 0.0)))
+        val = arith.select(ok, val, zero)
+    return arith.extf(ir.VectorType.get([v], f32), val)
+
+
+def _first_x(ix: _Ix, k: DepthwiseKernel, th: _Thread, wo0: ir.Value) -> ir.Value:
+    """The first x position a step reads along the innermost dimension: ``wo0 * s - p + run * taps * d``."""
+    conv = k.conv
+    s, d, p = conv.stride[-1], conv.dilation[-1], conv.pad[-1]
+    return arith.subi(ix.add(ix.mul(wo0, s), ix.mul(th.run, k.taps * d)), ix.c(p))
+
+
+def _interior(ix: _Ix, k: DepthwiseKernel, row_ok: list[ir.Value], x_ok: list[ir.Value], base: ir.Value,
+              wo0: ir.Value) -> ir.Value | None:  # fmt: skip
+    """Whether a step reads nothing outside x and dy (so it needs no mask), or None where every step is so."""
+    conv = k.conv
+    conds = list(row_ok) + list(x_ok)
+    if k.segments * k.segment > conv.out_size[-1]:
+        conds.append(ix.lt(ix.add(wo0, k.unroll - 1), conv.out_size[-1]))
+    if conv.pad[-1]:
+        conds.append(ix.lt(-1, base))
+    if k.reach >= conv.in_size[-1]:
+        conds.append(ix.lt(ix.add(base, k.offsets[-1]), conv.in_size[-1]))
+    return _all(conds)
 
 
 def _step(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, row_ok: list[ir.Value],
           image: ir.Value, outs: list[ir.Value], x_outer: list[ir.Value], x_ok: list[ir.Value], wo0: ir.Value,
-          acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
+          acc: list[ir.Value], masked: bool = True) -> list[ir.Value]:  # fmt: skip
     """One step: outputs ``wo0 .. wo0 + unroll - 1`` of the innermost dimension. dy's vectors (zero past the
     row's end), the x window (each position the step's taps read once, zero in the padding), and
-    ``unroll x taps`` FMAs into the run's accumulators."""
+    ``unroll x taps`` FMAs into the run's accumulators. ``masked`` False: a step :func:`_interior` found
+    inside x and dy (no clamp, no select)."""
     conv, f32 = k.conv, ir.F32Type.get()
     wo_size, w_size = conv.out_size[-1], conv.in_size[-1]
     s, d, p = conv.stride[-1], conv.dilation[-1], conv.pad[-1]
     dys = []
     for u in range(k.unroll):
         wo = ix.add(wo0, u)
-        ok = list(row_ok)
-        if k.segments * k.segment > wo_size:
+        ok = list(row_ok) if masked else []
+        if masked and k.segments * k.segment > wo_size:
             ok.append(ix.lt(wo, wo_size))
             wo = arith.minsi(wo, ix.c(wo_size - 1))
         dys.append(_load(ix, dy, [image, *outs, wo, th.g], _all(ok), k.vector, f32))
-    base = arith.subi(ix.add(ix.mul(wo0, s), ix.mul(th.run, k.taps * d)), ix.c(p))
-    reach = (k.segments * k.segment - 1) * s + (k.runs * k.taps - 1) * d - p  # the last position any step reads
+    base = _first_x(ix, k, th, wo0)
     xs = {}
     for off in k.offsets:
         at = ix.add(base, off)
+        if not masked:
+            xs[off] = _load(ix, x, [image, *x_outer, at, th.g], None, k.vector, f32)
+            continue
         ok = list(x_ok)
         if p:
             ok.append(ix.lt(-1, at))
-        if reach >= w_size:
+        if k.reach >= w_size:
             ok.append(ix.lt(at, w_size))
         xs[off] = _load(ix, x, [image, *x_outer, ix.clamp(at, w_size - 1), th.g], _all(ok), k.vector, f32)
+    acc = list(acc)  # the caller's list stays the step's inputs (both branches of an interior check take it)
     for t in range(k.taps):
         for u in range(k.unroll):
             acc[t] = math.fma(xs[u * s + t * d], dys[u], acc[t])
@@ -196,9 +222,17 @@ def _rows_loop(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thre
         steps = scf.ForOp(ix.c(0), ix.c(k.segment // k.unroll), ix.c(1), list(rows.inner_iter_args))
         with ir.InsertionPoint(steps.body):
             wo0 = ix.add(ix.mul(seg, k.segment), ix.mul(steps.induction_variable, k.unroll))
-            out = _step(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok + row_ok, wo0,
-                        list(steps.inner_iter_args))  # fmt: skip
-            scf.YieldOp(out)
+            acc = list(steps.inner_iter_args)
+            inside = _interior(ix, k, row_ok, x_ok, _first_x(ix, k, th, wo0), wo0)
+            if inside is None:  # no step of this problem reads outside x or dy
+                scf.YieldOp(_step(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok, wo0, acc, masked=False))
+            else:  # most steps are inside: they skip the clamps and selects the edges need
+                branch = scf.IfOp(inside, [a.type for a in acc], has_else=True)
+                with ir.InsertionPoint(branch.then_block):
+                    scf.YieldOp(_step(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok, wo0, acc, masked=False))
+                with ir.InsertionPoint(branch.else_block):
+                    scf.YieldOp(_step(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok + row_ok, wo0, acc))
+                scf.YieldOp(list(branch.results))
         scf.YieldOp(list(steps.results))
     return list(rows.results)
 
@@ -206,7 +240,8 @@ def _rows_loop(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thre
 def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
     """The row lanes' sums through shared memory ``[lanes_r, slots x taps x vector]`` f32, added in lane
     order (the same bits every run), each sum stored to ``ws[chunk, g, 0, tap]`` (the run's taps past the
-    filter's end are not stored)."""
+    filter's end are not stored). Thread ``i`` of a pass takes sum ``e = i + pass * threads`` in ws's own
+    order (channel, then tap; the run's padded taps included): consecutive threads write consecutive words."""
     f32 = ir.F32Type.get()
     per_lane = k.lanes_c * k.runs * k.outer_taps
     size = per_lane * k.taps * k.vector
@@ -221,19 +256,22 @@ def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Valu
     for j in range(-(-size // k.threads)):
         e = ix.add(tid, j * k.threads)
         e_at = e if exact else arith.minsi(e, ix.c(size - 1))
-        total = vector.load(one, smem, [ix.c(0), e_at])
-        for lane in range(1, k.lanes_r):
-            total = arith.addf(total, vector.load(one, smem, [ix.c(lane), e_at]))
-        v = ix.rem(e_at, k.vector)
-        rest = ix.div(e_at, k.vector)
-        t = ix.rem(rest, k.taps)
-        slot = ix.div(rest, k.taps)
-        cv = ix.rem(slot, k.lanes_c)
-        rest = ix.div(slot, k.lanes_c)
-        run, outer = ix.rem(rest, k.runs), ix.div(rest, k.runs)
+        # e = ((channel * outer_taps + outer) * runs + run) * taps + t, channel = cv * vector + v
+        t = ix.rem(e_at, k.taps)
+        rest = ix.div(e_at, k.taps)
+        run = ix.rem(rest, k.runs)
+        rest = ix.div(rest, k.runs)
+        outer = ix.rem(rest, k.outer_taps)
+        channel = ix.div(rest, k.outer_taps)
+        cv, v = ix.div(channel, k.vector), ix.rem(channel, k.vector)
+        slot = ix.add(ix.mul(ix.add(ix.mul(outer, k.runs), run), k.lanes_c), cv)  # the thread's (_thread's order)
+        at = ix.add(ix.mul(ix.add(ix.mul(slot, k.taps), t), k.vector), v)
         inner = ix.add(ix.mul(run, k.taps), t)
-        g = ix.add(ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.channels), ix.mul(cv, k.vector)), v)
+        g = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.channels), channel)
         tap = ix.add(ix.mul(outer, k.inner), inner)
+        total = vector.load(one, smem, [ix.c(0), at])
+        for lane in range(1, k.lanes_r):
+            total = arith.addf(total, vector.load(one, smem, [ix.c(lane), at]))
         conds = [] if exact else [ix.lt(e, size)]
         if k.runs * k.taps != k.inner:
             conds.append(ix.lt(inner, k.inner))

@@ -113,6 +113,13 @@ class DepthwiseKernel:
         return sorted({u * s + t * d for u in range(self.unroll) for t in range(self.taps)})
 
     @property
+    def reach(self) -> int:
+        """The last x position any step reads along the innermost dimension (past the image: masked)."""
+        conv = self.conv
+        s, d, p = conv.stride[-1], conv.dilation[-1], conv.pad[-1]
+        return (self.segments * self.segment - 1) * s + (self.runs * self.taps - 1) * d - p
+
+    @property
     def shared_bytes(self) -> int:
         """The lanes' sums in shared memory: ``lanes_r x channels x taps a workgroup`` f32."""
         return self.lanes_r * self.lanes_c * self.runs * self.outer_taps * self.taps * self.vector * 4
@@ -192,13 +199,13 @@ def _rule(problem: Any, tgt: Target) -> DepthwisePlan:
         segment = -(-segment // (2 * UNROLL)) * UNROLL
     rows = numbers(segment).rows
     chunk_rows = lanes_r * -(-rows // (lanes_r * want))  # a whole number of rows a lane
-    return DepthwisePlan(vector, vector * lanes_c, taps, lanes_r, -(-rows // chunk_rows), segment)
+    return DepthwisePlan(vector, vector * lanes_c, taps, lanes_r, -(-rows // chunk_rows), segment, UNROLL)
 
 
 def kernel(problem: Any, dw: DepthwisePlan) -> DepthwiseKernel:
     """The kernel's numbers for ``problem`` carried out as ``dw`` says."""
     return DepthwiseKernel(_geometry(problem), problem.batch, problem.groups, dw.vector, dw.channels, dw.taps,
-                           dw.rows, dw.chunks, dw.segment)  # fmt: skip
+                           dw.rows, dw.chunks, dw.segment, dw.unroll)  # fmt: skip
 
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
