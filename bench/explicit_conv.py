@@ -29,7 +29,8 @@ and ``.md`` (and ``rows.json`` after each child, what a cut-off run still return
 
 ``compile --depthwise`` takes the depthwise layers instead (the suites' MobileNetV2, EfficientNet and
 conformer layers and the ConvNeXt / MobileNetV3 ones of :data:`DEPTHWISE`): ours is then the depthwise kernel
-(``plan.depthwise``), alt the same with twice the row chunks (a check of the rule's grid). Every IREE
+(``plan.depthwise``), alt its wide form (4 channels a thread, a whole filter row of up to 8 taps, steps of
+8 outputs: fewer conversions and loads an FMA, more registers; :func:`_wide`). Every IREE
 contender reads x and dy from buffers followed by NaN (``runtime.FENCE_BYTES``): an over-read shows.
 
 A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
@@ -143,8 +144,8 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
             else:
                 plan = decide(p, target, strategy="explicit")
                 kinds["ours"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
-                if plan.depthwise is not None:  # twice the rule's row chunks: checks its grid
-                    alt = _more_chunks(p, plan)
+                if plan.depthwise is not None:  # the wide form beside the rule's: checks the rule
+                    alt = _wide(p, plan)
                     if alt is not None:
                         kinds["alt"] = compile_op(p, target, plan=alt, isolate=True, cache=False)
                 elif (plan.tile.m, plan.tile.n) != (128, 256):  # the recipe tiling beside the rule's: checks the rule
@@ -164,17 +165,22 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
                                     "layout": 2})  # fmt: skip
 
 
-def _more_chunks(p: Any, plan: Any) -> Any:
-    """The depthwise plan with about twice the row chunks (a whole number of rows a lane), or None if none fit."""
+def _wide(p: Any, plan: Any) -> Any:
+    """The depthwise plan's wide form: 4 channels a thread, runs of up to 8 taps, steps of 8 outputs (the same
+    channels, lanes and chunks); None where the kernel refuses it."""
     from dataclasses import replace
 
-    from convbw_mlir.policies.depthwise import kernel
+    from convbw_mlir.plan import PlanError, check_plan
 
     dw = plan.depthwise
-    rows, lanes = kernel(p, dw).rows, dw.rows
-    chunk_rows = max(lanes, lanes * -(-rows // (lanes * 2 * dw.chunks)))
-    chunks = -(-rows // chunk_rows)
-    return None if chunks == dw.chunks else replace(plan, depthwise=replace(dw, chunks=chunks))
+    inner = p.filter_size[-1]
+    taps = -(-inner // -(-inner // 8))
+    wide = replace(dw, vector=4, taps=taps, unroll=8, segment=-(-dw.segment // 8) * 8)
+    try:
+        check_plan(p, replace(plan, depthwise=wide))
+    except PlanError:
+        return None
+    return replace(plan, depthwise=wide)
 
 
 # -- run side: one child --------------------------------------------------------------------------------
@@ -359,7 +365,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), {types}: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back).", "",
              "| problem | tile, split | ours us | ok (max rel err) | sustained us | alt us (128x256; depthwise: "
-             "2x chunks) | cuDNN us | product us (its plan) | cuDNN / ours | product / ours | ours TFLOP/s |",
+             "wide) | cuDNN us | product us (its plan) | cuDNN / ours | product / ours | ours TFLOP/s |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     vs_cudnn, vs_cudnn_all, vs_product = [], [], []
     for name in sorted(by, key=lambda n: list(suite).index(n) if n in suite else 0):
