@@ -126,9 +126,11 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The explicit strategy's plan, as the target's kernel family's policy makes it (on NVIDIA, the depthwise
     kernel's for a depthwise problem it takes)."""
-    if tgt.family == "nvidia" and depthwise.is_depthwise(problem) and not depthwise.takes(problem):
-        return depthwise.plan(problem, tgt, opts)
     policy = policies.for_target(tgt)
+    if tgt.family == "nvidia" and not depthwise.takes(problem):
+        # depthwise always; thin groups where the implicit GEMM refuses them (odd channel counts a group)
+        if depthwise.is_depthwise(problem) or policy.unsupported(problem, None):
+            return depthwise.plan(problem, tgt, opts)
     if policy is None:
         raise PlanError(
             f"strategy: explicit kernels are written for NVIDIA (sm_80), CDNA and RDNA only, not target {tgt.name}"

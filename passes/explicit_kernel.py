@@ -16,9 +16,9 @@ Layout 2 (NHWGC/GKYXC/NHWGK): dy collapses to ``(N*Ho*Wo) x G x K``, x to ``(N*H
 plain 1x1 (else it is bound as it is, ``N x H x W x G x C``), and the result ``G x K x (Y*X*C)`` expands
 into GKYXC.
 
-A depthwise plan (``plan.depthwise``) binds dy as ``N x *out x G`` and x as ``N x *in x G`` (the one channel
-a group collapsed away); its kernel (``convbw_mlir.kernels.depthwise_sm80``) writes f32 partials
-``chunks x G x 1 x taps`` that the same stage-2 sum as split-K's adds up and rounds to dW's type.
+A depthwise plan (``plan.depthwise``) binds dy as ``N x *out x (G*K)`` and x as ``N x *in x (G*C)`` (C = K = 1
+for depthwise, at most 16 for thin groups); its kernel (``convbw_mlir.kernels.depthwise_sm80``) writes f32
+partials ``chunks x G x K x (taps*C)`` that the same stage-2 sum as split-K's adds up and rounds to dW's type.
 
 IREE compiles the dispatch as written (``#iree_codegen.no_pipeline``): the kernel is the one
 ``convbw_mlir.kernels.gemm_sm80`` builds from the plan's tile; nothing here decides anything. It runs
@@ -101,12 +101,13 @@ def _sum_splits(partials: ir.Value, out: ir.Type) -> ir.Value:
     return rounded
 
 
-def _drop_channel(value: ir.Value) -> ir.Value:
-    """``[N, *spatial, G, 1] -> [N, *spatial, G]`` (a depthwise operand: one channel a group)."""
+def _merge_channels(value: ir.Value) -> ir.Value:
+    """``[N, *spatial, G, C] -> [N, *spatial, G*C]`` (the depthwise kernel's operands: C = 1, or thin groups)."""
     t = ir.RankedTensorType(value.type)
     shape = list(t.shape)
     groups = reassociation([[i] for i in range(len(shape) - 2)] + [[len(shape) - 2, len(shape) - 1]])
-    return tensor_d.CollapseShapeOp(ir.RankedTensorType.get(shape[:-1], t.element_type), value, groups).result
+    merged = [*shape[:-2], shape[-2] * shape[-1]]
+    return tensor_d.CollapseShapeOp(ir.RankedTensorType.get(merged, t.element_type), value, groups).result
 
 
 def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, subgroup: int, top: ir.InsertionPoint) -> ir.Value:
@@ -117,8 +118,8 @@ def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, subgroup: in
 
     k = kernel(problem, plan.depthwise)
     f16, f32 = element_type(problem.dtype), ir.F32Type.get()
-    x, dy = _drop_channel(op.operands[0]), _drop_channel(op.operands[1])
-    ws_shape = [k.chunks, problem.groups, 1, k.conv.taps]
+    x, dy = _merge_channels(op.operands[0]), _merge_channels(op.operands[1])
+    ws_shape = [k.chunks, problem.groups, problem.out_channels, k.conv.taps * problem.in_channels]
     entry = KernelEntry(
         executable=name,
         function=ENTRY,

@@ -318,6 +318,12 @@ class _Block:
                 out[th] = mem[d[:-1]][d[-1] : d[-1] + n]
             self.env[res[0]] = out
             return None
+        if name == "vector.broadcast":  # the grouped depthwise form's dy value over a vector of in channels
+            n = ir.VectorType(res[0].type).shape[-1]
+            src = np.asarray(self.get(ins[0]))
+            src = src.reshape(self.t, -1) if src.ndim else np.full((self.t, 1), src)
+            self.env[res[0]] = np.broadcast_to(src, (self.t, n)).copy()
+            return None
         if name == "vector.shape_cast":
             self.env[res[0]] = np.asarray(self.get(ins[0])).reshape((self.t, *ir.VectorType(res[0].type).shape))
             return None

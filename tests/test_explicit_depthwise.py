@@ -1,7 +1,8 @@
 """The depthwise sm_80 kernel (issue 23, item 4; convbw_mlir/kernels/depthwise_sm80.py): its numerics under
 the sm_80 emulator against float64 (any rank, padding, stride, dilation, ragged chunks and segments, channel
 vectors of 8, 4 and 1, f16 and bf16, dW f32 or the input type), the plan that asks for it, its refusals, and
-the plan's one switch. The emulator indexes numpy arrays, so a read outside x or dy fails here too."""
+the plan's one switch; and its grouped form for thin groups (at most 16 channels a group). The emulator
+indexes numpy arrays, so a read outside x or dy fails here too."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sm80_emulator import module_error
 from convbw_mlir.plan import Plan, PlanError, Strategy, check_plan, decide
 from convbw_mlir.policies import depthwise
 from convbw_mlir.problem import ConvBwdWeightProblem as P
+from convbw_mlir.targets import get_target
 
 
 def emulated_error(p: P, plan: Plan | None = None) -> float:
@@ -46,6 +48,32 @@ def test_depthwise_kernel_matches_float64_under_emulation(name):
     p = CASES[name]
     tolerance = {"bf16": 2.0**-8, "f32": 1e-4}.get(p.dw_dtype, 2e-3)
     assert emulated_error(p) < tolerance
+
+
+THIN = {
+    "c4_k4_3x3_vector4": P(4, 2, 4, 4, (6, 7), (3, 3), pad_low=1, pad_high=1, layout=2),
+    "c3_k5_stride2_vector1": P(6, 2, 3, 5, (7, 6), (3, 3), stride=2, pad_low=1, pad_high=1, layout=2),
+    "1d_c8_k2_dilated": P(3, 2, 8, 2, (9,), (5,), dilation=2, pad_low=2, pad_high=2, layout=2),
+    "3d_c16_k16_bf16_f32_out": P(2, 2, 16, 16, (3, 4, 5), (3, 3, 3), pad_low=1, pad_high=1, layout=2,
+                                 dtype="bf16", dw_dtype="f32"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", THIN)
+def test_grouped_form_for_thin_groups_matches_float64_under_emulation(name):
+    p = THIN[name]
+    plan = Plan("sm_80", Strategy.EXPLICIT, depthwise=depthwise._rule(p, get_target("sm_80")))  # a stored plan's way
+    check_plan(p, plan)
+    assert emulated_error(p, plan) < (1e-4 if p.dw_dtype == "f32" else 2e-3)
+
+
+def test_strategy_explicit_takes_the_grouped_form_only_where_the_implicit_gemm_refuses_the_groups(monkeypatch):
+    odd = decide(THIN["c3_k5_stride2_vector1"], "sm_80", strategy="explicit")  # odd channels: no cp.async rows
+    assert odd.depthwise is not None and odd.depthwise.channels % 3 == 0
+    even = decide(THIN["c4_k4_3x3_vector4"], "sm_80", strategy="explicit")  # measured with the GEMM kernel
+    assert even.depthwise is None and even.tile is not None
+    monkeypatch.setattr(depthwise, "BY_DEFAULT", True)  # the switch is the depthwise form's alone (measured)
+    assert decide(THIN["c3_k5_stride2_vector1"], "sm_80").depthwise is None
 
 
 @pytest.mark.parametrize(
@@ -94,7 +122,7 @@ def test_depthwise_plan_refuses_gemm_options_by_name(options, message):
         (CASES["3x3_pad"], {"vector": 3}, "depthwise.vector: 3"),
         (CASES["3x3_pad"], {"segment": 6}, "depthwise.segment: 6"),
         (CASES["3x3_pad"], {"taps": 16}, "depthwise.taps: 16 x 8 channels = 128 accumulators"),
-        (P(4, 2, 2, 2, (6, 6), (3, 3), layout=2), {}, "in_channels: 2, out_channels: 2 a group"),
+        (P(4, 2, 32, 32, (6, 6), (3, 3), layout=2), {}, "in_channels: 32, out_channels: 32 a group"),
         (CASES["3x3_pad"].with_(layout=4), {}, "layout: NGCHW/GKCYX/NGKHW"),
     ],
 )

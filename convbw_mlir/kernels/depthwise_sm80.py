@@ -4,7 +4,9 @@
 channels-last depthwise problem (layout 2, one channel a group; the numbers and their rule are
 ``convbw_mlir.policies.depthwise``): dy binds as ``[N, *out, G]``, x as ``[N, *in, G]`` (any rank: 1-D, 2-D,
 3-D), the f32 workspace ``ws`` as ``[chunks, G, 1, taps]``, which a second stage (``linalg.generic``) sums
-and rounds to dW's type.
+and rounds to dW's type. Thin groups (C, K <= 16 a group): dy ``[N, *out, G*K]``, x ``[N, *in, G*C]``,
+``ws[chunk, g, k, t * C + c]``; a thread's vector runs over the group's in channels and dy's value of its
+out channel is broadcast over it.
 
 Layers, each a function with one job: :func:`_thread` (which channel vector, taps and row lane a thread
 owns), :func:`_row` (a row's image and outer coordinates, and where x's outer coordinates fall),
@@ -85,10 +87,13 @@ def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]
 
 @dataclass
 class _Thread:
-    """What one thread owns: its first channel ``g``, its run of inner taps (``run``), its outer tap's
-    coordinates ``outer``, its row lane ``lane``, and its slot among a row lane's threads ``slot``."""
+    """What one thread owns: its first channel of x ``g`` and its channel of dy ``dg`` (depthwise: the same,
+    a vector of groups; grouped: a vector of group g's in channels and one out channel, broadcast), its run of
+    inner taps (``run``), its outer tap's coordinates ``outer``, its row lane ``lane``, and its slot among a
+    row lane's threads ``slot``."""
 
     g: ir.Value
+    dg: ir.Value
     run: ir.Value
     outer: list[ir.Value]
     lane: ir.Value
@@ -103,8 +108,17 @@ def _thread(ix: _Ix, k: DepthwiseKernel, tid: ir.Value) -> _Thread:
     run = ix.rem(rest, k.runs)
     rest = ix.div(rest, k.runs)
     outer = ix.rem(rest, k.outer_taps)
-    g = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.channels), ix.mul(cv, k.vector))
-    return _Thread(g, run, _unravel(ix, outer, k.conv.filter[:-1]), ix.div(tid, per_lane), ix.rem(tid, per_lane))
+    if k.paired:
+        g = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.channels), ix.mul(cv, k.vector))
+        dg = g
+    else:  # cv = (group * K + out channel) * (C / vector) + in-channel vector
+        vecs = k.in_channels // k.vector
+        rest = ix.div(cv, vecs)
+        group = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.group_tile), ix.div(rest, k.out_channels))
+        g = ix.add(ix.mul(group, k.in_channels), ix.mul(ix.rem(cv, vecs), k.vector))
+        dg = ix.add(ix.mul(group, k.out_channels), ix.rem(rest, k.out_channels))
+    return _Thread(g, dg, run, _unravel(ix, outer, k.conv.filter[:-1]), ix.div(tid, per_lane),
+                   ix.rem(tid, per_lane))  # fmt: skip
 
 
 def _row(ix: _Ix, k: DepthwiseKernel, row: ir.Value, th: _Thread) -> tuple[ir.Value, list[ir.Value], ir.Value,
@@ -181,7 +195,11 @@ def _step(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, r
         if masked and k.segments * k.segment > wo_size:
             ok.append(ix.lt(wo, wo_size))
             wo = arith.minsi(wo, ix.c(wo_size - 1))
-        dys.append(_load(ix, dy, [image, *outs, wo, th.g], _all(ok), k.vector, f32))
+        if k.paired:
+            dys.append(_load(ix, dy, [image, *outs, wo, th.dg], _all(ok), k.vector, f32))
+        else:  # one out channel's value, broadcast over the in-channel vector
+            one = _load(ix, dy, [image, *outs, wo, th.dg], _all(ok), 1, f32)
+            dys.append(one if k.vector == 1 else vector.broadcast(ir.VectorType.get([k.vector], f32), one))
     base = _first_x(ix, k, th, wo0)
     xs = {}
     for off in k.offsets:
@@ -239,9 +257,10 @@ def _rows_loop(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thre
 
 def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
     """The row lanes' sums through shared memory ``[lanes_r, slots x taps x vector]`` f32, added in lane
-    order (the same bits every run), each sum stored to ``ws[chunk, g, 0, tap]`` (the run's taps past the
-    filter's end are not stored). Thread ``i`` of a pass takes sum ``e = i + pass * threads`` in ws's own
-    order (channel, then tap; the run's padded taps included): consecutive threads write consecutive words."""
+    order (the same bits every run), each sum stored to ``ws[chunk, g, k, tap * C + c]`` (the run's taps past
+    the filter's end are not stored). Thread ``i`` of a pass takes sum ``e = i + pass * threads`` in ws's own
+    order (group, out channel, tap, in channel; the run's padded taps included): consecutive threads write
+    consecutive words."""
     f32 = ir.F32Type.get()
     per_lane = k.lanes_c * k.runs * k.outer_taps
     size = per_lane * k.taps * k.vector
@@ -256,19 +275,28 @@ def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Valu
     for j in range(-(-size // k.threads)):
         e = ix.add(tid, j * k.threads)
         e_at = e if exact else arith.minsi(e, ix.c(size - 1))
-        # e = ((channel * outer_taps + outer) * runs + run) * taps + t, channel = cv * vector + v
-        t = ix.rem(e_at, k.taps)
-        rest = ix.div(e_at, k.taps)
+        # e = (((((group * K + out) * outer_taps + outer) * runs + run) * taps + t) * C + c
+        c = ix.rem(e_at, k.in_channels)
+        rest = ix.div(e_at, k.in_channels)
+        t = ix.rem(rest, k.taps)
+        rest = ix.div(rest, k.taps)
         run = ix.rem(rest, k.runs)
         rest = ix.div(rest, k.runs)
         outer = ix.rem(rest, k.outer_taps)
-        channel = ix.div(rest, k.outer_taps)
-        cv, v = ix.div(channel, k.vector), ix.rem(channel, k.vector)
+        rest = ix.div(rest, k.outer_taps)
+        out = ix.rem(rest, k.out_channels)
+        group = ix.div(rest, k.out_channels)
+        if k.paired:  # a vector holds consecutive groups
+            cv, v = ix.div(group, k.vector), ix.rem(group, k.vector)
+        else:  # a vector holds consecutive in channels of one group and out channel
+            vecs = k.in_channels // k.vector
+            cv = ix.add(ix.mul(ix.add(ix.mul(group, k.out_channels), out), vecs), ix.div(c, k.vector))
+            v = ix.rem(c, k.vector)
         slot = ix.add(ix.mul(ix.add(ix.mul(outer, k.runs), run), k.lanes_c), cv)  # the thread's (_thread's order)
         at = ix.add(ix.mul(ix.add(ix.mul(slot, k.taps), t), k.vector), v)
         inner = ix.add(ix.mul(run, k.taps), t)
-        g = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.channels), channel)
-        tap = ix.add(ix.mul(outer, k.inner), inner)
+        g = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.group_tile), group)
+        col = ix.add(ix.mul(ix.add(ix.mul(outer, k.inner), inner), k.in_channels), c)  # tap * C + c
         total = vector.load(one, smem, [ix.c(0), at])
         for lane in range(1, k.lanes_r):
             total = arith.addf(total, vector.load(one, smem, [ix.c(lane), at]))
@@ -277,11 +305,11 @@ def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Valu
             conds.append(ix.lt(inner, k.inner))
         cond = _all(conds)
         if cond is None:
-            vector.store(total, ws, [chunk, g, ix.c(0), tap])
+            vector.store(total, ws, [chunk, g, out, col])
             continue
         branch = scf.IfOp(cond)
         with ir.InsertionPoint(branch.then_block):
-            vector.store(total, ws, [chunk, g, ix.c(0), tap])
+            vector.store(total, ws, [chunk, g, out, col])
             scf.YieldOp([])
 
 
@@ -294,9 +322,9 @@ def build_kernel_body(entry: ir.Block, dy: ir.Value, x: ir.Value, ws: ir.Value, 
     """Emit the kernel into ``entry`` (its operands bound), for the grid :func:`grid` gives.
 
     Args:
-        dy: ``memref<N x *out x G x (f16|bf16)>``.
-        x: ``memref<N x *in x G x (f16|bf16)>``.
-        ws: ``memref<chunks x G x 1 x taps x f32>``, the chunks' partial sums.
+        dy: ``memref<N x *out x (G*K) x (f16|bf16)>``.
+        x: ``memref<N x *in x (G*C) x (f16|bf16)>``.
+        ws: ``memref<chunks x G x K x (taps*C) x f32>``, the chunks' partial sums.
     """
     ix = _Ix(entry)
     f32 = ir.F32Type.get()

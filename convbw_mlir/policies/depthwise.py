@@ -11,6 +11,10 @@ a lane of rows; a workgroup owns ``channels`` channels and a chunk of the rows (
 coordinates, segment of the innermost one). Its lanes' sums meet in shared memory (in order), the chunks'
 in an f32 workspace ``[chunks, G, 1, taps]`` that a second stage sums (in order) and rounds to dW's type:
 no atomics, the same bits every run.
+
+Thin groups (at most :data:`MAX_GROUP_CHANNELS` in and out channels a group) take the same kernel in its
+grouped form: a thread's vector runs along a group's in channels (``dW[g, k, t, c]``) and dy's one value of
+its out channel k is broadcast over it; a workgroup owns ``channels / C`` whole groups.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ BY_DEFAULT = False
 DTYPES = ("f16", "bf16")
 VECTOR = 8  # channels a thread reads at once: 16 bytes of f16 (a divisor of G where 8 is not)
 MAX_CHANNELS = 64  # channels a workgroup: 8 threads' 16-byte loads make one 128-byte line
+MAX_GROUP_CHANNELS = 16  # in and out channels a group of the grouped form ("thin groups", issue 23)
 MAX_INNER_TAPS = 4  # inner taps a thread: 4 x 8 f32 accumulators, the x window 4 + 3 + 3 vectors at unroll 4
 UNROLL = 4  # output positions of the innermost dimension a step of the thread's loop
 THREADS = 256  # threads a workgroup the rule aims at (rows lanes fill up to it)
@@ -48,12 +53,19 @@ def is_depthwise(problem: Any) -> bool:
     return problem.in_channels == 1 and problem.out_channels == 1
 
 
+def is_thin(problem: Any) -> bool:
+    """Depthwise, or groups of at most :data:`MAX_GROUP_CHANNELS` in and out channels (the grouped form)."""
+    return max(problem.in_channels, problem.out_channels) <= MAX_GROUP_CHANNELS
+
+
 @dataclass(frozen=True)
 class DepthwiseKernel:
     """The kernel's numbers, derived once from the problem and the plan (the builder takes this).
 
     Threads of a workgroup, fastest first: channel vector (``lanes_c``), inner tap run (``runs``), outer tap
-    (``outer_taps``), row lane (``lanes_r``). A row is (image, outer output coordinates, segment).
+    (``outer_taps``), row lane (``lanes_r``). A row is (image, outer output coordinates, segment). Depthwise
+    (``paired``): a vector is ``vector`` groups, x's and dy's alike; grouped: ``lanes_c`` runs over the
+    group's in-channel vectors, then its out channels, then the workgroup's groups.
     """
 
     conv: ConvGeometry
@@ -66,10 +78,24 @@ class DepthwiseKernel:
     chunks: int
     segment: int
     unroll: int = UNROLL
+    in_channels: int = 1  # a group's (C)
+    out_channels: int = 1  # a group's (K)
+
+    @property
+    def paired(self) -> bool:
+        """Depthwise: x's and dy's channels are the same (one a group), read as one vector each."""
+        return self.in_channels == 1 and self.out_channels == 1
+
+    @property
+    def group_tile(self) -> int:
+        """Groups a workgroup."""
+        return self.channels // self.in_channels
 
     @property
     def lanes_c(self) -> int:
-        return self.channels // self.vector
+        if self.paired:
+            return self.channels // self.vector
+        return self.group_tile * self.out_channels * (self.in_channels // self.vector)
 
     @property
     def inner(self) -> int:
@@ -103,7 +129,7 @@ class DepthwiseKernel:
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return self.groups // self.channels, self.chunks, 1
+        return self.groups * self.in_channels // self.channels, self.chunks, 1
 
     @property
     def offsets(self) -> list[int]:
@@ -127,11 +153,13 @@ class DepthwiseKernel:
     def problems(self) -> list[str]:
         """Why the kernel cannot run with these numbers ("field: value" lines); empty if it can."""
         why = []
-        if self.vector not in (1, 2, 4, 8) or self.groups % self.vector:
-            why.append(f"depthwise.vector: {self.vector} (1, 2, 4 or 8 channels that divide the {self.groups} groups)")
-        if self.channels % self.vector or self.groups % self.channels:
-            why.append(f"depthwise.channels: {self.channels} (a multiple of the vector that divides the "
-                       f"{self.groups} groups)")  # fmt: skip
+        span, what = (self.groups, "groups") if self.paired else (self.in_channels, "in channels a group")
+        if self.vector not in (1, 2, 4, 8) or span % self.vector:
+            why.append(f"depthwise.vector: {self.vector} (1, 2, 4 or 8 channels that divide the {span} {what})")
+        whole = self.vector if self.paired else self.in_channels
+        if self.channels % whole or (self.groups * self.in_channels) % self.channels:
+            why.append(f"depthwise.channels: {self.channels} (a multiple of the "
+                       f"{'vector' if self.paired else 'group'} that divides the {self.groups} groups)")  # fmt: skip
         if self.taps * self.vector > MAX_ACCUMULATORS:
             why.append(f"depthwise.taps: {self.taps} x {self.vector} channels = {self.taps * self.vector} "
                        f"accumulators a thread, over {MAX_ACCUMULATORS}")  # fmt: skip
@@ -148,9 +176,9 @@ class DepthwiseKernel:
 def takes(problem: Any) -> list[str]:
     """Why the depthwise kernel cannot compute ``problem`` at all ("field: value" lines); empty if it can."""
     why = []
-    if not is_depthwise(problem):
+    if not is_thin(problem):
         why.append(f"in_channels: {problem.in_channels}, out_channels: {problem.out_channels} a group (the "
-                   "depthwise kernel takes one of each)")  # fmt: skip
+                   f"depthwise kernel takes one of each, or thin groups of at most {MAX_GROUP_CHANNELS})")  # fmt: skip
     if not is_channels_last(problem):
         why.append(f"layout: {problem.layout} (the depthwise kernel takes layout 2, NHWGC/GKYXC/NHWGK)")
     if problem.dtype not in DTYPES:
@@ -164,8 +192,8 @@ def takes(problem: Any) -> list[str]:
 
 def takes_by_default(problem: Any, target: Target) -> bool:
     """Whether the plan chooses this kernel by itself: the switch :data:`BY_DEFAULT` is on, the target is
-    NVIDIA's and the kernel takes the problem."""
-    return BY_DEFAULT and target.family == "nvidia" and not takes(problem)
+    NVIDIA's and the kernel takes the problem, a depthwise one (the grouped form is not measured)."""
+    return BY_DEFAULT and target.family == "nvidia" and is_depthwise(problem) and not takes(problem)
 
 
 def _geometry(problem: Any) -> ConvGeometry:
@@ -178,34 +206,43 @@ def _rule(problem: Any, tgt: Target) -> DepthwisePlan:
     workgroup, runs of at most :data:`MAX_INNER_TAPS` taps, row lanes up to :data:`THREADS` threads, and
     rows cut into chunks of a whole number of rows a lane until the grid has :data:`WAVES` workgroups an SM
     (long innermost dimensions cut into segments first, halved while the rows are too few for that)."""
-    g = problem.groups
-    vector = next(v for v in (VECTOR, 4, 2, 1) if g % v == 0)
-    lanes_c = max(d for d in range(1, MAX_CHANNELS // vector + 1) if (g // vector) % d == 0)
+    g, c, k = problem.groups, problem.in_channels, problem.out_channels
     inner = problem.filter_size[-1]
     taps = -(-inner // -(-inner // MAX_INNER_TAPS))
-    base = lanes_c * -(-inner // taps) * math.prod(problem.filter_size[:-1])
+    runs_outer = -(-inner // taps) * math.prod(problem.filter_size[:-1])
+    if c == 1 and k == 1:  # the vector runs over groups
+        vector = next(v for v in (VECTOR, 4, 2, 1) if g % v == 0)
+        lanes_c = max(d for d in range(1, MAX_CHANNELS // vector + 1) if (g // vector) % d == 0)
+        channels = vector * lanes_c
+    else:  # over a group's in channels; whole groups a workgroup, up to THREADS threads a row lane
+        vector = next(v for v in (VECTOR, 4, 2, 1) if c % v == 0)
+        per_group = k * (c // vector) * runs_outer
+        tile = max(d for d in range(1, g + 1) if g % d == 0 and (d * per_group <= THREADS or d == 1))
+        lanes_c, channels = tile * k * (c // vector), tile * c
+    base = lanes_c * runs_outer
     lanes_r = 1
     while base * lanes_r * 2 <= THREADS:
         lanes_r *= 2
     wo = problem.output_size[-1]
     segment = -(-wo // UNROLL) * UNROLL if wo <= 2 * SEGMENT else SEGMENT
-    want = -(-WAVES * max(tgt.compute_units, 1) // (g // (vector * lanes_c)))  # chunks that fill the grid
+    want = -(-WAVES * max(tgt.compute_units, 1) // (g * c // channels))  # chunks that fill the grid
 
     def numbers(segment: int) -> DepthwiseKernel:
-        return DepthwiseKernel(_geometry(problem), problem.batch, g, vector, vector * lanes_c, taps, lanes_r, 1,
-                               segment)  # fmt: skip
+        return DepthwiseKernel(_geometry(problem), problem.batch, g, vector, channels, taps, lanes_r, 1, segment,
+                               UNROLL, c, k)  # fmt: skip
 
     while segment >= 2 * MIN_SEGMENT and numbers(segment).rows < want * lanes_r:
         segment = -(-segment // (2 * UNROLL)) * UNROLL
     rows = numbers(segment).rows
     chunk_rows = lanes_r * -(-rows // (lanes_r * want))  # a whole number of rows a lane
-    return DepthwisePlan(vector, vector * lanes_c, taps, lanes_r, -(-rows // chunk_rows), segment, UNROLL)
+    return DepthwisePlan(vector, channels, taps, lanes_r, -(-rows // chunk_rows), segment, UNROLL)
 
 
 def kernel(problem: Any, dw: DepthwisePlan) -> DepthwiseKernel:
     """The kernel's numbers for ``problem`` carried out as ``dw`` says."""
     return DepthwiseKernel(_geometry(problem), problem.batch, problem.groups, dw.vector, dw.channels, dw.taps,
-                           dw.rows, dw.chunks, dw.segment, dw.unroll)  # fmt: skip
+                           dw.rows, dw.chunks, dw.segment, dw.unroll, problem.in_channels,
+                           problem.out_channels)  # fmt: skip
 
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
