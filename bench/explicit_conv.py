@@ -30,7 +30,10 @@ and ``.md`` (and ``rows.json`` after each child, what a cut-off run still return
 ``compile --depthwise`` takes the depthwise layers instead (the suites' MobileNetV2, EfficientNet and
 conformer layers and the ConvNeXt / MobileNetV3 ones of :data:`DEPTHWISE`): ours is then the depthwise kernel
 (``plan.depthwise``), alt its wide form (4 channels a thread, a whole filter row of up to 8 taps, steps of
-8 outputs: fewer conversions and loads an FMA, more registers; :func:`_wide`). Every IREE
+8 outputs: fewer conversions and loads an FMA, more registers; :func:`_wide`). ``compile --thin`` takes the
+thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise kernel's grouped form (its policy's
+plan, given as a stored plan: ``strategy=explicit`` keeps the implicit GEMM for even channel counts), alt the
+implicit GEMM (``strategy=explicit``). Every IREE
 contender reads x and dy from buffers followed by NaN (``runtime.FENCE_BYTES``): an over-read shows.
 
 A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
@@ -71,6 +74,13 @@ DEPTHWISE = {
     "convnext_t_dw7x7_g384_14": "2 384 32 1 1 7 7 14 14 1 1 1 1 3 3 3 3",
     "mobilenetv3_dw5x5_g72_56_s2": "2 72 32 1 1 5 5 56 56 2 2 1 1 2 2 2 2",
 }
+# Thin groups (layout 2, N = 32): ResNeXt-50 32x4d's and ResNeXt-101 32x8d's first-stage 3x3, RegNetX-400MF's
+# third stage (group width 16).
+THIN = {
+    "resnext50_32x4d_g32_c4_56": "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1",
+    "resnext101_32x8d_g32_c8_56": "2 32 32 8 8 3 3 56 56 1 1 1 1 1 1 1 1",
+    "regnetx400mf_g10_c16_14": "2 10 32 16 16 3 3 14 14 1 1 1 1 1 1 1 1",
+}
 SMOKE = {
     "small_3x3": "2 1 2 16 8 3 3 6 6 1 1 1 1 1 1 1 1",
     "small_1x1": "2 1 2 8 16 1 1 5 5 1 1 1 1 0 0 0 0",
@@ -82,7 +92,7 @@ TYPES = ("f16", "bf16")
 
 # -- compile side ------------------------------------------------------------------------------------
 def problems(smoke: bool = False, ranks: tuple[int, ...] = (2,), types: tuple[str, ...] = ("f16",),
-             depthwise: bool = False) -> dict[str, Any]:  # fmt: skip
+             depthwise: bool = False, thin: bool = False) -> dict[str, Any]:  # fmt: skip
     """name -> problem in layout 2: the dense suite problems (G=1) of ``ranks``, then (rank 2) the ResNet-50
     layers (``depthwise``: the suites' depthwise layers of any rank and :data:`DEPTHWISE`); each in every
     input type of ``types`` (dW of that type; names of bf16 ones end in ``_bf16``)."""
@@ -90,7 +100,9 @@ def problems(smoke: bool = False, ranks: tuple[int, ...] = (2,), types: tuple[st
     from convbw_mlir.suites import load_suite
 
     base = {}
-    if depthwise:
+    if thin:
+        base = {name: P.from_ck(line) for name, line in THIN.items()}
+    elif depthwise:
         for name, p in load_suite("models"):
             if p.in_channels == 1 and p.out_channels == 1:
                 base[name] = p.with_(layout=2)
@@ -123,24 +135,30 @@ def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, An
 
 
 def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None, ranks: tuple[int, ...] = (2,),
-                types: tuple[str, ...] = ("f16",), depthwise: bool = False) -> None:  # fmt: skip
+                types: tuple[str, ...] = ("f16",), depthwise: bool = False, thin: bool = False) -> None:  # fmt: skip
     """Compile ours and the product's default for every problem into ``folder`` (vmfbs, manifest.json)."""
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
-    from convbw_mlir.plan import PlanError, decide
+    from convbw_mlir.plan import Overrides, PlanError, decide
+    from convbw_mlir.policies import depthwise as depthwise_policy
+    from convbw_mlir.targets import get_target
 
     folder.mkdir(parents=True, exist_ok=True)
     entries, refused = [], {}
     target = "host" if smoke else "sm_80"
-    for name, p in problems(smoke, ranks, types, depthwise).items():
+    for name, p in problems(smoke, ranks, types, depthwise, thin).items():
         if only and not any(o in name for o in only):
             continue
-        suite = name.removesuffix("_bf16") not in {**EXTRA, **DEPTHWISE}
+        suite = name.removesuffix("_bf16") not in {**EXTRA, **DEPTHWISE, **THIN}
         t0 = time.time()
         kinds = {}
         try:
             if smoke:  # no sm_80 on the CPU: the product's host kernel stands in for ours (plumbing only)
                 kinds["ours"] = compile_op(p, target, isolate=True, cache=False)
+            elif thin:  # the grouped form as a stored plan; the implicit GEMM beside it
+                grouped = depthwise_policy.plan(p, get_target(target), Overrides())
+                kinds["ours"] = compile_op(p, target, plan=grouped, isolate=True, cache=False)
+                kinds["alt"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
             else:
                 plan = decide(p, target, strategy="explicit")
                 kinds["ours"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
@@ -432,11 +450,13 @@ def main(argv: list[str] | None = None) -> int:
                                 help="input types, each problem in each (default f16)")  # fmt: skip
     compile_parser.add_argument("--depthwise", action="store_true",
                                 help="the depthwise layers instead of the dense ones")  # fmt: skip
+    compile_parser.add_argument("--thin", action="store_true",
+                                help="the thin-group layers (the grouped form) instead of the dense ones")  # fmt: skip
     harness.add_batch_options(run, budget=150.0, jobs=6)
     run.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
     harness.add_child_parser(sub, "run-one")
     return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only, tuple(a.ranks), tuple(a.types),
-                                                                  a.depthwise),
+                                                                  a.depthwise, a.thin),
                         run=lambda a: run_all(a.dir, a.out, a.budget, a.jobs, a.only), report=report,
                         children={"run-one": lambda a: run_children(a.dir, a.names)})  # fmt: skip
 
