@@ -27,6 +27,15 @@ kernel time a call over a back-to-back stream. Past ``--budget`` seconds nothing
 running children are stopped; what did not fit is listed as skipped. Writes ``OUT/explicit_conv.json``
 and ``.md`` (and ``rows.json`` after each child, what a cut-off run still returns).
 
+``compile --depthwise`` takes the depthwise layers instead (the suites' MobileNetV2, EfficientNet and
+conformer layers and the ConvNeXt / MobileNetV3 ones of :data:`DEPTHWISE`): ours is then the depthwise kernel
+(``plan.depthwise``), alt its wide form (4 channels a thread, a whole filter row of up to 8 taps, steps of
+8 outputs: fewer conversions and loads an FMA, more registers; :func:`_wide`). ``compile --thin`` takes the
+thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise kernel's grouped form (its policy's
+plan, given as a stored plan: ``strategy=explicit`` keeps the implicit GEMM for even channel counts), alt the
+implicit GEMM (``strategy=explicit``). Every IREE
+contender reads x and dy from buffers followed by NaN (``runtime.FENCE_BYTES``): an over-read shows.
+
 A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
 place of both of ours and the product's, a few small problems) and ``EXPLICIT_CONV_DEVICE=cpu``.
 """
@@ -58,6 +67,20 @@ EXTRA = {
     "resnet50_3x3_256_n256_14": "2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1",
     "resnet50_1x1_1024to256_n256_14": "2 1 256 256 1024 1 1 14 14 1 1 1 1 0 0 0 0",
 }
+# Depthwise layers beside the suites' (layout 2, N = 32): ConvNeXt-T's 7x7 (stages 1 and 3), MobileNetV3-Large's
+# 5x5 stride 2 (72 channels, 56 -> 28).
+DEPTHWISE = {
+    "convnext_t_dw7x7_g96_56": "2 96 32 1 1 7 7 56 56 1 1 1 1 3 3 3 3",
+    "convnext_t_dw7x7_g384_14": "2 384 32 1 1 7 7 14 14 1 1 1 1 3 3 3 3",
+    "mobilenetv3_dw5x5_g72_56_s2": "2 72 32 1 1 5 5 56 56 2 2 1 1 2 2 2 2",
+}
+# Thin groups (layout 2, N = 32): ResNeXt-50 32x4d's and ResNeXt-101 32x8d's first-stage 3x3, RegNetX-400MF's
+# third stage (group width 16).
+THIN = {
+    "resnext50_32x4d_g32_c4_56": "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1",
+    "resnext101_32x8d_g32_c8_56": "2 32 32 8 8 3 3 56 56 1 1 1 1 1 1 1 1",
+    "regnetx400mf_g10_c16_14": "2 10 32 16 16 3 3 14 14 1 1 1 1 1 1 1 1",
+}
 SMOKE = {
     "small_3x3": "2 1 2 16 8 3 3 6 6 1 1 1 1 1 1 1 1",
     "small_1x1": "2 1 2 8 16 1 1 5 5 1 1 1 1 0 0 0 0",
@@ -68,14 +91,23 @@ TYPES = ("f16", "bf16")
 
 
 # -- compile side ------------------------------------------------------------------------------------
-def problems(smoke: bool = False, ranks: tuple[int, ...] = (2,), types: tuple[str, ...] = ("f16",)) -> dict[str, Any]:
+def problems(smoke: bool = False, ranks: tuple[int, ...] = (2,), types: tuple[str, ...] = ("f16",),
+             depthwise: bool = False, thin: bool = False) -> dict[str, Any]:  # fmt: skip
     """name -> problem in layout 2: the dense suite problems (G=1) of ``ranks``, then (rank 2) the ResNet-50
-    layers; each in every input type of ``types`` (dW of that type; names of bf16 ones end in ``_bf16``)."""
+    layers (``depthwise``: the suites' depthwise layers of any rank and :data:`DEPTHWISE`); each in every
+    input type of ``types`` (dW of that type; names of bf16 ones end in ``_bf16``)."""
     from convbw_mlir.problem import ConvBwdWeightProblem as P
     from convbw_mlir.suites import load_suite
 
     base = {}
-    if smoke:
+    if thin:
+        base = {name: P.from_ck(line) for name, line in THIN.items()}
+    elif depthwise:
+        for name, p in load_suite("models"):
+            if p.in_channels == 1 and p.out_channels == 1:
+                base[name] = p.with_(layout=2)
+        base.update({name: P.from_ck(line) for name, line in DEPTHWISE.items()})
+    elif smoke:
         base = {name: P.from_ck(line) for name, line in SMOKE.items() if P.from_ck(line).rank in ranks}
     else:
         for suite in ("seeds", "models"):
@@ -103,28 +135,38 @@ def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, An
 
 
 def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None, ranks: tuple[int, ...] = (2,),
-                types: tuple[str, ...] = ("f16",)) -> None:  # fmt: skip
+                types: tuple[str, ...] = ("f16",), depthwise: bool = False, thin: bool = False) -> None:  # fmt: skip
     """Compile ours and the product's default for every problem into ``folder`` (vmfbs, manifest.json)."""
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
-    from convbw_mlir.plan import PlanError, decide
+    from convbw_mlir.plan import Overrides, PlanError, decide
+    from convbw_mlir.policies import depthwise as depthwise_policy
+    from convbw_mlir.targets import get_target
 
     folder.mkdir(parents=True, exist_ok=True)
     entries, refused = [], {}
     target = "host" if smoke else "sm_80"
-    for name, p in problems(smoke, ranks, types).items():
+    for name, p in problems(smoke, ranks, types, depthwise, thin).items():
         if only and not any(o in name for o in only):
             continue
-        suite = name.removesuffix("_bf16") not in EXTRA
+        suite = name.removesuffix("_bf16") not in {**EXTRA, **DEPTHWISE, **THIN}
         t0 = time.time()
         kinds = {}
         try:
             if smoke:  # no sm_80 on the CPU: the product's host kernel stands in for ours (plumbing only)
                 kinds["ours"] = compile_op(p, target, isolate=True, cache=False)
+            elif thin:  # the grouped form as a stored plan; the implicit GEMM beside it
+                grouped = depthwise_policy.plan(p, get_target(target), Overrides())
+                kinds["ours"] = compile_op(p, target, plan=grouped, isolate=True, cache=False)
+                kinds["alt"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
             else:
                 plan = decide(p, target, strategy="explicit")
                 kinds["ours"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
-                if (plan.tile.m, plan.tile.n) != (128, 256):  # the recipe tiling beside the rule's: checks the rule
+                if plan.depthwise is not None:  # the wide form beside the rule's: checks the rule
+                    alt = _wide(p, plan)
+                    if alt is not None:
+                        kinds["alt"] = compile_op(p, target, plan=alt, isolate=True, cache=False)
+                elif (plan.tile.m, plan.tile.n) != (128, 256):  # the recipe tiling beside the rule's: checks the rule
                     kinds["alt"] = compile_op(p, target, strategy="explicit", tile_n=256, isolate=True, cache=False)
         except (PlanError, CompileError) as e:
             refused[name] = str(e)
@@ -139,6 +181,24 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
         print(f"{name}: {', '.join(kinds)} in {time.time() - t0:.1f} s", flush=True)
     harness.write_manifest(folder, {"target": target, "entries": entries, "refused": refused, "seed": SEED,
                                     "layout": 2})  # fmt: skip
+
+
+def _wide(p: Any, plan: Any) -> Any:
+    """The depthwise plan's wide form: 4 channels a thread, runs of up to 8 taps, steps of 8 outputs (the same
+    channels, lanes and chunks); None where the kernel refuses it."""
+    from dataclasses import replace
+
+    from convbw_mlir.plan import PlanError, check_plan
+
+    dw = plan.depthwise
+    inner = p.filter_size[-1]
+    taps = -(-inner // -(-inner // 8))
+    wide = replace(dw, vector=4, taps=taps, unroll=8, segment=-(-dw.segment // 8) * 8)
+    try:
+        check_plan(p, replace(plan, depthwise=wide))
+    except PlanError:
+        return None
+    return replace(plan, depthwise=wide)
 
 
 # -- run side: one child --------------------------------------------------------------------------------
@@ -219,7 +279,12 @@ def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     n, grp = e["images"], e["groups"]
     xs = _numpy(x, torch).reshape(n, *e["input_size"], grp, e["in_channels"])
     dys = _numpy(dy, torch).reshape(n, *e["output_size"], grp, e["out_channels"])
-    call = harness.iree_call(folder / e["vmfb"], "conv_bwd_weight", DEVICE, xs, dys)
+    from convbw_mlir.runtime import Kernel
+
+    kernel = Kernel((folder / e["vmfb"]).read_bytes(), "cuda" if DEVICE == "cuda" else "local-task")
+    args = [kernel.to_device_fenced(a) for a in (xs, dys)]  # NaN after each: an over-read shows in dW
+    harness.KEEP.append((kernel, args))
+    call = lambda: kernel(*args)  # noqa: E731
     return call, (lambda r: torch.from_numpy(r.to_host().astype("float64"))), (lambda r: r.to_host())
 
 
@@ -311,13 +376,14 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     for r in rows:
         by.setdefault(r["problem"], {})[r["kind"]] = r
     plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "ours"}
+    product_plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "product"}
     suite = {e["problem"]: e["suite"] for e in manifest["entries"]}
     f = harness.cell
     types = ", ".join(sorted({e.get("dtype", "f16") for e in manifest["entries"]}))
     lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), {types}: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back).", "",
-             "| problem | tile, split | ours us | ok (max rel err) | sustained us | 128x256 us | cuDNN us | "
-             "product us | cuDNN / ours | product / ours | ours TFLOP/s |",
+             "| problem | tile, split | ours us | ok (max rel err) | sustained us | alt us (128x256; depthwise: "
+             "wide) | cuDNN us | product us (its plan) | cuDNN / ours | product / ours | ours TFLOP/s |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     vs_cudnn, vs_cudnn_all, vs_product = [], [], []
     for name in sorted(by, key=lambda n: list(suite).index(n) if n in suite else 0):
@@ -328,6 +394,13 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         if plan and plan.get("tile"):
             t = plan["tile"]
             tile = f"{t['m']}x{t['n']}x{t['k']}, {(plan.get('split') or {}).get('k_batch', 1)}"
+        elif plan and plan.get("depthwise"):
+            d = plan["depthwise"]
+            tile = (
+                f"depthwise {d['channels']}ch x{d['vector']}, {d['taps']} taps, {d['rows']} lanes, {d['chunks']} chunks"
+            )
+        pp = product_plans.get(name) or {}
+        product_kind = pp.get("strategy", "-") + ("+depthwise" if pp.get("depthwise") else "")
         status = next((f"{key}" for key in ("crashed", "skipped", "error") if key in ours), None)
         ok = status or ("yes" if ours.get("correct") else "WRONG" if ours else "-")
         if ours.get("max_rel_err") is not None:
@@ -344,8 +417,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
                 vs_product.append(b)
         recipe = alt_.get("single_us") if alt_.get("correct") else None
         lines.append(f"| {name} | {tile} | {f(ours.get('single_us'))} | {ok} | {f(ours.get('sustained_us'))} | "
-                     f"{f(recipe)} | {f(cudnn.get('single_us'))} | {f(prod.get('single_us'))} | {f(a, '{:.2f}')} | "
-                     f"{f(b, '{:.2f}')} | {f(ours.get('single_tflops'))} |")  # fmt: skip
+                     f"{f(recipe)} | {f(cudnn.get('single_us'))} | {f(prod.get('single_us'))} ({product_kind}) | "
+                     f"{f(a, '{:.2f}')} | {f(b, '{:.2f}')} | {f(ours.get('single_tflops'))} |")  # fmt: skip
     doc = {
         "device": device,
         "date": date or harness.now(),
@@ -375,10 +448,15 @@ def main(argv: list[str] | None = None) -> int:
                                 help="spatial ranks of the suite problems (default 2)")  # fmt: skip
     compile_parser.add_argument("--types", nargs="+", choices=TYPES, default=["f16"],
                                 help="input types, each problem in each (default f16)")  # fmt: skip
+    compile_parser.add_argument("--depthwise", action="store_true",
+                                help="the depthwise layers instead of the dense ones")  # fmt: skip
+    compile_parser.add_argument("--thin", action="store_true",
+                                help="the thin-group layers (the grouped form) instead of the dense ones")  # fmt: skip
     harness.add_batch_options(run, budget=150.0, jobs=6)
     run.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
     harness.add_child_parser(sub, "run-one")
-    return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only, tuple(a.ranks), tuple(a.types)),
+    return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only, tuple(a.ranks), tuple(a.types),
+                                                                  a.depthwise, a.thin),
                         run=lambda a: run_all(a.dir, a.out, a.budget, a.jobs, a.only), report=report,
                         children={"run-one": lambda a: run_children(a.dir, a.names)})  # fmt: skip
 

@@ -8,7 +8,8 @@ carried out as a GEMM, how its reduction is split (split-K), and the strategy wi
     simt  no matrix instructions (depthwise, thin groups): a thread per (image, row, group, channel)
           over a rows split, else IREE's own reduction codegen over a batch split
     iree  IREE's own configuration (and the host's CPU codegen)
-    explicit  a whole kernel our passes write (``convbw_mlir/kernels``), on request only
+    explicit  a whole kernel our passes write (``convbw_mlir/kernels``): the implicit GEMM, or for depthwise
+          problems the depthwise kernel (``plan.depthwise``, convbw_mlir/policies/depthwise.py)
 
 The passes only carry a plan out: ``convbw-plan`` attaches it to each ``convbw.conv_bwd_weight`` as
 its ``plan`` attribute (it prints and parses, so a pipeline replays from text), ``convbw-explicit-gemm``
@@ -41,6 +42,7 @@ from convbw_mlir.plan_data import (
     _spelled,
     _target,
 )
+from convbw_mlir.policies import depthwise
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target
 
@@ -117,6 +119,8 @@ def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | 
     if not tgt.is_gpu:
         return _no_tile(base, opts, "IREE's CPU codegen")
     codegen = _gpu_strategy(base, work, tgt, opts)
+    if opts == Overrides() and given_split is None and depthwise.takes_by_default(problem, tgt):
+        return depthwise.plan(problem, tgt, opts)  # the policy's one switch (depthwise.BY_DEFAULT)
     if opts.strategy is None and opts == Overrides() and given_split is None and _explicit_wins(problem, tgt, codegen):
         try:
             return _explicit(problem, tgt, opts)
@@ -134,8 +138,13 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
 
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
-    """The explicit strategy's plan, as the target's kernel family's policy makes it."""
+    """The explicit strategy's plan, as the target's kernel family's policy makes it (on NVIDIA, the depthwise
+    kernel's for a depthwise problem it takes)."""
     policy = policies.for_target(tgt)
+    if tgt.family == "nvidia" and not depthwise.takes(problem):
+        # depthwise always; thin groups where the implicit GEMM refuses them (odd channel counts a group)
+        if depthwise.is_depthwise(problem) or policy.unsupported(problem, None):
+            return depthwise.plan(problem, tgt, opts)
     if policy is None:
         raise PlanError(
             f"strategy: explicit kernels are written for NVIDIA (sm_80), CDNA and RDNA only, not target {tgt.name}"
@@ -254,7 +263,12 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
     problem = relayout(problem)
     if plan.strategy == Strategy.EXPLICIT:
         policy = policies.for_target(plan.target_info)
-        why = ["target: no explicit kernel of ours"] if policy is None else policy.refusals(problem, plan)
+        if plan.depthwise is not None:
+            why = depthwise.refusals(problem, plan)
+        elif policy is None:
+            why = ["target: no explicit kernel of ours"]
+        else:
+            why = policy.refusals(problem, plan)
         if why:
             raise PlanError("strategy explicit: " + "; ".join(why))
         return
@@ -360,7 +374,8 @@ def _aligned(n: int) -> int:
 def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
     """Device memory a kernel of ``plan`` takes beyond x, dy, dW (and D), in bytes (docs/plan.md#workspace):
 
-    * split-K: ``k_batch`` f32 partial sums of dW (stage 1), reduced by stage 2;
+    * split-K: ``k_batch`` f32 partial sums of dW (stage 1), reduced by stage 2; the depthwise kernel's
+      ``chunks`` f32 partials likewise;
     * StreamK: ``W`` f32 partial tiles ``bm x bn`` and ``W`` i32 flags, and IREE's constant copy of them
       (:data:`STREAMK_HOIST_MAX_BYTES`);
     * codegen (not the explicit kernels, which read the padding by address): the copies of x and dy the
@@ -383,6 +398,8 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
         workgroups = max(1, min(plan.streamk.workgroups, tiles * math.ceil(shape.reduction / t.bk)))
         partials, flags = _aligned(workgroups * t.bm * t.bn * 4), _aligned(workgroups * 4)
         total += partials + flags + (partials if partials <= STREAMK_HOIST_MAX_BYTES else 0) + flags
+    if plan.depthwise is not None:  # each row chunk's f32 partial dW, summed by the second stage
+        total += plan.depthwise.chunks * math.prod(problem.shape("acc")) * 4
     if plan.strategy == Strategy.EXPLICIT:
         return total
     if plan.gemm and any(s > 1 for s in problem.stride):  # the GEMM's x: every stride-th position (a transpose fuses)

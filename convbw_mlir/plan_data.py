@@ -16,6 +16,7 @@ from convbw_mlir.targets import Target, get_target
 
 __all__ = [
     "STRATEGY_OPTIONS",
+    "DepthwisePlan",
     "STREAMK_FIXUPS",
     "WAVESPEC_PRODUCERS",
     "Overrides",
@@ -98,6 +99,22 @@ class WaveSpecPlan:
 
 
 @dataclass(frozen=True)
+class DepthwisePlan:
+    """The depthwise kernel's numbers (strategy explicit, sm_80, layout 2; convbw_mlir/kernels/depthwise_sm80.py):
+    ``vector`` channels a thread's load, ``channels`` a workgroup, ``taps`` inner filter taps a thread, ``rows``
+    row lanes a workgroup, ``chunks`` workgroups along the rows (each writes an f32 partial), ``segment``
+    outputs of the innermost dimension a row, ``unroll`` of them a step of a thread's loop."""
+
+    vector: int
+    channels: int
+    taps: int
+    rows: int
+    chunks: int
+    segment: int
+    unroll: int = 4
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
 
@@ -111,6 +128,7 @@ class Plan:
         simt: the thread tile (strategy simt over a rows split).
         streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
         wavespec: producer warps of a wave-specialized explicit kernel, or None: every warp copies and computes.
+        depthwise: the depthwise kernel's numbers (strategy explicit), or None: not the depthwise kernel.
         workspace_bytes: device memory the kernel takes beyond x, dy, dW and D (split-K partials, StreamK
             partials and flags, IREE's padded copies of x and dy): :func:`convbw_mlir.plan.plan_properties`.
         deterministic: whether dW is bitwise the same run after run (every sum in a fixed order).
@@ -130,6 +148,7 @@ class Plan:
     simt: SimtTile | None = None
     streamk: StreamKPlan | None = None
     wavespec: WaveSpecPlan | None = None
+    depthwise: DepthwisePlan | None = None
     workspace_bytes: int | None = field(default=None, compare=False, repr=False)
     deterministic: bool | None = field(default=None, compare=False, repr=False)
 
@@ -215,7 +234,14 @@ def _part(name: str, kind: type, data: Any) -> Any:
 
 
 # A plan's optional parts: its field name and type, in the order its plain data lists them.
-_PARTS = (("split", Split), ("tile", Tile), ("simt", SimtTile), ("streamk", StreamKPlan), ("wavespec", WaveSpecPlan))
+_PARTS = (
+    ("split", Split),
+    ("tile", Tile),
+    ("simt", SimtTile),
+    ("streamk", StreamKPlan),
+    ("wavespec", WaveSpecPlan),
+    ("depthwise", DepthwisePlan),
+)
 
 
 # -- the options a user (or a tuner) may give ---------------------------------------------------------

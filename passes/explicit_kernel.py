@@ -16,6 +16,10 @@ Layout 2 (NHWGC/GKYXC/NHWGK): dy collapses to ``(N*Ho*Wo) x G x K``, x to ``(N*H
 plain 1x1 (else it is bound as it is, ``N x H x W x G x C``), and the result ``G x K x (Y*X*C)`` expands
 into GKYXC.
 
+A depthwise plan (``plan.depthwise``) binds dy as ``N x *out x (G*K)`` and x as ``N x *in x (G*C)`` (C = K = 1
+for depthwise, at most 16 for thin groups); its kernel (``convbw_mlir.kernels.depthwise_sm80``) writes f32
+partials ``chunks x G x K x (taps*C)`` that the same stage-2 sum as split-K's adds up and rounds to dW's type.
+
 IREE compiles the dispatch as written (``#iree_codegen.no_pipeline``): the kernel is the one
 ``convbw_mlir.kernels.gemm_sm80`` builds from the plan's tile; nothing here decides anything. It runs
 right after ``convbw-plan``, so the later passes never see the op.
@@ -97,6 +101,50 @@ def _sum_splits(partials: ir.Value, out: ir.Type) -> ir.Value:
     return rounded
 
 
+def _merge_channels(value: ir.Value) -> ir.Value:
+    """``[N, *spatial, G, C] -> [N, *spatial, G*C]`` (the depthwise kernel's operands: C = 1, or thin groups)."""
+    t = ir.RankedTensorType(value.type)
+    shape = list(t.shape)
+    groups = reassociation([[i] for i in range(len(shape) - 2)] + [[len(shape) - 2, len(shape) - 1]])
+    merged = [*shape[:-2], shape[-2] * shape[-1]]
+    return tensor_d.CollapseShapeOp(ir.RankedTensorType.get(merged, t.element_type), value, groups).result
+
+
+def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, subgroup: int, top: ir.InsertionPoint) -> ir.Value:
+    """The depthwise kernel's dispatch on ``op``'s operands and its stage 2: dW in its own shape."""
+    from convbw_mlir.kernels import depthwise_sm80
+    from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
+    from convbw_mlir.policies.depthwise import kernel
+
+    k = kernel(problem, plan.depthwise)
+    f16, f32 = element_type(problem.dtype), ir.F32Type.get()
+    x, dy = _merge_channels(op.operands[0]), _merge_channels(op.operands[1])
+    ws_shape = [k.chunks, problem.groups, problem.out_channels, k.conv.taps * problem.in_channels]
+    entry = KernelEntry(
+        executable=name,
+        function=ENTRY,
+        grid=depthwise_sm80.grid(k),
+        workgroup_size=(k.threads, 1, 1),
+        subgroup_size=subgroup,
+        bindings=(
+            ir.MemRefType.get(list(ir.RankedTensorType(dy.type).shape), f16),
+            ir.MemRefType.get(list(ir.RankedTensorType(x.type).shape), f16),
+            ir.MemRefType.get(ws_shape, f32),
+        ),
+    )
+    body = partial(_depthwise_body, k=k)
+    with ir.Location.unknown():
+        partials = build_dispatch(entry, body, [dy, x], ir.RankedTensorType.get(ws_shape, f32), top)
+    partials.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+    return _sum_splits(partials, element_type(problem.dw_dtype))
+
+
+def _depthwise_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:
+    from convbw_mlir.kernels import depthwise_sm80
+
+    depthwise_sm80.build_kernel_body(block, *memrefs, k)
+
+
 def _kernel_module(family: str):
     """The builder module of a target family's kernel form."""
     if family == "cdna":
@@ -146,6 +194,18 @@ class ExplicitKernel(ConvbwPass):
                 check_plan(problem, plan)
             except PlanError as e:
                 raise self.fail(op, str(e)) from None
+            if plan.depthwise is not None:
+                with op.location, ir.InsertionPoint(op):
+                    top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
+                    result = _depthwise_dispatch(op, problem, plan, f"convbw_explicit_{count}",
+                                                 plan.target_info.subgroup_size, top)  # fmt: skip
+                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
+                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
+                                                list(problem.dw_shape)).result  # fmt: skip
+                count += 1
+                op.results[0].replace_all_uses_with(dw)
+                op.erase()
+                continue
             with op.location:
                 shape, t = gemm_shape(problem, plan.k_batch), explicit_tiling(plan)
                 family = plan.target_info.family

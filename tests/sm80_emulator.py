@@ -1,6 +1,7 @@
 """A numpy emulator of the explicit sm_80 kernel's IR (no GPU here): every thread of a workgroup at once.
 
-It interprets the ops ``convbw_mlir.kernels.gemm_sm80`` emits (arith, gpu, memref, vector, scf, nvvm's
+It interprets the ops ``convbw_mlir.kernels.gemm_sm80`` and ``depthwise_sm80`` emit (arith, math.fma, gpu,
+memref, vector, scf, nvvm's
 cp.async groups, and nvgpu's ``device_async_copy``, ``ldmatrix`` and ``mma.sync`` with the PTX ISA's
 fragment layouts), one value an array over the workgroup's threads, so that the kernel's numerics
 (addresses, zero-fill, fragment wiring, masks) are checked on the CPU against a float64 reference.
@@ -182,6 +183,13 @@ class _Block:
         if name == "arith.truncf":
             self.env[res[0]] = np.asarray(self.get(ins[0])).astype(_float(res[0].type))
             return None
+        if name == "arith.extf":  # the depthwise kernel's f16/bf16 -> f32
+            self.env[res[0]] = np.asarray(self.get(ins[0])).astype(np.float32)
+            return None
+        if name == "math.fma":  # rounded once on the GPU, twice here: within f32's rounding of the sum
+            a, b, c = (np.asarray(self.get(v), np.float32) for v in ins)
+            self.env[res[0]] = (a * b + c).astype(np.float32)
+            return None
         if name == "gpu.thread_id":
             self.env[res[0]] = self.tid
             return None
@@ -309,6 +317,12 @@ class _Block:
                 assert d[-1] + n <= mem.shape[-1], f"load past the row: {d} + {n} of {mem.shape}"
                 out[th] = mem[d[:-1]][d[-1] : d[-1] + n]
             self.env[res[0]] = out
+            return None
+        if name == "vector.broadcast":  # the grouped depthwise form's dy value over a vector of in channels
+            n = ir.VectorType(res[0].type).shape[-1]
+            src = np.asarray(self.get(ins[0]))
+            src = src.reshape(self.t, -1) if src.ndim else np.full((self.t, 1), src)
+            self.env[res[0]] = np.broadcast_to(src, (self.t, n)).copy()
             return None
         if name == "vector.shape_cast":
             self.env[res[0]] = np.asarray(self.get(ins[0])).reshape((self.t, *ir.VectorType(res[0].type).shape))

@@ -5,6 +5,8 @@ the kernels' builders read their tiling from the same module (``tiling``).
 
     sm80   NVIDIA: the implicit GEMM with cp.async, ldmatrix, mma.sync; its StreamK and wave-specialized forms
     amd    AMD: MFMA (CDNA) and WMMA (RDNA 3 and 4) forms
+    depthwise  NVIDIA: the depthwise kernel (and its grouped form for thin groups); the plan asks it before
+           sm80 for the problems it takes (``convbw_mlir.plan``)
 """
 
 from __future__ import annotations

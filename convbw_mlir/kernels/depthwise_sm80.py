@@ -1,0 +1,336 @@
+"""The depthwise sm_80 kernel of the explicit strategy, written with the MLIR Python builders.
+
+``ws[chunk, g, 0, t] = sum over the chunk's rows of dy[n, o, g] * x[n, o * s + t * d - p, g]`` for a
+channels-last depthwise problem (layout 2, one channel a group; the numbers and their rule are
+``convbw_mlir.policies.depthwise``): dy binds as ``[N, *out, G]``, x as ``[N, *in, G]`` (any rank: 1-D, 2-D,
+3-D), the f32 workspace ``ws`` as ``[chunks, G, 1, taps]``, which a second stage (``linalg.generic``) sums
+and rounds to dW's type. Thin groups (C, K <= 16 a group): dy ``[N, *out, G*K]``, x ``[N, *in, G*C]``,
+``ws[chunk, g, k, t * C + c]``; a thread's vector runs over the group's in channels and dy's value of its
+out channel is broadcast over it.
+
+Layers, each a function with one job: :func:`_thread` (which channel vector, taps and row lane a thread
+owns), :func:`_row` (a row's image and outer coordinates, and where x's outer coordinates fall),
+:func:`_step` (one step of ``unroll`` outputs along the innermost dimension: the dy vectors, the x window,
+the FMAs that reuse each x vector for every tap that reads it), :func:`_rows_loop` (the thread's rows and
+steps, the accumulators carried), :func:`_reduce` (the row lanes' sums, in order, through shared memory,
+to the workspace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, gpu, math, memref, scf, vector
+
+from convbw_mlir.policies.depthwise import DepthwiseKernel
+
+__all__ = ["build_kernel_body", "grid"]
+
+
+class _Ix:
+    """Index arithmetic with constants hoisted to the function's entry block (so loops reuse them)."""
+
+    def __init__(self, entry: ir.Block) -> None:
+        self.entry = entry
+        self.consts: dict[int, ir.Value] = {}
+        self.t = ir.IndexType.get()
+
+    def c(self, value: int) -> ir.Value:
+        if value not in self.consts:
+            with ir.InsertionPoint.at_block_begin(self.entry):
+                self.consts[value] = arith.constant(self.t, value)
+        return self.consts[value]
+
+    def v(self, x: ir.Value | int) -> ir.Value:
+        return self.c(x) if isinstance(x, int) else x
+
+    def add(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        if isinstance(b, int) and b == 0:
+            return self.v(a)
+        return arith.addi(self.v(a), self.v(b))
+
+    def mul(self, a: ir.Value | int, b: int) -> ir.Value:
+        return self.v(a) if b == 1 else arith.muli(self.v(a), self.c(b))
+
+    def div(self, a: ir.Value, b: int) -> ir.Value:
+        return a if b == 1 else arith.divui(a, self.c(b))
+
+    def rem(self, a: ir.Value, b: int) -> ir.Value:
+        return self.c(0) if b == 1 else arith.remui(a, self.c(b))
+
+    def lt(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        """Signed ``a < b`` (coordinates go negative in the padding)."""
+        return arith.cmpi(arith.CmpIPredicate.slt, self.v(a), self.v(b))
+
+    def clamp(self, a: ir.Value, hi: int) -> ir.Value:
+        """``a`` clamped to ``[0, hi]``: an address inside the buffer even where nothing is used."""
+        return arith.minsi(arith.maxsi(a, self.c(0)), self.c(hi))
+
+
+def _all(conds: list[ir.Value]) -> ir.Value | None:
+    out = None
+    for c in conds:
+        out = c if out is None else arith.andi(out, c)
+    return out
+
+
+def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
+    """Row-major coordinates of ``value`` (inside the box) in a box of ``sizes`` (any rank, possibly none)."""
+    coords, inner = [], 1
+    for d in range(len(sizes) - 1, -1, -1):
+        at = ix.div(value, inner)
+        coords.append(at if d == 0 else ix.rem(at, sizes[d]))
+        inner *= sizes[d]
+    return coords[::-1]
+
+
+@dataclass
+class _Thread:
+    """What one thread owns: its first channel of x ``g`` and its channel of dy ``dg`` (depthwise: the same,
+    a vector of groups; grouped: a vector of group g's in channels and one out channel, broadcast), its run of
+    inner taps (``run``), its outer tap's coordinates ``outer``, its row lane ``lane``, and its slot among a
+    row lane's threads ``slot``."""
+
+    g: ir.Value
+    dg: ir.Value
+    run: ir.Value
+    outer: list[ir.Value]
+    lane: ir.Value
+    slot: ir.Value
+
+
+def _thread(ix: _Ix, k: DepthwiseKernel, tid: ir.Value) -> _Thread:
+    """Threads, fastest first: channel vector, inner tap run, outer tap, row lane (the policy's order)."""
+    per_lane = k.lanes_c * k.runs * k.outer_taps
+    cv = ix.rem(tid, k.lanes_c)
+    rest = ix.div(tid, k.lanes_c)
+    run = ix.rem(rest, k.runs)
+    rest = ix.div(rest, k.runs)
+    outer = ix.rem(rest, k.outer_taps)
+    if k.paired:
+        g = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.channels), ix.mul(cv, k.vector))
+        dg = g
+    else:  # cv = (group * K + out channel) * (C / vector) + in-channel vector
+        vecs = k.in_channels // k.vector
+        rest = ix.div(cv, vecs)
+        group = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.group_tile), ix.div(rest, k.out_channels))
+        g = ix.add(ix.mul(group, k.in_channels), ix.mul(ix.rem(cv, vecs), k.vector))
+        dg = ix.add(ix.mul(group, k.out_channels), ix.rem(rest, k.out_channels))
+    return _Thread(g, dg, run, _unravel(ix, outer, k.conv.filter[:-1]), ix.div(tid, per_lane),
+                   ix.rem(tid, per_lane))  # fmt: skip
+
+
+def _row(ix: _Ix, k: DepthwiseKernel, row: ir.Value, th: _Thread) -> tuple[ir.Value, list[ir.Value], ir.Value,
+                                                                          list[ir.Value], list[ir.Value]]:  # fmt: skip
+    """Row ``row`` -> (its image, dy's outer coordinates, its segment, x's outer coordinates (clamped), the
+    conditions that x's outer coordinates are inside the image)."""
+    conv = k.conv
+    seg = ix.rem(row, k.segments)
+    rest = ix.div(row, k.segments)
+    outer_out = conv.out_size[:-1]
+    plane = 1
+    for s in outer_out:
+        plane *= s
+    image = ix.div(rest, plane)
+    outs = _unravel(ix, ix.rem(rest, plane), outer_out)
+    coords, ok = [], []
+    for dim, (o, f) in enumerate(zip(outs, th.outer)):
+        at = arith.subi(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), ix.c(conv.pad[dim]))
+        last = (conv.out_size[dim] - 1) * conv.stride[dim] + (conv.filter[dim] - 1) * conv.dilation[dim]
+        if conv.pad[dim]:
+            ok.append(ix.lt(-1, at))
+        if last - conv.pad[dim] >= conv.in_size[dim]:
+            ok.append(ix.lt(at, conv.in_size[dim]))
+        coords.append(ix.clamp(at, conv.in_size[dim] - 1))
+    return image, outs, seg, coords, ok
+
+
+def _load(ix: _Ix, mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: int, f32: ir.Type) -> ir.Value:
+    """``v`` channels at ``idx`` as f32, zero where ``ok`` is false (the address is clamped inside; the
+    select acts on the 16-bit vector: half the selects of the f32 one)."""
+    elem = ir.MemRefType(mem.type).element_type
+    val = vector.load(ir.VectorType.get([v], elem), mem, idx)
+    if ok is not None:
+        zero = arith.constant(val.type, ir.DenseElementsAttr.get_splat(val.type, ir.FloatAttr.get(elem, 0.0)))
+        val = arith.select(ok, val, zero)
+    return arith.extf(ir.VectorType.get([v], f32), val)
+
+
+def _first_x(ix: _Ix, k: DepthwiseKernel, th: _Thread, wo0: ir.Value) -> ir.Value:
+    """The first x position a step reads along the innermost dimension: ``wo0 * s - p + run * taps * d``."""
+    conv = k.conv
+    s, d, p = conv.stride[-1], conv.dilation[-1], conv.pad[-1]
+    return arith.subi(ix.add(ix.mul(wo0, s), ix.mul(th.run, k.taps * d)), ix.c(p))
+
+
+def _interior(ix: _Ix, k: DepthwiseKernel, row_ok: list[ir.Value], x_ok: list[ir.Value], base: ir.Value,
+              wo0: ir.Value) -> ir.Value | None:  # fmt: skip
+    """Whether a step reads nothing outside x and dy (so it needs no mask), or None where every step is so."""
+    conv = k.conv
+    conds = list(row_ok) + list(x_ok)
+    if k.segments * k.segment > conv.out_size[-1]:
+        conds.append(ix.lt(ix.add(wo0, k.unroll - 1), conv.out_size[-1]))
+    if conv.pad[-1]:
+        conds.append(ix.lt(-1, base))
+    if k.reach >= conv.in_size[-1]:
+        conds.append(ix.lt(ix.add(base, k.offsets[-1]), conv.in_size[-1]))
+    return _all(conds)
+
+
+def _step(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, row_ok: list[ir.Value],
+          image: ir.Value, outs: list[ir.Value], x_outer: list[ir.Value], x_ok: list[ir.Value], wo0: ir.Value,
+          acc: list[ir.Value], masked: bool = True) -> list[ir.Value]:  # fmt: skip
+    """One step: outputs ``wo0 .. wo0 + unroll - 1`` of the innermost dimension. dy's vectors (zero past the
+    row's end), the x window (each position the step's taps read once, zero in the padding), and
+    ``unroll x taps`` FMAs into the run's accumulators. ``masked`` False: a step :func:`_interior` found
+    inside x and dy (no clamp, no select)."""
+    conv, f32 = k.conv, ir.F32Type.get()
+    wo_size, w_size = conv.out_size[-1], conv.in_size[-1]
+    s, d, p = conv.stride[-1], conv.dilation[-1], conv.pad[-1]
+    dys = []
+    for u in range(k.unroll):
+        wo = ix.add(wo0, u)
+        ok = list(row_ok) if masked else []
+        if masked and k.segments * k.segment > wo_size:
+            ok.append(ix.lt(wo, wo_size))
+            wo = arith.minsi(wo, ix.c(wo_size - 1))
+        if k.paired:
+            dys.append(_load(ix, dy, [image, *outs, wo, th.dg], _all(ok), k.vector, f32))
+        else:  # one out channel's value, broadcast over the in-channel vector
+            one = _load(ix, dy, [image, *outs, wo, th.dg], _all(ok), 1, f32)
+            dys.append(one if k.vector == 1 else vector.broadcast(ir.VectorType.get([k.vector], f32), one))
+    base = _first_x(ix, k, th, wo0)
+    xs = {}
+    for off in k.offsets:
+        at = ix.add(base, off)
+        if not masked:
+            xs[off] = _load(ix, x, [image, *x_outer, at, th.g], None, k.vector, f32)
+            continue
+        ok = list(x_ok)
+        if p:
+            ok.append(ix.lt(-1, at))
+        if k.reach >= w_size:
+            ok.append(ix.lt(at, w_size))
+        xs[off] = _load(ix, x, [image, *x_outer, ix.clamp(at, w_size - 1), th.g], _all(ok), k.vector, f32)
+    acc = list(acc)  # the caller's list stays the step's inputs (both branches of an interior check take it)
+    for t in range(k.taps):
+        for u in range(k.unroll):
+            acc[t] = math.fma(xs[u * s + t * d], dys[u], acc[t])
+    return acc
+
+
+def _rows_loop(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread,
+               acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
+    """The thread's rows of its workgroup's chunk (lane, lane + lanes_r, ...), each in steps of ``unroll``."""
+    chunk = gpu.block_id(gpu.Dimension.y)
+    first = ix.mul(chunk, k.chunk_rows)
+    rows = scf.ForOp(ix.c(0), ix.c(-(-k.chunk_rows // k.lanes_r)), ix.c(1), acc)
+    with ir.InsertionPoint(rows.body):
+        local = ix.add(ix.mul(rows.induction_variable, k.lanes_r), th.lane)
+        row = ix.add(first, local)
+        row_ok = []
+        if k.chunk_rows % k.lanes_r:
+            row_ok.append(ix.lt(local, k.chunk_rows))
+        if k.chunk_rows * k.chunks != k.rows:
+            row_ok.append(ix.lt(row, k.rows))
+        if row_ok:
+            row = arith.minsi(row, ix.c(k.rows - 1))
+        image, outs, seg, x_outer, x_ok = _row(ix, k, row, th)
+        steps = scf.ForOp(ix.c(0), ix.c(k.segment // k.unroll), ix.c(1), list(rows.inner_iter_args))
+        with ir.InsertionPoint(steps.body):
+            wo0 = ix.add(ix.mul(seg, k.segment), ix.mul(steps.induction_variable, k.unroll))
+            acc = list(steps.inner_iter_args)
+            inside = _interior(ix, k, row_ok, x_ok, _first_x(ix, k, th, wo0), wo0)
+            if inside is None:  # no step of this problem reads outside x or dy
+                scf.YieldOp(_step(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok, wo0, acc, masked=False))
+            else:  # most steps are inside: they skip the clamps and selects the edges need
+                branch = scf.IfOp(inside, [a.type for a in acc], has_else=True)
+                with ir.InsertionPoint(branch.then_block):
+                    scf.YieldOp(_step(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok, wo0, acc, masked=False))
+                with ir.InsertionPoint(branch.else_block):
+                    scf.YieldOp(_step(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok + row_ok, wo0, acc))
+                scf.YieldOp(list(branch.results))
+        scf.YieldOp(list(steps.results))
+    return list(rows.results)
+
+
+def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
+    """The row lanes' sums through shared memory ``[lanes_r, slots x taps x vector]`` f32, added in lane
+    order (the same bits every run), each sum stored to ``ws[chunk, g, k, tap * C + c]`` (the run's taps past
+    the filter's end are not stored). Thread ``i`` of a pass takes sum ``e = i + pass * threads`` in ws's own
+    order (group, out channel, tap, in channel; the run's padded taps included): consecutive threads write
+    consecutive words."""
+    f32 = ir.F32Type.get()
+    per_lane = k.lanes_c * k.runs * k.outer_taps
+    size = per_lane * k.taps * k.vector
+    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    smem = memref.alloc(ir.MemRefType.get([k.lanes_r, size], f32, memory_space=shared), [], [])
+    for t in range(k.taps):
+        vector.store(acc[t], smem, [th.lane, ix.mul(ix.add(ix.mul(th.slot, k.taps), t), k.vector)])
+    gpu.barrier()
+    chunk = gpu.block_id(gpu.Dimension.y)
+    one = ir.VectorType.get([1], f32)
+    exact = size % k.threads == 0
+    for j in range(-(-size // k.threads)):
+        e = ix.add(tid, j * k.threads)
+        e_at = e if exact else arith.minsi(e, ix.c(size - 1))
+        # e = (((((group * K + out) * outer_taps + outer) * runs + run) * taps + t) * C + c
+        c = ix.rem(e_at, k.in_channels)
+        rest = ix.div(e_at, k.in_channels)
+        t = ix.rem(rest, k.taps)
+        rest = ix.div(rest, k.taps)
+        run = ix.rem(rest, k.runs)
+        rest = ix.div(rest, k.runs)
+        outer = ix.rem(rest, k.outer_taps)
+        rest = ix.div(rest, k.outer_taps)
+        out = ix.rem(rest, k.out_channels)
+        group = ix.div(rest, k.out_channels)
+        if k.paired:  # a vector holds consecutive groups
+            cv, v = ix.div(group, k.vector), ix.rem(group, k.vector)
+        else:  # a vector holds consecutive in channels of one group and out channel
+            vecs = k.in_channels // k.vector
+            cv = ix.add(ix.mul(ix.add(ix.mul(group, k.out_channels), out), vecs), ix.div(c, k.vector))
+            v = ix.rem(c, k.vector)
+        slot = ix.add(ix.mul(ix.add(ix.mul(outer, k.runs), run), k.lanes_c), cv)  # the thread's (_thread's order)
+        at = ix.add(ix.mul(ix.add(ix.mul(slot, k.taps), t), k.vector), v)
+        inner = ix.add(ix.mul(run, k.taps), t)
+        g = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.group_tile), group)
+        col = ix.add(ix.mul(ix.add(ix.mul(outer, k.inner), inner), k.in_channels), c)  # tap * C + c
+        total = vector.load(one, smem, [ix.c(0), at])
+        for lane in range(1, k.lanes_r):
+            total = arith.addf(total, vector.load(one, smem, [ix.c(lane), at]))
+        conds = [] if exact else [ix.lt(e, size)]
+        if k.runs * k.taps != k.inner:
+            conds.append(ix.lt(inner, k.inner))
+        cond = _all(conds)
+        if cond is None:
+            vector.store(total, ws, [chunk, g, out, col])
+            continue
+        branch = scf.IfOp(cond)
+        with ir.InsertionPoint(branch.then_block):
+            vector.store(total, ws, [chunk, g, out, col])
+            scf.YieldOp([])
+
+
+def grid(k: DepthwiseKernel) -> tuple[int, int, int]:
+    """Workgroups: channel tiles, row chunks."""
+    return k.grid
+
+
+def build_kernel_body(entry: ir.Block, dy: ir.Value, x: ir.Value, ws: ir.Value, k: DepthwiseKernel) -> None:
+    """Emit the kernel into ``entry`` (its operands bound), for the grid :func:`grid` gives.
+
+    Args:
+        dy: ``memref<N x *out x (G*K) x (f16|bf16)>``.
+        x: ``memref<N x *in x (G*C) x (f16|bf16)>``.
+        ws: ``memref<chunks x G x K x (taps*C) x f32>``, the chunks' partial sums.
+    """
+    ix = _Ix(entry)
+    f32 = ir.F32Type.get()
+    tid = gpu.thread_id(gpu.Dimension.x)
+    th = _thread(ix, k, tid)
+    vt = ir.VectorType.get([k.vector], f32)
+    zero = arith.constant(vt, ir.DenseElementsAttr.get_splat(vt, ir.FloatAttr.get_f32(0.0)))
+    acc = _rows_loop(ix, k, dy, x, th, [zero] * k.taps)
+    _reduce(ix, k, ws, th, tid, acc)

@@ -1,0 +1,144 @@
+"""The depthwise sm_80 kernel (issue 23, item 4; convbw_mlir/kernels/depthwise_sm80.py): its numerics under
+the sm_80 emulator against float64 (any rank, padding, stride, dilation, ragged chunks and segments, channel
+vectors of 8, 4 and 1, f16 and bf16, dW f32 or the input type), the plan that asks for it, its refusals, and
+the plan's one switch; and its grouped form for thin groups (at most 16 channels a group). The emulator
+indexes numpy arrays, so a read outside x or dy fails here too."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from sm80_emulator import module_error
+
+from convbw_mlir.plan import Plan, PlanError, Strategy, check_plan, decide
+from convbw_mlir.policies import depthwise
+from convbw_mlir.problem import ConvBwdWeightProblem as P
+from convbw_mlir.targets import get_target
+
+
+def emulated_error(p: P, plan: Plan | None = None) -> float:
+    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+
+    plan = plan or decide(p, "sm_80", strategy="explicit")
+    assert plan.depthwise is not None
+    return module_error(p, plan, [ExplicitKernel()], seed=3)
+
+
+def dw(groups: int, batch: int, size, filt, **kw) -> P:
+    return P(groups, batch, 1, 1, size, filt, layout=2, **kw)
+
+
+CASES = {
+    "3x3_pad": dw(16, 2, (6, 7), (3, 3), pad_low=1, pad_high=1),
+    "7x7_pad3_ragged_chunks": dw(24, 2, (9, 10), (7, 7), pad_low=3, pad_high=3),  # 7 taps in runs of 4: one masked
+    "3x3_stride2_vector4": dw(12, 3, (9, 11), (3, 3), stride=2, pad_low=1, pad_high=1),
+    "5x5_stride2_pad_after": dw(8, 2, (13, 12), (5, 5), stride=(2, 1), pad_low=(2, 0), pad_high=(1, 3)),
+    "odd_groups_vector1": dw(5, 2, (5, 9), (3, 2), dilation=(1, 2), pad_low=(1, 0), pad_high=(1, 1)),
+    "1d_long_segments": dw(8, 2, (150,), (31,), pad_low=15, pad_high=15),  # a conformer's 31 taps, 3 segments
+    "1d_dilated": dw(3, 4, (37,), (5,), dilation=2, pad_low=4, pad_high=4),
+    "3d": dw(8, 2, (4, 5, 6), (3, 3, 3), stride=(1, 2, 1), pad_low=1, pad_high=1),
+    "bf16": dw(16, 2, (6, 7), (3, 3), pad_low=1, pad_high=1, dtype="bf16", dw_dtype="bf16"),
+    "f16_in_f32_out": dw(16, 2, (8, 8), (5, 5), pad_low=2, pad_high=2, dw_dtype="f32"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_depthwise_kernel_matches_float64_under_emulation(name):
+    p = CASES[name]
+    tolerance = {"bf16": 2.0**-8, "f32": 1e-4}.get(p.dw_dtype, 2e-3)
+    assert emulated_error(p) < tolerance
+
+
+THIN = {
+    "c4_k4_3x3_vector4": P(4, 2, 4, 4, (6, 7), (3, 3), pad_low=1, pad_high=1, layout=2),
+    "c3_k5_stride2_vector1": P(6, 2, 3, 5, (7, 6), (3, 3), stride=2, pad_low=1, pad_high=1, layout=2),
+    "1d_c8_k2_dilated": P(3, 2, 8, 2, (9,), (5,), dilation=2, pad_low=2, pad_high=2, layout=2),
+    "3d_c16_k16_bf16_f32_out": P(2, 2, 16, 16, (3, 4, 5), (3, 3, 3), pad_low=1, pad_high=1, layout=2,
+                                 dtype="bf16", dw_dtype="f32"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", THIN)
+def test_grouped_form_for_thin_groups_matches_float64_under_emulation(name):
+    p = THIN[name]
+    plan = Plan("sm_80", Strategy.EXPLICIT, depthwise=depthwise._rule(p, get_target("sm_80")))  # a stored plan's way
+    check_plan(p, plan)
+    assert emulated_error(p, plan) < (1e-4 if p.dw_dtype == "f32" else 2e-3)
+
+
+def test_strategy_explicit_takes_the_grouped_form_only_where_the_implicit_gemm_refuses_the_groups(monkeypatch):
+    odd = decide(THIN["c3_k5_stride2_vector1"], "sm_80", strategy="explicit")  # odd channels: no cp.async rows
+    assert odd.depthwise is not None and odd.depthwise.channels % 3 == 0
+    even = decide(THIN["c4_k4_3x3_vector4"], "sm_80", strategy="explicit")  # measured with the GEMM kernel
+    assert even.depthwise is None and even.tile is not None
+    monkeypatch.setattr(depthwise, "BY_DEFAULT", True)  # the switch is the depthwise form's alone (measured)
+    assert decide(THIN["c3_k5_stride2_vector1"], "sm_80").depthwise is None
+
+
+@pytest.mark.parametrize(
+    "numbers",
+    [
+        {"vector": 4, "channels": 8, "taps": 7, "unroll": 8, "segment": 16},  # a whole 7-tap row a thread
+        {"rows": 3, "chunks": 4},  # lanes that do not divide a chunk's rows, chunks that do not divide the rows
+        {"segment": 4, "unroll": 4, "chunks": 1},  # many segments a row, one chunk
+    ],
+)
+def test_depthwise_kernel_numbers_other_than_the_rule_s_match_float64(numbers):
+    p = dw(16, 3, (9, 10), (7, 7), pad_low=3, pad_high=3)
+    plan = decide(p, "sm_80", strategy="explicit")
+    plan = replace(plan, depthwise=replace(plan.depthwise, **numbers))
+    check_plan(p, plan)
+    assert emulated_error(p, plan) < 2e-3
+
+
+def test_strategy_explicit_takes_the_depthwise_kernel_for_channels_last_depthwise_problems():
+    p = CASES["3x3_pad"]
+    plan = decide(p, "sm_80", strategy="explicit")
+    assert plan.strategy == Strategy.EXPLICIT and plan.depthwise is not None and plan.tile is None
+    assert Plan.from_dict(plan.to_dict()) == plan  # a tuner stores and replays it
+    k = depthwise.kernel(p, plan.depthwise)
+    assert k.threads <= 1024 and p.groups % plan.depthwise.channels == 0
+    # layout 4 is not the depthwise kernel's: the implicit GEMM takes it as before
+    assert decide(p.with_(layout=4), "sm_80", strategy="explicit").depthwise is None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"k_batch": 4}, "k-batch: 4 does not apply to the depthwise kernel"),
+        ({"tile_n": 128}, "tile-n: 128 does not apply to the depthwise kernel"),
+    ],
+)
+def test_depthwise_plan_refuses_gemm_options_by_name(options, message):
+    with pytest.raises(PlanError, match=message):
+        decide(CASES["3x3_pad"], "sm_80", strategy="explicit", **options)
+
+
+@pytest.mark.parametrize(
+    ("problem", "numbers", "message"),
+    [
+        (CASES["3x3_pad"], {"channels": 12}, "depthwise.channels: 12"),
+        (CASES["3x3_pad"], {"vector": 3}, "depthwise.vector: 3"),
+        (CASES["3x3_pad"], {"segment": 6}, "depthwise.segment: 6"),
+        (CASES["3x3_pad"], {"taps": 16}, "depthwise.taps: 16 x 8 channels = 128 accumulators"),
+        (P(4, 2, 32, 32, (6, 6), (3, 3), layout=2), {}, "in_channels: 32, out_channels: 32 a group"),
+        (CASES["3x3_pad"].with_(layout=4), {}, "layout: NGCHW/GKCYX/NGKHW"),
+    ],
+)
+def test_a_hand_written_depthwise_plan_is_refused_naming_the_field(problem, numbers, message):
+    plan = decide(CASES["3x3_pad"], "sm_80", strategy="explicit")
+    plan = replace(plan, depthwise=replace(plan.depthwise, **numbers))
+    with pytest.raises(PlanError, match=message):
+        check_plan(problem, plan)
+
+
+def test_the_plan_chooses_the_depthwise_kernel_by_itself_exactly_when_its_switch_is_on(monkeypatch):
+    p = CASES["3x3_pad"]
+    monkeypatch.setattr(depthwise, "BY_DEFAULT", True)
+    assert decide(p, "sm_80").depthwise is not None
+    assert decide(p, "sm_80", strategy="codegen").depthwise is None  # codegen asked: codegen
+    assert decide(p, "host").depthwise is None  # NVIDIA only
+    assert decide(p.with_(layout=4), "sm_80").depthwise is None
+    monkeypatch.setattr(depthwise, "BY_DEFAULT", False)
+    assert decide(p, "sm_80").strategy == Strategy.SIMT
