@@ -32,7 +32,7 @@ def test_each_family_of_problem_gets_its_strategy_from_one_decision():
     assert decide(GROUPED, "sm_80", strategy="codegen").strategy is Strategy.IREE  # the policy for grouped problems
     assert decide(GROUPED, "gfx1100").strategy is Strategy.MMA  # RDNA's policy: our tiles
     assert decide(GROUPED, "sm_80", grouped="mma").strategy is Strategy.MMA  # an override wins
-    dw = decide(DEPTHWISE, "sm_80")
+    dw = decide(DEPTHWISE, "sm_80", strategy="codegen")  # the default is the depthwise kernel (below)
     assert dw.strategy is Strategy.SIMT and dw.split.promoted == ("n", "o0") and isinstance(dw.simt, SimtTile)
     gemm = decide(ONE_BY_ONE, "gfx942")
     assert gemm.gemm and gemm.strategy is Strategy.IREE
@@ -54,12 +54,14 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     assert decide(DENSE, "sm_86").strategy is Strategy.EXPLICIT  # its smaller shared memory: the rule's 2 stages
     assert decide(GROUPED, "sm_80").strategy is Strategy.EXPLICIT  # 8 channels a group: matrix cores pay
     assert decide(DENSE.with_(dtype="bf16", dw_dtype="bf16"), "sm_80").strategy is Strategy.EXPLICIT  # measured too
+    dw = decide(DEPTHWISE, "sm_80")  # the depthwise kernel: docs/decisions.md#depthwise-by-default
+    assert dw.strategy is Strategy.EXPLICIT and dw.depthwise is not None
+    assert decide(DEPTHWISE.with_(layout=4), "sm_80").depthwise is None  # channels-last only
     not_chosen = {
         "AMD": decide(DENSE, "gfx942"),  # compiled, never run: no AMD GPU measured it
         "too thin for matrix cores": decide(
             ConvBwdWeightProblem.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80"
         ),
-        "depthwise": decide(DEPTHWISE, "sm_80"),
         "layout 4": decide(DENSE.with_(layout=4), "sm_80"),
         "f32": decide(DENSE.with_(dtype="f32", dw_dtype="f32"), "sm_80"),
         "odd channels": decide(DENSE.with_(in_channels=3), "sm_80"),
@@ -107,7 +109,7 @@ def test_a_tile_given_where_the_strategy_takes_none_is_refused_not_dropped():
     with pytest.raises(PlanError, match="tile-m: strategy iree takes no tile here .grouped"):
         decide(GROUPED, "sm_80", tile_m=64)
     with pytest.raises(PlanError, match="tile-n: strategy simt takes no tile here"):
-        decide(DEPTHWISE, "sm_80", tile_n=64)
+        decide(DEPTHWISE, "sm_80", strategy="codegen", tile_n=64)
     with pytest.raises(PlanError, match="target: unknown target 'gfx908'"):
         decide(DENSE, "gfx908")
 
@@ -226,7 +228,7 @@ def test_a_simt_plan_iree_tiles_itself_never_pads_a_split_reduction():
     wider = decide(repro.with_(batch=32), "sm_80")
     assert wider.strategy is Strategy.SIMT and wider.split == Split("n", 2, 16)
     # one out channel a group (depthwise): no M loop for IREE's instruction, the split stays (measured inside)
-    depthwise = decide(repro.with_(out_channels=1, in_channels=1), "sm_80")
+    depthwise = decide(repro.with_(out_channels=1, in_channels=1), "sm_80", strategy="codegen")
     assert depthwise.split == Split("n", 3, 1)
 
 
