@@ -54,6 +54,9 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     assert decide(DENSE, "sm_86").strategy is Strategy.EXPLICIT  # its smaller shared memory: the rule's 2 stages
     assert decide(GROUPED, "sm_80").strategy is Strategy.EXPLICIT  # 8 channels a group: matrix cores pay
     assert decide(DENSE.with_(dtype="bf16", dw_dtype="bf16"), "sm_80").strategy is Strategy.EXPLICIT  # measured too
+    # odd channels (register path) and epilogues (in the store): measured 2026-11-25 (decisions.md#first-layers)
+    assert decide(DENSE.with_(in_channels=3), "sm_80").strategy is Strategy.EXPLICIT
+    assert decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80").strategy is Strategy.EXPLICIT
     not_chosen = {
         "AMD": decide(DENSE, "gfx942"),  # compiled, never run: no AMD GPU measured it
         "too thin for matrix cores": decide(
@@ -62,8 +65,6 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
         "depthwise": decide(DEPTHWISE, "sm_80"),
         "layout 4": decide(DENSE.with_(layout=4), "sm_80"),
         "f32": decide(DENSE.with_(dtype="f32", dw_dtype="f32"), "sm_80"),
-        "odd channels": decide(DENSE.with_(in_channels=3), "sm_80"),
-        "epilogue": decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80"),
         "codegen asked": decide(DENSE, "sm_80", strategy="codegen"),
         "an IREE tile option": decide(DENSE, "sm_80", tile_m=64),
         "a k-batch": decide(DENSE, "sm_80", k_batch=4),
