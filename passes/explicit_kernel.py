@@ -78,25 +78,35 @@ def _collapse_reduction(value: ir.Value, rank: int) -> ir.Value:
                                     groups).result  # fmt: skip
 
 
-def _sum_splits(partials: ir.Value, out: ir.Type) -> ir.Value:
-    """``[splits, G, M, N]`` f32 partial sums -> ``[G, M, N]`` in dW's type (a reduction IREE compiles itself)."""
+def _sum_splits(partials: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | None = None) -> ir.Value:
+    """``[splits, G, M, N]`` f32 partial sums -> ``[G, M, N]`` in dW's type (a reduction IREE compiles itself);
+    the problem's ``epilogue`` (``alpha * sum + beta * D``, D ``[G, M, N]``) in the rounding generic, in f32."""
     shape = list(ir.RankedTensorType(partials.type).shape)
     f32 = ir.F32Type.get()
     init = linalg_d.fill(zero(f32), outs=[tensor_d.EmptyOp(shape[1:], f32).result])
-    d = [ir.AffineDimExpr.get(i) for i in range(4)]
-    maps = [ir.AffineMap.get(4, 0, d), ir.AffineMap.get(4, 0, d[1:])]
+    dims = [ir.AffineDimExpr.get(i) for i in range(4)]
+    maps = [ir.AffineMap.get(4, 0, dims), ir.AffineMap.get(4, 0, dims[1:])]
 
     @generic([partials], [init], maps, [REDUCTION, PARALLEL, PARALLEL, PARALLEL])
     def total(p: ir.Value, acc: ir.Value) -> ir.Value:
         return arith_d.addf(p, acc)
 
-    if out == f32:
+    if out == f32 and epilogue is None:
         return total
+    ins = [total] if d is None else [total, d]
     ident = ir.AffineMap.get_identity(3)
 
-    @generic([total], [tensor_d.EmptyOp(shape[1:], out).result], [ident, ident], [PARALLEL] * 3)
-    def rounded(v: ir.Value, _o: ir.Value) -> ir.Value:
-        return arith_d.truncf(out, v)
+    @generic(ins, [tensor_d.EmptyOp(shape[1:], out).result], [ident] * (len(ins) + 1), [PARALLEL] * 3)
+    def rounded(v: ir.Value, *rest: ir.Value) -> ir.Value:
+        if epilogue is not None:
+            if epilogue.alpha != 1.0:
+                v = arith_d.mulf(v, arith_d.constant(f32, epilogue.alpha))
+            if d is not None:
+                dv = rest[0] if rest[0].type == f32 else arith_d.extf(f32, rest[0])
+                if epilogue.beta != 1.0:
+                    dv = arith_d.mulf(dv, arith_d.constant(f32, epilogue.beta))
+                v = arith_d.addf(v, dv)
+        return v if out == f32 else arith_d.truncf(out, v)
 
     return rounded
 
@@ -164,6 +174,14 @@ def _body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, family: str) 
     _kernel_module(family).build_kernel_body(block, *memrefs, shape, tiling)
 
 
+def _fused_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, alpha: float, beta: float) -> None:
+    """The sm_80 kernel with the epilogue in its store: bindings dy, x, (D,) dW."""
+    from convbw_mlir.kernels.gemm_sm80 import Fused, build_kernel_body
+
+    a, b, *d, c = memrefs
+    build_kernel_body(block, a, b, c, shape, tiling, Fused(alpha, beta, d[0] if d else None))
+
+
 def _wavespec_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, producers: int) -> None:
     from convbw_mlir.kernels import wavespec_sm80
 
@@ -222,12 +240,19 @@ class ExplicitKernel(ConvbwPass):
                     b_shape = list(ir.RankedTensorType(op.operands[0].type).shape)
                 c_shape = [shape.groups, shape.m, shape.n]
                 c_shape, c_type = ([shape.splits, *c_shape], f32) if shape.splits > 1 else (c_shape, out)
+                ep = problem.epilogue
+                fused = ep is not None and shape.splits == 1  # a split applies it in its sum
+                d_type = [ir.MemRefType.get([shape.groups, shape.m, shape.n], element_type(ep.d_dtype))] if (
+                    fused and ep.reads_d) else []  # fmt: skip
                 bindings = (
                     ir.MemRefType.get(a_shape, f16),
                     ir.MemRefType.get(b_shape, f16),
+                    *d_type,
                     ir.MemRefType.get(c_shape, c_type),
                 )
                 body, threads = partial(_body, shape=shape, tiling=t, family=family), t.threads
+                if fused:  # the epilogue in the kernel's store: kernels/gemm_sm80.py Fused
+                    body = partial(_fused_body, shape=shape, tiling=t, alpha=ep.alpha, beta=ep.beta)
                 if plan.wavespec is not None:  # producer warps beside the tiling's: kernels/wavespec_sm80.py
                     producers = plan.wavespec.producers
                     threads = wavespec_threads(t, producers)
@@ -246,6 +271,12 @@ class ExplicitKernel(ConvbwPass):
                     collapse = _collapse_reduction if shape.channels_last else _collapse_spatial
                     dy = collapse(op.operands[1], problem.rank)
                     x = op.operands[0] if shape.conv is not None else collapse(op.operands[0], problem.rank)
+                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
+                    d = None
+                    if ep is not None and ep.reads_d:  # D in dW's order, as the GEMM's [G, M, N]
+                        d_t = ir.RankedTensorType(op.operands[2].type)
+                        flat = ir.RankedTensorType.get([shape.groups, shape.m, shape.n], d_t.element_type)
+                        d = tensor_d.CollapseShapeOp(flat, op.operands[2], groups).result
                     result_t = ir.RankedTensorType.get(c_shape, c_type)
                     with ir.Location.unknown():  # the kernel's ops need no location of the problem
                         if plan.streamk is not None:  # a persistent grid and its workspace: kernels/streamk_sm80.py
@@ -255,12 +286,12 @@ class ExplicitKernel(ConvbwPass):
                                 entry.executable, ENTRY, dy, x, shape, t, plan.streamk, out, entry.subgroup_size, top
                             )
                         else:
-                            result = build_dispatch(entry, body, [dy, x], result_t, top)
+                            operands = [dy, x] if not fused or d is None else [dy, x, d]
+                            result = build_dispatch(entry, body, operands, result_t, top)
                     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
                     if shape.splits > 1:
-                        result = _sum_splits(result, out)
+                        result = _sum_splits(result, out, ep, d)
                     dw_t = convbw.tensor_type(problem, "dw")
-                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
                     dw = tensor_d.ExpandShapeOp(dw_t, result, groups, [], list(problem.dw_shape)).result
             op.results[0].replace_all_uses_with(dw)
             op.erase()

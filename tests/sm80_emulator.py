@@ -155,7 +155,7 @@ class _Block:
             return None
         binary = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply,
                   "arith.divui": np.floor_divide, "arith.remui": np.remainder, "arith.minsi": np.minimum,
-                  "arith.maxsi": np.maximum, "arith.andi": np.bitwise_and,
+                  "arith.maxsi": np.maximum, "arith.andi": np.bitwise_and, "arith.mulf": np.multiply,
                   "arith.minui": np.minimum, "arith.maxui": np.maximum, "arith.addf": np.add,
                   "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor, "arith.shli": np.left_shift,
                   "arith.shrui": np.right_shift}  # fmt: skip
@@ -176,6 +176,9 @@ class _Block:
             if np.ndim(a) > 1 or np.ndim(b) > 1:
                 c = c.reshape(c.shape + (1,) * (max(np.ndim(a), np.ndim(b)) - c.ndim))
             self.env[res[0]] = np.where(c, a, b)
+            return None
+        if name == "arith.extf":
+            self.env[res[0]] = np.asarray(self.get(ins[0])).astype(np.float32)
             return None
         if name == "arith.index_cast":
             self.env[res[0]] = np.asarray(self.get(ins[0]), np.int64)
@@ -226,6 +229,16 @@ class _Block:
         if name == "memref.load":
             mem = self.get(ins[0])
             self.env[res[0]] = mem[tuple(self.idx(v) for v in ins[1:])]
+            return None
+        if name == "vector.load":  # per thread, n elements along the last index
+            mem, idx = self.get(ins[0]), [self.idx(v) for v in ins[1:]]
+            n = ir.VectorType(res[0].type).shape[-1]
+            out = np.zeros((self.t, n), mem.dtype)
+            for th in range(self.t) if mask is None else np.flatnonzero(mask):
+                d = tuple(i[th] for i in idx)
+                assert d[-1] + n <= mem.shape[-1], f"load past the row: {d} + {n} of {mem.shape}"
+                out[th] = mem[d[:-1]][d[-1] : d[-1] + n]
+            self.env[res[0]] = out
             return None
         if name == "vector.from_elements":
             self.env[res[0]] = np.stack([np.broadcast_to(self.get(v), (self.t,)) for v in ins], axis=1)
@@ -584,14 +597,16 @@ def module_error(problem, plan, passes, seed: int) -> float:
     by :func:`run_module` on random inputs, against float64, relative to the largest entry of dW."""
     from convbw_mlir.dialects import convbw
 
+    from convbw_mlir.epilogues import random_d
     from convbw_mlir.ir_imports import new_context
     from convbw_mlir.reference import random_inputs, reference
 
     x, dy = random_inputs(problem, seed=seed)
+    d = random_d(problem, seed=seed + 1)  # the epilogue's D, where it reads one
     with new_context():
         module = convbw.build_module(problem, plan)
         for p in passes:
             p.run(module.operation)
-        got = run_module(module, [x, dy]).astype(np.float64)
-    exact = reference(problem, x, dy)
+        got = run_module(module, [x, dy] if d is None else [x, dy, d]).astype(np.float64)
+    exact = reference(problem, x, dy, d)
     return float(np.abs(got - exact).max() / np.abs(exact).max())

@@ -57,6 +57,9 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     dw = decide(DEPTHWISE, "sm_80")  # the depthwise kernel: docs/decisions.md#depthwise-by-default
     assert dw.strategy is Strategy.EXPLICIT and dw.depthwise is not None
     assert decide(DEPTHWISE.with_(layout=4), "sm_80").depthwise is None  # channels-last only
+    # odd channels (register path) and epilogues (in the store): measured 2026-11-25 (decisions.md#first-layers)
+    assert decide(DENSE.with_(in_channels=3), "sm_80").strategy is Strategy.EXPLICIT
+    assert decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80").strategy is Strategy.EXPLICIT
     not_chosen = {
         "AMD": decide(DENSE, "gfx942"),  # compiled, never run: no AMD GPU measured it
         "too thin for matrix cores": decide(
@@ -64,8 +67,6 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
         ),
         "layout 4": decide(DENSE.with_(layout=4), "sm_80"),
         "f32": decide(DENSE.with_(dtype="f32", dw_dtype="f32"), "sm_80"),
-        "odd channels": decide(DENSE.with_(in_channels=3), "sm_80"),
-        "epilogue": decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80"),
         "codegen asked": decide(DENSE, "sm_80", strategy="codegen"),
         "an IREE tile option": decide(DENSE, "sm_80", tile_m=64),
         "a k-batch": decide(DENSE, "sm_80", k_batch=4),

@@ -41,7 +41,7 @@ from convbw_mlir.kernels import nvgpu
 from convbw_mlir.policies.sm80 import COPY_ELEMENTS as COPY
 from convbw_mlir.policies.sm80 import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling
 
-__all__ = ["build_kernel_body", "grid"]
+__all__ = ["Fused", "build_kernel_body", "grid"]
 
 
 class _Ix:
@@ -214,6 +214,9 @@ def _copy_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
     reduction, the split or (gathered x) the image reads nothing and is zero (``src-size`` 0).
     """
     v = op.vector
+    if v == 1:  # a row not 4-byte aligned (odd K or C): no cp.async reaches it
+        _load_tile_cl(ix, t, op, tid, g, ktile, stage, valid, shape)
+        return
     chunks = op.rows // v
     per_pass = t.threads // chunks
     col = ix.mul(ix.rem(tid, chunks), v)
@@ -245,6 +248,59 @@ def _copy_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
         cond = _all(ok)
         count = ix.c(v) if cond is None else arith.select(cond, ix.c(v), ix.c(0))
         nvgpu.async_copy(op.smem, [stage, r_local, col], op.glob, idx, v, count, bypass_l1=v == COPY)
+
+
+def _load_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
+                  stage: ir.Value, valid: ir.Value | None, shape: GemmShape) -> None:  # fmt: skip
+    """Channels-last with odd K or C (rows 2-byte aligned only): the register path. A thread loads
+    :data:`COPY` consecutive elements of one reduction index (masked element loads, zero where a copy
+    would have zero-filled) and stores them to shared memory as one 16-byte vector, in the layout
+    ``cp.async`` fills (``[stage, r, row]``), so ``ldmatrix`` and the pipeline are unchanged. The stores are
+    synchronous: the stage is free since the barrier that ended its last reads, and the barrier before
+    its own reads publishes them."""
+    chunks = op.rows // COPY
+    per_pass = t.threads // chunks
+    col = ix.mul(ix.rem(tid, chunks), COPY)
+    r_first = ix.div(tid, chunks)
+    elem = ir.MemRefType(op.glob.type).element_type
+    conds = [] if valid is None else [valid]
+    rows = []  # per element: its row (channel, or tap and channel), its own bound where M or N is ragged
+    for e in range(COPY):
+        grow = ix.add(ix.add(op.row0, col), e)
+        ok = []
+        if op.extent % COPY or op.extent % op.rows:
+            ok.append(ix.lt(grow, op.extent))
+            grow = arith.minsi(grow, ix.c(op.extent - 1))
+        if op.gather:  # the element's tap and channel (loop-invariant: hoisted by LLVM)
+            channels = shape.channels
+            rows.append((ix.rem(grow, channels), _unravel(ix, ix.div(grow, channels), shape.conv.filter), ok))
+        else:
+            rows.append((grow, None, ok))
+    zero = arith.constant(elem, 0.0)
+    reduction = shape.reduction
+    for i in range(t.bk // per_pass):
+        r_local = ix.add(r_first, i * per_pass)
+        r = ix.add(ix.mul(ktile, t.bk), r_local)
+        ok_r = list(conds)
+        if reduction % t.bk:
+            ok_r.append(ix.lt(r, reduction))
+            r = arith.minsi(r, ix.c(reduction - 1))
+        if op.gather:
+            image, pos = ix.div(r, shape.hw), ix.rem(r, shape.hw)
+            outs = _unravel(ix, pos, shape.conv.out_size)
+        values = []
+        for channel, taps, ok_e in rows:
+            ok = ok_r + ok_e
+            if op.gather:
+                coords, ok = _gather_coords(ix, shape.conv, outs, taps, ok)
+                idx = [image, *coords, g, channel]
+            else:
+                idx = [r, g, channel]
+            x = memref.load(op.glob, idx)
+            cond = _all(ok)
+            values.append(x if cond is None else arith.select(cond, x, zero))
+        vec = vector.from_elements(ir.VectorType.get([COPY], elem), values)
+        vector.store(vec, op.smem, [stage, r_local, col])
 
 
 @dataclass
@@ -387,44 +443,80 @@ def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, w
     return list(loop.results)[: len(acc)]
 
 
-def _store(value: ir.Value, c: ir.Value, indices: list[ir.Value], cond: ir.Value | None) -> None:
+@dataclass(frozen=True)
+class Fused:
+    """The problem's epilogue in the kernel's store: ``dW = alpha * acc (+ beta * D)`` in f32, then dW's type
+    (docs/epilogues.md); ``d`` is D's memref ``[groups, m, n]`` (dW's own order), None for scale."""
+
+    alpha: float
+    beta: float
+    d: ir.Value | None = None
+
+
+def _store(value: Callable[[], ir.Value], c: ir.Value, indices: list[ir.Value], cond: ir.Value | None) -> None:
+    """Store ``value()`` (built where the store runs: D is read only where dW is written) unless ``cond`` is false."""
     if cond is None:
-        vector.store(value, c, indices)
+        vector.store(value(), c, indices)
         return
     branch = scf.IfOp(cond)
     with ir.InsertionPoint(branch.then_block):
-        vector.store(value, c, indices)
+        vector.store(value(), c, indices)
         scf.YieldOp([])
 
 
+def _finish(acc: ir.Value, out: ir.Type, fused: Fused | None, d_at: list[ir.Value]) -> ir.Value:
+    """f32 accumulators ``vector<n x f32>`` -> dW's values: the epilogue (``fused``, D read at ``d_at``) in
+    f32, then rounded once to ``out``."""
+    f32 = ir.F32Type.get()
+    vt = ir.VectorType(acc.type)
+    if fused is not None:
+        splat = ir.DenseElementsAttr.get_splat
+
+        def const(x: float) -> ir.Value:
+            return arith.constant(vt, splat(vt, ir.FloatAttr.get_f32(x)))
+
+        if fused.alpha != 1.0:
+            acc = arith.mulf(acc, const(fused.alpha))
+        if fused.d is not None:
+            d_elem = ir.MemRefType(fused.d.type).element_type
+            d = vector.load(ir.VectorType.get(vt.shape, d_elem), fused.d, d_at)
+            if d_elem != f32:
+                d = arith.extf(vt, d)
+            acc = arith.addf(acc, d if fused.beta == 1.0 else arith.mulf(d, const(fused.beta)))
+    return acc if out == f32 else arith.truncf(ir.VectorType.get(vt.shape, out), acc)
+
+
 def _epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, c: ir.Value, where: list[ir.Value], row0: ir.Value,
-              col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type) -> None:  # fmt: skip
+              col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type,
+              fused: Fused | None = None) -> None:  # fmt: skip
     """Store the accumulators: lane l holds rows l/4 and l/4 + 8, columns 2(l%4) .. +1 of each 16x8 tile.
 
     ``where`` indexes ``c`` before (row, column): ``[g]``, or ``[split, g]`` for split-K partials. Rows and
-    columns past M and N are not stored; with N odd a pair is stored one element at a time.
+    columns past M and N are not stored; with N odd a pair is stored one element at a time. ``fused``
+    (unsplit only: ``where`` is ``[g]``): the epilogue, applied to each pair where it is stored.
     """
-    f32 = ir.F32Type.get()
     row = ix.add(row0, ix.div(lane, 4))
     col = ix.add(col0, ix.mul(ix.rem(lane, 4), 2))
     tiles_n = t.wn // MMA_N
     ragged_m, ragged_n, odd_n = shape.m % t.bm != 0, shape.n % t.bn != 0, shape.n % 2 != 0
+    f32x1 = ir.VectorType.get([1], ir.F32Type.get())
     for i in range(t.wm // MMA_M):
         for j in range(tiles_n):
             for h in range(2):
                 pair = vector.extract(acc[i * tiles_n + j], [], [h])
-                if out != f32:
-                    pair = arith.truncf(ir.VectorType.get([2], out), pair)
                 r = ix.add(row, i * MMA_M + h * 8)
                 cc = ix.add(col, j * MMA_N)
                 row_ok = [ix.lt(r, shape.m)] if ragged_m else []
                 if not odd_n:
-                    _store(pair, c, [*where, r, cc], _all(row_ok + ([ix.lt(cc, shape.n)] if ragged_n else [])))
+                    at = [*where, r, cc]
+                    _store(lambda p=pair, at=at: _finish(p, out, fused, at), c, at,
+                           _all(row_ok + ([ix.lt(cc, shape.n)] if ragged_n else [])))  # fmt: skip
                     continue
                 for e in range(2):
-                    one = vector.extract_strided_slice(ir.VectorType.get([1], out), pair, [e], [1], [1])
-                    ce = ix.add(cc, e)
-                    _store(one, c, [*where, r, ce], _all([*row_ok, ix.lt(ce, shape.n)]))
+                    one = vector.extract_strided_slice(f32x1, pair, [e], [1], [1])
+                    at = [*where, r, ix.add(cc, e)]
+                    _store(lambda p=one, at=at: _finish(p, out, fused, at), c, at,
+                           _all([*row_ok, ix.lt(at[-1], shape.n)]))  # fmt: skip
 
 
 def _threads(ix: _Ix, t: GemmTiling) -> tuple[ir.Value, ...]:
@@ -458,7 +550,8 @@ def grid(shape: GemmShape, t: GemmTiling) -> tuple[int, int, int]:
     return -(-shape.n // t.bn), -(-shape.m // t.bm), shape.groups * shape.splits
 
 
-def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: GemmTiling) -> None:
+def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: GemmTiling,
+                      fused: Fused | None = None) -> None:  # fmt: skip
     """Emit the kernel into ``entry`` (its operands already bound), for the grid :func:`grid` gives.
 
     Args:
@@ -468,6 +561,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
             ``memref<(images*hw) x groups x n>`` or ``memref<images x H x W x groups x channels>``.
         c: dW, ``memref<groups x m x n x (f32|f16)>``; with split-K, the partials
             ``memref<splits x groups x m x n x f32>``.
+        fused: the problem's epilogue in the store (unsplit kernels; a split's sum applies it otherwise).
     """
     ix = _Ix(entry)
     f16 = ir.MemRefType(a.type).element_type  # f16 or bf16: 16-bit elements copy and load alike
@@ -488,4 +582,4 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
     b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
     acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
-    _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out)
+    _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out, fused)

@@ -158,8 +158,13 @@ class GemmTiling:
         why = []
         if self.bm % self.wm or self.bn % self.wn or self.wm % MMA_M or self.wn % (2 * MMA_N) or self.bk % MMA_K:
             why.append(f"tiling: warp tile {self.wm}x{self.wn} does not divide {self.bm}x{self.bn} in mma tiles")
-        b_vector = shape.b_vector() if shape.channels_last else max(shape.b_vector(), 8)
-        for name, rows, v in (("bm", self.bm, shape.a_vector()), ("bn", self.bn, b_vector)):
+        # elements a thread moves at once: a copy's, or 8 loaded (layout 4's gather; odd channels, layout 2)
+        a_vector, b_vector = shape.a_vector(), shape.b_vector()
+        if shape.channels_last:
+            a_vector, b_vector = (v if v > 1 else COPY_ELEMENTS for v in (a_vector, b_vector))
+        else:
+            b_vector = max(b_vector, COPY_ELEMENTS)
+        for name, rows, v in (("bm", self.bm, a_vector), ("bn", self.bn, b_vector)):
             if (rows * self.bk // v) % self.threads:
                 why.append(f"tiling: the {name}x{self.bk} tile is no whole number of {2 * v}-byte copies per thread")
             elif shape.channels_last and self.threads % (rows // v):  # a pass of all threads covers whole rows
@@ -270,24 +275,19 @@ def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED
 
 
 def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP, dtypes: tuple[str, ...] | None = None,
-                any_channels: bool = False, any_rank: bool = True) -> list[str]:  # fmt: skip
+                any_channels: bool = False, any_rank: bool = True, epilogues: bool = False) -> list[str]:  # fmt: skip
     """Why the explicit kernel cannot compute ``problem`` with ``tiling`` ("field: value ..." lines).
 
     ``dtypes``: the input types the kernel takes (default: the sm_80 kernel's, :data:`INTRINSICS`; dW: f32 or
-    the input type); ``any_channels``: layout 2 with any channel count and dW of any of ``dtypes`` (the AMD
-    kernel's plain loads), not only even channel counts (cp.async: 4 bytes or more); ``any_rank``: 1-D and 3-D
-    problems with a filter, stride or padding too (the sm_80 kernel's per-dimension gather; not the AMD one's)."""
+    the input type); ``any_channels``: dW of any of ``dtypes`` (the AMD kernel's stores); any channel count is
+    taken (sm_80, layout 2: odd K or C by its register path); ``any_rank``: 1-D and 3-D problems with a filter,
+    stride or padding too (the sm_80 kernel's per-dimension gather; not the AMD one's); ``epilogues``: scale,
+    bilinear and accumulate applied in the kernel's store (the sm_80 kernel's; split-K: in its sum)."""
     why = []
     fam = problem.layout_family
     if (fam.x, fam.w) not in (("NGCHW", "GKCYX"), ("NHWGC", "GKYXC")):
         why.append(f"layout: {problem.layout} (the explicit kernel takes layouts 4, NGCHW/GKCYX/NGKHW, and 2, "
                    "NHWGC/GKYXC/NHWGK)")  # fmt: skip
-    elif (
-        is_channels_last(problem) and not any_channels
-    ):  # cp.async of 4, 8 or 16 bytes: whole, aligned vectors of channels
-        for name, value in (("in_channels", problem.in_channels), ("out_channels", problem.out_channels)):
-            if value % 2:
-                why.append(f"{name}: {value} a group (layout 2 takes even channel counts: 4-byte copies or wider)")
     if not any_rank:  # the AMD forms gather x of 2-D problems only
         plain = all(f == 1 for f in problem.filter_size) and all(s == 1 for s in problem.stride)
         if not (plain and not any(problem.pad_low) and not any(problem.pad_high)) and problem.rank != 2:
@@ -297,8 +297,8 @@ def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP
         why.append(f"dtype: {problem.dtype} ({' or '.join(dtypes)})")
     elif problem.dw_dtype not in ("f32", problem.dtype) and not (any_channels and problem.dw_dtype in dtypes):
         why.append(f"dw_dtype: {problem.dw_dtype} (f32 or {problem.dtype}, the input type)")
-    if problem.epilogue is not None:
-        why.append(f"epilogue: {problem.epilogue.kind} (none yet)")
+    if problem.epilogue is not None and not epilogues:
+        why.append(f"epilogue: {problem.epilogue.kind} (this kernel writes dW plain)")
     if not why and isinstance(tiling, GemmTiling):  # a CdnaTiling is checked by the plan, with the split
         why += tiling.problems(gemm_shape(problem), shared_cap)
     return why
@@ -361,7 +361,7 @@ def takes_by_default(problem: Any) -> bool:
     correct kernel when measured (docs/decisions.md#explicit-by-default)."""
     gathered = gemm_shape(problem).conv is not None
     measured = problem.dtype in MEASURED_DTYPES and (problem.rank in MEASURED_RANKS or not gathered)
-    return measured and is_channels_last(problem) and not unsupported(problem, None)
+    return measured and is_channels_last(problem) and not unsupported(problem, None, epilogues=True)
 
 
 def tiling(plan: Plan) -> GemmTiling:
@@ -379,7 +379,9 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     """
     given = opts.tile
     t = GemmTiling()
-    if not given and not unsupported(problem, None):  # the plan's rule: the kernel's cost model (choose_tiling)
+    if not given and not unsupported(
+        problem, None, epilogues=True
+    ):  # the plan's rule: the kernel's cost model (choose_tiling)
         t = choose_tiling(gemm_shape(problem), tgt.compute_units, tgt.lds_bytes)
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
@@ -406,7 +408,7 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
 def refusals(problem: Any, plan: Plan) -> list[str]:
     """Why this kernel cannot carry ``plan`` out ("field: value" lines; empty: it can)."""
     cap = plan.target_info.lds_bytes
-    why = ["tile: none"] if plan.tile is None else unsupported(problem, tiling(plan), cap)
+    why = ["tile: none"] if plan.tile is None else unsupported(problem, tiling(plan), cap, epilogues=True)
     if plan.streamk is not None:
         why += _streamk_refusals(plan, problem)
     if plan.wavespec is not None:
@@ -427,6 +429,8 @@ def _streamk_refusals(plan: Plan, problem: Any) -> list[str]:
         why.append(f"streamk: {sk.workgroups} on target {plan.target} (StreamK is written for sm_80 only)")
     if plan.split is not None:
         why.append(f"split: {plan.split.dim} x {plan.split.k_batch} (StreamK replaces split-K)")
+    if problem.epilogue is not None:
+        why.append(f"epilogue: {problem.epilogue.kind} (StreamK writes dW plain)")
     return why
 
 
@@ -441,6 +445,11 @@ def _wavespec_refusals(plan: Plan, problem: Any, tiling_ok: bool) -> list[str]:
     if not is_channels_last(problem):
         return [f"producers: {producers} in layout {problem.layout} (wave specialization is written for layout 2, "
                 "NHWGC/GKYXC/NHWGK)"]  # fmt: skip
+    if problem.epilogue is not None:
+        return [f"producers: {producers} with a {problem.epilogue.kind} epilogue (wave specialization writes dW plain)"]
+    if problem.in_channels % 2 or problem.out_channels % 2:
+        return [f"producers: {producers} with odd channels ({problem.in_channels} in, {problem.out_channels} out a "
+                "group: wave specialization's producers copy by cp.async only)"]  # fmt: skip
     if not tiling_ok:
         return []
     return wavespec_problems(gemm_shape(problem, plan.k_batch), tiling(plan), producers)
