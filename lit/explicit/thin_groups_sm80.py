@@ -1,8 +1,26 @@
 # Thin groups in the depthwise kernel's grouped form (strategy explicit, layout 2): G = 4 groups of C = 3 in
+# ruff: noqa: E501 - FileCheck lines match whole IR lines
 # and K = 5 out channels (odd: the implicit GEMM's cp.async rows refuse them), 3x3, 6x7, padding 1. x binds as
 # [N, H, W, G*C], dy as [N, H, W, G*K], the f32 workspace as [chunks, G, K, taps*C] (dW's GKYXC order); a
 # thread's vector is its group's in channels (1 here: 3 is odd) and dy's value of its out channel multiplies it.
-# RUN: %convbw-opt --ck "2 4 2 5 3 3 3 6 7 1 1 1 1 1 1 1 1" --pass-pipeline='builtin.module(convbw-plan{target=sm_80 strategy=explicit},convbw-explicit-kernel)' | FileCheck %s
+# The grouped form is not the plan's choice (strategy=explicit gives thin groups the implicit GEMM, which takes
+# odd channels): it is reached by a stored plan, as a tuner's or a user's (docs/explicit-kernels.md "Depthwise").
+# RUN: %PYTHON %s | FileCheck %s
+from convbw_mlir.dialects import convbw
+from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+
+from convbw_mlir.ir_imports import new_context
+from convbw_mlir.plan_data import Plan, Strategy
+from convbw_mlir.policies import depthwise
+from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.targets import get_target
+
+p = ConvBwdWeightProblem.from_ck("2 4 2 5 3 3 3 6 7 1 1 1 1 1 1 1 1")
+plan = Plan("sm_80", Strategy.EXPLICIT, depthwise=depthwise._rule(p, get_target("sm_80")))
+with new_context():
+    module = convbw.build_module(p, plan)
+    ExplicitKernel().run(module.operation)
+    print(module)
 
 # CHECK: %[[DY:.+]] = hal.interface.binding.subspan {{.*}} binding(0) {{.*}} : memref<2x6x7x20xf16>
 # CHECK: %[[X:.+]] = hal.interface.binding.subspan {{.*}} binding(1) {{.*}} : memref<2x6x7x12xf16>
