@@ -1,6 +1,6 @@
-# Thin groups in the depthwise kernel's grouped form (strategy explicit, layout 2): G = 4 groups of C = 3 in
 # ruff: noqa: E501 - FileCheck lines match whole IR lines
-# and K = 5 out channels (odd: the implicit GEMM's cp.async rows refuse them), 3x3, 6x7, padding 1. x binds as
+# Thin groups in the depthwise kernel's grouped form (strategy explicit, layout 2): G = 4 groups of C = 3 in
+# and K = 5 out channels (odd), 3x3, 6x7, padding 1. x binds as
 # [N, H, W, G*C], dy as [N, H, W, G*K], the f32 workspace as [chunks, G, K, taps*C] (dW's GKYXC order); a
 # thread's vector is its group's in channels (1 here: 3 is odd) and dy's value of its out channel multiplies it.
 # The grouped form is not the plan's choice (strategy=explicit gives thin groups the implicit GEMM, which takes
