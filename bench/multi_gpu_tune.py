@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing  # noqa: F401 - imported before the chdir below: spawned workers find this script from here
 import os
 import sys
 import tempfile
