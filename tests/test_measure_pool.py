@@ -22,7 +22,7 @@ from convbw_mlir.problem import ConvBwdWeightProblem
 
 TINY = ConvBwdWeightProblem(1, 2, 8, 8, (6, 6), (1, 1))  # a 1x1 convolution: every contender compiles fast
 SPLIT = "convbw[k_batch=2]"  # TINY's second candidate on the host, beside the heuristic's plan
-HANG_S = 15  # the no-progress limit of a candidate in these runs
+HANG_S = 10  # the no-progress limit of a candidate in these runs (as tests/test_bench.py)
 
 
 @pytest.fixture(scope="module")
