@@ -188,3 +188,18 @@ def test_both_timing_clis_refuse_bad_devices_in_one_line_before_running(module, 
                         "--devices", "0,0"], capture_output=True, text=True)  # fmt: skip
     assert (r.returncode, r.stderr) == (1, "error: --devices: device 0 is given twice in '0,0'\n")
     assert not res.exists()
+
+
+def test_convbw_tune_checks_its_devices_before_building(tmp_path, capsys, monkeypatch):
+    from convbw_mlir.cli import main
+
+    suite = tmp_path / "one.tsv"
+    suite.write_text("a\t2 1 2 8 8 1 1 6 6 1 1 1 1 0 0 0 0\n")
+    base = ["tune", "--suite", str(suite), "--out", str(tmp_path / "out")]
+    assert main([*base, "--target", "host", "--compile-only", "--devices", "0"]) == 1
+    assert capsys.readouterr().err == "convbw: error: --devices: the timing half's; --compile-only times nothing\n"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(pool.shutil, "which", lambda _: None)  # no nvidia-smi: no GPU here
+    assert main([*base, "--target", "sm_80"]) == 1  # would build, then find no GPU to time on: refused first
+    assert capsys.readouterr().err.startswith("convbw: error: --devices: no cuda GPU is visible here")
+    assert not (tmp_path / "out").exists()
