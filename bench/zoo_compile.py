@@ -1,6 +1,6 @@
 """Compile the heuristic's plan of every (or every k-th) problem of a suite for a target: counts, failures named.
 
-    python bench/zoo_compile.py [--suite zoo] [--target sm_80] [--types f16] [--every 1] [--workers 2] --out FILE.md
+    python bench/zoo_compile.py [--suite zoo] [--target sm_80] [--types f16] [--every 1] [--timeout 600] --out FILE.md
 
 Each kernel in its own child process (the dispatcher's Registry: an IREE crash costs one problem), through
 the kernel cache. Writes a markdown summary (and a .json beside it) with the problems that did not compile
@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default="f16")
     ap.add_argument("--every", type=int, default=1, help="compile every k-th problem of the suite (default all)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one compile may take (default 600)")
     ap.add_argument("--out", required=True, help="markdown summary; the .json lands beside it")
     args = ap.parse_args(argv)
     from convbw_mlir.dispatch.build import Registry
@@ -39,13 +40,14 @@ def main(argv: list[str] | None = None) -> int:
                 reg.declare(p, v)
                 names[(p, v)] = f"{name}.{dtype}"
     t0 = time.monotonic()
-    report = reg.build(max_workers=args.workers, progress=False)
+    report = reg.build(max_workers=args.workers, timeout=args.timeout, progress=False)
     wall = time.monotonic() - t0
     failed = [(names[(r.problem, r.variant)], r.problem.to_ck(), r.error.splitlines()[0][:200] if r.error else "?")
               for r in report.results if not r.ok]  # fmt: skip
     kinds = Counter(f.split(":")[0] for _, _, f in failed)
     ok = len(report.results) - len(failed)
-    lines = [f"# {args.suite}: the heuristic's plan compiled for {args.target} ({args.types}, every {args.every})",
+    lines = [f"# {args.suite}: the heuristic's plan compiled for {args.target} ({args.types}, every {args.every}, "
+             f"at most {args.timeout:g} s a compile)",
              "", f"{ok} of {len(report.results)} compiled in {wall:.0f} s with {args.workers} workers "
              f"({sum(r.hit for r in report.results)} cache hits).", "", report.table(), ""]  # fmt: skip
     if failed:
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     summary = {"suite": args.suite, "target": args.target, "types": args.types, "every": args.every,
-               "kernels": len(report.results), "compiled": ok, "wall_s": wall,
+               "timeout_s": args.timeout, "kernels": len(report.results), "compiled": ok, "wall_s": wall,
                "failed": [{"name": n, "ck": ck, "error": e} for n, ck, e in failed]}  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines))
