@@ -18,6 +18,7 @@ import time
 
 from convbw_mlir.cli_args import (
     ArgumentParser,
+    _sizes,
     add_problem_arguments,
     add_request_arguments,
     int_at_least,
@@ -122,6 +123,60 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
+def _positive_list(text: str) -> list[int]:
+    """``32,64`` -> [32, 64]: integers >= 1."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1 like 32,64, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1 like 32,64, got {text!r}")
+    return values
+
+
+def _cmd_problems(args: argparse.Namespace) -> int:
+    """Trace models on the meta device and write their distinct weight-gradient problems as a suite."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ValueError("problems: needs torch and the model libraries: pip install 'convbw-mlir[zoo]'") from None
+    from convbw_mlir.torch import zoo
+
+    if args.input < 1:
+        raise ValueError(f"--input: expected an image size >= 1, got {args.input}")
+    video = tuple(args.video_input)
+    if len(video) != 3 or min(video) < 1:
+        raise ValueError(f"--video-input: expected frames x height x width like 16x112x112, got {args.video_input}")
+    models = [] if not args.zoo else list(zoo.ZOO)
+    for source in zoo.SOURCES:
+        for name in getattr(args, f"from_{source}") or []:
+            models += [(source, n.strip(), {}) for n in name.split(",") if n.strip()]
+    if not models:
+        raise ValueError("problems: no models (give --from-torchvision, --from-timm, --from-transformers or --zoo)")
+    for source in {s for s, _, _ in models}:  # unknown names and missing libraries: one line, before tracing
+        lib = zoo._import(source)
+        known = set(zoo._names(source, lib))
+        for s, n, _ in models:
+            if s == source and n not in known:
+                raise ValueError(f"--from-{source}: unknown model {n!r}")
+    traced, failed = zoo.zoo_problems(models, args.batch, image=args.input, video=video,
+                                      log=lambda m: print(m, file=sys.stderr))  # fmt: skip
+    if not traced:
+        raise ValueError(f"problems: no model traced ({'; '.join(f'{k}: {v}' for k, v in failed.items())})")
+    what = f"images {args.input}x{args.input}, videos {'x'.join(map(str, video))}, speech 1 s at 16 kHz"
+    traced_models = len(models) - len(failed)
+    versions = zoo.library_versions(s for s, _, _ in models)
+    header = [f"convbw problems: {traced_models} models traced on the meta device ({versions}), {what}, "
+              f"batches {','.join(map(str, args.batch))}"]  # fmt: skip
+    text = zoo.suite_text(traced, header, failed)
+    write_output(args.output, text)
+    if args.output != "-":
+        n = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        print(f"wrote {args.output}: {n} distinct problems of {len(models) - len(failed)} models "
+              f"({len(failed)} failed)", file=sys.stderr)  # fmt: skip
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from convbw_mlir.cli_dispatch import add_dispatch_commands  # tune, cache, select
     from convbw_mlir.targets import TARGETS
@@ -152,6 +207,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile-only", action="store_true", help="write the artifacts, run nothing")
     bench.add_argument("--out", required=True, help="artifact folder (e.g. .art)")
     bench.set_defaults(func=_cmd_bench)
+
+    probs = sub.add_parser("problems", help="trace models (meta device, no weights) into a suite of problems")
+    probs.add_argument("--from-torchvision", action="append", metavar="MODELS", help="comma-separated names")
+    probs.add_argument("--from-timm", action="append", metavar="MODELS", help="comma-separated names")
+    speech = "speech encoders: wav2vec2, hubert, wavlm, data2vec-audio, sew, unispeech, whisper"
+    probs.add_argument("--from-transformers", action="append", metavar="MODELS", help=speech)
+    probs.add_argument("--zoo", action="store_true", help="the shipped zoo's models (convbw_mlir.torch.zoo.ZOO)")
+    probs.add_argument("--input", type=int, default=224, help="image height and width (default 224)")
+    probs.add_argument("--video-input", type=_sizes, default=(16, 112, 112), help="video frames x height x width")
+    probs.add_argument("--batch", type=_positive_list, default=[32], help="batch sizes, e.g. 32,64 (default 32)")
+    probs.add_argument("-o", "--output", default="-", help="suite .tsv to write, - for stdout")
+    probs.set_defaults(func=_cmd_problems)
 
     add_dispatch_commands(sub)
     return parser

@@ -2,7 +2,7 @@
 
 convbw tune --suite seeds --suite models --target sm_80 --compile-only --out DIR   # build half
 convbw tune ... --compile-only --engine ray [--address HOST:PORT] --out DIR         # its compiles as Ray tasks
-python -m convbw_mlir.dispatch.tune DIR --out DIR/results.json                    # timing half (runtime)
+python -m convbw_mlir.dispatch.tune DIR --out DIR/results.json [--devices 0,1]    # timing half (runtime)
 convbw tune --import DIR/results.json                                             # into your database
 convbw select --ck "2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1" --target sm_80
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from convbw_mlir.cli_args import add_problem_arguments, add_request_arguments, int_at_least, problem_from_args
+from convbw_mlir.measure.pool import DEVICES_HELP
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 
 __all__ = ["add_dispatch_commands", "read_problem_lines"]
@@ -97,13 +98,22 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     check_engine(args.engine, args.address)  # before the problems are read: one line, nothing built
     problems = _problems(args)
+    devices = None
+    if not args.compile_only:  # the devices the timing half will use, checked before the build
+        from convbw_mlir.measure.pool import parse_devices, resolve_devices
+        from convbw_mlir.targets import get_target
+
+        devices = parse_devices(args.devices) if args.devices is not None else None
+        resolve_devices(get_target(args.target).driver, devices)
+    elif args.devices is not None:
+        raise ValueError("--devices: the timing half's; --compile-only times nothing")
     tune.compile_candidates(problems, args.target, args.out, max_workers=args.workers, max_plans=args.max_plans,
                             engine=args.engine, address=args.address)  # fmt: skip
     print(f"built {len(problems)} problems' candidates for {args.target} into {args.out} (manifest.json)")
     if args.compile_only:
         return 0
     results_path = Path(args.out) / "results.json"
-    results = tune.time_candidates(args.out, results_path)
+    results = tune.time_candidates(args.out, results_path, devices=devices)
     db = tune.build_database(results)
     db.save(Path(args.out) / db_file_name(db.device, db.target))
     results_path.with_suffix(".md").write_text(tune.summarize(results, db))
@@ -193,6 +203,7 @@ def add_dispatch_commands(sub: Any) -> None:
     tune.add_argument("--no-hold-out", action="store_true", help="tune every suite problem (none held out)")
     tune.add_argument("--compile-only", action="store_true", help="build the candidates into --out, time nothing")
     tune.add_argument("--out", help="candidate folder (manifest.json + kernels)")
+    tune.add_argument("--devices", default=None, help=DEVICES_HELP)
     tune.add_argument("--import", dest="import_", metavar="FILE",
                       help="merge a database or a timing results.json into yours (trusted sources only)")  # fmt: skip
     tune.add_argument("--into", help="database folder for --import (default <cache>/tuning)")

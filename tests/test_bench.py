@@ -8,6 +8,8 @@ import shutil
 
 import numpy as np
 import pytest
+from stand_in_kernels import hanging_kernel as _hanging_kernel
+from stand_in_kernels import segfaulting_kernel as _segfaulting_kernel
 
 from convbw_mlir import compile_op
 from convbw_mlir.build.contenders import write_artifacts
@@ -108,30 +110,6 @@ def test_gpu_reference_of_a_strided_1x1_copies_x_at_the_stride_and_matches_numpy
     assert_close(problem, got, reference(problem, x, dy))
 
 
-def _segfaulting_kernel(problem: ConvBwdWeightProblem) -> bytes:
-    """A vmfb with the contenders' signature that reads x a terabyte past its end: SIGSEGV on the host."""
-    from convbw_mlir.build.iree import compile_module
-
-    xs, ys, ws = ("x".join(map(str, s)) for s in (problem.x_shape, problem.dy_shape, problem.dw_shape))
-    rank, zeros = len(problem.dw_shape), ", ".join(["%c0"] * (len(problem.x_shape) - 1))
-    idx = ", ".join(f"d{i}" for i in range(rank))
-    text = f"""
-func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tensor<{ws}xf16> {{
-  %far0 = arith.constant 1099511627776 : index
-  %far = util.optimization_barrier %far0 : index
-  %c0 = arith.constant 0 : index
-  %e = tensor.empty() : tensor<{ws}xf16>
-  %r = linalg.generic {{indexing_maps = [affine_map<({idx}) -> ({idx})>],
-                        iterator_types = [{", ".join(['"parallel"'] * rank)}]}} outs(%e : tensor<{ws}xf16>) {{
-  ^bb0(%o: f16):
-    %v = tensor.extract %x[%far, {zeros}] : tensor<{xs}xf16>
-    linalg.yield %v : f16
-  }} -> tensor<{ws}xf16>
-  return %r : tensor<{ws}xf16>
-}}"""
-    return compile_module(text, "host")
-
-
 def test_a_kernel_that_kills_its_process_reads_crashed_and_every_other_result_stands(artifacts, tmp_path):
     bad = _with_contender(artifacts, tmp_path, "iree_direct", _segfaulting_kernel(DENSE))
     lines = []
@@ -146,36 +124,6 @@ def test_a_kernel_that_kills_its_process_reads_crashed_and_every_other_result_st
         assert dense["contenders"][name]["status"] == "ok", name
     for name in ("convbw", "iree_direct", "iree_fusilli"):
         assert grouped["contenders"][name]["status"] == "ok", name
-
-
-def _hanging_kernel(problem: ConvBwdWeightProblem) -> bytes:
-    """A vmfb with the contenders' signature whose every thread loops forever."""
-    from convbw_mlir.build.iree import compile_module
-
-    xs, ys, ws = ("x".join(map(str, s)) for s in (problem.x_shape, problem.dy_shape, problem.dw_shape))
-    rank = len(problem.dw_shape)
-    idx = ", ".join(f"d{i}" for i in range(rank))
-    text = f"""
-func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tensor<{ws}xf16> {{
-  %t0 = arith.constant true
-  %t = util.optimization_barrier %t0 : i1
-  %z = arith.constant 0.0 : f16
-  %e = tensor.empty() : tensor<{ws}xf16>
-  %r = linalg.generic {{indexing_maps = [affine_map<({idx}) -> ({idx})>],
-                        iterator_types = [{", ".join(['"parallel"'] * rank)}]}} outs(%e : tensor<{ws}xf16>) {{
-  ^bb0(%o: f16):
-    %v = scf.while (%a = %z) : (f16) -> f16 {{
-      scf.condition(%t) %a : f16
-    }} do {{
-    ^bb1(%b: f16):
-      %n = arith.addf %b, %b : f16
-      scf.yield %n : f16
-    }}
-    linalg.yield %v : f16
-  }} -> tensor<{ws}xf16>
-  return %r : tensor<{ws}xf16>
-}}"""
-    return compile_module(text, "host")
 
 
 def test_a_kernel_that_never_ends_is_killed_and_reads_crashed_and_the_rest_runs(artifacts, tmp_path):

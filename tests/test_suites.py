@@ -8,7 +8,7 @@ from convbw_mlir.suites import load_suite, suite_names
 
 
 def test_shipped_suites_load_by_name():
-    assert suite_names() == ["ck_test_grouped_convnd_bwd_weight", "classes", "models", "seeds"]
+    assert suite_names() == ["ck_test_grouped_convnd_bwd_weight", "classes", "models", "seeds", "zoo"]
     names = [name for name, _ in load_suite("ck_test_grouped_convnd_bwd_weight", "bf16")]
     assert len(names) == 23 and names[0] == "ck1d_a"
     assert {p.dtype for _, p in load_suite("seeds", "bf16")} == {"bf16"}
@@ -22,7 +22,7 @@ def test_a_suite_file_loads_by_path(tmp_path):
 
 
 def test_an_unknown_suite_names_the_shipped_ones():
-    with pytest.raises(FileNotFoundError, match=r"suite: nope is neither a file nor a suite name \(ck_test.*seeds\)"):
+    with pytest.raises(FileNotFoundError, match=r"suite: nope is neither a file nor a suite name \(ck_test.*, zoo\)"):
         load_suite("nope")
 
 

@@ -24,12 +24,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, check_header
 from convbw_mlir.dispatch.variants import IREE_FORMS, Variant
+from convbw_mlir.measure.pool import DEVICES_HELP, parse_devices, resolve_devices
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = [
@@ -149,62 +150,153 @@ def _ranked(contenders: dict[str, dict], metric: str | None = None) -> list[tupl
 
 
 def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str = "",
-                    log: Callable[[str], None] = print, deadline_s: float | None = None) -> dict[str, Any]:  # fmt: skip
+                    log: Callable[[str], None] = print, deadline_s: float | None = None,
+                    devices: Sequence[int] | None = None, timeout_s: float | None = None,
+                    keys: Collection[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Time every candidate of the manifest in ``folder`` (runtime only) in two passes; write ``out``.
 
     Pass 1: :func:`convbw_mlir.measure.run.run_manifest` per problem (no cuDNN). Pass 2: the winner and the
     runner-up again, in a fresh process, where they are within :data:`PASS2_WITHIN`. Tuned problems
-    first, held-out ones after; ``out`` (JSON) is rewritten after each problem, so a run cut short keeps
-    what it measured. ``deadline_s``: stop starting problems after this many seconds.
+    first, held-out ones after (their choice comes from the tuned ones); ``out`` (JSON) is rewritten after
+    each problem, so a run cut short keeps what it measured, and every measured candidate is appended to
+    the records beside it (:func:`records_path`, one JSON object a line). ``deadline_s``: stop starting
+    problems after this many seconds. ``keys``: only these manifest keys.
+
+    ``devices``: indexes among the visible GPUs, one measuring worker pinned to each, problems dealt to
+    whichever is free (:mod:`convbw_mlir.measure.pool`; default every visible GPU, one worker on the host);
+    the results are in the manifest's order whichever device measured them. ``timeout_s``: how long one
+    candidate may run before it reads crashed (:data:`convbw_mlir.measure.run.STEP_TIMEOUT_S`).
+
+    Raises:
+        ValueError: no GPU visible for a GPU target, or a device that is not visible (before any timing).
     """
-    from convbw_mlir.measure.run import read_manifest
+    from importlib.metadata import version
+
+    from convbw_mlir.measure.pool import deal
+    from convbw_mlir.measure.run import STEP_TIMEOUT_S, read_manifest
+    from convbw_mlir.targets import get_target
 
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
-    todo = sorted((e for e in manifest["problems"] if filt in e["key"]), key=lambda e: e.get("held_out", False))
+    slots = resolve_devices(get_target(manifest["target"]).driver, devices)
+    todo = sorted((e for e in manifest["problems"] if filt in e["key"] and (keys is None or e["key"] in keys)),
+                  key=lambda e: e.get("held_out", False))  # fmt: skip
     results: dict[str, Any] = {"target": manifest["target"], "iree_version": manifest["iree_version"],
                                "date": time.strftime("%Y-%m-%d"), "device": None, "problems": []}  # fmt: skip
     out = Path(out)
+    records = _Records(records_path(out), {"target": manifest["target"], "iree_version": manifest["iree_version"],
+                                           "product_version": version("convbw-mlir")})  # fmt: skip
     t0 = time.monotonic()
-    for entry in todo:
-        held = entry.get("held_out", False)
+    rows: dict[int, dict] = {}
+    has_held = any(e.get("held_out", False) for e in todo)
+
+    def late(payload: dict) -> bool:
         # tuned problems stop at 3/4 of the deadline, so the held-out ones (fewer contenders) get measured too
-        limit = None if deadline_s is None else deadline_s * (1.0 if held else 0.75)
-        if limit is not None and time.monotonic() - t0 > limit:
-            log(f"deadline: {entry['key']} not timed")
-            continue
-        if held:  # the untuned path only: the heuristic, IREE's forms, and select's choice from what is tuned so far
-            entry = _untuned_entry(entry, results)
-        one = _run_one(folder, entry, log)
-        results["device"] = results["device"] or _device_name(one["device"])
-        row = one["problems"][0]
-        row["held_out"] = held
-        row["problem"] = entry["problem"]
-        row["variants"] = {n: r["variant"] for n, r in entry["contenders"].items() if "variant" in r}
-        row["heuristic"] = next((n for n, r in entry["contenders"].items() if r.get("heuristic")), None)
-        if held:
-            row["selected"] = entry.get("selected")
-        ranked = _ranked(row["contenders"])
-        close = len(ranked) >= 2 and ranked[1][0] <= ranked[0][0] * (1 + PASS2_WITHIN)
-        if close and not held:  # the top two and the heuristic's plan, once more
-            again = [ranked[0][1], ranked[1][1]]
-            if row["heuristic"] not in again and row["contenders"].get(row["heuristic"], {}).get("status") == "ok":
-                again.append(row["heuristic"])
-            row["pass2"] = _second_pass(folder, entry, again, log)
-        results["problems"].append(row)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        share = 1.0 if payload["held"] or not has_held else 0.75
+        if deadline_s is None or time.monotonic() - t0 <= deadline_s * share:
+            return False
+        log(f"deadline: {payload['entry']['key']} not timed")
+        return True
+
+    for held in (False, True):  # the held-out phase needs every tuned problem's result: one after the other
+        phase = [(i, e) for i, e in enumerate(todo) if e.get("held_out", False) == held]
+        payloads = []
+        for _, entry in phase:
+            if held:  # the untuned path only: the heuristic, IREE's forms, and select's choice from the tuned ones
+                entry = _untuned_entry(entry, results)
+            payloads.append({"folder": str(folder), "entry": entry, "held": held,
+                             "timeout_s": timeout_s or STEP_TIMEOUT_S})  # fmt: skip
+        for j, done in deal(_time_problem, payloads, slots, log, lost=_lost_problem, skip=late):
+            row = done["row"]
+            results["device"] = results["device"] or (done["device"] and _device_name(done["device"], slots))
+            name = results["device"] if done["device"] in ("cuda", "hip") else done["device"]  # the runner's, or smi's
+            if len(slots) == 1:
+                row.pop("device_index", None)  # one device: the rows as before the pool
+            elif name:
+                row["device"] = name
+            rows[phase[j][0]] = row
+            records.append(row, name or results["device"])
+            results["problems"] = [rows[i] for i in sorted(rows)]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(results, indent=1) + "\n")
     return results
 
 
-def _device_name(name: str) -> str:
+def records_path(out: str | os.PathLike) -> Path:
+    """The append-only records beside the results ``out``: ``results.json`` -> ``results.records.jsonl``."""
+    out = Path(out)
+    return out.with_name(out.stem + ".records.jsonl")
+
+
+class _Records:
+    """One JSON object a line per measured candidate and pass, appended as each problem comes back."""
+
+    def __init__(self, path: Path, fields: dict[str, Any]) -> None:
+        self.path, self.fields = path, fields
+        self.run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+
+    def append(self, row: dict[str, Any], device: str | None) -> None:
+        lines = []
+        for tag, contenders in ((1, row["contenders"]), (2, row.get("pass2") or {})):
+            for name, res in contenders.items():
+                rec = {"run": self.run, "key": row["key"], "problem": row["problem"], "pass": tag, "contender": name,
+                       "variant": row.get("variants", {}).get(name, {"name": name}), **self.fields,
+                       "device": device, "device_index": row.get("device_index"), "held_out": row["held_out"],
+                       "verdict": res.get("status"), "error": res.get("error"),
+                       "times": {k: v for k, v in res.items() if k.endswith("_s") or k == "n"}}  # fmt: skip
+                lines.append(json.dumps(rec) + "\n")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:  # one writer (the parent); each problem's lines in one write
+            f.write("".join(lines))
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _time_problem(payload: dict, device: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """Pass 1 of one problem and, where its top two are close, pass 2 (a measuring worker's task)."""
+    folder, entry, held, timeout_s = Path(payload["folder"]), payload["entry"], payload["held"], payload["timeout_s"]
+    one = _run_one(folder, entry, log, env=device.env, timeout_s=timeout_s)
+    row = one["problems"][0]
+    row["held_out"] = held
+    row["problem"] = entry["problem"]
+    row["variants"] = {n: r["variant"] for n, r in entry["contenders"].items() if "variant" in r}
+    row["heuristic"] = next((n for n, r in entry["contenders"].items() if r.get("heuristic")), None)
+    if held:
+        row["selected"] = entry.get("selected")
+    ranked = _ranked(row["contenders"])
+    close = len(ranked) >= 2 and ranked[1][0] <= ranked[0][0] * (1 + PASS2_WITHIN)
+    if close and not held:  # the top two and the heuristic's plan, once more
+        again = [ranked[0][1], ranked[1][1]]
+        if row["heuristic"] not in again and row["contenders"].get(row["heuristic"], {}).get("status") == "ok":
+            again.append(row["heuristic"])
+        row["pass2"] = _second_pass(folder, entry, again, log, env=device.env, timeout_s=timeout_s)
+    row["device_index"] = device.index
+    return {"row": row, "device": one["device"]}
+
+
+def _lost_problem(payload: dict, why: str) -> dict[str, Any]:
+    """The row of a problem whose measuring worker died: every candidate crashed, with why."""
+    entry = payload["entry"]
+    row = {"name": entry["name"], "key": entry["key"], "reference_error": why, "held_out": payload["held"],
+           "contenders": {n: {"status": "crashed", "error": why} for n in entry["contenders"] if n != "reference"},
+           "problem": entry["problem"], "variants": {n: r["variant"] for n, r in entry["contenders"].items()
+                                                     if "variant" in r},
+           "heuristic": next((n for n, r in entry["contenders"].items() if r.get("heuristic")), None),
+           "device_index": None}  # fmt: skip
+    if payload["held"]:
+        row["selected"] = entry.get("selected")
+    return {"row": row, "device": None}
+
+
+def _device_name(name: str, slots: Sequence[Any] = ()) -> str:
     """The GPU's name where the runner reports only its driver (no torch): nvidia-smi's, else ``name``."""
     if name not in ("cuda", "hip"):
         return name
     import subprocess
 
+    pinned = next((s.env["CUDA_VISIBLE_DEVICES"] for s in slots if "CUDA_VISIBLE_DEVICES" in s.env), None)
     cmd = (
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", *(["-i", pinned] if pinned else [])]
         if name == "cuda"
         else ["rocm-smi", "--showproductname"]
     )
@@ -215,9 +307,10 @@ def _device_name(name: str) -> str:
     return out[0].strip() if out and name == "cuda" else name
 
 
-def _run_one(folder: Path, entry: dict, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS) -> dict:
+def _run_one(folder: Path, entry: dict, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS,
+             env: dict[str, str] | None = None, timeout_s: float | None = None) -> dict:  # fmt: skip
     """The runner on one manifest entry (its kernels in ``folder``), through a one-problem manifest."""
-    from convbw_mlir.measure.run import run_manifest
+    from convbw_mlir.measure.run import STEP_TIMEOUT_S, run_manifest
 
     with tempfile.TemporaryDirectory(prefix="convbw-tune-") as tmp:
         contenders = {n: dict(r, vmfb=str(folder / r["vmfb"])) if r.get("ok") else r
@@ -225,7 +318,8 @@ def _run_one(folder: Path, entry: dict, log: Callable[[str], None], numpy_max_fl
         target = json.loads((folder / "manifest.json").read_text())["target"]
         manifest = {"target": target, "iree_version": "", "problems": [dict(entry, contenders=contenders)]}
         (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
-        return run_manifest(tmp, "", use_torch=False, log=log, numpy_max_flops=numpy_max_flops)
+        return run_manifest(tmp, "", use_torch=False, log=log, numpy_max_flops=numpy_max_flops,
+                            timeout_s=timeout_s or STEP_TIMEOUT_S, env=env)  # fmt: skip
 
 
 def _untuned_entry(entry: dict, results: dict) -> dict:
@@ -245,10 +339,12 @@ def _untuned_entry(entry: dict, results: dict) -> dict:
     return dict(entry, contenders={n: r for n, r in entry["contenders"].items() if n in keep}, selected=selected)
 
 
-def _second_pass(folder: Path, entry: dict, names: list[str], log: Callable[[str], None]) -> dict[str, Any]:
+def _second_pass(folder: Path, entry: dict, names: list[str], log: Callable[[str], None],
+                 env: dict[str, str] | None = None, timeout_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """The winner and the runner-up once more, in a fresh process, checked on the float64 sample only."""
     contenders = {n: entry["contenders"][n] for n in names}
-    return _run_one(folder, dict(entry, contenders=contenders), log, numpy_max_flops=0)["problems"][0]["contenders"]
+    one = _run_one(folder, dict(entry, contenders=contenders), log, numpy_max_flops=0, env=env, timeout_s=timeout_s)
+    return one["problems"][0]["contenders"]
 
 
 def device_noise(results: dict[str, Any]) -> float | None:
@@ -421,15 +517,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="results JSON; the database and summary are written beside it")
     ap.add_argument("--filter", default="")
     ap.add_argument("--deadline", type=float, default=None, help="seconds after which no new problem starts")
+    ap.add_argument("--devices", default=None, help=DEVICES_HELP)
+    ap.add_argument("--timeout", type=float, default=None, help="seconds one candidate may run (default 600)")
     args = ap.parse_args(argv)
     from convbw_mlir.measure.run import read_manifest
+    from convbw_mlir.targets import get_target
 
     try:
-        read_manifest(args.folder)  # a missing or malformed manifest: one line, before any timing
+        manifest = read_manifest(args.folder)  # a missing or malformed manifest: one line, before any timing
+        devices = parse_devices(args.devices) if args.devices is not None else None
+        resolve_devices(get_target(manifest["target"]).driver, devices)  # no GPU here: one line, too
+        if args.timeout is not None and not args.timeout > 0:
+            raise ValueError(f"--timeout: expected seconds > 0, got {args.timeout}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    results = time_candidates(args.folder, args.out, args.filter, deadline_s=args.deadline)
+    results = time_candidates(args.folder, args.out, args.filter, deadline_s=args.deadline, devices=devices,
+                              timeout_s=args.timeout)  # fmt: skip
     db = build_database(results)
     out = Path(args.out)
     from convbw_mlir.dispatch.db import db_file_name

@@ -1,6 +1,6 @@
 """Run side of the benchmark: needs only iree-base-runtime, numpy and (if importable) torch.
 
-    python -m convbw_mlir.measure.run DIR [--filter SUBSTR] [--out results.json] [--device N] [--driver D]
+    python -m convbw_mlir.measure.run DIR [--filter SUBSTR] [--out results.json] [--devices 0,1,..] [--driver D]
                                         [--no-torch] [--timeout SECONDS]
 
 For each problem of ``DIR/manifest.json`` a child process (so that a kernel that faults the GPU, which
@@ -14,8 +14,9 @@ reference where it passed its check), with tolerances derived from the reduction
 result is reported as WRONG and not timed as a win. Each contender is timed the same way (warm-up, then
 batches of calls each ended by reading the result back, at least 20 batches and 0.2 s, median and spread).
 A contender whose child dies, hangs, or raises a device fault is recorded as ``crashed`` with its message;
-the problem's other contenders then run in a fresh child. Writes JSON, a markdown table and a PNG plot
-next to ``--out``.
+the problem's other contenders then run in a fresh child. With several GPUs (``--devices``, default every
+visible one) one worker per GPU takes the next problem (:mod:`convbw_mlir.measure.pool`). Writes JSON, a
+markdown table and a PNG plot next to ``--out``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -434,11 +436,14 @@ def _wait(child: subprocess.Popen, events: Path, timeout_s: float) -> int | None
     return rc
 
 
-def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log) -> tuple[dict[str, Any], str | None]:
+def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log,
+                 env: dict[str, str] | None = None) -> tuple[dict[str, Any], str | None]:  # fmt: skip
     """One problem's row (reference fields and every contender's result) and the device name.
 
-    ``options``: driver, device, use_torch, numpy_max_flops, as the children take them.
+    ``options``: driver, device, use_torch, numpy_max_flops, as the children take them; ``env``: what
+    the children's environment adds (the device they are pinned to, :mod:`convbw_mlir.measure.pool`).
     """
+    child_env = {**os.environ, **env} if env else None
     names = ["reference", *(n for n in entry["contenders"] if n != "reference")]
     if options["use_torch"] and options["driver"] == "cuda":
         names.append("cudnn")
@@ -455,7 +460,7 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
             (Path(tmp) / "spec.json").write_text(json.dumps(spec))
             cmd = [sys.executable, "-m", "convbw_mlir.measure.run", "--child", str(Path(tmp) / "spec.json")]
             with open(err_path, "w") as err:
-                rc = _wait(subprocess.Popen(cmd, stdout=err, stderr=err), ev_path, timeout_s)
+                rc = _wait(subprocess.Popen(cmd, stdout=err, stderr=err, env=child_env), ev_path, timeout_s)
             pending, done = None, False
             for line in ev_path.read_text().splitlines() if ev_path.exists() else []:
                 ev = json.loads(line)
@@ -508,7 +513,8 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
 
 def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, driver: str | None = None,
                  use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
-                 numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False) -> dict:  # fmt: skip
+                 numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False,
+                 devices: Sequence[int] | str | None = None, env: dict[str, str] | None = None) -> dict:  # fmt: skip
     """Run every problem of a manifest, each in child processes; returns the results (see the module docstring).
 
     ``check_only`` checks every contender (NaN fences, float64) and times none (the fenced fuzz).
@@ -516,13 +522,25 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     ``timeout_s`` bounds each step of a child (the reference, a contender: a hung kernel reads crashed);
     ``numpy_max_flops`` bounds the problems checked against the whole numpy float64 reference (every one
     is checked on a float64 sample).
+
+    ``devices``: indexes among the visible GPUs (``"all"``: every one), one measuring worker pinned to
+    each, problems dealt to whichever is free (:mod:`convbw_mlir.measure.pool`); rows come back in the
+    manifest's order, each naming its ``device_index`` where there are several. None: every problem on
+    ``device`` (the driver's index, default its first), here; ``env``, where given, pins the children
+    instead (what :class:`convbw_mlir.measure.pool.Device` holds: they see only their device).
+
+    Raises:
+        ValueError: a device that is not visible, or none visible for a GPU driver (before any child starts).
     """
-    from convbw_mlir.targets import RUNS_SM80, get_target
+    from convbw_mlir.measure.pool import Device, deal, resolve_devices
 
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
-    target = get_target(manifest["target"])
-    driver = driver or target.driver
+    driver = driver or _target(manifest["target"]).driver
+    if devices is None:
+        slots = [Device(driver, device or 0, env or {})]
+    else:
+        slots = resolve_devices(driver, None if devices == "all" else devices)
     results: dict[str, Any] = {
         "device": driver,
         "driver": driver,
@@ -531,25 +549,54 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
         "date": time.strftime("%Y-%m-%d"),
         "problems": [],
     }
-    for entry in manifest["problems"]:
-        if filt and filt not in entry["key"]:
-            continue
-        p = ConvBwdWeightProblem.from_dict(entry["problem"])
-        row: dict[str, Any] = {"name": entry["name"], "key": entry["key"], "flops": p.flops, "bytes": p.min_bytes}
-        row["depthwise_or_grouped"] = p.groups > 1
-        row["reduction_length"] = p.gemm[3]
-        options = {"driver": driver, "device": device, "use_torch": use_torch, "numpy_max_flops": numpy_max_flops,
-                   "check_only": check_only}  # fmt: skip
-        checked, device_name = _run_problem(folder, entry, options, timeout_s, log)
+    pinned = devices is not None or bool(env)  # the children see only their device: the driver's first
+    options = {"driver": driver, "device": None if pinned else device, "use_torch": use_torch,
+               "numpy_max_flops": numpy_max_flops, "check_only": check_only}  # fmt: skip
+    todo = [(str(folder), e, options, timeout_s) for e in manifest["problems"] if not filt or filt in e["key"]]
+    rows: dict[int, dict[str, Any]] = {}
+    for i, (row, device_name) in deal(_measure_entry, todo, slots, log, lost=_lost_entry):
         if device_name and results["device"] == driver:
             results["device"] = device_name
-        roof = next((t for key, t in RUNS_SM80.items() if key in results["device"]), None)
+        if len(slots) == 1:
+            del row["device_index"]  # one device: the rows as before the pool
+        rows[i] = row
+        log(_line(row))
+    results["problems"] = [rows[i] for i in sorted(rows)]
+    from convbw_mlir.targets import RUNS_SM80
+
+    roof = next((t for key, t in RUNS_SM80.items() if key in results["device"]), None)
+    for row in results["problems"]:
+        p = ConvBwdWeightProblem.from_dict(row.pop("_problem"))
         if roof:
             row["roofline_s"] = roof.roofline_seconds(p.flops, p.min_bytes, p.dtype)
-        row |= checked
-        results["problems"].append(row)
-        log(_line(row))
     return results
+
+
+def _target(name: str) -> Any:
+    from convbw_mlir.targets import get_target
+
+    return get_target(name)
+
+
+def _measure_entry(payload: tuple, device: Any, log: Any) -> tuple[dict[str, Any], str | None]:
+    """One manifest entry's row, measured in children pinned to ``device`` (a pool worker's task)."""
+    folder, entry, options, timeout_s = payload
+    checked, device_name = _run_problem(Path(folder), entry, options, timeout_s, log, device.env)
+    return _head(entry) | checked | {"device_index": device.index}, device_name
+
+
+def _head(entry: dict) -> dict[str, Any]:
+    """The fields of a row that come from the problem alone."""
+    p = ConvBwdWeightProblem.from_dict(entry["problem"])
+    head = {"name": entry["name"], "key": entry["key"], "flops": p.flops, "bytes": p.min_bytes}
+    return head | {"depthwise_or_grouped": p.groups > 1, "reduction_length": p.gemm[3], "_problem": entry["problem"]}
+
+
+def _lost_entry(payload: tuple, why: str) -> tuple[dict[str, Any], None]:
+    """The row of an entry whose measuring worker died: every contender crashed, with why."""
+    entry = payload[1]
+    crashed = {n: {"status": "crashed", "error": why} for n in entry["contenders"] if n != "reference"}
+    return _head(entry) | {"reference_error": why, "contenders": crashed, "device_index": None}, None
 
 
 def _line(row: dict) -> str:
@@ -573,7 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder")
     ap.add_argument("--filter", default="")
     ap.add_argument("--out", default=None, help="results JSON (default FOLDER/results.json)")
-    ap.add_argument("--device", type=int, default=None)
+    ap.add_argument(
+        "--devices",
+        default=None,
+        help="GPUs to measure on, one worker each: indexes like 0,1 (default: every visible GPU)",
+    )
+    ap.add_argument("--device", type=int, default=None, help="one device by the driver's index, not pinned")
     ap.add_argument("--driver", default=None, help="override the manifest target's driver")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--timeout", type=float, default=STEP_TIMEOUT_S, help="seconds one contender may run")
@@ -581,16 +633,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.timeout > 0:
         print(f"error: --timeout: expected seconds > 0, got {args.timeout}", file=sys.stderr)
         return 1
+    from convbw_mlir.measure.pool import parse_devices, resolve_devices
     from convbw_mlir.measure.report import write_report
 
     t0 = time.time()
     try:
-        read_manifest(args.folder)  # a missing or malformed manifest: one line, before any child starts
+        manifest = read_manifest(args.folder)  # a missing or malformed manifest: one line, before any child starts
+        if args.device is not None and args.devices is not None:
+            raise ValueError("--device and --devices: give one")
+        devices = None if args.device is not None else parse_devices(args.devices) if args.devices else "all"
+        if devices is not None:  # no GPU, or one that is not there: one line, before any child starts
+            resolve_devices(args.driver or _target(manifest["target"]).driver, None if devices == "all" else devices)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     results = run_manifest(
-        args.folder, args.filter, args.device, args.driver, not args.no_torch, timeout_s=args.timeout
+        args.folder, args.filter, args.device, args.driver, not args.no_torch, timeout_s=args.timeout, devices=devices
     )
     out = Path(args.out or Path(args.folder) / "results.json")
     out.parent.mkdir(parents=True, exist_ok=True)
