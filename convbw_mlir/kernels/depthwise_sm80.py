@@ -23,56 +23,29 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, math, memref, scf, vector
 
+from convbw_mlir.kernels import gemm_sm80
 from convbw_mlir.policies.depthwise import DepthwiseKernel
 
 __all__ = ["build_kernel_body", "grid"]
 
 
-class _Ix:
-    """Index arithmetic with constants hoisted to the function's entry block (so loops reuse them)."""
-
-    def __init__(self, entry: ir.Block) -> None:
-        self.entry = entry
-        self.consts: dict[int, ir.Value] = {}
-        self.t = ir.IndexType.get()
-
-    def c(self, value: int) -> ir.Value:
-        if value not in self.consts:
-            with ir.InsertionPoint.at_block_begin(self.entry):
-                self.consts[value] = arith.constant(self.t, value)
-        return self.consts[value]
+class _Ix(gemm_sm80._Ix):
+    """The implicit GEMM's index arithmetic, with products and quotients by 1 folded (many sizes here are 1)."""
 
     def v(self, x: ir.Value | int) -> ir.Value:
-        return self.c(x) if isinstance(x, int) else x
+        return self._v(x)
 
-    def add(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        if isinstance(b, int) and b == 0:
-            return self.v(a)
-        return arith.addi(self.v(a), self.v(b))
-
-    def mul(self, a: ir.Value | int, b: int) -> ir.Value:
-        return self.v(a) if b == 1 else arith.muli(self.v(a), self.c(b))
+    def mul(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        return self._v(a) if isinstance(b, int) and b == 1 else super().mul(a, b)
 
     def div(self, a: ir.Value, b: int) -> ir.Value:
-        return a if b == 1 else arith.divui(a, self.c(b))
+        return a if b == 1 else super().div(a, b)
 
     def rem(self, a: ir.Value, b: int) -> ir.Value:
-        return self.c(0) if b == 1 else arith.remui(a, self.c(b))
-
-    def lt(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        """Signed ``a < b`` (coordinates go negative in the padding)."""
-        return arith.cmpi(arith.CmpIPredicate.slt, self.v(a), self.v(b))
-
-    def clamp(self, a: ir.Value, hi: int) -> ir.Value:
-        """``a`` clamped to ``[0, hi]``: an address inside the buffer even where nothing is used."""
-        return arith.minsi(arith.maxsi(a, self.c(0)), self.c(hi))
+        return self.c(0) if b == 1 else super().rem(a, b)
 
 
-def _all(conds: list[ir.Value]) -> ir.Value | None:
-    out = None
-    for c in conds:
-        out = c if out is None else arith.andi(out, c)
-    return out
+_all = gemm_sm80._all
 
 
 def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
