@@ -54,9 +54,9 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     assert decide(DENSE, "sm_86").strategy is Strategy.EXPLICIT  # its smaller shared memory: the rule's 2 stages
     assert decide(GROUPED, "sm_80").strategy is Strategy.EXPLICIT  # 8 channels a group: matrix cores pay
     assert decide(DENSE.with_(dtype="bf16", dw_dtype="bf16"), "sm_80").strategy is Strategy.EXPLICIT  # measured too
-    dw = decide(DEPTHWISE, "sm_80")  # the depthwise kernel: docs/decisions.md#depthwise-by-default
-    assert dw.strategy is Strategy.EXPLICIT and dw.depthwise is not None
-    assert decide(DEPTHWISE.with_(layout=4), "sm_80").depthwise is None  # channels-last only
+    dw = decide(DEPTHWISE, "sm_80")  # the depthwise kernel waits for its GPU fence: decisions.md#depthwise-by-default
+    assert dw.strategy is Strategy.SIMT and dw.depthwise is None
+    assert decide(DEPTHWISE, "sm_80", strategy="explicit").depthwise is not None  # asked for, it is ours
     # odd channels (register path) and epilogues (in the store): measured 2026-11-25 (decisions.md#first-layers)
     assert decide(DENSE.with_(in_channels=3), "sm_80").strategy is Strategy.EXPLICIT
     assert decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80").strategy is Strategy.EXPLICIT
