@@ -372,9 +372,7 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None,
            wall: float | None = None) -> int:  # fmt: skip
     """Write OUT/explicit_conv.json and .md: per problem ours, cuDNN, the product's default, the ratios."""
-    by: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        by.setdefault(r["problem"], {})[r["kind"]] = r
+    by = harness.rows_by_problem(rows)
     plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "ours"}
     product_plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "product"}
     suite = {e["problem"]: e["suite"] for e in manifest["entries"]}

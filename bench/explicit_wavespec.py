@@ -103,10 +103,7 @@ def run(folder: Path, out: Path, budget: float, jobs: int, child_limit: float) -
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None,
            wall: float | None = None) -> int:  # fmt: skip
     """OUT/explicit_wavespec.json and .md: per problem plain, 4:4, 4:2 (single and sustained), the speedups."""
-    by: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        by.setdefault(r["problem"], {})[r["kind"]] = r
-    plans = {(e["problem"], e["kind"]): e["plan"] for e in manifest["entries"]}
+    by, plans = harness.rows_by_problem(rows), harness.manifest_plans(manifest)
     order = list(dict.fromkeys(e["problem"] for e in manifest["entries"]))
 
     def tile(plan: dict | None) -> str:

@@ -182,10 +182,7 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
 def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str | None = None,
            wall: float | None = None) -> int:  # fmt: skip
     """OUT/first_layers.json and .md: per problem each contender's kernel time, correctness, and the ratios."""
-    by: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        by.setdefault(r["problem"], {})[r["kind"]] = r
-    plans = {(e["problem"], e["kind"]): e["plan"] for e in manifest["entries"]}
+    by, plans = harness.rows_by_problem(rows), harness.manifest_plans(manifest)
     f = harness.cell
     lines = [f"# First layers and fused epilogues, explicit sm_80 kernel: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart); inputs and D before 1 MiB of NaN; "

@@ -191,6 +191,19 @@ def device_name(device: str) -> str:
     return gpu_name() or "cuda (nvidia-smi gave no name)"
 
 
+def rows_by_problem(rows: Iterable[dict]) -> dict[str, dict[str, dict]]:
+    """The children's rows as problem -> kind -> row (the report tables' lookup)."""
+    by: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault(r["problem"], {})[r["kind"]] = r
+    return by
+
+
+def manifest_plans(manifest: dict) -> dict[tuple[str, str], Any]:
+    """(problem, kind) -> the plan each entry of a manifest was compiled with."""
+    return {(e["problem"], e["kind"]): e["plan"] for e in manifest["entries"]}
+
+
 def json_rows(text: str) -> dict[str, dict]:
     """The rows a child printed (JSON objects with a ``name``, one a line), by name; other lines skipped."""
     got = {}
