@@ -29,8 +29,8 @@ and ``.md`` (and ``rows.json`` after each child, what a cut-off run still return
 
 ``compile --depthwise`` takes the depthwise layers instead (the suites' MobileNetV2, EfficientNet and
 conformer layers and the ConvNeXt / MobileNetV3 ones of :data:`DEPTHWISE`): ours is then the depthwise kernel
-(``plan.depthwise``), alt its wide form (4 channels a thread, a whole filter row of up to 8 taps, steps of
-8 outputs: fewer conversions and loads an FMA, more registers; :func:`_wide`). ``compile --thin`` takes the
+(``plan.depthwise``: its rule's wide form, 4 channels a thread, a whole filter row of up to 8 taps, steps of
+8 outputs), alt its narrow form (8 channels a thread, runs of up to 4 taps, steps of 4: :func:`_narrow`). ``compile --thin`` takes the
 thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise kernel's grouped form (its policy's
 plan, given as a stored plan: ``strategy=explicit`` keeps the implicit GEMM for even channel counts), alt the
 implicit GEMM (``strategy=explicit``). Every IREE
@@ -162,8 +162,8 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
             else:
                 plan = decide(p, target, strategy="explicit")
                 kinds["ours"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
-                if plan.depthwise is not None:  # the wide form beside the rule's: checks the rule
-                    alt = _wide(p, plan)
+                if plan.depthwise is not None:  # the narrow form beside the rule's (wide): checks the rule
+                    alt = _narrow(p, plan)
                     if alt is not None:
                         kinds["alt"] = compile_op(p, target, plan=alt, isolate=True, cache=False)
                 elif (plan.tile.m, plan.tile.n) != (128, 256):  # the recipe tiling beside the rule's: checks the rule
@@ -183,22 +183,16 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
                                     "layout": 2})  # fmt: skip
 
 
-def _wide(p: Any, plan: Any) -> Any:
-    """The depthwise plan's wide form: 4 channels a thread, runs of up to 8 taps, steps of 8 outputs (the same
-    channels, lanes and chunks); None where the kernel refuses it."""
+def _narrow(p: Any, plan: Any) -> Any:
+    """The depthwise plan's narrow form (the rule's numbers before its wide form: 8 channels a thread, runs of
+    up to 4 taps, steps of 4 outputs); None where it is the plan itself."""
     from dataclasses import replace
 
-    from convbw_mlir.plan import PlanError, check_plan
+    from convbw_mlir.policies import depthwise
+    from convbw_mlir.targets import get_target
 
-    dw = plan.depthwise
-    inner = p.filter_size[-1]
-    taps = -(-inner // -(-inner // 8))
-    wide = replace(dw, vector=4, taps=taps, unroll=8, segment=-(-dw.segment // 8) * 8)
-    try:
-        check_plan(p, replace(plan, depthwise=wide))
-    except PlanError:
-        return None
-    return replace(plan, depthwise=wide)
+    narrow = depthwise._rule(p, get_target(plan.target), wide=False)
+    return None if narrow == plan.depthwise else replace(plan, depthwise=narrow)
 
 
 # -- run side: one child --------------------------------------------------------------------------------
