@@ -31,9 +31,9 @@ and ``.md`` (and ``rows.json`` after each child, what a cut-off run still return
 conformer layers and the ConvNeXt / MobileNetV3 ones of :data:`DEPTHWISE`): ours is then the depthwise kernel
 (``plan.depthwise``: its rule's wide form, 4 channels a thread, a whole filter row of up to 8 taps, steps of
 8 outputs), alt its narrow form (8 channels a thread, runs of up to 4 taps, steps of 4: :func:`_narrow`).
-``compile --thin`` takes the thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise kernel's grouped form (its policy's
-plan, given as a stored plan: ``strategy=explicit`` keeps the implicit GEMM for even channel counts), alt the
-implicit GEMM (``strategy=explicit``). Every IREE
+``compile --thin`` takes the thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise
+kernel's grouped form (its policy's plan, given as a stored plan: ``strategy=explicit`` keeps the implicit GEMM
+for even channel counts), alt the implicit GEMM (``strategy=explicit``). Every IREE
 contender reads x and dy from buffers followed by NaN (``runtime.FENCE_BYTES``): an over-read shows.
 
 A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
