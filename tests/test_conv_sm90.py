@@ -58,6 +58,8 @@ SMALL = Sm90Tiling(bn=128, stages=2)
         (dict(n=7, h=9, w=11, c=64, k=128, fy=3, fx=3, ho=4, wo=5, stride=(2, 2), splits=2), "stride 2"),
         # 1x1 stride 2 (ResNet's downsample) and a 2-dilated 2x2 filter with uneven padding
         (dict(n=2, h=8, w=6, c=128, k=64, fy=1, fx=1, ho=4, wo=3, stride=(2, 2)), "1x1 stride 2"),
+        # K = 88: dy's box reads zeros past K, the last consumer stores rows 64..87 only
+        (dict(n=1, h=8, w=8, c=64, k=88, fy=3, fx=3, ho=8, wo=8, pad=(1, 1)), "ragged K"),
         (dict(n=1, h=9, w=9, c=64, k=64, fy=2, fx=2, ho=8, wo=8, dilation=(2, 2), pad=(1, 1)), "dilation"),
     ],
 )
@@ -90,7 +92,7 @@ def test_mn_major_descriptor_fields():
     ("fields", "message"),
     [
         (dict(c=48), "in_channels: 48"),
-        (dict(k=96), "out_channels: 96"),
+        (dict(k=100), "out_channels: 100"),
         (dict(splits=100), "splits: 100"),
     ],
 )

@@ -84,8 +84,8 @@ class ConvSm90:
     def __post_init__(self) -> None:
         if self.c % BOX:
             raise ValueError(f"in_channels: {self.c} (the sm_90a kernel takes C a multiple of {BOX})")
-        if self.k % WGMMA_M:
-            raise ValueError(f"out_channels: {self.k} (the sm_90a kernel takes K a multiple of {WGMMA_M})")
+        if self.k % 8:  # dy's rows: a multiple of 16 bytes (TMA's global strides)
+            raise ValueError(f"out_channels: {self.k} (the sm_90a kernel takes K a multiple of 8)")
         if self.tiling.bn % BOX:
             raise ValueError(f"bn: {self.tiling.bn} (a multiple of {BOX}: whole im2col boxes)")
         if not 1 <= self.splits <= self.ktiles:
@@ -274,14 +274,18 @@ def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, ro
     for j in range(t.bn // BOX):
         inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, arith.addi(n0, k(BOX * j)), k(g.columns)))
         with ir.InsertionPoint(inside.then_block):
-            for v in range(per_box * j, per_box * (j + 1), 2):
-                pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
-                vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
-                if out != f32:
-                    vec = arith.truncf(ir.VectorType.get([2], out), vec)
-                r = arith.addi(row, k(8 * ((v % 4) // 2)))
-                cc = arith.addi(col, k(8 * (v // 4)))
-                vector.store(vec, c, [r, cc] if split is None else [split, r, cc])
+            for half in (0, 1):  # rows ``row`` and ``row + 8``: each inside K or not (K % 8 == 0 only)
+                r = arith.addi(row, k(8 * half))
+                below = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, r, k(g.k)))
+                with ir.InsertionPoint(below.then_block):
+                    for v in range(per_box * j + 2 * half, per_box * (j + 1), 4):
+                        pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
+                        vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+                        if out != f32:
+                            vec = arith.truncf(ir.VectorType.get([2], out), vec)
+                        cc = arith.addi(col, k(8 * (v // 4)))
+                        vector.store(vec, c, [r, cc] if split is None else [split, r, cc])
+                    scf.YieldOp([])
             scf.YieldOp([])
 
 
@@ -326,7 +330,7 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
         acc = _consumer(b, g, base, a_rows, count, elem)
         row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
-        mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))  # K % 64 == 0
+        mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
         with ir.InsertionPoint(mine.then_block):
             _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None)
             scf.YieldOp([])
