@@ -257,7 +257,7 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int) -> int:
     by_problem: dict[str, list[str]] = {}
     for e in sorted(manifest["entries"], key=lambda e: KINDS.index(e["kind"])):
         by_problem.setdefault(e["problem"], []).append(e["name"])
-    rows = harness.run_batches(__file__, folder, out, list(by_problem.values()), budget, jobs, start, 120.0)
+    rows = harness.run_batches(__file__, folder, out, list(by_problem.values()), budget, jobs, start, 60.0)
     return report(rows, manifest, out, harness.device_name("cuda"), wall=time.time() - start)
 
 
