@@ -8,8 +8,8 @@ Compile here (needs the IREE compiler), run there (needs torch and iree-base-run
 
 Problems: the dense 2-D problems of bench/explicit_conv.py (the suites' G=1 layers and ResNet-50's 3x3 and
 1x1 layers) of at least 4 GFLOP, in f16, and the three largest again in bf16 (dW in the input type).
-``compile`` writes per problem our sm_90a kernel's PTX and launch (``sm90_<problem>.ptx``: its split by
-``convbw_mlir.policies.sm90.auto_splits``) and our sm_80 explicit kernel's vmfb (``sm80_<problem>.vmfb``:
+``compile`` writes per problem our sm_90a kernel's PTX and launch (``sm90_<problem>.ptx``: its tile width and split
+by ``convbw_mlir.policies.sm90.choose``) and our sm_80 explicit kernel's vmfb (``sm80_<problem>.vmfb``:
 ``compile_op(strategy="explicit")`` for sm_80, as bench/explicit_conv.py builds it), and the manifest.
 
 ``run`` runs one child per problem (cuDNN, then sm_80, then ours: a fault in ours loses no baseline), children
@@ -40,7 +40,7 @@ import harness
 MIN_FLOPS = 4e9
 BF16 = ("large_3x3_256_n64_56", "resnet50_3x3_256_n256_14", "retina_k2376_100")
 FENCE_ELEMENTS = 1 << 19
-KINDS = ("cudnn", "sm80", "sm90")
+KINDS = ("cudnn", "sm80", "sm90", "variant")
 
 
 # -- compile side ------------------------------------------------------------------------------------
@@ -55,25 +55,38 @@ def problems() -> dict[str, Any]:
     return out
 
 
-def geometry(p: Any) -> Any:
-    """The sm_90a kernel's numbers for problem ``p`` (its split by the policy's rule)."""
+# Variants beside the rule's choice (``compile --variants``): (splits, bn) per problem; the first rule's
+# choices (run 1) where the fitted rule chose otherwise.
+VARIANTS = {
+    "streamk_3x3_128_n32_28": [(22, 256)],
+    "streamk_3x3_256_n32_14": [(7, 256)],
+    "streamk_3x3_512_n32_7": [(1, 256)],
+    "dilated_3x3_d2_256_28": [(7, 256)],
+    "resnet50_1x1_1024to256_n256_14": [(16, 256), (12, 256)],
+    "retina_k2376_50": [(1, 256)],
+}
+
+
+def geometry(p: Any, splits: int | None = None, bn: int | None = None) -> Any:
+    """The sm_90a kernel's numbers for problem ``p`` (its split by the policy's rule unless given)."""
     from convbw_mlir.kernels.conv_sm90 import ConvSm90
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
     from convbw_mlir.policies import sm90
 
     (h, w), (ho, wo), (fy, fx) = p.input_size, p.output_size, p.filter_size
-    splits = sm90.auto_splits(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo)
+    if splits is None:
+        bn, splits = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo)
     return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
-                    tuple(p.dilation), tuple(p.pad_low), Sm90Tiling(bn=sm90.BN), splits)  # fmt: skip
+                    tuple(p.dilation), tuple(p.pad_low), Sm90Tiling(bn=bn or sm90.BN), splits)  # fmt: skip
 
 
-def compile_sm90(p: Any, folder: Path, name: str) -> dict[str, Any]:
+def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None) -> dict[str, Any]:
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
 
-    g = geometry(p)
+    g = geometry(p, splits, bn)
     with new_context(), ir.Location.unknown():
         text = str(conv_module(g, p.dtype, p.dw_dtype))
     hal = compile_module(text, "sm_90a", ["--compile-to=hal"])
@@ -82,10 +95,12 @@ def compile_sm90(p: Any, folder: Path, name: str) -> dict[str, Any]:
         (binary,) = [o for o in _walk(parsed.operation) if o.name == "hal.executable.binary"]
         data = bytes(memoryview(ir.DenseIntElementsAttr(binary.attributes["data"])).cast("B"))
     (export,), (ptx,) = read_cuda_executable(data)
-    (folder / f"sm90_{name}.ptx").write_bytes(ptx)
+    stem = f"sm90_{name}" if splits is None else f"sm90_s{g.splits}_bn{g.tiling.bn}_{name}"
+    (folder / f"{stem}.ptx").write_bytes(ptx)
     lower, upper = im2col_corners(g)
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
-            "splits": g.splits, "lower": list(lower), "upper": list(upper), "ptx": f"sm90_{name}.ptx"}  # fmt: skip
+            "splits": g.splits, "bn": g.tiling.bn, "lower": list(lower), "upper": list(upper),
+            "ptx": f"{stem}.ptx"}  # fmt: skip
 
 
 def _walk(op: Any):
@@ -96,7 +111,7 @@ def _walk(op: Any):
                 yield from _walk(inner.operation)
 
 
-def compile_all(folder: Path, only: list[str] | None) -> None:
+def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm80: bool = True) -> None:
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError
@@ -111,6 +126,8 @@ def compile_all(folder: Path, only: list[str] | None) -> None:
         base = {"problem": name, "suite": True, **harness.problem_fields(p), "dtype": p.dtype}
         entries.append({**base, "name": f"cudnn:{name}", "kind": "cudnn", "vmfb": None})
         try:
+            if not sm80:
+                raise PlanError("sm_80 not asked (compile --no-sm80)")
             op = compile_op(p, "sm_80", strategy="explicit", isolate=True, cache=False)
             (folder / f"sm80_{name}.vmfb").write_bytes(op.vmfb)
             entries.append({**base, "name": f"sm80:{name}", "kind": "sm80", "vmfb": f"sm80_{name}.vmfb",
@@ -122,6 +139,9 @@ def compile_all(folder: Path, only: list[str] | None) -> None:
             refused[f"sm90:{name}"] = "; ".join(why)
         else:
             entries.append({**base, "name": f"sm90:{name}", "kind": "sm90", **compile_sm90(p, folder, name)})
+            for splits, bn in VARIANTS.get(name, []) if variants else []:
+                entries.append({**base, "name": f"sm90_s{splits}_bn{bn}:{name}", "kind": "variant",
+                                **compile_sm90(p, folder, name, splits, bn)})  # fmt: skip
         print(f"{name}: {time.time() - t0:.1f} s", flush=True)
     harness.write_manifest(folder, {"target": "sm_90a", "entries": entries, "refused": refused, "seed": ec.SEED,
                                     "layout": 2})  # fmt: skip
@@ -198,7 +218,7 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
 
 
 def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
-    if e["kind"] == "sm90":
+    if e["kind"] in ("sm90", "variant"):
         return _sm90(e, folder, x, dy, torch)
     return ec._contender(e, folder, x, dy, torch)
 
@@ -289,6 +309,15 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     lines += ["", f"Geomean vs cuDNN: {harness.cell(gm, '{:.2f}')}x over {len(ratios)} problems; vs our sm_80 kernel: "
               f"{harness.cell(gm80, '{:.2f}')}x. Problems >= 0.9x cuDNN: {sum(1 for q in ratios if q >= 0.9)} of "
               f"{len(ratios_big)}.", ""]  # fmt: skip
+    variants = [r for r in rows if r.get("kind") == "variant"]
+    if variants:
+        lines += ["Variants beside the rule's split and tile (single-call kernel time, us):", "",
+                  "| variant | us | rule's us | correct |", "|---|---|---|---|"]  # fmt: skip
+        for r in variants:
+            rule = got.get(r["problem"], {}).get("sm90", {}).get("single_us")
+            lines.append(f"| {r['name']} | {harness.cell(r.get('single_us'))} | {harness.cell(rule)} | "
+                         f"{r.get('correct', r.get('error', r.get('crashed')))} |")  # fmt: skip
+        lines.append("")
     lines += harness.notes(manifest, rows, wall, wrong=True)
     doc = {"device": device, "date": harness.now(), "rows": rows, "geomean_vs_cudnn": gm, "geomean_vs_sm80": gm80}
     return harness.write_tables(out, "hopper_conv", doc, lines)
@@ -300,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compile")
     c.add_argument("dir", type=Path)
     c.add_argument("--only", nargs="*")
+    c.add_argument("--variants", action="store_true", help="also the split and tile variants of VARIANTS")
+    c.add_argument("--no-sm80", dest="sm80", action="store_false", help="skip our sm_80 kernel")
     r = sub.add_parser("run")
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -310,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("names", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "compile":
-        compile_all(a.dir, a.only)
+        compile_all(a.dir, a.only, a.variants, a.sm80)
         return 0
     if a.cmd == "run":
         return run_all(a.dir, a.out, a.budget, a.jobs)

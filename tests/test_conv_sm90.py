@@ -100,3 +100,51 @@ def test_conv_geometry_refuses_what_the_kernel_cannot_take(fields, message):
     base = dict(n=1, h=4, w=4, c=64, k=64, fy=1, fx=1, ho=4, wo=4)
     with pytest.raises(ValueError, match=message):
         ConvSm90(**{**base, **fields})
+
+
+# -- the policy (convbw_mlir/policies/sm90.py) ---------------------------------------------------------------
+def _problem(line: str, **fields):
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    return ConvBwdWeightProblem.from_ck(line).with_(**{"layout": 2, **fields})
+
+
+def test_policy_takes_a_channels_last_2d_layer():
+    from convbw_mlir.policies import sm90
+
+    assert sm90.refusals(_problem("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1")) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "fields", "reason"),
+    [
+        ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {"layout": 4}, "layout: "),
+        ("2 2 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {}, "groups: 2"),
+        ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}, "in_channels: 3"),
+        ("2 1 64 100 256 3 3 56 56 1 1 1 1 1 1 1 1", {}, "out_channels: 100"),
+        ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 1 1 1 1 1 1", {}, "rank: 3"),
+        ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {"dtype": "f32", "dw_dtype": "f32"}, "dtype: f32"),
+    ],
+)
+def test_policy_refuses_with_the_field_and_its_value(line, fields, reason):
+    from convbw_mlir.policies import sm90
+
+    assert any(r.startswith(reason) for r in sm90.refusals(_problem(line, **fields)))
+
+
+@pytest.mark.parametrize(
+    ("mnr", "choice"),
+    [
+        ((256, 2304, 64 * 56 * 56), (256, 7)),  # large_3x3_256_n64_56: 7 splits of the 18 wide tiles
+        (
+            (2376, 2304, 2 * 50 * 50),
+            (192, 1),
+        ),  # retina_k2376_50: 228 tiles of 192 fill 2 waves, 171 of 256 leave one 30% full
+        ((128, 1152, 32 * 28 * 28), (128, 14)),  # streamk_3x3_128_n32_28: 9 narrow tiles x 14 splits
+    ],
+)
+def test_split_rule_picks_what_measured_fastest_on_the_h100(mnr, choice):
+    """bench/results/h100_2026-11-26_hopper_conv: the rule's choices beat the first rule's (256, 1), (256, 22)."""
+    from convbw_mlir.policies import sm90
+
+    assert sm90.choose(*mnr) == choice

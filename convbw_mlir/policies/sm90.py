@@ -10,17 +10,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["BK", "BM", "BN", "SMS", "auto_splits", "refusals"]
+__all__ = ["BK", "BM", "BN", "SMS", "auto_splits", "choose", "refusals"]
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
 SMS = 132  # H100 SXM's SMs; one workgroup an SM (4 stages of 48 KiB)
-# The split rule's model (H100 SXM datasheet: 989 TFLOP/s dense f16 on 132 SMs, 3.35 TB/s): one 128x256x64
-# k tile ~0.56 us an SM at full rate; a split's f32 partials go out and back in at ~3 TB/s; the stage-2 sum
-# is a second dispatch (~3 us); each workgroup pays ~2 k tiles of pipeline fill and epilogue.
-KTILE_US = 2 * BM * BN * BK / (989e12 / SMS) * 1e6
+# The rule's model, fitted (least squares on log time) to 33 timings of the rule's choices and of other
+# splits and tile widths on an H100 (bench/results/h100_2026-11-26_hopper_conv, runs 1 and 2; within ~10%
+# but for the narrowest tiles): a 128x256x64 k tile takes 0.67 us an SM (large_3x3_256_n64_56: 786 TFLOP/s);
+# a narrower tile 0.87 (bn 192) or 0.6 (bn 128) of that; a split's f32 partials go out and back in at
+# ~3 TB/s, the sum's dispatch hidden; a workgroup pays ~8 k tiles of fill, barrier set-up and epilogue.
+KTILE_US = 0.67
+TILE_COST = {256: 1.0, 192: 0.87, 128: 0.6}  # a k tile's time by bn, relative to bn = 256
 BYTES_PER_US = 3.0e6
-SUM_US = 3.0
-FILL_TILES = 2
+SUM_US = 0.0
+FILL_TILES = 8
 MAX_SPLITS = 32
 
 
@@ -47,22 +50,30 @@ def refusals(problem: Any) -> list[str]:
     return why
 
 
-def auto_splits(m: int, n: int, reduction: int, sms: int = SMS) -> int:
-    """Split-K slices for an ``m x n`` dW reducing over ``reduction`` rows: the count of the estimated
-    fastest (waves of ``sms`` workgroups, each its slice's k tiles plus the fill; split partials' round
-    trip and the sum's dispatch), each slice at least 8 k tiles (CK's k_batch rule of thumb, re-weighed
-    for whole waves)."""
-    tiles = -(-m // BM) * -(-n // BN)
+def cost(m: int, n: int, reduction: int, bn: int, splits: int, sms: int = SMS) -> float:
+    """Estimated us of an ``m x n`` dW reducing over ``reduction`` rows with tile ``128 x bn`` and ``splits``
+    slices: whole waves of ``sms`` workgroups, each its slice's k tiles plus the fill, and a split's
+    partials' round trip and its sum's dispatch."""
+    tiles = -(-m // BM) * -(-n // bn)
     ktiles = -(-reduction // BK)
+    waves = -(-tiles * splits // sms)
+    us = waves * (-(-ktiles // splits) + FILL_TILES) * KTILE_US * TILE_COST[bn]
+    return us + (2 * splits * m * n * 4 / BYTES_PER_US + SUM_US if splits > 1 else 0.0)
 
-    def cost(s: int) -> float:
-        waves = -(-tiles * s // sms)
-        us = waves * (-(-ktiles // s) + FILL_TILES) * KTILE_US
-        return us + (2 * s * m * n * 4 / BYTES_PER_US + SUM_US if s > 1 else 0.0)
 
-    options = [s for s in range(1, MAX_SPLITS + 1) if s == 1 or ktiles // s >= 8]
-    options = [s for s in options if (s - 1) * -(-ktiles // s) < ktiles]  # no empty last slice
-    return min(options, key=lambda s: (cost(s), s))
+def choose(m: int, n: int, reduction: int, sms: int = SMS) -> tuple[int, int]:
+    """The tile width and split count ``(bn, splits)`` of least :func:`cost`, each slice at least 8 k tiles
+    (CK's k_batch rule of thumb, re-weighed for whole waves) and none empty; the wider tile, then the fewer
+    splits, on a tie."""
+    ktiles = -(-reduction // BK)
+    options = [(bn, s) for bn in TILE_COST for s in range(1, MAX_SPLITS + 1)
+               if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles]  # fmt: skip
+    return min(options, key=lambda o: (round(cost(m, n, reduction, *o, sms), 1), -o[0], o[1]))
+
+
+def auto_splits(m: int, n: int, reduction: int, sms: int = SMS) -> int:
+    """The split count of :func:`choose`."""
+    return choose(m, n, reduction, sms)[1]
 
 
 def flops(problem: Any) -> int:
