@@ -283,11 +283,11 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int) -> int:
 
 def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float | None = None) -> int:
     got = harness.rows_by_problem(rows)
-    head = ("| problem | GFLOP | splits | ours sm_90a us | TFLOP/s | cuDNN us | sm_80 us | vs cuDNN | vs sm_80 | "
+    head = ("| problem | GFLOP | tile, splits | ours sm_90a us | TFLOP/s | cuDNN us | sm_80 us | vs cuDNN | vs sm_80 | "
             "correct (ours, cuDNN, sm_80) |")  # fmt: skip
     lines = [f"# sm_90a weight gradient, layout 2: {device}, {harness.now()}", "", head, "|" + "---|" * 10]
     ratios, ratios_big, vs80 = [], [], []
-    splits = {e["problem"]: e.get("splits") for e in manifest["entries"] if e["kind"] == "sm90"}
+    splits = {e["problem"]: f"128x{e.get('bn')}, {e.get('splits')}" for e in manifest["entries"] if e["kind"] == "sm90"}
     for problem, r in got.items():
         ours, cud, s80 = (r.get(k, {}) for k in ("sm90", "cudnn", "sm80"))
         t, tc, t8 = ours.get("single_us"), cud.get("single_us"), s80.get("single_us")
