@@ -70,6 +70,16 @@ def test_conv_weight_gradient_matches_float64_under_emulation(geometry, note):
     assert _error(c, ref) < 1e-6, note
 
 
+def test_persistent_grid_carries_the_ring_across_units_of_uneven_length():
+    # 5 column tiles x 3 splits (k tiles 3, 3, 1) = 15 units on 4 workgroups: 4, 4, 4 and 3 units each, the
+    # ring of a 2-stage pipeline running on across them (its phases depend on every earlier unit's length)
+    g = ConvSm90(n=4, h=10, w=11, c=64, k=64, fy=3, fx=3, ho=10, wo=11, pad=(1, 1), splits=3,
+                 tiling=Sm90Tiling(bn=128, stages=2, persistent=4))  # fmt: skip
+    assert (g.ktiles, g.chunk, g.units, g.grid) == (7, 3, 15, (4, 1, 1))
+    c, ref = emulated(g)
+    assert not np.isnan(c).any() and _error(c, ref) < 1e-6
+
+
 def test_bf16_conv_weight_gradient_with_bf16_output_matches_float64():
     g = ConvSm90(n=1, h=6, w=6, c=64, k=128, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), tiling=SMALL)
     c, ref = emulated(g, "bf16", "bf16")

@@ -112,9 +112,20 @@ class ConvSm90:
         return -(-self.ktiles // self.splits)
 
     @property
+    def tiles(self) -> tuple[int, int]:
+        """Column tiles, row tiles."""
+        return -(-self.columns // self.tiling.bn), -(-self.k // self.tiling.bm)
+
+    @property
+    def units(self) -> int:
+        """Work units: tiles x splits."""
+        return self.tiles[0] * self.tiles[1] * self.splits
+
+    @property
     def grid(self) -> tuple[int, int, int]:
-        t = self.tiling
-        return (-(-self.columns // t.bn), -(-self.k // t.bm), self.splits)
+        if self.tiling.persistent:
+            return (self.tiling.persistent, 1, 1)
+        return (*self.tiles, self.splits)
 
     @property
     def flops(self) -> int:
@@ -161,10 +172,11 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
 
 
 def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, first: ir.Value,
-              count: ir.Value) -> None:  # fmt: skip
+              count: ir.Value, ring: ir.Value) -> None:  # fmt: skip
     """One thread's loop over the split's k tiles ``first .. first + count - 1``: wait for the slot's
     empty phase, announce the bytes, then per consumer a 64 x 64 dy box and per 64 columns an im2col box
-    of x (its tap's offsets, from the 64 output positions of the k tile)."""
+    of x (its tap's offsets, from the 64 output positions of the k tile). ``ring``: the workgroup's k tiles
+    before this unit's (index; a persistent workgroup's ring runs on across its units)."""
     t = g.tiling
     map_dy, map_x = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
     cluster = ir.Type.parse("!llvm.ptr<7>")
@@ -182,7 +194,7 @@ def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, 
     loop = scf.ForOp(arith.constant(b.index, 0), arith.index_cast(b.index, count), arith.constant(b.index, 1))
     with ir.InsertionPoint(loop.body):
         i = loop.induction_variable
-        s, phase = _stage_and_phase(b, t, i)
+        s, phase = _stage_and_phase(b, t, arith.addi(ring, i))
         a, bb, full, empty = _stage_addresses(b, t, base, s)
         nvvm.mbarrier_try_wait_parity(b.ptr(empty, 3), arith.xori(phase, b.c(1)), b.c(WAIT_TICKS))
         full_p = b.ptr(full, 3)
@@ -230,7 +242,8 @@ def _wgmma(b: _B, g: ConvSm90, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows:
     return acc
 
 
-def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Value, elem: str) -> ir.Value:
+def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Value, elem: str,
+              ring: ir.Value) -> ir.Value:  # fmt: skip
     """Warpgroup loop over the split's k tiles, one wgmma group in flight (gemm_sm90's), ``count`` at run
     time (the last split is shorter); returns the accumulators, its last stage released."""
     t = g.tiling
@@ -238,7 +251,7 @@ def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Va
     loop = scf.ForOp(arith.constant(b.index, 0), n, arith.constant(b.index, 1), [_zero_acc(b, t)])
     with ir.InsertionPoint(loop.body):
         i = loop.induction_variable
-        s, phase = _stage_and_phase(b, t, i)
+        s, phase = _stage_and_phase(b, t, arith.addi(ring, i))
         a, bb, full, _ = _stage_addresses(b, t, base, s)
         nvvm.mbarrier_try_wait_parity(b.ptr(full, 3), phase, b.c(WAIT_TICKS))
         nvvm.wgmma_fence_aligned()
@@ -247,11 +260,11 @@ def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Va
         nvvm.wgmma_wait_group_sync_aligned(1)  # k tile i - 1's group is done: its slot can be refilled
         prev = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, i, arith.constant(b.index, 0)))
         with ir.InsertionPoint(prev.then_block):
-            _release(b, t, base, arith.subi(i, arith.constant(b.index, 1)))
+            _release(b, t, base, arith.subi(arith.addi(ring, i), arith.constant(b.index, 1)))
             scf.YieldOp([])
         scf.YieldOp([acc])
     nvvm.wgmma_wait_group_sync_aligned(0)
-    _release(b, t, base, arith.subi(n, arith.constant(b.index, 1)))
+    _release(b, t, base, arith.subi(arith.addi(ring, n), arith.constant(b.index, 1)))
     return loop.results[0]
 
 
@@ -306,11 +319,6 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
     wg = arith.divui(tid, arith.constant(idx, WARPGROUP))
     base = _shared_base(b, t)
     _init_barriers(b, t, base, tid)
-    n0 = arith.muli(gpu.block_id(gpu.Dimension.x), arith.constant(idx, t.bn))
-    m0 = arith.muli(gpu.block_id(gpu.Dimension.y), arith.constant(idx, t.bm))
-    split = gpu.block_id(gpu.Dimension.z)
-    first = arith.muli(arith.index_cast(b.i32, split), b.c(g.chunk))
-    count = arith.minsi(b.c(g.chunk), arith.subi(b.c(g.ktiles), first))
     # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
     role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
     with ir.InsertionPoint(role.then_block):
@@ -318,8 +326,9 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
             nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
         one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
         with ir.InsertionPoint(one.then_block):
-            m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
-            _producer(b, g, base, maps, m32, n32, first, count)
+            for (m0, n0, _, first, count), ring in _units(b, g):
+                m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
+                _producer(b, g, base, maps, m32, n32, first, count, ring)
             scf.YieldOp([])
         scf.YieldOp([])
     with ir.InsertionPoint(role.else_block):
@@ -328,13 +337,46 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
-        acc = _consumer(b, g, base, a_rows, count, elem)
-        row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
-        mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
-        with ir.InsertionPoint(mine.then_block):
-            _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None)
-            scf.YieldOp([])
+        for (m0, n0, split, _, count), ring in _units(b, g):
+            acc = _consumer(b, g, base, a_rows, count, elem, ring)
+            row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
+            mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
+            with ir.InsertionPoint(mine.then_block):
+                _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None)
+                scf.YieldOp([])
         scf.YieldOp([])
+
+
+def _unit(b: _B, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, split: ir.Value) -> tuple[ir.Value, ...]:
+    """(first row, first column, split, first k tile (i32), k tiles (i32)) of a work unit (index ids)."""
+    idx, t = b.index, g.tiling
+    first = arith.muli(arith.index_cast(b.i32, split), b.c(g.chunk))
+    count = arith.minsi(b.c(g.chunk), arith.subi(b.c(g.ktiles), first))
+    m0 = arith.muli(m_tile, arith.constant(idx, t.bm))
+    return m0, arith.muli(n_tile, arith.constant(idx, t.bn)), split, first, count
+
+
+def _units(b: _B, g: ConvSm90):
+    """The workgroup's work units, each with the k tiles of its ring before it (index): its block ids, or
+    (persistent) a loop over units ``id, id + persistent, ...`` (column tile fastest, then row tile, then
+    split; one iteration yielded inside the ``scf.for``, the ring carried by it)."""
+    idx = b.index
+
+    def c(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    if not g.tiling.persistent:
+        ids = [gpu.block_id(d) for d in (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)]
+        yield _unit(b, g, *ids), c(0)
+        return
+    n_tiles, m_tiles = g.tiles
+    loop = scf.ForOp(gpu.block_id(gpu.Dimension.x), c(g.units), c(g.tiling.persistent), [c(0)])
+    with ir.InsertionPoint(loop.body):
+        u, ring = loop.induction_variable, loop.inner_iter_args[0]
+        tile, split = arith.remui(u, c(n_tiles * m_tiles)), arith.divui(u, c(n_tiles * m_tiles))
+        unit = _unit(b, g, arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles)), split)
+        yield unit, ring
+        scf.YieldOp([arith.addi(ring, arith.index_cast(idx, unit[4]))])
 
 
 def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
