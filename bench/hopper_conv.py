@@ -55,19 +55,18 @@ def problems() -> dict[str, Any]:
     return out
 
 
-# Variants beside the rule's choice (``compile --variants``): (splits, bn) per problem; the first rule's
-# choices (run 1) where the fitted rule chose otherwise.
+# Variants beside the rule's choice (``compile --variants``): (splits, bn[, persistent workgroups]) per problem.
 VARIANTS = {
-    "streamk_3x3_128_n32_28": [(22, 256)],
-    "streamk_3x3_256_n32_14": [(7, 256)],
-    "streamk_3x3_512_n32_7": [(1, 256)],
-    "dilated_3x3_d2_256_28": [(7, 256)],
-    "resnet50_1x1_1024to256_n256_14": [(16, 256), (12, 256)],
-    "retina_k2376_50": [(1, 256)],
+    "retina_k2376_100": [(3, 256, 132), (4, 256, 132), (6, 256, 132)],
+    "retina_k2376_100_bf16": [(3, 256, 132), (4, 256, 132)],
+    "retina_k2376_50": [(1, 192, 132), (2, 256, 132), (3, 256, 132)],
+    "large_3x3_256_n64_56": [(7, 256, 126), (14, 256, 126)],
+    "streamk_3x3_512_n32_7": [(2, 256, 132), (1, 128, 132)],
+    "resnet50_3x3_256_n256_14": [(14, 256, 126)],
 }
 
 
-def geometry(p: Any, splits: int | None = None, bn: int | None = None) -> Any:
+def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0) -> Any:
     """The sm_90a kernel's numbers for problem ``p`` (its split by the policy's rule unless given)."""
     from convbw_mlir.kernels.conv_sm90 import ConvSm90
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
@@ -76,17 +75,19 @@ def geometry(p: Any, splits: int | None = None, bn: int | None = None) -> Any:
     (h, w), (ho, wo), (fy, fx) = p.input_size, p.output_size, p.filter_size
     if splits is None:
         bn, splits = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo)
+    tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent)
     return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
-                    tuple(p.dilation), tuple(p.pad_low), Sm90Tiling(bn=bn or sm90.BN), splits)  # fmt: skip
+                    tuple(p.dilation), tuple(p.pad_low), tiling, splits)  # fmt: skip
 
 
-def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None) -> dict[str, Any]:
+def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None,
+                 persistent: int = 0) -> dict[str, Any]:  # fmt: skip
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
 
-    g = geometry(p, splits, bn)
+    g = geometry(p, splits, bn, persistent)
     with new_context(), ir.Location.unknown():
         text = str(conv_module(g, p.dtype, p.dw_dtype))
     hal = compile_module(text, "sm_90a", ["--compile-to=hal"])
@@ -95,12 +96,16 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
         (binary,) = [o for o in _walk(parsed.operation) if o.name == "hal.executable.binary"]
         data = bytes(memoryview(ir.DenseIntElementsAttr(binary.attributes["data"])).cast("B"))
     (export,), (ptx,) = read_cuda_executable(data)
-    stem = f"sm90_{name}" if splits is None else f"sm90_s{g.splits}_bn{g.tiling.bn}_{name}"
+    stem = f"sm90_{name}" if splits is None else f"sm90_{_variant(g.splits, g.tiling.bn, persistent)}_{name}"
     (folder / f"{stem}.ptx").write_bytes(ptx)
     lower, upper = im2col_corners(g)
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
-            "splits": g.splits, "bn": g.tiling.bn, "lower": list(lower), "upper": list(upper),
+            "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
             "ptx": f"{stem}.ptx"}  # fmt: skip
+
+
+def _variant(splits: int, bn: int, persistent: int = 0) -> str:
+    return f"s{splits}_bn{bn}" + (f"_p{persistent}" if persistent else "")
 
 
 def _walk(op: Any):
@@ -139,9 +144,9 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
             refused[f"sm90:{name}"] = "; ".join(why)
         else:
             entries.append({**base, "name": f"sm90:{name}", "kind": "sm90", **compile_sm90(p, folder, name)})
-            for splits, bn in VARIANTS.get(name, []) if variants else []:
-                entries.append({**base, "name": f"sm90_s{splits}_bn{bn}:{name}", "kind": "variant",
-                                **compile_sm90(p, folder, name, splits, bn)})  # fmt: skip
+            for splits, bn, *persistent in VARIANTS.get(name, []) if variants else []:
+                entries.append({**base, "name": f"sm90_{_variant(splits, bn, *persistent)}:{name}", "kind": "variant",
+                                **compile_sm90(p, folder, name, splits, bn, *persistent)})  # fmt: skip
         print(f"{name}: {time.time() - t0:.1f} s", flush=True)
     harness.write_manifest(folder, {"target": "sm_90a", "entries": entries, "refused": refused, "seed": ec.SEED,
                                     "layout": 2})  # fmt: skip
