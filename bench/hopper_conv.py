@@ -74,10 +74,10 @@ def geometry(p: Any, splits: int | None = None, bn: int | None = None, persisten
 
     (h, w), (ho, wo), (fy, fx) = p.input_size, p.output_size, p.filter_size
     if splits is None:
-        bn, splits = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo)
+        bn, splits = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo, groups=p.groups)
     tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent)
     return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
-                    tuple(p.dilation), tuple(p.pad_low), tiling, splits)  # fmt: skip
+                    tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups)  # fmt: skip
 
 
 def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None,
@@ -198,7 +198,8 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     maps = torch.frombuffer(bytearray(_encode_maps(_libcuda(), e, dys, xs)), dtype=torch.uint8).cuda()
     k, cols = e["out_channels"], e["in_channels"] * math.prod(e["filter_size"])
     splits = e["splits"]
-    c = torch.empty((splits, k, cols) if splits > 1 else (k, cols), device="cuda",
+    grp = e["groups"]
+    c = torch.empty((splits, grp, k, cols) if splits > 1 else (grp, k, cols), device="cuda",
                     dtype=torch.float32 if splits > 1 else dt)  # fmt: skip
     export = ExportDef(e["kernel"], 0, tuple(e["block"]), e["shared"], 0, 4)
     binds = tuple((f"arg{i}", 0) for i in range(4))
@@ -217,7 +218,7 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
         return c.sum(0).to(dt) if splits > 1 else c
 
     def as_torch(r: Any) -> Any:
-        return r.reshape(1, k, *e["filter_size"], e["in_channels"])
+        return r.reshape(grp, k, *e["filter_size"], e["in_channels"])
 
     return call, as_torch, (lambda _r: torch.cuda.synchronize())
 

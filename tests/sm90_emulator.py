@@ -264,7 +264,7 @@ class _Hopper(_Block):
         src = self.bindings[int(binding)]
         k0, r0 = coords
         box = np.zeros((box_rows, box_k), np.float32)  # out of bounds: zero (OOB fill none)
-        r_hi, k_hi = min(r0 + box_rows, rows), min(k0 + box_k, k)
+        r_hi, k_hi = max(min(r0 + box_rows, rows), r0), max(min(k0 + box_k, k), k0)  # wholly outside: all zero
         box[: r_hi - r0, : k_hi - k0] = src[r0:r_hi, k0:k_hi]
         r, c = np.meshgrid(np.arange(box_rows), np.arange(box_k), indexing="ij")
         address = _swizzle128(dst + r * 2 * box_k + 2 * c)
@@ -402,8 +402,8 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, in
 
 
 def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dtype=np.float32) -> np.ndarray:
-    """dW ``[K, Y X C]`` (or its split partials) by the module's conv kernel (``geometry``: its
-    ``convbw_mlir.kernels.conv_sm90.ConvSm90``; dy ``[N Ho Wo, K]``, x ``[N, H, W, C]``)."""
+    """dW ``[G, K, Y X C]`` (or its split partials) by the module's conv kernel (``geometry``: its
+    ``convbw_mlir.kernels.conv_sm90.ConvSm90``; dy ``[N Ho Wo, G K]``, x ``[N, H, W, G C]``)."""
     from sm80_emulator import _workgroup, collect_funcs
 
     from convbw_mlir.kernels.conv_sm90 import BOX, im2col_corners
@@ -415,10 +415,10 @@ def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dty
     grid, threads = _workgroup(export)
     lower, upper = im2col_corners(g)
     maps = np.concatenate([
-        tensor_map(0, g.reduction, g.k, g.tiling.bk, BOX),
+        tensor_map(0, g.reduction, g.groups * g.k, g.tiling.bk, BOX),
         im2col_map(1, x.shape, lower, upper, g.stride[::-1], g.tiling.bk, BOX),
     ])  # fmt: skip
-    shape = (g.k, g.columns) if g.splits == 1 else (g.splits, g.k, g.columns)
+    shape = (g.groups, g.k, g.columns) if g.splits == 1 else (g.splits, g.groups, g.k, g.columns)
     c = np.full(shape, np.nan, out_dtype if g.splits == 1 else np.float32)
     bindings = dict(enumerate([dy, x, maps, c]))
     body = func.regions[0].blocks[0]

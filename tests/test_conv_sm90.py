@@ -15,23 +15,25 @@ from convbw_mlir.problem import numpy_dtype
 
 
 def reference(dy: np.ndarray, x: np.ndarray, g: ConvSm90) -> np.ndarray:
-    """dW ``[K, Y X C]`` in float64, straight from the definition."""
-    d = dy.astype(np.float64).reshape(g.n, g.ho, g.wo, g.k)
-    xp = np.zeros((g.n, g.h + 2 * g.pad[0] + 64, g.w + 2 * g.pad[1] + 64, g.c))
-    xp[:, g.pad[0] : g.pad[0] + g.h, g.pad[1] : g.pad[1] + g.w] = x.astype(np.float64)
+    """dW ``[G, K, Y X C]`` in float64, straight from the definition."""
+    d = dy.astype(np.float64).reshape(g.n, g.ho, g.wo, g.groups, g.k)
+    xp = np.zeros((g.n, g.h + 2 * g.pad[0] + 64, g.w + 2 * g.pad[1] + 64, g.groups, g.c))
+    xp[:, g.pad[0] : g.pad[0] + g.h, g.pad[1] : g.pad[1] + g.w] = x.astype(np.float64).reshape(
+        *x.shape[:3], g.groups, g.c
+    )
     (sh, sw), (dh, dw) = g.stride, g.dilation
-    out = np.zeros((g.k, g.fy, g.fx, g.c))
+    out = np.zeros((g.groups, g.k, g.fy, g.fx, g.c))
     for y in range(g.fy):
         for xx in range(g.fx):
             patch = xp[:, y * dh : y * dh + sh * g.ho : sh, xx * dw : xx * dw + sw * g.wo : sw]
-            out[:, y, xx] = np.einsum("nhwk,nhwc->kc", d, patch)
-    return out.reshape(g.k, -1)
+            out[:, :, y, xx] = np.einsum("nhwgk,nhwgc->gkc", d, patch)
+    return out.reshape(g.groups, g.k, -1)
 
 
 def emulated(g: ConvSm90, dtype: str = "f16", out: str = "f32", seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    dy = rng.standard_normal((g.reduction, g.k)).astype(numpy_dtype(dtype))
-    x = rng.standard_normal((g.n, g.h, g.w, g.c)).astype(numpy_dtype(dtype))
+    dy = rng.standard_normal((g.reduction, g.groups * g.k)).astype(numpy_dtype(dtype))
+    x = rng.standard_normal((g.n, g.h, g.w, g.groups * g.c)).astype(numpy_dtype(dtype))
     with new_context(), ir.Location.unknown():
         module = conv_module(g, dtype, out)
         c = run_conv(module, dy, x, g, numpy_dtype(out))
@@ -60,6 +62,9 @@ SMALL = Sm90Tiling(bn=128, stages=2)
         (dict(n=2, h=8, w=6, c=128, k=64, fy=1, fx=1, ho=4, wo=3, stride=(2, 2)), "1x1 stride 2"),
         # K = 88: dy's box reads zeros past K, the last consumer stores rows 64..87 only
         (dict(n=1, h=8, w=8, c=64, k=88, fy=3, fx=3, ho=8, wo=8, pad=(1, 1)), "ragged K"),
+        # 3 groups of K = 40, C = 64, 2 splits: a group's row tile reads the next group's dy past K (never
+        # stored), its x boxes start at channel 64 g
+        (dict(n=2, h=6, w=6, c=64, k=40, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), groups=3, splits=2), "groups"),
         (dict(n=1, h=9, w=9, c=64, k=64, fy=2, fx=2, ho=8, wo=8, dilation=(2, 2), pad=(1, 1)), "dilation"),
     ],
 )
@@ -119,17 +124,18 @@ def _problem(line: str, **fields):
     return ConvBwdWeightProblem.from_ck(line).with_(**{"layout": 2, **fields})
 
 
-def test_policy_takes_a_channels_last_2d_layer():
+def test_policy_takes_a_channels_last_2d_layer_of_one_group_or_of_64_channel_groups():
     from convbw_mlir.policies import sm90
 
     assert sm90.refusals(_problem("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1")) == []
+    assert sm90.refusals(_problem("2 2 64 64 64 3 3 56 56 1 1 1 1 1 1 1 1")) == []
 
 
 @pytest.mark.parametrize(
     ("line", "fields", "reason"),
     [
         ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {"layout": 4}, "layout: "),
-        ("2 2 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {}, "groups: 2"),
+        ("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}, "in_channels: 4"),  # ResNeXt's thin groups
         ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}, "in_channels: 3"),
         ("2 1 64 100 256 3 3 56 56 1 1 1 1 1 1 1 1", {}, "out_channels: 100"),
         ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 1 1 1 1 1 1", {}, "rank: 3"),

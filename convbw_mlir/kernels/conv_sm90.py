@@ -1,6 +1,6 @@
 """The sm_90a weight gradient of a channels-last 2-D convolution: the Hopper GEMM's pipeline on an implicit GEMM.
 
-Layout 2 (x NHWC, dy NHWK, dW KYXC; one group) is, as for the sm_80 kernel, ``dW[k, j] = sum_r dy[r, k] *
+Layout 2 (x NHWGC, dy NHWGK, dW GKYXC) is per group, as for the sm_80 kernel, ``dW[k, j] = sum_r dy[r, k] *
 x[n, ho s + y d - p, wo s + x d - p, c]`` with ``j = (y X + x) C + c`` and ``r = (n, ho, wo)``. Both operands
 are reduction-outer, so both reach ``wgmma`` **MN-major** (the transpose bits of 16-bit wgmma): a k tile
 of 64 reduction rows is, in shared memory, 64 rows of 128 bytes (64 channels) per operand box, swizzled
@@ -16,8 +16,11 @@ in 1024-byte atoms of 8 rows, exactly what a TMA box with the 128-byte swizzle w
   a ragged ``Wo`` costs nothing (a tiled 4-D box of ``rows x Wo-positions`` would waste what it pads).
   A 256-column tile is four such boxes of 64 channels each, each of its own tap (``C % 64 == 0``).
 - The reduction past ``N Ho Wo`` reads zeros from both maps (out of bounds); split-K cuts the k tiles
-  into ``splits`` slices (grid z), each writing f32 partial sums ``[splits, K, Y X C]`` that a second
+  into ``splits`` slices (grid z), each writing f32 partial sums ``[splits, G, K, Y X C]`` that a second
   pass adds up.
+- Groups (NHWGC / NHWGK): group ``g``'s dy columns start at ``g K`` and its x channels at ``g C`` of the
+  same two maps; grid z runs over groups x splits. Rows past K of a row tile read the next group's dy and
+  are never stored.
 
 The rest is gemm_sm90's: a producer warpgroup, ``consumers`` wgmma warpgroups, an mbarrier ring,
 ``setmaxnreg``. docs/explicit-kernels.md "Hopper: the weight gradient" has the design and the numbers.
@@ -63,7 +66,8 @@ class ConvSm90:
         n, h, w, c: x's sizes (NHWC); k: output channels; fy, fx: filter; ho, wo: dy's spatial sizes.
         stride, dilation, pad: (h, w) pairs (pad: the low side; the high side follows from ``ho, wo``).
         tiling: the GEMM tiling (``bn`` a multiple of 64: that many im2col boxes a stage).
-        splits: split-K slices of the k tiles (grid z); > 1 writes f32 partials ``[splits, K, Y X C]``.
+        splits: split-K slices of the k tiles (grid z); > 1 writes f32 partials ``[splits, G, K, Y X C]``.
+        groups: G; c and k are a group's channels.
     """
 
     n: int
@@ -80,6 +84,7 @@ class ConvSm90:
     pad: tuple[int, int] = (0, 0)
     tiling: Sm90Tiling = Sm90Tiling()
     splits: int = 1
+    groups: int = 1
 
     def __post_init__(self) -> None:
         if self.c % BOX:
@@ -118,14 +123,14 @@ class ConvSm90:
 
     @property
     def units(self) -> int:
-        """Work units: tiles x splits."""
-        return self.tiles[0] * self.tiles[1] * self.splits
+        """Work units: tiles x splits x groups."""
+        return self.tiles[0] * self.tiles[1] * self.splits * self.groups
 
     @property
     def grid(self) -> tuple[int, int, int]:
         if self.tiling.persistent:
             return (self.tiling.persistent, 1, 1)
-        return (*self.tiles, self.splits)
+        return (*self.tiles, self.splits * self.groups)
 
     @property
     def flops(self) -> int:
@@ -153,9 +158,10 @@ def descriptor_mn(address: int, lead: int) -> int:
 
 
 def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90") -> KernelEntry:
-    """The kernel's launch: grid (N tiles, M tiles, splits), bindings dy ``[N Ho Wo, K]``, x ``[N, H, W, C]``,
-    maps (dy's then x's CUtensorMap), dW ``[K, Y X C]`` (or its f32 partials ``[splits, K, Y X C]``)."""
-    c_shape = [g.k, g.columns] if g.splits == 1 else [g.splits, g.k, g.columns]
+    """The kernel's launch: grid (N tiles, M tiles, groups x splits), bindings dy ``[N Ho Wo, G K]``, x
+    ``[N, H, W, G C]``, maps (dy's then x's CUtensorMap), dW ``[G, K, Y X C]`` (or its f32 partials
+    ``[splits, G, K, Y X C]``)."""
+    c_shape = [g.groups, g.k, g.columns] if g.splits == 1 else [g.splits, g.groups, g.k, g.columns]
     return KernelEntry(
         executable=name,
         function=name,
@@ -163,8 +169,8 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
         workgroup_size=(g.tiling.threads, 1, 1),
         subgroup_size=32,
         bindings=(
-            ir.MemRefType.get([g.reduction, g.k], elem),
-            ir.MemRefType.get([g.n, g.h, g.w, g.c], elem),
+            ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
+            ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
             ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
             ir.MemRefType.get(c_shape, out if g.splits == 1 else ir.F32Type.get()),
         ),
@@ -172,7 +178,7 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
 
 
 def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, first: ir.Value,
-              count: ir.Value, ring: ir.Value) -> None:  # fmt: skip
+              count: ir.Value, ring: ir.Value, group: ir.Value) -> None:  # fmt: skip
     """One thread's loop over the split's k tiles ``first .. first + count - 1``: wait for the slot's
     empty phase, announce the bytes, then per consumer a 64 x 64 dy box and per 64 columns an im2col box
     of x (its tap's offsets, from the 64 output positions of the k tile). ``ring``: the workgroup's k tiles
@@ -186,7 +192,8 @@ def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, 
     taps = []
     for j in range(t.bn // BOX):
         col = arith.remui(arith.addi(n0, b.c(BOX * j)), b.c(g.columns))
-        tap, c0 = arith.divui(col, b.c(g.c)), arith.remui(col, b.c(g.c))
+        tap = arith.divui(col, b.c(g.c))
+        c0 = arith.addi(arith.muli(group, b.c(g.c)), arith.remui(col, b.c(g.c)))  # the group's channels
         ty, tx = arith.divui(tap, b.c(g.fx)), arith.remui(tap, b.c(g.fx))
         off_w = arith.trunci(i16, arith.muli(tx, b.c(g.dilation[1])))
         off_h = arith.trunci(i16, arith.muli(ty, b.c(g.dilation[0])))
@@ -202,7 +209,7 @@ def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, 
         r0 = arith.muli(arith.addi(first, arith.index_cast(b.i32, i)), b.c(t.bk))
         for cons in range(t.consumers):
             dst = llvm.addrspacecast(cluster, b.ptr(arith.addi(a, b.c(cons * WGMMA_M * SWIZZLE_BYTES)), 3))
-            row = arith.addi(m0, b.c(cons * WGMMA_M))
+            row = arith.addi(arith.addi(arith.muli(group, b.c(g.k)), m0), b.c(cons * WGMMA_M))
             nvvm.cp_async_bulk_tensor_shared_cluster_global(dst, map_dy, [row, r0], full_p, [])
         # the k tile's first output position (n, ho, wo) -> its pixel in the bounding box
         hw = g.ho * g.wo
@@ -269,7 +276,7 @@ def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Va
 
 
 def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
-              split: ir.Value | None) -> None:  # fmt: skip
+              split: ir.Value | None, group: ir.Value) -> None:  # fmt: skip
     """Each accumulator pair to dW (or to its split's partials), per 64-column box only where the box lies
     inside ``Y X C`` (whole boxes: ``C % 64 == 0``)."""
     t = g.tiling
@@ -297,7 +304,7 @@ def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, ro
                         if out != f32:
                             vec = arith.truncf(ir.VectorType.get([2], out), vec)
                         cc = arith.addi(col, k(8 * (v // 4)))
-                        vector.store(vec, c, [r, cc] if split is None else [split, r, cc])
+                        vector.store(vec, c, [group, r, cc] if split is None else [split, group, r, cc])
                     scf.YieldOp([])
             scf.YieldOp([])
 
@@ -326,9 +333,9 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
             nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
         one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
         with ir.InsertionPoint(one.then_block):
-            for (m0, n0, _, first, count), ring in _units(b, g):
+            for (m0, n0, _, group, first, count), ring in _units(b, g):
                 m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
-                _producer(b, g, base, maps, m32, n32, first, count, ring)
+                _producer(b, g, base, maps, m32, n32, first, count, ring, arith.index_cast(b.i32, group))
             scf.YieldOp([])
         scf.YieldOp([])
     with ir.InsertionPoint(role.else_block):
@@ -337,29 +344,31 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
-        for (m0, n0, split, _, count), ring in _units(b, g):
+        for (m0, n0, split, group, _, count), ring in _units(b, g):
             acc = _consumer(b, g, base, a_rows, count, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
             mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
             with ir.InsertionPoint(mine.then_block):
-                _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None)
+                _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
                 scf.YieldOp([])
         scf.YieldOp([])
 
 
-def _unit(b: _B, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, split: ir.Value) -> tuple[ir.Value, ...]:
-    """(first row, first column, split, first k tile (i32), k tiles (i32)) of a work unit (index ids)."""
+def _unit(b: _B, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, z: ir.Value) -> tuple[ir.Value, ...]:
+    """(first row, first column, split, group (index), first k tile, k tiles (i32)) of a work unit (index
+    ids; ``z``: group x splits + split)."""
     idx, t = b.index, g.tiling
+    split, group = arith.remui(z, arith.constant(idx, g.splits)), arith.divui(z, arith.constant(idx, g.splits))
     first = arith.muli(arith.index_cast(b.i32, split), b.c(g.chunk))
     count = arith.minsi(b.c(g.chunk), arith.subi(b.c(g.ktiles), first))
     m0 = arith.muli(m_tile, arith.constant(idx, t.bm))
-    return m0, arith.muli(n_tile, arith.constant(idx, t.bn)), split, first, count
+    return m0, arith.muli(n_tile, arith.constant(idx, t.bn)), split, group, first, count
 
 
 def _units(b: _B, g: ConvSm90):
     """The workgroup's work units, each with the k tiles of its ring before it (index): its block ids, or
     (persistent) a loop over units ``id, id + persistent, ...`` (column tile fastest, then row tile, then
-    split; one iteration yielded inside the ``scf.for``, the ring carried by it)."""
+    split, then group; one iteration yielded inside the ``scf.for``, the ring carried by it)."""
     idx = b.index
 
     def c(v: int) -> ir.Value:
@@ -373,10 +382,10 @@ def _units(b: _B, g: ConvSm90):
     loop = scf.ForOp(gpu.block_id(gpu.Dimension.x), c(g.units), c(g.tiling.persistent), [c(0)])
     with ir.InsertionPoint(loop.body):
         u, ring = loop.induction_variable, loop.inner_iter_args[0]
-        tile, split = arith.remui(u, c(n_tiles * m_tiles)), arith.divui(u, c(n_tiles * m_tiles))
-        unit = _unit(b, g, arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles)), split)
+        tile, z = arith.remui(u, c(n_tiles * m_tiles)), arith.divui(u, c(n_tiles * m_tiles))
+        unit = _unit(b, g, arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles)), z)
         yield unit, ring
-        scf.YieldOp([arith.addi(ring, arith.index_cast(idx, unit[4]))])
+        scf.YieldOp([arith.addi(ring, arith.index_cast(idx, unit[5]))])
 
 
 def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:

@@ -19,10 +19,10 @@ with new_context(), ir.Location.unknown():
 print("TEST: ir")
 print(text)
 # CHECK-LABEL: TEST: ir
-# grid: 576 / 128 column tiles, 1 row tile, 2 splits; f32 partials [splits, K, Y X C]
+# grid: 576 / 128 column tiles, 1 row tile, 2 splits; f32 partials [splits, G, K, Y X C]
 # CHECK: hal.return %{{.*}}, %{{.*}}, %{{.*}} : index, index, index
 # CHECK: workgroup_size = [384 : index, 1 : index, 1 : index]
-# CHECK: memref<2x128x576xf32>
+# CHECK: memref<2x1x128x576xf32>
 # CHECK: nvvm.mbarrier.init
 # CHECK: scf.if
 # CHECK-NEXT: nvvm.setmaxregister decrease 40
