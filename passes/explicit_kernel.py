@@ -34,7 +34,7 @@ from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
 from convbw_mlir.builders import PARALLEL, REDUCTION, generic, reassociation, zero
 from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
-from convbw_mlir.plan import PlanError, Strategy, check_plan, explicit_tiling
+from convbw_mlir.plan import PlanError, Strategy, check_plan, computed_problem, explicit_tiling
 
 __all__ = ["ExplicitKernel", "carried_plan"]
 
@@ -212,6 +212,10 @@ class ExplicitKernel(ConvbwPass):
                 check_plan(problem, plan)
             except PlanError as e:
                 raise self.fail(op, str(e)) from None
+            if computed_problem(problem, plan) != problem:  # its kernel is the layout-2 op's
+                raise self.fail(
+                    op, f"a {problem.layout} op whose plan computes it in layout 2: run convbw-relayout first"
+                )
             if plan.depthwise is not None:
                 with op.location, ir.InsertionPoint(op):
                     top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
