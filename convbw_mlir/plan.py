@@ -446,18 +446,17 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
       lowering pads (:func:`convbw_mlir.loops.input_pads`), and of a GEMM form's x where it subsamples a
       strided 1x1;
     * a channels-last plan of a layout-4 problem (:attr:`Plan.channels_last`): the transposed copies of x, dy
-      (and D) and dW in layout 2's GKYXC before its transpose back.
+      (and D), and an unsplit kernel's dW in layout 2's GKYXC before its transpose back (a split's stage 2
+      and the transpose are one dispatch).
 
     Checked against the transient and constant buffers IREE allocates (its stream phase) for every plan kind
     on host, sm_80 and gfx942 (tests/test_plan_properties.py).
     """
     total = 0
     if plan.channels_last and relayout(problem).layout == LAYOUT_4:
-        copies = [
-            (problem.x_shape, problem.dtype),
-            (problem.dy_shape, problem.dtype),
-            (problem.dw_shape, problem.dw_dtype),
-        ]
+        copies = [(problem.x_shape, problem.dtype), (problem.dy_shape, problem.dtype)]
+        if plan.split is None and plan.depthwise is None:  # a stage 2 writes dW transposed (IREE fuses the two)
+            copies.append((problem.dw_shape, problem.dw_dtype))
         if problem.epilogue is not None and problem.epilogue.reads_d:
             copies.append((problem.dw_shape, problem.epilogue.d_dtype))
         total += sum(_aligned(math.prod(shape) * DTYPES[dtype]) for shape, dtype in copies)

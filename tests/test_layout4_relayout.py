@@ -158,7 +158,11 @@ def test_channels_last_plan_round_trips_and_is_refused_for_other_layouts():
 
 
 def test_channels_last_workspace_holds_the_transposed_copies():
-    plan = decide(DENSE, "sm_80")
-    flat = decide(DENSE.with_(layout=2), "sm_80")
-    copies = 2 * (32 * 256 * 14 * 14) * 2 + 256 * 256 * 9 * 2  # x and dy in f16, dW (GKYXC) in f16
-    assert plan.workspace_bytes == flat.workspace_bytes + copies
+    """x and dy in f16; unsplit, dW (GKYXC) too; a split's stage 2 writes dW transposed (IREE's allocations:
+    tests/test_plan_properties.py)."""
+    inputs = 2 * (32 * 256 * 14 * 14) * 2
+    plan, flat = decide(DENSE, "sm_80"), decide(DENSE.with_(layout=2), "sm_80")
+    assert plan.split is not None and plan.workspace_bytes == flat.workspace_bytes + inputs
+    one = {"strategy": "explicit", "k_batch": 1}
+    plan, flat = decide(DENSE, "sm_80", layout4="relayout", **one), decide(DENSE.with_(layout=2), "sm_80", **one)
+    assert plan.split is None and plan.workspace_bytes == flat.workspace_bytes + inputs + 256 * 256 * 9 * 2
