@@ -141,8 +141,9 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
     """A layout-4 problem's plan on NVIDIA computed in layout 2 (:attr:`Plan.channels_last`): the plan of the
     same problem in layout 2 where that is one of our kernels (the channels-last implicit GEMM with its
     ``cp.async`` copies and register path, or the depthwise kernel), else None (the layout-4 plan: the gathered
-    kernel or codegen). Option ``layout4`` asks for one form; a strategy asked for without it keeps layout 4's
-    own forms (docs/decisions.md#layout4).
+    kernel or codegen). A plain 1x1 (stride 1, unpadded: layout 4's kernel gathers nothing there) keeps its
+    layout-4 plan. Option ``layout4`` asks for one form; a strategy asked for without it keeps layout 4's own
+    forms (docs/decisions.md#layout4).
 
     Raises:
         PlanError: ``layout4`` given for a problem not in layout 4, ``relayout`` off NVIDIA or where the
@@ -156,6 +157,8 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
         if opts.layout4 == "relayout":
             raise PlanError(f"layout4: relayout is written for NVIDIA targets, not {tgt.name}")
         return None
+    if opts.layout4 is None and policies.sm80.gemm_shape(problem).conv is None:
+        return None  # a plain 1x1: layout 4's kernel copies both operands by cp.async already (nothing gathered)
     if split is not None:  # an op that arrives split yields partial sums, not dW: nothing to transpose back
         if opts.layout4 == "relayout":
             raise PlanError("layout4: relayout of an op that arrives split (its result is partial sums)")

@@ -99,6 +99,14 @@ def test_plan_computes_layout4_in_layout2_where_its_plan_there_is_our_kernel():
     assert computed_problem(DENSE, plan).layout == "NHWGC/GKYXC/NHWGK"
 
 
+def test_a_plain_1x1_keeps_its_layout4_plan_where_nothing_is_gathered():
+    gemm = l4(1, 4, 1024, 256, (14, 14), (1, 1))  # layout 4's kernel copies both operands by cp.async
+    assert not decide(gemm, "sm_80").channels_last
+    assert decide(gemm, "sm_80", layout4="relayout").channels_last  # asked for, the transposes
+    strided = gemm.with_(stride=2)  # x at the stride: gathered in layout 4
+    assert decide(strided, "sm_80").channels_last
+
+
 def test_option_layout4_gather_keeps_the_gathered_kernel_and_the_old_default():
     gathered = decide(DENSE, "sm_80", strategy="explicit", layout4="gather")
     assert decide(DENSE, "sm_80", strategy="explicit") == gathered  # a strategy asked alone: layout 4's forms
