@@ -151,6 +151,13 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
     """
     if problem.layout != LAYOUT_4:
         raise PlanError(f"layout4: {opts.layout4} applies to layout-4 problems ({LAYOUT_4}), not {problem.layout}")
+    if opts.layout4 == "fold":  # layout 4's kernel without a gather: its policy's plan
+        if tgt.family != "nvidia":
+            raise PlanError(f"layout4: fold is written for NVIDIA targets (sm_80), not {tgt.name}")
+        chosen = _explicit(problem, tgt, replace(opts, strategy=Strategy.EXPLICIT.value))
+        if not chosen.folded:
+            raise PlanError("layout4: fold is the implicit GEMM's form, not the depthwise kernel's")
+        return chosen
     if opts.layout4 == "gather" or (opts.layout4 is None and opts.strategy is not None):
         return None  # a strategy asked for alone keeps layout 4's own forms (explicit: the gathered kernel)
     if tgt.family != "nvidia":

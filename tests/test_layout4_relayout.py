@@ -146,7 +146,7 @@ def test_explicit_kernel_pass_refuses_a_channels_last_layout4_op_not_relayouted(
         (DENSE.with_(layout=2), "sm_80", {"layout4": "relayout"}, "layout4: relayout applies to layout-4 problems"),
         (DENSE, "gfx942", {"layout4": "relayout"}, "layout4: relayout is written for NVIDIA targets, not gfx942"),
         (DENSE, "sm_80", {"layout4": "relayout", "strategy": "codegen"}, "layout4: relayout computes layout 2 by"),
-        (DENSE, "sm_80", {"layout4": "both"}, "layout4: expected relayout or gather, got 'both'"),
+        (DENSE, "sm_80", {"layout4": "both"}, "layout4: expected relayout, gather or fold, got 'both'"),
     ],
 )
 def test_option_layout4_refuses_what_it_cannot_do_naming_it(problem, target, options, message):
@@ -174,3 +174,69 @@ def test_channels_last_workspace_holds_the_transposed_copies():
     one = {"strategy": "explicit", "k_batch": 1}
     plan, flat = decide(DENSE, "sm_80", layout4="relayout", **one), decide(DENSE.with_(layout=2), "sm_80", **one)
     assert plan.split is None and plan.workspace_bytes == flat.workspace_bytes + inputs + 256 * 256 * 9 * 2
+
+
+# -- the folded form (layout4=fold): x's windows by cp.async, the taps' shifts in shared memory --------------
+@pytest.mark.parametrize(
+    ("problem", "options"),
+    [
+        (l4(1, 2, 8, 16, (6, 6), (3, 3), pad_low=1, pad_high=1), {}),
+        (l4(3, 2, 5, 9, (10, 6), (3, 3), pad_low=1, pad_high=1), {"k_batch": 2}),  # groups, odd C and K, split
+        (l4(1, 2, 4, 16, (9, 10), (3, 3), dilation=2, pad_low=2, pad_high=2), {}),  # dilated; 90: ragged tiles
+        (l4(2, 2, 8, 8, (20,), (3,), pad_low=2, pad_high=0), {}),  # 1-D, asymmetric padding
+        (l4(1, 1, 8, 16, (4, 4, 6), (3, 3, 3), pad_low=1, pad_high=1), {}),  # 3-D
+        (l4(1, 2, 3, 16, (8, 8), (7, 7), pad_low=3, pad_high=3), {}),  # a 7x7 with 3 channels: windows past the plane
+    ],
+    ids=["3x3", "groups_odd_split2", "dilated_ragged", "1d", "3d", "7x7_c3"],
+)
+def test_folded_layout4_matches_float64_under_emulation(problem, options):
+    plan = decide(problem, "sm_80", layout4="fold", **options)
+    assert plan.folded and plan.strategy == "explicit" and not plan.channels_last
+    assert emulated_error(problem, plan) < 2e-3
+
+
+def test_folded_form_masks_the_taps_that_wrap_into_the_next_row(monkeypatch):
+    """The flattened shift of a tap left of the image reads the previous row's last element: without the
+    column masks the result is wrong (so the check can fail)."""
+    from convbw_mlir.kernels import gemm_sm80
+
+    p = l4(1, 2, 8, 16, (6, 6), (3, 3), pad_low=1, pad_high=1)
+    real_lt = gemm_sm80._Ix.lt
+    calls = {"n": 0}
+
+    def lt(self, a, b):  # the column bounds are compared against the row's width 6: make them always true
+        if isinstance(b, int) and b == 6 and not isinstance(a, int):
+            return arith_true()
+        return real_lt(self, a, b)
+
+    def arith_true():
+        from convbw_mlir.ir_imports import arith_d, ir
+
+        calls["n"] += 1
+        return arith_d.constant(ir.IntegerType.get_signless(1), 1)
+
+    monkeypatch.setattr(gemm_sm80._Ix, "lt", lt)
+    error = emulated_error(p, decide(p, "sm_80", layout4="fold"))
+    assert calls["n"] and error > 0.05
+
+
+@pytest.mark.parametrize(
+    ("problem", "message"),
+    [
+        (l4(1, 2, 8, 16, (9, 9), (3, 3), stride=2, pad_low=1, pad_high=1), "stride: \\(2, 2\\) \\(the folded form"),
+        (l4(1, 2, 8, 16, (9, 9), (3, 3)), "input_size: \\(9, 9\\) \\(the folded form needs the output as wide"),
+        (l4(1, 2, 8, 16, (7, 7), (3, 3), pad_low=1, pad_high=1), "output_size: \\(7, 7\\) \\(an odd plane"),
+        (DENSE.with_(layout=2), "layout4: fold applies to layout-4 problems"),
+    ],
+    ids=["strided", "unpadded", "odd_plane", "layout2"],
+)
+def test_folded_form_refuses_what_it_cannot_shift_naming_it(problem, message):
+    with pytest.raises(PlanError, match=message):
+        decide(problem, "sm_80", layout4="fold")
+
+
+def test_folded_plan_round_trips_and_is_asked_for_only():
+    plan = decide(DENSE, "sm_80", layout4="fold")
+    assert plan.to_dict()["folded"] is True and Plan.from_dict(plan.to_dict()) == plan
+    assert not decide(DENSE, "sm_80").folded and not decide(DENSE, "sm_80", strategy="explicit").folded
+    check_plan(DENSE, plan)
