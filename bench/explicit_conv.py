@@ -41,8 +41,9 @@ of ``classes.tsv`` named in ``bench/classes.py`` LAYOUT4, ResNet-50's 3x3 64@56 
 layers, each in layout 4 (docs/decisions.md#layout4). Contenders: ours (the plan's default: the channels-last kernel
 between transposes where it takes the problem), gather (the layout-4 kernel that gathers x:
 ``strategy=explicit``), product (the product's choice before the relayout: ``layout4=gather``), alt (the relayout
-asked for, ``strategy=explicit layout4=relayout``, where ours is not it: the depthwise kernel in layout 2) and cuDNN
-on contiguous NCHW tensors. The run side then makes NCHW inputs and compares dW in GKCYX.
+asked for, ``strategy=explicit layout4=relayout``, where ours is not it: the depthwise kernel in layout 2), fold
+(layout 4's kernel without a gather, ``layout4=fold``, where it takes the problem: stride 1, outputs as wide as x)
+and cuDNN on contiguous NCHW tensors. The run side then makes NCHW inputs and compares dW in GKCYX.
 
 A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
 place of both of ours and the product's, a few small problems) and ``EXPLICIT_CONV_DEVICE=cpu``.
@@ -165,10 +166,11 @@ def _layout4_kinds(p: Any, target: str) -> dict[str, Any]:
         return compile_op(p, target, isolate=True, cache=False, **options)
 
     if target == "host":  # the CPU rehearsal: the host kernel stands in for every kind (plumbing only)
-        return {kind: build() for kind in ("ours", "gather", "product")}
+        return {kind: build() for kind in ("ours", "gather", "product", "fold")}
     kinds = {"ours": build()}
     for kind, options in (("gather", {"strategy": "explicit"}), ("product", {"layout4": "gather"}),
-                          ("alt", {"strategy": "explicit", "layout4": "relayout"})):  # fmt: skip
+                          ("alt", {"strategy": "explicit", "layout4": "relayout"}),
+                          ("fold", {"layout4": "fold"})):  # fmt: skip
         if kind == "alt" and kinds["ours"].plan.channels_last:
             continue  # ours is the relayout already
         try:
@@ -451,7 +453,7 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
     alt = {e["problem"] for e in entries if e["kind"] == "alt"}
     batches += [[e["name"], *([f"alt:{e['problem']}"] if e["problem"] in alt else [])]
                 for e in entries if e["kind"] == "ours"]  # fmt: skip
-    batches += [[e["name"]] for e in entries if e["kind"] in ("gather", "product")]
+    batches += [[e["name"]] for e in entries if e["kind"] in ("gather", "fold", "product")]
     rows = harness.run_batches(__file__, folder, out, [b for b in batches if b], budget, jobs, start)
     return report(rows, manifest, out, harness.device_name(DEVICE), wall=time.time() - start)
 
@@ -468,14 +470,14 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     l4 = manifest.get("layout") == 4  # the gathered layout-4 kernel's column; alt is the relayout asked for
     layout = "layout 4 (NGCHW/GKCYX/NGKHW)" if l4 else "layout 2 (NHWGC/GKYXC/NHWGK)"
     alt_name = "alt us (relayout asked)" if l4 else "alt us (128x256; depthwise: wide)"
-    gathered_head = " gathered us | gathered / ours |" * l4
+    gathered_head = " gathered us | gathered / ours | folded us | folded / ours |" * l4
     lines = [f"# Explicit kernel, {layout}, {types}: {device}, {date or harness.now()}", "",
              "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back; ours and "
              "alt in layout 4: the transposes' kernels included).", "",
              f"| problem | tile, split | ours us | ok (max rel err) | sustained us | {alt_name} | cuDNN us | "
              f"product us (its plan) | cuDNN / ours | product / ours | ours TFLOP/s |{gathered_head}",
-             f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|{'---:|---:|' * l4}"]  # fmt: skip
-    vs_cudnn, vs_cudnn_all, vs_product, vs_gather = [], [], [], []
+             f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|{'---:|---:|---:|---:|' * l4}"]  # fmt: skip
+    vs_cudnn, vs_cudnn_all, vs_product, vs_gather, vs_fold = [], [], [], [], []
     for name in sorted(by, key=lambda n: list(suite).index(n) if n in suite else 0):
         k = by[name]
         ours, cudnn, prod, alt_ = k.get("ours", {}), k.get("cudnn", {}), k.get("product", {}), k.get("alt", {})
@@ -510,11 +512,14 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         if l4:
             if plan and plan.get("channels_last"):
                 tile += ", relayout"
-            g_us = k.get("gather", {}).get("single_us") if k.get("gather", {}).get("correct") else None
-            g_ratio = g_us / ours["single_us"] if g_us and ours.get("correct") and ours.get("single_us") else None
-            if g_ratio:
-                vs_gather.append(g_ratio)
-            gathered = f" {f(g_us)} | {f(g_ratio, '{:.2f}')} |"
+            for kind, ratios in (("gather", vs_gather), ("fold", vs_fold)):
+                k_us = k.get(kind, {}).get("single_us") if k.get(kind, {}).get("correct") else None
+                ratio = k_us / ours["single_us"] if k_us and ours.get("correct") and ours.get("single_us") else None
+                if ratio:
+                    ratios.append(ratio)
+                status = next((key for key in ("crashed", "skipped", "error") if key in k.get(kind, {})), None)
+                wrong = "WRONG" if k.get(kind) and k[kind].get("correct") is False else None
+                gathered += f" {wrong or status or f(k_us)} | {f(ratio, '{:.2f}')} |"
         lines.append(f"| {name} | {tile} | {f(ours.get('single_us'))} | {ok} | {f(ours.get('sustained_us'))} | "
                      f"{f(recipe)} | {f(cudnn.get('single_us'))} | {f(prod.get('single_us'))} ({product_kind}) | "
                      f"{f(a, '{:.2f}')} | {f(b, '{:.2f}')} | {f(ours.get('single_tflops'))} |{gathered}")  # fmt: skip
@@ -529,6 +534,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         "product_problems_timed": len(vs_product),
         "geomean_gather_over_ours": harness.geomean(vs_gather),
         "gather_problems_timed": len(vs_gather),
+        "geomean_fold_over_ours": harness.geomean(vs_fold),
+        "fold_problems_timed": len(vs_fold),
         "rows": rows,
         "refused": manifest["refused"],
     }
@@ -536,7 +543,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     lines += ["", f"Geomean cuDNN / ours over {len(vs_cudnn)} dense suite problems: {f(suite_geo, '{:.3f}')} "
               f"(with the ResNet-50 layers, {len(vs_cudnn_all)}: {f(all_geo, '{:.3f}')}); "
               f"product / ours over {len(vs_product)}: {f(doc['geomean_product_over_ours'], '{:.2f}')}"
-              + (f"; gathered / ours over {len(vs_gather)}: {f(doc['geomean_gather_over_ours'], '{:.2f}')}" * l4)
+              + (f"; gathered / ours over {len(vs_gather)}: {f(doc['geomean_gather_over_ours'], '{:.2f}')}, "
+                 f"folded / ours over {len(vs_fold)}: {f(doc['geomean_fold_over_ours'], '{:.2f}')}") * l4
               + ".", ""]  # fmt: skip
     lines += harness.notes(manifest, rows, wall)
     return harness.write_tables(out, "explicit_conv", doc, lines)

@@ -50,13 +50,14 @@ def test_layout4_as_layout2_matches_float64_under_emulation(problem, options):
     assert emulated_error(problem, plan) < 2e-3
 
 
+@pytest.mark.parametrize("form", ["relayout", "fold"])
 @pytest.mark.parametrize("options", [{}, {"k_batch": 2}], ids=["in_the_store", "in_the_split_sum"])
-def test_layout4_as_layout2_applies_the_bilinear_epilogue_to_d_in_gkcyx(options):
-    """D arrives in dW's layout (GKCYX) and is transposed to GKYXC with x and dy (read untransposed, it
-    would meet the wrong entries of dW)."""
+def test_layout4_forms_apply_the_bilinear_epilogue_to_d_in_gkcyx(options, form):
+    """D arrives in dW's layout (GKCYX); the relayout transposes it to GKYXC with x and dy (read untransposed,
+    it would meet the wrong entries of dW), the folded form reads it as it is."""
     ep = Epilogue("bilinear", alpha=2.0, beta=-0.5)
     p = l4(2, 4, 8, 16, (8, 8), (3, 3), pad_low=1, pad_high=1).with_(epilogue=ep)
-    assert emulated_error(p, decide(p, "sm_80", strategy="explicit", layout4="relayout", **options)) < 2e-3
+    assert emulated_error(p, decide(p, "sm_80", strategy="explicit", layout4=form, **options)) < 2e-3
 
 
 def test_layout4_depthwise_goes_to_the_depthwise_kernel_in_layout2():
