@@ -21,6 +21,12 @@ stored reduction-major (``[bk, bm + 8]``, ``[bk, bn + 8]``) and read by ``ldmatr
 hands ``mma.sync`` row.col the same fragments as the plain form at the same cost (:func:`_copy_tile_cl`,
 :class:`_Lanes` ``trans``).
 
+Layout 4 without a gather (``plan.folded``, :func:`build_folded_kernel_body`; stride 1, outputs as wide as x
+in every inner dimension): x bound with its planes flattened ``[N, G, C, H*W]``, the reduction tiled per image;
+a k tile copies, per channel of the N tile, one window of the plane by ``cp.async``, and B's tile is written
+from the windows at each tap's shift (a register path from shared memory, masked where a shift wraps a row)
+before ``ldmatrix`` reads it as above (docs/decisions.md#layout4).
+
 Layers, each a function with one job: :class:`GemmTiling` (the plan's numbers), :func:`_copy_tile`
 (global -> shared of one operand; the convolution's address arithmetic in :func:`_element_address`),
 :func:`_load_fragments` (shared -> registers), :func:`_warp_mma` (the warp's matrix step),
