@@ -154,6 +154,8 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
     if opts.layout4 == "fold":  # layout 4's kernel without a gather: its policy's plan
         if tgt.family != "nvidia":
             raise PlanError(f"layout4: fold is written for NVIDIA targets (sm_80), not {tgt.name}")
+        if opts.strategy not in (None, Strategy.EXPLICIT.value):
+            raise PlanError(f"layout4: fold is an explicit kernel of ours, not strategy {opts.strategy}")
         chosen = _explicit(problem, tgt, replace(opts, strategy=Strategy.EXPLICIT.value))
         if not chosen.folded:
             raise PlanError("layout4: fold is the implicit GEMM's form, not the depthwise kernel's")

@@ -236,6 +236,13 @@ def test_folded_form_refuses_what_it_cannot_shift_naming_it(problem, message):
         decide(problem, "sm_80", layout4="fold")
 
 
+def test_folded_form_is_ours_on_nvidia_only():
+    with pytest.raises(PlanError, match="layout4: fold is an explicit kernel of ours, not strategy codegen"):
+        decide(DENSE, "sm_80", layout4="fold", strategy="codegen")
+    with pytest.raises(PlanError, match="layout4: fold is written for NVIDIA targets"):
+        decide(DENSE, "gfx942", layout4="fold")
+
+
 def test_folded_plan_round_trips_and_is_asked_for_only():
     plan = decide(DENSE, "sm_80", layout4="fold")
     assert plan.to_dict()["folded"] is True and Plan.from_dict(plan.to_dict()) == plan
