@@ -36,6 +36,15 @@ kernel's grouped form (its policy's plan, given as a stored plan: ``strategy=exp
 for even channel counts), alt the implicit GEMM (``strategy=explicit``). Every IREE
 contender reads x and dy from buffers followed by NaN (``runtime.FENCE_BYTES``): an over-read shows.
 
+``compile --layout4`` takes layout-4 problems (NGCHW/GKCYX/NGKHW, torch's NCHW with groups): the layout-4 problems
+of ``classes.tsv`` named in ``bench/classes.py`` LAYOUT4, ResNet-50's 3x3 64@56 at N = 32 and the dense 2-D suite
+layers, each in layout 4 (docs/decisions.md#layout4). Contenders: ours (the plan's default: the channels-last kernel
+between transposes where it takes the problem), gather (the layout-4 kernel that gathers x:
+``strategy=explicit``), product (the product's choice before the relayout: ``layout4=gather``), alt (the relayout
+asked for, ``strategy=explicit layout4=relayout``, where ours is not it: the depthwise kernel in layout 2), fold
+(layout 4's kernel without a gather, ``layout4=fold``, where it takes the problem: stride 1, outputs as wide as x)
+and cuDNN on contiguous NCHW tensors. The run side then makes NCHW inputs and compares dW in GKCYX.
+
 A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
 place of both of ours and the product's, a few small problems) and ``EXPLICIT_CONV_DEVICE=cpu``.
 """
@@ -92,15 +101,18 @@ TYPES = ("f16", "bf16")
 
 # -- compile side ------------------------------------------------------------------------------------
 def problems(smoke: bool = False, ranks: tuple[int, ...] = (2,), types: tuple[str, ...] = ("f16",),
-             depthwise: bool = False, thin: bool = False) -> dict[str, Any]:  # fmt: skip
+             depthwise: bool = False, thin: bool = False, layout4: bool = False) -> dict[str, Any]:  # fmt: skip
     """name -> problem in layout 2: the dense suite problems (G=1) of ``ranks``, then (rank 2) the ResNet-50
     layers (``depthwise``: the suites' depthwise layers of any rank and :data:`DEPTHWISE`); each in every
-    input type of ``types`` (dW of that type; names of bf16 ones end in ``_bf16``)."""
+    input type of ``types`` (dW of that type; names of bf16 ones end in ``_bf16``). ``layout4``: the problems
+    of :func:`layout4_problems` (the smoke ones with ``smoke``), in layout 4."""
     from convbw_mlir.problem import ConvBwdWeightProblem as P
     from convbw_mlir.suites import load_suite
 
     base = {}
-    if thin:
+    if layout4:
+        base = layout4_problems(smoke)
+    elif thin:
         base = {name: P.from_ck(line) for name, line in THIN.items()}
     elif depthwise:
         for name, p in load_suite("models"):
@@ -120,6 +132,54 @@ def problems(smoke: bool = False, ranks: tuple[int, ...] = (2,), types: tuple[st
             for name, p in base.items()}  # fmt: skip
 
 
+# Layout 4 beside the suites' layers: ResNet-50's first-stage 3x3 (64 channels, 56x56) at N = 32.
+LAYOUT4_EXTRA = {"resnet50_3x3_64_n32_56": "2 1 32 64 64 3 3 56 56 1 1 1 1 1 1 1 1"}
+
+
+def layout4_problems(smoke: bool = False) -> dict[str, Any]:
+    """name -> problem in layout 4: ``classes.tsv``'s problems named in ``bench/classes.py`` LAYOUT4,
+    :data:`LAYOUT4_EXTRA` and the dense 2-D suite layers (G=1); with ``smoke``, :data:`SMOKE`'s."""
+    from classes import LAYOUT4  # bench/classes.py, beside this script
+
+    from convbw_mlir.problem import ConvBwdWeightProblem as P
+    from convbw_mlir.suites import load_suite
+
+    if smoke:
+        return {name: P.from_ck(line).with_(layout=4) for name, line in SMOKE.items()}
+    base = {name: p.with_(layout=4) for name, p in load_suite("classes") if name in LAYOUT4}
+    base.update({name: P.from_ck(line).with_(layout=4) for name, line in LAYOUT4_EXTRA.items()})
+    for suite in ("seeds", "models"):
+        for name, p in load_suite(suite):
+            if p.groups == 1 and p.rank == 2:
+                base[name] = p.with_(layout=4)
+    return base
+
+
+def _layout4_kinds(p: Any, target: str) -> dict[str, Any]:
+    """Layout 4's contenders of ``p`` (compiled, isolated, uncached; a refused one is left out: its error
+    raised only where ours is refused)."""
+    from convbw_mlir import compile_op
+    from convbw_mlir.build.iree import CompileError
+    from convbw_mlir.plan import PlanError
+
+    def build(**options: Any) -> Any:
+        return compile_op(p, target, isolate=True, cache=False, **options)
+
+    if target == "host":  # the CPU rehearsal: the host kernel stands in for every kind (plumbing only)
+        return {kind: build() for kind in ("ours", "gather", "product", "fold")}
+    kinds = {"ours": build()}
+    for kind, options in (("gather", {"strategy": "explicit"}), ("product", {"layout4": "gather"}),
+                          ("alt", {"strategy": "explicit", "layout4": "relayout"}),
+                          ("fold", {"layout4": "fold"})):  # fmt: skip
+        if kind == "alt" and kinds["ours"].plan.channels_last:
+            continue  # ours is the relayout already
+        try:
+            kinds[kind] = build(**options)
+        except (PlanError, CompileError) as e:
+            print(f"  {kind}: refused: {str(e).splitlines()[0]}", flush=True)
+    return kinds
+
+
 def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, Any]:
     return {
         "name": f"{kind}:{name}",
@@ -129,13 +189,15 @@ def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, An
         "vmfb": f"{kind}_{name}.vmfb" if kind != "cudnn" else None,
         **harness.problem_fields(p),
         "dtype": p.dtype,
+        "layout": p.layout_family.ck_code,
         "pad_high": list(p.pad_high),
         "plan": plan.to_dict() if plan is not None else None,
     }
 
 
 def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None, ranks: tuple[int, ...] = (2,),
-                types: tuple[str, ...] = ("f16",), depthwise: bool = False, thin: bool = False) -> None:  # fmt: skip
+                types: tuple[str, ...] = ("f16",), depthwise: bool = False, thin: bool = False,
+                layout4: bool = False) -> None:  # fmt: skip
     """Compile ours and the product's default for every problem into ``folder`` (vmfbs, manifest.json)."""
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
@@ -146,14 +208,20 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
     folder.mkdir(parents=True, exist_ok=True)
     entries, refused = [], {}
     target = "host" if smoke else "sm_80"
-    for name, p in problems(smoke, ranks, types, depthwise, thin).items():
+    for name, p in problems(smoke, ranks, types, depthwise, thin, layout4).items():
         if only and not any(o in name for o in only):
             continue
-        suite = name.removesuffix("_bf16") not in {**EXTRA, **DEPTHWISE, **THIN}
+        suite = name.removesuffix("_bf16") not in {**EXTRA, **DEPTHWISE, **THIN, **LAYOUT4_EXTRA}
+        if layout4 and not smoke:  # the classes' layers are beside the dense suite too
+            from classes import LAYOUT4
+
+            suite = suite and name not in LAYOUT4
         t0 = time.time()
         kinds = {}
         try:
-            if smoke:  # no sm_80 on the CPU: the product's host kernel stands in for ours (plumbing only)
+            if layout4:
+                kinds = _layout4_kinds(p, target)
+            elif smoke:  # no sm_80 on the CPU: the product's host kernel stands in for ours (plumbing only)
                 kinds["ours"] = compile_op(p, target, isolate=True, cache=False)
             elif thin:  # the grouped form as a stored plan; the implicit GEMM beside it
                 grouped = depthwise_policy.plan(p, get_target(target), Overrides())
@@ -171,7 +239,8 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
         except (PlanError, CompileError) as e:
             refused[name] = str(e)
         try:
-            kinds["product"] = compile_op(p, target, isolate=True, cache=False)
+            if not layout4:
+                kinds["product"] = compile_op(p, target, isolate=True, cache=False)
         except CompileError as e:
             refused[f"product:{name}"] = str(e)
         for kind, op in kinds.items():
@@ -180,7 +249,7 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
         entries.append(_entry(name, "cudnn", p, None, suite))
         print(f"{name}: {', '.join(kinds)} in {time.time() - t0:.1f} s", flush=True)
     harness.write_manifest(folder, {"target": target, "entries": entries, "refused": refused, "seed": SEED,
-                                    "layout": 2})  # fmt: skip
+                                    "layout": 4 if layout4 else 2})  # fmt: skip
 
 
 def _narrow(p: Any, plan: Any) -> Any:
@@ -214,13 +283,22 @@ def _gpu_lock(folder: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _layout4(e: dict) -> bool:
+    """Whether the entry is in layout 4 (NGCHW/GKCYX/NGKHW: torch's contiguous NCHW), else layout 2."""
+    return e.get("layout") == 4
+
+
 def _inputs(e: dict, torch: Any) -> tuple[Any, Any]:
     """x ``[N, H, W, G*C]`` and dy ``[N, Ho, Wo, G*K]`` (any rank's spatial sizes) in the entry's input type
-    (layout 2's memory), seeded, on the host."""
+    (layout 2's memory; layout 4: ``[N, G*C, H, W]`` and ``[N, G*K, Ho, Wo]``), seeded, on the host."""
     g = torch.Generator(device="cpu").manual_seed(SEED)
     n, grp = e["images"], e["groups"]
-    x = torch.randn(n, *e["input_size"], grp * e["in_channels"], generator=g)
-    dy = torch.randn(n, *e["output_size"], grp * e["out_channels"], generator=g)
+    if _layout4(e):
+        x = torch.randn(n, grp * e["in_channels"], *e["input_size"], generator=g)
+        dy = torch.randn(n, grp * e["out_channels"], *e["output_size"], generator=g)
+    else:
+        x = torch.randn(n, *e["input_size"], grp * e["in_channels"], generator=g)
+        dy = torch.randn(n, *e["output_size"], grp * e["out_channels"], generator=g)
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[e.get("dtype", "f16")]
     return x.to(dtype), dy.to(dtype)
 
@@ -231,12 +309,18 @@ def _channels_first(t: Any) -> Any:
 
 
 def _torch_weight(e: dict, x: Any, dy: Any, torch: Any) -> Any:
-    """torch's weight gradient of channels-last tensors seen as channels_last NCHW: ``[G*K, C, Y, X]``."""
+    """torch's weight gradient of channels-last tensors seen as channels_last NCHW (layout 4: of the
+    contiguous NCHW tensors themselves): ``[G*K, C, Y, X]``."""
+    if _layout4(e):
+        return harness.conv2d_weight(e, x, dy, torch)
     return harness.conv2d_weight(e, _channels_first(x), _channels_first(dy), torch)
 
 
 def _as_gkyxc(e: dict, w: Any) -> Any:
-    """``[G*K, C, Y, X]`` -> ``[G, K, Y, X, C]`` (GKYXC, the layout-2 dW; any rank's filter)."""
+    """``[G*K, C, Y, X]`` -> ``[G, K, Y, X, C]`` (GKYXC, the layout-2 dW; any rank's filter); layout 4:
+    ``[G, K, C, Y, X]`` (GKCYX, its dW, the same memory)."""
+    if _layout4(e):
+        return w.reshape(e["groups"], e["out_channels"], e["in_channels"], *e["filter_size"])
     w = w.permute(0, *range(2, w.dim()), 1)
     return w.reshape(e["groups"], e["out_channels"], *e["filter_size"], e["in_channels"])
 
@@ -266,13 +350,18 @@ def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     """(call, as_torch, sync): run once on device-resident inputs; the result as a GKYXC tensor; a wait."""
     if e["kind"] == "cudnn":
         torch.backends.cudnn.benchmark = True
-        # NHWC memory seen as NCHW is torch's channels_last; the CPU rehearsal checks the plumbing in f32
+        # NHWC memory seen as NCHW is torch's channels_last (layout 4: contiguous NCHW); the CPU rehearsal
+        # checks the plumbing in f32
         xc, dyc = (x, dy) if DEVICE == "cuda" else (x.float(), dy.float())
         sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
         return (lambda: _torch_weight(e, xc, dyc, torch)), (lambda r: _as_gkyxc(e, r)), (lambda _r: sync())
     n, grp = e["images"], e["groups"]
-    xs = _numpy(x, torch).reshape(n, *e["input_size"], grp, e["in_channels"])
-    dys = _numpy(dy, torch).reshape(n, *e["output_size"], grp, e["out_channels"])
+    if _layout4(e):  # NGCHW, NGKHW
+        xs = _numpy(x, torch).reshape(n, grp, e["in_channels"], *e["input_size"])
+        dys = _numpy(dy, torch).reshape(n, grp, e["out_channels"], *e["output_size"])
+    else:
+        xs = _numpy(x, torch).reshape(n, *e["input_size"], grp, e["in_channels"])
+        dys = _numpy(dy, torch).reshape(n, *e["output_size"], grp, e["out_channels"])
     from convbw_mlir.runtime import Kernel
 
     kernel = Kernel((folder / e["vmfb"]).read_bytes(), "cuda" if DEVICE == "cuda" else "local-task")
@@ -358,7 +447,7 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
     alt = {e["problem"] for e in entries if e["kind"] == "alt"}
     batches += [[e["name"], *([f"alt:{e['problem']}"] if e["problem"] in alt else [])]
                 for e in entries if e["kind"] == "ours"]  # fmt: skip
-    batches += [[e["name"]] for e in entries if e["kind"] == "product"]
+    batches += [[e["name"]] for e in entries if e["kind"] in ("gather", "fold", "product")]
     rows = harness.run_batches(__file__, folder, out, [b for b in batches if b], budget, jobs, start)
     return report(rows, manifest, out, harness.device_name(DEVICE), wall=time.time() - start)
 
@@ -372,12 +461,17 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     suite = {e["problem"]: e["suite"] for e in manifest["entries"]}
     f = harness.cell
     types = ", ".join(sorted({e.get("dtype", "f16") for e in manifest["entries"]}))
-    lines = [f"# Explicit kernel, layout 2 (NHWGC/GKYXC/NHWGK), {types}: {device}, {date or harness.now()}", "",
-             "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back).", "",
-             "| problem | tile, split | ours us | ok (max rel err) | sustained us | alt us (128x256; depthwise: "
-             "wide) | cuDNN us | product us (its plan) | cuDNN / ours | product / ours | ours TFLOP/s |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    vs_cudnn, vs_cudnn_all, vs_product = [], [], []
+    l4 = manifest.get("layout") == 4  # the gathered layout-4 kernel's column; alt is the relayout asked for
+    layout = "layout 4 (NGCHW/GKCYX/NGKHW)" if l4 else "layout 2 (NHWGC/GKYXC/NHWGK)"
+    alt_name = "alt us (relayout asked)" if l4 else "alt us (128x256; depthwise: wide)"
+    gathered_head = " gathered us | gathered / ours | folded us | folded / ours |" * l4
+    lines = [f"# Explicit kernel, {layout}, {types}: {device}, {date or harness.now()}", "",
+             "Kernel time a call by CUPTI (median of single calls 10 ms apart; sustained: back to back; ours and "
+             "alt in layout 4: the transposes' kernels included).", "",
+             f"| problem | tile, split | ours us | ok (max rel err) | sustained us | {alt_name} | cuDNN us | "
+             f"product us (its plan) | cuDNN / ours | product / ours | ours TFLOP/s |{gathered_head}",
+             f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|{'---:|---:|---:|---:|' * l4}"]  # fmt: skip
+    vs_cudnn, vs_cudnn_all, vs_product, vs_gather, vs_fold = [], [], [], [], []
     for name in sorted(by, key=lambda n: list(suite).index(n) if n in suite else 0):
         k = by[name]
         ours, cudnn, prod, alt_ = k.get("ours", {}), k.get("cudnn", {}), k.get("product", {}), k.get("alt", {})
@@ -408,9 +502,21 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
                 b = prod["single_us"] / ours["single_us"]
                 vs_product.append(b)
         recipe = alt_.get("single_us") if alt_.get("correct") else None
+        gathered = ""
+        if l4:
+            if plan and plan.get("channels_last"):
+                tile += ", relayout"
+            for kind, ratios in (("gather", vs_gather), ("fold", vs_fold)):
+                k_us = k.get(kind, {}).get("single_us") if k.get(kind, {}).get("correct") else None
+                ratio = k_us / ours["single_us"] if k_us and ours.get("correct") and ours.get("single_us") else None
+                if ratio:
+                    ratios.append(ratio)
+                status = next((key for key in ("crashed", "skipped", "error") if key in k.get(kind, {})), None)
+                wrong = "WRONG" if k.get(kind) and k[kind].get("correct") is False else None
+                gathered += f" {wrong or status or f(k_us)} | {f(ratio, '{:.2f}')} |"
         lines.append(f"| {name} | {tile} | {f(ours.get('single_us'))} | {ok} | {f(ours.get('sustained_us'))} | "
                      f"{f(recipe)} | {f(cudnn.get('single_us'))} | {f(prod.get('single_us'))} ({product_kind}) | "
-                     f"{f(a, '{:.2f}')} | {f(b, '{:.2f}')} | {f(ours.get('single_tflops'))} |")  # fmt: skip
+                     f"{f(a, '{:.2f}')} | {f(b, '{:.2f}')} | {f(ours.get('single_tflops'))} |{gathered}")  # fmt: skip
     doc = {
         "device": device,
         "date": date or harness.now(),
@@ -420,14 +526,20 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         "geomean_cudnn_over_ours_all": harness.geomean(vs_cudnn_all),
         "geomean_product_over_ours": harness.geomean(vs_product),
         "product_problems_timed": len(vs_product),
+        "geomean_gather_over_ours": harness.geomean(vs_gather),
+        "gather_problems_timed": len(vs_gather),
+        "geomean_fold_over_ours": harness.geomean(vs_fold),
+        "fold_problems_timed": len(vs_fold),
         "rows": rows,
         "refused": manifest["refused"],
     }
     suite_geo, all_geo = doc["geomean_cudnn_over_ours_suite"], doc["geomean_cudnn_over_ours_all"]
     lines += ["", f"Geomean cuDNN / ours over {len(vs_cudnn)} dense suite problems: {f(suite_geo, '{:.3f}')} "
               f"(with the ResNet-50 layers, {len(vs_cudnn_all)}: {f(all_geo, '{:.3f}')}); "
-              f"product / ours over {len(vs_product)}: {f(doc['geomean_product_over_ours'], '{:.2f}')}.",
-              ""]  # fmt: skip
+              f"product / ours over {len(vs_product)}: {f(doc['geomean_product_over_ours'], '{:.2f}')}"
+              + (f"; gathered / ours over {len(vs_gather)}: {f(doc['geomean_gather_over_ours'], '{:.2f}')}, "
+                 f"folded / ours over {len(vs_fold)}: {f(doc['geomean_fold_over_ours'], '{:.2f}')}") * l4
+              + ".", ""]  # fmt: skip
     lines += harness.notes(manifest, rows, wall)
     return harness.write_tables(out, "explicit_conv", doc, lines)
 
@@ -444,11 +556,14 @@ def main(argv: list[str] | None = None) -> int:
                                 help="the depthwise layers instead of the dense ones")  # fmt: skip
     compile_parser.add_argument("--thin", action="store_true",
                                 help="the thin-group layers (the grouped form) instead of the dense ones")  # fmt: skip
+    compile_parser.add_argument("--layout4", action="store_true",
+                                help="layout-4 problems (torch's NCHW): ours, the gathered kernel, the product's "
+                                     "former choice")  # fmt: skip
     harness.add_batch_options(run, budget=150.0, jobs=6)
     run.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
     harness.add_child_parser(sub, "run-one")
     return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only, tuple(a.ranks), tuple(a.types),
-                                                                  a.depthwise, a.thin),
+                                                                  a.depthwise, a.thin, a.layout4),
                         run=lambda a: run_all(a.dir, a.out, a.budget, a.jobs, a.only), report=report,
                         children={"run-one": lambda a: run_children(a.dir, a.names)})  # fmt: skip
 

@@ -4,8 +4,9 @@ executable) is :mod:`convbw_mlir.build.cuda_schedule`.
 
 All shapes are static, so what IREE's runtime does per call is fixed at compile time: the module's
 ``hal`` phase holds it as IR (a memoized command buffer of ``hal.command_buffer.dispatch`` ops with
-constant workgroup counts, a ``hal.device.queue.alloca`` of a constant-size transient buffer, and
-``hal.device.queue.execute.indirect`` binding the arguments and the transient). At compile time
+constant workgroup counts, ``hal.device.queue.alloca`` of constant-size transient buffers (each its own
+aligned part of one workspace), and ``hal.device.queue.execute.indirect`` binding the arguments and the
+transient). At compile time
 (``build.cuda_schedule.compile_with_launch``) the module is compiled to ``hal``, that schedule is read with
 the MLIR Python bindings (``read_launch``) together with the kernels from the ``hal.executable.binary``
 (IREE's ``cuda_executable_def.fbs`` flatbuffer: PTX image, block dims, dynamic shared memory), and the

@@ -29,6 +29,7 @@ from typing import Any
 from convbw_mlir import policies
 from convbw_mlir.loops import Contraction, Split, check_split, input_pads
 from convbw_mlir.plan_data import (
+    LAYOUT4_FORMS,
     STRATEGY_OPTIONS,
     Overrides,
     Plan,
@@ -48,6 +49,7 @@ from convbw_mlir.targets import Intrinsic, Target
 
 # The plan's data types are plan_data's; they are named here too, where users look for them.
 __all__ = [
+    "LAYOUT4_FORMS",
     "STRATEGY_OPTIONS",
     "Overrides",
     "Plan",
@@ -61,6 +63,7 @@ __all__ = [
     "as_gemm",
     "check_plan",
     "choose_simt_tile",
+    "computed_problem",
     "choose_tile",
     "decide",
     "effective_problem",
@@ -107,6 +110,10 @@ def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | 
         known = ", ".join(_spelled(f.name) for f in fields(Overrides))
         unknown = ", ".join(_spelled(k) for k in overrides if k not in {f.name for f in fields(Overrides)})
         raise PlanError(f"options: unknown {unknown}; known: {known}") from None
+    if opts.layout4 is not None or problem.layout == LAYOUT_4:
+        chosen = _layout4(problem, tgt, split, opts, overrides)
+        if chosen is not None:
+            return chosen
     planner = _target(opts.plan_for, "plan-for") if opts.plan_for else tgt
     work = effective_problem(problem, opts.reduction_innermost)
     gemm = work is not problem
@@ -127,6 +134,57 @@ def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | 
         except PlanError:  # e.g. no tiling fits the target's shared memory: IREE's codegen then
             pass
     return codegen
+
+
+def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, opts: Overrides,
+             overrides: dict[str, Any]) -> Plan | None:  # fmt: skip
+    """A layout-4 problem's plan on NVIDIA computed in layout 2 (:attr:`Plan.channels_last`): the plan of the
+    same problem in layout 2 where that is one of our kernels (the channels-last implicit GEMM with its
+    ``cp.async`` copies and register path, or the depthwise kernel), else None (the layout-4 plan: the gathered
+    kernel or codegen). A plain 1x1 (stride 1, unpadded: layout 4's kernel gathers nothing there) keeps its
+    layout-4 plan. Option ``layout4`` asks for one form; a strategy asked for without it keeps layout 4's own
+    forms (docs/decisions.md#layout4).
+
+    Raises:
+        PlanError: ``layout4`` given for a problem not in layout 4, ``relayout`` off NVIDIA or where the
+            layout-2 plan is no kernel of ours.
+    """
+    if problem.layout != LAYOUT_4:
+        raise PlanError(f"layout4: {opts.layout4} applies to layout-4 problems ({LAYOUT_4}), not {problem.layout}")
+    if opts.layout4 == "fold":  # layout 4's kernel without a gather: its policy's plan
+        if tgt.family != "nvidia":
+            raise PlanError(f"layout4: fold is written for NVIDIA targets (sm_80), not {tgt.name}")
+        if opts.strategy not in (None, Strategy.EXPLICIT.value):
+            raise PlanError(f"layout4: fold is an explicit kernel of ours, not strategy {opts.strategy}")
+        chosen = _explicit(problem, tgt, replace(opts, strategy=Strategy.EXPLICIT.value))
+        if not chosen.folded:
+            raise PlanError("layout4: fold is the implicit GEMM's form, not the depthwise kernel's")
+        return chosen
+    if opts.layout4 == "gather" or (opts.layout4 is None and opts.strategy is not None):
+        return None  # a strategy asked for alone keeps layout 4's own forms (explicit: the gathered kernel)
+    if tgt.family != "nvidia":
+        if opts.layout4 == "relayout":
+            raise PlanError(f"layout4: relayout is written for NVIDIA targets, not {tgt.name}")
+        return None
+    if opts.layout4 is None and policies.sm80.gemm_shape(problem).conv is None:
+        return None  # a plain 1x1: layout 4's kernel copies both operands by cp.async already (nothing gathered)
+    if split is not None:  # an op that arrives split yields partial sums, not dW: nothing to transpose back
+        if opts.layout4 == "relayout":
+            raise PlanError("layout4: relayout of an op that arrives split (its result is partial sums)")
+        return None
+    rest = {k: v for k, v in overrides.items() if k != "layout4"}
+    try:
+        plan = _decide(problem.with_(layout=LAYOUT_2), tgt, split, **rest)
+    except PlanError:
+        if opts.layout4 == "relayout":
+            raise
+        return None  # e.g. StreamK: written for layout 4 only
+    if plan.strategy != Strategy.EXPLICIT:
+        if opts.layout4 == "relayout":
+            raise PlanError(f"layout4: relayout computes layout 2 by our kernels; the plan there is "
+                            f"{plan.strategy.value} (add strategy=explicit)")  # fmt: skip
+        return None
+    return replace(plan, channels_last=True)
 
 
 def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) -> bool:
@@ -260,7 +318,7 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
         PlanError: a split whose reduction the tile's step pads, or IREE's own tiling would pad (its
             kernels read past x and dy: docs/decisions.md#split-gemm-step, #split-iree-step), naming the sizes.
     """
-    problem = relayout(problem)
+    problem = computed_problem(problem, plan)
     if plan.strategy == Strategy.EXPLICIT:
         policy = policies.for_target(plan.target_info)
         if plan.depthwise is not None:
@@ -318,6 +376,24 @@ def relayout(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem:
     if name == RELAYOUT[0] or (name == RELAYOUT[1] and as_gemm(problem) is None):
         return problem.with_(layout=LAYOUT_2)
     return problem
+
+
+LAYOUT_4 = "NGCHW/GKCYX/NGKHW"
+
+
+def computed_problem(problem: ConvBwdWeightProblem, plan: Plan) -> ConvBwdWeightProblem:
+    """The problem a kernel of ``plan`` computes: :func:`relayout`'s, and a layout-4 problem in layout 2 where
+    the plan says so (:attr:`Plan.channels_last`; ``convbw-relayout`` transposes x, dy and D there and dW back).
+
+    Raises:
+        PlanError: a channels-last plan for a problem neither in layout 4 nor computed in layout 2.
+    """
+    problem = relayout(problem)
+    if not plan.channels_last or problem.layout == LAYOUT_2:
+        return problem
+    if problem.layout != LAYOUT_4:
+        raise PlanError(f"plan.channels_last: a problem in layout {problem.layout} (layout 4, {LAYOUT_4}, only)")
+    return problem.with_(layout=LAYOUT_2)
 
 
 def one_tap_window(problem: ConvBwdWeightProblem) -> tuple[tuple[int, int], ...] | None:
@@ -380,14 +456,25 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
       (:data:`STREAMK_HOIST_MAX_BYTES`);
     * codegen (not the explicit kernels, which read the padding by address): the copies of x and dy the
       lowering pads (:func:`convbw_mlir.loops.input_pads`), and of a GEMM form's x where it subsamples a
-      strided 1x1.
+      strided 1x1;
+    * a channels-last plan of a layout-4 problem (:attr:`Plan.channels_last`): the transposed copies of x, dy
+      (and D), and an unsplit kernel's dW in layout 2's GKYXC before its transpose back (a split's stage 2
+      and the transpose are one dispatch).
 
     Checked against the transient and constant buffers IREE allocates (its stream phase) for every plan kind
     on host, sm_80 and gfx942 (tests/test_plan_properties.py).
     """
+    total = 0
+    if plan.channels_last and relayout(problem).layout == LAYOUT_4:
+        copies = [(problem.x_shape, problem.dtype), (problem.dy_shape, problem.dtype)]
+        if plan.split is None and plan.depthwise is None:  # a stage 2 writes dW transposed (IREE fuses the two)
+            copies.append((problem.dw_shape, problem.dw_dtype))
+        if problem.epilogue is not None and problem.epilogue.reads_d:
+            copies.append((problem.dw_shape, problem.epilogue.d_dtype))
+        total += sum(_aligned(math.prod(shape) * DTYPES[dtype]) for shape, dtype in copies)
+        problem = problem.with_(layout=LAYOUT_2)
     work = effective_problem(problem, plan.reduction_innermost) if plan.gemm else problem
     elem = DTYPES[problem.dtype]
-    total = 0
     if plan.split is not None:
         total += plan.split.k_batch * math.prod(work.shape("acc")) * 4
     if plan.streamk is not None:

@@ -15,6 +15,7 @@ from convbw_mlir.loops import Split
 from convbw_mlir.targets import Target, get_target
 
 __all__ = [
+    "LAYOUT4_FORMS",
     "STRATEGY_OPTIONS",
     "DepthwisePlan",
     "STREAMK_FIXUPS",
@@ -129,6 +130,10 @@ class Plan:
         streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
         wavespec: producer warps of a wave-specialized explicit kernel, or None: every warp copies and computes.
         depthwise: the depthwise kernel's numbers (strategy explicit), or None: not the depthwise kernel.
+        channels_last: a layout-4 (NGCHW/GKCYX/NGKHW) problem computed as layout 2 (NHWGC/GKYXC/NHWGK) by the
+            channels-last kernels: x and dy transposed before the kernel, dW after (``convbw-relayout``).
+        folded: layout 4's explicit kernel without a gather (strategy explicit, sm_80): x's windows by
+            ``cp.async``, each tap's shift applied in shared memory (``gemm_sm80.build_folded_kernel_body``).
         workspace_bytes: device memory the kernel takes beyond x, dy, dW and D (split-K partials, StreamK
             partials and flags, IREE's padded copies of x and dy): :func:`convbw_mlir.plan.plan_properties`.
         deterministic: whether dW is bitwise the same run after run (every sum in a fixed order).
@@ -149,6 +154,8 @@ class Plan:
     streamk: StreamKPlan | None = None
     wavespec: WaveSpecPlan | None = None
     depthwise: DepthwisePlan | None = None
+    channels_last: bool = False
+    folded: bool = False
     workspace_bytes: int | None = field(default=None, compare=False, repr=False)
     deterministic: bool | None = field(default=None, compare=False, repr=False)
 
@@ -169,6 +176,10 @@ class Plan:
             part = getattr(self, name)
             if part is not None:
                 data[name] = {f.name: getattr(part, f.name) for f in fields(part)}
+        if self.channels_last:
+            data["channels_last"] = True
+        if self.folded:
+            data["folded"] = True
         return data
 
     @classmethod
@@ -180,14 +191,22 @@ class Plan:
         """
         if not isinstance(data, dict):
             raise PlanError(f"plan: expected a dictionary, got {data!r}")
-        known = {"target", "strategy", "gemm", "reduction_innermost", *(name for name, _ in _PARTS)}
+        known = {
+            "target",
+            "strategy",
+            "gemm",
+            "reduction_innermost",
+            "channels_last",
+            "folded",
+            *(name for name, _ in _PARTS),
+        }
         unknown = set(data) - known
         if unknown:
             raise PlanError(f"plan: unknown entries {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
         for name in ("target", "strategy"):
             if name not in data:
                 raise PlanError(f"plan: missing entry {name!r}")
-        for name in ("gemm", "reduction_innermost"):
+        for name in ("gemm", "reduction_innermost", "channels_last", "folded"):
             if not isinstance(data.get(name, False), bool):
                 raise PlanError(f"plan.{name}: expected true or false, got {data[name]!r}")
         try:
@@ -199,7 +218,8 @@ class Plan:
             raise PlanError(f"plan.strategy: expected one of {known_strategies}, got {data['strategy']!r}")
         parts = {name: _part(name, kind, data[name]) for name, kind in _PARTS if data.get(name) is not None}
         return cls(data["target"], Strategy(data["strategy"]), data.get("gemm", False),
-                   data.get("reduction_innermost", False), **parts)  # fmt: skip
+                   data.get("reduction_innermost", False), **parts,
+                   channels_last=data.get("channels_last", False), folded=data.get("folded", False))  # fmt: skip
 
 
 def _part(name: str, kind: type, data: Any) -> Any:
@@ -247,6 +267,10 @@ _PARTS = (
 # -- the options a user (or a tuner) may give ---------------------------------------------------------
 # ``strategy`` as an option: the explicit kernel, or IREE's codegen configured by the plan.
 STRATEGY_OPTIONS = (Strategy.EXPLICIT.value, "codegen")
+# ``layout4`` as an option: a layout-4 problem's explicit kernel on NVIDIA in layout 2 between transposes
+# (``relayout``), the layout-4 kernel that gathers x (``gather``), or the one that folds x's taps in shared memory
+# (``fold``).
+LAYOUT4_FORMS = ("relayout", "gather", "fold")
 
 
 @dataclass(frozen=True)
@@ -270,6 +294,11 @@ class Overrides:
         streamk_fixup: how StreamK combines a tile's partials: ``linear`` (the default) or ``tree``.
         producers: wave specialization for strategy explicit: 2 or 4 producer warps beside the tiling's
             (consumer) warps; None (the default): none.
+        layout4: a layout-4 problem's form on NVIDIA: ``relayout`` (the channels-last kernels between
+            transposes, :attr:`Plan.channels_last`), ``gather`` (the layout-4 explicit kernel, or codegen),
+            ``fold`` (the layout-4 explicit kernel without a gather, :attr:`Plan.folded`; asked for only);
+            None: the plan's choice (relayout where the channels-last problem's plan is one of our kernels;
+            with ``strategy`` given, layout 4's own forms).
     """
 
     k_batch: int | str = "auto"
@@ -287,6 +316,7 @@ class Overrides:
     streamk: int | str | None = None
     streamk_fixup: str | None = None
     producers: int | None = None
+    layout4: str | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -325,6 +355,8 @@ class Overrides:
         if self.producers is not None and self.strategy != Strategy.EXPLICIT.value:
             chosen = self.strategy or "none, the plan's choice"
             raise PlanError(f"producers: {self.producers} applies to strategy explicit only (strategy: {chosen})")
+        if self.layout4 not in (None, *LAYOUT4_FORMS):
+            raise PlanError(f"layout4: expected relayout, gather or fold, got {self.layout4!r}")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
 

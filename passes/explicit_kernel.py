@@ -27,6 +27,7 @@ right after ``convbw-plan``, so the later passes never see the op.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 from convbw_mlir.dialects import convbw
@@ -34,7 +35,7 @@ from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
 from convbw_mlir.builders import PARALLEL, REDUCTION, generic, reassociation, zero
 from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
-from convbw_mlir.plan import PlanError, Strategy, check_plan, explicit_tiling
+from convbw_mlir.plan import PlanError, Strategy, check_plan, computed_problem, explicit_tiling
 
 __all__ = ["ExplicitKernel", "carried_plan"]
 
@@ -182,6 +183,16 @@ def _fused_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, alpha: 
     build_kernel_body(block, a, b, c, shape, tiling, Fused(alpha, beta, d[0] if d else None))
 
 
+def _folded_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, alpha=None, beta=None) -> None:
+    """Layout 4's kernel without a gather: bindings dy, x (spatial flattened), (D,) dW."""
+    from convbw_mlir.kernels.gemm_sm80 import Fused, build_folded_kernel_body
+    from convbw_mlir.policies.sm80 import folded_window
+
+    a, b, *d, c = memrefs
+    fused = None if alpha is None else Fused(alpha, beta, d[0] if d else None)
+    build_folded_kernel_body(block, a, b, c, shape, tiling, folded_window(shape, tiling), fused)
+
+
 def _wavespec_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, producers: int) -> None:
     from convbw_mlir.kernels import wavespec_sm80
 
@@ -212,6 +223,10 @@ class ExplicitKernel(ConvbwPass):
                 check_plan(problem, plan)
             except PlanError as e:
                 raise self.fail(op, str(e)) from None
+            if computed_problem(problem, plan) != problem:  # its kernel is the layout-2 op's
+                raise self.fail(
+                    op, f"a {problem.layout} op whose plan computes it in layout 2: run convbw-relayout first"
+                )
             if plan.depthwise is not None:
                 with op.location, ir.InsertionPoint(op):
                     top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
@@ -238,6 +253,8 @@ class ExplicitKernel(ConvbwPass):
                     b_shape = [shape.reduction, shape.groups, shape.n]
                 if shape.conv is not None:  # gathered from x as it is
                     b_shape = list(ir.RankedTensorType(op.operands[0].type).shape)
+                if plan.folded:  # x's planes flattened: its windows are runs of the plane
+                    b_shape = [*b_shape[:3], shape.conv and math.prod(shape.conv.in_size)]
                 c_shape = [shape.groups, shape.m, shape.n]
                 c_shape, c_type = ([shape.splits, *c_shape], f32) if shape.splits > 1 else (c_shape, out)
                 ep = problem.epilogue
@@ -253,6 +270,10 @@ class ExplicitKernel(ConvbwPass):
                 body, threads = partial(_body, shape=shape, tiling=t, family=family), t.threads
                 if fused:  # the epilogue in the kernel's store: kernels/gemm_sm80.py Fused
                     body = partial(_fused_body, shape=shape, tiling=t, alpha=ep.alpha, beta=ep.beta)
+                if plan.folded:  # layout 4 without a gather: kernels/gemm_sm80.py build_folded_kernel_body
+                    body = partial(_folded_body, shape=shape, tiling=t)
+                    if fused:
+                        body = partial(body, alpha=ep.alpha, beta=ep.beta)
                 if plan.wavespec is not None:  # producer warps beside the tiling's: kernels/wavespec_sm80.py
                     producers = plan.wavespec.producers
                     threads = wavespec_threads(t, producers)
@@ -270,7 +291,11 @@ class ExplicitKernel(ConvbwPass):
                 with ir.InsertionPoint(op):
                     collapse = _collapse_reduction if shape.channels_last else _collapse_spatial
                     dy = collapse(op.operands[1], problem.rank)
-                    x = op.operands[0] if shape.conv is not None else collapse(op.operands[0], problem.rank)
+                    x = (
+                        op.operands[0]
+                        if shape.conv is not None and not plan.folded
+                        else collapse(op.operands[0], problem.rank)
+                    )
                     groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
                     d = None
                     if ep is not None and ep.reads_d:  # D in dW's order, as the GEMM's [G, M, N]

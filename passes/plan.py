@@ -20,7 +20,7 @@ from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
 
 from convbw_mlir.ir_imports import ir
-from convbw_mlir.plan import STRATEGY_OPTIONS, Overrides, PlanError, decide
+from convbw_mlir.plan import LAYOUT4_FORMS, STRATEGY_OPTIONS, Overrides, PlanError, decide
 from convbw_mlir.targets import TARGETS
 
 __all__ = ["PlanPass"]
@@ -62,6 +62,9 @@ class PlanPass(ConvbwPass):
         streamk_fixup: str | None = option(None, "how StreamK combines partial tiles: linear or tree",
                                            ("linear", "tree"))  # fmt: skip
         producers: int | None = option(None, "explicit, layout 2: producer warps (2 or 4) of a wave-specialized kernel")
+        layout4: str | None = option(None, "layout 4 on NVIDIA: relayout (the channels-last kernels between "
+                                     "transposes) or gather (the layout-4 kernel; default: the plan's choice)",
+                                     LAYOUT4_FORMS)  # fmt: skip
 
     def __init__(self, options=None, **kwargs) -> None:
         super().__init__(options, **kwargs)

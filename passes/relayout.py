@@ -7,6 +7,10 @@ dy transposed.
     %dt = linalg.transpose %dy              N x Ho x Wo x G x K    util.optimization_barrier)
     %dw = convbw.conv_bwd_weight(%xt, %dt)  layout 2 (NHWGC/GKYXC/NHWGK): dW and D as before
 
+A layout-4 op (NGCHW/GKCYX/NGKHW) whose plan is ``channels_last`` (the plan's layout-4 rule on NVIDIA,
+docs/decisions.md#layout4) becomes the layout-2 op the same way, D transposed to GKYXC before it and dW
+transposed back to GKCYX after it, so the channels-last kernels compute it.
+
 IREE 3.13's CUDA codegen read past the end of x or dy at the last group of layout 1 in every form it
 was given, and computed two layout-3 convolutions wrongly in every form (docs/decisions.md#relayout);
 layout 2 is the explicit kernel's and the layout the fenced fuzz found right. Which ops it rewrites is
@@ -21,7 +25,7 @@ from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
 from convbw_mlir.builders import transpose
 from convbw_mlir.ir_imports import ir, util_d
-from convbw_mlir.plan import relayout
+from convbw_mlir.plan import PlanError, computed_problem, relayout
 
 __all__ = ["Relayout"]
 
@@ -45,15 +49,24 @@ class Relayout(ConvbwPass):
             problem = convbw.verify_op(op)
             if problem is None:
                 raise self.fail(op, "invalid convbw.conv_bwd_weight op")
-            target = relayout(problem)
+            plan = convbw.plan_of(op)
+            try:
+                target = computed_problem(problem, plan) if plan is not None else relayout(problem)
+            except PlanError as e:
+                raise self.fail(op, str(e)) from None
             if target == problem:
                 continue
             attrs = op.attributes
             plan_attr = attrs[convbw.PLAN_ATTR] if convbw.PLAN_ATTR in attrs else None
-            d = op.operands[2] if len(op.operands) > 2 else None  # in dW's layout: unchanged
+            d = op.operands[2] if len(op.operands) > 2 else None  # in dW's layout
+            w, w_target = problem.dims("dw"), target.dims("dw")
             with ir.InsertionPoint(op), op.location:
                 x = _to(op.operands[0], problem.dims("x"), target.dims("x"))
                 dy = _to(op.operands[1], problem.dims("dy"), target.dims("dy"))
-                new = convbw.build_op(target, x, dy, op.location, convbw.split_of(op), plan_attr, d)
-            op.results[0].replace_all_uses_with(new.result)
+                if d is not None and w != w_target:
+                    d = _to(d, w, w_target)
+                new = convbw.build_op(target, x, dy, op.location, convbw.split_of(op), plan_attr, d).result
+                if w != w_target:  # layout 4: dW back to GKCYX (never a split op: plan._layout4)
+                    new = transpose(new, [w_target.index(dim) for dim in w])
+            op.results[0].replace_all_uses_with(new)
             op.erase()

@@ -18,9 +18,9 @@ ahead and read or overwrite a stage too early; a wrong order deadlocks (raised a
 barrier left with arrivals at the join raises too.
 
 A whole module (:func:`run_module`): the top-level function's tensor ops run in numpy (reshapes, fills,
-any ``linalg.generic``: a split's stage 2, the lowering's gather pads and contraction) and each
-``flow.dispatch`` runs its kernel, workgroups one after another in grid order. StreamK's flags work
-so: ``memref.atomic_rmw`` one thread at a time, an ``scf.while`` spin loop that outlasts
+transposes and their optimization barriers, any ``linalg.generic``: a split's stage 2, the lowering's gather
+pads and contraction) and each ``flow.dispatch`` runs its kernel, workgroups one after another in grid
+order. StreamK's flags work so: ``memref.atomic_rmw`` one thread at a time, an ``scf.while`` spin loop that outlasts
 ``SPIN_LIMIT`` (a wait on a later workgroup, which never runs first here) raises ``Deadlock``.
 """
 
@@ -555,6 +555,12 @@ def run_module(module: ir.Module, args: list[np.ndarray], first: str = "else") -
             env[res[0]] = np.full_like(env[o.operands[1]], env[o.operands[0]])
         elif name == "linalg.generic":
             env[res[0]] = _generic(o, env)
+        elif name == "linalg.transpose":  # result dimension i is source dimension permutation[i]
+            perm = list(ir.DenseI64ArrayAttr(o.attributes["permutation"]))
+            env[res[0]] = np.ascontiguousarray(np.transpose(env[o.operands[0]], perm))
+        elif name == "util.optimization_barrier":
+            for r, v in zip(res, o.operands):
+                env[r] = env[v]
         elif name == "flow.dispatch":
             exe = executables[re.match(r"\[@\"?([\w.]+)", str(o.attributes["entry_points"])).group(1)]
             (export,) = [e for e in exe.regions[0].blocks[0].operations if e.operation.name == "hal.executable.export"]

@@ -93,7 +93,7 @@ def test_exports_agree_with_the_ptx_they_carry(which: str, request: pytest.Fixtu
 def test_some_export_needs_more_than_the_default_dynamic_shared_memory() -> None:
     # layout 4's 3x3 mma kernel asks for 50 KiB: the launcher must opt in above 48 KiB (cuFuncSetAttribute)
     p = ConvBwdWeightProblem.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1").with_(layout=4)
-    launch = compiled_op(p, "sm_80", output_arg=True).launch
+    launch = compiled_op(p, "sm_80", output_arg=True, layout4="gather").launch
     assert max(e.shared_memory for e in launch.exports.values()) > 48 * 1024
 
 
@@ -228,6 +228,26 @@ def test_strided_1x1_schedule_reads_both_memoized_command_buffers_across_the_cop
     copy, gemm = launch.steps
     assert [b for b, _ in copy.bindings] == ["arg0", TRANSIENT]  # x at the stride, into the transient
     assert [b for b, _ in gemm.bindings] == ["arg1", TRANSIENT, "arg2"]  # dy and the copy into the caller's dW
+
+
+def test_layout4_relayout_schedule_gives_each_transient_its_own_part_of_the_workspace() -> None:
+    # Layout 4 computed in layout 2 (decisions.md#layout4): IREE allocates the transposed x, the transposed dy
+    # and split-K's partials as three transients; each gets its own aligned part of the one workspace.
+    problem = ConvBwdWeightProblem.from_ck("2 1 32 128 128 3 3 14 14 1 1 1 1 1 1 1 1").with_(layout=4)
+    op = compiled_op(problem, "sm_80", output_arg=True)
+    assert op.plan.channels_last and op.plan.k_batch > 1
+    launch = op.launch
+    assert launch.refused is None, launch.refused
+    x_t, dy_t, gemm, reduce = launch.steps
+    assert x_t.bindings[0] == ("arg0", 0) and dy_t.bindings[0] == ("arg1", 0)
+    x_at, dy_at, partials_at = x_t.bindings[1], dy_t.bindings[1], gemm.bindings[2]
+    assert {b for b, _ in (x_at, dy_at, partials_at)} == {TRANSIENT}
+    assert [gemm.bindings[0], gemm.bindings[1]] == [dy_at, x_at]
+    x_bytes, dy_bytes = _bytes(problem.x_shape, 2), _bytes(problem.dy_shape, 2)
+    starts = sorted(off for _, off in (x_at, dy_at, partials_at))
+    assert all(a % 256 == 0 for a in starts) and starts[1] - starts[0] >= min(x_bytes, dy_bytes)
+    assert launch.transient >= x_bytes + dy_bytes + op.plan.k_batch * _bytes(problem.dw_shape, 4)
+    assert reduce.bindings == ((TRANSIENT, partials_at[1]), ("arg2", 0))  # stage 2 writes dW transposed
 
 
 @pytest.mark.parametrize(

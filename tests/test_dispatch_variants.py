@@ -117,6 +117,10 @@ def test_where_the_plan_chose_the_explicit_kernel_iree_codegen_and_its_grid_are_
     codegen = decide(RESNET_3X3, "sm_80", strategy="codegen")
     assert any(v.options == (("strategy", "codegen"),) and v.plan == codegen for v in found)
     assert any(v.plan is not None and v.plan.strategy == "mma" and v.plan.k_batch != codegen.k_batch for v in found)
-    layout4 = candidates(RESNET_3X3.with_(layout=4), "sm_80")  # codegen's plan first, the explicit kernel offered
-    assert layout4[0].plan.strategy != "explicit"
-    assert any(v.options == (("strategy", "explicit"),) for v in layout4)
+    # layout 4: the channels-last kernel between transposes first (decisions.md#layout4); the gathered kernel
+    # (strategy explicit alone) and codegen in layout 4 are its rivals
+    layout4 = candidates(RESNET_3X3.with_(layout=4), "sm_80")
+    assert layout4[0].plan.strategy == "explicit" and layout4[0].plan.channels_last
+    rivals = {v.options: v.plan for v in layout4}
+    assert not rivals[(("strategy", "explicit"),)].channels_last and rivals[(("strategy", "explicit"),)].tile
+    assert rivals[(("strategy", "codegen"),)].strategy != "explicit"

@@ -40,10 +40,12 @@ def test_explicit_plan_carries_the_recipe_tiling_under_the_sm80_shared_memory_ca
 
 def test_plan_picks_explicit_on_its_own_for_channels_last_only():
     # The plan's own choice takes channels-last problems (docs/decisions.md#explicit-by-default): the
-    # layout-4 GEMM keeps IREE's codegen unless asked, its layout-2 twin of RESNET_3X3 takes the kernel.
+    # layout-4 GEMM keeps IREE's codegen unless asked; RESNET_3X3 in layout 4 is computed in layout 2 by
+    # the kernel (decisions.md#layout4), its layout-4 kernel (which gathers x) only when asked.
     for target in ("sm_80", "sm_89"):
         assert decide(GEMM4096, target).strategy is not Strategy.EXPLICIT
-        assert decide(RESNET_3X3, target).strategy is not Strategy.EXPLICIT
+        assert decide(RESNET_3X3, target).channels_last
+        assert decide(RESNET_3X3, target, layout4="gather").strategy is not Strategy.EXPLICIT
         assert decide(RESNET_3X3.with_(layout=2), target).strategy is Strategy.EXPLICIT
 
 

@@ -63,9 +63,11 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     # odd channels (register path) and epilogues (in the store): measured 2026-11-25 (decisions.md#first-layers)
     assert decide(DENSE.with_(in_channels=3), "sm_80").strategy is Strategy.EXPLICIT
     assert decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80").strategy is Strategy.EXPLICIT
+    # layout 4: the channels-last kernel between transposes (decisions.md#layout4)
+    assert decide(DENSE.with_(layout=4), "sm_80").channels_last
     not_chosen = {
         "AMD": decide(DENSE, "gfx942"),  # compiled, never run: no AMD GPU measured it
-        "layout 4": decide(DENSE.with_(layout=4), "sm_80"),
+        "layout 4, gathered": decide(DENSE.with_(layout=4), "sm_80", layout4="gather"),
         "f32": decide(DENSE.with_(dtype="f32", dw_dtype="f32"), "sm_80"),
         "codegen asked": decide(DENSE, "sm_80", strategy="codegen"),
         "an IREE tile option": decide(DENSE, "sm_80", tile_m=64),

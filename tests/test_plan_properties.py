@@ -30,7 +30,11 @@ PLANS = [
     ("sm_80", CONV4, {"strategy": "explicit", "streamk": 16}),  # StreamK, workspace hoisted as a constant too
     ("sm_80", CONV4, {"strategy": "explicit", "streamk": 33, "streamk_fixup": "tree"}),  # past the hoisting limit
     ("sm_80", CONV, {"strategy": "explicit", "producers": 2}),  # wave specialization
+    ("sm_80", CONV4, {}),  # layout 4 in layout 2: x, dy transposed (split: stage 2 writes dW transposed)
+    ("sm_80", CONV4, {"strategy": "explicit", "k_batch": 1, "layout4": "relayout"}),  # unsplit: dW before its transpose
+    ("sm_80", CONV4, {"strategy": "explicit", "k_batch": 3, "layout4": "relayout"}),  # split-K: partials too
     ("sm_80", DEPTHWISE, {}),  # simt, batch split
+    ("sm_80", DEPTHWISE.with_(layout=4), {"strategy": "explicit", "layout4": "relayout"}),  # the depthwise kernel
     ("sm_80", DEPTHWISE, {"k_batch": "rows"}),  # simt, rows split
     ("sm_80", STRIDED_1X1, {"strategy": "codegen"}),  # GEMM of a strided 1x1: x subsampled
     ("sm_80", STRIDED_1X1.with_(input_size=(14, 14), stride=1), {"strategy": "codegen", "reduction_innermost": True}),

@@ -16,6 +16,9 @@ from typing import Any
 from convbw_mlir.build.iree import compile_module
 from convbw_mlir.cuda_launch import TRANSIENT, Dispatch, ExportDef, Launch, Transfer
 
+# Byte alignment of each transient buffer in the one workspace a launch gets (cudaMalloc's, and IREE's own)
+TRANSIENT_ALIGNMENT = 256
+
 __all__ = ["compile_with_launch", "read_cuda_executable", "read_launch"]
 
 
@@ -233,9 +236,9 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
         t = str(a.type)
         if t not in ("!hal.buffer_view", "!hal.buffer"):
             raise _Refused(f"argument {i} of @{function} is {t} (async fences or other ABIs)")
-        args[a] = f"arg{i}"
+        args[a] = (f"arg{i}", 0)
         arg_bytes.append(0)
-    buffers = dict(args)  # SSA value -> buffer name
+    buffers = dict(args)  # SSA value -> (buffer name, byte offset of its start: transients share one arena)
     steps: list[Dispatch | Transfer] = []
     transient = 0
     recorded: dict[Any, tuple[Any, list[str]]] = {}  # command buffer -> (its recording function, its buffers)
@@ -253,17 +256,17 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
         elif name == "util.optimization_barrier":  # our copies' barriers (a strided 1x1's x): the same buffers
             buffers.update({r: buffers[v] for r, v in zip(op.results, op.operands, strict=True) if v in buffers})
         elif name == "hal.buffer.assert" and op.operands[0] in buffers:
-            b = buffers[op.operands[0]]
+            b, _ = buffers[op.operands[0]]
             if b.startswith("arg"):
                 arg_bytes[int(b[3:])] = max(arg_bytes[int(b[3:])], _const(op.operands[2], "minimum_length"))
         elif name == "hal.device.queue.alloca":
             _flags_zero(op)
-            if transient:
-                raise _Refused("more than one hal.device.queue.alloca")
-            transient = _const(op.operands[7], "the transient's size")
-            buffers[op.results[0]] = TRANSIENT
+            # each transient its own aligned part of one arena (a relayout's copies, split-K's partials)
+            base = -(-transient // TRANSIENT_ALIGNMENT) * TRANSIENT_ALIGNMENT
+            transient = base + _const(op.operands[7], "the transient's size")
+            buffers[op.results[0]] = (TRANSIENT, base)
         elif name == "hal.device.queue.dealloca":
-            if buffers.get(op.operands[4]) != TRANSIENT:
+            if buffers.get(op.operands[4], ("",))[0] != TRANSIENT:
                 raise _Refused("hal.device.queue.dealloca of a buffer that is not the transient")
         elif name == "hal.device.queue.execute.indirect":
             _flags_zero(op)
@@ -271,7 +274,7 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
             o = list(op.operands)
             n = (len(o) - 5) // 3
             table = [
-                (_buffer(buffers, b), _const(off, "a binding offset"))
+                (_buffer(buffers, b)[0], _buffer(buffers, b)[1] + _const(off, "a binding offset"))
                 for b, off in zip(o[5 : 5 + n], o[5 + n : 5 + 2 * n])
             ]
             steps += _record(*_recorder(o[4], memo, funcs, recorded, buffers), table)
@@ -285,7 +288,7 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
             buffers[op.results[0]] = _buffer(buffers, op.operands[0])
         elif name == "util.return":
             for v in op.operands:
-                if _buffer(buffers, v) == TRANSIENT:
+                if _buffer(buffers, v)[0] == TRANSIENT:
                     raise _Refused("the result lives in the transient buffer (no output argument)")
         elif name not in _INERT:
             raise _Refused(f"@{function}: {name} is not supported by the direct launch")
@@ -302,7 +305,7 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
     return Launch(function, steps, transient, tuple(arg_bytes), exports, ptx)
 
 
-def _buffer(buffers: dict, value: Any) -> str:
+def _buffer(buffers: dict, value: Any) -> tuple[str, int]:
     if value not in buffers:
         owner = value.owner
         raise _Refused(f"a buffer from {getattr(owner, 'name', 'a block argument')} (not an argument or the transient)")
@@ -339,7 +342,7 @@ def _slot(value: Any, table: list[tuple[str, int]], buffers: dict) -> tuple[str,
         if not 0 <= slot < len(table):
             raise _Refused(f"binding slot {slot} outside the binding table of {len(table)}")
         return table[slot]
-    return _buffer(buffers, value), 0
+    return _buffer(buffers, value)
 
 
 def _transfer(op: Any, kind: str, first: int, buffers: dict, table: list) -> Transfer:

@@ -21,6 +21,12 @@ stored reduction-major (``[bk, bm + 8]``, ``[bk, bn + 8]``) and read by ``ldmatr
 hands ``mma.sync`` row.col the same fragments as the plain form at the same cost (:func:`_copy_tile_cl`,
 :class:`_Lanes` ``trans``).
 
+Layout 4 without a gather (``plan.folded``, :func:`build_folded_kernel_body`; stride 1, outputs as wide as x
+in every inner dimension): x bound with its planes flattened ``[N, G, C, H*W]``, the reduction tiled per image;
+a k tile copies, per channel of the N tile, one window of the plane by ``cp.async``, and B's tile is written
+from the windows at each tap's shift (a register path from shared memory, masked where a shift wraps a row)
+before ``ldmatrix`` reads it as above (docs/decisions.md#layout4).
+
 Layers, each a function with one job: :class:`GemmTiling` (the plan's numbers), :func:`_copy_tile`
 (global -> shared of one operand; the convolution's address arithmetic in :func:`_element_address`),
 :func:`_load_fragments` (shared -> registers), :func:`_warp_mma` (the warp's matrix step),
@@ -39,9 +45,9 @@ from iree.compiler.dialects import arith, gpu, memref, nvvm, scf, vector
 
 from convbw_mlir.kernels import nvgpu
 from convbw_mlir.policies.sm80 import COPY_ELEMENTS as COPY
-from convbw_mlir.policies.sm80 import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling
+from convbw_mlir.policies.sm80 import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, FoldedWindow, GemmShape, GemmTiling
 
-__all__ = ["Fused", "build_kernel_body", "grid"]
+__all__ = ["Fused", "build_folded_kernel_body", "build_kernel_body", "grid"]
 
 
 class _Ix:
@@ -582,4 +588,222 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
     b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
     acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
+    _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out, fused)
+
+
+# -- layout 4 without a gather: x's windows by cp.async, the taps' shifts applied in shared memory -------------
+def _copy_a_image(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, image: ir.Value,
+                  pos0: ir.Value, stage: ir.Value, valid: ir.Value | None, hw: int) -> None:  # fmt: skip
+    """dy's k tile of one image (positions ``pos0 .. pos0 + bk``, zero past the plane) by ``cp.async``."""
+    v = op.vector
+    chunks = t.bk // v
+    per_pass = t.threads // chunks
+    row, col = ix.div(tid, chunks), ix.mul(ix.rem(tid, chunks), v)
+    pos = ix.add(pos0, col)
+    conds = [] if valid is None else [valid]
+    if hw % t.bk:
+        conds.append(ix.lt(pos, hw))
+        pos = arith.minsi(pos, ix.c(hw - v))
+    for i in range(op.rows // per_pass):
+        r_row = ix.add(row, i * per_pass)
+        grow = ix.add(op.row0, r_row)
+        ok = list(conds)
+        if op.extent % op.rows:
+            ok.append(ix.lt(grow, op.extent))
+            grow = arith.minsi(grow, ix.c(op.extent - 1))
+        cond = _all(ok)
+        count = ix.c(v) if cond is None else arith.select(cond, ix.c(v), ix.c(0))
+        nvgpu.async_copy(op.smem, [stage, r_row, col], op.glob, [image, g, grow, pos], v, count, bypass_l1=v == COPY)
+
+
+def _copy_windows(ix: _Ix, t: GemmTiling, w: FoldedWindow, x: ir.Value, w_smem: ir.Value, tid: ir.Value,
+                  g: ir.Value, c_first: ir.Value, image: ir.Value, pos0: ir.Value, stage: ir.Value,
+                  valid: ir.Value | None, channels: int, hw_in: int) -> None:  # fmt: skip
+    """x's windows of the tile: per channel from ``c_first``, ``w.length`` elements of the plane from
+    ``pos0 + min_shift`` aligned down to ``w.vector``, by ``cp.async`` (zero outside the plane and past C)."""
+    v = w.vector
+    per_row = w.length // v
+    total = w.channels * per_row
+    start = w.min_shift - w.min_shift % v  # the window's first element, from pos0 (pos0 is a multiple of v)
+    for i in range(-(-total // t.threads)):
+        at = ix.add(tid, i * t.threads)
+        ok = [] if valid is None else [valid]
+        if total % t.threads:
+            ok.append(ix.lt(at, total))
+            at = arith.minsi(at, ix.c(total - 1))
+        ch, k = ix.div(at, per_row), ix.rem(at, per_row)
+        c = ix.add(c_first, ch)
+        flat = ix.add(ix.add(pos0, start), ix.mul(k, v))
+        ok += [ix.lt(c, channels), ix.lt(ix.c(-1), flat), ix.lt(flat, hw_in)]
+        idx = [image, g, arith.minsi(c, ix.c(channels - 1)), ix.clamp(flat, hw_in - v)]
+        count = arith.select(_all(ok), ix.c(v), ix.c(0))
+        nvgpu.async_copy(w_smem, [stage, ch, ix.mul(k, v)], x, idx, v, count, bypass_l1=v == COPY)
+
+
+def _expand_windows(ix: _Ix, t: GemmTiling, shape: GemmShape, w: FoldedWindow, w_smem: ir.Value,
+                    b_smem: ir.Value, tid: ir.Value, block_n: ir.Value, c_first: ir.Value, pos0: ir.Value,
+                    stage: ir.Value) -> None:  # fmt: skip
+    """B's k tile from the windows: row ``j = (c, tap)``, column ``pos`` is window ``c`` at ``pos + shift(tap)``,
+    zero where an inner coordinate leaves x (the flattened shift wraps into the next row there) or past the
+    plane, M or N. Eight elements a thread loaded from shared memory, stored as one 16-byte vector in the layout
+    ``ldmatrix`` reads (``[stage, j, pos]``)."""
+    conv = shape.conv
+    chunks = t.bk // COPY
+    per_pass = t.threads // chunks
+    row, col = ix.div(tid, chunks), ix.mul(ix.rem(tid, chunks), COPY)
+    elem = ir.MemRefType(w_smem.type).element_type
+    zero = arith.constant(elem, 0.0)
+    base = w.min_shift % w.vector - w.min_shift  # window index of pos0 + shift, less the shift
+    strides = [1] * len(conv.in_size)
+    for d in range(len(conv.in_size) - 2, -1, -1):
+        strides[d] = strides[d + 1] * conv.in_size[d + 1]
+    positions = []  # per element: (its window column less the shift, its inner output coordinates, its bounds)
+    for e in range(COPY):
+        pos = ix.add(ix.add(pos0, col), e)
+        ok = []
+        if shape.hw % t.bk:
+            ok.append(ix.lt(pos, shape.hw))
+            pos = arith.minsi(pos, ix.c(shape.hw - 1))
+        positions.append((ix.add(col, e + base), _unravel(ix, pos, conv.out_size)[1:], ok))
+    for i in range(t.bn // per_pass):
+        jl = ix.add(row, i * per_pass)
+        j = ix.add(block_n, jl)
+        ok_j = []
+        if shape.n % t.bn:
+            ok_j.append(ix.lt(j, shape.n))
+            j = arith.minsi(j, ix.c(shape.n - 1))
+        c_local = ix.sub(ix.div(j, conv.taps), c_first)
+        taps = _unravel(ix, ix.rem(j, conv.taps), conv.filter)
+        shift = None
+        inner = []  # per inner dimension: the tap's offset f * d - p
+        for d, f in enumerate(taps):
+            off = ix.sub(ix.mul(f, conv.dilation[d]), conv.pad[d])
+            term = ix.mul(off, strides[d]) if strides[d] != 1 else off
+            shift = term if shift is None else arith.addi(shift, term)
+            if d:
+                inner.append((off, conv.in_size[d]))
+        shift = ix.add(shift, 0)
+        values = []
+        for column, outs, ok_e in positions:
+            ok = ok_j + ok_e
+            for (off, size), o in zip(inner, outs):
+                at = arith.addi(o, off)
+                ok += [ix.lt(ix.c(-1), at), ix.lt(at, size)]
+            x = memref.load(w_smem, [stage, c_local, arith.addi(column, shift)])
+            values.append(arith.select(_all(ok), x, zero))
+        vector.store(vector.from_elements(ir.VectorType.get([COPY], elem), values), b_smem, [stage, jl, col])
+
+
+def _pipeline_folded(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value,
+                     warp_n: ir.Value, acc: list[ir.Value], f16: ir.Type, count: int,
+                     issue: Callable[[int | ir.Value, ir.Value], None],
+                     expand: Callable[[int | ir.Value, ir.Value], None]) -> list[ir.Value]:  # fmt: skip
+    """:func:`_pipeline` with B built from x's windows: once a tile's copies have landed (the wait and the
+    barrier), ``expand(local tile, stage)`` writes its B tile and a second barrier publishes it before its
+    first fragments are read."""
+    steps = t.bk // MMA_K
+    for s in range(t.stages - 1):
+        issue(s, ix.c(s))
+    nvvm.cp_async_wait_group(t.stages - 2)
+    gpu.barrier()
+    expand(0, ix.c(0))
+    gpu.barrier()
+    first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
+    loop = scf.ForOp(ix.c(0), ix._v(count), ix.c(1), [*acc, *first])
+    with ir.InsertionPoint(loop.body):
+        kt = loop.induction_variable
+        args = list(loop.inner_iter_args)
+        acc, cur = args[: len(acc)], args[len(acc) :]
+        stage = ix.rem(kt, t.stages)
+        for s in range(steps):
+            if s == 0:
+                ahead = ix.add(kt, t.stages - 1)
+                issue(ahead, ix.rem(ahead, t.stages))
+            if s + 1 < steps:
+                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16)
+            else:
+                nvvm.cp_async_wait_group(t.stages - 2)
+                gpu.barrier()
+                following = ix.add(kt, 1)
+                next_stage = ix.rem(following, t.stages)
+                expand(following, next_stage)
+                gpu.barrier()
+                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
+            acc = _warp_mma(t, cur, acc, f16)
+            cur = nxt
+        scf.YieldOp([*acc, *cur])
+    nvvm.cp_async_wait_group(0)
+    return list(loop.results)[: len(acc)]
+
+
+def build_folded_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape,
+                             t: GemmTiling, w: FoldedWindow, fused: Fused | None = None) -> None:  # fmt: skip
+    """Layout 4's kernel without a gather (the folded form, docs/decisions.md#layout4), for :func:`grid`'s grid.
+
+    The reduction is tiled per image (``ceil(hw / bk)`` k tiles an image, the last one zero past the plane). A
+    k tile brings dy's rows and, per channel of the N tile, one window of x's flattened plane (``w``) by
+    ``cp.async``; once they land, B's tile is written from the windows at each tap's shift
+    (:func:`_expand_windows`) and read by ``ldmatrix`` as in the gathered form.
+
+    Args:
+        a: dy, ``memref<images x groups x m x hw>``; b: x, ``memref<images x groups x channels x (H*W)>``;
+        c: dW ``memref<groups x m x n>`` or the split-K partials ``memref<splits x groups x m x n x f32>``.
+    """
+    ix = _Ix(entry)
+    f16 = ir.MemRefType(a.type).element_type
+    out = ir.MemRefType(c.type).element_type
+    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    tid, lane, warp, warp_m, warp_n = _threads(ix, t)
+    block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
+    block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
+    z = gpu.block_id(gpu.Dimension.z)
+    per_image = -(-shape.hw // t.bk)
+    ktiles = shape.images * per_image
+    per_split = -(-ktiles // shape.splits)
+    exact = per_split * shape.splits == ktiles
+    if shape.splits == 1:
+        g, where, base = z, [z], ix.c(0)
+    else:
+        g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
+        where, base = [split, g], ix.mul(split, per_split)
+    smem = [[t.stages, t.bm, t.row], [t.stages, t.bn, t.row], [t.stages, w.channels, w.length]]
+    a_smem, b_smem, w_smem = (memref.alloc(ir.MemRefType.get(s, f16, memory_space=shared), [], []) for s in smem)
+    lanes = _lanes(ix, lane, False)
+    f32x4 = ir.VectorType.get([2, 2], ir.F32Type.get())
+    zero = arith.constant(f32x4, ir.DenseElementsAttr.get_splat(f32x4, ir.FloatAttr.get_f32(0.0)))
+    acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
+    a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
+    b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, COPY)
+    c_first = ix.div(block_n, shape.conv.taps)
+    channels, hw_in = shape.channels, ir.MemRefType(b.type).shape[-1]
+
+    def tile_of(local: ir.Value | int) -> tuple[ir.Value, ir.Value | None]:
+        """This split's tile ``local`` (clamped in bounds) and whether it is real."""
+        valid = None
+        if isinstance(local, int):
+            tile = ix.add(base, min(local, per_split - 1))
+            if local >= per_split:
+                valid = arith.constant(ir.IntegerType.get_signless(1), 0)
+        else:
+            valid = ix.lt(local, per_split)
+            tile = ix.add(base, arith.minsi(local, ix.c(per_split - 1)))
+        if not exact:
+            real = ix.lt(tile, ktiles)
+            valid = real if valid is None else arith.andi(valid, real)
+            tile = arith.minsi(tile, ix.c(ktiles - 1))
+        return tile, valid
+
+    def issue(local: ir.Value | int, stage: ir.Value) -> None:
+        tile, valid = tile_of(local)
+        image, pos0 = ix.div(tile, per_image), ix.mul(ix.rem(tile, per_image), t.bk)
+        _copy_a_image(ix, t, a_op, tid, g, image, pos0, stage, valid, shape.hw)
+        _copy_windows(ix, t, w, b, w_smem, tid, g, c_first, image, pos0, stage, valid, channels, hw_in)
+        nvvm.cp_async_commit_group()
+
+    def expand(local: ir.Value | int, stage: ir.Value) -> None:
+        tile, _ = tile_of(local)
+        pos0 = ix.mul(ix.rem(tile, per_image), t.bk)
+        _expand_windows(ix, t, shape, w, w_smem, b_smem, tid, block_n, c_first, pos0, stage)
+
+    acc = _pipeline_folded(ix, t, lanes, a_op, b_op, warp_m, warp_n, acc, f16, per_split, issue, expand)
     _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out, fused)

@@ -38,7 +38,8 @@ from convbw_mlir.policies.split import check, explicit_split, split_refusals
 from convbw_mlir.targets import Target
 
 __all__ = ["INTRINSIC", "INTRINSICS", "SHARED_MEMORY_CAP", "ConvGeometry", "GemmShape", "GemmTiling", "auto_splits",
-           "gemm_shape", "plan", "refusals", "takes_by_default", "tiling", "unsupported"]  # fmt: skip
+           "FoldedWindow", "choose_folded_tiling", "folded_problems", "folded_window", "gemm_shape", "plan", "refusals",
+           "takes_by_default", "tiling", "unsupported"]  # fmt: skip
 
 INTRINSIC = "NV_MMA_SYNC_F32_16x8x16_F16"  # the plan's name of mma.sync m16n8k16 f16 -> f32
 # mma.sync m16n8k16 per input type (IREE's names, targets._SM80): bf16 has f16's fragment layouts.
@@ -331,6 +332,82 @@ def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP
     return why
 
 
+# -- the folded layout-4 form (kernels/gemm_sm80.py build_folded_kernel_body) --------------------------------
+@dataclass(frozen=True)
+class FoldedWindow:
+    """Where the folded form finds B in shared memory (docs/decisions.md#layout4): with stride 1 and every inner
+    dimension's output as wide as its input, B[(c, tap), r] is x's flattened plane at ``pos + shifts[tap]``
+    (``pos``: r's output position in its image). A k tile (``bk`` positions of one image: the reduction is
+    tiled per image) reads, per channel of the N tile (at most ``channels``), one window of ``length``
+    elements from ``pos0 + min_shift`` aligned down to ``vector`` (x's copies: 16, 8 or 4 bytes)."""
+
+    vector: int
+    shifts: tuple[int, ...]
+    channels: int
+    length: int
+
+    @property
+    def min_shift(self) -> int:
+        return min(self.shifts)
+
+
+def folded_window(shape: GemmShape, t: GemmTiling) -> FoldedWindow:
+    """The folded form's window for ``shape`` (gathered layout 4; :func:`folded_problems` first) and ``t``."""
+    conv = shape.conv
+    hw_in = math.prod(conv.in_size)
+    vector = next((v for v in (8, 4, 2) if hw_in % v == 0), 1)
+    strides = [math.prod(conv.in_size[d + 1 :]) for d in range(len(conv.in_size))]
+    shifts = []
+    for tap in range(conv.taps):
+        coords, rest = [], tap
+        for f in reversed(conv.filter):
+            coords.append(rest % f)
+            rest //= f
+        coords.reverse()
+        shifts.append(sum((f * dl - p) * s for f, dl, p, s in zip(coords, conv.dilation, conv.pad, strides)))
+    span = max(shifts) - min(shifts)
+    length = -(-(vector + t.bk + span) // vector) * vector
+    return FoldedWindow(vector, tuple(shifts), t.bn // conv.taps + 2, length)
+
+
+def folded_problems(shape: GemmShape, t: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP) -> list[str]:
+    """Why the folded form cannot run ``shape`` with ``t`` ("field: value" lines; empty: it can)."""
+    conv = shape.conv
+    if shape.channels_last or conv is None:
+        return ["layout4: fold is layout 4's form of a gathered x (layout 4 with a filter, stride or padding)"]
+    why = []
+    if any(s != 1 for s in conv.stride):
+        why.append(f"stride: {conv.stride} (the folded form shifts x by a tap: stride 1 only)")
+    if conv.in_size[1:] != conv.out_size[1:]:
+        why.append(f"input_size: {conv.in_size} (the folded form needs the output as wide as x in every inner "
+                   f"dimension, got output {conv.out_size})")  # fmt: skip
+    if shape.hw % 2:
+        why.append(f"output_size: {conv.out_size} (an odd plane: dy's rows go by cp.async of 2 or more elements)")
+    if math.prod(conv.in_size) % 2:
+        why.append(f"input_size: {conv.in_size} (an odd plane: x's windows go by cp.async of 2 or more elements)")
+    if why:
+        return why
+    w = folded_window(shape, t)
+    need = t.shared_bytes() + t.stages * w.channels * w.length * 2
+    if need > shared_cap:
+        why.append(f"stages: {t.stages} with x's windows need {need} B of shared memory, over {shared_cap}")
+    return why
+
+
+def choose_folded_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> GemmTiling:
+    """:func:`choose_tiling` among the tilings whose stages hold x's windows too (:func:`folded_problems`)."""
+    best, best_cost = None, math.inf
+    for bm, bn, wm, wn in TILINGS:
+        for stages in (3, 2):
+            t = GemmTiling(bm, bn, 64, stages, wm, wn)
+            if not t.problems(shape, shared_cap) and not folded_problems(shape, t, shared_cap):
+                cost = tiling_cost(shape, t, compute_units, shared_cap)
+                if cost < best_cost:
+                    best, best_cost = t, cost
+                break
+    return best or GemmTiling(128, 128, 64, 2, 64, 64)
+
+
 # -- wave specialization (kernels/wavespec_sm80.py): which tilings take producer warps -----------------------
 PRODUCERS = WAVESPEC_PRODUCERS  # producer warps a workgroup: CK's wavelet ratios 4:2 and 4:4 with 4 consumer warps
 REGISTERS = 65_536  # an SM's register file; sm_80 cannot give producers fewer registers than consumers
@@ -406,10 +483,12 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     """
     given = opts.tile
     t = GemmTiling()
+    folded = opts.layout4 == "fold"
     if not given and not unsupported(
         problem, None, epilogues=True
     ):  # the plan's rule: the kernel's cost model (choose_tiling)
-        t = choose_tiling(gemm_shape(problem), tgt.compute_units, tgt.lds_bytes)
+        choose = choose_folded_tiling if folded else choose_tiling
+        t = choose(gemm_shape(problem), tgt.compute_units, tgt.lds_bytes)
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
     if "subgroups_n" in given:
@@ -417,7 +496,7 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     t = replace(t, bm=given.get("m", t.bm), bn=given.get("n", t.bn), bk=given.get("k", t.bk),
                 stages=given.get("stages", t.stages))  # fmt: skip
     tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSICS.get(problem.dtype, INTRINSIC))
-    chosen = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile)
+    chosen = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile, folded=folded)
     if opts.producers is not None:  # wave specialization: the same tiling and split, producer warps added
         chosen = replace(chosen, wavespec=WaveSpecPlan(opts.producers))
     check(problem, chosen, refusals)  # the tiling first: the split is sized on it
@@ -436,6 +515,10 @@ def refusals(problem: Any, plan: Plan) -> list[str]:
     """Why this kernel cannot carry ``plan`` out ("field: value" lines; empty: it can)."""
     cap = plan.target_info.lds_bytes
     why = ["tile: none"] if plan.tile is None else unsupported(problem, tiling(plan), cap, epilogues=True)
+    if plan.folded and not why:
+        why += folded_problems(gemm_shape(problem), tiling(plan), cap)
+        if plan.streamk is not None or plan.wavespec is not None:
+            why.append("layout4: fold with StreamK or wave specialization (written for the split-K grid)")
     if plan.streamk is not None:
         why += _streamk_refusals(plan, problem)
     if plan.wavespec is not None:
