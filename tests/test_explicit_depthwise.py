@@ -141,6 +141,7 @@ def test_the_plan_chooses_the_depthwise_kernel_by_itself_exactly_when_its_switch
     assert decide(p, "sm_80").depthwise is not None
     assert decide(p, "sm_80", strategy="codegen").depthwise is None  # codegen asked: codegen
     assert decide(p, "host").depthwise is None  # NVIDIA only
-    assert decide(p.with_(layout=4), "sm_80").depthwise is None
+    four = decide(p.with_(layout=4), "sm_80")  # layout 4: the same kernel between transposes (decisions.md#layout4)
+    assert four.depthwise is not None and four.channels_last
     monkeypatch.setattr(depthwise, "BY_DEFAULT", False)
     assert decide(p, "sm_80").strategy == Strategy.SIMT
