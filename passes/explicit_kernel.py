@@ -41,14 +41,13 @@ from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 from convbw_mlir.builders import PARALLEL, REDUCTION, generic, reassociation, zero
 from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
 from convbw_mlir.plan import PlanError, Strategy, check_plan, explicit_tiling
+from convbw_mlir.runtime import TENSOR_MAPS_KEY
 
 __all__ = ["TENSOR_MAPS_KEY", "ExplicitKernel", "carried_plan"]
 
 ENTRY = "gemm"
 # The plan an explicit kernel carried out rides on its flow.dispatch (no contraction records it).
 PLAN_ATTR = "convbw.plan"
-# The entry function's reflection key of a module whose kernel reads tensor maps (convbw_mlir.runtime refuses it).
-TENSOR_MAPS_KEY = "convbw.tensor_maps"
 
 
 def carried_plan(module: ir.Module):  # -> convbw_mlir.plan.Plan | None
