@@ -14,7 +14,7 @@ from convbw_mlir import policies
 from convbw_mlir.cuda_launch import Launch, TensorMap, encode_tensor_map
 from convbw_mlir.dispatch.variants import Variant, variant_key
 from convbw_mlir.plan import Plan, PlanError, check_plan, decide
-from convbw_mlir.policies import sm80, sm90
+from convbw_mlir.policies import sm90
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 RESNET_3X3 = "2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1"  # ResNet-50 stage 3's 3x3 at N=256
@@ -54,8 +54,8 @@ def test_sm90a_plan_round_trips_through_json_and_keys_its_own_cache_entry():
 
 @pytest.mark.parametrize(
     ("line", "fields"),
-    [(RESNET_3X3, {"layout": 4}), ("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}), ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}),
-     ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 1 1 1 1 1 1", {})],
+    [(RESNET_3X3, {"layout": 4}), ("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}),
+     ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}), ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 1 1 1 1 1 1", {})],
 )  # fmt: skip
 def test_plan_on_sm90a_keeps_the_sm80_plan_for_problems_the_policy_refuses(line, fields, monkeypatch):
     p = _problem(line, **fields)
@@ -125,7 +125,8 @@ class _FakeDriver:
 
     def cuTensorMapEncodeIm2col(self, out, dtype, rank, address, dims, strides, lo, hi, cpp, ppc, elems, *enums):  # noqa: N802
         self.calls.append(("im2col", dtype, rank, address, list(dims[:rank]), list(strides[: rank - 1]),
-                           list(lo[: rank - 2]), list(hi[: rank - 2]), cpp, ppc, list(elems[:rank]), enums))  # fmt: skip
+                           list(lo[: rank - 2]), list(hi[: rank - 2]), cpp, ppc, list(elems[:rank]),
+                           enums))  # fmt: skip
         ctypes.memset(out, 9, 128)
         return 0
 
