@@ -183,6 +183,9 @@ def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
     x_t = ir.RankedTensorType.get(ir.MemRefType(entry.bindings[1]).shape, element_type(problem.dtype))
     x = tensor_d.CollapseShapeOp(x_t, op.operands[0], reassociation([[0], [1], [2], [3, 4]])).result
     maps = tensor_d.EmptyOp([sm90.MAPS_BYTES], ir.IntegerType.get_signless(8)).result
+    # not a constant to IREE: a hoisted global buffer (what a split module made of it) is no binding the schedule
+    # reader takes; a per-call one is the transient's, which the launcher rebinds to its maps
+    maps = ir.Operation.create("util.optimization_barrier", results=[maps.type], operands=[maps]).result
     c = ir.MemRefType(entry.bindings[3])
     with ir.Location.unknown():
         result = build_dispatch(entry, lambda blk, mems: build_conv_body(blk, mems, g), [dy, x, maps],

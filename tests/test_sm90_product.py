@@ -166,6 +166,22 @@ def test_sm90a_artifact_carries_its_tensor_maps_for_the_kernel_the_schedule_laun
     assert loaded.launch.tensor_maps == launch.tensor_maps and loaded.plan == sm90_op.plan
 
 
+def test_split_sm90a_artifact_launches_its_partials_and_stage_2_from_one_transient():
+    """A split makes IREE allocate the maps and the partials apart (two queue.allocas); the schedule reader
+    refused a second one before: now each is a region of the one transient the direct launch binds."""
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    p = _problem("2 1 8 64 64 3 3 16 16 1 1 1 1 1 1 1 1")
+    plan = decide(p, "sm_90a", strategy="explicit", k_batch=2)
+    launch = build_op(p, get_target("sm_90a"), plan, output_arg=True).launch
+    assert launch.refused is None, launch.refused
+    kernel, stage2 = launch.dispatches
+    partials = kernel.bindings[3]
+    assert partials[0] == "transient" and partials[1] >= 256 and stage2.bindings[0] == partials
+    assert launch.transient >= partials[1] + 2 * 64 * 576 * 4 and len(launch.tensor_maps) == 2
+
+
 def test_iree_runtime_refuses_an_sm90a_artifact_naming_the_target_and_the_direct_launch(sm90_op):
     from convbw_mlir.reference import random_inputs
     from convbw_mlir.runtime import PreparedCall

@@ -11,6 +11,7 @@ caller then runs the vmfb through IREE's runtime.
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from typing import Any
 
 from convbw_mlir.build.iree import compile_module
@@ -256,14 +257,13 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
             b = buffers[op.operands[0]]
             if b.startswith("arg"):
                 arg_bytes[int(b[3:])] = max(arg_bytes[int(b[3:])], _const(op.operands[2], "minimum_length"))
-        elif name == "hal.device.queue.alloca":
+        elif name == "hal.device.queue.alloca":  # each one a region of the one transient (the sm_90a maps' too)
             _flags_zero(op)
-            if transient:
-                raise _Refused("more than one hal.device.queue.alloca")
-            transient = _const(op.operands[7], "the transient's size")
-            buffers[op.results[0]] = TRANSIENT
+            base = -(-transient // _REGION_ALIGNMENT) * _REGION_ALIGNMENT
+            transient = base + _const(op.operands[7], "the transient's size")
+            buffers[op.results[0]] = f"{TRANSIENT}+{base}" if base else TRANSIENT
         elif name == "hal.device.queue.dealloca":
-            if buffers.get(op.operands[4]) != TRANSIENT:
+            if not buffers.get(op.operands[4], "").startswith(TRANSIENT):
                 raise _Refused("hal.device.queue.dealloca of a buffer that is not the transient")
         elif name == "hal.device.queue.execute.indirect":
             _flags_zero(op)
@@ -285,7 +285,7 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
             buffers[op.results[0]] = _buffer(buffers, op.operands[0])
         elif name == "util.return":
             for v in op.operands:
-                if _buffer(buffers, v) == TRANSIENT:
+                if _buffer(buffers, v).startswith(TRANSIENT):
                     raise _Refused("the result lives in the transient buffer (no output argument)")
         elif name not in _INERT:
             raise _Refused(f"@{function}: {name} is not supported by the direct launch")
@@ -299,7 +299,24 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
                                f"constants, the export takes {e.bindings} and {e.constants}")  # fmt: skip
     if not steps:
         raise _Refused(f"@{function} launches nothing")
-    return Launch(function, steps, transient, tuple(arg_bytes), exports, ptx)
+    return Launch(function, [_in_transient(s) for s in steps], transient, tuple(arg_bytes), exports, ptx)
+
+
+_REGION_ALIGNMENT = 256  # a later alloca's region of the transient starts on this (cudaMalloc's alignment)
+
+
+def _region(ref: tuple[str, int]) -> tuple[str, int]:
+    """(buffer, offset) with a transient region ``transient+<base>`` folded into the transient's offset."""
+    name, off = ref
+    if name.startswith(f"{TRANSIENT}+"):
+        return TRANSIENT, int(name.split("+", 1)[1]) + off
+    return name, off
+
+
+def _in_transient(step: Dispatch | Transfer) -> Dispatch | Transfer:
+    if isinstance(step, Dispatch):
+        return replace(step, bindings=tuple(_region(b) for b in step.bindings))
+    return replace(step, target=_region(step.target), source=_region(step.source) if step.source else None)
 
 
 def _buffer(buffers: dict, value: Any) -> str:
