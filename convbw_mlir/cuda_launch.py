@@ -325,7 +325,7 @@ def _libcuda() -> Any:
                 "cuTensorMapEncodeIm2col": [vp, ctypes.c_int, u32, vp, u64p, u64p, i32p, i32p, u32, u32, u32p,
                                             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
             }  # fmt: skip
-            for name, args in sigs.items() | {k: v for k, v in optional.items() if hasattr(lib, k)}.items():
+            for name, args in [*sigs.items(), *((k, v) for k, v in optional.items() if hasattr(lib, k))]:
                 f = getattr(lib, name)
                 f.argtypes, f.restype = args, ctypes.c_int
             _check(lib, lib.cuInit(0), "cuInit")
