@@ -210,3 +210,25 @@ def test_torch_entry_picks_sm90a_on_compute_capability_9_0_where_the_kernel_take
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
     assert entry.target_for(torch.device("cuda", 0), _problem(line)) == (target, "cuda", 0)
     assert entry.target_for(torch.device("cuda", 0))[0] != "sm_90a"  # no problem: never the arch-specific target
+
+
+def test_driver_table_declares_the_tensor_map_encoders_where_the_driver_has_them(monkeypatch):
+    """The GPU run's first try failed in ``_libcuda`` itself (the optional signatures were joined as a set of
+    unhashable lists); a stand-in driver library shows the table built and both encoders declared."""
+    from convbw_mlir import cuda_launch
+
+    class _Fn:
+        def __call__(self, *args):
+            return 0
+
+    class _Lib:
+        def __getattr__(self, name):
+            fn = _Fn()
+            setattr(self, name, fn)
+            return fn
+
+    monkeypatch.setattr(cuda_launch, "_LIB", None)
+    monkeypatch.setattr(cuda_launch.ctypes, "CDLL", lambda name: _Lib())
+    lib = cuda_launch._libcuda()
+    assert len(lib.cuTensorMapEncodeTiled.argtypes) == 12 and len(lib.cuTensorMapEncodeIm2col.argtypes) == 15
+    assert lib.cuMemcpyHtoDAsync_v2.restype is ctypes.c_int
