@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -76,7 +77,7 @@ def _fenced(shape_nchw: tuple[int, ...], dtype, seed: int):  # noqa: ANN001, ANN
     import torch
 
     n, c, *spatial = shape_nchw
-    numel = n * c * int(torch.tensor(spatial).prod())
+    numel = n * c * math.prod(spatial)
     buf = torch.full((numel + FENCE,), float("nan"), dtype=dtype, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(seed)
     buf[:numel].copy_(torch.randn(numel, generator=g, device="cuda", dtype=torch.float32))
@@ -96,11 +97,10 @@ def run_one(root: Path, entry: dict) -> dict:
     dy = _fenced((problem.batch, problem.groups * problem.out_channels, *problem.output_size), dt, 2)
     kw = {"stride": problem.stride, "padding": problem.pad_low, "dilation": problem.dilation, "groups": problem.groups}
     rec = {"name": entry["name"], "problem": problem.name, "device": torch.cuda.get_device_name(),
-           "capability": list(torch.cuda.get_device_capability()), "target": ct.target_for(x.device, problem)[0]}  # fmt: skip
-    dw_bytes = 2 * int(torch.tensor(w).prod())
-    for size in (entry["transient"], dw_bytes):  # NaN in the blocks dW and the partials will reuse
-        torch.empty(max(size, 1), dtype=torch.uint8, device="cuda").view(-1)[: size - size % 2].view(dt).fill_(
-            float("nan")) if size >= 2 else None  # fmt: skip
+           "capability": list(torch.cuda.get_device_capability()),
+           "target": ct.target_for(x.device, problem)[0]}  # fmt: skip
+    for size in (entry["transient"], 2 * math.prod(w)):  # NaN in the blocks dW and the partials will reuse
+        torch.empty(size // 2, dtype=dt, device="cuda").fill_(float("nan"))
     torch.cuda.synchronize()
     got = ct.conv2d_weight(x, w, dy, **kw)
     torch.cuda.synchronize()
@@ -134,8 +134,7 @@ def run_one(root: Path, entry: dict) -> dict:
     again = ct.conv2d_weight(x, w, dy, **kw)  # after graph replays: the same bits (deterministic plan)
     torch.cuda.synchronize()
     rec["repeat_bitwise_equal"] = bool(torch.equal(again, got))
-    rec["gflop"] = 2 * problem.groups * problem.out_channels * problem.in_channels * int(
-        torch.tensor(problem.filter_size).prod()) * problem.batch * int(torch.tensor(problem.output_size).prod()) / 1e9  # fmt: skip
+    rec["gflop"] = 2 * math.prod(problem.gemm) / 1e9
     return rec
 
 
