@@ -425,8 +425,11 @@ class CudaLauncher:
                 if len({m.maps_binding for m in maps}) != 1 or 128 * (maps[-1].slot + 1) > _MAPS_SLOT:
                     raise ValueError(f"launch: tensor maps of {step[6]}: one maps binding, at most 2 maps")
                 self._maps[i] = (maps[0].maps_binding, maps)
-        if len(self._maps) != len({m.kernel for m in launch.tensor_maps}):
-            raise ValueError("launch: a tensor map names a kernel the schedule does not launch")
+        unlaunched = {m.kernel for m in launch.tensor_maps} - {s[6] for s in self._plan if s[0] == "k"}
+        if unlaunched:
+            raise ValueError(
+                f"launch: tensor maps of {', '.join(sorted(unlaunched))}, which the schedule does not launch"
+            )
         self._encoded: dict[tuple, int] = {}  # (step, addresses) -> device address of its maps
         self._slabs: list[tuple[int, Any]] = []  # (device, pinned host) memory of _MAPS_SLAB slots, kept
 

@@ -232,3 +232,75 @@ def test_driver_table_declares_the_tensor_map_encoders_where_the_driver_has_them
     lib = cuda_launch._libcuda()
     assert len(lib.cuTensorMapEncodeTiled.argtypes) == 12 and len(lib.cuTensorMapEncodeIm2col.argtypes) == 15
     assert lib.cuMemcpyHtoDAsync_v2.restype is ctypes.c_int
+
+
+class _FakeContext(_FakeDriver):
+    """Enough of the driver for a CudaLauncher on a cc-9.0 device: launches, allocations and copies recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches, self.copies, self._host = [], [], []
+
+    def _set(self, ref, value):  # a ctypes.byref() argument
+        ref._obj.value = value
+        return 0
+
+    def cuDeviceGet(self, ref, index):  # noqa: N802
+        return self._set(ref, index)
+
+    def cuDeviceGetAttribute(self, ref, attribute, dev):  # noqa: N802
+        return self._set(ref, {75: 9, 76: 0}[attribute])
+
+    def cuDevicePrimaryCtxRetain(self, ref, dev):  # noqa: N802
+        return self._set(ref, 1234)
+
+    def cuCtxGetCurrent(self, ref):  # noqa: N802
+        return self._set(ref, 1234)
+
+    def cuModuleLoadData(self, ref, image):  # noqa: N802
+        return self._set(ref, 1)
+
+    def cuModuleGetFunction(self, ref, module, name):  # noqa: N802
+        return self._set(ref, 77)
+
+    def cuFuncSetAttribute(self, *args):  # noqa: N802
+        return 0
+
+    def cuMemAlloc_v2(self, ref, size):  # noqa: N802
+        return self._set(ref, 0xD0000000 + 0x100000 * len(self._host))
+
+    def cuMemAllocHost_v2(self, ref, size):  # noqa: N802
+        self._host.append((ctypes.c_uint8 * size)())
+        return self._set(ref, ctypes.addressof(self._host[-1]))
+
+    def cuMemcpyHtoDAsync_v2(self, dst, src, length, stream):  # noqa: N802
+        self.copies.append((dst, ctypes.string_at(src, length), stream))
+        return 0
+
+    def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):  # noqa: N802
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        self.launches.append([ctypes.c_uint64.from_address(slots[i]).value for i in range(4)])
+        return 0
+
+
+def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_address_pair(monkeypatch):
+    from convbw_mlir import cuda_launch
+    from convbw_mlir.cuda_launch import CudaLauncher, Dispatch, ExportDef
+
+    maps = [TensorMap(**m) for m in sm90.tensor_maps(_problem(TINY), "k0")]
+    launch = Launch("f", [Dispatch("k0", (1, 1, 1), (("arg1", 0), ("arg0", 0), ("transient", 0), ("arg2", 0)))],
+                    256, (0, 0, 0), {"k0": ExportDef("k0", 0, (384, 1, 1), 1024, 0, 4)},
+                    [b".version 8.0\n.target sm_90a\n"], tensor_maps=maps)  # fmt: skip
+    lib = _FakeContext()
+    monkeypatch.setattr(cuda_launch, "_libcuda", lambda: lib)
+    launcher = CudaLauncher(launch, 0)
+    x, dy, dw, ws = 0x1000, 0x2000, 0x3000, 0x4000
+    launcher((x, dy, dw, ws), 5)
+    launcher((x, dy, dw, ws), 5)  # the same memory: the same maps, nothing encoded or copied again
+    launcher((x + 0x100, dy, dw, ws), 5)  # x moved: a new slot
+    assert [c[3] for c in lib.calls] == [dy, x, dy, x + 0x100]  # each map encoded for its binding's address
+    assert [(c[0], c[2]) for c in lib.copies] == [(0xD0000000, 5), (0xD0000100, 5)]  # on the call's stream
+    assert lib.copies[0][1] == bytes([7]) * 128 + bytes([9]) * 128  # dy's map in slot 0, x's in slot 1
+    slot = [launch_[2] for launch_ in lib.launches]
+    assert slot == [0xD0000000, 0xD0000000, 0xD0000100]  # the maps binding is the launcher's slot, not ws
+    assert lib.launches[0][:2] == [dy, x] and lib.launches[0][3] == dw
