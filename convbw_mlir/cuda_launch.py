@@ -19,6 +19,13 @@ runtime, capturable by CUDA graphs (docs/torch.md).
 
 A schedule op this reader does not know makes the whole schedule refused (:attr:`Launch.refused`
 says why); the caller then runs the vmfb through IREE's runtime.
+
+Tensor maps (sm_90a kernels: TMA): a ``CUtensorMap`` holds the address of the memory it describes, so it is
+encoded at launch. The schedule's :class:`TensorMap` records say, per map, which binding of which dispatch it
+describes, its dims, strides, box, im2col corners and swizzle; the launcher encodes them
+(``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col``) for the bound addresses, once per address pair,
+into a device buffer of its own (kept for the process, like its modules) and binds that buffer as the
+dispatch's maps binding.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __all__ = [
     "Dispatch",
     "ExportDef",
     "Launch",
+    "TensorMap",
     "Transfer",
     "check_ptx_targets",
     "launch_plan",
@@ -82,6 +90,58 @@ class Transfer:
     pattern_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class TensorMap:
+    """One ``CUtensorMap`` the launcher encodes for dispatch ``kernel`` (cuda.h's ``cuTensorMapEncode*``).
+
+    Attributes:
+        kernel: the dispatch (its kernel's name) whose binding ``binding`` the map describes (its address at
+            launch, binding offset included) and whose binding ``maps_binding`` receives the encoded maps.
+        slot: the map's place in the maps buffer (128 bytes each).
+        mode: ``tiled`` or ``im2col``.
+        dtype: ``CUtensorMapDataType`` (6: f16, 9: bf16).
+        dims: sizes, innermost first; strides: byte strides of dims 1.. (``len(dims) - 1`` values).
+        box: tiled: the box's sizes; im2col: (channels per pixel, pixels per column).
+        element_strides: traversal strides, one per dim.
+        lower, upper: im2col's pixel box corners (spatial dims, innermost first); empty for tiled.
+        swizzle, interleave, l2_promotion, oob_fill: the enums (3: 128-byte swizzle; 3: 256-byte promotion).
+    """
+
+    kernel: str
+    binding: int
+    maps_binding: int
+    slot: int
+    mode: str
+    dtype: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    element_strides: tuple[int, ...]
+    lower: tuple[int, ...] = ()
+    upper: tuple[int, ...] = ()
+    swizzle: int = 3
+    interleave: int = 0
+    l2_promotion: int = 3
+    oob_fill: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("dims", "strides", "box", "element_strides", "lower", "upper"):
+            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+        rank = len(self.dims)
+        if self.mode not in ("tiled", "im2col"):
+            raise ValueError(f"tensor map: mode {self.mode!r} (tiled or im2col)")
+        if not 1 <= rank <= 5 or len(self.strides) != rank - 1 or len(self.element_strides) != rank:
+            raise ValueError(f"tensor map: dims {self.dims}, strides {self.strides}, element_strides "
+                             f"{self.element_strides} (rank 1-5, rank - 1 strides, rank element strides)")  # fmt: skip
+        if self.mode == "tiled" and len(self.box) != rank:
+            raise ValueError(f"tensor map: box {self.box} (a tiled map's box has one size a dim)")
+        if self.mode == "im2col" and (len(self.box) != 2 or len(self.lower) != rank - 2 or len(self.upper) != rank - 2):
+            raise ValueError(f"tensor map: box {self.box}, lower {self.lower}, upper {self.upper} (im2col: 2 box "
+                             "values, rank - 2 corners)")  # fmt: skip
+        if any(s % 16 for s in self.strides):
+            raise ValueError(f"tensor map: strides {self.strides} (multiples of 16 bytes)")
+
+
 @dataclass
 class Launch:
     """A module's launch schedule and kernels, or why it cannot be launched directly.
@@ -93,6 +153,7 @@ class Launch:
         arg_bytes: minimum byte length per function argument (IREE's ``hal.buffer.assert``).
         exports: the kernels by name.
         ptx: the PTX images.
+        tensor_maps: the CUtensorMaps the launcher encodes at each call (sm_90a kernels), empty: none.
         refused: why the schedule is not supported (then the rest is empty); None when it is.
     """
 
@@ -103,6 +164,7 @@ class Launch:
     exports: dict[str, ExportDef] = field(default_factory=dict)
     ptx: list[bytes] = field(default_factory=list)  # the kernel images: PTX (CUDA) or HSACO code objects (HIP)
     refused: str | None = None
+    tensor_maps: list[TensorMap] = field(default_factory=list)
 
     @property
     def dispatches(self) -> list[Dispatch]:
@@ -127,6 +189,8 @@ class Launch:
                 for s in self.steps
             ],
             "ptx": [f"launch-{i}.ptx" for i in range(len(self.ptx))],
+            "tensor_maps": [{k: list(v) if isinstance(v, tuple) else v for k, v in vars(m).items()}
+                            for m in self.tensor_maps],
         }  # fmt: skip
         out = {LAUNCH_FILE: (json.dumps(meta, indent=1) + "\n").encode()}
         out |= {f"launch-{i}.ptx": p for i, p in enumerate(self.ptx)}
@@ -159,8 +223,9 @@ class Launch:
                 exports={e.name: e for e in exports},
                 ptx=[read(name) for name in meta["ptx"]],
                 refused=meta["refused"],
+                tensor_maps=[TensorMap(**m) for m in meta.get("tensor_maps", [])],  # absent before sm_90a kernels
             )
-        except (KeyError, TypeError, json.JSONDecodeError) as e:
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             raise ValueError(f"{LAUNCH_FILE}: malformed: {type(e).__name__}: {e}") from None
 
 
@@ -249,13 +314,54 @@ def _libcuda() -> Any:
                 "cuMemsetD32Async": [ctypes.c_uint64, u32, sz, vp],
                 "cuMemcpyAsync": [ctypes.c_uint64, ctypes.c_uint64, sz, vp],
                 "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+                "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), sz],
+                "cuMemAllocHost_v2": [pvp, sz],
+                "cuMemcpyHtoDAsync_v2": [ctypes.c_uint64, vp, sz, vp],
             }
-            for name, args in sigs.items():
+            u64p, i32p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(u32)
+            # CUDA 12 drivers only (sm_90a kernels): absent elsewhere, asked for only by a launch with tensor maps
+            optional = {
+                "cuTensorMapEncodeTiled": [vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p, ctypes.c_int,
+                                           ctypes.c_int, ctypes.c_int, ctypes.c_int],
+                "cuTensorMapEncodeIm2col": [vp, ctypes.c_int, u32, vp, u64p, u64p, i32p, i32p, u32, u32, u32p,
+                                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
+            }  # fmt: skip
+            for name, args in [*sigs.items(), *((k, v) for k, v in optional.items() if hasattr(lib, k))]:
                 f = getattr(lib, name)
                 f.argtypes, f.restype = args, ctypes.c_int
             _check(lib, lib.cuInit(0), "cuInit")
             _LIB = lib
     return _LIB
+
+
+def encode_tensor_map(lib: Any, m: TensorMap, address: int) -> bytes:
+    """The 128 bytes of ``m``'s ``CUtensorMap`` for memory at device ``address`` (cuTensorMapEncode*).
+
+    Raises:
+        CudaError: the driver has no tensor maps (before CUDA 12) or refused the map (naming its binding).
+    """
+    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+    name = "cuTensorMapEncodeTiled" if m.mode == "tiled" else "cuTensorMapEncodeIm2col"
+    if not hasattr(lib, name):
+        raise CudaError(f"{name}: not in this CUDA driver (tensor maps need CUDA 12; the kernels are sm_90a)")
+    raw = (ctypes.c_uint8 * 192)()  # CUtensorMap is alignas(64): an aligned 128 bytes inside
+    out = (ctypes.c_uint8 * 128).from_buffer(raw, -ctypes.addressof(raw) % 64)
+    rank = len(m.dims)
+    dims, strides = (u64 * rank)(*m.dims), (u64 * max(rank - 1, 1))(*m.strides)
+    elems = (u32 * rank)(*m.element_strides)
+    if m.mode == "tiled":
+        rc = lib.cuTensorMapEncodeTiled(out, m.dtype, rank, address, dims, strides, (u32 * rank)(*m.box), elems,
+                                        m.interleave, m.swizzle, m.l2_promotion, m.oob_fill)  # fmt: skip
+    else:
+        corners = [(ctypes.c_int * max(rank - 2, 1))(*c) for c in (m.lower, m.upper)]
+        rc = lib.cuTensorMapEncodeIm2col(out, m.dtype, rank, address, dims, strides, *corners, m.box[0], m.box[1],
+                                         elems, m.interleave, m.swizzle, m.l2_promotion, m.oob_fill)  # fmt: skip
+    _check(lib, rc, f"{name}(binding {m.binding} of {m.kernel} at {address:#x})")
+    return bytes(out)
+
+
+_MAPS_SLOT = 256  # bytes of device memory a dispatch's maps take (two 128-byte CUtensorMaps)
+_MAPS_SLAB = 64  # slots allocated at a time
 
 
 def _check(lib: Any, rc: int, what: str) -> None:
@@ -311,6 +417,22 @@ class CudaLauncher:
                                                    e.shared_memory), f"cuFuncSetAttribute({e.name})")  # fmt: skip
             funcs[e.name] = f.value
         self._plan, self._params = launch_plan(launch, funcs, dynamic_shared=True)
+        # tensor maps: per kernel step, (maps binding, its maps); encoded per address tuple into a slot of ours
+        self._maps: dict[int, tuple[int, list[TensorMap]]] = {}
+        for i, step in enumerate(self._plan):
+            maps = sorted((m for m in launch.tensor_maps if step[0] == "k" and m.kernel == step[6]),
+                          key=lambda m: m.slot)  # fmt: skip
+            if maps:
+                if len({m.maps_binding for m in maps}) != 1 or 128 * (maps[-1].slot + 1) > _MAPS_SLOT:
+                    raise ValueError(f"launch: tensor maps of {step[6]}: one maps binding, at most 2 maps")
+                self._maps[i] = (maps[0].maps_binding, maps)
+        unlaunched = {m.kernel for m in launch.tensor_maps} - {s[6] for s in self._plan if s[0] == "k"}
+        if unlaunched:
+            raise ValueError(
+                f"launch: tensor maps of {', '.join(sorted(unlaunched))}, which the schedule does not launch"
+            )
+        self._encoded: dict[tuple, int] = {}  # (step, addresses) -> device address of its maps
+        self._slabs: list[tuple[int, Any]] = []  # (device, pinned host) memory of _MAPS_SLAB slots, kept
 
     def _bind(self) -> None:
         """Make the primary context current on this thread (torch's threads have it already)."""
@@ -331,12 +453,39 @@ class CudaLauncher:
             self._bind()
             self._queue(lib, pointers, stream)
 
+    def _maps_for(self, index: int, payload: Any, stream: int) -> int:
+        """The device address of step ``index``'s tensor maps for the addresses its payload binds: encoded
+        once per address tuple into pinned memory and copied to a device slot on ``stream`` (stream order:
+        a CUDA graph captures the copy too); slots are never reused, so a recorded graph stays right."""
+        _, maps = self._maps[index]
+        key = (index, *(payload[m.binding] for m in maps))
+        found = self._encoded.get(key)
+        if found is not None:
+            return found
+        lib, n = self._lib, len(self._encoded)
+        if n % _MAPS_SLAB == 0:
+            dev, host = ctypes.c_uint64(), ctypes.c_void_p()
+            _check(lib, lib.cuMemAlloc_v2(ctypes.byref(dev), _MAPS_SLOT * _MAPS_SLAB), "cuMemAlloc (tensor maps)")
+            _check(
+                lib, lib.cuMemAllocHost_v2(ctypes.byref(host), _MAPS_SLOT * _MAPS_SLAB), "cuMemAllocHost (tensor maps)"
+            )
+            self._slabs.append((dev.value, host.value))
+        dev, host = self._slabs[-1]
+        offset = _MAPS_SLOT * (n % _MAPS_SLAB)
+        data = b"".join(encode_tensor_map(lib, m, payload[m.binding]) for m in maps)
+        ctypes.memmove(host + offset, data, len(data))
+        _check(lib, lib.cuMemcpyHtoDAsync_v2(dev + offset, host + offset, len(data), stream), "cuMemcpyHtoDAsync")
+        self._encoded[key] = dev + offset
+        return dev + offset
+
     def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int) -> None:
-        for step in self._plan:
+        for index, step in enumerate(self._plan):
             if step[0] == "k":
                 _, func, dims, payload, params, binds, name = step
                 for i, (which, off) in enumerate(binds):
                     payload[i] = pointers[which] + off
+                if index in self._maps:
+                    payload[self._maps[index][0]] = self._maps_for(index, payload, stream)
                 rc = lib.cuLaunchKernel(func, *dims, stream, params, None)
                 if rc:
                     _check(lib, rc, f"cuLaunchKernel({name})")

@@ -452,6 +452,7 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
 
     * split-K: ``k_batch`` f32 partial sums of dW (stage 1), reduced by stage 2; the depthwise kernel's
       ``chunks`` f32 partials likewise;
+    * the sm_90a kernel: its 256-byte maps buffer (the launcher binds its own; IREE's runtime refuses it);
     * StreamK: ``W`` f32 partial tiles ``bm x bn`` and ``W`` i32 flags, and IREE's constant copy of them
       (:data:`STREAMK_HOIST_MAX_BYTES`);
     * codegen (not the explicit kernels, which read the padding by address): the copies of x and dy the
@@ -488,7 +489,9 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
     if plan.depthwise is not None:  # each row chunk's f32 partial dW, summed by the second stage
         total += plan.depthwise.chunks * math.prod(problem.shape("acc")) * 4
     if plan.strategy == Strategy.EXPLICIT:
-        return total
+        from convbw_mlir.policies import sm90
+
+        return total + (sm90.MAPS_BYTES if sm90.is_sm90(plan) else 0)  # the maps' region of the transient
     if plan.gemm and any(s > 1 for s in problem.stride):  # the GEMM's x: every stride-th position (a transpose fuses)
         total += math.prod(work.x_shape) * elem
     pads = input_pads(work, plan.split)

@@ -17,6 +17,7 @@ import numpy as np
 from convbw_mlir.problem import numpy_dtype
 
 __all__ = [
+    "TENSOR_MAPS_KEY",
     "DeviceError",
     "Kernel",
     "NotEnoughMemoryError",
@@ -28,8 +29,36 @@ __all__ = [
     "format_bytes",
     "numpy_dtype",
     "open_device",
+    "refuse_tensor_maps",
     "time_calls",
 ]
+
+
+# The entry function's reflection key of a module whose kernel reads TMA tensor maps (an sm_90a kernel; set by
+# convbw-explicit-kernel): IREE's HAL cannot pass them, so this runtime refuses such a module.
+TENSOR_MAPS_KEY = "convbw.tensor_maps"
+
+
+def refuse_tensor_maps(vmfb: bytes, function: str = "conv_bwd_weight") -> None:
+    """Refuse a module whose function's kernel reads tensor maps (:data:`TENSOR_MAPS_KEY` in its reflection),
+    before any device is opened.
+
+    Raises:
+        ValueError: naming the target, the kernel and what runs it instead.
+    """
+    import iree.runtime as rt
+
+    instance = rt.VmInstance()  # held while the module is read: the module does not keep it alive
+    module = rt.VmModule.copy_buffer(instance, vmfb)
+    fn = module.lookup_function(function)
+    kernel = fn.reflection.get(TENSOR_MAPS_KEY) if fn is not None else None
+    del fn, module, instance
+    if kernel:
+        raise ValueError(
+            f"target sm_90a: {function}'s kernel {kernel} reads TMA tensor maps, which IREE's runtime cannot pass; "
+            "run it through the direct CUDA launch (convbw_mlir.torch on a compute-capability 9.0 GPU, or "
+            "convbw_mlir.cuda_launch.CudaLauncher on the artifact's launch schedule), or compile for sm_80"
+        )
 
 
 class DeviceError(RuntimeError):
@@ -181,6 +210,7 @@ class Kernel:
     def __post_init__(self) -> None:
         import iree.runtime as rt
 
+        refuse_tensor_maps(self.vmfb, self.function)
         self.device = open_device(self.driver, self.device_index)
         self.config = rt.Config(device=self.device)
         module = rt.VmModule.copy_buffer(self.config.vm_instance, self.vmfb)
@@ -288,6 +318,7 @@ class PreparedCall:
     def __init__(self, vmfb: bytes, driver: str, device_index: int | None = None, function: str = "conv_bwd_weight"):
         import iree.runtime as rt
 
+        refuse_tensor_maps(vmfb, function)
         self._rt = rt
         self.driver = driver
         self.device = open_device(driver, device_index)

@@ -20,6 +20,12 @@ A depthwise plan (``plan.depthwise``) binds dy as ``N x *out x (G*K)`` and x as 
 for depthwise, at most 16 for thin groups); its kernel (``convbw_mlir.kernels.depthwise_sm80``) writes f32
 partials ``chunks x G x K x (taps*C)`` that the same stage-2 sum as split-K's adds up and rounds to dW's type.
 
+An sm_90a plan (``policies.sm90.is_sm90``: a wgmma tile) binds dy as ``(N*Ho*Wo) x (G*K)``, x as ``N x H x W x
+(G*C)`` and a 256-byte maps buffer (a ``tensor.empty``: the direct launch binds its own, holding the two
+CUtensorMaps it encodes); its kernel (``convbw_mlir.kernels.conv_sm90``) writes dW ``G x K x (Y*X*C)`` or f32
+partials that the same stage 2 adds up. The entry function's ``iree.reflection`` then says so
+(:data:`TENSOR_MAPS_KEY`), so IREE's runtime refuses the module (it cannot encode tensor maps).
+
 IREE compiles the dispatch as written (``#iree_codegen.no_pipeline``): the kernel is the one
 ``convbw_mlir.kernels.gemm_sm80`` builds from the plan's tile; nothing here decides anything. It runs
 right after ``convbw-plan``, so the later passes never see the op.
@@ -36,8 +42,9 @@ from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 from convbw_mlir.builders import PARALLEL, REDUCTION, generic, reassociation, zero
 from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
 from convbw_mlir.plan import PlanError, Strategy, check_plan, computed_problem, explicit_tiling
+from convbw_mlir.runtime import TENSOR_MAPS_KEY
 
-__all__ = ["ExplicitKernel", "carried_plan"]
+__all__ = ["TENSOR_MAPS_KEY", "ExplicitKernel", "carried_plan"]
 
 ENTRY = "gemm"
 # The plan an explicit kernel carried out rides on its flow.dispatch (no contraction records it).
@@ -156,6 +163,47 @@ def _depthwise_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:
     depthwise_sm80.build_kernel_body(block, *memrefs, k)
 
 
+def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
+    """The sm_90a kernel's dispatch on ``op``'s operands (and its stage 2): dW as ``G x K x (Y*X*C)``."""
+    from convbw_mlir.kernels.conv_sm90 import ConvSm90, build_conv_body, conv_entry
+    from convbw_mlir.kernels.entry import build_dispatch
+    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
+    from convbw_mlir.policies import sm90
+
+    (h, w), (ho, wo), (fy, fx) = problem.input_size, problem.output_size, problem.filter_size
+    t = plan.tile
+    g = ConvSm90(problem.batch, h, w, problem.in_channels, problem.out_channels, fy, fx, ho, wo,
+                 tuple(problem.stride), tuple(problem.dilation), tuple(problem.pad_low),
+                 Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch,
+                 problem.groups)  # fmt: skip
+    out = element_type(problem.dw_dtype)
+    entry = conv_entry(g, element_type(problem.dtype), out, name)
+    flat = reassociation([[0, 1, 2], [3, 4]])
+    dy_t = ir.RankedTensorType.get(ir.MemRefType(entry.bindings[0]).shape, element_type(problem.dtype))
+    dy = tensor_d.CollapseShapeOp(dy_t, op.operands[1], flat).result
+    x_t = ir.RankedTensorType.get(ir.MemRefType(entry.bindings[1]).shape, element_type(problem.dtype))
+    x = tensor_d.CollapseShapeOp(x_t, op.operands[0], reassociation([[0], [1], [2], [3, 4]])).result
+    maps = tensor_d.EmptyOp([sm90.MAPS_BYTES], ir.IntegerType.get_signless(8)).result
+    # not a constant to IREE: a hoisted global buffer (what a split module made of it) is no binding the schedule
+    # reader takes; a per-call one is the transient's, which the launcher rebinds to its maps
+    maps = ir.Operation.create("util.optimization_barrier", results=[maps.type], operands=[maps]).result
+    c = ir.MemRefType(entry.bindings[3])
+    with ir.Location.unknown():
+        result = build_dispatch(entry, lambda blk, mems: build_conv_body(blk, mems, g), [dy, x, maps],
+                                   ir.RankedTensorType.get(c.shape, c.element_type), top)  # fmt: skip
+    result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+    return _sum_splits(result, out) if plan.k_batch > 1 else result
+
+
+def _mark_tensor_maps(module: ir.Operation, kernel: str) -> None:
+    """Say in the entry function's reflection that its kernel ``kernel`` reads tensor maps the caller encodes."""
+    from convbw_mlir.dialects.convbw import FUNC_NAME
+
+    for fn in module.regions[0].blocks[0].operations:
+        if "sym_name" in fn.attributes and ir.StringAttr(fn.attributes["sym_name"]).value == FUNC_NAME:
+            fn.attributes["iree.reflection"] = ir.DictAttr.get({TENSOR_MAPS_KEY: ir.StringAttr.get(kernel)})
+
+
 def _kernel_module(family: str):
     """The builder module of a target family's kernel form."""
     if family == "cdna":
@@ -227,6 +275,21 @@ class ExplicitKernel(ConvbwPass):
                 raise self.fail(
                     op, f"a {problem.layout} op whose plan computes it in layout 2: run convbw-relayout first"
                 )
+            from convbw_mlir.policies import sm90
+
+            if sm90.is_sm90(plan):
+                name = f"convbw_explicit_{count}"
+                with op.location, ir.InsertionPoint(op):
+                    top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
+                    result = _sm90_dispatch(op, problem, plan, name, top)
+                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
+                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
+                                                list(problem.dw_shape)).result  # fmt: skip
+                _mark_tensor_maps(module, name)
+                count += 1
+                op.results[0].replace_all_uses_with(dw)
+                op.erase()
+                continue
             if plan.depthwise is not None:
                 with op.location, ir.InsertionPoint(op):
                     top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])

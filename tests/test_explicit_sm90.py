@@ -121,8 +121,9 @@ def test_gemm_refuses_sizes_off_the_tile():
 
 
 def test_torch_entry_keeps_sm80_kernels_on_a_hopper_device(monkeypatch):
-    """With sm_90a in the table, a compute-capability-9.0 device still gets the sm_80 kernels (the conv
-    kernels have no sm_90a form yet); the arch-specific name must not break the choice."""
+    """With sm_90a in the table, a compute-capability-9.0 device asked without a problem gets the sm_80
+    kernels (sm_90a only for a problem the sm_90a kernel takes: tests/test_sm90_product.py); the
+    arch-specific name must not break the choice."""
     torch = pytest.importorskip("torch")
     from convbw_mlir.torch import entry
 

@@ -43,8 +43,14 @@ def build_op(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None = 
         stages["linalg"] = str(module)
         bytecode = _bytecode(module)
         plan = _plan_carried_out(module)
+        mapped = _tensor_maps_kernel(module)
     plan = plan_properties(problem, plan) if plan is not None else None  # its workspace and determinism
     vmfb, launch = _compile_vmfb(bytecode, target, extra_flags)
+    if mapped is not None and launch is not None and launch.refused is None:  # what the direct launch encodes
+        from convbw_mlir.cuda_launch import TensorMap
+        from convbw_mlir.policies import sm90
+
+        launch.tensor_maps = [TensorMap(**m) for m in sm90.tensor_maps(problem, mapped)]
     return CompiledOp(
         problem=problem,
         target=target.name,
@@ -159,6 +165,20 @@ def with_output_arg(text: str) -> str:
         module = ir.Module.parse(text)
         _add_output_arg(module)
         return str(module)
+
+
+def _tensor_maps_kernel(module: Any) -> str | None:
+    """The kernel whose tensor maps the caller encodes, as the entry function's reflection names it, or None."""
+    from convbw_mlir.dialects.convbw import FUNC_NAME
+    from convbw_mlir.ir_imports import ir
+    from convbw_mlir.runtime import TENSOR_MAPS_KEY
+
+    for op in module.body.operations:
+        if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == FUNC_NAME:
+            info = op.attributes["iree.reflection"] if "iree.reflection" in op.attributes else None
+            if info is not None and TENSOR_MAPS_KEY in ir.DictAttr(info):
+                return ir.StringAttr(ir.DictAttr(info)[TENSOR_MAPS_KEY]).value
+    return None
 
 
 def _plan_carried_out(module: Any) -> Plan | None:

@@ -259,7 +259,7 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
             b, _ = buffers[op.operands[0]]
             if b.startswith("arg"):
                 arg_bytes[int(b[3:])] = max(arg_bytes[int(b[3:])], _const(op.operands[2], "minimum_length"))
-        elif name == "hal.device.queue.alloca":
+        elif name == "hal.device.queue.alloca":  # each one a region of the one transient (the sm_90a maps' too)
             _flags_zero(op)
             # each transient its own aligned part of one arena (a relayout's copies, split-K's partials)
             base = -(-transient // TRANSIENT_ALIGNMENT) * TRANSIENT_ALIGNMENT

@@ -1,16 +1,28 @@
 """The policy of the sm_90a weight-gradient kernel (``convbw_mlir/kernels/conv_sm90.py``): which problems it
-takes and why not, its tiling and its split rule (pure Python, no MLIR).
+takes and why not, its tiling and its split rule, and the tensor maps its launcher encodes (pure Python, no MLIR).
 
-Not yet asked by the plan: ``compile_op(target="sm_90a")`` still plans the sm_80 kernels or codegen (the
-kernel's tensor maps are encoded by the launcher, which only bench/hopper_conv.py does so far).
+The plan asks it for the sm_90a target (:func:`convbw_mlir.policies.for_target`): a problem it takes gets its
+plan (strategy explicit, a wgmma tile ``NV_WGMMA_F32_64x<bn>x16_<type>``, split-K ``r``); any other problem, or
+options this kernel has no knob for, get the sm_80 kernels' plan (:mod:`convbw_mlir.policies.sm80`), compiled
+for sm_90a. :func:`tensor_maps` is the record the build puts in the launch schedule: what the direct launch
+encodes with ``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col`` (docs/explicit-kernels.md "Hopper").
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
-__all__ = ["BK", "BM", "BN", "SMS", "auto_splits", "choose", "cost", "flops", "refusals"]
+from convbw_mlir.loops import Split
+from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, Tile, _is_int
+from convbw_mlir.policies import sm80
+from convbw_mlir.policies.split import EXPLICIT_SPLIT, check, split_refusals
+from convbw_mlir.targets import Target
+
+__all__ = ["BK", "BM", "BN", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "auto_splits", "choose", "cost", "flops",
+           "im2col_corners", "is_sm90", "plan", "refusals", "takes", "takes_by_default", "tensor_maps",
+           "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
 SMS = 132  # H100 SXM's SMs; one workgroup an SM (4 stages of 48 KiB)
@@ -25,10 +37,24 @@ BYTES_PER_US = 3.0e6
 SUM_US = 0.0
 FILL_TILES = 8
 MAX_SPLITS = 32
+STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
+WGMMA = "NV_WGMMA_F32_64x{n}x16_{t}"  # the plan's name of the kernel's instruction (the tile marks the kernel)
+MAPS_BYTES = 256  # the maps binding: dy's CUtensorMap, then x's (128 bytes each)
 
 
-def refusals(problem: Any) -> list[str]:
-    """Why the sm_90a kernel cannot compute ``problem`` ("field: value (why)" lines; empty: it can)."""
+def refusals(problem: Any, plan: Plan | None = None) -> list[str]:
+    """Why the sm_90a kernel cannot compute ``problem`` ("field: value (why)" lines; empty: it can); with a
+    ``plan`` for sm_90a, why it cannot carry that plan out (the sm_80 kernels' refusals for a plan of theirs).
+    """
+    if plan is not None and not is_sm90(plan):
+        return sm80.refusals(problem, plan)
+    why = _problem_refusals(problem)
+    if plan is not None:
+        why += _plan_refusals(problem, plan)
+    return why
+
+
+def _problem_refusals(problem: Any) -> list[str]:
     why = []
     fam = problem.layout_family
     if (fam.x, fam.w) != ("NHWGC", "GKYXC"):
@@ -48,6 +74,117 @@ def refusals(problem: Any) -> list[str]:
     return why
 
 
+def _plan_refusals(problem: Any, plan: Plan) -> list[str]:
+    """Why an sm_90a plan's tile and split do not fit the kernel ("field: value" lines)."""
+    t, why = plan.tile, []
+    want = _tile(problem, t.n)
+    if t.n not in TILE_COST or t != want:
+        why.append(f"tile: {t} (the sm_90a kernel's tiles: m 128, k 64, bn one of {', '.join(map(str, TILE_COST))})")
+    if plan.streamk is not None or plan.wavespec is not None or plan.depthwise is not None:
+        why.append("plan: streamk, wavespec or depthwise (the sm_90a kernel has none)")
+    if plan.gemm or plan.reduction_innermost:
+        why.append("gemm: the sm_90a kernel reads x by its im2col map (plan.gemm false)")
+    why += split_refusals(problem, plan)
+    if not why and plan.split is not None:  # the kernel's own rule: no empty last split
+        ktiles = -(-_reduction(problem) // BK)
+        if (plan.split.k_batch - 1) * plan.split.chunk >= ktiles:
+            why.append(f"split: {plan.split.k_batch} leave the last one empty ({ktiles} k tiles)")
+    return why
+
+
+# -- what the plan asks --------------------------------------------------------------------------------------
+def is_sm90(plan: Plan) -> bool:
+    """Whether ``plan`` is this kernel's (its tile names wgmma)."""
+    return plan.strategy == Strategy.EXPLICIT and plan.tile is not None and plan.tile.intrinsic.startswith("NV_WGMMA")
+
+
+def takes(problem: Any) -> bool:
+    """Whether the kernel computes ``problem`` (:func:`refusals` has no reason)."""
+    return not _problem_refusals(problem)
+
+
+def takes_by_default(problem: Any) -> bool:
+    """Whether the plan may choose an explicit kernel by itself on sm_90a: this one where it takes the problem
+    (bench/results/h100_2026-11-26_hopper_conv: 13 of 13 correct, 2.05x the sm_80 kernel), else the sm_80
+    kernel's rule."""
+    return takes(problem) or sm80.takes_by_default(problem)
+
+
+def unsupported(problem: Any, tiling: Any, *args: Any, **kwargs: Any) -> list[str]:
+    """The sm_80 kernels' :func:`convbw_mlir.policies.sm80.unsupported` where this kernel does not take the
+    problem (the plan asks it for depthwise routing), else none."""
+    return [] if takes(problem) and tiling is None else sm80.unsupported(problem, tiling, *args, **kwargs)
+
+
+def tiling(plan: Plan) -> Any:
+    """The sm_80 kernels' tiling of an sm_80 plan (an sm_90a plan's numbers are its tile and split)."""
+    if is_sm90(plan):
+        raise ValueError("plan: an sm_90a plan has no sm_80 tiling (its numbers are plan.tile and plan.split)")
+    return sm80.tiling(plan)
+
+
+def _reduction(problem: Any) -> int:
+    return problem.batch * math.prod(problem.output_size)
+
+
+def _tile(problem: Any, bn: int) -> Tile:
+    return Tile(BM, bn, BK, CONSUMERS, 1, STAGES, WGMMA.format(n=bn, t=problem.dtype.upper()))
+
+
+def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
+    """This kernel's plan where it takes the problem and the options (``k-batch``, ``tile-n`` as the wgmma
+    N: 128, 192 or 256), by :func:`choose` for the rest; else the sm_80 kernels' (:func:`sm80.plan`).
+
+    Raises:
+        PlanError: the kernel cannot carry the plan out (every reason, "field: value").
+    """
+    others = {k: v for k, v in opts.tile.items() if k != "n"}
+    if not takes(problem) or others or opts.streamk is not None or opts.producers is not None:
+        return sm80.plan(problem, tgt, opts)
+    m, n, reduction = problem.out_channels, problem.in_channels * math.prod(problem.filter_size), _reduction(problem)
+    widths = [opts.tile["n"]] if "n" in opts.tile else list(TILE_COST)
+    if widths[0] not in TILE_COST:
+        raise PlanError(f"tile-n: {widths[0]} (the sm_90a kernel's bn: one of {', '.join(map(str, TILE_COST))})")
+    bn, splits = choose(m, n, reduction, tgt.compute_units, problem.groups, widths)
+    if _is_int(opts.k_batch):
+        splits = opts.k_batch
+    chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn))
+    if splits > 1:
+        ktiles = -(-reduction // BK)
+        chosen = replace(chosen, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
+    check(problem, chosen, refusals)
+    return chosen
+
+
+# -- what the launcher encodes ----------------------------------------------------------------------------
+def im2col_corners(problem: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    """x's im2col bounding box per image, (w, h) (cuTensorMapEncodeIm2col's pixelBoxLowerCorner /
+    UpperCorner): from ``-p`` to the last output position's pixel, ``dim - 1 + upper`` (as
+    ``convbw_mlir.kernels.conv_sm90.im2col_corners``)."""
+    (h, w), (ho, wo) = problem.input_size, problem.output_size
+    (sh, sw), (ph, pw) = problem.stride, problem.pad_low
+    return (-pw, -ph), ((wo - 1) * sw - pw - (w - 1), (ho - 1) * sh - ph - (h - 1))
+
+
+def tensor_maps(problem: Any, kernel: str) -> list[dict[str, Any]]:
+    """The kernel's two CUtensorMaps as the direct launch encodes them (``cuda_launch.TensorMap`` fields), for
+    the dispatch ``kernel`` whose bindings are dy ``[N Ho Wo, G K]`` (0), x ``[N, H, W, G C]`` (1), the maps
+    (2: dy's map at byte 0, x's at 128): dy tiled, box 64 x 64; x im2col, 64 channels x 64 pixels, traversal
+    strides the conv's; 128-byte swizzle, L2 promotion 256 B, zero outside (cuda.h's enums)."""
+    dtype = {"f16": 6, "bf16": 9}[problem.dtype]  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
+    (h, w), (sh, sw) = problem.input_size, problem.stride
+    n, gk, gc = problem.batch, problem.groups * problem.out_channels, problem.groups * problem.in_channels
+    lower, upper = im2col_corners(problem)
+    common = {"kernel": kernel, "maps_binding": 2, "dtype": dtype, "swizzle": 3, "l2_promotion": 3}
+    return [
+        {**common, "binding": 0, "slot": 0, "mode": "tiled", "dims": [gk, _reduction(problem)], "strides": [gk * 2],
+         "box": [BK, BK], "element_strides": [1, 1]},
+        {**common, "binding": 1, "slot": 1, "mode": "im2col", "dims": [gc, w, h, n],
+         "strides": [gc * 2, w * gc * 2, h * w * gc * 2], "box": [BK, BK], "element_strides": [1, sw, sh, 1],
+         "lower": list(lower), "upper": list(upper)},
+    ]  # fmt: skip
+
+
 def cost(m: int, n: int, reduction: int, bn: int, splits: int, sms: int = SMS, groups: int = 1) -> float:
     """Estimated us of ``groups`` ``m x n`` dWs reducing over ``reduction`` rows with tile ``128 x bn`` and
     ``splits`` slices: whole waves of ``sms`` workgroups, each its slice's k tiles plus the fill, and a
@@ -59,12 +196,13 @@ def cost(m: int, n: int, reduction: int, bn: int, splits: int, sms: int = SMS, g
     return us + (2 * splits * groups * m * n * 4 / BYTES_PER_US + SUM_US if splits > 1 else 0.0)
 
 
-def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1) -> tuple[int, int]:
-    """The tile width and split count ``(bn, splits)`` of least :func:`cost`, each slice at least 8 k tiles
-    (CK's k_batch rule of thumb, re-weighed for whole waves) and none empty; the wider tile, then the fewer
-    splits, on a tie."""
+def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1,
+           widths: list[int] | None = None) -> tuple[int, int]:  # fmt: skip
+    """The tile width (of ``widths``, default all) and split count ``(bn, splits)`` of least :func:`cost`, each
+    slice at least 8 k tiles (CK's k_batch rule of thumb, re-weighed for whole waves) and none empty; the wider
+    tile, then the fewer splits, on a tie."""
     ktiles = -(-reduction // BK)
-    options = [(bn, s) for bn in TILE_COST for s in range(1, MAX_SPLITS + 1)
+    options = [(bn, s) for bn in widths or TILE_COST for s in range(1, MAX_SPLITS + 1)
                if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles]  # fmt: skip
     return min(options, key=lambda o: (round(cost(m, n, reduction, *o, sms, groups), 1), -o[0], o[1]))
 

@@ -98,8 +98,13 @@ def _pads(padding: Any, rank: int, filter_size: tuple[int, ...], dilation: tuple
     return pad, pad
 
 
-def target_for(device: torch.device) -> tuple[str, str, int | None]:
-    """(compile target, IREE driver, device index) for a torch device.
+def target_for(device: torch.device, problem: ConvBwdWeightProblem | None = None) -> tuple[str, str, int | None]:
+    """(compile target, IREE driver, device index) for a torch device (and the problem to run there).
+
+    On a compute-capability 9.0 GPU a ``problem`` the sm_90a weight-gradient kernel takes
+    (:func:`convbw_mlir.policies.sm90.takes`) gets ``sm_90a`` (its plan is that kernel's); anything else there
+    gets ``sm_80`` (sm_80 PTX through the driver's JIT), as does every problem on newer GPUs, whose PTX ``sm_90a``
+    is not (arch-specific PTX runs on its own compute capability only).
 
     Raises:
         ValueError: a device type IREE cannot run (naming it), or a GPU torch build of neither CUDA nor ROCm.
@@ -117,13 +122,17 @@ def target_for(device: torch.device) -> tuple[str, str, int | None]:
     from convbw_mlir.targets import TARGETS
 
     major, minor = torch.cuda.get_device_capability(index)
+    cap = 10 * major + minor
+    if cap == 90 and problem is not None:
+        from convbw_mlir.policies import sm90
+
+        if sm90.takes(problem):
+            return "sm_90a", "cuda", index
     # IREE 3.13's newest CUDA flag target is sm_80..89; newer GPUs run sm_80 PTX through the driver's JIT.
-    # Arch-specific targets (sm_90a: only our GEMM has kernels for it yet) are never picked here.
     known = sorted((int(n[3:]), n) for n in TARGETS
-                   if n.startswith("sm_") and n[3:].isdigit() and int(n[3:]) <= 10 * major + minor)  # fmt: skip
+                   if n.startswith("sm_") and n[3:].isdigit() and int(n[3:]) <= cap)  # fmt: skip
     if not known:
         raise ValueError(f"input: compute capability {major}.{minor} is older than IREE's sm_80 target")
-    cap = 10 * major + minor
     return ("sm_80" if cap >= 90 else known[-1][1]), "cuda", index
 
 
@@ -267,7 +276,7 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
     Raises:
         RuntimeError: no precompiled kernel and no IREE compiler to build one.
     """
-    target, driver, index = target_for(device)
+    target, driver, index = target_for(device, problem)
     deterministic = torch.are_deterministic_algorithms_enabled()
     key = (problem, target, index, deterministic)  # deterministic mode may choose another plan
     with _LOCK:

@@ -286,7 +286,7 @@ def _copy_format(go: torch.Tensor, x: torch.Tensor) -> torch.memory_format | Non
 def _plan_of(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, args: tuple) -> Any:
     stride, padding, dilation, _, _, groups = args
     problem = ct._problem_memo(x, list(w.shape), go, list(stride), list(padding), list(dilation), int(groups))[0]
-    target, _, index = ct.target_for(x.device)
+    target, _, index = ct.target_for(x.device, problem)
     return ct._PLANS.get((problem, target, index, _deterministic()), (None, ()))
 
 

@@ -1,0 +1,306 @@
+"""The sm_90a weight-gradient kernel in the product (issue 24 items 1 and 3): the plan's choice on sm_90a, the
+tensor-map record the build puts in the launch schedule, the direct launch's encoding of it, the refusal on
+IREE's runtime, and the torch entry's choice of target by compute capability."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import numpy as np
+import pytest
+
+from convbw_mlir import policies
+from convbw_mlir.cuda_launch import Launch, TensorMap, encode_tensor_map
+from convbw_mlir.dispatch.variants import Variant, variant_key
+from convbw_mlir.plan import Plan, PlanError, check_plan, decide
+from convbw_mlir.policies import sm90
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+RESNET_3X3 = "2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1"  # ResNet-50 stage 3's 3x3 at N=256
+TINY = "2 1 8 64 64 3 3 8 8 1 1 1 1 1 1 1 1"
+
+
+def _problem(line: str, **fields) -> ConvBwdWeightProblem:
+    return ConvBwdWeightProblem.from_ck(line).with_(**{"layout": 2, **fields})
+
+
+# -- the plan -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "line", [RESNET_3X3, "2 1 256 1024 256 1 1 14 14 1 1 1 1 0 0 0 0", "2 2 64 64 64 3 3 56 56 1 1 1 1 1 1 1 1"]
+)
+def test_plan_on_sm90a_is_the_wgmma_kernel_for_problems_its_policy_takes(line):
+    p = _problem(line)
+    plan = decide(p, "sm_90a")
+    assert sm90.is_sm90(plan), plan
+    assert plan.tile.intrinsic == f"NV_WGMMA_F32_64x{plan.tile.n}x16_F16"
+    bn, splits = sm90.choose(p.out_channels, p.in_channels * 9 if "3 3" in line else p.in_channels,
+                             p.batch * int(np.prod(p.output_size)), groups=p.groups)  # fmt: skip
+    assert (plan.tile.n, plan.k_batch) == (bn, splits)
+    assert not sm90.is_sm90(decide(p, "sm_80"))  # other targets: unchanged
+
+
+def test_sm90a_plan_round_trips_through_json_and_keys_its_own_cache_entry():
+    p = _problem(RESNET_3X3)
+    plan = decide(p, "sm_90a")
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again == plan and sm90.is_sm90(again)
+    check_plan(p, again)  # a stored plan replays
+    sm80_plan = decide(p, "sm_90a", strategy="explicit", tile_m=128)  # an sm_80 kernel option: the sm_80 kernel
+    assert not sm90.is_sm90(sm80_plan)
+    keys = {variant_key(p, "sm_90a", Variant("convbw", q), "3.13") for q in (plan, sm80_plan)}
+    assert len(keys) == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "fields"),
+    [(RESNET_3X3, {"layout": 4}), ("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}),
+     ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}), ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 1 1 1 1 1 1", {})],
+)  # fmt: skip
+def test_plan_on_sm90a_keeps_the_sm80_plan_for_problems_the_policy_refuses(line, fields, monkeypatch):
+    p = _problem(line, **fields)
+    got = decide(p, "sm_90a")
+    monkeypatch.setattr(policies, "for_target", lambda t: policies.FAMILIES.get(t.family))  # the plan before sm90
+    assert got == decide(p, "sm_90a")
+    assert not sm90.is_sm90(got)
+
+
+def test_sm90a_plan_takes_k_batch_and_tile_n_and_refuses_a_split_past_the_k_tiles():
+    p = _problem(RESNET_3X3)
+    assert decide(p, "sm_90a", strategy="explicit", k_batch=3).k_batch == 3
+    assert decide(p, "sm_90a", strategy="explicit", tile_n=128).tile.n == 128
+    with pytest.raises(PlanError, match="tile-n: 64"):
+        decide(p, "sm_90a", strategy="explicit", tile_n=64)
+    small = _problem(TINY)  # 512 rows: 8 k tiles
+    with pytest.raises(PlanError, match="split: r x 9"):
+        decide(small, "sm_90a", strategy="explicit", k_batch=9)
+    plan = decide(p, "sm_90a")
+    with pytest.raises(PlanError, match="tile: "):  # a stored plan edited by hand
+        check_plan(p, Plan.from_dict({**plan.to_dict(), "tile": {**plan.to_dict()["tile"], "m": 64}}))
+
+
+# -- the schedule's record and the launcher's encoding ----------------------------------------------------------
+def test_tensor_map_record_describes_the_kernel_bindings_as_the_kernel_reads_them():
+    from convbw_mlir.kernels.conv_sm90 import ConvSm90, im2col_corners
+
+    p = _problem("2 2 3 64 128 3 3 9 11 2 2 2 1 2 1 1 0")  # groups, strides, dilations, uneven pads
+    dy, x = sm90.tensor_maps(p, "k0")
+    (h, w), (ho, wo) = p.input_size, p.output_size
+    g = ConvSm90(p.batch, h, w, 128, 64, 3, 3, ho, wo, p.stride, p.dilation, p.pad_low, groups=2)
+    assert (dy["binding"], dy["slot"], dy["mode"], dy["dims"], dy["strides"]) == (
+        0,
+        0,
+        "tiled",
+        [128, 3 * ho * wo],
+        [256],
+    )
+    assert (x["binding"], x["slot"], x["mode"], x["dims"]) == (1, 1, "im2col", [256, w, h, 3])
+    assert x["strides"] == [512, 512 * w, 512 * w * h] and x["element_strides"] == [1, 2, 2, 1]
+    assert (tuple(x["lower"]), tuple(x["upper"])) == im2col_corners(g)
+    assert {m["maps_binding"] for m in (dy, x)} == {2}
+
+
+def test_launch_schedule_round_trips_its_tensor_maps_and_refuses_a_malformed_one():
+    maps = [TensorMap(**m) for m in sm90.tensor_maps(_problem(TINY), "k0")]
+    files = Launch(function="f", tensor_maps=maps).files()
+    assert Launch.from_files(files.__getitem__).tensor_maps == maps
+    meta = json.loads(files["launch.json"])
+    meta["tensor_maps"][1]["lower"] = [0]  # an im2col map of rank 4 takes two corners
+    files["launch.json"] = json.dumps(meta).encode()
+    with pytest.raises(ValueError, match="launch.json: malformed: .*lower"):
+        Launch.from_files(files.__getitem__)
+
+
+class _FakeDriver:
+    """The two encode calls, recorded (no GPU here)."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def cuTensorMapEncodeTiled(self, out, dtype, rank, address, dims, strides, box, elems, *enums):  # noqa: N802
+        self.calls.append(("tiled", dtype, rank, address, list(dims[:rank]), list(strides[: rank - 1]),
+                           list(box[:rank]), list(elems[:rank]), enums))  # fmt: skip
+        ctypes.memset(out, 7, 128)
+        return 0
+
+    def cuTensorMapEncodeIm2col(self, out, dtype, rank, address, dims, strides, lo, hi, cpp, ppc, elems, *enums):  # noqa: N802
+        self.calls.append(("im2col", dtype, rank, address, list(dims[:rank]), list(strides[: rank - 1]),
+                           list(lo[: rank - 2]), list(hi[: rank - 2]), cpp, ppc, list(elems[:rank]),
+                           enums))  # fmt: skip
+        ctypes.memset(out, 9, 128)
+        return 0
+
+
+def test_launcher_encodes_each_map_for_the_bound_address_as_bench_hopper_conv_did():
+    """The arguments of bench/hopper_conv.py's _encode_maps (13 of 13 correct on the H100), from the record."""
+    p = _problem(RESNET_3X3)
+    dy, x = (TensorMap(**m) for m in sm90.tensor_maps(p, "k0"))
+    lib = _FakeDriver()
+    assert encode_tensor_map(lib, dy, 0x1000) == bytes([7]) * 128
+    assert encode_tensor_map(lib, x, 0x2000) == bytes([9]) * 128
+    rows = 256 * 14 * 14
+    assert lib.calls[0] == ("tiled", 6, 2, 0x1000, [256, rows], [512], [64, 64], [1, 1], (0, 3, 3, 0))
+    assert lib.calls[1] == ("im2col", 6, 4, 0x2000, [256, 14, 14, 256], [512, 512 * 14, 512 * 196], [-1, -1], [-1, -1],
+                            64, 64, [1, 1, 1, 1], (0, 3, 3, 0))  # fmt: skip
+
+
+# -- compiled: the artifact and the IREE runtime's refusal ------------------------------------------------------
+@pytest.fixture(scope="module")
+def sm90_op():
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    return build_op(_problem(TINY), get_target("sm_90a"), output_arg=True)
+
+
+def test_sm90a_artifact_carries_its_tensor_maps_for_the_kernel_the_schedule_launches(sm90_op, tmp_path):
+    from convbw_mlir.build.artifact import CompiledOp
+
+    launch = sm90_op.launch
+    assert launch.refused is None and sm90.is_sm90(sm90_op.plan)
+    (dispatch,) = launch.dispatches
+    assert [m.kernel for m in launch.tensor_maps] == [dispatch.kernel] * 2
+    assert dispatch.bindings[0][0] == "arg1" and dispatch.bindings[1][0] == "arg0"  # dy, x: what the maps describe
+    assert dispatch.bindings[2][0] == "transient"  # the maps binding: the launcher binds its own buffer there
+    loaded = CompiledOp.load(sm90_op.save(tmp_path / "op"))
+    assert loaded.launch.tensor_maps == launch.tensor_maps and loaded.plan == sm90_op.plan
+
+
+def test_split_sm90a_artifact_launches_its_partials_and_stage_2_from_one_transient():
+    """A split makes IREE allocate the maps and the partials apart (two queue.allocas); the schedule reader
+    refused a second one before: now each is a region of the one transient the direct launch binds."""
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    p = _problem("2 1 8 64 64 3 3 16 16 1 1 1 1 1 1 1 1")
+    plan = decide(p, "sm_90a", strategy="explicit", k_batch=2)
+    launch = build_op(p, get_target("sm_90a"), plan, output_arg=True).launch
+    assert launch.refused is None, launch.refused
+    kernel, stage2 = launch.dispatches
+    partials = kernel.bindings[3]
+    assert partials[0] == "transient" and partials[1] >= 256 and stage2.bindings[0] == partials
+    assert launch.transient >= partials[1] + 2 * 64 * 576 * 4 and len(launch.tensor_maps) == 2
+
+
+def test_iree_runtime_refuses_an_sm90a_artifact_naming_the_target_and_the_direct_launch(sm90_op):
+    from convbw_mlir.reference import random_inputs
+    from convbw_mlir.runtime import PreparedCall
+
+    x, dy = random_inputs(sm90_op.problem)
+    with pytest.raises(ValueError, match="target sm_90a: .* TMA tensor maps.*direct CUDA launch"):
+        sm90_op.run(x, dy)
+    with pytest.raises(ValueError, match="target sm_90a"):
+        PreparedCall(sm90_op.vmfb, "cuda", 0)
+
+
+# -- the torch entry ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("capability", "line", "target"),
+    [((9, 0), RESNET_3X3, "sm_90a"), ((9, 0), "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", "sm_80"),
+     ((8, 0), RESNET_3X3, "sm_80"), ((8, 9), RESNET_3X3, "sm_89"), ((10, 0), RESNET_3X3, "sm_80")],
+)  # fmt: skip
+def test_torch_entry_picks_sm90a_on_compute_capability_9_0_where_the_kernel_takes_the_problem(
+    capability, line, target, monkeypatch
+):
+    torch = pytest.importorskip("torch")
+    from convbw_mlir.torch import entry
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    assert entry.target_for(torch.device("cuda", 0), _problem(line)) == (target, "cuda", 0)
+    assert entry.target_for(torch.device("cuda", 0))[0] != "sm_90a"  # no problem: never the arch-specific target
+
+
+def test_driver_table_declares_the_tensor_map_encoders_where_the_driver_has_them(monkeypatch):
+    """The GPU run's first try failed in ``_libcuda`` itself (the optional signatures were joined as a set of
+    unhashable lists); a stand-in driver library shows the table built and both encoders declared."""
+    from convbw_mlir import cuda_launch
+
+    class _Fn:
+        def __call__(self, *args):
+            return 0
+
+    class _Lib:
+        def __getattr__(self, name):
+            fn = _Fn()
+            setattr(self, name, fn)
+            return fn
+
+    monkeypatch.setattr(cuda_launch, "_LIB", None)
+    monkeypatch.setattr(cuda_launch.ctypes, "CDLL", lambda name: _Lib())
+    lib = cuda_launch._libcuda()
+    assert len(lib.cuTensorMapEncodeTiled.argtypes) == 12 and len(lib.cuTensorMapEncodeIm2col.argtypes) == 15
+    assert lib.cuMemcpyHtoDAsync_v2.restype is ctypes.c_int
+
+
+class _FakeContext(_FakeDriver):
+    """Enough of the driver for a CudaLauncher on a cc-9.0 device: launches, allocations and copies recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches, self.copies, self._host = [], [], []
+
+    def _set(self, ref, value):  # a ctypes.byref() argument
+        ref._obj.value = value
+        return 0
+
+    def cuDeviceGet(self, ref, index):  # noqa: N802
+        return self._set(ref, index)
+
+    def cuDeviceGetAttribute(self, ref, attribute, dev):  # noqa: N802
+        return self._set(ref, {75: 9, 76: 0}[attribute])
+
+    def cuDevicePrimaryCtxRetain(self, ref, dev):  # noqa: N802
+        return self._set(ref, 1234)
+
+    def cuCtxGetCurrent(self, ref):  # noqa: N802
+        return self._set(ref, 1234)
+
+    def cuModuleLoadData(self, ref, image):  # noqa: N802
+        return self._set(ref, 1)
+
+    def cuModuleGetFunction(self, ref, module, name):  # noqa: N802
+        return self._set(ref, 77)
+
+    def cuFuncSetAttribute(self, *args):  # noqa: N802
+        return 0
+
+    def cuMemAlloc_v2(self, ref, size):  # noqa: N802
+        return self._set(ref, 0xD0000000 + 0x100000 * len(self._host))
+
+    def cuMemAllocHost_v2(self, ref, size):  # noqa: N802
+        self._host.append((ctypes.c_uint8 * size)())
+        return self._set(ref, ctypes.addressof(self._host[-1]))
+
+    def cuMemcpyHtoDAsync_v2(self, dst, src, length, stream):  # noqa: N802
+        self.copies.append((dst, ctypes.string_at(src, length), stream))
+        return 0
+
+    def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):  # noqa: N802
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        self.launches.append([ctypes.c_uint64.from_address(slots[i]).value for i in range(4)])
+        return 0
+
+
+def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_address_pair(monkeypatch):
+    from convbw_mlir import cuda_launch
+    from convbw_mlir.cuda_launch import CudaLauncher, Dispatch, ExportDef
+
+    maps = [TensorMap(**m) for m in sm90.tensor_maps(_problem(TINY), "k0")]
+    launch = Launch("f", [Dispatch("k0", (1, 1, 1), (("arg1", 0), ("arg0", 0), ("transient", 0), ("arg2", 0)))],
+                    256, (0, 0, 0), {"k0": ExportDef("k0", 0, (384, 1, 1), 1024, 0, 4)},
+                    [b".version 8.0\n.target sm_90a\n"], tensor_maps=maps)  # fmt: skip
+    lib = _FakeContext()
+    monkeypatch.setattr(cuda_launch, "_libcuda", lambda: lib)
+    launcher = CudaLauncher(launch, 0)
+    x, dy, dw, ws = 0x1000, 0x2000, 0x3000, 0x4000
+    launcher((x, dy, dw, ws), 5)
+    launcher((x, dy, dw, ws), 5)  # the same memory: the same maps, nothing encoded or copied again
+    launcher((x + 0x100, dy, dw, ws), 5)  # x moved: a new slot
+    assert [c[3] for c in lib.calls] == [dy, x, dy, x + 0x100]  # each map encoded for its binding's address
+    assert [(c[0], c[2]) for c in lib.copies] == [(0xD0000000, 5), (0xD0000100, 5)]  # on the call's stream
+    assert lib.copies[0][1] == bytes([7]) * 128 + bytes([9]) * 128  # dy's map in slot 0, x's in slot 1
+    slot = [launch_[2] for launch_ in lib.launches]
+    assert slot == [0xD0000000, 0xD0000000, 0xD0000100]  # the maps binding is the launcher's slot, not ws
+    assert lib.launches[0][:2] == [dy, x] and lib.launches[0][3] == dw
