@@ -17,6 +17,7 @@ from convbw_mlir.targets import Target, get_target
 __all__ = [
     "STRATEGY_OPTIONS",
     "DepthwisePlan",
+    "MergePlan",
     "STREAMK_FIXUPS",
     "WAVESPEC_PRODUCERS",
     "Overrides",
@@ -115,6 +116,14 @@ class DepthwisePlan:
 
 
 @dataclass(frozen=True)
+class MergePlan:
+    """Group merging (strategy explicit, sm_80, layout 2; convbw_mlir/policies/sm80.py "Merged groups"): ``groups``
+    consecutive groups share one implicit GEMM, whose store keeps only the block-diagonal entries."""
+
+    groups: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
 
@@ -129,6 +138,7 @@ class Plan:
         streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
         wavespec: producer warps of a wave-specialized explicit kernel, or None: every warp copies and computes.
         depthwise: the depthwise kernel's numbers (strategy explicit), or None: not the depthwise kernel.
+        merge: groups merged into one implicit GEMM (strategy explicit, thin groups), or None: one group a GEMM.
         workspace_bytes: device memory the kernel takes beyond x, dy, dW and D (split-K partials, StreamK
             partials and flags, IREE's padded copies of x and dy): :func:`convbw_mlir.plan.plan_properties`.
         deterministic: whether dW is bitwise the same run after run (every sum in a fixed order).
@@ -149,6 +159,7 @@ class Plan:
     streamk: StreamKPlan | None = None
     wavespec: WaveSpecPlan | None = None
     depthwise: DepthwisePlan | None = None
+    merge: MergePlan | None = None
     workspace_bytes: int | None = field(default=None, compare=False, repr=False)
     deterministic: bool | None = field(default=None, compare=False, repr=False)
 
@@ -241,6 +252,7 @@ _PARTS = (
     ("streamk", StreamKPlan),
     ("wavespec", WaveSpecPlan),
     ("depthwise", DepthwisePlan),
+    ("merge", MergePlan),
 )
 
 
@@ -270,6 +282,8 @@ class Overrides:
         streamk_fixup: how StreamK combines a tile's partials: ``linear`` (the default) or ``tree``.
         producers: wave specialization for strategy explicit: 2 or 4 producer warps beside the tiling's
             (consumer) warps; None (the default): none.
+        merge_groups: groups one implicit GEMM of strategy explicit computes (thin groups, layout 2): 1 keeps one
+            group a GEMM; None (the default): the kernel policy's rule (:func:`convbw_mlir.policies.sm80.merge_rule`).
     """
 
     k_batch: int | str = "auto"
@@ -287,6 +301,7 @@ class Overrides:
     streamk: int | str | None = None
     streamk_fixup: str | None = None
     producers: int | None = None
+    merge_groups: int | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -325,6 +340,11 @@ class Overrides:
         if self.producers is not None and self.strategy != Strategy.EXPLICIT.value:
             chosen = self.strategy or "none, the plan's choice"
             raise PlanError(f"producers: {self.producers} applies to strategy explicit only (strategy: {chosen})")
+        if self.merge_groups is not None and not (_is_int(self.merge_groups) and self.merge_groups >= 1):
+            raise PlanError(f"merge-groups: expected a positive integer, got {self.merge_groups!r}")
+        if self.merge_groups is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"merge-groups: {self.merge_groups} applies to strategy explicit only (strategy: {chosen})")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
 

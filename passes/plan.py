@@ -62,6 +62,8 @@ class PlanPass(ConvbwPass):
         streamk_fixup: str | None = option(None, "how StreamK combines partial tiles: linear or tree",
                                            ("linear", "tree"))  # fmt: skip
         producers: int | None = option(None, "explicit, layout 2: producer warps (2 or 4) of a wave-specialized kernel")
+        merge_groups: int | None = option(None, "explicit, layout 2: thin groups one implicit GEMM computes (1: one "
+                                          "a GEMM; default: the plan's rule)")  # fmt: skip
 
     def __init__(self, options=None, **kwargs) -> None:
         super().__init__(options, **kwargs)

@@ -26,6 +26,10 @@ Layers, each a function with one job: :class:`GemmTiling` (the plan's numbers), 
 :func:`_load_fragments` (shared -> registers), :func:`_warp_mma` (the warp's matrix step),
 :func:`_mainloop` (the software pipeline: prologue, steady state), and :func:`_epilogue` (registers ->
 global, masked where M or N is ragged).
+
+Merged groups (:func:`build_merged_kernel_body`, ``policies/sm80.py`` "Merged groups"): the same mainloop on the
+dense GEMM of ``m`` groups at once; :func:`_merged_epilogue` stores only its block-diagonal entries, into dW's
+own ``[G, K, taps * C]``.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from convbw_mlir.kernels import nvgpu
 from convbw_mlir.policies.sm80 import COPY_ELEMENTS as COPY
 from convbw_mlir.policies.sm80 import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, GemmShape, GemmTiling
 
-__all__ = ["Fused", "build_kernel_body", "grid"]
+__all__ = ["Fused", "Merged", "build_kernel_body", "build_merged_kernel_body", "grid"]
 
 
 class _Ix:
@@ -583,3 +587,77 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
     acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
     _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out, fused)
+
+
+# -- merged groups ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Merged:
+    """``groups`` consecutive groups of ``out_channels`` (K) and ``in_channels`` (C) each in one dense GEMM
+    (M = groups * K, N = taps * groups * C, ``j = tap * groups * C + c``)."""
+
+    groups: int
+    out_channels: int
+    in_channels: int
+
+
+def _merged_epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, c: ir.Value, where: list[ir.Value],
+                     row0: ir.Value, col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type,
+                     fused: Fused | None = None) -> None:  # fmt: skip
+    """:func:`_epilogue` of a merged GEMM: entry (r, j) is dW[g * m + r // K, r % K, tap * C + c % C] where its
+    group ``r // K`` is ``c // C`` (``c`` = ``j % (m * C)``, tap = ``j / (m * C)``); the other entries are
+    another group's x against this one's dy, and are dropped. ``where`` ends with the merged group ``g``
+    (``[g]`` or ``[split, g]``); ``c`` is dW ``[G, K, taps * C]`` or its split partials. Pairs share a group
+    and a tap where C is even; else each element is stored alone."""
+    kg, cg, wide = merge.out_channels, merge.in_channels, merge.groups * merge.in_channels
+    first_group = ix.mul(where[-1], merge.groups)
+    row = ix.add(row0, ix.div(lane, 4))
+    col = ix.add(col0, ix.mul(ix.rem(lane, 4), 2))
+    tiles_n = t.wn // MMA_N
+    ragged_m, ragged_n = shape.m % t.bm != 0, shape.n % t.bn != 0
+    width = 2 if cg % 2 == 0 else 1  # a pair (columns 2q, 2q+1) stays in one group of one tap
+    vec = ir.VectorType.get([width], ir.F32Type.get())
+    for i in range(t.wm // MMA_M):
+        for h in range(2):
+            r = ix.add(row, i * MMA_M + h * 8)
+            group, k = ix.div(r, kg), ix.rem(r, kg)
+            row_ok = [ix.lt(r, shape.m)] if ragged_m else []
+            for j in range(tiles_n):
+                pair = vector.extract(acc[i * tiles_n + j], [], [h])
+                for e in range(0, 2, width):
+                    part = pair if width == 2 else vector.extract_strided_slice(vec, pair, [e], [1], [1])
+                    cc = ix.add(col, j * MMA_N + e)
+                    tap, cm = ix.div(cc, wide), ix.rem(cc, wide)
+                    diagonal = _on_diagonal(ix, cm, cg, group)
+                    at = [*where[:-1], ix.add(first_group, group), k, ix.add(ix.mul(tap, cg), ix.rem(cm, cg))]
+                    ok = [*row_ok, *([ix.lt(cc, shape.n)] if ragged_n else []), diagonal]
+                    _store(lambda p=part, at=at: _finish(p, out, fused, at), c, at, _all(ok))
+
+
+def _on_diagonal(ix: _Ix, channel: ir.Value, in_channels: int, group: ir.Value) -> ir.Value:
+    """Whether merged column ``channel`` (within its tap) is an in channel of the row's ``group``."""
+    return arith.cmpi(arith.CmpIPredicate.eq, ix.div(channel, in_channels), group)
+
+
+def build_merged_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape,
+                             t: GemmTiling, merge: Merged, fused: Fused | None = None) -> None:  # fmt: skip
+    """:func:`build_kernel_body` of a merged GEMM (channels-last): ``shape`` is the dense GEMM of ``merge.groups``
+    groups at once (``a`` dy ``[R, G / m, m * K]``, ``b`` x ``[R, G / m, m * C]`` or ``[N, H, W, G / m, m * C]``);
+    ``c`` is dW ``[G, K, taps * C]`` (or ``[splits, G, K, taps * C]`` f32), written by :func:`_merged_epilogue`."""
+    ix = _Ix(entry)
+    f16 = ir.MemRefType(a.type).element_type
+    out = ir.MemRefType(c.type).element_type
+    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    tid, lane, warp, warp_m, warp_n = _threads(ix, t)
+    block_m, block_n, g, where, base = _workgroup(ix, t, shape)
+    a_tile, b_tile = [t.stages, t.bk, t.bm + ROW_PAD], [t.stages, t.bk, t.bn + ROW_PAD]  # reduction-major
+    a_smem = memref.alloc(ir.MemRefType.get(a_tile, f16, memory_space=shared), [], [])
+    b_smem = memref.alloc(ir.MemRefType.get(b_tile, f16, memory_space=shared), [], [])
+    lanes = _lanes(ix, lane, True)
+    f32x2x2 = ir.VectorType.get([2, 2], ir.F32Type.get())
+    zero = arith.constant(f32x2x2, ir.DenseElementsAttr.get_splat(f32x2x2, ir.FloatAttr.get_f32(0.0)))
+    acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
+    a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
+    b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
+    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
+    _merged_epilogue(ix, t, shape, merge, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out,
+                     fused)  # fmt: skip
