@@ -133,10 +133,10 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
     """Whether the plan's own choice is the explicit kernel: the target's kernel family takes the problem
     by default (:func:`convbw_mlir.policies.sm80.takes_by_default`: where it was the fastest correct kernel
     when measured) and it is not too thin for matrix cores (codegen's choice is not SIMT), or it is, one group at a
-    time, and the kernel's rule merges its groups (:func:`convbw_mlir.policies.sm80.merge_rule`)."""
+    time, and the kernel's rule merges its groups (:func:`convbw_mlir.policies.sm80.merge_rule`, behind its switch)."""
     policy = policies.for_target(tgt)
     # thin groups too thin for matrix cores one at a time fill them merged (docs/decisions.md#thin-groups)
-    thin_merged = policy is sm80 and sm80.merge_rule(problem, tgt) > 1
+    thin_merged = policy is sm80 and sm80.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
     return (
         policy is not None and (codegen.strategy != Strategy.SIMT or thin_merged) and policy.takes_by_default(problem)
     )

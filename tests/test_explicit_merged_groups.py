@@ -127,12 +127,21 @@ def test_rule_merges_the_suites_thin_layers_to_fill_64_rows(ck, groups):
     assert decide(p, "sm_80", strategy="explicit").merge == MergePlan(groups)
 
 
-def test_plan_chooses_the_merged_kernel_for_4_channels_a_group_where_it_chose_simt():
+def test_the_switch_makes_the_merged_kernel_the_plans_own_choice_where_it_chose_simt(monkeypatch):
     p = P.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1")
+    assert decide(p, "sm_80").strategy == Strategy.SIMT  # off until the merged kernel's GPU fence
+    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", True)
     chosen = decide(p, "sm_80")
     assert chosen.strategy == Strategy.EXPLICIT and chosen.merge == MergePlan(16)
-    # one group a GEMM stays reachable
-    assert decide(p, "sm_80", strategy="explicit", merge_groups=1).merge is None
+    assert decide(p, "sm_80", strategy="explicit", merge_groups=1).merge is None  # one group a GEMM stays reachable
+
+
+def test_the_switch_merges_the_groups_the_plan_gave_the_explicit_kernel_one_at_a_time(monkeypatch):
+    p = P.from_ck("2 32 32 8 8 3 3 56 56 1 1 1 1 1 1 1 1")
+    one = decide(p, "sm_80")
+    assert one.strategy == Strategy.EXPLICIT and one.merge is None
+    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", True)
+    assert decide(p, "sm_80").merge == MergePlan(8)
 
 
 @pytest.mark.parametrize(
@@ -145,8 +154,3 @@ def test_plan_chooses_the_merged_kernel_for_4_channels_a_group_where_it_chose_si
 )
 def test_rule_leaves_one_group_a_gemm_outside_thin_even_groups(ck):
     assert sm80.merge_rule(P.from_ck(ck), get_target("sm_80")) == 1
-
-
-def test_rule_has_one_switch(monkeypatch):
-    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", False)
-    assert decide(P.from_ck("2 32 32 8 8 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80", strategy="explicit").merge is None

@@ -62,9 +62,8 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     assert decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80").strategy is Strategy.EXPLICIT
     not_chosen = {
         "AMD": decide(DENSE, "gfx942"),  # compiled, never run: no AMD GPU measured it
-        # (4 even channels a group fill them merged: test_explicit_merged_groups.py)
-        "too thin for matrix cores, odd channels": decide(
-            ConvBwdWeightProblem.from_ck("2 32 32 3 3 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80"
+        "too thin for matrix cores": decide(
+            ConvBwdWeightProblem.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80"
         ),
         "layout 4": decide(DENSE.with_(layout=4), "sm_80"),
         "f32": decide(DENSE.with_(dtype="f32", dw_dtype="f32"), "sm_80"),

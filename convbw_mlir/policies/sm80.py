@@ -472,10 +472,11 @@ def _wavespec_refusals(plan: Plan, problem: Any, tiling_ok: bool) -> list[str]:
 
 
 # -- merged groups (thin groups: several groups in one implicit GEMM, a block-diagonal store) -----------------
-# The plan's single switch: whether its rule (merge_rule) merges thin groups by itself. On: the cost model
-# prices the merged GEMM below one group a GEMM on every thin suite layer, and one group a GEMM measured
-# 0.26-0.65x cuDNN (4 channels a group, SIMT: 0.10-0.17x) (docs/decisions.md#thin-groups); not yet measured itself.
-MERGE_BY_DEFAULT = True
+# The plan's single switch: whether decide() without options merges thin groups by the rule (merge_rule; with
+# strategy=explicit the rule applies either way). Off until the merged kernel has passed the NaN-fenced GPU check
+# (the project's rule for a kernel of ours, docs/decisions.md#thin-groups); the cost model and the before-run
+# (one group a GEMM 0.26-0.65x cuDNN, SIMT 0.10-0.17x) say it should be on for every thin suite layer.
+MERGE_BY_DEFAULT = False
 MERGE_MAX_CHANNELS = 16  # thin groups: at most this many in and out channels a group (ResNeXt, RegNet: 4-16)
 MERGE_ROWS = 64  # out channels (M) the rule fills: the smallest tiling's bm (TILINGS)
 
@@ -511,12 +512,13 @@ def merge_refusals(problem: Any, plan: Plan) -> list[str]:
 
 
 def merge_rule(problem: Any, tgt: Target) -> int:
-    """Groups the plan merges by itself (1: none): thin groups (2 to :data:`MERGE_MAX_CHANNELS` channels a group,
-    even C) in layout 2, the most groups whose out channels fit :data:`MERGE_ROWS` (and divide G), where the
-    cost model (:func:`tiling_cost`, each with its own tiling) prices the merged GEMM below one group a GEMM."""
+    """Groups the rule merges (1: none): thin groups (2 to :data:`MERGE_MAX_CHANNELS` channels a group, even C)
+    in layout 2, the most groups whose out channels fit :data:`MERGE_ROWS` (and divide G), where the cost model
+    (:func:`tiling_cost`, each with its own tiling) prices the merged GEMM below one group a GEMM. The plan takes
+    it with strategy=explicit, and without options where :data:`MERGE_BY_DEFAULT` is on."""
     c, k = problem.in_channels, problem.out_channels
     thin = 2 <= min(c, k) and max(c, k) <= MERGE_MAX_CHANNELS and c % 2 == 0
-    if not (MERGE_BY_DEFAULT and thin and is_channels_last(problem) and tgt.family == "nvidia"):
+    if not (thin and is_channels_last(problem) and tgt.family == "nvidia"):
         return 1
     if problem.dtype not in MEASURED_DTYPES or unsupported(problem, None, epilogues=True):
         return 1
@@ -534,8 +536,8 @@ def merged_cost(problem: Any, groups: int, tgt: Target) -> float:
 
 
 def _merge_groups(problem: Any, tgt: Target, opts: Any) -> int:
-    """The merge of :func:`plan`: as asked (``merge_groups``), else the rule's where no StreamK or wave
-    specialization is asked (they are written for one group a GEMM)."""
+    """The merge of :func:`plan`: as asked (``merge_groups``), else the rule's where strategy=explicit is asked
+    or the switch is on, and no StreamK or wave specialization is asked (they are written for one group a GEMM)."""
     if opts.merge_groups is not None:
         asked = Plan(tgt.name, Strategy.EXPLICIT, merge=MergePlan(opts.merge_groups),
                      streamk=None if opts.streamk is None else StreamKPlan(opts.streamk),
@@ -546,4 +548,4 @@ def _merge_groups(problem: Any, tgt: Target, opts: Any) -> int:
         return opts.merge_groups
     if opts.streamk is not None or opts.producers is not None:
         return 1
-    return merge_rule(problem, tgt)
+    return merge_rule(problem, tgt) if opts.strategy == Strategy.EXPLICIT.value or MERGE_BY_DEFAULT else 1
