@@ -45,6 +45,8 @@ def emulated_error(p: P, **options) -> float:
         ("2 4 2 16 16 3 3 6 6 1 1 1 1 1 1 1 1", {"merge_groups": 4}),  # C = 16: M = 64 = the tile, N = 576
         ("2 8 2 8 8 1 1 5 5 1 1 1 1 0 0 0 0", {"merge_groups": 8}),  # a plain 1x1: x read as dy is
         ("2 4 2 5 3 3 3 6 7 1 1 1 1 1 1 1 1", {"merge_groups": 2}),  # odd K and C: one element a store
+        ("2 8 2 16 8 1 1 5 5 1 1 1 1 0 0 0 0", {"merge_groups": 8, "tile_m": 64}),  # M = 128: two M tiles
+        ("1 4 2 4 4 3 20 2 1 1 1", {"merge_groups": 4}),  # 1-D, stride 2
     ],
 )  # fmt: skip
 def test_merged_groups_match_float64_under_emulation(ck, options):
