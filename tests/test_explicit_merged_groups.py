@@ -12,6 +12,7 @@ import json
 import pytest
 from sm80_emulator import module_error
 
+from convbw_mlir.dispatch.variants import Variant, variant_key
 from convbw_mlir.plan import Plan, PlanError, check_plan, decide
 from convbw_mlir.plan_data import MergePlan, Strategy
 from convbw_mlir.policies import sm80
@@ -80,6 +81,8 @@ def test_merge_is_part_of_the_plan_its_json_and_its_identity():
     one = decide(p, "sm_80", strategy="explicit", merge_groups=1)
     assert merged.to_dict()["merge"] == {"groups": 4} and "merge" not in one.to_dict()
     assert Plan.from_dict(json.loads(json.dumps(merged.to_dict()))) == merged != one
+    keys = {variant_key(p, "sm_80", Variant("convbw", plan), "3.13.0") for plan in (merged, one)}
+    assert len(keys) == 2  # the kernel cache tells them apart
 
 
 @pytest.mark.parametrize(
