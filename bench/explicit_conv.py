@@ -34,8 +34,9 @@ conformer layers and the ConvNeXt / MobileNetV3 ones of :data:`DEPTHWISE`): ours
 thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise kernel's grouped form (its policy's
 plan, given as a stored plan), alt the implicit GEMM one group at a time (``strategy=explicit``,
 ``merge_groups=1``), merged the implicit GEMM of several groups at once (``plan.merge``, the policy's rule or,
-where it merges none, the most groups whose out channels fit 64: :func:`_merge_groups`), each in its own child;
-the report adds a table of the three forms (:func:`_thin_lines`). Every IREE
+where it merges none, the most groups whose out channels fit 64: :func:`_merge_groups`), merged_full the same
+without skipping the MMA tiles off the block diagonal (a stored plan), each in its own child; the report adds a
+table of the three forms (:func:`_thin_lines`). Every IREE
 contender reads x and dy from buffers followed by NaN (``runtime.FENCE_BYTES``): an over-read shows.
 
 A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
@@ -143,6 +144,8 @@ def _entry(name: str, kind: str, p: Any, plan: Any, suite: bool) -> dict[str, An
 def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None, ranks: tuple[int, ...] = (2,),
                 types: tuple[str, ...] = ("f16",), depthwise: bool = False, thin: bool = False) -> None:  # fmt: skip
     """Compile ours and the product's default for every problem into ``folder`` (vmfbs, manifest.json)."""
+    from dataclasses import replace
+
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import Overrides, PlanError, decide
@@ -168,6 +171,9 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
                 merge = _merge_groups(p, get_target(target))
                 kinds["merged"] = compile_op(p, target, strategy="explicit", merge_groups=merge, isolate=True,
                                              cache=False)  # fmt: skip
+                plan = kinds["merged"].plan  # the same without the skip of the MMA tiles off the diagonal
+                full = replace(plan, merge=replace(plan.merge, skip_off_diagonal=False))
+                kinds["merged_full"] = compile_op(p, target, plan=full, isolate=True, cache=False)
             else:
                 plan = decide(p, target, strategy="explicit")
                 kinds["ours"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
@@ -384,7 +390,7 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
     alt = {e["problem"] for e in entries if e["kind"] == "alt"}
     batches += [[e["name"], *([f"alt:{e['problem']}"] if e["problem"] in alt else [])]
                 for e in entries if e["kind"] == "ours"]  # fmt: skip
-    batches += [[e["name"]] for e in entries if e["kind"] == "merged"]  # --thin: the merged groups' form
+    batches += [[e["name"]] for e in entries if e["kind"] in ("merged", "merged_full")]  # --thin: merged groups
     batches += [[e["name"]] for e in entries if e["kind"] == "product"]
     rows = harness.run_batches(__file__, folder, out, [b for b in batches if b], budget, jobs, start)
     return report(rows, manifest, out, harness.device_name(DEVICE), wall=time.time() - start)
@@ -468,19 +474,20 @@ def _thin_lines(by: dict[str, dict], manifest: dict) -> list[str]:
         return []
     f = harness.cell
     lines = ["## Thin groups: the three forms of ours", "",
-             "| problem | merged: groups, tile, split | merged us | ok | grouped form us | one group a GEMM us | "
-             "cuDNN us | cuDNN / merged | one group / merged | grouped / merged |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| problem | merged: groups, tile, split | merged us | ok | every MMA tile us | grouped form us | "
+             "one group a GEMM us | cuDNN us | cuDNN / merged | one group / merged | grouped / merged |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, plan in merged.items():
         k = by.get(name, {})
-        row = {kind: k.get(kind, {}) for kind in ("merged", "ours", "alt", "cudnn")}
+        row = {kind: k.get(kind, {}) for kind in ("merged", "merged_full", "ours", "alt", "cudnn")}
         us = {kind: r.get("single_us") if r.get("correct", kind == "cudnn") else None for kind, r in row.items()}
         t = plan["tile"]
         what = f"{plan['merge']['groups']}, {t['m']}x{t['n']}x{t['k']}, {(plan.get('split') or {}).get('k_batch', 1)}"
         status = next((key for key in ("crashed", "skipped", "error") if key in row["merged"]), None)
         ok = status or ("yes" if row["merged"].get("correct") else "WRONG" if row["merged"] else "-")
         ratio = {kind: f(us[kind] / us["merged"] if us[kind] and us["merged"] else None, "{:.2f}") for kind in us}
-        lines.append(f"| {name} | {what} | {f(us['merged'])} | {ok} | {f(us['ours'])} | {f(us['alt'])} | "
+        lines.append(f"| {name} | {what} | {f(us['merged'])} | {ok} | {f(us['merged_full'])} | {f(us['ours'])} | "
+                     f"{f(us['alt'])} | "
                      f"{f(us['cudnn'])} | {ratio['cudnn']} | {ratio['alt']} | {ratio['ours']} |")  # fmt: skip
     return [*lines, ""]
 

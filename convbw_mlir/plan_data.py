@@ -118,9 +118,11 @@ class DepthwisePlan:
 @dataclass(frozen=True)
 class MergePlan:
     """Group merging (strategy explicit, sm_80, layout 2; convbw_mlir/policies/sm80.py "Merged groups"): ``groups``
-    consecutive groups share one implicit GEMM, whose store keeps only the block-diagonal entries."""
+    consecutive groups share one implicit GEMM, whose store keeps only the block-diagonal entries;
+    ``skip_off_diagonal``: a warp skips the ``mma.sync`` tiles that meet no diagonal block."""
 
     groups: int
+    skip_off_diagonal: bool = True
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,8 @@ def _part(name: str, kind: type, data: Any) -> Any:
         value = data[field_name]
         if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise PlanError(f"{where}: expected an integer >= 1, got {value!r}")
+        if f.type == "bool" and not isinstance(value, bool):
+            raise PlanError(f"{where}: expected true or false, got {value!r}")
         if f.type == "str" and not (isinstance(value, str) and value):
             raise PlanError(f"{where}: expected a non-empty string, got {value!r}")
     if kind is StreamKPlan and data.get("fixup", "linear") not in STREAMK_FIXUPS:

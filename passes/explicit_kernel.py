@@ -204,15 +204,15 @@ def _merged_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Inserti
         bindings=(*(ir.MemRefType.get(list(ir.RankedTensorType(v.type).shape), ir.RankedTensorType(v.type).element_type)
                     for v in operands), ir.MemRefType.get(c_shape, c_type)),
     )  # fmt: skip
-    body = partial(_merged_body, shape=shape, tiling=t, merge=(m, problem.out_channels, problem.in_channels),
-                   epilogue=ep if fused else None)  # fmt: skip
+    merge = (m, problem.out_channels, problem.in_channels, plan.merge.skip_off_diagonal)
+    body = partial(_merged_body, shape=shape, tiling=t, merge=merge, epilogue=ep if fused else None)
     with ir.Location.unknown():
         result = build_dispatch(entry, body, operands, ir.RankedTensorType.get(c_shape, c_type), top)
     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
     return _sum_splits(result, out, ep, d) if shape.splits > 1 else result
 
 
-def _merged_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, merge: tuple[int, int, int],
+def _merged_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, merge: tuple[int, int, int, bool],
                  epilogue) -> None:  # fmt: skip
     """The merged sm_80 kernel: bindings dy, x, (D,) dW; the epilogue in its store where unsplit."""
     from convbw_mlir.kernels.gemm_sm80 import Fused, Merged, build_merged_kernel_body

@@ -56,6 +56,34 @@ def test_merged_groups_match_float64_under_emulation(ck, options):
     assert emulated_error(p, **options) < 2e-3
 
 
+def test_every_mma_tile_of_the_merged_gemm_matches_float64_too():
+    """The form without the skip (a stored plan's ``skip_off_diagonal: false``) computes the whole dense GEMM."""
+    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+
+    p = P.from_ck("2 4 4 4 8 3 3 9 9 2 2 1 1 1 1 1 1")
+    plan = decide(p, "sm_80", strategy="explicit", merge_groups=4)
+    full = Plan.from_dict({**plan.to_dict(), "merge": {"groups": 4, "skip_off_diagonal": False}})
+    check_plan(p, full)
+    assert module_error(p, full, [ExplicitKernel()], seed=3) < 2e-3
+
+
+def test_skipping_a_tile_that_meets_the_diagonal_is_caught(monkeypatch):
+    """The skip conditions decide real work: skipping every tile leaves dW zero."""
+    from convbw_mlir.kernels import gemm_sm80
+
+    def false(ix, t, shape, merge, row0, col0):
+        never = gemm_sm80.arith.constant(gemm_sm80.ir.IntegerType.get_signless(1), 0)
+        return [never] * ((t.wm // 16) * (t.wn // 8))
+
+    monkeypatch.setattr(gemm_sm80, "_diagonal_tiles", false)
+    assert emulated_error(THIN4, merge_groups=4) > 0.1
+
+
+def test_a_stored_merge_whose_skip_is_not_a_boolean_is_refused_by_name():
+    with pytest.raises(PlanError, match="plan.merge.skip_off_diagonal: expected true or false, got 1"):
+        Plan.from_dict({"target": "sm_80", "strategy": "explicit", "merge": {"groups": 2, "skip_off_diagonal": 1}})
+
+
 def test_merged_groups_in_bf16_match_float64():
     p = P.from_ck("2 4 2 8 8 3 3 9 9 2 2 1 1 1 1 1 1").with_(dtype="bf16", dw_dtype="bf16")
     assert emulated_error(p, merge_groups=4) < 2.0**-8
@@ -79,7 +107,7 @@ def test_merge_is_part_of_the_plan_its_json_and_its_identity():
     p = P.from_ck("2 4 2 4 4 3 3 6 7 1 1 1 1 1 1 1 1")
     merged = decide(p, "sm_80", strategy="explicit", merge_groups=4)
     one = decide(p, "sm_80", strategy="explicit", merge_groups=1)
-    assert merged.to_dict()["merge"] == {"groups": 4} and "merge" not in one.to_dict()
+    assert merged.to_dict()["merge"] == {"groups": 4, "skip_off_diagonal": True} and "merge" not in one.to_dict()
     assert Plan.from_dict(json.loads(json.dumps(merged.to_dict()))) == merged != one
     keys = {variant_key(p, "sm_80", Variant("convbw", plan), "3.13.0") for plan in (merged, one)}
     assert len(keys) == 2  # the kernel cache tells them apart

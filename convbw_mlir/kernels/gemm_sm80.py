@@ -365,19 +365,36 @@ def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_s
     return frags
 
 
-def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir.Type) -> list[ir.Value]:
-    """One k16 step of the warp: ``(wm/16) x (wn/8)`` ``mma.sync`` on the accumulators (row-major by m tile)."""
+def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir.Type,
+              needed: list[ir.Value | None] | None = None) -> list[ir.Value]:  # fmt: skip
+    """One k16 step of the warp: ``(wm/16) x (wn/8)`` ``mma.sync`` on the accumulators (row-major by m tile);
+    ``needed`` (merged groups): per accumulator, a warp-uniform condition under which its ``mma.sync`` runs
+    (None: always)."""
     tiles_m = t.wm // MMA_M
     a, b = frags[:tiles_m], frags[tiles_m:]
     half = ir.VectorType.get([2, 2], f16)
     bs = [vector.extract_strided_slice(half, bf, [h * 2, 0], [2, 2], [1, 1]) for bf in b for h in range(2)]
     tiles_n = t.wn // MMA_N
-    return [nvgpu.mma_sync(a[i], bs[j], acc[i * tiles_n + j]) for i in range(tiles_m) for j in range(tiles_n)]
+    out = []
+    for i in range(tiles_m):
+        for j in range(tiles_n):
+            k = i * tiles_n + j
+            cond = None if needed is None else needed[k]
+            if cond is None:
+                out.append(nvgpu.mma_sync(a[i], bs[j], acc[k]))
+                continue
+            branch = scf.IfOp(cond, [acc[k].type], has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                scf.YieldOp([nvgpu.mma_sync(a[i], bs[j], acc[k])])
+            with ir.InsertionPoint(branch.else_block):
+                scf.YieldOp([acc[k]])
+            out.append(branch.results[0])
+    return out
 
 
 def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand, lanes: _Lanes, tid: ir.Value,
               g: ir.Value, base: ir.Value, warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value],
-              f16: ir.Type) -> list[ir.Value]:  # fmt: skip
+              f16: ir.Type, needed: list[ir.Value | None] | None = None) -> list[ir.Value]:  # fmt: skip
     """The software pipeline over this split's k tiles (``base`` is its first); returns the accumulators.
 
     Prologue: tiles 0 .. stages-2 in flight, tile 0's first fragments loaded. Iteration ``kt``, k16 step
@@ -408,14 +425,16 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
             _copy_tile(ix, t, op, tid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
 
-    return _pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, per_split, issue)
+    return _pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, per_split, issue, needed)
 
 
 def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value, warp_n: ir.Value,
               acc: list[ir.Value], f16: ir.Type, count: int | ir.Value,
-              issue: Callable[[int | ir.Value, ir.Value], None]) -> list[ir.Value]:  # fmt: skip
+              issue: Callable[[int | ir.Value, ir.Value], None],
+              needed: list[ir.Value | None] | None = None) -> list[ir.Value]:  # fmt: skip
     """The software pipeline over ``count`` k tiles whose copies ``issue(local tile, stage)`` commits (one
-    group a tile, zero-filled past the end): :func:`_mainloop`'s and StreamK's segments'."""
+    group a tile, zero-filled past the end): :func:`_mainloop`'s and StreamK's segments' (``needed``: see
+    :func:`_warp_mma`)."""
     steps = t.bk // MMA_K
     for s in range(t.stages - 1):
         issue(s, ix.c(s))
@@ -440,7 +459,7 @@ def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, w
                 gpu.barrier()
                 next_stage = ix.rem(ix.add(kt, 1), t.stages)
                 nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
-            acc = _warp_mma(t, cur, acc, f16)
+            acc = _warp_mma(t, cur, acc, f16, needed)
             cur = nxt
         scf.YieldOp([*acc, *cur])
     nvvm.cp_async_wait_group(0)  # no copy may outlive the kernel's shared memory
@@ -598,6 +617,29 @@ class Merged:
     groups: int
     out_channels: int
     in_channels: int
+    skip: bool = False  # skip the mma.sync tiles whose rows and columns share no group (:func:`_diagonal_tiles`)
+
+
+def _diagonal_tiles(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, row0: ir.Value,
+                    col0: ir.Value) -> list[ir.Value | None]:  # fmt: skip
+    """Per accumulator of the warp (its tile's first row ``row0`` and column ``col0``): whether its 16x8 block
+    meets the block diagonal, i.e. its rows' groups ``[r / K, (r + 15) / K]`` and its columns' groups
+    ``[c / C, (c + 7) / C]`` (``c`` the channel within the tap) overlap; warp-uniform and loop-invariant.
+    None (always run) where 8 columns may cross a tap (``m * C`` not a multiple of 8)."""
+    kg, cg, wide = merge.out_channels, merge.in_channels, merge.groups * merge.in_channels
+    tiles_n = t.wn // MMA_N
+    if wide % MMA_N:
+        return [None] * ((t.wm // MMA_M) * tiles_n)
+    le = lambda a, b: arith.cmpi(arith.CmpIPredicate.ule, a, b)  # noqa: E731
+    needed = []
+    for i in range(t.wm // MMA_M):
+        r = ix.add(row0, i * MMA_M)
+        r_lo, r_hi = ix.div(r, kg), ix.div(ix.add(r, MMA_M - 1), kg)
+        for j in range(tiles_n):
+            c = ix.rem(ix.add(col0, j * MMA_N), wide)
+            c_lo, c_hi = ix.div(c, cg), ix.div(ix.add(c, MMA_N - 1), cg)
+            needed.append(arith.andi(le(c_lo, r_hi), le(r_lo, c_hi)))
+    return needed
 
 
 def _merged_epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, c: ir.Value, where: list[ir.Value],
@@ -658,6 +700,7 @@ def build_merged_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Va
     acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
     a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
     b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
-    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
-    _merged_epilogue(ix, t, shape, merge, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out,
-                     fused)  # fmt: skip
+    row0, col0 = ix.add(block_m, warp_m), ix.add(block_n, warp_n)
+    needed = _diagonal_tiles(ix, t, shape, merge, row0, col0) if merge.skip else None
+    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16, needed)
+    _merged_epilogue(ix, t, shape, merge, c, where, row0, col0, lane, acc, out, fused)
