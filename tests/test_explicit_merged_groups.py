@@ -67,15 +67,18 @@ def test_every_mma_tile_of_the_merged_gemm_matches_float64_too():
     assert module_error(p, full, [ExplicitKernel()], seed=3) < 2e-3
 
 
-def test_skipping_a_tile_that_meets_the_diagonal_is_caught(monkeypatch):
-    """The skip conditions decide real work: skipping every tile leaves dW zero."""
+@pytest.mark.parametrize("skipped", ["mma", "b"])
+def test_skipping_work_that_meets_the_diagonal_is_caught(monkeypatch, skipped):
+    """The skip conditions decide real work: skipping every mma.sync leaves dW zero; skipping every B load
+    (its fragment zero) while the mma.sync still run does too."""
     from convbw_mlir.kernels import gemm_sm80
 
-    def false(ix, t, shape, merge, row0, col0):
-        never = gemm_sm80.arith.constant(gemm_sm80.ir.IntegerType.get_signless(1), 0)
-        return [never] * ((t.wm // 16) * (t.wn // 8))
+    def never(ix, t, shape, merge, row0, col0):
+        no = gemm_sm80.arith.constant(gemm_sm80.ir.IntegerType.get_signless(1), 0)
+        mma, b = (t.wm // 16) * (t.wn // 8), t.wn // 16
+        return gemm_sm80._Skip([no] * mma if skipped == "mma" else [None] * mma, [no] * b)
 
-    monkeypatch.setattr(gemm_sm80, "_diagonal_tiles", false)
+    monkeypatch.setattr(gemm_sm80, "_diagonal_tiles", never)
     assert emulated_error(THIN4, merge_groups=4) > 0.1
 
 

@@ -307,6 +307,15 @@ def _load_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
         vector.store(vec, op.smem, [stage, r_local, col])
 
 
+@dataclass(frozen=True)
+class _Skip:
+    """Merged groups: warp-uniform, loop-invariant conditions under which a warp runs each ``mma.sync`` (one per
+    accumulator, row-major by m tile) and makes each B ``ldmatrix.x4`` (one per pair of n tiles); None: always."""
+
+    mma: list[ir.Value | None]
+    b: list[ir.Value | None]
+
+
 @dataclass
 class _Lanes:
     """Per-lane ``ldmatrix`` row addresses, computed once (Figure "ldmatrix" of the PTX ISA)."""
@@ -341,8 +350,10 @@ def _lanes(ix: _Ix, lane: ir.Value, trans: bool) -> _Lanes:
 
 
 def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_smem: ir.Value, stage: ir.Value,
-                    warp_m: ir.Value, warp_n: ir.Value, step: int, f16: ir.Type) -> list[ir.Value]:  # fmt: skip
-    """The warp's A and B fragments of k16 step ``step``: ``wm/16`` A x4 loads, ``wn/16`` B x4 loads."""
+                    warp_m: ir.Value, warp_n: ir.Value, step: int, f16: ir.Type,
+                    skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
+    """The warp's A and B fragments of k16 step ``step``: ``wm/16`` A x4 loads, ``wn/16`` B x4 loads (``skip``:
+    a B load none of whose ``mma.sync`` runs is not made; its fragment is zero)."""
     k = step * MMA_K
     if lanes.trans:  # [stage, k, m] and [stage, k, n]
         a_k, b_k = ix.add(lanes.a_row, k), ix.add(lanes.b_row, k)
@@ -352,7 +363,18 @@ def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_s
             frags.append(nvgpu.ldmatrix(a_smem, [stage, a_k, m], 4, f16, transpose=True))
         for j in range(t.wn // (2 * MMA_N)):
             n = ix.add(ix.add(warp_n, lanes.b_col), j * 2 * MMA_N)
-            frags.append(nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True))
+            cond = None if skip is None else skip.b[j]
+            if cond is None:
+                frags.append(nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True))
+                continue
+            frag = ir.VectorType.get([4, 2], f16)
+            branch = scf.IfOp(cond, [frag], has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                scf.YieldOp([nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True)])
+            with ir.InsertionPoint(branch.else_block):
+                zero = ir.DenseElementsAttr.get_splat(frag, ir.FloatAttr.get(f16, 0.0))
+                scf.YieldOp([arith.constant(frag, zero)])
+            frags.append(branch.results[0])
         return frags
     a_col = ix.add(lanes.a_col, k)
     b_col = ix.add(lanes.b_col, k)
@@ -366,10 +388,9 @@ def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_s
 
 
 def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir.Type,
-              needed: list[ir.Value | None] | None = None) -> list[ir.Value]:  # fmt: skip
+              skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
     """One k16 step of the warp: ``(wm/16) x (wn/8)`` ``mma.sync`` on the accumulators (row-major by m tile);
-    ``needed`` (merged groups): per accumulator, a warp-uniform condition under which its ``mma.sync`` runs
-    (None: always)."""
+    ``skip`` (merged groups): each runs only under its condition."""
     tiles_m = t.wm // MMA_M
     a, b = frags[:tiles_m], frags[tiles_m:]
     half = ir.VectorType.get([2, 2], f16)
@@ -379,7 +400,7 @@ def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir
     for i in range(tiles_m):
         for j in range(tiles_n):
             k = i * tiles_n + j
-            cond = None if needed is None else needed[k]
+            cond = None if skip is None else skip.mma[k]
             if cond is None:
                 out.append(nvgpu.mma_sync(a[i], bs[j], acc[k]))
                 continue
@@ -394,7 +415,7 @@ def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir
 
 def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand, lanes: _Lanes, tid: ir.Value,
               g: ir.Value, base: ir.Value, warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value],
-              f16: ir.Type, needed: list[ir.Value | None] | None = None) -> list[ir.Value]:  # fmt: skip
+              f16: ir.Type, skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
     """The software pipeline over this split's k tiles (``base`` is its first); returns the accumulators.
 
     Prologue: tiles 0 .. stages-2 in flight, tile 0's first fragments loaded. Iteration ``kt``, k16 step
@@ -425,22 +446,22 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
             _copy_tile(ix, t, op, tid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
 
-    return _pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, per_split, issue, needed)
+    return _pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, per_split, issue, skip)
 
 
 def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value, warp_n: ir.Value,
               acc: list[ir.Value], f16: ir.Type, count: int | ir.Value,
               issue: Callable[[int | ir.Value, ir.Value], None],
-              needed: list[ir.Value | None] | None = None) -> list[ir.Value]:  # fmt: skip
+              skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
     """The software pipeline over ``count`` k tiles whose copies ``issue(local tile, stage)`` commits (one
-    group a tile, zero-filled past the end): :func:`_mainloop`'s and StreamK's segments' (``needed``: see
-    :func:`_warp_mma`)."""
+    group a tile, zero-filled past the end): :func:`_mainloop`'s and StreamK's segments' (``skip``: merged
+    groups' :class:`_Skip`)."""
     steps = t.bk // MMA_K
     for s in range(t.stages - 1):
         issue(s, ix.c(s))
     nvvm.cp_async_wait_group(t.stages - 2)
     gpu.barrier()
-    first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
+    first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16, skip)
     loop = scf.ForOp(ix.c(0), ix._v(count), ix.c(1), [*acc, *first])
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
@@ -452,14 +473,14 @@ def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, w
                 ahead = ix.add(kt, t.stages - 1)
                 issue(ahead, ix.rem(ahead, t.stages))
             if s + 1 < steps:
-                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16)
+                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16, skip)
             else:
                 # Tile kt+1 is complete once at most stages-2 newer groups are pending.
                 nvvm.cp_async_wait_group(t.stages - 2)
                 gpu.barrier()
                 next_stage = ix.rem(ix.add(kt, 1), t.stages)
-                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
-            acc = _warp_mma(t, cur, acc, f16, needed)
+                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16, skip)
+            acc = _warp_mma(t, cur, acc, f16, skip)
             cur = nxt
         scf.YieldOp([*acc, *cur])
     nvvm.cp_async_wait_group(0)  # no copy may outlive the kernel's shared memory
@@ -617,19 +638,20 @@ class Merged:
     groups: int
     out_channels: int
     in_channels: int
-    skip: bool = False  # skip the mma.sync tiles whose rows and columns share no group (:func:`_diagonal_tiles`)
+    skip: bool = False  # skip the mma.sync tiles (and B loads) whose rows and columns share no group
 
 
 def _diagonal_tiles(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, row0: ir.Value,
-                    col0: ir.Value) -> list[ir.Value | None]:  # fmt: skip
+                    col0: ir.Value) -> _Skip:  # fmt: skip
     """Per accumulator of the warp (its tile's first row ``row0`` and column ``col0``): whether its 16x8 block
     meets the block diagonal, i.e. its rows' groups ``[r / K, (r + 15) / K]`` and its columns' groups
-    ``[c / C, (c + 7) / C]`` (``c`` the channel within the tap) overlap; warp-uniform and loop-invariant.
-    None (always run) where 8 columns may cross a tap (``m * C`` not a multiple of 8)."""
+    ``[c / C, (c + 7) / C]`` (``c`` the channel within the tap) overlap; per B load, whether one of its two
+    n tiles' blocks does. Warp-uniform and loop-invariant; None (always) where 8 columns may cross a tap
+    (``m * C`` not a multiple of 8)."""
     kg, cg, wide = merge.out_channels, merge.in_channels, merge.groups * merge.in_channels
-    tiles_n = t.wn // MMA_N
+    tiles_m, tiles_n = t.wm // MMA_M, t.wn // MMA_N
     if wide % MMA_N:
-        return [None] * ((t.wm // MMA_M) * tiles_n)
+        return _Skip([None] * (tiles_m * tiles_n), [None] * (tiles_n // 2))
     le = lambda a, b: arith.cmpi(arith.CmpIPredicate.ule, a, b)  # noqa: E731
     needed = []
     for i in range(t.wm // MMA_M):
@@ -639,7 +661,14 @@ def _diagonal_tiles(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, row
             c = ix.rem(ix.add(col0, j * MMA_N), wide)
             c_lo, c_hi = ix.div(c, cg), ix.div(ix.add(c, MMA_N - 1), cg)
             needed.append(arith.andi(le(c_lo, r_hi), le(r_lo, c_hi)))
-    return needed
+    loads = []
+    for q in range(tiles_n // 2):  # B load q feeds n tiles 2q and 2q + 1 of every m tile
+        conds = [needed[i * tiles_n + j] for i in range(tiles_m) for j in (2 * q, 2 * q + 1)]
+        any_ = conds[0]
+        for c in conds[1:]:
+            any_ = arith.ori(any_, c)
+        loads.append(any_)
+    return _Skip(needed, loads)
 
 
 def _merged_epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, c: ir.Value, where: list[ir.Value],
@@ -701,6 +730,6 @@ def build_merged_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Va
     a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
     b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
     row0, col0 = ix.add(block_m, warp_m), ix.add(block_n, warp_n)
-    needed = _diagonal_tiles(ix, t, shape, merge, row0, col0) if merge.skip else None
-    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16, needed)
+    skip = _diagonal_tiles(ix, t, shape, merge, row0, col0) if merge.skip else None
+    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16, skip)
     _merged_epilogue(ix, t, shape, merge, c, where, row0, col0, lane, acc, out, fused)
