@@ -1,7 +1,7 @@
 """Issue 23's per-class table: our plan's kernel against IREE's best form and cuDNN, class by class.
 
     python bench/classes.py compile .art/classes [--types f16 bf16] [--only S ...]        (here: IREE compiler)
-    python3 bench/classes.py run .art/classes --out OUT [--class dw ...]                 (GPU machine: runtime)
+    python3 bench/classes.py run .art/classes --out OUT [--class dw ...] [--jobs 4]      (GPU machine: runtime)
     python bench/classes.py report OUT/results*.json [--before OLD.json ...] > table.md
 
 The problems are ``convbw_mlir/suites/classes.tsv`` (real layers of published models; the class is the name's
@@ -91,13 +91,13 @@ def merge_manifests(parts: list[Path], folder: Path) -> None:
         part.rmdir()
 
 
-def run(folder: Path, out: Path, classes: list[str] | None) -> int:
+def run(folder: Path, out: Path, classes: list[str] | None, jobs: int = 1) -> int:
     from convbw_mlir.measure.report import write_report
     from convbw_mlir.measure.run import run_manifest
 
     out.mkdir(parents=True, exist_ok=True)
     for cls in classes or [""]:
-        results = run_manifest(folder, filt=f"{cls}_" if cls else "")
+        results = run_manifest(folder, filt=f"{cls}_" if cls else "", jobs=jobs)
         path = out / f"results{'_' + cls if cls else ''}.json"
         path.write_text(json.dumps(results, indent=1) + "\n")
         write_report(results, path)
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--class", dest="classes", nargs="*", help="only these classes, each in its own results file")
+    r.add_argument("--jobs", type=int, default=4, help="measuring workers on the GPU (their GPU steps take turns)")
     rep = sub.add_parser("report")
     rep.add_argument("results", type=Path, nargs="+")
     rep.add_argument("--before", type=Path, nargs="*", default=[], help="an earlier run: its 'ours' as a column")
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_all(args.dir, args.types, args.only)
         return 0
     if args.cmd == "run":
-        return run(args.dir, args.out, args.classes)
+        return run(args.dir, args.out, args.classes, args.jobs)
     print(report(args.results, args.before), end="")
     return 0
 

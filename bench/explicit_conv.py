@@ -29,14 +29,14 @@ and ``.md`` (and ``rows.json`` after each child, what a cut-off run still return
 
 ``compile --depthwise`` takes the depthwise layers instead (the suites' MobileNetV2, EfficientNet and
 conformer layers and the ConvNeXt / MobileNetV3 ones of :data:`DEPTHWISE`): ours is then the depthwise kernel
-(``plan.depthwise``), alt its wide form (4 channels a thread, a whole filter row of up to 8 taps, steps of
-8 outputs: fewer conversions and loads an FMA, more registers; :func:`_wide`). ``compile --thin`` takes the
-thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise kernel's grouped form (its policy's
-plan, given as a stored plan), alt the implicit GEMM one group at a time (``strategy=explicit``,
-``merge_groups=1``), merged the implicit GEMM of several groups at once (``plan.merge``, the policy's rule or,
-where it merges none, the most groups whose out channels fit 64: :func:`_merge_groups`), merged_full the same
-without skipping the MMA tiles off the block diagonal (a stored plan), each in its own child; the report adds a
-table of the three forms (:func:`_thin_lines`). Every IREE
+(``plan.depthwise``: its rule's wide form, 4 channels a thread, a whole filter row of up to 8 taps, steps of
+8 outputs), alt its narrow form (8 channels a thread, runs of up to 4 taps, steps of 4: :func:`_narrow`).
+``compile --thin`` takes the thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise
+kernel's grouped form (its policy's plan, given as a stored plan), alt the implicit GEMM one group at a time
+(``strategy=explicit``, ``merge_groups=1``), merged the implicit GEMM of several groups at once (``plan.merge``,
+the policy's rule or, where it merges none, the most groups whose out channels fit 64: :func:`_merge_groups`),
+merged_full the same without skipping the MMA tiles off the block diagonal (a stored plan), each in its own
+child; the report adds a table of the three forms (:func:`_thin_lines`). Every IREE
 contender reads x and dy from buffers followed by NaN (``runtime.FENCE_BYTES``): an over-read shows.
 
 A CPU rehearsal of the run side: ``compile DIR --smoke`` (host kernels of the product's default in
@@ -177,8 +177,8 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
             else:
                 plan = decide(p, target, strategy="explicit")
                 kinds["ours"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
-                if plan.depthwise is not None:  # the wide form beside the rule's: checks the rule
-                    alt = _wide(p, plan)
+                if plan.depthwise is not None:  # the narrow form beside the rule's (wide): checks the rule
+                    alt = _narrow(p, plan)
                     if alt is not None:
                         kinds["alt"] = compile_op(p, target, plan=alt, isolate=True, cache=False)
                 elif (plan.tile.m, plan.tile.n) != (128, 256):  # the recipe tiling beside the rule's: checks the rule
@@ -209,22 +209,16 @@ def _merge_groups(p: Any, target: Any) -> int:
     return rule if rule > 1 else max(fits, default=1)
 
 
-def _wide(p: Any, plan: Any) -> Any:
-    """The depthwise plan's wide form: 4 channels a thread, runs of up to 8 taps, steps of 8 outputs (the same
-    channels, lanes and chunks); None where the kernel refuses it."""
+def _narrow(p: Any, plan: Any) -> Any:
+    """The depthwise plan's narrow form (the rule's numbers before its wide form: 8 channels a thread, runs of
+    up to 4 taps, steps of 4 outputs); None where it is the plan itself."""
     from dataclasses import replace
 
-    from convbw_mlir.plan import PlanError, check_plan
+    from convbw_mlir.policies import depthwise
+    from convbw_mlir.targets import get_target
 
-    dw = plan.depthwise
-    inner = p.filter_size[-1]
-    taps = -(-inner // -(-inner // 8))
-    wide = replace(dw, vector=4, taps=taps, unroll=8, segment=-(-dw.segment // 8) * 8)
-    try:
-        check_plan(p, replace(plan, depthwise=wide))
-    except PlanError:
-        return None
-    return replace(plan, depthwise=wide)
+    narrow = depthwise._rule(p, get_target(plan.target), wide=False)
+    return None if narrow == plan.depthwise else replace(plan, depthwise=narrow)
 
 
 # -- run side: one child --------------------------------------------------------------------------------

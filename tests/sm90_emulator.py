@@ -29,18 +29,28 @@ from sm80_emulator import Deadlock, _attr_int, _Block, _Group
 
 from convbw_mlir.ir_imports import ir
 
-__all__ = ["Deadlock", "d_fragment", "run_gemm", "tensor_map"]
+__all__ = ["Deadlock", "d_fragment", "im2col_map", "run_conv", "run_gemm", "tensor_map"]
 
 SHARED_BASE = 80  # 16-aligned, not 1024-aligned: the kernel must round its tiles up itself
 CLUSTER = 1 << 36  # a shared::cluster address (mapa): CLUSTER | rank << 32 | shared address
 GLOBAL = 1 << 40  # binding i lives at (i + 1) << 40
 MAP_MAGIC = 0x5A90
+IM2COL_MAGIC = 0x5A91
 
 
 def tensor_map(binding: int, rows: int, k: int, box_rows: int, box_k: int = 64) -> np.ndarray:
     """128 bytes standing for a 2-D CUtensorMap of a ``rows x k`` 16-bit tensor bound at ``binding``."""
     out = np.zeros(16, np.int64)
     out[:6] = (MAP_MAGIC, binding, rows, k, box_rows, box_k)
+    return out.view(np.uint8)
+
+
+def im2col_map(binding: int, shape: tuple[int, int, int, int], lower: tuple[int, int], upper: tuple[int, int],
+               strides: tuple[int, int], pixels: int = 64, channels: int = 64) -> np.ndarray:  # fmt: skip
+    """128 bytes standing for an im2col CUtensorMap of an NHWC 16-bit tensor bound at ``binding``: the
+    bounding box corners and traversal strides, (w, h) innermost first, as cuTensorMapEncodeIm2col takes them."""
+    out = np.zeros(16, np.int64)
+    out[:14] = (IM2COL_MAGIC, binding, *shape, *lower, *upper, *strides, pixels, channels)
     return out.view(np.uint8)
 
 
@@ -231,13 +241,17 @@ class _Hopper(_Block):
         assert self._active(group).sum() == 1, "a TMA issued by more than one thread"
         seg = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
         dst, tmap = self._uniform(ins[0], group), self._uniform(ins[1], group)
-        coords = [self._uniform(v, group) for v in ins[2:4]]
-        bar = self._uniform(ins[4], group)
+        coords = [self._uniform(v, group) for v in ins[2 : 2 + seg[2]]]
+        bar = self._uniform(ins[2 + seg[2]], group)
+        offsets = [self._uniform(v, group) for v in ins[3 + seg[2] : 3 + seg[2] + seg[4]]]
         at = sum(seg[:5])
         mask = self._uniform(ins[at], group) if seg[5] else 1 << self.rank
         for rank in range(len(self.peers)):
             if mask >> rank & 1:
-                self.peers[rank]._land(dst, tmap, coords, bar)
+                if offsets:
+                    self.peers[rank]._land_im2col(dst, tmap, coords, offsets, bar)
+                else:
+                    self.peers[rank]._land(dst, tmap, coords, bar)
         assert mask >> len(self.peers) == 0, f"multicast mask {mask:#x} names workgroups outside the cluster"
 
     def _land(self, dst: int, tmap: int, coords: list[int], bar: int) -> None:
@@ -250,10 +264,42 @@ class _Hopper(_Block):
         src = self.bindings[int(binding)]
         k0, r0 = coords
         box = np.zeros((box_rows, box_k), np.float32)  # out of bounds: zero (OOB fill none)
-        r_hi, k_hi = min(r0 + box_rows, rows), min(k0 + box_k, k)
+        r_hi, k_hi = max(min(r0 + box_rows, rows), r0), max(min(k0 + box_k, k), k0)  # wholly outside: all zero
         box[: r_hi - r0, : k_hi - k0] = src[r0:r_hi, k0:k_hi]
         r, c = np.meshgrid(np.arange(box_rows), np.arange(box_k), indexing="ij")
         address = _swizzle128(dst + r * 2 * box_k + 2 * c)
+        self.shared[(address - SHARED_BASE) // 2] = box
+        b = self.barriers[bar]
+        b.tx -= box.size * 2
+        b.settle()
+
+    def _land_im2col(self, dst: int, tmap: int, coords: list[int], offsets: list[int], bar: int) -> None:
+        """TMA im2col (PTX ISA "im2col mode"): ``pixels`` rows of ``channels`` channels, the pixels walked
+        from ``coords`` (c, w, h, n) through each image's bounding box at the traversal strides (W, then H,
+        then N), each read at its position plus the im2col offsets (w, h); zero outside the tensor."""
+        mem, offset = self._global(tmap)
+        fields = mem[offset : offset + 128].view(np.int64)
+        magic, binding, n, h, w, c, lw, lh, uw, uh, sw, sh, pixels, channels = (int(v) for v in fields[:14])
+        assert magic == IM2COL_MAGIC, "an im2col TMA through something that is not an im2col tensor map"
+        assert dst % 1024 == 0, f"TMA box at {dst}: a 128-byte swizzled tile must be 1024-aligned"
+        assert len(coords) == 4 and len(offsets) == 2, "a 4-D im2col load takes (c, w, h, n) and (w, h) offsets"
+        src = self.bindings[binding]
+        c0, pw, ph, img = coords
+        off_w, off_h = (np.int16(v) for v in offsets)  # the instruction's offsets are 16-bit
+        assert lw <= pw <= w - 1 + uw and lh <= ph <= h - 1 + uh, f"im2col start ({pw}, {ph}) outside the box"
+        box = np.zeros((pixels, channels), np.float32)
+        for p in range(pixels):
+            y, x = ph + int(off_h), pw + int(off_w)
+            if 0 <= img < n and 0 <= y < h and 0 <= x < w:
+                hi = min(c0 + channels, c)
+                box[p, : hi - c0] = src[img, y, x, c0:hi]
+            pw += sw
+            if pw > w - 1 + uw:
+                pw, ph = lw, ph + sh
+                if ph > h - 1 + uh:
+                    ph, img = lh, img + 1
+        r, col = np.meshgrid(np.arange(pixels), np.arange(channels), indexing="ij")
+        address = _swizzle128(dst + r * 2 * channels + 2 * col)
         self.shared[(address - SHARED_BASE) // 2] = box
         b = self.barriers[bar]
         b.tx -= box.size * 2
@@ -265,11 +311,13 @@ class _Hopper(_Block):
         shape = str(op.attributes["shape"])
         n = int(shape.split("n = ")[1].split(",")[0])
         active = np.flatnonzero(self._active(group))
+        # MN-major operands (the transpose bits): A in "col", B in "row" layout
+        mn_major = ("<col>" in str(op.attributes["layoutA"]), "<row>" in str(op.attributes["layoutB"]))
         parts = []
         for first in sorted({int(t) // 128 * 128 for t in active}):
             lanes = np.arange(first, first + 128)
             assert np.isin(lanes, active).all(), "a wgmma without its whole warpgroup"
-            parts.append((lanes, self._uniform_at(ins[1], first), self._uniform_at(ins[2], first), n))
+            parts.append((lanes, self._uniform_at(ins[1], first), self._uniform_at(ins[2], first), n, mn_major))
         pending = _Pending(self.get(ins[0]), parts)
         self.wgmma_open.append(pending)
         self.env[res[0]] = pending
@@ -280,8 +328,8 @@ class _Hopper(_Block):
             assert acc.value is not None, "a wgmma chained on one not yet retired"
             acc = acc.value
         out = np.array(acc, np.float32)
-        for lanes, desc_a, desc_b, n in pending.parts:
-            d = self._operand(desc_a, 64) @ self._operand(desc_b, n).T
+        for lanes, desc_a, desc_b, n, (mn_a, mn_b) in pending.parts:
+            d = self._operand(desc_a, 64, mn_a) @ self._operand(desc_b, n, mn_b).T
             row, col = d_fragment(n)
             out[lanes] = out[lanes] + d[row, col]
         pending.value = out
@@ -289,13 +337,20 @@ class _Hopper(_Block):
     def _uniform_at(self, v: ir.Value, lane: int) -> int:
         return int(np.broadcast_to(np.asarray(self.get(v), np.int64), (self.t,))[lane])
 
-    def _operand(self, desc: int, rows: int) -> np.ndarray:
-        """A K-major ``rows x 16`` operand through its descriptor (128-byte swizzle)."""
+    def _operand(self, desc: int, rows: int, mn_major: bool = False) -> np.ndarray:
+        """A ``rows x 16`` operand through its descriptor (128-byte swizzle). K-major: 8-row groups
+        ``stride`` apart, each row 16 K-elements of a 128-byte row. MN-major (CUTLASS's canonical SW128
+        layout): K rows of 64 MN-elements (128 bytes), 8 K rows an atom, the next 8 K rows ``stride``
+        further, the next 64 MN-elements ``lead`` further."""
         start = (desc & 0x3FFF) << 4
+        lead = ((desc >> 16) & 0x3FFF) << 4
         stride = ((desc >> 32) & 0x3FFF) << 4
         assert desc >> 62 == 1, f"descriptor swizzle mode {desc >> 62}, not 128-byte"
         r, k = np.meshgrid(np.arange(rows), np.arange(16), indexing="ij")
-        address = start + (r // 8) * stride + (r % 8) * 128 + 2 * k
+        if mn_major:
+            address = start + (r // 64) * lead + (k // 8) * stride + (k % 8) * 128 + 2 * (r % 64)
+        else:
+            address = start + (r // 8) * stride + (r % 8) * 128 + 2 * k
         return self._smem_read(_swizzle128(address)).astype(np.float64)
 
     def _fork(self, branches):
@@ -343,6 +398,34 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, in
     for y in range(grid[1]):
         for x0 in range(0, grid[0], size):
             _run_cluster([_Hopper(threads, (x, y, 0), bindings, "then") for x in range(x0, x0 + size)], body)
+    return c
+
+
+def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dtype=np.float32) -> np.ndarray:
+    """dW ``[G, K, Y X C]`` (or its split partials) by the module's conv kernel (``geometry``: its
+    ``convbw_mlir.kernels.conv_sm90.ConvSm90``; dy ``[N Ho Wo, G K]``, x ``[N, H, W, G C]``)."""
+    from sm80_emulator import _workgroup, collect_funcs
+
+    from convbw_mlir.kernels.conv_sm90 import BOX, im2col_corners
+
+    g = geometry
+    exe = next(o.operation for o in module.body.operations if o.operation.name == "hal.executable.source")
+    export = next(o for o in _walk(exe) if o.name == "hal.executable.export")
+    (func,) = collect_funcs(exe)
+    grid, threads = _workgroup(export)
+    lower, upper = im2col_corners(g)
+    maps = np.concatenate([
+        tensor_map(0, g.reduction, g.groups * g.k, g.tiling.bk, BOX),
+        im2col_map(1, x.shape, lower, upper, g.stride[::-1], g.tiling.bk, BOX),
+    ])  # fmt: skip
+    shape = (g.groups, g.k, g.columns) if g.splits == 1 else (g.splits, g.groups, g.k, g.columns)
+    c = np.full(shape, np.nan, out_dtype if g.splits == 1 else np.float32)
+    bindings = dict(enumerate([dy, x, maps, c]))
+    body = func.regions[0].blocks[0]
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for xx in range(grid[0]):
+                _run_cluster([_Hopper(threads, (xx, y, z), bindings, "then")], body)
     return c
 
 

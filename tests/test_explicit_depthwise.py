@@ -123,7 +123,7 @@ def test_depthwise_plan_refuses_gemm_options_by_name(options, message):
         (CASES["3x3_pad"], {"channels": 12}, "depthwise.channels: 12"),
         (CASES["3x3_pad"], {"vector": 3}, "depthwise.vector: 3"),
         (CASES["3x3_pad"], {"segment": 6}, "depthwise.segment: 6"),
-        (CASES["3x3_pad"], {"taps": 16}, "depthwise.taps: 16 x 8 channels = 128 accumulators"),
+        (CASES["3x3_pad"], {"taps": 16, "vector": 8}, "depthwise.taps: 16 x 8 channels = 128 accumulators"),
         (P(4, 2, 32, 32, (6, 6), (3, 3), layout=2), {}, "in_channels: 32, out_channels: 32 a group"),
         (CASES["3x3_pad"].with_(layout=4), {}, "layout: NGCHW/GKCYX/NGKHW"),
     ],

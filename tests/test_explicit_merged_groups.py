@@ -163,12 +163,12 @@ def test_rule_merges_the_suites_thin_layers_to_fill_64_rows(ck, groups):
     assert decide(p, "sm_80", strategy="explicit").merge == MergePlan(groups)
 
 
-def test_the_switch_makes_the_merged_kernel_the_plans_own_choice_where_it_chose_simt(monkeypatch):
+def test_the_switch_leaves_4_channel_groups_to_the_grouped_depthwise_form_measured_first(monkeypatch):
     p = P.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1")
-    assert decide(p, "sm_80").strategy == Strategy.SIMT  # off until the merged kernel's GPU fence
     monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", True)
-    chosen = decide(p, "sm_80")
-    assert chosen.strategy == Strategy.EXPLICIT and chosen.merge == MergePlan(16)
+    chosen = decide(p, "sm_80")  # the depthwise policy is asked first (its GROUPED_BY_DEFAULT)
+    assert chosen.depthwise is not None and chosen.merge is None
+    assert decide(p, "sm_80", strategy="explicit").merge == MergePlan(16)  # asked for, the merged GEMM
     assert decide(p, "sm_80", strategy="explicit", merge_groups=1).merge is None  # one group a GEMM stays reachable
 
 

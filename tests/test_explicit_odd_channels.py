@@ -11,7 +11,7 @@ import pytest
 from sm80_emulator import module_error
 
 from convbw_mlir.plan import PlanError, decide
-from convbw_mlir.policies.sm80 import GemmTiling, gemm_shape
+from convbw_mlir.policies.sm80 import GemmTiling, gemm_shape, register_rounds
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 
 BF16_DW = 2.0**-8  # rounding dW to bf16: half an ulp of the largest entry (tests/test_explicit_bf16.py)
@@ -82,3 +82,23 @@ def test_tiling_refuses_a_register_path_tile_that_threads_do_not_cover():
 def test_wave_specialization_refuses_odd_channels_by_name():
     with pytest.raises(PlanError, match="producers: 4 with odd channels"):
         decide(first_layer(size=16), "sm_80", strategy="explicit", producers=4)
+
+
+def _conv1(n):  # ResNet-50's first layer, channels-last
+    return P(1, n, 3, 64, (224, 224), (7, 7), stride=2, pad_low=3, pad_high=3, layout=2)
+
+
+def test_register_path_rounds_count_each_element_wise_operand_per_k_tile():
+    big, small = GemmTiling(128, 256, 64, 3, 64, 64), GemmTiling(64, 64, 64, 3, 32, 32)
+    assert register_rounds(gemm_shape(_conv1(32)), big) == 8  # x only (C = 3): 256 rows / 8 a load, 256 threads
+    assert register_rounds(gemm_shape(_conv1(32)), small) == 4
+    odd_both = P(1, 8, 3, 45, (16, 16), (3, 3), layout=2)
+    assert register_rounds(gemm_shape(odd_both), small) == 8  # dy (K = 45) too
+    assert register_rounds(gemm_shape(_conv1(32).with_(in_channels=8)), big) == 0  # cp.async rows
+
+
+def test_register_path_problems_take_small_tiles_and_fill_every_resident_workgroup():
+    # measured (decisions.md#register-path-tiles): conv1 N=32 64x64/108 166 us, 128x256/108 325 us (cuDNN 132)
+    plan = decide(_conv1(32), "sm_80")
+    assert (plan.tile.m, plan.tile.n) == (64, 64) and plan.split.k_batch == 108  # 3 tiles x 108 = 3 a SM
+    assert decide(_conv1(32).with_(in_channels=8), "sm_80").tile.n == 256  # cp.async rows: the tensor-rate model

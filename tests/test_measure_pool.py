@@ -203,3 +203,63 @@ def test_convbw_tune_checks_its_devices_before_building(tmp_path, capsys, monkey
     assert main([*base, "--target", "sm_80"]) == 1  # would build, then find no GPU to time on: refused first
     assert capsys.readouterr().err.startswith("convbw: error: --devices: no cuda GPU is visible here")
     assert not (tmp_path / "out").exists()
+
+
+def _pid(payload, device, log):
+    return payload, device.index, os.getpid()
+
+
+def test_two_slots_of_one_device_are_two_workers():
+    got = dict(deal(_pid, list(range(6)), [Device("local-task", 0)] * 2, lambda _: None))
+    assert sorted(got) == list(range(6)) and {v[1] for v in got.values()} == {0}
+    assert len({v[2] for v in got.values()} - {os.getpid()}) == 2  # both slots worked, neither here
+
+
+def test_the_gpu_lock_keeps_a_second_process_off_the_device_while_held(tmp_path, monkeypatch):
+    from convbw_mlir.measure.run import GPU_LOCK_ENV, gpu_lock
+
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(GPU_LOCK_ENV, str(lock))
+    probe = (
+        "import fcntl, sys\nf = open(sys.argv[1], 'a')\n"
+        "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(7)\n"
+    )
+    with gpu_lock():
+        held = subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode
+    free = subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode
+    assert (held, free) == (7, 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_manifest(tmp_path_factory):
+    """TINY's candidates on the host, four copies of its problem."""
+    built = tmp_path_factory.mktemp("jobs") / "built"
+    compile_candidates([("tiny", TINY, False)], "host", built, max_plans=1, progress=False, log=lambda _: None)
+    manifest = json.loads((built / "manifest.json").read_text())
+    entry = manifest["problems"][0]
+    copies = [{"name": f"t{i}", "key": f"{i:03d}-t.f16"} for i in range(4)]
+    manifest["problems"] = [json.loads(json.dumps(entry)) | c for c in copies]
+    (built / "manifest.json").write_text(json.dumps(manifest))
+    return built
+
+
+def test_jobs_share_one_device_and_give_the_rows_of_one_worker_in_manifest_order(tiny_manifest):
+    from convbw_mlir.measure.run import run_manifest
+
+    kw = {"use_torch": False, "log": lambda _: None}
+    one = run_manifest(tiny_manifest, **kw)["problems"]
+    two = run_manifest(tiny_manifest, jobs=2, **kw)["problems"]
+    assert [r["key"] for r in two] == [r["key"] for r in one] == [f"{i:03d}-t.f16" for i in range(4)]
+    assert [{n: c["status"] for n, c in r["contenders"].items()} for r in two] == [
+        {n: c["status"] for n, c in r["contenders"].items()} for r in one
+    ]
+    assert all(c["status"] == "ok" for r in two for c in r["contenders"].values())
+    assert "device_index" not in two[0]  # one device: the rows as with one worker
+
+
+@pytest.mark.parametrize("jobs", [0, -1, 1.5])
+def test_jobs_below_one_is_one_error_naming_the_value(tiny_manifest, jobs):
+    from convbw_mlir.measure.run import run_manifest
+
+    with pytest.raises(ValueError, match=rf"^jobs: expected a count >= 1, got {jobs}$"):
+        run_manifest(tiny_manifest, jobs=jobs, use_torch=False)

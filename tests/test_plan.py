@@ -54,17 +54,17 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     assert decide(DENSE, "sm_86").strategy is Strategy.EXPLICIT  # its smaller shared memory: the rule's 2 stages
     assert decide(GROUPED, "sm_80").strategy is Strategy.EXPLICIT  # 8 channels a group: matrix cores pay
     assert decide(DENSE.with_(dtype="bf16", dw_dtype="bf16"), "sm_80").strategy is Strategy.EXPLICIT  # measured too
-    dw = decide(DEPTHWISE, "sm_80")  # the depthwise kernel waits for its GPU fence: decisions.md#depthwise-by-default
-    assert dw.strategy is Strategy.SIMT and dw.depthwise is None
-    assert decide(DEPTHWISE, "sm_80", strategy="explicit").depthwise is not None  # asked for, it is ours
+    dw = decide(DEPTHWISE, "sm_80")  # the depthwise kernel, fenced and measured: decisions.md#depthwise-by-default
+    assert dw.strategy is Strategy.EXPLICIT and dw.depthwise is not None and dw.depthwise.vector == 4  # wide form
+    thin = decide(ConvBwdWeightProblem.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80")
+    assert thin.depthwise is not None  # 4 channels a group: its grouped form (2.5x the implicit GEMM measured)
+    assert decide(GROUPED, "sm_80").depthwise is None  # 8 a group: the implicit GEMM (1.7x the grouped form)
+    assert decide(DEPTHWISE, "sm_80", strategy="codegen").strategy is Strategy.SIMT  # asked for, codegen's
     # odd channels (register path) and epilogues (in the store): measured 2026-11-25 (decisions.md#first-layers)
     assert decide(DENSE.with_(in_channels=3), "sm_80").strategy is Strategy.EXPLICIT
     assert decide(DENSE.with_(epilogue=Epilogue("scale", 0.5)), "sm_80").strategy is Strategy.EXPLICIT
     not_chosen = {
         "AMD": decide(DENSE, "gfx942"),  # compiled, never run: no AMD GPU measured it
-        "too thin for matrix cores": decide(
-            ConvBwdWeightProblem.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80"
-        ),
         "layout 4": decide(DENSE.with_(layout=4), "sm_80"),
         "f32": decide(DENSE.with_(dtype="f32", dw_dtype="f32"), "sm_80"),
         "codegen asked": decide(DENSE, "sm_80", strategy="codegen"),

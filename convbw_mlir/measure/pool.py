@@ -166,17 +166,19 @@ def deal(fn: Work, payloads: Sequence[Any], devices: Sequence[Device], log: Call
         return
     ctx = multiprocessing.get_context("spawn")
     # one pipe per worker, not a shared queue: a worker killed mid-message cannot block the others
+    # keyed by the slot's place in ``devices``: one device may hold several slots (run_manifest's jobs)
     workers: dict[int, tuple[Any, Any]] = {}
     busy: dict[int, tuple[int, Any]] = {}
-    by_index = {d.index: d for d in devices}
+    by_index = dict(enumerate(devices))
 
-    def start(dev: Device) -> None:
+    def start(slot: int) -> None:
+        dev = devices[slot]
         mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(fn, dev, theirs), name=f"convbw-measure-{dev.label}")
+        proc = ctx.Process(target=_worker, args=(fn, dev, theirs), name=f"convbw-measure-{dev.label}-{slot}")
         proc.daemon = True  # a parent that dies takes its workers with it
         proc.start()
         theirs.close()
-        workers[dev.index] = (proc, mine)
+        workers[slot] = (proc, mine)
 
     def give(d: int) -> None:
         while todo:
@@ -188,9 +190,9 @@ def deal(fn: Work, payloads: Sequence[Any], devices: Sequence[Device], log: Call
             return
 
     try:
-        for dev in devices:
-            start(dev)
-            give(dev.index)
+        for slot in range(len(devices)):
+            start(slot)
+            give(slot)
         while busy:
             conns = {workers[d][1]: d for d in busy}
             for conn in multiprocessing.connection.wait(list(conns), timeout=1.0):
@@ -204,7 +206,7 @@ def deal(fn: Work, payloads: Sequence[Any], devices: Sequence[Device], log: Call
                     log(why)
                     yield i, lost(p, why)
                     conn.close()
-                    start(by_index[d])
+                    start(d)
                     give(d)
                     continue
                 if msg[0] == "log":

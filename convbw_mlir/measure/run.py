@@ -1,7 +1,7 @@
 """Run side of the benchmark: needs only iree-base-runtime, numpy and (if importable) torch.
 
     python -m convbw_mlir.measure.run DIR [--filter SUBSTR] [--out results.json] [--devices 0,1,..] [--driver D]
-                                        [--no-torch] [--timeout SECONDS]
+                                        [--no-torch] [--timeout SECONDS] [--jobs N]
 
 For each problem of ``DIR/manifest.json`` a child process (so that a kernel that faults the GPU, which
 poisons the process's CUDA context, costs only its own result) makes random x and dy (seeded),
@@ -15,13 +15,16 @@ result is reported as WRONG and not timed as a win. Each contender is timed the 
 batches of calls each ended by reading the result back, at least 20 batches and 0.2 s, median and spread).
 A contender whose child dies, hangs, or raises a device fault is recorded as ``crashed`` with its message;
 the problem's other contenders then run in a fresh child. With several GPUs (``--devices``, default every
-visible one) one worker per GPU takes the next problem (:mod:`convbw_mlir.measure.pool`). Writes JSON, a
+visible one) one worker per GPU takes the next problem (:mod:`convbw_mlir.measure.pool`); ``--jobs N`` puts N
+workers on each GPU, whose CPU work overlaps while their GPU steps take turns (:func:`gpu_lock`). Writes JSON, a
 markdown table and a PNG plot next to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -32,7 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +57,8 @@ SAMPLE_SEED = 11
 STEP_TIMEOUT_S = 600
 # Exit status of a child that stopped after a failed contender, so the problem's next one gets a fresh process.
 _RESTART = 3
+# Where several measuring workers share a GPU (``jobs``), the file whose lock a child holds while it uses the GPU.
+GPU_LOCK_ENV = "CONVBW_GPU_LOCK"
 # Device faults: after one the process's context is unusable. IREE reports CUDA errors as ABORTED; on the H100
 # (2026-11-23) a faulting kernel surfaced as "ABORTED; CUDA error 'CUDA_ERROR_ILLEGAL_ADDRESS'" at the result's
 # fence, or as a bare "ABORTED; ... hal.device.queue.dealloca" where the dealloca met the failed queue first.
@@ -364,6 +370,22 @@ def _gpu_time(call: Any, sync: Any, driver: str) -> dict[str, Any]:
         return {"kernel_time_error": _first_line(e)}
 
 
+@contextlib.contextmanager
+def gpu_lock() -> Iterator[None]:
+    """Hold the device alone while inside (the lock file named by ``$CONVBW_GPU_LOCK``, where set): workers
+    sharing a GPU overlap their set-up and float64 references, never their kernels or timings."""
+    path = os.environ.get(GPU_LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _child(spec: dict) -> int:
     """Run the contenders ``spec["names"]`` of one problem, writing one JSON event a line to ``spec["events"]``.
 
@@ -386,13 +408,15 @@ def _child(spec: dict) -> int:
     for name in spec["names"]:
         emit(event="start", name=name)
         try:
+            with gpu_lock():
+                if name == "reference":
+                    res = _run_reference(folder, prob, contenders.get("reference", {}), driver, device)
+                elif name == "cudnn":
+                    res = _run_cudnn(prob, torch_)
+                else:
+                    res = _run_contender(folder, prob, contenders[name], driver, device, not spec.get("check_only"))
             if name == "reference":
-                res = _run_reference(folder, prob, contenders.get("reference", {}), driver, device)
                 prob.save()
-            elif name == "cudnn":
-                res = _run_cudnn(prob, torch_)
-            else:
-                res = _run_contender(folder, prob, contenders[name], driver, device, not spec.get("check_only"))
         except Exception as e:  # noqa: BLE001 - recorded; the next contender runs in a fresh process
             emit(event="result", name=name, result={"status": _status_of(e), "error": _first_line(e)})
             return _RESTART
@@ -514,7 +538,8 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
 def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, driver: str | None = None,
                  use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
                  numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False,
-                 devices: Sequence[int] | str | None = None, env: dict[str, str] | None = None) -> dict:  # fmt: skip
+                 devices: Sequence[int] | str | None = None, env: dict[str, str] | None = None,
+                 jobs: int = 1) -> dict:  # fmt: skip
     """Run every problem of a manifest, each in child processes; returns the results (see the module docstring).
 
     ``check_only`` checks every contender (NaN fences, float64) and times none (the fenced fuzz).
@@ -529,10 +554,18 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     ``device`` (the driver's index, default its first), here; ``env``, where given, pins the children
     instead (what :class:`convbw_mlir.measure.pool.Device` holds: they see only their device).
 
+    ``jobs``: measuring workers a device, problems dealt to whichever is free: their process start, inputs and
+    float64 references (seconds of CPU a problem) overlap, while each step that uses the GPU (a contender's
+    check and timing, the reference, cuDNN) holds the device alone (:func:`gpu_lock`), so timings are as with one.
+
     Raises:
-        ValueError: a device that is not visible, or none visible for a GPU driver (before any child starts).
+        ValueError: a device that is not visible, or none visible for a GPU driver, or ``jobs`` below 1
+            (before any child starts).
     """
     from convbw_mlir.measure.pool import Device, deal, resolve_devices
+
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise ValueError(f"jobs: expected a count >= 1, got {jobs!r}")
 
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
@@ -549,6 +582,10 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
         "date": time.strftime("%Y-%m-%d"),
         "problems": [],
     }
+    if jobs > 1:  # several workers a device, one lock file a device, removed with the run
+        locks = tempfile.TemporaryDirectory(prefix="convbw-gpu-lock-")
+        slots = [replace(d, env={**d.env, GPU_LOCK_ENV: os.path.join(locks.name, f"{d.label}.lock")})
+                 for d in slots for _ in range(jobs)]  # fmt: skip
     pinned = devices is not None or bool(env)  # the children see only their device: the driver's first
     options = {"driver": driver, "device": None if pinned else device, "use_torch": use_torch,
                "numpy_max_flops": numpy_max_flops, "check_only": check_only}  # fmt: skip
@@ -557,7 +594,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     for i, (row, device_name) in deal(_measure_entry, todo, slots, log, lost=_lost_entry):
         if device_name and results["device"] == driver:
             results["device"] = device_name
-        if len(slots) == 1:
+        if len({d.index for d in slots}) == 1:
             del row["device_index"]  # one device: the rows as before the pool
         rows[i] = row
         log(_line(row))
@@ -629,7 +666,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--driver", default=None, help="override the manifest target's driver")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--timeout", type=float, default=STEP_TIMEOUT_S, help="seconds one contender may run")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="measuring workers a device: set-up and float64 references overlap, GPU steps never do",
+    )
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        print(f"error: --jobs: expected a count >= 1, got {args.jobs}", file=sys.stderr)
+        return 1
     if not args.timeout > 0:
         print(f"error: --timeout: expected seconds > 0, got {args.timeout}", file=sys.stderr)
         return 1
@@ -648,7 +694,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     results = run_manifest(
-        args.folder, args.filter, args.device, args.driver, not args.no_torch, timeout_s=args.timeout, devices=devices
+        args.folder,
+        args.filter,
+        args.device,
+        args.driver,
+        not args.no_torch,
+        timeout_s=args.timeout,
+        devices=devices,
+        jobs=args.jobs,
     )
     out = Path(args.out or Path(args.folder) / "results.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -211,14 +211,34 @@ def is_channels_last(problem) -> bool:
     return (fam.x, fam.w) == ("NHWGC", "GKYXC")
 
 
-def auto_splits(shape: GemmShape, tiling: GemmTiling, compute_units: int, min_tiles: int = 8) -> int:
+def auto_splits(shape: GemmShape, tiling: GemmTiling, compute_units: int, min_tiles: int = 8,
+                shared_cap: int = SHARED_MEMORY_CAP) -> int:  # fmt: skip
     """Split-K partial sums so the grid fills the machine about once, each split at least ``min_tiles``
-    k tiles long (CK's rule of thumb, split_k_utils.hpp: k_batch = max_occupancy * num_CUs / grid_size)."""
+    k tiles long (CK's rule of thumb, split_k_utils.hpp: k_batch = max_occupancy * num_CUs / grid_size).
+    With the register path (odd K or C) every resident workgroup's slot once: its loads are latency-bound
+    within a workgroup and overlap only across workgroups (:func:`register_rounds`)."""
+    slots = compute_units * (resident_blocks(shape, tiling, shared_cap) if register_rounds(shape, tiling) else 1)
     tiles = shape.groups * -(-shape.m // tiling.bm) * -(-shape.n // tiling.bn)
     ktiles = -(-shape.reduction // tiling.bk)
-    if tiles >= compute_units:
+    if tiles >= slots:
         return 1
-    return max(1, min(-(-compute_units // tiles), ktiles // min_tiles))
+    return max(1, min(-(-slots // tiles), ktiles // min_tiles))
+
+
+def register_rounds(shape: GemmShape, t: GemmTiling) -> int:
+    """Rounds a thread makes per k tile on the register path (channels-last operands whose rows are not
+    4-byte aligned: odd K for dy, odd C for x): each round is :data:`COPY_ELEMENTS` element loads and one
+    shared store (``gemm_sm80._load_tile_cl``); 0 where both operands go by ``cp.async``."""
+    if not shape.channels_last:
+        return 0
+    rows = [r for r, v in ((t.bm, shape.a_vector()), (t.bn, shape.b_vector())) if v == 1]
+    return sum(t.bk // max(1, t.threads // (r // COPY_ELEMENTS)) for r in rows)
+
+
+def resident_blocks(shape: GemmShape, t: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP) -> int:
+    """Workgroups an SM holds at once, by registers and shared memory (at least 1)."""
+    shared = t.shared_bytes(reduction_major=shape.channels_last)
+    return max(1, min(SM_REGISTERS // (t.threads * registers_per_thread(t)), shared_cap // shared))
 
 
 # The tiling rule's machine model (A100 whitepaper figures, the sm_80 target's own part): per SM and clock,
@@ -231,6 +251,10 @@ FULL_WARPS = 8  # resident warps an SM below which latency is no longer hidden (
 DEVICE_BYTES_PER_CLOCK = 1400  # ~2 TB/s of HBM at the 1.41 GHz SM clock: split-K partials' traffic
 LAUNCH_CLOCKS = 4000  # ~3 us: the split-K sum's own dispatch
 FILL_TILES = 2  # k tiles of pipeline fill and epilogue a workgroup pays on top of its own
+# Clocks of one register-path round (8 element loads, their shared store) in a workgroup, latency-bound: fitted on
+# the H100 (bench/results/h100_2026-11-25_depthwise_default/first_layers_main.md): ResNet-50's conv1 took about
+# 8,000 clocks a k tile in 128x256 tiles (8 rounds a thread), about 4,000 in 64x64 ones (4 rounds).
+REGISTER_ROUND_CLOCKS = 1000
 
 # Candidates of the rule, largest first: (bm, bn, wm, wn); bk 64, 3 stages (fewer where the cap needs).
 TILINGS = ((128, 256, 64, 64), (128, 128, 64, 64), (64, 128, 32, 64), (128, 64, 64, 32), (64, 64, 32, 32))
@@ -251,18 +275,21 @@ def tiling_cost(shape: GemmShape, t: GemmTiling, compute_units: int, shared_cap:
     tiles plus :data:`FILL_TILES`, each at the tensor rate slowed by shared-memory bandwidth (ldmatrix of
     every warp plus the copies in, per k tile) and by too few resident warps; split-K adds its partials'
     round trip through memory and a second dispatch. Padding (M or N not a multiple of the tile) is
-    paid in full: that is what favours 64-row tiles for K <= 64.
+    paid in full: that is what favours 64-row tiles for K <= 64. The register path (odd K or C) is
+    latency-bound: a k tile takes at least :func:`register_rounds` x :data:`REGISTER_ROUND_CLOCKS` however
+    few resident workgroups share the SM.
     """
-    splits = auto_splits(shape, t, compute_units)
+    splits = auto_splits(shape, t, compute_units, shared_cap=shared_cap)
     tiles = shape.groups * -(-shape.m // t.bm) * -(-shape.n // t.bn)
     ktiles = -(-math.ceil(shape.reduction / t.bk) // splits)
-    shared = t.shared_bytes(reduction_major=shape.channels_last)
-    resident = max(1, min(SM_REGISTERS // (t.threads * registers_per_thread(t)), shared_cap // shared))
+    resident = resident_blocks(shape, t, shared_cap)
     mma = t.bm * t.bn * t.bk / SM_FMA_PER_CLOCK
     smem = (t.warps * (t.wm + t.wn) * 2 * t.bk + (t.bm + t.bn) * t.bk * 2) / SM_SHARED_BYTES_PER_CLOCK
     busy = min(1.0, mma / smem) * min(1.0, resident * t.warps / FULL_WARPS)
     waves = -(-tiles * splits // (compute_units * resident))
-    clocks = waves * resident * (ktiles + FILL_TILES) * mma / busy
+    # a k tile of the SM's resident workgroups: their matrix work shares the SM; register-path latency overlaps
+    per_ktile = max(resident * mma / busy, register_rounds(shape, t) * REGISTER_ROUND_CLOCKS)
+    clocks = waves * (ktiles + FILL_TILES) * per_ktile
     if splits > 1:
         clocks += 2 * splits * shape.groups * shape.m * shape.n * 4 / DEVICE_BYTES_PER_CLOCK + LAUNCH_CLOCKS
     return clocks

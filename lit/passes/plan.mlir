@@ -3,7 +3,7 @@
 // RUN: %convbw-opt %S/Inputs/conv3x3.mlir --pass-pipeline='builtin.module(convbw-plan{target=sm_80 grouped=mma})' | FileCheck %s --check-prefix=SM80
 // RUN: %convbw-opt %S/Inputs/conv1x1.mlir --pass-pipeline='builtin.module(convbw-plan{target=gfx1100})' | FileCheck %s --check-prefix=RDNA
 // RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-plan{target=sm_80 strategy=codegen})' | FileCheck %s --check-prefix=SIMT
-// RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-plan{target=sm_80 strategy=explicit})' | FileCheck %s --check-prefix=DW
+// RUN: %convbw-opt %S/Inputs/depthwise.mlir --pass-pipeline='builtin.module(convbw-plan{target=sm_80})' | FileCheck %s --check-prefix=DW
 
 // Replayable from text: planning, printing, and running the rest on the printed IR gives the same module.
 // RUN: %convbw-opt %S/Inputs/conv3x3.mlir --convbw-pipeline=gfx942 > %t.direct
@@ -31,9 +31,9 @@
 // RDNA takes our tile for a GEMM (its tile policy), planned on the GEMM form of the 1x1.
 // RDNA: plan = {gemm = true, strategy = "mma", target = "gfx1100", tile = {intrinsic = "WMMAR3_F32_16x16x16_F16"
 
-// Depthwise on sm_80: our depthwise kernel where asked (not yet the default: docs/decisions.md#depthwise-by-default) ...
-// DW: plan = {depthwise = {channels = 16 : i64, chunks = 4 : i64, rows = 32 : i64, segment = 16 : i64, taps = 3 : i64, unroll = 4 : i64, vector = 8 : i64}, gemm = false, strategy = "explicit", target = "sm_80"}
-// ... and the default (codegen): too thin for matrix cores; the rows split and a thread tile.
+// Depthwise on sm_80: by default our depthwise kernel in its wide form (docs/decisions.md#depthwise-by-default) ...
+// DW: plan = {depthwise = {channels = 16 : i64, chunks = 4 : i64, rows = 32 : i64, segment = 16 : i64, taps = 3 : i64, unroll = 8 : i64, vector = 4 : i64}, gemm = false, strategy = "explicit", target = "sm_80"}
+// ... and codegen's where asked: too thin for matrix cores; the rows split and a thread tile.
 // SIMT: plan = {gemm = false, simt = {channels = 1 : i64, groups = 16 : i64, rows = 8 : i64}, split = {chunk = 1 : i64, dim = "n,o0", k_batch = 16 : i64}, strategy = "simt", target = "sm_80"}
 
 // KEPT: k_batch = 2 : i64, loops = ["s", "k", "f0", "f1", "c", "n", "o0", "o1"]

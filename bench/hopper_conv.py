@@ -1,0 +1,359 @@
+"""Issue 24 item 3: the sm_90a weight gradient (convbw_mlir/kernels/conv_sm90.py: TMA im2col, MN-major wgmma,
+warp-specialized) against cuDNN and our sm_80 explicit kernel, layout 2 (channels-last), kernel time by CUPTI.
+
+Compile here (needs the IREE compiler), run there (needs torch and iree-base-runtime):
+
+    .venv/bin/python bench/hopper_conv.py compile DIR [--only NAME ...]
+    python3 hopper_conv.py run DIR --out OUT --budget 200 --jobs 4     # on the GPU machine
+
+Problems: the dense 2-D problems of bench/explicit_conv.py (the suites' G=1 layers and ResNet-50's 3x3 and
+1x1 layers) of at least 4 GFLOP, in f16, and the three largest again in bf16 (dW in the input type).
+``compile`` writes per problem our sm_90a kernel's PTX and launch (``sm90_<problem>.ptx``: its tile width and split
+by ``convbw_mlir.policies.sm90.choose``) and our sm_80 explicit kernel's vmfb (``sm80_<problem>.vmfb``:
+``compile_op(strategy="explicit")`` for sm_80, as bench/explicit_conv.py builds it), and the manifest.
+
+``run`` runs one child per problem (cuDNN, then sm_80, then ours: a fault in ours loses no baseline), children
+``--jobs`` at once, their checks and timing under one GPU lock (bench/explicit_conv.py's). Ours: the
+launcher encodes dy's tiled map and x's im2col map (``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col``,
+128-byte swizzle, zero fill) on inputs that are followed by NaN (an over-read shows), dW (or the split
+partials) poisoned with NaN before each check; a split's stage 2 is ``torch.sum`` of the f32 partials and its
+kernels count in the time. Every result is checked against float64 (explicit_conv's cached reference), then
+timed as explicit_conv.py does (``single``: median kernel time of calls 10 ms apart). Writes
+``OUT/hopper_conv.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import explicit_conv as ec  # bench/explicit_conv.py: problems, inputs, reference, cuDNN and IREE contenders
+import harness
+
+MIN_FLOPS = 4e9
+BF16 = ("large_3x3_256_n64_56", "resnet50_3x3_256_n256_14", "retina_k2376_100")
+FENCE_ELEMENTS = 1 << 19
+KINDS = ("cudnn", "sm80", "sm90", "variant")
+
+
+# -- compile side ------------------------------------------------------------------------------------
+def problems() -> dict[str, Any]:
+    from convbw_mlir.policies import sm90
+
+    out = {}
+    for t in ("f16", "bf16"):
+        for name, p in ec.problems(types=(t,)).items():
+            if sm90.flops(p) >= MIN_FLOPS and (t == "f16" or name.removesuffix("_bf16") in BF16):
+                out[name] = p
+    return out
+
+
+# Variants beside the rule's choice (``compile --variants``): (splits, bn[, persistent workgroups]) per problem.
+VARIANTS = {
+    "retina_k2376_100": [(3, 256, 132), (4, 256, 132), (6, 256, 132)],
+    "retina_k2376_100_bf16": [(3, 256, 132), (4, 256, 132)],
+    "retina_k2376_50": [(1, 192, 132), (2, 256, 132), (3, 256, 132)],
+    "large_3x3_256_n64_56": [(7, 256, 126), (14, 256, 126)],
+    "streamk_3x3_512_n32_7": [(2, 256, 132), (1, 128, 132)],
+    "resnet50_3x3_256_n256_14": [(14, 256, 126)],
+}
+
+
+def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0) -> Any:
+    """The sm_90a kernel's numbers for problem ``p`` (its split by the policy's rule unless given)."""
+    from convbw_mlir.kernels.conv_sm90 import ConvSm90
+    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
+    from convbw_mlir.policies import sm90
+
+    (h, w), (ho, wo), (fy, fx) = p.input_size, p.output_size, p.filter_size
+    if splits is None:
+        bn, splits = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo, groups=p.groups)
+    tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent)
+    return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
+                    tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups)  # fmt: skip
+
+
+def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None,
+                 persistent: int = 0) -> dict[str, Any]:  # fmt: skip
+    from convbw_mlir.build.cuda_schedule import read_cuda_executable
+    from convbw_mlir.build.iree import compile_module
+    from convbw_mlir.ir_imports import ir, new_context
+    from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
+
+    g = geometry(p, splits, bn, persistent)
+    with new_context(), ir.Location.unknown():
+        text = str(conv_module(g, p.dtype, p.dw_dtype))
+    hal = compile_module(text, "sm_90a", ["--compile-to=hal"])
+    with new_context() as ctx:
+        parsed = ir.Module.parse(hal, ctx)
+        (binary,) = [o for o in _walk(parsed.operation) if o.name == "hal.executable.binary"]
+        data = bytes(memoryview(ir.DenseIntElementsAttr(binary.attributes["data"])).cast("B"))
+    (export,), (ptx,) = read_cuda_executable(data)
+    stem = f"sm90_{name}" if splits is None else f"sm90_{_variant(g.splits, g.tiling.bn, persistent)}_{name}"
+    (folder / f"{stem}.ptx").write_bytes(ptx)
+    lower, upper = im2col_corners(g)
+    return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
+            "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
+            "ptx": f"{stem}.ptx"}  # fmt: skip
+
+
+def _variant(splits: int, bn: int, persistent: int = 0) -> str:
+    return f"s{splits}_bn{bn}" + (f"_p{persistent}" if persistent else "")
+
+
+def _walk(op: Any):
+    yield op
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield from _walk(inner.operation)
+
+
+def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm80: bool = True) -> None:
+    from convbw_mlir import compile_op
+    from convbw_mlir.build.iree import CompileError
+    from convbw_mlir.plan import PlanError
+    from convbw_mlir.policies import sm90
+
+    folder.mkdir(parents=True, exist_ok=True)
+    entries, refused = [], {}
+    for name, p in problems().items():
+        if only and not any(o in name for o in only):
+            continue
+        t0 = time.time()
+        base = {"problem": name, "suite": True, **harness.problem_fields(p), "dtype": p.dtype}
+        entries.append({**base, "name": f"cudnn:{name}", "kind": "cudnn", "vmfb": None})
+        try:
+            if not sm80:
+                raise PlanError("sm_80 not asked (compile --no-sm80)")
+            op = compile_op(p, "sm_80", strategy="explicit", isolate=True, cache=False)
+            (folder / f"sm80_{name}.vmfb").write_bytes(op.vmfb)
+            entries.append({**base, "name": f"sm80:{name}", "kind": "sm80", "vmfb": f"sm80_{name}.vmfb",
+                            "plan": op.plan.to_dict()})  # fmt: skip
+        except (PlanError, CompileError) as e:
+            refused[f"sm80:{name}"] = str(e)
+        why = sm90.refusals(p)
+        if why:
+            refused[f"sm90:{name}"] = "; ".join(why)
+        else:
+            entries.append({**base, "name": f"sm90:{name}", "kind": "sm90", **compile_sm90(p, folder, name)})
+            for splits, bn, *persistent in VARIANTS.get(name, []) if variants else []:
+                entries.append({**base, "name": f"sm90_{_variant(splits, bn, *persistent)}:{name}", "kind": "variant",
+                                **compile_sm90(p, folder, name, splits, bn, *persistent)})  # fmt: skip
+        print(f"{name}: {time.time() - t0:.1f} s", flush=True)
+    harness.write_manifest(folder, {"target": "sm_90a", "entries": entries, "refused": refused, "seed": ec.SEED,
+                                    "layout": 2})  # fmt: skip
+
+
+# -- run side: a child ---------------------------------------------------------------------------------
+def _encode_maps(lib: Any, e: dict, dy: Any, x: Any) -> bytes:
+    """dy's tiled map (2-D {K, N Ho Wo}, box {64, 64}) and x's im2col map ({C, W, H, N}, the bounding box
+    corners of conv_sm90.im2col_corners, 64 channels x 64 pixels, traversal strides = the conv's), 128-byte
+    swizzle, L2 promotion 256 B, out of bounds read as zero (cuda.h)."""
+    u32, u64, i32 = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+    dtype = {"f16": 6, "bf16": 9}[e["dtype"]]  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
+    n, (h, w), c, k = e["images"], e["input_size"], e["in_channels"], e["out_channels"]
+    rows = n * math.prod(e["output_size"])
+    maps = []
+    for _ in range(2):
+        raw = (ctypes.c_uint8 * 192)()  # CUtensorMap is alignas(64): an aligned 128 bytes inside
+        maps.append((raw, (ctypes.c_uint8 * 128).from_buffer(raw, -ctypes.addressof(raw) % 64)))
+    tiled = lib.cuTensorMapEncodeTiled
+    tiled.restype = ctypes.c_int
+    rc = tiled(maps[0][1], dtype, 2, ctypes.c_void_p(dy.data_ptr()), (u64 * 2)(k, rows), (u64 * 1)(k * 2),
+               (u32 * 2)(64, 64), (u32 * 2)(1, 1), 0, 3, 3, 0)  # fmt: skip
+    if rc:
+        raise RuntimeError(f"cuTensorMapEncodeTiled: CUDA error {rc}")
+    im2col = lib.cuTensorMapEncodeIm2col
+    im2col.restype = ctypes.c_int
+    sh, sw = e["stride"]
+    rc = im2col(maps[1][1], dtype, 4, ctypes.c_void_p(x.data_ptr()), (u64 * 4)(c, w, h, n),
+                (u64 * 3)(c * 2, w * c * 2, h * w * c * 2), (i32 * 2)(*e["lower"]), (i32 * 2)(*e["upper"]), 64, 64,
+                (u32 * 4)(1, sw, sh, 1), 0, 3, 3, 0)  # fmt: skip
+    if rc:
+        raise RuntimeError(f"cuTensorMapEncodeIm2col: CUDA error {rc}")
+    return bytes(maps[0][1]) + bytes(maps[1][1])
+
+
+def _fenced(t: Any, torch: Any) -> Any:
+    """``t`` on the GPU at the start of a buffer whose rest is NaN (an over-read shows in dW)."""
+    buf = torch.full((t.numel() + FENCE_ELEMENTS,), float("nan"), dtype=t.dtype, device="cuda")
+    buf[: t.numel()].copy_(t.reshape(-1))
+    return buf[: t.numel()].view(t.shape)
+
+
+def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
+    """(call, as_torch, sync) of our sm_90a kernel, as explicit_conv's contenders."""
+    from convbw_mlir.cuda_launch import CudaLauncher, Dispatch, ExportDef, Launch, _libcuda
+
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16}[e["dtype"]]
+    xs, dys = _fenced(x, torch), _fenced(dy, torch)
+    maps = torch.frombuffer(bytearray(_encode_maps(_libcuda(), e, dys, xs)), dtype=torch.uint8).cuda()
+    k, cols = e["out_channels"], e["in_channels"] * math.prod(e["filter_size"])
+    splits = e["splits"]
+    grp = e["groups"]
+    c = torch.empty((splits, grp, k, cols) if splits > 1 else (grp, k, cols), device="cuda",
+                    dtype=torch.float32 if splits > 1 else dt)  # fmt: skip
+    export = ExportDef(e["kernel"], 0, tuple(e["block"]), e["shared"], 0, 4)
+    binds = tuple((f"arg{i}", 0) for i in range(4))
+    launch = Launch("main", [Dispatch(e["kernel"], tuple(e["grid"]), binds)], 0, (0, 0, 0, 0),
+                    {e["kernel"]: export}, [(folder / e["ptx"]).read_bytes()])  # fmt: skip
+    launcher = CudaLauncher(launch, torch.cuda.current_device())
+    ptrs = (dys.data_ptr(), xs.data_ptr(), maps.data_ptr(), c.data_ptr())
+    harness.KEEP.append((launcher, xs, dys, maps, c))
+    first = [True]
+
+    def call() -> Any:
+        if first[0]:  # the checked call: every element of dW (or of the partials) must be written
+            c.fill_(float("nan"))
+            first[0] = False
+        launcher(ptrs, torch.cuda.current_stream().cuda_stream)
+        return c.sum(0).to(dt) if splits > 1 else c
+
+    def as_torch(r: Any) -> Any:
+        return r.reshape(grp, k, *e["filter_size"], e["in_channels"])
+
+    return call, as_torch, (lambda _r: torch.cuda.synchronize())
+
+
+def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
+    if e["kind"] in ("sm90", "variant"):
+        return _sm90(e, folder, x, dy, torch)
+    return ec._contender(e, folder, x, dy, torch)
+
+
+def _measure(e: dict, folder: Path, x: Any, dy: Any, torch: Any) -> dict[str, Any]:
+    """Check one contender against float64 and time it (explicit_conv's measure, our contenders)."""
+    from convbw_mlir.measure.cupti import kernel_events
+
+    rec: dict[str, Any] = {"name": e["name"], "kind": e["kind"], "problem": e["problem"], "flops": e["flops"]}
+    call, as_torch, sync = _contender(e, folder, x, dy, torch)
+    exact = ec._reference(e, x, dy, folder, torch).cpu()
+    r = call()
+    sync(r)
+    got = as_torch(r).cpu().double()
+    rec.update(harness.check(got, exact, e["dw_dtype"], torch, rms=False))
+    del got, exact
+    (kernels, rec["launch"]), _ = harness.profile_calls(
+        call, sync, torch, harness.activities(torch, "cuda"), ec.SINGLE_REPS, ec.SUSTAINED_CALLS,
+        lambda trace: (kernel_events(trace), ec._launch_facts(trace)))  # fmt: skip
+    calls = [sum(dur for _, dur, _ in c) for c in harness.calls(kernels, 4000.0)]
+    per_call, stream = calls[: ec.SINGLE_REPS], calls[ec.SINGLE_REPS :]
+    rec["kernels"] = sorted({k for _, _, k in kernels})[:4]
+    rec["single_us"] = statistics.median(per_call) if per_call else None
+    rec["sustained_us"] = sum(stream) / ec.SUSTAINED_CALLS if stream else None
+    rec["single_tflops"] = harness.tflops(e["flops"], rec["single_us"])
+    return rec
+
+
+def run_children(folder: Path, names: list[str]) -> None:
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):  # CUPTI's first start
+        torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    entries = {e["name"]: e for e in harness.load_manifest(folder)["entries"]}
+    for name in names:
+        e = entries[name]
+        t0 = time.time()
+        try:
+            x, dy = ec._inputs(e, torch)
+            with ec._gpu_lock(folder):
+                x, dy = x.to("cuda"), dy.to("cuda")
+                rec = _measure(e, folder, x, dy, torch)
+            del x, dy
+        except Exception as exc:  # one contender's failure is its row
+            rec = {"name": name, "kind": e["kind"], "problem": e["problem"], "error": f"{type(exc).__name__}: {exc}"}
+        rec["child_s"] = round(time.time() - t0, 2)
+        print(json.dumps(rec), flush=True)
+        torch.cuda.empty_cache()
+
+
+# -- run side: the parent -------------------------------------------------------------------------------
+def run_all(folder: Path, out: Path, budget: float, jobs: int) -> int:
+    start = time.time()
+    manifest = harness.load_manifest(folder)
+    by_problem: dict[str, list[str]] = {}
+    for e in sorted(manifest["entries"], key=lambda e: KINDS.index(e["kind"])):
+        by_problem.setdefault(e["problem"], []).append(e["name"])
+    rows = harness.run_batches(__file__, folder, out, list(by_problem.values()), budget, jobs, start, 60.0)
+    return report(rows, manifest, out, harness.device_name("cuda"), wall=time.time() - start)
+
+
+def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float | None = None) -> int:
+    got = harness.rows_by_problem(rows)
+    head = ("| problem | GFLOP | tile, splits | ours sm_90a us | TFLOP/s | cuDNN us | sm_80 us | vs cuDNN | vs sm_80 | "
+            "correct (ours, cuDNN, sm_80) |")  # fmt: skip
+    lines = [f"# sm_90a weight gradient, layout 2: {device}, {harness.now()}", "", head, "|" + "---|" * 10]
+    ratios, ratios_big, vs80 = [], [], []
+    splits = {e["problem"]: f"128x{e.get('bn')}, {e.get('splits')}" for e in manifest["entries"] if e["kind"] == "sm90"}
+    for problem, r in got.items():
+        ours, cud, s80 = (r.get(k, {}) for k in ("sm90", "cudnn", "sm80"))
+        t, tc, t8 = ours.get("single_us"), cud.get("single_us"), s80.get("single_us")
+        ok = ours.get("correct")
+        q = tc / t if t and tc and ok else None
+        q8 = t8 / t if t and t8 and ok else None
+        if q:
+            ratios.append(q)
+        if q8:
+            vs80.append(q8)
+        flops = (ours or cud).get("flops", 0)
+        lines.append(f"| {problem} | {flops / 1e9:.1f} | {splits.get(problem, '-')} | " + " | ".join(
+            harness.cells({"a": t, "b": ours.get("single_tflops"), "c": tc, "d": t8, "e": q, "f": q8},
+                          "a", "b", "c", "d", "e:.2f", "f:.2f"))
+            + " | " + ", ".join(str(x.get("correct", x.get("error", x.get("crashed", "-"))))[:40]
+                                for x in (ours, cud, s80)) + " |")  # fmt: skip
+        ratios_big.append(q)
+    gm, gm80 = harness.geomean(ratios), harness.geomean(vs80)
+    lines += ["", f"Geomean vs cuDNN: {harness.cell(gm, '{:.2f}')}x over {len(ratios)} problems; vs our sm_80 kernel: "
+              f"{harness.cell(gm80, '{:.2f}')}x. Problems >= 0.9x cuDNN: {sum(1 for q in ratios if q >= 0.9)} of "
+              f"{len(ratios_big)}.", ""]  # fmt: skip
+    variants = [r for r in rows if r.get("kind") == "variant"]
+    if variants:
+        lines += ["Variants beside the rule's split and tile (single-call kernel time, us):", "",
+                  "| variant | us | rule's us | correct |", "|---|---|---|---|"]  # fmt: skip
+        for r in variants:
+            rule = got.get(r["problem"], {}).get("sm90", {}).get("single_us")
+            lines.append(f"| {r['name']} | {harness.cell(r.get('single_us'))} | {harness.cell(rule)} | "
+                         f"{r.get('correct', r.get('error', r.get('crashed')))} |")  # fmt: skip
+        lines.append("")
+    lines += harness.notes(manifest, rows, wall, wrong=True)
+    doc = {"device": device, "date": harness.now(), "rows": rows, "geomean_vs_cudnn": gm, "geomean_vs_sm80": gm80}
+    return harness.write_tables(out, "hopper_conv", doc, lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile")
+    c.add_argument("dir", type=Path)
+    c.add_argument("--only", nargs="*")
+    c.add_argument("--variants", action="store_true", help="also the split and tile variants of VARIANTS")
+    c.add_argument("--no-sm80", dest="sm80", action="store_false", help="skip our sm_80 kernel")
+    r = sub.add_parser("run")
+    r.add_argument("dir", type=Path)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--budget", type=float, default=200.0)
+    r.add_argument("--jobs", type=int, default=4)
+    o = sub.add_parser("run-one")
+    o.add_argument("dir", type=Path)
+    o.add_argument("names", nargs="+")
+    a = ap.parse_args(argv)
+    if a.cmd == "compile":
+        compile_all(a.dir, a.only, a.variants, a.sm80)
+        return 0
+    if a.cmd == "run":
+        return run_all(a.dir, a.out, a.budget, a.jobs)
+    run_children(a.dir, a.names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,410 @@
+"""The sm_90a weight gradient of a channels-last 2-D convolution: the Hopper GEMM's pipeline on an implicit GEMM.
+
+Layout 2 (x NHWGC, dy NHWGK, dW GKYXC) is per group, as for the sm_80 kernel, ``dW[k, j] = sum_r dy[r, k] *
+x[n, ho s + y d - p, wo s + x d - p, c]`` with ``j = (y X + x) C + c`` and ``r = (n, ho, wo)``. Both operands
+are reduction-outer, so both reach ``wgmma`` **MN-major** (the transpose bits of 16-bit wgmma): a k tile
+of 64 reduction rows is, in shared memory, 64 rows of 128 bytes (64 channels) per operand box, swizzled
+in 1024-byte atoms of 8 rows, exactly what a TMA box with the 128-byte swizzle writes.
+
+- **dy** is the plain 2-D ``[N Ho Wo, K]`` matrix: a tiled TMA map, box ``64 r x 64 k``, one box a consumer.
+- **x** goes by TMA's **im2col** mode (``cp.async.bulk.tensor.4d.im2col``): the map covers ``[N, H, W, C]``
+  with the bounding box ``[-p, H - 1 + p - (Y - 1) d]`` per image (``Ho`` positions at the traversal
+  stride ``s``: cuTensorMapEncodeIm2col's corners and elementStrides), and one load walks 64 consecutive
+  output positions ``r0 .. r0 + 63`` across rows and images (W, then H, then N), adding the tap's offset
+  ``(x d, y d)`` (the instruction's 16-bit im2col offsets) and reading zero outside the image: the
+  padding for free, and the k tile is a plain 64-row slice of the flattened reduction, as dy's is, so
+  a ragged ``Wo`` costs nothing (a tiled 4-D box of ``rows x Wo-positions`` would waste what it pads).
+  A 256-column tile is four such boxes of 64 channels each, each of its own tap (``C % 64 == 0``).
+- The reduction past ``N Ho Wo`` reads zeros from both maps (out of bounds); split-K cuts the k tiles
+  into ``splits`` slices (grid z), each writing f32 partial sums ``[splits, G, K, Y X C]`` that a second
+  pass adds up.
+- Groups (NHWGC / NHWGK): group ``g``'s dy columns start at ``g K`` and its x channels at ``g C`` of the
+  same two maps; grid z runs over groups x splits. Rows past K of a row tile read the next group's dy and
+  are never stored.
+
+The rest is gemm_sm90's: a producer warpgroup, ``consumers`` wgmma warpgroups, an mbarrier ring,
+``setmaxnreg``. docs/explicit-kernels.md "Hopper: the weight gradient" has the design and the numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, gpu, llvm, nvvm, scf, vector
+
+from convbw_mlir.kernels.entry import KernelEntry
+from convbw_mlir.kernels.gemm_sm90 import (
+    _B,
+    SWIZZLE_BYTES,
+    WAIT_TICKS,
+    WARPGROUP,
+    WGMMA_K,
+    WGMMA_M,
+    Sm90Tiling,
+    _acc_type,
+    _global_ptr,
+    _init_barriers,
+    _release,
+    _shared_base,
+    _stage_addresses,
+    _stage_and_phase,
+    _zero_acc,
+)
+
+__all__ = ["BOX", "ConvSm90", "conv_entry", "conv_module", "descriptor_mn", "im2col_corners"]
+
+BOX = 64  # channels of one TMA box: a 128-byte swizzled row of 16-bit elements
+ATOM_ROWS = 8  # reduction rows of one 1024-byte swizzle atom
+
+
+@dataclass(frozen=True)
+class ConvSm90:
+    """One kernel's numbers, derived once: the problem's geometry, the tiling and the split.
+
+    Attributes:
+        n, h, w, c: x's sizes (NHWC); k: output channels; fy, fx: filter; ho, wo: dy's spatial sizes.
+        stride, dilation, pad: (h, w) pairs (pad: the low side; the high side follows from ``ho, wo``).
+        tiling: the GEMM tiling (``bn`` a multiple of 64: that many im2col boxes a stage).
+        splits: split-K slices of the k tiles (grid z); > 1 writes f32 partials ``[splits, G, K, Y X C]``.
+        groups: G; c and k are a group's channels.
+    """
+
+    n: int
+    h: int
+    w: int
+    c: int
+    k: int
+    fy: int
+    fx: int
+    ho: int
+    wo: int
+    stride: tuple[int, int] = (1, 1)
+    dilation: tuple[int, int] = (1, 1)
+    pad: tuple[int, int] = (0, 0)
+    tiling: Sm90Tiling = Sm90Tiling()
+    splits: int = 1
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        if self.c % BOX:
+            raise ValueError(f"in_channels: {self.c} (the sm_90a kernel takes C a multiple of {BOX})")
+        if self.k % 8:  # dy's rows: a multiple of 16 bytes (TMA's global strides)
+            raise ValueError(f"out_channels: {self.k} (the sm_90a kernel takes K a multiple of 8)")
+        if self.tiling.bn % BOX:
+            raise ValueError(f"bn: {self.tiling.bn} (a multiple of {BOX}: whole im2col boxes)")
+        if not 1 <= self.splits <= self.ktiles:
+            raise ValueError(f"splits: {self.splits} (1 .. {self.ktiles} k tiles)")
+        if self.splits > 1 and (self.splits - 1) * self.chunk >= self.ktiles:
+            raise ValueError(f"splits: {self.splits} leave the last one empty ({self.ktiles} k tiles)")
+
+    @property
+    def reduction(self) -> int:
+        return self.n * self.ho * self.wo
+
+    @property
+    def columns(self) -> int:
+        """dW's columns ``Y X C`` (the GEMM's N)."""
+        return self.fy * self.fx * self.c
+
+    @property
+    def ktiles(self) -> int:
+        return -(-self.reduction // self.tiling.bk)
+
+    @property
+    def chunk(self) -> int:
+        """k tiles a split (the last takes the rest)."""
+        return -(-self.ktiles // self.splits)
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        """Column tiles, row tiles."""
+        return -(-self.columns // self.tiling.bn), -(-self.k // self.tiling.bm)
+
+    @property
+    def units(self) -> int:
+        """Work units: tiles x splits x groups."""
+        return self.tiles[0] * self.tiles[1] * self.splits * self.groups
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        if self.tiling.persistent:
+            return (self.tiling.persistent, 1, 1)
+        return (*self.tiles, self.splits * self.groups)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.k * self.columns * self.reduction
+
+
+def im2col_corners(g: ConvSm90) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The im2col map's bounding box per image, (w, h) innermost first (cuTensorMapEncodeIm2col's
+    pixelBoxLowerCorner / UpperCorner): from ``-p`` to ``dim - 1 + p - (F - 1) d``, so that walking it at
+    the stride visits exactly ``Wo`` (``Ho``) positions, the output's."""
+    (sh, sw), (ph, pw) = g.stride, g.pad
+    lower = (-pw, -ph)
+    # the last output position's pixel, (wo - 1) s - p, is the box's upper end, dim - 1 + upper
+    upper = ((g.wo - 1) * sw - pw - (g.w - 1), (g.ho - 1) * sh - ph - (g.h - 1))
+    return lower, upper
+
+
+def descriptor_mn(address: int, lead: int) -> int:
+    """The wgmma matrix descriptor of an MN-major, 128-byte-swizzled tile at shared ``address`` (PTX ISA
+    "Matrix Descriptor Format"; CUTLASS's canonical MN-major SW128 layout): start >> 4 in bits 0-13, the
+    leading byte offset (``lead``: from one 64-element MN atom to the next) >> 4 in 16-29, the stride byte
+    offset (1024: the next 8 reduction rows) >> 4 in 32-45, swizzle mode 1 (128 bytes) in 62-63."""
+    atom = ATOM_ROWS * SWIZZLE_BYTES
+    return ((address & 0x3FFFF) >> 4) | ((lead >> 4) << 16) | ((atom >> 4) << 32) | (1 << 62)
+
+
+def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90") -> KernelEntry:
+    """The kernel's launch: grid (N tiles, M tiles, groups x splits), bindings dy ``[N Ho Wo, G K]``, x
+    ``[N, H, W, G C]``, maps (dy's then x's CUtensorMap), dW ``[G, K, Y X C]`` (or its f32 partials
+    ``[splits, G, K, Y X C]``)."""
+    c_shape = [g.groups, g.k, g.columns] if g.splits == 1 else [g.splits, g.groups, g.k, g.columns]
+    return KernelEntry(
+        executable=name,
+        function=name,
+        grid=g.grid,
+        workgroup_size=(g.tiling.threads, 1, 1),
+        subgroup_size=32,
+        bindings=(
+            ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
+            ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
+            ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+            ir.MemRefType.get(c_shape, out if g.splits == 1 else ir.F32Type.get()),
+        ),
+    )
+
+
+def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, first: ir.Value,
+              count: ir.Value, ring: ir.Value, group: ir.Value) -> None:  # fmt: skip
+    """One thread's loop over the split's k tiles ``first .. first + count - 1``: wait for the slot's
+    empty phase, announce the bytes, then per consumer a 64 x 64 dy box and per 64 columns an im2col box
+    of x (its tap's offsets, from the 64 output positions of the k tile). ``ring``: the workgroup's k tiles
+    before this unit's (index; a persistent workgroup's ring runs on across its units)."""
+    t = g.tiling
+    map_dy, map_x = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
+    cluster = ir.Type.parse("!llvm.ptr<7>")
+    i16 = ir.IntegerType.get_signless(16)
+    mode = ir.Attribute.parse("#nvvm.tma_load_mode<im2col>")
+    # each box's tap and first channel: column n0 + 64 j of dW (past Y X C: any valid column, never stored)
+    taps = []
+    for j in range(t.bn // BOX):
+        col = arith.remui(arith.addi(n0, b.c(BOX * j)), b.c(g.columns))
+        tap = arith.divui(col, b.c(g.c))
+        c0 = arith.addi(arith.muli(group, b.c(g.c)), arith.remui(col, b.c(g.c)))  # the group's channels
+        ty, tx = arith.divui(tap, b.c(g.fx)), arith.remui(tap, b.c(g.fx))
+        off_w = arith.trunci(i16, arith.muli(tx, b.c(g.dilation[1])))
+        off_h = arith.trunci(i16, arith.muli(ty, b.c(g.dilation[0])))
+        taps.append((c0, off_w, off_h))
+    loop = scf.ForOp(arith.constant(b.index, 0), arith.index_cast(b.index, count), arith.constant(b.index, 1))
+    with ir.InsertionPoint(loop.body):
+        i = loop.induction_variable
+        s, phase = _stage_and_phase(b, t, arith.addi(ring, i))
+        a, bb, full, empty = _stage_addresses(b, t, base, s)
+        nvvm.mbarrier_try_wait_parity(b.ptr(empty, 3), arith.xori(phase, b.c(1)), b.c(WAIT_TICKS))
+        full_p = b.ptr(full, 3)
+        nvvm.mbarrier_arrive_expect_tx(full_p, b.c(t.a_bytes + t.b_bytes))
+        r0 = arith.muli(arith.addi(first, arith.index_cast(b.i32, i)), b.c(t.bk))
+        for cons in range(t.consumers):
+            dst = llvm.addrspacecast(cluster, b.ptr(arith.addi(a, b.c(cons * WGMMA_M * SWIZZLE_BYTES)), 3))
+            row = arith.addi(arith.addi(arith.muli(group, b.c(g.k)), m0), b.c(cons * WGMMA_M))
+            nvvm.cp_async_bulk_tensor_shared_cluster_global(dst, map_dy, [row, r0], full_p, [])
+        # the k tile's first output position (n, ho, wo) -> its pixel in the bounding box
+        hw = g.ho * g.wo
+        img, pos = arith.divui(r0, b.c(hw)), arith.remui(r0, b.c(hw))
+        ho, wo = arith.divui(pos, b.c(g.wo)), arith.remui(pos, b.c(g.wo))
+        w0 = arith.subi(arith.muli(wo, b.c(g.stride[1])), b.c(g.pad[1]))
+        h0 = arith.subi(arith.muli(ho, b.c(g.stride[0])), b.c(g.pad[0]))
+        for j, (c0, off_w, off_h) in enumerate(taps):
+            dst = llvm.addrspacecast(cluster, b.ptr(arith.addi(bb, b.c(j * t.bk * SWIZZLE_BYTES)), 3))
+            nvvm.cp_async_bulk_tensor_shared_cluster_global(
+                dst, map_x, [c0, w0, h0, img], full_p, [off_w, off_h], mode=mode
+            )
+        scf.YieldOp([])
+
+
+def _wgmma(b: _B, g: ConvSm90, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value, elem: str) -> ir.Value:
+    """The consumer's k tile: ``bk / 16`` wgmma m64n{bn}k16, both operands MN-major (A ``col``, B ``row``:
+    the transpose bits), each k16 step two swizzle atoms (2048 bytes) further down the reduction rows."""
+    t = g.tiling
+    a_bits = b.c(descriptor_mn(0, t.bk * SWIZZLE_BYTES), b.i64)
+    b_bits = b.c(descriptor_mn(0, t.bk * SWIZZLE_BYTES), b.i64)  # B's 64-column boxes lie bk rows apart
+
+    def desc(addr: ir.Value, bits: ir.Value) -> ir.Value:
+        return arith.ori(arith.shrui(arith.extui(b.i64, addr), b.c(4, b.i64)), bits)
+
+    da, db = desc(arith.addi(a, a_rows), a_bits), desc(bb, b_bits)
+    attr = ir.Attribute.parse
+    for kk in range(t.bk // WGMMA_K):
+        step = b.c(kk * 2 * ATOM_ROWS * SWIZZLE_BYTES // 16, b.i64)
+        acc = nvvm.wgmma_mma_async(
+            _acc_type(t), acc, arith.addi(da, step), arith.addi(db, step),
+            attr(f"#nvvm.shape<m = 64, n = {t.bn}, k = 16>"), attr(f"#nvvm.wgmma_type<{elem}>"),
+            attr(f"#nvvm.wgmma_type<{elem}>"), attr("#nvvm.wgmma_type<f32>"), attr("#nvvm.wgmma_scale_out<one>"),
+            attr("#nvvm.wgmma_scale_in<one>"), attr("#nvvm.wgmma_scale_in<one>"),
+            attr("#nvvm.mma_layout<col>"), attr("#nvvm.mma_layout<row>"),
+        )  # fmt: skip
+    return acc
+
+
+def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Value, elem: str,
+              ring: ir.Value) -> ir.Value:  # fmt: skip
+    """Warpgroup loop over the split's k tiles, one wgmma group in flight (gemm_sm90's), ``count`` at run
+    time (the last split is shorter); returns the accumulators, its last stage released."""
+    t = g.tiling
+    n = arith.index_cast(b.index, count)
+    loop = scf.ForOp(arith.constant(b.index, 0), n, arith.constant(b.index, 1), [_zero_acc(b, t)])
+    with ir.InsertionPoint(loop.body):
+        i = loop.induction_variable
+        s, phase = _stage_and_phase(b, t, arith.addi(ring, i))
+        a, bb, full, _ = _stage_addresses(b, t, base, s)
+        nvvm.mbarrier_try_wait_parity(b.ptr(full, 3), phase, b.c(WAIT_TICKS))
+        nvvm.wgmma_fence_aligned()
+        acc = _wgmma(b, g, loop.inner_iter_args[0], a, bb, a_rows, elem)
+        nvvm.wgmma_commit_group_sync_aligned()
+        nvvm.wgmma_wait_group_sync_aligned(1)  # k tile i - 1's group is done: its slot can be refilled
+        prev = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, i, arith.constant(b.index, 0)))
+        with ir.InsertionPoint(prev.then_block):
+            _release(b, t, base, arith.subi(arith.addi(ring, i), arith.constant(b.index, 1)))
+            scf.YieldOp([])
+        scf.YieldOp([acc])
+    nvvm.wgmma_wait_group_sync_aligned(0)
+    _release(b, t, base, arith.subi(arith.addi(ring, n), arith.constant(b.index, 1)))
+    return loop.results[0]
+
+
+def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
+              split: ir.Value | None, group: ir.Value) -> None:  # fmt: skip
+    """Each accumulator pair to dW (or to its split's partials), per 64-column box only where the box lies
+    inside ``Y X C`` (whole boxes: ``C % 64 == 0``)."""
+    t = g.tiling
+    out = ir.MemRefType(c.type).element_type
+    f32 = ir.F32Type.get()
+    idx = b.index
+
+    def k(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    warp, lane = arith.divui(wtid, k(32)), arith.remui(wtid, k(32))
+    row = arith.addi(row0, arith.addi(arith.muli(warp, k(16)), arith.divui(lane, k(4))))
+    col = arith.addi(n0, arith.muli(arith.remui(lane, k(4)), k(2)))
+    per_box = BOX // 2  # accumulators of one 64-column box
+    for j in range(t.bn // BOX):
+        inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, arith.addi(n0, k(BOX * j)), k(g.columns)))
+        with ir.InsertionPoint(inside.then_block):
+            for half in (0, 1):  # rows ``row`` and ``row + 8``: each inside K or not (K % 8 == 0 only)
+                r = arith.addi(row, k(8 * half))
+                below = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, r, k(g.k)))
+                with ir.InsertionPoint(below.then_block):
+                    for v in range(per_box * j + 2 * half, per_box * (j + 1), 4):
+                        pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
+                        vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+                        if out != f32:
+                            vec = arith.truncf(ir.VectorType.get([2], out), vec)
+                        cc = arith.addi(col, k(8 * (v // 4)))
+                        vector.store(vec, c, [group, r, cc] if split is None else [split, group, r, cc])
+                    scf.YieldOp([])
+            scf.YieldOp([])
+
+
+def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> None:
+    """Emit the kernel into ``entry`` given its bound memrefs (dy, x, maps, dW) for :func:`conv_entry`'s grid.
+
+    Raises:
+        ValueError: an input type other than f16 or bf16.
+    """
+    dy, _, maps, c = bindings
+    elem = str(ir.MemRefType(dy.type).element_type)
+    if elem not in ("f16", "bf16"):
+        raise ValueError(f"dtype: {elem!r}: the sm_90a kernel takes f16 or bf16")
+    t = g.tiling
+    b = _B()
+    idx = b.index
+    tid = gpu.thread_id(gpu.Dimension.x)
+    wg = arith.divui(tid, arith.constant(idx, WARPGROUP))
+    base = _shared_base(b, t)
+    _init_barriers(b, t, base, tid)
+    # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
+    role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
+    with ir.InsertionPoint(role.then_block):
+        if t.producer_regs:
+            nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
+        one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
+        with ir.InsertionPoint(one.then_block):
+            for (m0, n0, _, group, first, count), ring in _units(b, g):
+                m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
+                _producer(b, g, base, maps, m32, n32, first, count, ring, arith.index_cast(b.i32, group))
+            scf.YieldOp([])
+        scf.YieldOp([])
+    with ir.InsertionPoint(role.else_block):
+        if t.consumer_regs:
+            nvvm.setmaxregister(t.consumer_regs, ir.Attribute.parse("#nvvm.action<increase>"))
+        consumer = arith.subi(wg, arith.constant(idx, 1))
+        wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
+        a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
+        for (m0, n0, split, group, _, count), ring in _units(b, g):
+            acc = _consumer(b, g, base, a_rows, count, elem, ring)
+            row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
+            mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
+            with ir.InsertionPoint(mine.then_block):
+                _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
+                scf.YieldOp([])
+        scf.YieldOp([])
+
+
+def _unit(b: _B, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, z: ir.Value) -> tuple[ir.Value, ...]:
+    """(first row, first column, split, group (index), first k tile, k tiles (i32)) of a work unit (index
+    ids; ``z``: group x splits + split)."""
+    idx, t = b.index, g.tiling
+    split, group = arith.remui(z, arith.constant(idx, g.splits)), arith.divui(z, arith.constant(idx, g.splits))
+    first = arith.muli(arith.index_cast(b.i32, split), b.c(g.chunk))
+    count = arith.minsi(b.c(g.chunk), arith.subi(b.c(g.ktiles), first))
+    m0 = arith.muli(m_tile, arith.constant(idx, t.bm))
+    return m0, arith.muli(n_tile, arith.constant(idx, t.bn)), split, group, first, count
+
+
+def _units(b: _B, g: ConvSm90):
+    """The workgroup's work units, each with the k tiles of its ring before it (index): its block ids, or
+    (persistent) a loop over units ``id, id + persistent, ...`` (column tile fastest, then row tile, then
+    split, then group; one iteration yielded inside the ``scf.for``, the ring carried by it)."""
+    idx = b.index
+
+    def c(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    if not g.tiling.persistent:
+        ids = [gpu.block_id(d) for d in (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)]
+        yield _unit(b, g, *ids), c(0)
+        return
+    n_tiles, m_tiles = g.tiles
+    loop = scf.ForOp(gpu.block_id(gpu.Dimension.x), c(g.units), c(g.tiling.persistent), [c(0)])
+    with ir.InsertionPoint(loop.body):
+        u, ring = loop.induction_variable, loop.inner_iter_args[0]
+        tile, z = arith.remui(u, c(n_tiles * m_tiles)), arith.divui(u, c(n_tiles * m_tiles))
+        unit = _unit(b, g, arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles)), z)
+        yield unit, ring
+        scf.YieldOp([arith.addi(ring, arith.index_cast(idx, unit[5]))])
+
+
+def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
+    """``@main(dy: [N Ho Wo, K], x: [N, H, W, C], maps: 256 x i8) -> dW [K, Y X C]`` (or its partials)
+    dispatching the kernel (in the current context)."""
+    from iree.compiler.dialects import func
+
+    from convbw_mlir.kernels.entry import build_dispatch
+
+    entry = conv_entry(g, ir.Type.parse(dtype), ir.Type.parse(out))
+    module = ir.Module.create()
+    tensors = [ir.RankedTensorType.get(ir.MemRefType(x).shape, ir.MemRefType(x).element_type) for x in entry.bindings]
+    with ir.InsertionPoint(module.body):
+        fn = func.FuncOp("main", ir.FunctionType.get(tensors[:3], [tensors[3]]))
+        block = fn.add_entry_block()
+    with ir.InsertionPoint(block):
+        result = build_dispatch(
+            entry, lambda blk, mems: build_conv_body(blk, mems, g), list(block.arguments), tensors[3],
+            ir.InsertionPoint.at_block_begin(module.body),
+        )  # fmt: skip
+        func.ReturnOp([result])
+    return module

@@ -1,0 +1,166 @@
+"""The sm_90a weight gradient (issue 24 item 3; convbw_mlir/kernels/conv_sm90.py) under the sm_90a emulator:
+TMA im2col loads of x (padding, strides, dilation, ragged reductions across rows and images), MN-major wgmma
+operands through their descriptors, split-K partials, against float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sm90_emulator import run_conv
+
+from convbw_mlir.ir_imports import ir, new_context
+from convbw_mlir.kernels.conv_sm90 import ConvSm90, conv_module, descriptor_mn, im2col_corners
+from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
+from convbw_mlir.problem import numpy_dtype
+
+
+def reference(dy: np.ndarray, x: np.ndarray, g: ConvSm90) -> np.ndarray:
+    """dW ``[G, K, Y X C]`` in float64, straight from the definition."""
+    d = dy.astype(np.float64).reshape(g.n, g.ho, g.wo, g.groups, g.k)
+    xp = np.zeros((g.n, g.h + 2 * g.pad[0] + 64, g.w + 2 * g.pad[1] + 64, g.groups, g.c))
+    xp[:, g.pad[0] : g.pad[0] + g.h, g.pad[1] : g.pad[1] + g.w] = x.astype(np.float64).reshape(
+        *x.shape[:3], g.groups, g.c
+    )
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    out = np.zeros((g.groups, g.k, g.fy, g.fx, g.c))
+    for y in range(g.fy):
+        for xx in range(g.fx):
+            patch = xp[:, y * dh : y * dh + sh * g.ho : sh, xx * dw : xx * dw + sw * g.wo : sw]
+            out[:, :, y, xx] = np.einsum("nhwgk,nhwgc->gkc", d, patch)
+    return out.reshape(g.groups, g.k, -1)
+
+
+def emulated(g: ConvSm90, dtype: str = "f16", out: str = "f32", seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    dy = rng.standard_normal((g.reduction, g.groups * g.k)).astype(numpy_dtype(dtype))
+    x = rng.standard_normal((g.n, g.h, g.w, g.groups * g.c)).astype(numpy_dtype(dtype))
+    with new_context(), ir.Location.unknown():
+        module = conv_module(g, dtype, out)
+        c = run_conv(module, dy, x, g, numpy_dtype(out))
+    if g.splits > 1:
+        assert not np.isnan(c).any()
+        c = c.sum(0)
+    return c.astype(np.float32), reference(dy, x, g)
+
+
+def _error(c: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(c.astype(np.float64) - ref).max() / np.abs(ref).max())
+
+
+SMALL = Sm90Tiling(bn=128, stages=2)
+
+
+@pytest.mark.parametrize(
+    ("geometry", "note"),
+    [
+        # 3x3 pad 1 on a 5x7 image: 70 output positions, k tiles cross rows and images, the last ragged;
+        # Y X C = 576 is 4.5 tiles of 128 (the last half out of dW), K = 64 leaves consumer 1 idle
+        (dict(n=2, h=5, w=7, c=64, k=64, fy=3, fx=3, ho=5, wo=7, pad=(1, 1)), "pad"),
+        # stride 2, no padding on the high side (h, w odd), 2 splits of the k tiles
+        (dict(n=7, h=9, w=11, c=64, k=128, fy=3, fx=3, ho=4, wo=5, stride=(2, 2), splits=2), "stride 2"),
+        # 1x1 stride 2 (ResNet's downsample) and a 2-dilated 2x2 filter with uneven padding
+        (dict(n=2, h=8, w=6, c=128, k=64, fy=1, fx=1, ho=4, wo=3, stride=(2, 2)), "1x1 stride 2"),
+        # K = 88: dy's box reads zeros past K, the last consumer stores rows 64..87 only
+        (dict(n=1, h=8, w=8, c=64, k=88, fy=3, fx=3, ho=8, wo=8, pad=(1, 1)), "ragged K"),
+        # 3 groups of K = 40, C = 64, 2 splits: a group's row tile reads the next group's dy past K (never
+        # stored), its x boxes start at channel 64 g
+        (dict(n=2, h=6, w=6, c=64, k=40, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), groups=3, splits=2), "groups"),
+        (dict(n=1, h=9, w=9, c=64, k=64, fy=2, fx=2, ho=8, wo=8, dilation=(2, 2), pad=(1, 1)), "dilation"),
+    ],
+)
+def test_conv_weight_gradient_matches_float64_under_emulation(geometry, note):
+    g = ConvSm90(**geometry, tiling=SMALL)
+    c, ref = emulated(g)
+    assert not np.isnan(c).any(), note  # every element of dW written
+    assert _error(c, ref) < 1e-6, note
+
+
+def test_persistent_grid_carries_the_ring_across_units_of_uneven_length():
+    # 5 column tiles x 3 splits (k tiles 3, 3, 1) = 15 units on 4 workgroups: 4, 4, 4 and 3 units each, the
+    # ring of a 2-stage pipeline running on across them (its phases depend on every earlier unit's length)
+    g = ConvSm90(n=4, h=10, w=11, c=64, k=64, fy=3, fx=3, ho=10, wo=11, pad=(1, 1), splits=3,
+                 tiling=Sm90Tiling(bn=128, stages=2, persistent=4))  # fmt: skip
+    assert (g.ktiles, g.chunk, g.units, g.grid) == (7, 3, 15, (4, 1, 1))
+    c, ref = emulated(g)
+    assert not np.isnan(c).any() and _error(c, ref) < 1e-6
+
+
+def test_bf16_conv_weight_gradient_with_bf16_output_matches_float64():
+    g = ConvSm90(n=1, h=6, w=6, c=64, k=128, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), tiling=SMALL)
+    c, ref = emulated(g, "bf16", "bf16")
+    assert not np.isnan(c).any() and _error(c, ref) < 1e-2
+
+
+def test_im2col_box_spans_exactly_the_output_positions():
+    # walking [lower, dim - 1 + upper] at the stride visits Ho x Wo positions, whatever the padding
+    g = ConvSm90(n=1, h=56, w=56, c=64, k=64, fy=3, fx=3, ho=28, wo=28, stride=(2, 2), pad=(1, 1))
+    (lw, lh), (uw, uh) = im2col_corners(g)
+    assert len(range(lw, g.w + uw, 2)) == g.wo and len(range(lh, g.h + uh, 2)) == g.ho
+
+
+def test_mn_major_descriptor_fields():
+    d = descriptor_mn(0x1400, 8192)
+    assert (d & 0x3FFF, (d >> 16) & 0x3FFF, (d >> 32) & 0x3FFF, d >> 62) == (0x140, 512, 64, 1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(c=48), "in_channels: 48"),
+        (dict(k=100), "out_channels: 100"),
+        (dict(splits=100), "splits: 100"),
+    ],
+)
+def test_conv_geometry_refuses_what_the_kernel_cannot_take(fields, message):
+    base = dict(n=1, h=4, w=4, c=64, k=64, fy=1, fx=1, ho=4, wo=4)
+    with pytest.raises(ValueError, match=message):
+        ConvSm90(**{**base, **fields})
+
+
+# -- the policy (convbw_mlir/policies/sm90.py) ---------------------------------------------------------------
+def _problem(line: str, **fields):
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    return ConvBwdWeightProblem.from_ck(line).with_(**{"layout": 2, **fields})
+
+
+def test_policy_takes_a_channels_last_2d_layer_of_one_group_or_of_64_channel_groups():
+    from convbw_mlir.policies import sm90
+
+    assert sm90.refusals(_problem("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1")) == []
+    assert sm90.refusals(_problem("2 2 64 64 64 3 3 56 56 1 1 1 1 1 1 1 1")) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "fields", "reason"),
+    [
+        ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {"layout": 4}, "layout: "),
+        ("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}, "in_channels: 4"),  # ResNeXt's thin groups
+        ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}, "in_channels: 3"),
+        ("2 1 64 100 256 3 3 56 56 1 1 1 1 1 1 1 1", {}, "out_channels: 100"),
+        ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 1 1 1 1 1 1", {}, "rank: 3"),
+        ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {"dtype": "f32", "dw_dtype": "f32"}, "dtype: f32"),
+    ],
+)
+def test_policy_refuses_with_the_field_and_its_value(line, fields, reason):
+    from convbw_mlir.policies import sm90
+
+    assert any(r.startswith(reason) for r in sm90.refusals(_problem(line, **fields)))
+
+
+@pytest.mark.parametrize(
+    ("mnr", "choice"),
+    [
+        ((256, 2304, 64 * 56 * 56), (256, 7)),  # large_3x3_256_n64_56: 7 splits of the 18 wide tiles
+        (
+            (2376, 2304, 2 * 50 * 50),
+            (192, 1),
+        ),  # retina_k2376_50: 228 tiles of 192 fill 2 waves, 171 of 256 leave one 30% full
+        ((128, 1152, 32 * 28 * 28), (128, 14)),  # streamk_3x3_128_n32_28: 9 narrow tiles x 14 splits
+    ],
+)
+def test_split_rule_picks_what_measured_fastest_on_the_h100(mnr, choice):
+    """bench/results/h100_2026-11-26_hopper_conv: the rule's choices beat the first rule's (256, 1), (256, 22)."""
+    from convbw_mlir.policies import sm90
+
+    assert sm90.choose(*mnr) == choice
