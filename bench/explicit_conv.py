@@ -32,8 +32,11 @@ conformer layers and the ConvNeXt / MobileNetV3 ones of :data:`DEPTHWISE`): ours
 (``plan.depthwise``: its rule's wide form, 4 channels a thread, a whole filter row of up to 8 taps, steps of
 8 outputs), alt its narrow form (8 channels a thread, runs of up to 4 taps, steps of 4: :func:`_narrow`).
 ``compile --thin`` takes the thin-group layers of :data:`THIN` (ResNeXt, RegNet): ours is the depthwise
-kernel's grouped form (its policy's plan, given as a stored plan: ``strategy=explicit`` keeps the implicit GEMM
-for even channel counts), alt the implicit GEMM (``strategy=explicit``). Every IREE
+kernel's grouped form (its policy's plan, given as a stored plan), alt the implicit GEMM one group at a time
+(``strategy=explicit``, ``merge_groups=1``), merged the implicit GEMM of several groups at once (``plan.merge``,
+the policy's rule or, where it merges none, the most groups whose out channels fit 64: :func:`_merge_groups`),
+merged_full the same without skipping the MMA tiles off the block diagonal (a stored plan), each in its own
+child; the report adds a table of the three forms (:func:`_thin_lines`). Every IREE
 contender reads x and dy from buffers followed by NaN (``runtime.FENCE_BYTES``): an over-read shows.
 
 ``compile --layout4`` takes layout-4 problems (NGCHW/GKCYX/NGKHW, torch's NCHW with groups): the layout-4 problems
@@ -89,6 +92,10 @@ THIN = {
     "resnext50_32x4d_g32_c4_56": "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1",
     "resnext101_32x8d_g32_c8_56": "2 32 32 8 8 3 3 56 56 1 1 1 1 1 1 1 1",
     "regnetx400mf_g10_c16_14": "2 10 32 16 16 3 3 14 14 1 1 1 1 1 1 1 1",
+    # the classes suite's other thin layers (bench/results/h100_2026-11-25_classes_before)
+    "resnext50_32x4d_g32_c8_28_s2": "2 32 32 8 8 3 3 56 56 2 2 1 1 1 1 1 1",
+    "regnetx400mf_g4_c16_28": "2 4 32 16 16 3 3 28 28 1 1 1 1 1 1 1 1",
+    "resnext50_32x4d_g32_c16_14": "2 32 32 16 16 3 3 14 14 1 1 1 1 1 1 1 1",
 }
 SMOKE = {
     "small_3x3": "2 1 2 16 8 3 3 6 6 1 1 1 1 1 1 1 1",
@@ -199,6 +206,8 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
                 types: tuple[str, ...] = ("f16",), depthwise: bool = False, thin: bool = False,
                 layout4: bool = False) -> None:  # fmt: skip
     """Compile ours and the product's default for every problem into ``folder`` (vmfbs, manifest.json)."""
+    from dataclasses import replace
+
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import Overrides, PlanError, decide
@@ -223,10 +232,16 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
                 kinds = _layout4_kinds(p, target)
             elif smoke:  # no sm_80 on the CPU: the product's host kernel stands in for ours (plumbing only)
                 kinds["ours"] = compile_op(p, target, isolate=True, cache=False)
-            elif thin:  # the grouped form as a stored plan; the implicit GEMM beside it
+            elif thin:  # the grouped form as a stored plan; the implicit GEMM one group and m groups at a time
                 grouped = depthwise_policy.plan(p, get_target(target), Overrides())
                 kinds["ours"] = compile_op(p, target, plan=grouped, isolate=True, cache=False)
-                kinds["alt"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
+                kinds["alt"] = compile_op(p, target, strategy="explicit", merge_groups=1, isolate=True, cache=False)
+                merge = _merge_groups(p, get_target(target))
+                kinds["merged"] = compile_op(p, target, strategy="explicit", merge_groups=merge, isolate=True,
+                                             cache=False)  # fmt: skip
+                plan = kinds["merged"].plan  # the same without the skip of the MMA tiles off the diagonal
+                full = replace(plan, merge=replace(plan.merge, skip_off_diagonal=False))
+                kinds["merged_full"] = compile_op(p, target, plan=full, isolate=True, cache=False)
             else:
                 plan = decide(p, target, strategy="explicit")
                 kinds["ours"] = compile_op(p, target, strategy="explicit", isolate=True, cache=False)
@@ -240,7 +255,8 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
             refused[name] = str(e)
         try:
             if not layout4:
-                kinds["product"] = compile_op(p, target, isolate=True, cache=False)
+                same = next((op for op in kinds.values() if op.plan == decide(p, target)), None)
+                kinds["product"] = same or compile_op(p, target, isolate=True, cache=False)  # the plan's own: once
         except CompileError as e:
             refused[f"product:{name}"] = str(e)
         for kind, op in kinds.items():
@@ -250,6 +266,16 @@ def compile_all(folder: Path, smoke: bool = False, only: list[str] | None = None
         print(f"{name}: {', '.join(kinds)} in {time.time() - t0:.1f} s", flush=True)
     harness.write_manifest(folder, {"target": target, "entries": entries, "refused": refused, "seed": SEED,
                                     "layout": 4 if layout4 else 2})  # fmt: skip
+
+
+def _merge_groups(p: Any, target: Any) -> int:
+    """The merged contender's groups a GEMM: the policy's rule, else the most groups (dividing G) whose out
+    channels fit the 64-row tile, so the form is measured where the rule does not choose it too."""
+    from convbw_mlir.policies import sm80
+
+    rule = sm80.merge_rule(p, target)
+    fits = [m for m in range(2, p.groups + 1) if p.groups % m == 0 and m * p.out_channels <= sm80.MERGE_ROWS]
+    return rule if rule > 1 else max(fits, default=1)
 
 
 def _narrow(p: Any, plan: Any) -> Any:
@@ -447,7 +473,7 @@ def run_all(folder: Path, out: Path, budget: float, jobs: int, only: list[str] |
     alt = {e["problem"] for e in entries if e["kind"] == "alt"}
     batches += [[e["name"], *([f"alt:{e['problem']}"] if e["problem"] in alt else [])]
                 for e in entries if e["kind"] == "ours"]  # fmt: skip
-    batches += [[e["name"]] for e in entries if e["kind"] in ("gather", "fold", "product")]
+    batches += [[e["name"]] for e in entries if e["kind"] in ("gather", "fold", "merged", "merged_full", "product")]
     rows = harness.run_batches(__file__, folder, out, [b for b in batches if b], budget, jobs, start)
     return report(rows, manifest, out, harness.device_name(DEVICE), wall=time.time() - start)
 
@@ -540,8 +566,35 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
               + (f"; gathered / ours over {len(vs_gather)}: {f(doc['geomean_gather_over_ours'], '{:.2f}')}, "
                  f"folded / ours over {len(vs_fold)}: {f(doc['geomean_fold_over_ours'], '{:.2f}')}") * l4
               + ".", ""]  # fmt: skip
+    lines += _thin_lines(by, manifest)
     lines += harness.notes(manifest, rows, wall)
     return harness.write_tables(out, "explicit_conv", doc, lines)
+
+
+def _thin_lines(by: dict[str, dict], manifest: dict) -> list[str]:
+    """``--thin``: the three forms of ours side by side (merged groups, the grouped depthwise form, one group a
+    GEMM), cuDNN, and the merged form's ratios; nothing for a manifest without merged entries."""
+    merged = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "merged"}
+    if not merged:
+        return []
+    f = harness.cell
+    lines = ["## Thin groups: the three forms of ours", "",
+             "| problem | merged: groups, tile, split | merged us | ok | every MMA tile us | grouped form us | "
+             "one group a GEMM us | cuDNN us | cuDNN / merged | one group / merged | grouped / merged |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, plan in merged.items():
+        k = by.get(name, {})
+        row = {kind: k.get(kind, {}) for kind in ("merged", "merged_full", "ours", "alt", "cudnn")}
+        us = {kind: r.get("single_us") if r.get("correct", kind == "cudnn") else None for kind, r in row.items()}
+        t = plan["tile"]
+        what = f"{plan['merge']['groups']}, {t['m']}x{t['n']}x{t['k']}, {(plan.get('split') or {}).get('k_batch', 1)}"
+        status = next((key for key in ("crashed", "skipped", "error") if key in row["merged"]), None)
+        ok = status or ("yes" if row["merged"].get("correct") else "WRONG" if row["merged"] else "-")
+        ratio = {kind: f(us[kind] / us["merged"] if us[kind] and us["merged"] else None, "{:.2f}") for kind in us}
+        lines.append(f"| {name} | {what} | {f(us['merged'])} | {ok} | {f(us['merged_full'])} | {f(us['ours'])} | "
+                     f"{f(us['alt'])} | "
+                     f"{f(us['cudnn'])} | {ratio['cudnn']} | {ratio['alt']} | {ratio['ours']} |")  # fmt: skip
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from convbw_mlir.plan_data import (
     _spelled,
     _target,
 )
-from convbw_mlir.policies import depthwise
+from convbw_mlir.policies import depthwise, sm80
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target
 
@@ -192,16 +192,21 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
 def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) -> bool:
     """Whether the plan's own choice is the explicit kernel: the target's kernel family takes the problem
     by default (:func:`convbw_mlir.policies.sm80.takes_by_default`: where it was the fastest correct kernel
-    when measured) and it is not too thin for matrix cores (codegen's choice is not SIMT)."""
+    when measured) and it is not too thin for matrix cores (codegen's choice is not SIMT), or it is, one group at a
+    time, and the kernel's rule merges its groups (:func:`convbw_mlir.policies.sm80.merge_rule`, behind its switch)."""
     policy = policies.for_target(tgt)
-    return policy is not None and codegen.strategy != Strategy.SIMT and policy.takes_by_default(problem)
+    # thin groups too thin for matrix cores one at a time fill them merged (docs/decisions.md#thin-groups)
+    thin_merged = policy is sm80 and sm80.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
+    return (
+        policy is not None and (codegen.strategy != Strategy.SIMT or thin_merged) and policy.takes_by_default(problem)
+    )
 
 
 def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Plan:
     """The explicit strategy's plan, as the target's kernel family's policy makes it (on NVIDIA, the depthwise
     kernel's for a depthwise problem it takes)."""
     policy = policies.for_target(tgt)
-    if tgt.family == "nvidia" and not depthwise.takes(problem):
+    if tgt.family == "nvidia" and not depthwise.takes(problem) and opts.merge_groups is None:
         # depthwise always; thin groups where the implicit GEMM refuses them (odd channel counts a group)
         if depthwise.is_depthwise(problem) or policy.unsupported(problem, None):
             return depthwise.plan(problem, tgt, opts)
@@ -325,6 +330,8 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
         policy = policies.for_target(plan.target_info)
         if plan.depthwise is not None:
             why = depthwise.refusals(problem, plan)
+            if plan.merge is not None:
+                why.append(f"merge: {plan.merge.groups} groups (the depthwise kernel's grouped form takes none)")
         elif policy is None:
             why = ["target: no explicit kernel of ours"]
         else:
@@ -332,6 +339,9 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
         if why:
             raise PlanError("strategy explicit: " + "; ".join(why))
         return
+    if plan.merge is not None:
+        raise PlanError(f"plan: merge: {plan.merge.groups} groups applies to strategy explicit only (strategy: "
+                        f"{plan.strategy.value})")  # fmt: skip
     work = effective_problem(problem, plan.reduction_innermost)
     if plan.split is not None:  # a stored plan edited by hand, or for another problem: refused, not compiled
         try:

@@ -18,6 +18,7 @@ __all__ = [
     "LAYOUT4_FORMS",
     "STRATEGY_OPTIONS",
     "DepthwisePlan",
+    "MergePlan",
     "STREAMK_FIXUPS",
     "WAVESPEC_PRODUCERS",
     "Overrides",
@@ -116,6 +117,16 @@ class DepthwisePlan:
 
 
 @dataclass(frozen=True)
+class MergePlan:
+    """Group merging (strategy explicit, sm_80, layout 2; convbw_mlir/policies/sm80.py "Merged groups"): ``groups``
+    consecutive groups share one implicit GEMM, whose store keeps only the block-diagonal entries;
+    ``skip_off_diagonal``: a warp skips the ``mma.sync`` tiles that meet no diagonal block."""
+
+    groups: int
+    skip_off_diagonal: bool = True
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
 
@@ -134,6 +145,7 @@ class Plan:
             channels-last kernels: x and dy transposed before the kernel, dW after (``convbw-relayout``).
         folded: layout 4's explicit kernel without a gather (strategy explicit, sm_80): x's windows by
             ``cp.async``, each tap's shift applied in shared memory (``gemm_sm80.build_folded_kernel_body``).
+        merge: groups merged into one implicit GEMM (strategy explicit, thin groups), or None: one group a GEMM.
         workspace_bytes: device memory the kernel takes beyond x, dy, dW and D (split-K partials, StreamK
             partials and flags, IREE's padded copies of x and dy): :func:`convbw_mlir.plan.plan_properties`.
         deterministic: whether dW is bitwise the same run after run (every sum in a fixed order).
@@ -156,6 +168,7 @@ class Plan:
     depthwise: DepthwisePlan | None = None
     channels_last: bool = False
     folded: bool = False
+    merge: MergePlan | None = None
     workspace_bytes: int | None = field(default=None, compare=False, repr=False)
     deterministic: bool | None = field(default=None, compare=False, repr=False)
 
@@ -243,6 +256,8 @@ def _part(name: str, kind: type, data: Any) -> Any:
         value = data[field_name]
         if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise PlanError(f"{where}: expected an integer >= 1, got {value!r}")
+        if f.type == "bool" and not isinstance(value, bool):
+            raise PlanError(f"{where}: expected true or false, got {value!r}")
         if f.type == "str" and not (isinstance(value, str) and value):
             raise PlanError(f"{where}: expected a non-empty string, got {value!r}")
     if kind is StreamKPlan and data.get("fixup", "linear") not in STREAMK_FIXUPS:
@@ -261,6 +276,7 @@ _PARTS = (
     ("streamk", StreamKPlan),
     ("wavespec", WaveSpecPlan),
     ("depthwise", DepthwisePlan),
+    ("merge", MergePlan),
 )
 
 
@@ -299,6 +315,8 @@ class Overrides:
             ``fold`` (the layout-4 explicit kernel without a gather, :attr:`Plan.folded`; asked for only);
             None: the plan's choice (relayout where the channels-last problem's plan is one of our kernels;
             with ``strategy`` given, layout 4's own forms).
+        merge_groups: groups one implicit GEMM of strategy explicit computes (thin groups, layout 2): 1 keeps one
+            group a GEMM; None (the default): the kernel policy's rule (:func:`convbw_mlir.policies.sm80.merge_rule`).
     """
 
     k_batch: int | str = "auto"
@@ -317,6 +335,7 @@ class Overrides:
     streamk_fixup: str | None = None
     producers: int | None = None
     layout4: str | None = None
+    merge_groups: int | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -357,6 +376,11 @@ class Overrides:
             raise PlanError(f"producers: {self.producers} applies to strategy explicit only (strategy: {chosen})")
         if self.layout4 not in (None, *LAYOUT4_FORMS):
             raise PlanError(f"layout4: expected relayout, gather or fold, got {self.layout4!r}")
+        if self.merge_groups is not None and not (_is_int(self.merge_groups) and self.merge_groups >= 1):
+            raise PlanError(f"merge-groups: expected a positive integer, got {self.merge_groups!r}")
+        if self.merge_groups is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"merge-groups: {self.merge_groups} applies to strategy explicit only (strategy: {chosen})")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
 

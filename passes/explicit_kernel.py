@@ -25,6 +25,10 @@ An sm_90a plan (``policies.sm90.is_sm90``: a wgmma tile) binds dy as ``(N*Ho*Wo)
 CUtensorMaps it encodes); its kernel (``convbw_mlir.kernels.conv_sm90``) writes dW ``G x K x (Y*X*C)`` or f32
 partials that the same stage 2 adds up. The entry function's ``iree.reflection`` then says so
 (:data:`TENSOR_MAPS_KEY`), so IREE's runtime refuses the module (it cannot encode tensor maps).
+A merged plan (``plan.merge``: m groups a GEMM, thin groups in layout 2) binds dy as ``(N*Ho*Wo) x (G/m) x (m*K)``
+and x as ``N x H x W x (G/m) x (m*C)`` (the same memory: m groups are adjacent channels); its kernel writes dW's
+own ``G x K x (Y*X*C)`` (or the split partials), the block diagonal of each merged GEMM
+(``convbw_mlir.kernels.gemm_sm80.build_merged_kernel_body``).
 
 IREE compiles the dispatch as written (``#iree_codegen.no_pipeline``): the kernel is the one
 ``convbw_mlir.kernels.gemm_sm80`` builds from the plan's tile; nothing here decides anything. It runs
@@ -204,6 +208,68 @@ def _mark_tensor_maps(module: ir.Operation, kernel: str) -> None:
             fn.attributes["iree.reflection"] = ir.DictAttr.get({TENSOR_MAPS_KEY: ir.StringAttr.get(kernel)})
 
 
+def _regroup(value: ir.Value, merge: int) -> ir.Value:
+    """``[..., G, C] -> [..., G / merge, merge * C]``: ``merge`` adjacent groups as one (a view of the same memory)."""
+    t = ir.RankedTensorType(value.type)
+    *outer, g, c = list(t.shape)
+    flat_t = ir.RankedTensorType.get([*outer, g * c], t.element_type)
+    lead = [[i] for i in range(len(outer))]
+    flat = tensor_d.CollapseShapeOp(flat_t, value, reassociation([*lead, [len(outer), len(outer) + 1]])).result
+    shape = [*outer, g // merge, merge * c]
+    return tensor_d.ExpandShapeOp(ir.RankedTensorType.get(shape, t.element_type), flat,
+                                  reassociation([*lead, [len(outer), len(outer) + 1]]), [], shape).result  # fmt: skip
+
+
+def _merged_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
+    """The merged kernel's dispatch on ``op``'s operands (and a split's stage 2, with the epilogue): dW as
+    ``[G, K, taps * C]``."""
+    from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
+    from convbw_mlir.policies.sm80 import gemm_shape, merged
+
+    m = plan.merge.groups
+    shape, t = gemm_shape(merged(problem, m), plan.k_batch), explicit_tiling(plan)
+    out, f32 = element_type(problem.dw_dtype), ir.F32Type.get()
+    dw_shape = [problem.groups, problem.out_channels, problem.in_channels * (shape.conv.taps if shape.conv else 1)]
+    c_shape, c_type = ([shape.splits, *dw_shape], f32) if shape.splits > 1 else (dw_shape, out)
+    dy = _collapse_reduction(_regroup(op.operands[1], m), problem.rank)
+    x = _regroup(op.operands[0], m)
+    if shape.conv is None:  # a plain 1x1: x is read as dy is
+        x = _collapse_reduction(x, problem.rank)
+    ep = problem.epilogue
+    fused = ep is not None and shape.splits == 1  # a split applies it in its sum
+    d = None
+    if ep is not None and ep.reads_d:  # D in dW's order, [G, K, taps * C]
+        d_t = ir.RankedTensorType(op.operands[2].type)
+        groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
+        d = tensor_d.CollapseShapeOp(ir.RankedTensorType.get(dw_shape, d_t.element_type), op.operands[2], groups).result
+    operands = [dy, x] if not fused or d is None else [dy, x, d]
+    entry = KernelEntry(
+        executable=name,
+        function=ENTRY,
+        grid=_kernel_module("nvidia").grid(shape, t),
+        workgroup_size=(t.threads, 1, 1),
+        subgroup_size=plan.target_info.subgroup_size,
+        bindings=(*(ir.MemRefType.get(list(ir.RankedTensorType(v.type).shape), ir.RankedTensorType(v.type).element_type)
+                    for v in operands), ir.MemRefType.get(c_shape, c_type)),
+    )  # fmt: skip
+    merge = (m, problem.out_channels, problem.in_channels, plan.merge.skip_off_diagonal)
+    body = partial(_merged_body, shape=shape, tiling=t, merge=merge, epilogue=ep if fused else None)
+    with ir.Location.unknown():
+        result = build_dispatch(entry, body, operands, ir.RankedTensorType.get(c_shape, c_type), top)
+    result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+    return _sum_splits(result, out, ep, d) if shape.splits > 1 else result
+
+
+def _merged_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, merge: tuple[int, int, int, bool],
+                 epilogue) -> None:  # fmt: skip
+    """The merged sm_80 kernel: bindings dy, x, (D,) dW; the epilogue in its store where unsplit."""
+    from convbw_mlir.kernels.gemm_sm80 import Fused, Merged, build_merged_kernel_body
+
+    a, b, *d, c = memrefs
+    fused = None if epilogue is None else Fused(epilogue.alpha, epilogue.beta, d[0] if d else None)
+    build_merged_kernel_body(block, a, b, c, shape, tiling, Merged(*merge), fused)
+
+
 def _kernel_module(family: str):
     """The builder module of a target family's kernel form."""
     if family == "cdna":
@@ -295,6 +361,17 @@ class ExplicitKernel(ConvbwPass):
                     top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
                     result = _depthwise_dispatch(op, problem, plan, f"convbw_explicit_{count}",
                                                  plan.target_info.subgroup_size, top)  # fmt: skip
+                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
+                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
+                                                list(problem.dw_shape)).result  # fmt: skip
+                count += 1
+                op.results[0].replace_all_uses_with(dw)
+                op.erase()
+                continue
+            if plan.merge is not None:  # several thin groups a GEMM: kernels/gemm_sm80.py build_merged_kernel_body
+                with op.location, ir.InsertionPoint(op):
+                    top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
+                    result = _merged_dispatch(op, problem, plan, f"convbw_explicit_{count}", top)
                     groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
                     dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
                                                 list(problem.dw_shape)).result  # fmt: skip

@@ -65,6 +65,8 @@ class PlanPass(ConvbwPass):
         layout4: str | None = option(None, "layout 4 on NVIDIA: relayout (the channels-last kernels between "
                                      "transposes) or gather (the layout-4 kernel; default: the plan's choice)",
                                      LAYOUT4_FORMS)  # fmt: skip
+        merge_groups: int | None = option(None, "explicit, layout 2: thin groups one implicit GEMM computes (1: one "
+                                          "a GEMM; default: the plan's rule)")  # fmt: skip
 
     def __init__(self, options=None, **kwargs) -> None:
         super().__init__(options, **kwargs)

@@ -69,6 +69,17 @@ def test_conv_report_through_the_harness_gives_the_cudnn_geomean(bench, tmp_path
     assert doc["geomean_cudnn_over_ours_suite"] == pytest.approx(4.0) and doc["suite_problems_timed"] == 1
 
 
+def test_conv_report_of_thin_groups_sets_the_merged_form_beside_the_other_two(bench, tmp_path):
+    plan = {"tile": {"m": 64, "n": 128, "k": 64}, "merge": {"groups": 8}, "split": {"k_batch": 4}}
+    entries = [{"name": f"{k}:p", "kind": k, "problem": "p", "plan": plan if k == "merged" else None, "suite": False}
+               for k in ("ours", "alt", "merged", "merged_full", "cudnn")]  # fmt: skip
+    rows = [_row("ours:p", 300.0), _row("alt:p", 400.0), _row("merged:p", 200.0), _row("merged_full:p", 250.0),
+            _row("cudnn:p", 100.0)]  # fmt: skip
+    _report(bench, "explicit_conv", tmp_path, {"entries": entries, "refused": {}}, rows)
+    md = (tmp_path / "out" / "explicit_conv.md").read_text()
+    assert "| p | 8, 64x128x64, 4 | 200.0 | yes | 250.0 | 300.0 | 400.0 | 100.0 | 0.50 | 2.00 | 1.50 |" in md
+
+
 def test_streamk_report_through_the_harness_gives_the_speedup(bench, tmp_path):
     entries = [{"name": "splitk2_rule:p", "plan": None}]
     manifest = {"entries": entries, "refused": {}, "sms": 132, "tiles": {"p": {"tiles": 4, "k_tiles": 8}}}

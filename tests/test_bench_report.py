@@ -37,6 +37,13 @@ def test_an_explicit_kernel_s_config_is_its_plan_s_strategy_and_tile():
     assert _config_of(text)["streamk"] == asdict(decide(streamk, "sm_80", strategy="explicit", streamk="auto").streamk)
 
 
+def test_a_merged_kernel_s_config_and_strategy_cell_name_its_groups_a_gemm():
+    thin = ConvBwdWeightProblem.from_ck("2 4 2 4 4 3 3 6 7 1 1 1 1 1 1 1 1")
+    text, _ = build_contender(thin, "convbw:strategy=explicit,merge_groups=4", "sm_80")
+    cfg = _config_of(text)
+    assert cfg["merge"] == 4 and strategy_cell(cfg).endswith(", 4 groups merged")
+
+
 def test_report_strategy_column_prints_explicit_and_the_tiling_not_a_dash(tmp_path):
     explicit, _ = build_contender(EXPLICIT, "convbw", "sm_80")
     codegen, _ = build_contender(EXPLICIT, "convbw:strategy=codegen", "sm_80")

@@ -124,3 +124,13 @@ def test_where_the_plan_chose_the_explicit_kernel_iree_codegen_and_its_grid_are_
     rivals = {v.options: v.plan for v in layout4}
     assert not rivals[(("strategy", "explicit"),)].channels_last and rivals[(("strategy", "explicit"),)].tile
     assert rivals[(("strategy", "codegen"),)].strategy != "explicit"
+
+
+def test_where_the_plan_merges_thin_groups_one_group_a_gemm_is_a_rival(monkeypatch):
+    from convbw_mlir.policies import sm80
+
+    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", True)
+    found = candidates(RESNEXT, "sm_80")
+    assert found[0].plan.merge is not None
+    one = decide(RESNEXT, "sm_80", strategy="explicit", merge_groups=1)
+    assert any(v.plan == one for v in found)

@@ -335,7 +335,8 @@ def write_artifacts(
 
 def _config_of(text: str) -> dict[str, Any]:
     """What our passes chose, read back from the IR: k_batch, strategy and tile; an explicit kernel's from its
-    plan (no ``convbw.tile`` follows it), with StreamK's ``streamk`` and wave specialization's ``producers``."""
+    plan (no ``convbw.tile`` follows it), with StreamK's ``streamk``, wave specialization's ``producers`` and the
+    groups a GEMM of merged thin groups (``merge``)."""
     import re
 
     def entries(body: str) -> dict[str, Any]:
@@ -362,4 +363,6 @@ def _config_of(text: str) -> dict[str, Any]:
                 cfg["streamk"] = entries(parts["streamk"])
             if "wavespec" in parts:
                 cfg["producers"] = entries(parts["wavespec"])["producers"]
+            if "merge" in parts:
+                cfg["merge"] = entries(parts["merge"])["groups"]
     return cfg

@@ -51,7 +51,7 @@ FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
 IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
 OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
-           "strategy")  # fmt: skip
+           "strategy", "merge_groups")  # fmt: skip
 # Split factors the grid tries (absolute, so that a winner transfers to a neighbour as it is)
 K_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -215,6 +215,10 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
         return
     if base.strategy == Strategy.EXPLICIT:  # the plan chose our kernel: IREE's codegen and its grid are the rivals
         yield {"strategy": "codegen"}
+        if (
+            base.merge is not None
+        ):  # merged thin groups: one group a GEMM is a rival too (docs/decisions.md#thin-groups)
+            yield {"strategy": "explicit", "merge_groups": 1}
         base = decide(problem, target, strategy="codegen")
     mma = pick_intrinsic(problem, tgt) is not None
     grouped = problem.groups > 1

@@ -32,6 +32,10 @@ Layers, each a function with one job: :class:`GemmTiling` (the plan's numbers), 
 :func:`_load_fragments` (shared -> registers), :func:`_warp_mma` (the warp's matrix step),
 :func:`_mainloop` (the software pipeline: prologue, steady state), and :func:`_epilogue` (registers ->
 global, masked where M or N is ragged).
+
+Merged groups (:func:`build_merged_kernel_body`, ``policies/sm80.py`` "Merged groups"): the same mainloop on the
+dense GEMM of ``m`` groups at once; :func:`_merged_epilogue` stores only its block-diagonal entries, into dW's
+own ``[G, K, taps * C]``.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from convbw_mlir.kernels import nvgpu
 from convbw_mlir.policies.sm80 import COPY_ELEMENTS as COPY
 from convbw_mlir.policies.sm80 import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, FoldedWindow, GemmShape, GemmTiling
 
-__all__ = ["Fused", "build_folded_kernel_body", "build_kernel_body", "grid"]
+__all__ = ["Fused", "Merged", "build_folded_kernel_body", "build_kernel_body", "build_merged_kernel_body", "grid"]
 
 
 class _Ix:
@@ -309,6 +313,15 @@ def _load_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
         vector.store(vec, op.smem, [stage, r_local, col])
 
 
+@dataclass(frozen=True)
+class _Skip:
+    """Merged groups: warp-uniform, loop-invariant conditions under which a warp runs each ``mma.sync`` (one per
+    accumulator, row-major by m tile) and makes each B ``ldmatrix.x4`` (one per pair of n tiles); None: always."""
+
+    mma: list[ir.Value | None]
+    b: list[ir.Value | None]
+
+
 @dataclass
 class _Lanes:
     """Per-lane ``ldmatrix`` row addresses, computed once (Figure "ldmatrix" of the PTX ISA)."""
@@ -343,8 +356,10 @@ def _lanes(ix: _Ix, lane: ir.Value, trans: bool) -> _Lanes:
 
 
 def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_smem: ir.Value, stage: ir.Value,
-                    warp_m: ir.Value, warp_n: ir.Value, step: int, f16: ir.Type) -> list[ir.Value]:  # fmt: skip
-    """The warp's A and B fragments of k16 step ``step``: ``wm/16`` A x4 loads, ``wn/16`` B x4 loads."""
+                    warp_m: ir.Value, warp_n: ir.Value, step: int, f16: ir.Type,
+                    skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
+    """The warp's A and B fragments of k16 step ``step``: ``wm/16`` A x4 loads, ``wn/16`` B x4 loads (``skip``:
+    a B load none of whose ``mma.sync`` runs is not made; its fragment is zero)."""
     k = step * MMA_K
     if lanes.trans:  # [stage, k, m] and [stage, k, n]
         a_k, b_k = ix.add(lanes.a_row, k), ix.add(lanes.b_row, k)
@@ -354,7 +369,18 @@ def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_s
             frags.append(nvgpu.ldmatrix(a_smem, [stage, a_k, m], 4, f16, transpose=True))
         for j in range(t.wn // (2 * MMA_N)):
             n = ix.add(ix.add(warp_n, lanes.b_col), j * 2 * MMA_N)
-            frags.append(nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True))
+            cond = None if skip is None else skip.b[j]
+            if cond is None:
+                frags.append(nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True))
+                continue
+            frag = ir.VectorType.get([4, 2], f16)
+            branch = scf.IfOp(cond, [frag], has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                scf.YieldOp([nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True)])
+            with ir.InsertionPoint(branch.else_block):
+                zero = ir.DenseElementsAttr.get_splat(frag, ir.FloatAttr.get(f16, 0.0))
+                scf.YieldOp([arith.constant(frag, zero)])
+            frags.append(branch.results[0])
         return frags
     a_col = ix.add(lanes.a_col, k)
     b_col = ix.add(lanes.b_col, k)
@@ -367,19 +393,35 @@ def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_s
     return frags
 
 
-def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir.Type) -> list[ir.Value]:
-    """One k16 step of the warp: ``(wm/16) x (wn/8)`` ``mma.sync`` on the accumulators (row-major by m tile)."""
+def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir.Type,
+              skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
+    """One k16 step of the warp: ``(wm/16) x (wn/8)`` ``mma.sync`` on the accumulators (row-major by m tile);
+    ``skip`` (merged groups): each runs only under its condition."""
     tiles_m = t.wm // MMA_M
     a, b = frags[:tiles_m], frags[tiles_m:]
     half = ir.VectorType.get([2, 2], f16)
     bs = [vector.extract_strided_slice(half, bf, [h * 2, 0], [2, 2], [1, 1]) for bf in b for h in range(2)]
     tiles_n = t.wn // MMA_N
-    return [nvgpu.mma_sync(a[i], bs[j], acc[i * tiles_n + j]) for i in range(tiles_m) for j in range(tiles_n)]
+    out = []
+    for i in range(tiles_m):
+        for j in range(tiles_n):
+            k = i * tiles_n + j
+            cond = None if skip is None else skip.mma[k]
+            if cond is None:
+                out.append(nvgpu.mma_sync(a[i], bs[j], acc[k]))
+                continue
+            branch = scf.IfOp(cond, [acc[k].type], has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                scf.YieldOp([nvgpu.mma_sync(a[i], bs[j], acc[k])])
+            with ir.InsertionPoint(branch.else_block):
+                scf.YieldOp([acc[k]])
+            out.append(branch.results[0])
+    return out
 
 
 def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand, lanes: _Lanes, tid: ir.Value,
               g: ir.Value, base: ir.Value, warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value],
-              f16: ir.Type) -> list[ir.Value]:  # fmt: skip
+              f16: ir.Type, skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
     """The software pipeline over this split's k tiles (``base`` is its first); returns the accumulators.
 
     Prologue: tiles 0 .. stages-2 in flight, tile 0's first fragments loaded. Iteration ``kt``, k16 step
@@ -410,20 +452,22 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
             _copy_tile(ix, t, op, tid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
 
-    return _pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, per_split, issue)
+    return _pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, per_split, issue, skip)
 
 
 def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value, warp_n: ir.Value,
               acc: list[ir.Value], f16: ir.Type, count: int | ir.Value,
-              issue: Callable[[int | ir.Value, ir.Value], None]) -> list[ir.Value]:  # fmt: skip
+              issue: Callable[[int | ir.Value, ir.Value], None],
+              skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
     """The software pipeline over ``count`` k tiles whose copies ``issue(local tile, stage)`` commits (one
-    group a tile, zero-filled past the end): :func:`_mainloop`'s and StreamK's segments'."""
+    group a tile, zero-filled past the end): :func:`_mainloop`'s and StreamK's segments' (``skip``: merged
+    groups' :class:`_Skip`)."""
     steps = t.bk // MMA_K
     for s in range(t.stages - 1):
         issue(s, ix.c(s))
     nvvm.cp_async_wait_group(t.stages - 2)
     gpu.barrier()
-    first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
+    first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16, skip)
     loop = scf.ForOp(ix.c(0), ix._v(count), ix.c(1), [*acc, *first])
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
@@ -435,14 +479,14 @@ def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, w
                 ahead = ix.add(kt, t.stages - 1)
                 issue(ahead, ix.rem(ahead, t.stages))
             if s + 1 < steps:
-                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16)
+                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16, skip)
             else:
                 # Tile kt+1 is complete once at most stages-2 newer groups are pending.
                 nvvm.cp_async_wait_group(t.stages - 2)
                 gpu.barrier()
                 next_stage = ix.rem(ix.add(kt, 1), t.stages)
-                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
-            acc = _warp_mma(t, cur, acc, f16)
+                nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16, skip)
+            acc = _warp_mma(t, cur, acc, f16, skip)
             cur = nxt
         scf.YieldOp([*acc, *cur])
     nvvm.cp_async_wait_group(0)  # no copy may outlive the kernel's shared memory
@@ -589,6 +633,112 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
     acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
     _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out, fused)
+
+
+# -- merged groups ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Merged:
+    """``groups`` consecutive groups of ``out_channels`` (K) and ``in_channels`` (C) each in one dense GEMM
+    (M = groups * K, N = taps * groups * C, ``j = tap * groups * C + c``)."""
+
+    groups: int
+    out_channels: int
+    in_channels: int
+    skip: bool = False  # skip the mma.sync tiles (and B loads) whose rows and columns share no group
+
+
+def _diagonal_tiles(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, row0: ir.Value,
+                    col0: ir.Value) -> _Skip:  # fmt: skip
+    """Per accumulator of the warp (its tile's first row ``row0`` and column ``col0``): whether its 16x8 block
+    meets the block diagonal, i.e. its rows' groups ``[r / K, (r + 15) / K]`` and its columns' groups
+    ``[c / C, (c + 7) / C]`` (``c`` the channel within the tap) overlap; per B load, whether one of its two
+    n tiles' blocks does. Warp-uniform and loop-invariant; None (always) where 8 columns may cross a tap
+    (``m * C`` not a multiple of 8)."""
+    kg, cg, wide = merge.out_channels, merge.in_channels, merge.groups * merge.in_channels
+    tiles_m, tiles_n = t.wm // MMA_M, t.wn // MMA_N
+    if wide % MMA_N:
+        return _Skip([None] * (tiles_m * tiles_n), [None] * (tiles_n // 2))
+    le = lambda a, b: arith.cmpi(arith.CmpIPredicate.ule, a, b)  # noqa: E731
+    needed = []
+    for i in range(t.wm // MMA_M):
+        r = ix.add(row0, i * MMA_M)
+        r_lo, r_hi = ix.div(r, kg), ix.div(ix.add(r, MMA_M - 1), kg)
+        for j in range(tiles_n):
+            c = ix.rem(ix.add(col0, j * MMA_N), wide)
+            c_lo, c_hi = ix.div(c, cg), ix.div(ix.add(c, MMA_N - 1), cg)
+            needed.append(arith.andi(le(c_lo, r_hi), le(r_lo, c_hi)))
+    loads = []
+    for q in range(tiles_n // 2):  # B load q feeds n tiles 2q and 2q + 1 of every m tile
+        conds = [needed[i * tiles_n + j] for i in range(tiles_m) for j in (2 * q, 2 * q + 1)]
+        any_ = conds[0]
+        for c in conds[1:]:
+            any_ = arith.ori(any_, c)
+        loads.append(any_)
+    return _Skip(needed, loads)
+
+
+def _merged_epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, c: ir.Value, where: list[ir.Value],
+                     row0: ir.Value, col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type,
+                     fused: Fused | None = None) -> None:  # fmt: skip
+    """:func:`_epilogue` of a merged GEMM: entry (r, j) is dW[g * m + r // K, r % K, tap * C + c % C] where its
+    group ``r // K`` is ``c // C`` (``c`` = ``j % (m * C)``, tap = ``j / (m * C)``); the other entries are
+    another group's x against this one's dy, and are dropped. ``where`` ends with the merged group ``g``
+    (``[g]`` or ``[split, g]``); ``c`` is dW ``[G, K, taps * C]`` or its split partials. Pairs share a group
+    and a tap where C is even; else each element is stored alone."""
+    kg, cg, wide = merge.out_channels, merge.in_channels, merge.groups * merge.in_channels
+    first_group = ix.mul(where[-1], merge.groups)
+    row = ix.add(row0, ix.div(lane, 4))
+    col = ix.add(col0, ix.mul(ix.rem(lane, 4), 2))
+    tiles_n = t.wn // MMA_N
+    ragged_m, ragged_n = shape.m % t.bm != 0, shape.n % t.bn != 0
+    width = 2 if cg % 2 == 0 else 1  # a pair (columns 2q, 2q+1) stays in one group of one tap
+    vec = ir.VectorType.get([width], ir.F32Type.get())
+    for i in range(t.wm // MMA_M):
+        for h in range(2):
+            r = ix.add(row, i * MMA_M + h * 8)
+            group, k = ix.div(r, kg), ix.rem(r, kg)
+            row_ok = [ix.lt(r, shape.m)] if ragged_m else []
+            for j in range(tiles_n):
+                pair = vector.extract(acc[i * tiles_n + j], [], [h])
+                for e in range(0, 2, width):
+                    part = pair if width == 2 else vector.extract_strided_slice(vec, pair, [e], [1], [1])
+                    cc = ix.add(col, j * MMA_N + e)
+                    tap, cm = ix.div(cc, wide), ix.rem(cc, wide)
+                    diagonal = _on_diagonal(ix, cm, cg, group)
+                    at = [*where[:-1], ix.add(first_group, group), k, ix.add(ix.mul(tap, cg), ix.rem(cm, cg))]
+                    ok = [*row_ok, *([ix.lt(cc, shape.n)] if ragged_n else []), diagonal]
+                    _store(lambda p=part, at=at: _finish(p, out, fused, at), c, at, _all(ok))
+
+
+def _on_diagonal(ix: _Ix, channel: ir.Value, in_channels: int, group: ir.Value) -> ir.Value:
+    """Whether merged column ``channel`` (within its tap) is an in channel of the row's ``group``."""
+    return arith.cmpi(arith.CmpIPredicate.eq, ix.div(channel, in_channels), group)
+
+
+def build_merged_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape,
+                             t: GemmTiling, merge: Merged, fused: Fused | None = None) -> None:  # fmt: skip
+    """:func:`build_kernel_body` of a merged GEMM (channels-last): ``shape`` is the dense GEMM of ``merge.groups``
+    groups at once (``a`` dy ``[R, G / m, m * K]``, ``b`` x ``[R, G / m, m * C]`` or ``[N, H, W, G / m, m * C]``);
+    ``c`` is dW ``[G, K, taps * C]`` (or ``[splits, G, K, taps * C]`` f32), written by :func:`_merged_epilogue`."""
+    ix = _Ix(entry)
+    f16 = ir.MemRefType(a.type).element_type
+    out = ir.MemRefType(c.type).element_type
+    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    tid, lane, warp, warp_m, warp_n = _threads(ix, t)
+    block_m, block_n, g, where, base = _workgroup(ix, t, shape)
+    a_tile, b_tile = [t.stages, t.bk, t.bm + ROW_PAD], [t.stages, t.bk, t.bn + ROW_PAD]  # reduction-major
+    a_smem = memref.alloc(ir.MemRefType.get(a_tile, f16, memory_space=shared), [], [])
+    b_smem = memref.alloc(ir.MemRefType.get(b_tile, f16, memory_space=shared), [], [])
+    lanes = _lanes(ix, lane, True)
+    f32x2x2 = ir.VectorType.get([2, 2], ir.F32Type.get())
+    zero = arith.constant(f32x2x2, ir.DenseElementsAttr.get_splat(f32x2x2, ir.FloatAttr.get_f32(0.0)))
+    acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
+    a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
+    b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
+    row0, col0 = ix.add(block_m, warp_m), ix.add(block_n, warp_n)
+    skip = _diagonal_tiles(ix, t, shape, merge, row0, col0) if merge.skip else None
+    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16, skip)
+    _merged_epilogue(ix, t, shape, merge, c, where, row0, col0, lane, acc, out, fused)
 
 
 # -- layout 4 without a gather: x's windows by cp.async, the taps' shifts applied in shared memory -------------

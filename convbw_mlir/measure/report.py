@@ -55,7 +55,8 @@ def _fmt(v: float | None, scale: float = 1e6, digits: int = 1) -> str:
 
 def strategy_cell(config: dict) -> str:
     """Our kernel's strategy and tiling as the plan has them: ``explicit 128x256x64 (2x4 subgroups, 3 stages)``
-    (m out channels x n in channels x k reduction step), StreamK's workgroups and fixup, producer warps."""
+    (m out channels x n in channels x k reduction step), StreamK's workgroups and fixup, producer warps, groups
+    merged into one GEMM."""
     strategy = config.get("strategy")
     if not strategy:
         return "-"
@@ -69,6 +70,8 @@ def strategy_cell(config: dict) -> str:
         cell += f", StreamK {config['streamk'].get('workgroups')} workgroups {config['streamk'].get('fixup', '')}"
     if "producers" in config:
         cell += f", {config['producers']} producer warps"
+    if "merge" in config:
+        cell += f", {config['merge']} groups merged"
     return cell.rstrip()
 
 

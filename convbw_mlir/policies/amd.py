@@ -131,6 +131,9 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     if opts.producers is not None:
         raise PlanError(f"producers: {opts.producers} on target {tgt.name} (wave specialization is written for "
                         "sm_80 only: named barriers)")  # fmt: skip
+    if opts.merge_groups not in (None, 1):
+        raise PlanError(f"merge-groups: {opts.merge_groups} on target {tgt.name} (group merging is written for sm_80 "
+                        "only)")  # fmt: skip
     given = opts.tile
     intr = next((i.name for i in tgt.intrinsics.get(problem.dtype, ()) if i.name in AMD_FORMS), None)
     if intr is None:
@@ -158,6 +161,10 @@ def refusals(problem: Any, plan: Plan) -> list[str]:
     if plan.wavespec is not None:
         why.append(f"producers: {plan.wavespec.producers} on target {plan.target} (wave specialization is written "
                    "for sm_80 only)")  # fmt: skip
+    if plan.merge is not None:
+        why.append(
+            f"merge: {plan.merge.groups} groups on target {plan.target} (group merging is written for sm_80 only)"
+        )
     if not why:
         why = tiling(plan).problems(gemm_shape(problem, plan.k_batch), cap)
         if plan.target_info.intrinsic(problem.dtype, plan.tile.intrinsic) is None:  # a stored plan's

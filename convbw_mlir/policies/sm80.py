@@ -14,6 +14,13 @@ In layout 2 (NHWGC/GKYXC/NHWGK, channels-last) the same GEMM has ``j = (y * X + 
 GKYXC order) and both operands are reduction-outer: dy ``[N*Ho*Wo, G, K]`` and x ``[N, H, W, G, C]``
 hold 8 consecutive channels in 16 bytes, so both go by 16-byte ``cp.async`` into shared memory stored
 reduction-major (``[bk, bm]``, ``[bk, bn]``) and reach the registers by ``ldmatrix`` with ``.trans``.
+
+Merged groups (thin groups, layout 2; ``plan.merge``, CK's group merging): ``m`` consecutive groups are ``m * C``
+consecutive channels of x and ``m * K`` of dy, so the dense GEMM of the merged problem (:func:`merged`:
+``G / m`` groups of ``m * C`` in and ``m * K`` out channels) holds every group's dW on its block diagonal
+(``k // K == c // C``); the kernel is the dense one on that problem, its store keeps the diagonal blocks only
+and writes them to dW's own ``[G, K, taps * C]``. It does ``m`` times the useful MMA work and fills the
+tile (docs/decisions.md#thin-groups).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 from convbw_mlir.plan_data import (
     STREAMK_FIXUPS,
     WAVESPEC_PRODUCERS,
+    MergePlan,
     Overrides,
     Plan,
     PlanError,
@@ -37,9 +45,10 @@ from convbw_mlir.plan_data import (
 from convbw_mlir.policies.split import check, explicit_split, split_refusals
 from convbw_mlir.targets import Target
 
-__all__ = ["INTRINSIC", "INTRINSICS", "SHARED_MEMORY_CAP", "ConvGeometry", "GemmShape", "GemmTiling", "auto_splits",
-           "FoldedWindow", "choose_folded_tiling", "folded_problems", "folded_window", "gemm_shape", "plan", "refusals",
-           "takes_by_default", "tiling", "unsupported"]  # fmt: skip
+__all__ = ["INTRINSIC", "INTRINSICS", "MERGE_BY_DEFAULT", "SHARED_MEMORY_CAP", "ConvGeometry", "FoldedWindow",
+           "GemmShape", "GemmTiling", "auto_splits", "choose_folded_tiling", "folded_problems", "folded_window",
+           "gemm_shape", "merge_rule", "merged", "plan", "refusals", "takes_by_default", "tiling",
+           "unsupported"]  # fmt: skip
 
 INTRINSIC = "NV_MMA_SYNC_F32_16x8x16_F16"  # the plan's name of mma.sync m16n8k16 f16 -> f32
 # mma.sync m16n8k16 per input type (IREE's names, targets._SM80): bf16 has f16's fragment layouts.
@@ -481,14 +490,16 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     Raises:
         PlanError: the kernel cannot carry the plan out (every reason, "field: value").
     """
+    groups = _merge_groups(problem, tgt, opts)
+    dense = merged(problem, groups)  # the GEMM the kernel computes (the problem itself: one group a GEMM)
     given = opts.tile
     t = GemmTiling()
     folded = opts.layout4 == "fold"
     if not given and not unsupported(
-        problem, None, epilogues=True
+        dense, None, epilogues=True
     ):  # the plan's rule: the kernel's cost model (choose_tiling)
         choose = choose_folded_tiling if folded else choose_tiling
-        t = choose(gemm_shape(problem), tgt.compute_units, tgt.lds_bytes)
+        t = choose(gemm_shape(dense), tgt.compute_units, tgt.lds_bytes)
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
     if "subgroups_n" in given:
@@ -496,11 +507,18 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     t = replace(t, bm=given.get("m", t.bm), bn=given.get("n", t.bn), bk=given.get("k", t.bk),
                 stages=given.get("stages", t.stages))  # fmt: skip
     tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSICS.get(problem.dtype, INTRINSIC))
-    chosen = Plan(tgt.name, Strategy.EXPLICIT, gemm=True, tile=tile, folded=folded)
+    chosen = Plan(
+        tgt.name,
+        Strategy.EXPLICIT,
+        gemm=True,
+        tile=tile,
+        folded=folded,
+        merge=MergePlan(groups) if groups > 1 else None,
+    )
     if opts.producers is not None:  # wave specialization: the same tiling and split, producer warps added
         chosen = replace(chosen, wavespec=WaveSpecPlan(opts.producers))
     check(problem, chosen, refusals)  # the tiling first: the split is sized on it
-    shape = gemm_shape(problem)
+    shape = gemm_shape(dense)
     if opts.streamk is not None:  # StreamK replaces split-K: the persistent grid's workgroups share the k tiles
         if _is_int(opts.k_batch) and opts.k_batch > 1:
             raise PlanError(f"k-batch: {opts.k_batch}: StreamK replaces split-K (give one or the other)")
@@ -514,6 +532,11 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
 def refusals(problem: Any, plan: Plan) -> list[str]:
     """Why this kernel cannot carry ``plan`` out ("field: value" lines; empty: it can)."""
     cap = plan.target_info.lds_bytes
+    if plan.merge is not None:  # the kernel computes the merged problem's dense GEMM
+        why = merge_refusals(problem, plan)
+        if why:
+            return why + split_refusals(problem, plan)
+        problem = merged(problem, plan.merge.groups)
     why = ["tile: none"] if plan.tile is None else unsupported(problem, tiling(plan), cap, epilogues=True)
     if plan.folded and not why:
         why += folded_problems(gemm_shape(problem), tiling(plan), cap)
@@ -563,3 +586,83 @@ def _wavespec_refusals(plan: Plan, problem: Any, tiling_ok: bool) -> list[str]:
     if not tiling_ok:
         return []
     return wavespec_problems(gemm_shape(problem, plan.k_batch), tiling(plan), producers)
+
+
+# -- merged groups (thin groups: several groups in one implicit GEMM, a block-diagonal store) -----------------
+# The plan's single switch: whether decide() without options merges thin groups by the rule (merge_rule; with
+# strategy=explicit the rule applies either way). Off until the merged kernel has passed the NaN-fenced GPU check
+# (the project's rule for a kernel of ours, docs/decisions.md#thin-groups); the cost model and the before-run
+# (one group a GEMM 0.26-0.65x cuDNN, SIMT 0.10-0.17x) say it should be on for every thin suite layer.
+MERGE_BY_DEFAULT = False
+MERGE_MAX_CHANNELS = 16  # thin groups: at most this many in and out channels a group (ResNeXt, RegNet: 4-16)
+MERGE_ROWS = 64  # out channels (M) the rule fills: the smallest tiling's bm (TILINGS)
+
+
+def merged(problem: Any, groups: int) -> Any:
+    """The dense problem a merge of ``groups`` consecutive groups computes: ``G / groups`` groups of ``groups * C``
+    in and ``groups * K`` out channels (the same x and dy memory in layout 2); ``problem`` itself for 1."""
+    if groups == 1:
+        return problem
+    return problem.with_(groups=problem.groups // groups, in_channels=groups * problem.in_channels,
+                         out_channels=groups * problem.out_channels)  # fmt: skip
+
+
+def merge_refusals(problem: Any, plan: Plan) -> list[str]:
+    """Why ``plan``'s group merging cannot be carried out ("field: value" lines; the dense kernel's own
+    refusals of the merged problem come after, in :func:`refusals`)."""
+    groups = plan.merge.groups
+    if groups < 2:
+        return [f"merge: {groups} group (at least 2; leave merge out for one group a GEMM)"]
+    why = []
+    if plan.target_info.family != "nvidia":
+        why.append(f"merge: {groups} groups on target {plan.target} (group merging is written for sm_80 only)")
+    if not is_channels_last(problem):  # layout 4's groups are not adjacent channels of one row
+        why.append(f"merge: {groups} groups in layout {problem.layout} (group merging is written for layout 2, "
+                   "NHWGC/GKYXC/NHWGK)")  # fmt: skip
+    if problem.groups % groups:
+        why.append(f"merge: {groups} groups do not divide the problem's {problem.groups}")
+    if plan.streamk is not None:
+        why.append(f"merge: {groups} groups with streamk (group merging is written for the split-K grid)")
+    if plan.wavespec is not None:
+        why.append(f"merge: {groups} groups with producers (group merging is written for the plain kernel)")
+    return why
+
+
+def merge_rule(problem: Any, tgt: Target) -> int:
+    """Groups the rule merges (1: none): thin groups (2 to :data:`MERGE_MAX_CHANNELS` channels a group, even C)
+    in layout 2, the most groups whose out channels fit :data:`MERGE_ROWS` (and divide G), where the cost model
+    (:func:`tiling_cost`, each with its own tiling) prices the merged GEMM below one group a GEMM. The plan takes
+    it with strategy=explicit, and without options where :data:`MERGE_BY_DEFAULT` is on."""
+    c, k = problem.in_channels, problem.out_channels
+    thin = 2 <= min(c, k) and max(c, k) <= MERGE_MAX_CHANNELS and c % 2 == 0
+    if not (thin and is_channels_last(problem) and tgt.family == "nvidia"):
+        return 1
+    if problem.dtype not in MEASURED_DTYPES or unsupported(problem, None, epilogues=True):
+        return 1
+    groups = max((m for m in range(2, problem.groups + 1) if problem.groups % m == 0 and m * k <= MERGE_ROWS),
+                 default=1)  # fmt: skip
+    if groups == 1:
+        return 1
+    return groups if merged_cost(problem, groups, tgt) < merged_cost(problem, 1, tgt) else 1
+
+
+def merged_cost(problem: Any, groups: int, tgt: Target) -> float:
+    """:func:`tiling_cost` of ``problem`` merged ``groups`` at a time, with the tiling the rule gives it."""
+    shape = gemm_shape(merged(problem, groups))
+    return tiling_cost(shape, choose_tiling(shape, tgt.compute_units, tgt.lds_bytes), tgt.compute_units, tgt.lds_bytes)
+
+
+def _merge_groups(problem: Any, tgt: Target, opts: Any) -> int:
+    """The merge of :func:`plan`: as asked (``merge_groups``), else the rule's where strategy=explicit is asked
+    or the switch is on, and no StreamK or wave specialization is asked (they are written for one group a GEMM)."""
+    if opts.merge_groups is not None:
+        asked = Plan(tgt.name, Strategy.EXPLICIT, merge=MergePlan(opts.merge_groups),
+                     streamk=None if opts.streamk is None else StreamKPlan(opts.streamk),
+                     wavespec=None if opts.producers is None else WaveSpecPlan(opts.producers))  # fmt: skip
+        why = merge_refusals(problem, asked) if opts.merge_groups > 1 else []
+        if why:
+            raise PlanError("strategy explicit: " + "; ".join(why))
+        return opts.merge_groups
+    if opts.streamk is not None or opts.producers is not None:
+        return 1
+    return merge_rule(problem, tgt) if opts.strategy == Strategy.EXPLICIT.value or MERGE_BY_DEFAULT else 1
