@@ -418,15 +418,16 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, in
         a, b = a.view(np.uint8), b.view(np.uint8)
     box_k = 128 // esize
     maps = np.concatenate([tensor_map(0, m, k, bm, box_k, esize), tensor_map(1, n, k, bn, box_k, esize)])
-    c = np.full((m, n), np.nan, out_dtype)
+    c = np.full((m, n), np.nan if grid[2] == 1 else 0.0, out_dtype)  # split-K adds into a zeroed C
     extra = [] if scales is None else [np.asarray(scales, np.float32)]
     bindings = dict(enumerate([a, b, maps, *extra, c]))
     body = func.regions[0].blocks[0]
     attrs = func.attributes
     size = list(ir.DenseI32ArrayAttr(attrs["nvvm.cluster_dim"]))[0] if "nvvm.cluster_dim" in attrs else 1
-    for y in range(grid[1]):
-        for x0 in range(0, grid[0], size):
-            _run_cluster([_Hopper(threads, (x, y, 0), bindings, "then") for x in range(x0, x0 + size)], body)
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for x0 in range(0, grid[0], size):
+                _run_cluster([_Hopper(threads, (x, y, z), bindings, "then") for x in range(x0, x0 + size)], body)
     return c
 
 

@@ -43,6 +43,8 @@ def _error(c: np.ndarray, ref: np.ndarray) -> float:
         ({"bn": 24, "stages": 3, "consumers": 1}, (64, 48, 640), (E4M3, E4M3), "bf16"),  # e4m3 x e4m3, bf16 out
         ({"bn": 16, "stages": 2, "persistent": 3}, (256, 48, 256), (E5M2, E4M3), "f32"),  # persistent ring
         ({"bn": 32, "stages": 2, "cluster": 2}, (256, 32, 256), (E4M3, E5M2), "f32"),  # B by TMA multicast
+        # split-K, the weight gradient's shape (few output tiles, a long reduction): 3 splits of 2 k tiles
+        ({"bn": 16, "stages": 2, "splits": 3}, (128, 16, 768), (E4M3, E5M2), "f32"),
     ],
 )
 def test_fp8_gemm_matches_float64_on_the_same_fp8_inputs_under_emulation(fields, shape, types, out):
@@ -91,8 +93,27 @@ def test_fp8_wgmma_with_k16_steps_is_refused_by_the_emulator(monkeypatch):
         (lambda: gemm_module(64, 16, 128, Sm90Tiling(bn=16), "f8E4M3FN", "f32", "f8E5M2"), "elem_bytes: 2"),
         (lambda: gemm_module(64, 16, 128, Sm90Tiling(bn=16, elem_bytes=1), "f8E4M3FN", "f16"), "out: 'f16'"),
         (lambda: gemm_module(128, 16, 192, Sm90Tiling(bn=16, elem_bytes=1), "f8E4M3FN"), "k: 192 is not a multiple"),
+        (lambda: gemm_module(128, 16, 384, Sm90Tiling(bn=16, elem_bytes=1, splits=2), "f8E4M3FN"), "splits: 2 does"),
+        (
+            lambda: gemm_module(128, 16, 256, Sm90Tiling(bn=16, elem_bytes=1, splits=2), "f8E4M3FN", "bf16"),
+            "out: 'bf16'",
+        ),
+        (lambda: Sm90Tiling(splits=2, persistent=4), "splits: 2 "),
     ],
 )
 def test_fp8_gemm_refuses_types_and_sizes_it_cannot_take(build, message):
     with new_context(), ir.Location.unknown(), pytest.raises(ValueError, match=message):
         build()
+
+
+def test_fp8_bench_compiles_a_split_k_variant_to_sm90a_ptx(tmp_path):
+    """bench/hopper_fp8.py's compile half: the split-K fp8 kernel's grid carries the splits, its PTX the
+    e5m2 x e4m3 wgmma and the f32 atomic adds of the partials."""
+    from conftest import bench_script
+
+    bench = bench_script("hopper_fp8")
+    name = "check_fp8_split4_256x512x2048"
+    entry = bench.hopper_gemm.compile_variant(name, tmp_path, bench.VARIANTS[name])
+    assert entry["grid"] == [2, 2, 4] and entry["dtype_b"] == "f8E4M3FN"
+    ptx = (tmp_path / f"{name}.ptx").read_text()
+    assert "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e4m3" in ptx and ".add.f32" in ptx

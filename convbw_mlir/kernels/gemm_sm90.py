@@ -74,6 +74,9 @@ class Sm90Tiling:
             one N tile; each loads half of the shared B tile by TMA multicast into both, so L2 serves
             B once for the pair; a stage's empty barrier then counts the consumer warps of both.
         elem_bytes: bytes of an input element (2: f16/bf16, 1: fp8).
+        splits: split-K (grid z): split ``z`` takes k tiles ``z kt / splits ..``, and adds its f32 partial
+            into C (``atomicrmw fadd``; the caller zeroes C): the weight gradient's few output tiles over
+            a long reduction fill the GPU. Not with ``persistent`` or ``cluster``.
     """
 
     bn: int = 256
@@ -85,6 +88,7 @@ class Sm90Tiling:
     persistent: int = 0
     cluster: int = 1
     elem_bytes: int = 2
+    splits: int = 1
 
     def __post_init__(self) -> None:
         if self.bn % 8 or not 8 <= self.bn <= 256:
@@ -98,6 +102,8 @@ class Sm90Tiling:
                              f"{8 * self.elem_bytes}-bit elements a row")  # fmt: skip
         if self.consumers not in (1, 2) or self.stages < 2:
             raise ValueError(f"consumers: {self.consumers}, stages: {self.stages} (1 or 2 consumers, 2+ stages)")
+        if self.splits < 1 or (self.splits > 1 and (self.persistent or self.cluster > 1)):
+            raise ValueError(f"splits: {self.splits} (1, or more without persistent or cluster)")
         if self.cluster not in (1, 2) or (self.cluster == 2 and (self.bn % 16 or self.persistent % 2)):
             raise ValueError(f"cluster: {self.cluster} (1, or 2 with bn a multiple of 16 and an even persistent grid)")
 
@@ -162,7 +168,9 @@ def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Typ
     return KernelEntry(
         executable="gemm_sm90",
         function="gemm_sm90",
-        grid=(t.persistent, 1, 1) if t.persistent else (t.cluster * -(-n // t.bn), -(-m // t.bm) // t.cluster, 1),
+        grid=(t.persistent, 1, 1)
+        if t.persistent
+        else (t.cluster * -(-n // t.bn), -(-m // t.bm) // t.cluster, t.splits),
         workgroup_size=(t.threads, 1, 1),
         subgroup_size=32,
         bindings=(
@@ -263,10 +271,10 @@ def _stage_and_phase(b: _B, t: Sm90Tiling, kt: ir.Value) -> tuple[ir.Value, ir.V
 
 
 def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, ktiles: int,
-              ring: ir.Value, rank: ir.Value | None) -> None:  # fmt: skip
+              ring: ir.Value, rank: ir.Value | None, k_first: ir.Value) -> None:  # fmt: skip
     """One thread's loop: wait until slot ``s`` is empty (parity of the previous round: a fresh barrier
     passes parity 1), announce the bytes, load A's and B's k tile into it by TMA. ``ring``: the
-    workgroup's k tiles before this output tile's."""
+    workgroup's k tiles before this output tile's; ``k_first``: its split's first k tile (i32)."""
     map_a, map_b = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
     loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1))
     with ir.InsertionPoint(loop.body):
@@ -276,7 +284,7 @@ def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value
         nvvm.mbarrier_try_wait_parity(b.ptr(empty, 3), arith.xori(phase, b.c(1)), b.c(WAIT_TICKS))
         full_p = b.ptr(full, 3)
         nvvm.mbarrier_arrive_expect_tx(full_p, b.c(t.a_bytes + t.b_bytes))
-        k0 = arith.muli(arith.index_cast(b.i32, kt), b.c(t.bk))
+        k0 = arith.muli(arith.addi(arith.index_cast(b.i32, kt), k_first), b.c(t.bk))
         cluster = ir.Type.parse("!llvm.ptr<7>")
         dst_a = llvm.addrspacecast(cluster, b.ptr(a, 3))
         nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_a, map_a, [k0, m0], full_p, [])
@@ -382,7 +390,12 @@ def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, 
             vec = arith.truncf(ir.VectorType.get([2], out), vec)
         r = arith.addi(row, arith.constant(idx, 8 * ((v % 4) // 2)))
         cc = arith.addi(col, arith.constant(idx, 8 * (v // 4)))
-        vector.store(vec, c, [r, cc])
+        if t.splits == 1:
+            vector.store(vec, c, [r, cc])
+            continue
+        for e in range(2):  # split-K: this split's partial added to C
+            value = vector.extract(vec, [], [e])
+            memref.atomic_rmw(arith.AtomicRMWKind.addf, value, c, [r, arith.addi(cc, arith.constant(idx, e))])
 
 
 def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Tiling) -> None:
@@ -404,6 +417,8 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
     out_type = str(ir.MemRefType(c.type).element_type)
     if fp8 and out_type not in ("f32", "bf16"):
         raise ValueError(f"out: {out_type!r}: the fp8 GEMM writes f32 or bf16")
+    if t.splits > 1 and out_type != "f32":
+        raise ValueError(f"out: {out_type!r}: split-K adds f32 partials")
     elem = (WGMMA_TYPES[types[0]], WGMMA_TYPES[types[1]])
     for name, size, tile in (("m", m, t.bm), ("n", n, t.bn), ("k", k, t.bk)):
         if size % tile:
@@ -417,7 +432,10 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
     base = _shared_base(b, t)
     _init_barriers(b, t, base, tid)
     rank = nvvm.read_ptx_sreg_cluster_ctarank() if t.cluster > 1 else None
-    ktiles = k // t.bk
+    if (k // t.bk) % t.splits:
+        raise ValueError(f"splits: {t.splits} does not divide the {k // t.bk} k tiles")
+    ktiles = k // t.bk // t.splits
+    k_first = arith.muli(arith.index_cast(b.i32, gpu.block_id(gpu.Dimension.z)), b.c(ktiles))
     # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
     role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
     with ir.InsertionPoint(role.then_block):
@@ -427,7 +445,7 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
         with ir.InsertionPoint(one.then_block):
             for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
                 m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
-                _producer(b, t, base, maps, m32, n32, ktiles, ring, rank)
+                _producer(b, t, base, maps, m32, n32, ktiles, ring, rank, k_first)
             scf.YieldOp([])
         scf.YieldOp([])
     with ir.InsertionPoint(role.else_block):
