@@ -46,9 +46,19 @@ VARIANTS: dict[str, tuple] = {
     "gemm_fp8_e4m3_e5m2_bf16": (*G, E4, "bf16", {**FP8, **P132}, E5),
     "gemm_fp8_e4m3_e4m3_bf16": (*G, E4, "bf16", {**FP8, **P132}, E4),
     "gemm_fp8_e4m3_e5m2_f32": (*G, E4, "f32", {**FP8, **P132}, E5),
+    # promotion (full f32 accumulation: each k tile's partial added on the CUDA cores), and its tile without it
+    "gemm_fp8_e4m3_e5m2_bf16_bn128_s6": (*G, E4, "bf16", {**FP8, "bn": 128, "stages": 6, **P132}, E5),
+    "gemm_fp8_e4m3_e5m2_bf16_promote_bn128_s6": (
+        *G,
+        E4,
+        "bf16",
+        {**FP8, "bn": 128, "stages": 6, "promote": True, **P132},
+        E5,
+    ),  # fmt: skip
     "wgrad_f16_ours_s16": (*W, "f16", "f32", {"splits": 16}, "f16"),
     "wgrad_fp8_ours_s14": (*W, E5, "f32", {**FP8, "splits": 14}, E4),
     "wgrad_fp8_ours_bn128_s8": (*W, E5, "f32", {**FP8, "bn": 128, "splits": 8}, E4),
+    "wgrad_fp8_ours_bn128_s8_promote": (*W, E5, "f32", {**FP8, "bn": 128, "splits": 8, "promote": True}, E4),
 }
 # name: (m, n, k, A dtype, out, B dtype): cuBLAS through torch, and cuDNN's wgrad of the same 1x1 conv
 TORCH = {
@@ -248,7 +258,7 @@ def verdict(rows: list[dict]) -> list[str]:
         ours = [r for r in rows if r["name"].startswith(f"{prob}_") and r.get("kind") == "ours" and r.get("correct")
                 and r.get("tflops")]  # fmt: skip
         fp8 = [r for r in ours if "fp8" in r["name"]]
-        f16 = [r for r in ours if "f16" in r["name"]]
+        f16 = [r for r in ours if "fp8" not in r["name"]]  # by name: "bf16" (an fp8 kernel's out) holds "f16"
         if not fp8 or not f16:
             out.append(f"{prob}: no correct fp8 and f16 kernel of ours timed.")
             continue

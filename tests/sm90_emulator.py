@@ -334,7 +334,8 @@ class _Hopper(_Block):
             lanes = np.arange(first, first + 128)
             assert np.isin(lanes, active).all(), "a wgmma without its whole warpgroup"
             parts.append((lanes, self._uniform_at(ins[1], first), self._uniform_at(ins[2], first), n, mn_major, types))
-        pending = _Pending(self.get(ins[0]), parts)
+        # scale-d 0: D = A B, the accumulator input ignored
+        pending = _Pending(None if "zero" in str(op.attributes["scaleD"]) else self.get(ins[0]), parts)
         self.wgmma_open.append(pending)
         self.env[res[0]] = pending
 
@@ -343,7 +344,7 @@ class _Hopper(_Block):
         if isinstance(acc, _Pending):
             assert acc.value is not None, "a wgmma chained on one not yet retired"
             acc = acc.value
-        out = np.array(acc, np.float32)
+        out = np.array(acc, np.float32) if acc is not None else np.zeros((self.t, pending.parts[0][3] // 2), np.float32)
         for lanes, desc_a, desc_b, n, (mn_a, mn_b), (ty_a, ty_b) in pending.parts:
             d = self._operand(desc_a, 64, mn_a, ty_a) @ self._operand(desc_b, n, mn_b, ty_b).T
             row, col = d_fragment(n)

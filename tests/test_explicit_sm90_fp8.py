@@ -45,6 +45,9 @@ def _error(c: np.ndarray, ref: np.ndarray) -> float:
         ({"bn": 32, "stages": 2, "cluster": 2}, (256, 32, 256), (E4M3, E5M2), "f32"),  # B by TMA multicast
         # split-K, the weight gradient's shape (few output tiles, a long reduction): 3 splits of 2 k tiles
         ({"bn": 16, "stages": 2, "splits": 3}, (128, 16, 768), (E4M3, E5M2), "f32"),
+        # promote: each k tile's partial (scale-d 0) added into f32 accumulators; persistent, so the carried
+        # accumulators restart per tile
+        ({"bn": 32, "stages": 2, "promote": True, "persistent": 2}, (256, 64, 384), (E4M3, E5M2), "bf16"),
     ],
 )
 def test_fp8_gemm_matches_float64_on_the_same_fp8_inputs_under_emulation(fields, shape, types, out):
@@ -71,8 +74,8 @@ def test_fp8_wgmma_reading_e5m2_codes_as_e4m3_is_wrong(monkeypatch):
     type for both operands, the 16-bit kernel's habit) give another product."""
     real = gemm_sm90._wgmma
 
-    def one_type(b, t, acc, a, bb, rows, elem):
-        return real(b, t, acc, a, bb, rows, (elem[0], elem[0]))
+    def one_type(b, t, acc, a, bb, rows, elem, **kwargs):
+        return real(b, t, acc, a, bb, rows, (elem[0], elem[0]), **kwargs)
 
     monkeypatch.setattr(gemm_sm90, "_wgmma", one_type)
     c, ref = emulated_fp8(64, 16, 128, Sm90Tiling(bn=16, stages=2, consumers=1, elem_bytes=1))
@@ -117,3 +120,34 @@ def test_fp8_bench_compiles_a_split_k_variant_to_sm90a_ptx(tmp_path):
     assert entry["grid"] == [2, 2, 4] and entry["dtype_b"] == "f8E4M3FN"
     ptx = (tmp_path / f"{name}.ptx").read_text()
     assert "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e4m3" in ptx and ".add.f32" in ptx
+
+
+def test_promote_without_waiting_for_the_partial_reads_it_before_its_wgmma_retired(monkeypatch):
+    """With promotion the consumer adds each k tile's partial right after its group; without
+    ``wgmma.wait_group 0`` there it would read accumulators still in flight (the emulator refuses)."""
+    real = gemm_sm90.nvvm.wgmma_wait_group_sync_aligned
+    monkeypatch.setattr(gemm_sm90.nvvm, "wgmma_wait_group_sync_aligned", lambda group: group and real(group))
+    with pytest.raises(AssertionError, match="accumulators read before wgmma.wait_group retired"):
+        emulated_fp8(64, 16, 256, Sm90Tiling(bn=16, stages=2, consumers=1, elem_bytes=1, promote=True))
+
+
+def test_promote_refuses_a_tile_too_wide_for_two_accumulator_sets():
+    with pytest.raises(ValueError, match="bn: 256: promote keeps two accumulator sets"):
+        Sm90Tiling(elem_bytes=1, promote=True)
+
+
+def test_fp8_bench_verdict_compares_the_best_correct_fp8_kernel_with_our_f16_one():
+    """A fp8 kernel with bf16 out is no f16 baseline (its name holds "f16" inside "bf16")."""
+    from conftest import bench_script
+
+    bench = bench_script("hopper_fp8")
+    rows = [
+        {"name": "gemm_f16_ours", "kind": "ours", "correct": True, "tflops": 700.0},
+        {"name": "gemm_fp8_e4m3_e5m2_bf16_promote", "kind": "ours", "correct": True, "tflops": 1130.0},
+        {"name": "gemm_fp8_e4m3_e5m2_bf16", "kind": "ours", "correct": False, "tflops": 1200.0},
+        {"name": "gemm_cublas_fp8_e4m3_e5m2_bf16", "kind": "torch", "correct": True, "tflops": 1400.0},
+    ]
+    (gemm, _) = bench.verdict(rows)
+    assert gemm == (
+        "gemm: fp8 >= 1.6x our f16: MET: gemm_fp8_e4m3_e5m2_bf16_promote 1130.0 TFLOP/s, 1.61x gemm_f16_ours 700.0."
+    )

@@ -3,7 +3,8 @@
 ``C[m, n] = sum_k A[m, k] * B[n, k]`` (A = dy, B = x of a 1x1 layout-4 weight gradient: both K-contiguous),
 f16 or bf16 in, f32 accumulate, f32 or the input type out; or fp8 in (A e4m3 or e5m2, B e4m3 or e5m2:
 the transposed copies an fp8 recipe's quantize step writes, since 8-bit wgmma takes K-major operands only),
-``C = scale_a * scale_b * acc`` from a ``scales`` binding (two f32), f32 or bf16 out.
+``C = scale_a * scale_b * acc`` from a ``scales`` binding (two f32), f32 or bf16 out; ``promote`` adds each
+k tile's wgmma partial into f32 registers (Hopper's fp8 wgmma does not accumulate in full f32).
 docs/explicit-kernels.md "Hopper" has the design, the fp8 error bound and the numbers.
 
 The recipe (CUTLASS's warp-specialized cooperative kernel, as the PTX ISA describes its parts):
@@ -77,6 +78,9 @@ class Sm90Tiling:
         splits: split-K (grid z): split ``z`` takes k tiles ``z kt / splits ..``, and adds its f32 partial
             into C (``atomicrmw fadd``; the caller zeroes C): the weight gradient's few output tiles over
             a long reduction fill the GPU. Not with ``persistent`` or ``cluster``.
+        promote: each k tile's wgmmas start a fresh partial (``scale-d`` 0) that is added into the f32
+            accumulators once its group is done (``wgmma.wait_group 0``): Hopper's fp8 wgmma does not
+            accumulate in full f32 (docs/explicit-kernels.md "fp8"); two accumulator sets, so bn <= 128.
     """
 
     bn: int = 256
@@ -89,6 +93,7 @@ class Sm90Tiling:
     cluster: int = 1
     elem_bytes: int = 2
     splits: int = 1
+    promote: bool = False
 
     def __post_init__(self) -> None:
         if self.bn % 8 or not 8 <= self.bn <= 256:
@@ -104,6 +109,8 @@ class Sm90Tiling:
             raise ValueError(f"consumers: {self.consumers}, stages: {self.stages} (1 or 2 consumers, 2+ stages)")
         if self.splits < 1 or (self.splits > 1 and (self.persistent or self.cluster > 1)):
             raise ValueError(f"splits: {self.splits} (1, or more without persistent or cluster)")
+        if self.promote and self.bn > 128:
+            raise ValueError(f"bn: {self.bn}: promote keeps two accumulator sets (bn <= 128)")
         if self.cluster not in (1, 2) or (self.cluster == 2 and (self.bn % 16 or self.persistent % 2)):
             raise ValueError(f"cluster: {self.cluster} (1, or 2 with bn a multiple of 16 and an even persistent grid)")
 
@@ -301,9 +308,10 @@ def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value
 
 
 def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value,
-           elem: tuple[str, str]) -> ir.Value:  # fmt: skip
+           elem: tuple[str, str], fresh: bool = False) -> ir.Value:  # fmt: skip
     """The consumer's k tile: four wgmma m64n{bn}k16 (k32 for 8-bit types) on descriptors of its 64 rows of
-    A and of B, each step 32 bytes further along the swizzled rows (``elem``: A's and B's wgmma types)."""
+    A and of B, each step 32 bytes further along the swizzled rows (``elem``: A's and B's wgmma types;
+    ``fresh``: the first one ignores ``acc``, scale-d 0)."""
     bits = b.c(descriptor(0), b.i64)  # the fields other than the start address
 
     def desc(addr: ir.Value) -> ir.Value:
@@ -318,7 +326,8 @@ def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_row
         acc = nvvm.wgmma_mma_async(
             _acc_type(t), acc, arith.addi(da, step), arith.addi(db, step),
             attr(f"#nvvm.shape<m = 64, n = {t.bn}, k = {wk}>"), attr(f"#nvvm.wgmma_type<{elem[0]}>"),
-            attr(f"#nvvm.wgmma_type<{elem[1]}>"), attr("#nvvm.wgmma_type<f32>"), attr("#nvvm.wgmma_scale_out<one>"),
+            attr(f"#nvvm.wgmma_type<{elem[1]}>"), attr("#nvvm.wgmma_type<f32>"),
+            attr(f"#nvvm.wgmma_scale_out<{'zero' if fresh and k == 0 else 'one'}>"),
             attr("#nvvm.wgmma_scale_in<one>"), attr("#nvvm.wgmma_scale_in<one>"),
             attr("#nvvm.mma_layout<row>"), attr("#nvvm.mma_layout<col>"),
         )  # fmt: skip
@@ -329,17 +338,25 @@ def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: in
               ring: ir.Value) -> ir.Value:  # fmt: skip
     """Warpgroup loop over k tiles with one wgmma group in flight (``a_rows``: byte offset of its 64 rows
     in an A tile; ``ring`` as :func:`_producer`'s); returns the accumulators once all its wgmmas are done
-    and its last stage released."""
+    and its last stage released. ``promote``: each k tile's group waited for, its partial added into the
+    f32 accumulators (carried beside it)."""
     loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1),
-                     [_zero_acc(b, t)])  # fmt: skip
+                     [_zero_acc(b, t)] * (2 if t.promote else 1))  # fmt: skip
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
         s, phase = _stage_and_phase(b, t, arith.addi(ring, kt))
         a, bb, full, _ = _stage_addresses(b, t, base, s)
         nvvm.mbarrier_try_wait_parity(b.ptr(full, 3), phase, b.c(WAIT_TICKS))
         nvvm.wgmma_fence_aligned()
-        acc = _wgmma(b, t, loop.inner_iter_args[0], a, bb, a_rows, elem)
+        acc = _wgmma(b, t, loop.inner_iter_args[-1], a, bb, a_rows, elem, fresh=t.promote)
         nvvm.wgmma_commit_group_sync_aligned()
+        if t.promote:  # this k tile's partial, once done, into the f32 accumulators; its stage released
+            nvvm.wgmma_wait_group_sync_aligned(0)
+            _release(b, t, base, arith.addi(ring, kt))
+            scf.YieldOp([_add_acc(t, loop.inner_iter_args[0], acc), acc])
+    if t.promote:
+        return loop.results[0]
+    with ir.InsertionPoint(loop.body):  # one group in flight: release the previous k tile's stage
         nvvm.wgmma_wait_group_sync_aligned(1)  # k tile kt - 1's group is done: its slot can be refilled
         k32 = arith.index_cast(b.i32, kt)
         prev = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, k32, b.c(0)))
@@ -350,6 +367,16 @@ def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: in
     nvvm.wgmma_wait_group_sync_aligned(0)
     _release(b, t, base, arith.addi(ring, arith.constant(b.index, ktiles - 1)))
     return loop.results[0]
+
+
+def _add_acc(t: Sm90Tiling, total: ir.Value, part: ir.Value) -> ir.Value:
+    """``total + part``, value by value (f32 adds on the CUDA cores: full f32 accumulation)."""
+    f32 = ir.F32Type.get()
+    for v in range(t.bn // 2):
+        pos = ir.DenseI64ArrayAttr.get([v])
+        value = arith.addf(llvm.extractvalue(f32, total, pos), llvm.extractvalue(f32, part, pos))
+        total = llvm.insertvalue(total, value, pos)
+    return total
 
 
 def _release(b: _B, t: Sm90Tiling, base: ir.Value, kt: ir.Value) -> None:
