@@ -56,18 +56,20 @@ TORCH = {"cublas_f16": (4096, 4096, 4096, "f16"), "cublas_bf16": (4096, 4096, 40
 
 
 # -- compile side ------------------------------------------------------------------------------------
-def compile_variant(name: str, folder: Path) -> dict[str, Any]:
-    """The variant's PTX (``DIR/<name>.ptx``) and its manifest entry."""
+def compile_variant(name: str, folder: Path, spec: tuple | None = None) -> dict[str, Any]:
+    """The variant's PTX (``DIR/<name>.ptx``) and its manifest entry (``spec``: a ``VARIANTS`` value,
+    optionally with B's dtype last; the variant's own if None)."""
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling, gemm_entry, gemm_module
 
-    m, n, k, dtype, out, fields = VARIANTS[name]
+    m, n, k, dtype, out, fields, *rest = spec or VARIANTS[name]
+    dtype_b = rest[0] if rest else dtype
     t = Sm90Tiling(**fields)
     with new_context(), ir.Location.unknown():
-        module = gemm_module(m, n, k, t, dtype, out)
-        entry = gemm_entry(m, n, k, t, ir.Type.parse(dtype), ir.Type.parse(out))
+        module = gemm_module(m, n, k, t, dtype, out, dtype_b)
+        entry = gemm_entry(m, n, k, t, ir.Type.parse(dtype), ir.Type.parse(out), ir.Type.parse(dtype_b))
         text = str(module)
     hal = compile_module(text, "sm_90a", ["--compile-to=hal"])
     with new_context() as ctx:
@@ -76,7 +78,7 @@ def compile_variant(name: str, folder: Path) -> dict[str, Any]:
         data = bytes(memoryview(ir.DenseIntElementsAttr(binaries[0].attributes["data"])).cast("B"))
     (export,), (ptx,) = read_cuda_executable(data)
     (folder / f"{name}.ptx").write_bytes(ptx)
-    return {"name": name, "kind": "ours", "m": m, "n": n, "k": k, "dtype": dtype, "out": out,
+    return {"name": name, "kind": "ours", "m": m, "n": n, "k": k, "dtype": dtype, "dtype_b": dtype_b, "out": out,
             "tiling": {**vars(t), "bm": t.bm}, "kernel": export.name, "grid": list(entry.grid),
             "block": list(export.block), "shared": export.shared_memory, "flops": 2 * m * n * k}  # fmt: skip
 
@@ -104,12 +106,13 @@ def compile_all(folder: Path) -> None:
 
 # -- run side ----------------------------------------------------------------------------------------
 def _encode_maps(lib: Any, a: Any, b: Any, e: dict) -> bytes:
-    """A's and B's CUtensorMap (cuda.h ``cuTensorMapEncodeTiled``): 2-D {K, rows}, box {64, bm | bn},
-    128-byte swizzle, L2 promotion 256 B; 256 bytes, A's first."""
+    """A's and B's CUtensorMap (cuda.h ``cuTensorMapEncodeTiled``): 2-D {K, rows}, box {one 128-byte row:
+    64 16-bit or 128 8-bit elements, bm | bn}, 128-byte swizzle, L2 promotion 256 B; 256 bytes, A's first."""
     fn = lib.cuTensorMapEncodeTiled
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
     fn.restype = ctypes.c_int
-    dtype = {"f16": 6, "bf16": 9}[e["dtype"]]  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
+    # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16 / _UINT8 (fp8: TMA moves bytes)
+    dtype, size = {"f16": (6, 2), "bf16": (9, 2), "f8E4M3FN": (0, 1), "f8E5M2": (0, 1)}[e["dtype"]]
     out = b""
     half = e["tiling"]["cluster"]  # in a cluster each workgroup loads 1/cluster of B (multicast)
     for tensor, rows, box in ((a, e["m"], e["tiling"]["bm"]), (b, e["n"], e["tiling"]["bn"] // half)):
@@ -117,8 +120,8 @@ def _encode_maps(lib: Any, a: Any, b: Any, e: dict) -> bytes:
         at = -ctypes.addressof(raw) % 64
         tmap = (ctypes.c_uint8 * 128).from_buffer(raw, at)
         dims = (u64 * 2)(e["k"], rows)
-        strides = (u64 * 1)(e["k"] * 2)
-        boxes = (u32 * 2)(64, box)
+        strides = (u64 * 1)(e["k"] * size)
+        boxes = (u32 * 2)(128 // size, box)
         elems = (u32 * 2)(1, 1)
         rc = fn(tmap, dtype, 2, ctypes.c_void_p(tensor.data_ptr()), dims, strides, boxes, elems,
                 0, 3, 3, 0)  # interleave none, swizzle 128B, L2 promotion 256B, OOB fill none  # fmt: skip

@@ -310,7 +310,7 @@ class _Block:
             raise Deadlock(f"scf.while spun {SPIN_LIMIT} times: a flag no earlier workgroup sets")
         if name == "memref.atomic_rmw":  # one thread after another, each sees the previous one's result
             kind = ir.IntegerAttr(op.attributes["kind"]).value
-            assert kind == 1, f"emulator: atomic_rmw kind {kind} (only addi)"
+            assert kind in (0, 1), f"emulator: atomic_rmw kind {kind} (only addf, addi)"
             value, mem = self.get(ins[0]), self.get(ins[1])
             idx = [self.idx(v) for v in ins[2:]]
             old = np.zeros(self.t, mem.dtype)

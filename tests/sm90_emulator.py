@@ -1,6 +1,7 @@
 """The sm_80 emulator (sm80_emulator.py) grown by the sm_90a ops of ``convbw_mlir.kernels.gemm_sm90``.
 
-Shared memory is one byte-addressed space (16-bit elements, NaN until written, at a base that is 16- but
+Shared memory is one byte-addressed space (an element's value at its first byte: 16-bit values, or an
+8-bit element's code 0..255, which wgmma decodes by its type attribute; NaN until written, at a base that is 16- but
 not 1024-aligned, so the kernel's own rounding is exercised); the LLVM pointer casts and struct ops carry
 integers and arrays. As the PTX ISA has them:
 
@@ -12,7 +13,8 @@ integers and arrays. As the PTX ISA has them:
   ``j`` of the 128-byte row ``r`` of a 1024-aligned tile goes to chunk ``j ^ (r % 8)``: address bits 4-6
   XOR bits 7-9) and completes its bytes on the mbarrier; the tensor map is this module's own encoding
   (:func:`tensor_map`: which binding, its extents, the box), since a CUtensorMap is opaque;
-- ``wgmma.mma_async`` m64nNk16: A and B read through their matrix descriptors (start address, stride byte
+- ``wgmma.mma_async`` m64nNk16 (16-bit) or m64nNk32 (e4m3 / e5m2, K-major only: the PTX ISA gives
+  8-bit types no transpose): A and B read through their matrix descriptors (start address, stride byte
   offset between 8-row groups, 128-byte swizzle; K-major), D = A B^T + C, and the accumulators of each
   warpgroup thread laid out as the PTX ISA's figure for the m64nNk16 D fragment has them (:func:`d_fragment`);
   asynchronous: shared memory is read when ``wgmma.wait_group`` retires the wgmma's commit group (the
@@ -24,10 +26,13 @@ integers and arrays. As the PTX ISA has them:
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from sm80_emulator import Deadlock, _attr_int, _Block, _Group
 
 from convbw_mlir.ir_imports import ir
+
+FP8 = {"e4m3": np.dtype(ml_dtypes.float8_e4m3fn), "e5m2": np.dtype(ml_dtypes.float8_e5m2)}  # wgmma type: codes
 
 __all__ = ["Deadlock", "d_fragment", "im2col_map", "run_conv", "run_gemm", "tensor_map"]
 
@@ -38,10 +43,11 @@ MAP_MAGIC = 0x5A90
 IM2COL_MAGIC = 0x5A91
 
 
-def tensor_map(binding: int, rows: int, k: int, box_rows: int, box_k: int = 64) -> np.ndarray:
-    """128 bytes standing for a 2-D CUtensorMap of a ``rows x k`` 16-bit tensor bound at ``binding``."""
+def tensor_map(binding: int, rows: int, k: int, box_rows: int, box_k: int = 64, elem_bytes: int = 2) -> np.ndarray:
+    """128 bytes standing for a 2-D CUtensorMap of a ``rows x k`` tensor of ``elem_bytes``-byte elements
+    bound at ``binding`` (8-bit: the binding holds the codes, uint8)."""
     out = np.zeros(16, np.int64)
-    out[:6] = (MAP_MAGIC, binding, rows, k, box_rows, box_k)
+    out[:7] = (MAP_MAGIC, binding, rows, k, box_rows, box_k, elem_bytes)
     return out.view(np.uint8)
 
 
@@ -93,7 +99,7 @@ class _Hopper(_Block):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.shared: np.ndarray | None = None  # 16-bit elements by (address - SHARED_BASE) / 2
+        self.shared: np.ndarray | None = None  # element values by byte address - SHARED_BASE
         self.barriers: dict[int, _Barrier] = {}
         self.ops = 0  # ops run: a round of the scheduler that runs none is a deadlock
         self.rank, self.peers = 0, [self]  # the cluster: this workgroup's rank, all its workgroups
@@ -107,9 +113,11 @@ class _Hopper(_Block):
         binding, offset = divmod(int(address), GLOBAL)
         return self.bindings[binding - 1], offset
 
-    def _smem_read(self, address: np.ndarray) -> np.ndarray:
-        at = (address - SHARED_BASE) // 2
-        assert (address % 2 == 0).all() and (at >= 0).all() and (at < self.shared.size).all(), "shared read outside"
+    def _smem_read(self, address: np.ndarray, elem_bytes: int = 2) -> np.ndarray:
+        at = address - SHARED_BASE
+        assert (address % elem_bytes == 0).all() and (at >= 0).all() and (at < self.shared.size).all(), (
+            "shared read outside"
+        )
         return self.shared[at]
 
     def _barrier(self, address: int) -> _Barrier:
@@ -131,7 +139,7 @@ class _Hopper(_Block):
         name = op.name
         ins, res = list(op.operands), list(op.results)
         if name == "memref.alloc" and "workgroup" in str(res[0].type):
-            self.shared = np.full(ir.MemRefType(res[0].type).shape[0] // 2, np.nan, np.float32)
+            self.shared = np.full(ir.MemRefType(res[0].type).shape[0], np.nan, np.float32)
             self.env[res[0]] = ("shared", SHARED_BASE)
             return None
         if name == "memref.extract_aligned_pointer_as_index":
@@ -258,7 +266,9 @@ class _Hopper(_Block):
         """The box of ``tmap`` at ``coords`` written into this workgroup's shared memory, its bytes completed
         on this workgroup's barrier at ``bar``."""
         mem, offset = self._global(tmap)
-        magic, binding, rows, k, box_rows, box_k = mem[offset : offset + 128].view(np.int64)[:6]
+        magic, binding, rows, k, box_rows, box_k, esize = (
+            int(v) for v in mem[offset : offset + 128].view(np.int64)[:7]
+        )
         assert magic == MAP_MAGIC, "TMA through something that is not a tensor map"
         assert dst % 1024 == 0, f"TMA box at {dst}: a 128-byte swizzled tile must be 1024-aligned"
         src = self.bindings[int(binding)]
@@ -267,10 +277,10 @@ class _Hopper(_Block):
         r_hi, k_hi = max(min(r0 + box_rows, rows), r0), max(min(k0 + box_k, k), k0)  # wholly outside: all zero
         box[: r_hi - r0, : k_hi - k0] = src[r0:r_hi, k0:k_hi]
         r, c = np.meshgrid(np.arange(box_rows), np.arange(box_k), indexing="ij")
-        address = _swizzle128(dst + r * 2 * box_k + 2 * c)
-        self.shared[(address - SHARED_BASE) // 2] = box
+        address = _swizzle128(dst + r * esize * box_k + esize * c)
+        self.shared[address - SHARED_BASE] = box
         b = self.barriers[bar]
-        b.tx -= box.size * 2
+        b.tx -= box.size * esize
         b.settle()
 
     def _land_im2col(self, dst: int, tmap: int, coords: list[int], offsets: list[int], bar: int) -> None:
@@ -300,7 +310,7 @@ class _Hopper(_Block):
                     ph, img = lh, img + 1
         r, col = np.meshgrid(np.arange(pixels), np.arange(channels), indexing="ij")
         address = _swizzle128(dst + r * 2 * channels + 2 * col)
-        self.shared[(address - SHARED_BASE) // 2] = box
+        self.shared[address - SHARED_BASE] = box
         b = self.barriers[bar]
         b.tx -= box.size * 2
         b.settle()
@@ -313,12 +323,19 @@ class _Hopper(_Block):
         active = np.flatnonzero(self._active(group))
         # MN-major operands (the transpose bits): A in "col", B in "row" layout
         mn_major = ("<col>" in str(op.attributes["layoutA"]), "<row>" in str(op.attributes["layoutB"]))
+        types = tuple(str(op.attributes[f"type{x}"]).split("<")[1].rstrip(">") for x in "AB")
+        k = int(shape.split("k = ")[1].split(">")[0])
+        eight = [ty in FP8 for ty in types]
+        assert eight[0] == eight[1], f"wgmma {types}: 8-bit and 16-bit operands mixed"
+        assert k == (32 if eight[0] else 16), f"wgmma k = {k} for {types}"
+        assert not (eight[0] and any(mn_major)), "8-bit wgmma operands are K-major only (no transpose)"
         parts = []
         for first in sorted({int(t) // 128 * 128 for t in active}):
             lanes = np.arange(first, first + 128)
             assert np.isin(lanes, active).all(), "a wgmma without its whole warpgroup"
-            parts.append((lanes, self._uniform_at(ins[1], first), self._uniform_at(ins[2], first), n, mn_major))
-        pending = _Pending(self.get(ins[0]), parts)
+            parts.append((lanes, self._uniform_at(ins[1], first), self._uniform_at(ins[2], first), n, mn_major, types))
+        # scale-d 0: D = A B, the accumulator input ignored
+        pending = _Pending(None if "zero" in str(op.attributes["scaleD"]) else self.get(ins[0]), parts)
         self.wgmma_open.append(pending)
         self.env[res[0]] = pending
 
@@ -327,9 +344,9 @@ class _Hopper(_Block):
         if isinstance(acc, _Pending):
             assert acc.value is not None, "a wgmma chained on one not yet retired"
             acc = acc.value
-        out = np.array(acc, np.float32)
-        for lanes, desc_a, desc_b, n, (mn_a, mn_b) in pending.parts:
-            d = self._operand(desc_a, 64, mn_a) @ self._operand(desc_b, n, mn_b).T
+        out = np.array(acc, np.float32) if acc is not None else np.zeros((self.t, pending.parts[0][3] // 2), np.float32)
+        for lanes, desc_a, desc_b, n, (mn_a, mn_b), (ty_a, ty_b) in pending.parts:
+            d = self._operand(desc_a, 64, mn_a, ty_a) @ self._operand(desc_b, n, mn_b, ty_b).T
             row, col = d_fragment(n)
             out[lanes] = out[lanes] + d[row, col]
         pending.value = out
@@ -337,21 +354,27 @@ class _Hopper(_Block):
     def _uniform_at(self, v: ir.Value, lane: int) -> int:
         return int(np.broadcast_to(np.asarray(self.get(v), np.int64), (self.t,))[lane])
 
-    def _operand(self, desc: int, rows: int, mn_major: bool = False) -> np.ndarray:
-        """A ``rows x 16`` operand through its descriptor (128-byte swizzle). K-major: 8-row groups
-        ``stride`` apart, each row 16 K-elements of a 128-byte row. MN-major (CUTLASS's canonical SW128
+    def _operand(self, desc: int, rows: int, mn_major: bool = False, kind: str = "f16") -> np.ndarray:
+        """A ``rows x 16`` (8-bit ``kind``: ``rows x 32``, codes decoded as e4m3 / e5m2) operand through its
+        descriptor (128-byte swizzle). K-major: 8-row groups ``stride`` apart, each row 32 bytes of K
+        elements of a 128-byte row. MN-major (CUTLASS's canonical SW128
         layout): K rows of 64 MN-elements (128 bytes), 8 K rows an atom, the next 8 K rows ``stride``
         further, the next 64 MN-elements ``lead`` further."""
         start = (desc & 0x3FFF) << 4
         lead = ((desc >> 16) & 0x3FFF) << 4
         stride = ((desc >> 32) & 0x3FFF) << 4
         assert desc >> 62 == 1, f"descriptor swizzle mode {desc >> 62}, not 128-byte"
-        r, k = np.meshgrid(np.arange(rows), np.arange(16), indexing="ij")
+        esize = 1 if kind in FP8 else 2
+        r, k = np.meshgrid(np.arange(rows), np.arange(32 // esize), indexing="ij")
         if mn_major:
             address = start + (r // 64) * lead + (k // 8) * stride + (k % 8) * 128 + 2 * (r % 64)
         else:
-            address = start + (r // 8) * stride + (r % 8) * 128 + 2 * k
-        return self._smem_read(_swizzle128(address)).astype(np.float64)
+            address = start + (r // 8) * stride + (r % 8) * 128 + esize * k
+        values = self._smem_read(_swizzle128(address), esize).astype(np.float64)
+        if esize == 1:  # the bytes as the wgmma type reads them; unwritten (NaN) stays NaN
+            codes = np.nan_to_num(values).astype(np.uint8)
+            values = np.where(np.isnan(values), np.nan, codes.view(FP8[kind]).astype(np.float64))
+        return values
 
     def _fork(self, branches):
         """Roles interleaved: each runs until it blocks (a spinning mbarrier or cluster wait); when none
@@ -377,9 +400,11 @@ class _Hopper(_Block):
                 yield ("spin", None, 0, 0)
 
 
-def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, int], out_dtype=np.float32) -> np.ndarray:
-    """C = A B^T by the module's kernel (A, B: 16-bit ``[M, K]``, ``[N, K]``; ``box``: the rows of A's and
-    B's TMA boxes, the tile's bm and bn), workgroups in grid order."""
+def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, int], out_dtype=np.float32,
+             scales: tuple[float, float] | None = None) -> np.ndarray:  # fmt: skip
+    """C = A B^T by the module's kernel (A, B: 16-bit or ml_dtypes fp8 ``[M, K]``, ``[N, K]``; ``box``: the
+    rows of A's and B's TMA boxes, the tile's bm and bn; ``scales``: fp8's (scale_a, scale_b) binding),
+    workgroups in grid order."""
     from sm80_emulator import _workgroup, collect_funcs
 
     exe = next(o.operation for o in module.body.operations if o.operation.name == "hal.executable.source")
@@ -389,15 +414,21 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, in
     m, k = a.shape
     n = b.shape[0]
     bm, bn = box
-    maps = np.concatenate([tensor_map(0, m, k, bm), tensor_map(1, n, k, bn)])
-    c = np.full((m, n), np.nan, out_dtype)
-    bindings = dict(enumerate([a, b, maps, c]))
+    esize = a.dtype.itemsize
+    if esize == 1:  # global memory holds the codes; the wgmma's type attribute says how to read them
+        a, b = a.view(np.uint8), b.view(np.uint8)
+    box_k = 128 // esize
+    maps = np.concatenate([tensor_map(0, m, k, bm, box_k, esize), tensor_map(1, n, k, bn, box_k, esize)])
+    c = np.full((m, n), np.nan if grid[2] == 1 else 0.0, out_dtype)  # split-K adds into a zeroed C
+    extra = [] if scales is None else [np.asarray(scales, np.float32)]
+    bindings = dict(enumerate([a, b, maps, *extra, c]))
     body = func.regions[0].blocks[0]
     attrs = func.attributes
     size = list(ir.DenseI32ArrayAttr(attrs["nvvm.cluster_dim"]))[0] if "nvvm.cluster_dim" in attrs else 1
-    for y in range(grid[1]):
-        for x0 in range(0, grid[0], size):
-            _run_cluster([_Hopper(threads, (x, y, 0), bindings, "then") for x in range(x0, x0 + size)], body)
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for x0 in range(0, grid[0], size):
+                _run_cluster([_Hopper(threads, (x, y, z), bindings, "then") for x in range(x0, x0 + size)], body)
     return c
 
 

@@ -1,18 +1,21 @@
 """The sm_90a GEMM of the explicit strategy: wgmma, TMA and an mbarrier ring, warp-specialized.
 
 ``C[m, n] = sum_k A[m, k] * B[n, k]`` (A = dy, B = x of a 1x1 layout-4 weight gradient: both K-contiguous),
-f16 or bf16 in, f32 accumulate, f32 or the input type out. docs/explicit-kernels.md "Hopper" has the
-design and the numbers.
+f16 or bf16 in, f32 accumulate, f32 or the input type out; or fp8 in (A e4m3 or e5m2, B e4m3 or e5m2:
+the transposed copies an fp8 recipe's quantize step writes, since 8-bit wgmma takes K-major operands only),
+``C = scale_a * scale_b * acc`` from a ``scales`` binding (two f32), f32 or bf16 out; ``promote`` adds each
+k tile's wgmma partial into f32 registers (Hopper's fp8 wgmma does not accumulate in full f32).
+docs/explicit-kernels.md "Hopper" has the design, the fp8 error bound and the numbers.
 
 The recipe (CUTLASS's warp-specialized cooperative kernel, as the PTX ISA describes its parts):
 
 - one **producer** warpgroup (threads 0-127) gives its registers away (``setmaxnreg.dec``) and one of its
   threads loads each k tile of A (``bm x bk``) and B (``bn x bk``) by TMA (``cp.async.bulk.tensor.2d``,
-  128-byte swizzle: ``bk`` = 64 16-bit elements = one 128-byte row) into a ring of ``stages`` shared
+  128-byte swizzle: ``bk`` = 64 16-bit or 128 8-bit elements = one 128-byte row) into a ring of ``stages`` shared
   buffers; each stage has a *full* mbarrier (the TMA's bytes complete it: ``expect_tx``) and an *empty*
   one (every consumer thread arrives when its wgmmas have read the stage);
 - ``consumers`` consumer warpgroups take the registers (``setmaxnreg.inc``); warpgroup ``c`` owns rows
-  ``64c .. 64c+63`` of the tile and runs ``wgmma.mma_async.m64n{bn}k16`` on shared-memory matrix
+  ``64c .. 64c+63`` of the tile and runs ``wgmma.mma_async.m64n{bn}k16`` (k32 for fp8) on shared-memory matrix
   descriptors (K-major, 128-byte swizzle, 8-row groups 1024 bytes apart), one wgmma group in flight: the
   stage of k tile ``kt - 1`` is released once ``wgmma.wait_group 1`` says its group is done;
 - the epilogue stores the accumulators straight from registers (PTX ISA "wgmma .m64nNk16" D fragment:
@@ -34,11 +37,23 @@ from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
 
 from convbw_mlir.kernels.entry import KernelEntry
 
-__all__ = ["Sm90Tiling", "accumulator_coords", "build_gemm_body", "descriptor", "gemm_entry", "gemm_module"]
+__all__ = [
+    "FP8_TYPES",
+    "Sm90Tiling",
+    "accumulator_coords",
+    "build_gemm_body",
+    "descriptor",
+    "gemm_entry",
+    "gemm_module",
+]
 
 WARPGROUP = 128
 WGMMA_M, WGMMA_K = 64, 16
-SWIZZLE_BYTES = 128  # one swizzled row: bk 16-bit elements
+SWIZZLE_BYTES = 128  # one swizzled row: bk elements (64 16-bit, 128 8-bit)
+STEP_BYTES = 32  # one wgmma's K along a row: k16 of 16-bit, k32 of 8-bit elements
+# MLIR element type -> wgmma type; 8-bit types take K-major operands only (no transpose bits)
+WGMMA_TYPES = {"f16": "f16", "bf16": "bf16", "f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
+FP8_TYPES = ("f8E4M3FN", "f8E5M2")
 ATOM_BYTES = 8 * SWIZZLE_BYTES  # 8 rows: the 128-byte swizzle pattern's period, and the descriptor's stride
 WAIT_TICKS = 0x989680  # mbarrier.try_wait's suspend-time hint (CUTLASS's value)
 
@@ -51,7 +66,7 @@ class Sm90Tiling:
         bn: columns of C a workgroup (the wgmma N: 8..256, a multiple of 8; TMA boxes hold 256 rows at most).
         consumers: consumer warpgroups, 64 rows of C each (``bm = 64 * consumers``).
         stages: shared-memory stages of the ring.
-        bk: reduction step (64: one 128-byte swizzled row of 16-bit elements).
+        bk: reduction step: one 128-byte swizzled row (64 16-bit or 128 8-bit elements; 0: that row).
         producer_regs, consumer_regs: ``setmaxnreg`` targets (multiples of 8 in 24..256); 0: no setmaxnreg.
         persistent: workgroups of a persistent grid (each takes tiles ``id, id + persistent, ...``, N
             fastest, its ring running on across them, so the producer loads the next tile's first stages
@@ -59,24 +74,43 @@ class Sm90Tiling:
         cluster: 2: workgroups in clusters of two (``.reqnctapercluster 2``) on M tiles ``2i, 2i + 1`` of
             one N tile; each loads half of the shared B tile by TMA multicast into both, so L2 serves
             B once for the pair; a stage's empty barrier then counts the consumer warps of both.
+        elem_bytes: bytes of an input element (2: f16/bf16, 1: fp8).
+        splits: split-K (grid z): split ``z`` takes k tiles ``z kt / splits ..``, and adds its f32 partial
+            into C (``atomicrmw fadd``; the caller zeroes C): the weight gradient's few output tiles over
+            a long reduction fill the GPU. Not with ``persistent`` or ``cluster``.
+        promote: each k tile's wgmmas start a fresh partial (``scale-d`` 0) that is added into the f32
+            accumulators once its group is done (``wgmma.wait_group 0``): Hopper's fp8 wgmma does not
+            accumulate in full f32 (docs/explicit-kernels.md "fp8"); two accumulator sets, so bn <= 128.
     """
 
     bn: int = 256
     consumers: int = 2
     stages: int = 4
-    bk: int = 64
+    bk: int = 0
     producer_regs: int = 40
     consumer_regs: int = 232
     persistent: int = 0
     cluster: int = 1
+    elem_bytes: int = 2
+    splits: int = 1
+    promote: bool = False
 
     def __post_init__(self) -> None:
         if self.bn % 8 or not 8 <= self.bn <= 256:
             raise ValueError(f"bn: {self.bn} is not a wgmma N (8..256, a multiple of 8)")
-        if self.bk != 64:
-            raise ValueError(f"bk: {self.bk}: the 128-byte swizzle takes 64 16-bit elements a row")
+        if self.elem_bytes not in (1, 2):
+            raise ValueError(f"elem_bytes: {self.elem_bytes} (2: f16/bf16, 1: fp8)")
+        if not self.bk:
+            object.__setattr__(self, "bk", SWIZZLE_BYTES // self.elem_bytes)
+        if self.bk * self.elem_bytes != SWIZZLE_BYTES:
+            raise ValueError(f"bk: {self.bk}: the 128-byte swizzle takes {SWIZZLE_BYTES // self.elem_bytes} "
+                             f"{8 * self.elem_bytes}-bit elements a row")  # fmt: skip
         if self.consumers not in (1, 2) or self.stages < 2:
             raise ValueError(f"consumers: {self.consumers}, stages: {self.stages} (1 or 2 consumers, 2+ stages)")
+        if self.splits < 1 or (self.splits > 1 and (self.persistent or self.cluster > 1)):
+            raise ValueError(f"splits: {self.splits} (1, or more without persistent or cluster)")
+        if self.promote and self.bn > 128:
+            raise ValueError(f"bn: {self.bn}: promote keeps two accumulator sets (bn <= 128)")
         if self.cluster not in (1, 2) or (self.cluster == 2 and (self.bn % 16 or self.persistent % 2)):
             raise ValueError(f"cluster: {self.cluster} (1, or 2 with bn a multiple of 16 and an even persistent grid)")
 
@@ -95,11 +129,11 @@ class Sm90Tiling:
 
     @property
     def a_bytes(self) -> int:
-        return self.bm * self.bk * 2
+        return self.bm * self.bk * self.elem_bytes
 
     @property
     def b_bytes(self) -> int:
-        return self.bn * self.bk * 2
+        return self.bn * self.bk * self.elem_bytes
 
     @property
     def barriers(self) -> int:
@@ -132,18 +166,25 @@ def accumulator_coords(n: int) -> list[tuple[int, int]]:
     return [(16 * warp + lane // 4 + 8 * ((v % 4) // 2), 8 * (v // 4) + 2 * (lane % 4) + v % 2) for v in range(n // 2)]
 
 
-def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Type) -> KernelEntry:
-    """The kernel's launch: grid (N tiles, M tiles), 128 (1 + consumers) threads, bindings A, B, maps, C."""
+def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Type,
+               elem_b: ir.Type | None = None) -> KernelEntry:  # fmt: skip
+    """The kernel's launch: grid (N tiles, M tiles), 128 (1 + consumers) threads, bindings A, B, maps, C;
+    fp8 (``elem``: A's type, ``elem_b``: B's, A's if None): A, B, maps, scales (scale_a, scale_b), C."""
+    fp8 = str(elem) in FP8_TYPES
+    scales = (ir.MemRefType.get([2], ir.F32Type.get()),) if fp8 else ()
     return KernelEntry(
         executable="gemm_sm90",
         function="gemm_sm90",
-        grid=(t.persistent, 1, 1) if t.persistent else (t.cluster * -(-n // t.bn), -(-m // t.bm) // t.cluster, 1),
+        grid=(t.persistent, 1, 1)
+        if t.persistent
+        else (t.cluster * -(-n // t.bn), -(-m // t.bm) // t.cluster, t.splits),
         workgroup_size=(t.threads, 1, 1),
         subgroup_size=32,
         bindings=(
             ir.MemRefType.get([m, k], elem),
-            ir.MemRefType.get([n, k], elem),
+            ir.MemRefType.get([n, k], elem_b or elem),
             ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+            *scales,
             ir.MemRefType.get([m, n], out),
         ),
     )
@@ -237,10 +278,10 @@ def _stage_and_phase(b: _B, t: Sm90Tiling, kt: ir.Value) -> tuple[ir.Value, ir.V
 
 
 def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, ktiles: int,
-              ring: ir.Value, rank: ir.Value | None) -> None:  # fmt: skip
+              ring: ir.Value, rank: ir.Value | None, k_first: ir.Value) -> None:  # fmt: skip
     """One thread's loop: wait until slot ``s`` is empty (parity of the previous round: a fresh barrier
     passes parity 1), announce the bytes, load A's and B's k tile into it by TMA. ``ring``: the
-    workgroup's k tiles before this output tile's."""
+    workgroup's k tiles before this output tile's; ``k_first``: its split's first k tile (i32)."""
     map_a, map_b = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
     loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1))
     with ir.InsertionPoint(loop.body):
@@ -250,7 +291,7 @@ def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value
         nvvm.mbarrier_try_wait_parity(b.ptr(empty, 3), arith.xori(phase, b.c(1)), b.c(WAIT_TICKS))
         full_p = b.ptr(full, 3)
         nvvm.mbarrier_arrive_expect_tx(full_p, b.c(t.a_bytes + t.b_bytes))
-        k0 = arith.muli(arith.index_cast(b.i32, kt), b.c(t.bk))
+        k0 = arith.muli(arith.addi(arith.index_cast(b.i32, kt), k_first), b.c(t.bk))
         cluster = ir.Type.parse("!llvm.ptr<7>")
         dst_a = llvm.addrspacecast(cluster, b.ptr(a, 3))
         nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_a, map_a, [k0, m0], full_p, [])
@@ -266,9 +307,11 @@ def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value
         scf.YieldOp([])
 
 
-def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value, elem: str) -> ir.Value:
-    """The consumer's k tile: ``bk / 16`` wgmma m64n{bn}k16 on descriptors of its 64 rows of A and of B,
-    each k16 step 32 bytes further along the swizzled rows."""
+def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value,
+           elem: tuple[str, str], fresh: bool = False) -> ir.Value:  # fmt: skip
+    """The consumer's k tile: four wgmma m64n{bn}k16 (k32 for 8-bit types) on descriptors of its 64 rows of
+    A and of B, each step 32 bytes further along the swizzled rows (``elem``: A's and B's wgmma types;
+    ``fresh``: the first one ignores ``acc``, scale-d 0)."""
     bits = b.c(descriptor(0), b.i64)  # the fields other than the start address
 
     def desc(addr: ir.Value) -> ir.Value:
@@ -277,33 +320,43 @@ def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_row
     da = desc(arith.addi(a, a_rows))
     db = desc(bb)
     attr = ir.Attribute.parse
-    for k in range(t.bk // WGMMA_K):
-        step = b.c(k * WGMMA_K * 2 // 16, b.i64)  # 32 bytes, in the descriptor's 16-byte units
+    wk = STEP_BYTES // t.elem_bytes
+    for k in range(SWIZZLE_BYTES // STEP_BYTES):
+        step = b.c(k * STEP_BYTES // 16, b.i64)  # 32 bytes, in the descriptor's 16-byte units
         acc = nvvm.wgmma_mma_async(
             _acc_type(t), acc, arith.addi(da, step), arith.addi(db, step),
-            attr(f"#nvvm.shape<m = 64, n = {t.bn}, k = 16>"), attr(f"#nvvm.wgmma_type<{elem}>"),
-            attr(f"#nvvm.wgmma_type<{elem}>"), attr("#nvvm.wgmma_type<f32>"), attr("#nvvm.wgmma_scale_out<one>"),
+            attr(f"#nvvm.shape<m = 64, n = {t.bn}, k = {wk}>"), attr(f"#nvvm.wgmma_type<{elem[0]}>"),
+            attr(f"#nvvm.wgmma_type<{elem[1]}>"), attr("#nvvm.wgmma_type<f32>"),
+            attr(f"#nvvm.wgmma_scale_out<{'zero' if fresh and k == 0 else 'one'}>"),
             attr("#nvvm.wgmma_scale_in<one>"), attr("#nvvm.wgmma_scale_in<one>"),
             attr("#nvvm.mma_layout<row>"), attr("#nvvm.mma_layout<col>"),
         )  # fmt: skip
     return acc
 
 
-def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: int, elem: str,
+def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: int, elem: tuple[str, str],
               ring: ir.Value) -> ir.Value:  # fmt: skip
     """Warpgroup loop over k tiles with one wgmma group in flight (``a_rows``: byte offset of its 64 rows
     in an A tile; ``ring`` as :func:`_producer`'s); returns the accumulators once all its wgmmas are done
-    and its last stage released."""
+    and its last stage released. ``promote``: each k tile's group waited for, its partial added into the
+    f32 accumulators (carried beside it)."""
     loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1),
-                     [_zero_acc(b, t)])  # fmt: skip
+                     [_zero_acc(b, t)] * (2 if t.promote else 1))  # fmt: skip
     with ir.InsertionPoint(loop.body):
         kt = loop.induction_variable
         s, phase = _stage_and_phase(b, t, arith.addi(ring, kt))
         a, bb, full, _ = _stage_addresses(b, t, base, s)
         nvvm.mbarrier_try_wait_parity(b.ptr(full, 3), phase, b.c(WAIT_TICKS))
         nvvm.wgmma_fence_aligned()
-        acc = _wgmma(b, t, loop.inner_iter_args[0], a, bb, a_rows, elem)
+        acc = _wgmma(b, t, loop.inner_iter_args[-1], a, bb, a_rows, elem, fresh=t.promote)
         nvvm.wgmma_commit_group_sync_aligned()
+        if t.promote:  # this k tile's partial, once done, into the f32 accumulators; its stage released
+            nvvm.wgmma_wait_group_sync_aligned(0)
+            _release(b, t, base, arith.addi(ring, kt))
+            scf.YieldOp([_add_acc(t, loop.inner_iter_args[0], acc), acc])
+    if t.promote:
+        return loop.results[0]
+    with ir.InsertionPoint(loop.body):  # one group in flight: release the previous k tile's stage
         nvvm.wgmma_wait_group_sync_aligned(1)  # k tile kt - 1's group is done: its slot can be refilled
         k32 = arith.index_cast(b.i32, kt)
         prev = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, k32, b.c(0)))
@@ -314,6 +367,16 @@ def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: in
     nvvm.wgmma_wait_group_sync_aligned(0)
     _release(b, t, base, arith.addi(ring, arith.constant(b.index, ktiles - 1)))
     return loop.results[0]
+
+
+def _add_acc(t: Sm90Tiling, total: ir.Value, part: ir.Value) -> ir.Value:
+    """``total + part``, value by value (f32 adds on the CUDA cores: full f32 accumulation)."""
+    f32 = ir.F32Type.get()
+    for v in range(t.bn // 2):
+        pos = ir.DenseI64ArrayAttr.get([v])
+        value = arith.addf(llvm.extractvalue(f32, total, pos), llvm.extractvalue(f32, part, pos))
+        total = llvm.insertvalue(total, value, pos)
+    return total
 
 
 def _release(b: _B, t: Sm90Tiling, base: ir.Value, kt: ir.Value) -> None:
@@ -333,8 +396,10 @@ def _release(b: _B, t: Sm90Tiling, base: ir.Value, kt: ir.Value) -> None:
         scf.YieldOp([])
 
 
-def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value) -> None:
-    """Each accumulator pair (columns 2 (lane % 4), +1 of an n8 chunk) to C, converted to C's type."""
+def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
+              scale: ir.Value | None = None) -> None:  # fmt: skip
+    """Each accumulator pair (columns 2 (lane % 4), +1 of an n8 chunk) to C, times ``scale`` (an f32, fp8's
+    ``scale_a * scale_b``) if given, converted to C's type."""
     out = ir.MemRefType(c.type).element_type
     f32 = ir.F32Type.get()
     idx = b.index
@@ -346,24 +411,42 @@ def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, 
     for v in range(0, t.bn // 2, 2):
         pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
         vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+        if scale is not None:
+            vec = arith.mulf(vec, vector.broadcast(ir.VectorType.get([2], f32), scale))
         if out != f32:
             vec = arith.truncf(ir.VectorType.get([2], out), vec)
         r = arith.addi(row, arith.constant(idx, 8 * ((v % 4) // 2)))
         cc = arith.addi(col, arith.constant(idx, 8 * (v // 4)))
-        vector.store(vec, c, [r, cc])
+        if t.splits == 1:
+            vector.store(vec, c, [r, cc])
+            continue
+        for e in range(2):  # split-K: this split's partial added to C
+            value = vector.extract(vec, [], [e])
+            memref.atomic_rmw(arith.AtomicRMWKind.addf, value, c, [r, arith.addi(cc, arith.constant(idx, e))])
 
 
 def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Tiling) -> None:
-    """Emit the kernel into ``entry`` given its bound memrefs (A, B, maps, C) for :func:`gemm_entry`'s grid.
+    """Emit the kernel into ``entry`` given its bound memrefs (A, B, maps[, scales], C) for
+    :func:`gemm_entry`'s grid.
 
     Raises:
-        ValueError: a size the kernel does not take (M, N, K multiples of the tile; 16-bit inputs).
+        ValueError: a size the kernel does not take (M, N, K multiples of the tile), input types it does not
+            take (f16, bf16; A and B e4m3 / e5m2) or a tiling for another element size.
     """
-    _, a_mem, maps, c = bindings
+    a_mem, b_mem, maps, *scales, c = bindings
     m, n = ir.MemRefType(c.type).shape
-    elem = str(ir.MemRefType(a_mem.type).element_type)
-    if elem not in ("f16", "bf16"):
-        raise ValueError(f"dtype: {elem!r}: the sm_90a GEMM takes f16 or bf16")
+    types = [str(ir.MemRefType(x.type).element_type) for x in (a_mem, b_mem)]
+    fp8 = types[0] in FP8_TYPES
+    if types[0] not in WGMMA_TYPES or (types[1] not in FP8_TYPES if fp8 else types[1] != types[0]):
+        raise ValueError(f"dtype: {'/'.join(types)!r}: the sm_90a GEMM takes f16, bf16, or e4m3/e5m2 A and B")
+    if t.elem_bytes != (1 if fp8 else 2):
+        raise ValueError(f"elem_bytes: {t.elem_bytes} for {types[0]} inputs")
+    out_type = str(ir.MemRefType(c.type).element_type)
+    if fp8 and out_type not in ("f32", "bf16"):
+        raise ValueError(f"out: {out_type!r}: the fp8 GEMM writes f32 or bf16")
+    if t.splits > 1 and out_type != "f32":
+        raise ValueError(f"out: {out_type!r}: split-K adds f32 partials")
+    elem = (WGMMA_TYPES[types[0]], WGMMA_TYPES[types[1]])
     for name, size, tile in (("m", m, t.bm), ("n", n, t.bn), ("k", k, t.bk)):
         if size % tile:
             raise ValueError(f"{name}: {size} is not a multiple of the tile's {tile}")
@@ -376,7 +459,10 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
     base = _shared_base(b, t)
     _init_barriers(b, t, base, tid)
     rank = nvvm.read_ptx_sreg_cluster_ctarank() if t.cluster > 1 else None
-    ktiles = k // t.bk
+    if (k // t.bk) % t.splits:
+        raise ValueError(f"splits: {t.splits} does not divide the {k // t.bk} k tiles")
+    ktiles = k // t.bk // t.splits
+    k_first = arith.muli(arith.index_cast(b.i32, gpu.block_id(gpu.Dimension.z)), b.c(ktiles))
     # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
     role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
     with ir.InsertionPoint(role.then_block):
@@ -386,7 +472,7 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
         with ir.InsertionPoint(one.then_block):
             for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
                 m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
-                _producer(b, t, base, maps, m32, n32, ktiles, ring, rank)
+                _producer(b, t, base, maps, m32, n32, ktiles, ring, rank, k_first)
             scf.YieldOp([])
         scf.YieldOp([])
     with ir.InsertionPoint(role.else_block):
@@ -395,10 +481,14 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
+        scale = None
+        if scales:  # fp8's per-tensor scales, read once: out = scale_a * scale_b * acc
+            s_a, s_b = (memref.load(scales[0], [arith.constant(idx, i)]) for i in (0, 1))
+            scale = arith.mulf(s_a, s_b)
         for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
             acc = _consumer(b, t, base, a_rows, ktiles, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
-            _epilogue(b, t, c, acc, wtid, row0, n0)
+            _epilogue(b, t, c, acc, wtid, row0, n0, scale)
         scf.YieldOp([])
     if t.cluster > 1:  # no workgroup leaves while its peer may still arrive on its barriers
         _sync(t)
@@ -433,22 +523,24 @@ def _tiles(b: _B, t: Sm90Tiling, m: int, n: int, ktiles: int, rank: ir.Value | N
         scf.YieldOp([])
 
 
-def gemm_module(m: int, n: int, k: int, t: Sm90Tiling, dtype: str = "f16", out: str = "f32") -> ir.Module:
-    """``@main(A: MxK, B: NxK, maps: 256 x i8) -> C: MxN`` dispatching the kernel (in the current context)."""
+def gemm_module(m: int, n: int, k: int, t: Sm90Tiling, dtype: str = "f16", out: str = "f32",
+                dtype_b: str | None = None) -> ir.Module:  # fmt: skip
+    """``@main(A: MxK, B: NxK, maps: 256 x i8[, scales: 2 x f32]) -> C: MxN`` dispatching the kernel (in the
+    current context); ``dtype_b``: B's type where it differs (fp8: e4m3 A, e5m2 B)."""
     from iree.compiler.dialects import func
 
     from convbw_mlir.kernels.entry import build_dispatch
 
     elem, out_t = ir.Type.parse(dtype), ir.Type.parse(out)
-    entry = gemm_entry(m, n, k, t, elem, out_t)
+    entry = gemm_entry(m, n, k, t, elem, out_t, ir.Type.parse(dtype_b) if dtype_b else None)
     module = ir.Module.create()
     tensors = [ir.RankedTensorType.get(ir.MemRefType(x).shape, ir.MemRefType(x).element_type) for x in entry.bindings]
     with ir.InsertionPoint(module.body):
-        fn = func.FuncOp("main", ir.FunctionType.get(tensors[:3], [tensors[3]]))
+        fn = func.FuncOp("main", ir.FunctionType.get(tensors[:-1], [tensors[-1]]))
         block = fn.add_entry_block()
     with ir.InsertionPoint(block):
         result = build_dispatch(
-            entry, lambda blk, mems: build_gemm_body(blk, mems, k, t), list(block.arguments), tensors[3],
+            entry, lambda blk, mems: build_gemm_body(blk, mems, k, t), list(block.arguments), tensors[-1],
             ir.InsertionPoint.at_block_begin(module.body),
         )  # fmt: skip
         func.ReturnOp([result])
