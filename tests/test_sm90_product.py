@@ -304,3 +304,12 @@ def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_addre
     slot = [launch_[2] for launch_ in lib.launches]
     assert slot == [0xD0000000, 0xD0000000, 0xD0000100]  # the maps binding is the launcher's slot, not ws
     assert lib.launches[0][:2] == [dy, x] and lib.launches[0][3] == dw
+
+
+def test_the_isa_report_counts_sm90a_wgmma_written_as_inline_ptx():
+    from convbw_mlir.build.isa import parse_nvptx_ll
+
+    asm = '  %r = call { float, float } asm sideeffect "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {$0}", "=f"()'
+    ll = f"define void @k(ptr %a) {{\n{asm}\n{asm}\n  ret void\n}}\n"
+    (kernel,) = parse_nvptx_ll(ll)
+    assert kernel.mma == {"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16": 2}

@@ -147,19 +147,23 @@ def parse_rocmasm(text: str, target: Target | str) -> list[KernelReport]:
 
 _LL_FUNC = re.compile(r"^define\s.*?@(\w+)\(", re.M)
 _MMA_NV = re.compile(r"call [^@]*@(llvm\.nvvm\.mma\.[\w.]+)")
+# sm_90a's wgmma reaches the LLVM IR as inline PTX (NVVM's wgmma op is lowered that way): its mnemonic up to A's type
+_WGMMA_NV = re.compile(r"call [^\n]*asm [^\n]*?(wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.f32\.[a-z0-9]+)")
 _SHARED = re.compile(r"^@(\S+)\s*=.*addrspace\(3\).*?\[(\d+) x (i8|half|float|i32|bfloat|i16)\]", re.M)
 _BYTES = {"i8": 1, "half": 2, "bfloat": 2, "i16": 2, "float": 4, "i32": 4}
 
 
 def parse_nvptx_ll(text: str) -> list[KernelReport]:
-    """Kernels of an NVPTX ``.optimized.ll`` with their ``mma.sync`` intrinsics and shared memory."""
+    """Kernels of an NVPTX ``.optimized.ll`` with their ``mma.sync`` intrinsics (and sm_90a's ``wgmma``) and
+    shared memory."""
     shared = sum(int(n) * _BYTES[t] for _, n, t in _SHARED.findall(text))
     funcs = list(_LL_FUNC.finditer(text))
     kernels = []
     for i, m in enumerate(funcs):
         end = funcs[i + 1].start() if i + 1 < len(funcs) else len(text)
         mma: dict[str, int] = {}
-        for name in _MMA_NV.findall(text[m.end() : end]):
+        body = text[m.end() : end]
+        for name in _MMA_NV.findall(body) + _WGMMA_NV.findall(body):
             mma[name] = mma.get(name, 0) + 1
         kernels.append(KernelReport(name=m.group(1), mma=mma, lds_bytes=shared if len(funcs) == 1 else 0))
     if len(funcs) > 1 and kernels:  # module-level shared globals: attribute them to the MMA kernel
