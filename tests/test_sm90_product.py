@@ -309,7 +309,8 @@ def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_addre
 def test_the_isa_report_counts_sm90a_wgmma_written_as_inline_ptx():
     from convbw_mlir.build.isa import parse_nvptx_ll
 
-    asm = '  %r = call { float, float } asm sideeffect "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {$0}", "=f"()'
+    op = "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"
+    asm = f'  %r = call {{ float, float }} asm sideeffect "{op} {{$0}}", "=f"()'
     ll = f"define void @k(ptr %a) {{\n{asm}\n{asm}\n  ret void\n}}\n"
     (kernel,) = parse_nvptx_ll(ll)
     assert kernel.mma == {"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16": 2}
