@@ -196,7 +196,8 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
     time, and the kernel's rule merges its groups (:func:`convbw_mlir.policies.sm80.merge_rule`, behind its switch)."""
     policy = policies.for_target(tgt)
     # thin groups too thin for matrix cores one at a time fill them merged (docs/decisions.md#thin-groups)
-    thin_merged = policy is sm80 and sm80.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
+    nvidia = policy is sm80 or policy is policies.sm90  # sm_90a's policy hands thin groups to the sm_80 kernel
+    thin_merged = nvidia and sm80.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
     return (
         policy is not None and (codegen.strategy != Strategy.SIMT or thin_merged) and policy.takes_by_default(problem)
     )

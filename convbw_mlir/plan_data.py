@@ -120,10 +120,11 @@ class DepthwisePlan:
 class MergePlan:
     """Group merging (strategy explicit, sm_80, layout 2; convbw_mlir/policies/sm80.py "Merged groups"): ``groups``
     consecutive groups share one implicit GEMM, whose store keeps only the block-diagonal entries;
-    ``skip_off_diagonal``: a warp skips the ``mma.sync`` tiles that meet no diagonal block."""
+    ``skip_off_diagonal``: a warp skips the ``mma.sync`` tiles that meet no diagonal block (off by default: the
+    whole dense GEMM was faster on all six layers measured, docs/decisions.md#thin-groups)."""
 
     groups: int
-    skip_off_diagonal: bool = True
+    skip_off_diagonal: bool = False
 
 
 @dataclass(frozen=True)

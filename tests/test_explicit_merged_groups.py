@@ -31,11 +31,18 @@ SUITE = {
 THIN4 = P.from_ck("2 4 2 4 4 3 3 6 7 1 1 1 1 1 1 1 1")  # 4 groups of 4 channels
 
 
-def emulated_error(p: P, **options) -> float:
-    """Max error of the emulated module against float64, relative to the largest entry of dW."""
+def emulated_error(p: P, skip: bool = False, **options) -> float:
+    """Max error of the emulated module against float64, relative to the largest entry of dW (``skip``: the
+    stored plan's form that skips the mma.sync tiles off the diagonal)."""
+    from dataclasses import replace
+
     from convbw_mlir.passes.explicit_kernel import ExplicitKernel
 
-    return module_error(p, decide(p, "sm_80", strategy="explicit", **options), [ExplicitKernel()], seed=3)
+    plan = decide(p, "sm_80", strategy="explicit", **options)
+    if skip:
+        plan = replace(plan, merge=replace(plan.merge, skip_off_diagonal=True))
+        check_plan(p, plan)
+    return module_error(p, plan, [ExplicitKernel()], seed=3)
 
 
 @pytest.mark.parametrize(
@@ -56,15 +63,10 @@ def test_merged_groups_match_float64_under_emulation(ck, options):
     assert emulated_error(p, **options) < 2e-3
 
 
-def test_every_mma_tile_of_the_merged_gemm_matches_float64_too():
-    """The form without the skip (a stored plan's ``skip_off_diagonal: false``) computes the whole dense GEMM."""
-    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
-
-    p = P.from_ck("2 4 4 4 8 3 3 9 9 2 2 1 1 1 1 1 1")
-    plan = decide(p, "sm_80", strategy="explicit", merge_groups=4)
-    full = Plan.from_dict({**plan.to_dict(), "merge": {"groups": 4, "skip_off_diagonal": False}})
-    check_plan(p, full)
-    assert module_error(p, full, [ExplicitKernel()], seed=3) < 2e-3
+@pytest.mark.parametrize("ck", ["2 4 4 4 8 3 3 9 9 2 2 1 1 1 1 1 1", "2 4 2 5 3 3 3 6 7 1 1 1 1 1 1 1 1"])
+def test_the_form_that_skips_mma_tiles_off_the_diagonal_matches_float64_too(ck):
+    """A stored plan's ``skip_off_diagonal: true`` (measured slower than the whole dense GEMM, the default)."""
+    assert emulated_error(P.from_ck(ck), skip=True, merge_groups=2) < 2e-3
 
 
 @pytest.mark.parametrize("skipped", ["mma", "b"])
@@ -79,7 +81,7 @@ def test_skipping_work_that_meets_the_diagonal_is_caught(monkeypatch, skipped):
         return gemm_sm80._Skip([no] * mma if skipped == "mma" else [None] * mma, [no] * b)
 
     monkeypatch.setattr(gemm_sm80, "_diagonal_tiles", never)
-    assert emulated_error(THIN4, merge_groups=4) > 0.1
+    assert emulated_error(THIN4, skip=True, merge_groups=4) > 0.1
 
 
 def test_a_stored_merge_whose_skip_is_not_a_boolean_is_refused_by_name():
@@ -110,7 +112,7 @@ def test_merge_is_part_of_the_plan_its_json_and_its_identity():
     p = P.from_ck("2 4 2 4 4 3 3 6 7 1 1 1 1 1 1 1 1")
     merged = decide(p, "sm_80", strategy="explicit", merge_groups=4)
     one = decide(p, "sm_80", strategy="explicit", merge_groups=1)
-    assert merged.to_dict()["merge"] == {"groups": 4, "skip_off_diagonal": True} and "merge" not in one.to_dict()
+    assert merged.to_dict()["merge"] == {"groups": 4, "skip_off_diagonal": False} and "merge" not in one.to_dict()
     assert Plan.from_dict(json.loads(json.dumps(merged.to_dict()))) == merged != one
     keys = {variant_key(p, "sm_80", Variant("convbw", plan), "3.13.0") for plan in (merged, one)}
     assert len(keys) == 2  # the kernel cache tells them apart
@@ -163,21 +165,24 @@ def test_rule_merges_the_suites_thin_layers_to_fill_64_rows(ck, groups):
     assert decide(p, "sm_80", strategy="explicit").merge == MergePlan(groups)
 
 
-def test_the_switch_leaves_4_channel_groups_to_the_grouped_depthwise_form_measured_first(monkeypatch):
+def test_4_channel_groups_take_the_merged_gemm_and_odd_ones_the_grouped_depthwise_form(monkeypatch):
     p = P.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1")
-    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", True)
-    chosen = decide(p, "sm_80")  # the depthwise policy is asked first (its GROUPED_BY_DEFAULT)
-    assert chosen.depthwise is not None and chosen.merge is None
+    chosen = decide(p, "sm_80")  # merged: 1.9x the grouped depthwise form measured (decisions.md#thin-groups)
+    assert chosen.depthwise is None and chosen.merge == MergePlan(16)
+    odd = decide(P.from_ck("2 32 32 3 3 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80")  # odd C: the rule does not merge
+    assert odd.depthwise is not None and odd.merge is None
+    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", False)
+    assert decide(p, "sm_80").depthwise is not None  # the switch off: the grouped form, as before
     assert decide(p, "sm_80", strategy="explicit").merge == MergePlan(16)  # asked for, the merged GEMM
     assert decide(p, "sm_80", strategy="explicit", merge_groups=1).merge is None  # one group a GEMM stays reachable
 
 
 def test_the_switch_merges_the_groups_the_plan_gave_the_explicit_kernel_one_at_a_time(monkeypatch):
     p = P.from_ck("2 32 32 8 8 3 3 56 56 1 1 1 1 1 1 1 1")
+    assert decide(p, "sm_80").merge == MergePlan(8)
+    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", False)
     one = decide(p, "sm_80")
     assert one.strategy == Strategy.EXPLICIT and one.merge is None
-    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", True)
-    assert decide(p, "sm_80").merge == MergePlan(8)
 
 
 @pytest.mark.parametrize(

@@ -57,8 +57,8 @@ def test_the_plan_chooses_the_explicit_kernel_for_one_group_channels_last_on_nvi
     dw = decide(DEPTHWISE, "sm_80")  # the depthwise kernel, fenced and measured: decisions.md#depthwise-by-default
     assert dw.strategy is Strategy.EXPLICIT and dw.depthwise is not None and dw.depthwise.vector == 4  # wide form
     thin = decide(ConvBwdWeightProblem.from_ck("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80")
-    assert thin.depthwise is not None  # 4 channels a group: its grouped form (2.5x the implicit GEMM measured)
-    assert decide(GROUPED, "sm_80").depthwise is None  # 8 a group: the implicit GEMM (1.7x the grouped form)
+    assert thin.merge is not None  # 4 channels a group: 16 groups merged in one GEMM (decisions.md#thin-groups)
+    assert decide(GROUPED, "sm_80").merge is not None  # 8 a group: merged too
     assert decide(DEPTHWISE, "sm_80", strategy="codegen").strategy is Strategy.SIMT  # asked for, codegen's
     # odd channels (register path) and epilogues (in the store): measured 2026-11-25 (decisions.md#first-layers)
     assert decide(DENSE.with_(in_channels=3), "sm_80").strategy is Strategy.EXPLICIT

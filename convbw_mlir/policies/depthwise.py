@@ -34,8 +34,9 @@ __all__ = ["BY_DEFAULT", "GROUPED_BY_DEFAULT", "DepthwiseKernel", "is_depthwise"
 # (depthwise; groups of at most GROUPED_BY_DEFAULT channels). On since the merged revision passed the NaN-fenced
 # GPU check: its wide form 1.11x cuDNN in geomean over 20 layers (docs/decisions.md#depthwise-by-default).
 BY_DEFAULT = True
-# The widest group (in and out channels) the grouped form takes by default: on ResNeXt-50's 4-channel groups it was
-# 2.2x the SIMT plan and 2.5x the implicit GEMM; at 8 and 16 the implicit GEMM was 1.7x faster than it.
+# The widest group (in and out channels) the grouped form takes by default where the implicit GEMM does not merge the
+# groups (odd channels): on ResNeXt-50's 4-channel groups it was 2.2x the SIMT plan and 2.5x the implicit GEMM one
+# group at a time; merged, the implicit GEMM was 1.9x faster still (docs/decisions.md#thin-groups).
 GROUPED_BY_DEFAULT = 4
 
 DTYPES = ("f16", "bf16")
@@ -202,7 +203,13 @@ def takes_by_default(problem: Any, target: Target) -> bool:
     """Whether the plan chooses this kernel by itself: the switch :data:`BY_DEFAULT` is on, the target is
     NVIDIA's and the kernel takes the problem, a depthwise one or groups of at most :data:`GROUPED_BY_DEFAULT`
     in and out channels (where the grouped form was measured faster than the implicit GEMM and SIMT)."""
-    narrow = max(problem.in_channels, problem.out_channels) <= GROUPED_BY_DEFAULT
+    from convbw_mlir.policies import sm80
+
+    # groups the implicit GEMM merges into one matrix tile go there (1.9x this form at 4 channels a group)
+    narrow = is_depthwise(problem) or (
+        max(problem.in_channels, problem.out_channels) <= GROUPED_BY_DEFAULT
+        and not (sm80.MERGE_BY_DEFAULT and sm80.merge_rule(problem, target) > 1)
+    )
     return BY_DEFAULT and target.family == "nvidia" and narrow and not takes(problem)
 
 

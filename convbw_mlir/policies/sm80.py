@@ -590,10 +590,9 @@ def _wavespec_refusals(plan: Plan, problem: Any, tiling_ok: bool) -> list[str]:
 
 # -- merged groups (thin groups: several groups in one implicit GEMM, a block-diagonal store) -----------------
 # The plan's single switch: whether decide() without options merges thin groups by the rule (merge_rule; with
-# strategy=explicit the rule applies either way). Off until the merged kernel has passed the NaN-fenced GPU check
-# (the project's rule for a kernel of ours, docs/decisions.md#thin-groups); the cost model and the before-run
-# (one group a GEMM 0.26-0.65x cuDNN, SIMT 0.10-0.17x) say it should be on for every thin suite layer.
-MERGE_BY_DEFAULT = False
+# strategy=explicit the rule applies either way). On since the NaN-fenced H200 run (docs/decisions.md#thin-groups):
+# merged 1.2-3.1x one group a GEMM and 1.9x the depthwise kernel's grouped form at 4 channels, on all six layers.
+MERGE_BY_DEFAULT = True
 MERGE_MAX_CHANNELS = 16  # thin groups: at most this many in and out channels a group (ResNeXt, RegNet: 4-16)
 MERGE_ROWS = 64  # out channels (M) the rule fills: the smallest tiling's bm (TILINGS)
 
