@@ -55,3 +55,12 @@ def test_report_groups_by_class_with_ratios_and_bf16_against_f16(tmp_path):
     assert "f16: cuDNN/ours geomean 2.00" in dw and "bf16/f16 (ours): geomean 1.100" in dw
     assert "| first_c.f16 | WRONG |" in first  # a wrong kernel is shown, never timed
     assert "f16: cuDNN/ours geomean 0.25, worst 0.25 (1 problems)" in first
+
+
+def test_report_times_by_kernel_time_where_cupti_gave_one(tmp_path):
+    row = _row("dw_a.f16", 900e-6, 300e-6, {})  # call times: the runner's host round trip included
+    row["contenders"]["convbw"]["kernel_s"] = 100e-6
+    row["contenders"]["cudnn"]["kernel_s"] = 200e-6
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"device": "H200", "problems": [row]}))
+    assert "| dw_a.f16 | 100.0 | explicit | - | 200.0 | 2.00 | - |" in classes.report([path], [])
