@@ -110,7 +110,7 @@ def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | 
         known = ", ".join(_spelled(f.name) for f in fields(Overrides))
         unknown = ", ".join(_spelled(k) for k in overrides if k not in {f.name for f in fields(Overrides)})
         raise PlanError(f"options: unknown {unknown}; known: {known}") from None
-    if opts.layout4 is not None or problem.layout == LAYOUT_4:
+    if opts.layout4 is not None or problem.layout in CHANNELS_FIRST:
         chosen = _layout4(problem, tgt, split, opts, overrides)
         if chosen is not None:
             return chosen
@@ -149,8 +149,10 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
         PlanError: ``layout4`` given for a problem not in layout 4, ``relayout`` off NVIDIA or where the
             layout-2 plan is no kernel of ours.
     """
-    if problem.layout != LAYOUT_4:
+    if problem.layout not in CHANNELS_FIRST:
         raise PlanError(f"layout4: {opts.layout4} applies to layout-4 problems ({LAYOUT_4}), not {problem.layout}")
+    if problem.layout == LAYOUT_0 and opts.layout4 in ("fold", "gather"):  # layout 4's own kernels, not layout 0's
+        raise PlanError(f"layout4: {opts.layout4} is layout 4's kernel ({LAYOUT_4}), not layout 0's ({LAYOUT_0})")
     if opts.layout4 == "fold":  # layout 4's kernel without a gather: its policy's plan
         if tgt.family != "nvidia":
             raise PlanError(f"layout4: fold is written for NVIDIA targets (sm_80), not {tgt.name}")
@@ -166,7 +168,7 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
         if opts.layout4 == "relayout":
             raise PlanError(f"layout4: relayout is written for NVIDIA targets, not {tgt.name}")
         return None
-    if opts.layout4 is None and policies.sm80.gemm_shape(problem).conv is None:
+    if opts.layout4 is None and problem.layout == LAYOUT_4 and policies.sm80.gemm_shape(problem).conv is None:
         return None  # a plain 1x1: layout 4's kernel copies both operands by cp.async already (nothing gathered)
     if split is not None:  # an op that arrives split yields partial sums, not dW: nothing to transpose back
         if opts.layout4 == "relayout":
@@ -392,6 +394,10 @@ def relayout(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem:
 
 
 LAYOUT_4 = "NGCHW/GKCYX/NGKHW"
+# Layout 0 (the group outermost, channels first) takes layout 4's route to layout 2: IREE 3.13's CUDA codegen
+# computed a 3-D layout-0 problem wrongly in its own form (fuzz seed 29: fuzz0087) and failed to compile another.
+LAYOUT_0 = "GNCHW/GKCYX/GNKHW"
+CHANNELS_FIRST = (LAYOUT_4, LAYOUT_0)
 
 
 def computed_problem(problem: ConvBwdWeightProblem, plan: Plan) -> ConvBwdWeightProblem:
@@ -404,8 +410,9 @@ def computed_problem(problem: ConvBwdWeightProblem, plan: Plan) -> ConvBwdWeight
     problem = relayout(problem)
     if not plan.channels_last or problem.layout == LAYOUT_2:
         return problem
-    if problem.layout != LAYOUT_4:
-        raise PlanError(f"plan.channels_last: a problem in layout {problem.layout} (layout 4, {LAYOUT_4}, only)")
+    if problem.layout not in CHANNELS_FIRST:
+        raise PlanError(f"plan.channels_last: a problem in layout {problem.layout} (layouts 4, {LAYOUT_4}, and 0, "
+                        f"{LAYOUT_0}, only)")  # fmt: skip
     return problem.with_(layout=LAYOUT_2)
 
 
@@ -479,7 +486,7 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
     on host, sm_80 and gfx942 (tests/test_plan_properties.py).
     """
     total = 0
-    if plan.channels_last and relayout(problem).layout == LAYOUT_4:
+    if plan.channels_last and relayout(problem).layout in CHANNELS_FIRST:
         copies = [(problem.x_shape, problem.dtype), (problem.dy_shape, problem.dtype)]
         if plan.split is None and plan.depthwise is None:  # a stage 2 writes dW transposed (IREE fuses the two)
             copies.append((problem.dw_shape, problem.dw_dtype))

@@ -160,8 +160,10 @@ def test_channels_last_plan_round_trips_and_is_refused_for_other_layouts():
     assert plan.to_dict()["channels_last"] is True and Plan.from_dict(plan.to_dict()) == plan
     assert "channels_last" not in decide(DENSE, "sm_80", layout4="gather").to_dict()
     check_plan(DENSE, plan)
-    with pytest.raises(PlanError, match="plan.channels_last: a problem in layout GNCHW/GKCYX/GNKHW"):
-        check_plan(DENSE.with_(layout=0), plan)
+    one = DENSE.with_(layout=3, filter_size=(1, 1), pad_low=(0, 0), pad_high=(0, 0))  # layout 3's 1x1 stays a GEMM
+    with pytest.raises(PlanError, match="plan.channels_last: a problem in layout NGCHW/GKYXC/NGKHW"):
+        check_plan(one, replace(decide(DENSE.with_(filter_size=(1, 1), pad_low=(0, 0), pad_high=(0, 0)), "sm_80",
+                                       layout4="relayout"), channels_last=True))  # fmt: skip
     with pytest.raises(PlanError, match="plan.channels_last: expected true or false"):
         Plan.from_dict({**plan.to_dict(), "channels_last": "yes"})
 
@@ -248,3 +250,30 @@ def test_folded_plan_round_trips_and_is_asked_for_only():
     assert plan.to_dict()["folded"] is True and Plan.from_dict(plan.to_dict()) == plan
     assert not decide(DENSE, "sm_80").folded and not decide(DENSE, "sm_80", strategy="explicit").folded
     check_plan(DENSE, plan)
+
+
+# -- layout 0 (GNCHW/GKCYX/GNKHW) takes the same route --------------------------------------------------------
+FUZZ0087 = P(4, 1, 32, 32, (5, 5, 5), (3, 3, 3), stride=(1, 1, 2), dilation=(1, 1, 2), pad_low=(0, 0, 3),
+             pad_high=(0, 0, 3), dtype="bf16", dw_dtype="bf16", layout=0)  # fmt: skip
+
+
+def test_layout0_is_planned_in_layout2_where_iree_s_own_form_was_wrong():
+    # fenced fuzz seed 29 (bench/results/h200_2026-11-26_classes_after/fuzz29.md): IREE's own form, 4.3 RMS wrong
+    plan = decide(FUZZ0087, "sm_80")
+    assert plan.channels_last and plan.strategy == "explicit"
+    assert computed_problem(FUZZ0087, plan).layout == "NHWGC/GKYXC/NHWGK"
+    with pytest.raises(PlanError, match=r"^layout4: gather is layout 4's kernel"):
+        decide(FUZZ0087, "sm_80", layout4="gather")
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [P(2, 2, 8, 16, (6, 6), (3, 3), pad_low=1, pad_high=1, layout=0),
+     P(2, 1, 8, 8, (4, 5, 6), (3, 3, 3), stride=(1, 1, 2), dilation=(1, 1, 2), pad_low=(0, 0, 3), pad_high=(0, 0, 3),
+       layout=0)],
+    ids=["2d", "3d_dilated_strided"],
+)  # fmt: skip
+def test_layout0_as_layout2_matches_float64_under_emulation(problem):
+    plan = decide(problem, "sm_80")
+    assert plan.channels_last
+    assert emulated_error(problem, plan) < 2e-3
