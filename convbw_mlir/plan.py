@@ -162,7 +162,9 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
         if not chosen.folded:
             raise PlanError("layout4: fold is the implicit GEMM's form, not the depthwise kernel's")
         return chosen
-    if opts.layout4 == "gather" or (opts.layout4 is None and opts.strategy is not None):
+    # layout 0 on NVIDIA: every form in layout 2 (IREE's own forms of it were wrong: LAYOUT_0), options or not
+    zero = problem.layout == LAYOUT_0 and tgt.family == "nvidia" and split is None
+    if not zero and (opts.layout4 == "gather" or (opts.layout4 is None and opts.strategy is not None)):
         return None  # a strategy asked for alone keeps layout 4's own forms (explicit: the gathered kernel)
     if tgt.family != "nvidia":
         if opts.layout4 == "relayout":
@@ -183,7 +185,7 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
         if opts.layout4 == "relayout":
             raise
         return None  # e.g. StreamK: written for layout 4 only
-    if plan.strategy != Strategy.EXPLICIT:
+    if plan.strategy != Strategy.EXPLICIT and not zero:
         if opts.layout4 == "relayout":
             raise PlanError(f"layout4: relayout computes layout 2 by our kernels; the plan there is "
                             f"{plan.strategy.value} (add strategy=explicit)")  # fmt: skip
