@@ -218,7 +218,8 @@ def auto_splits(shape: GemmShape, tiling: GemmTiling, compute_units: int, min_ti
     k tiles long (CK's rule of thumb, split_k_utils.hpp: k_batch = max_occupancy * num_CUs / grid_size).
     With the register path (odd K or C) every resident workgroup's slot once: its loads are latency-bound
     within a workgroup and overlap only across workgroups (:func:`register_rounds`)."""
-    slots = compute_units * (resident_blocks(shape, tiling, shared_cap) if register_rounds(shape, tiling) else 1)
+    ours = isinstance(tiling, GemmTiling) and register_rounds(shape, tiling)  # the sm_80 kernel's register path
+    slots = compute_units * (resident_blocks(shape, tiling, shared_cap) if ours else 1)
     tiles = shape.groups * -(-shape.m // tiling.bm) * -(-shape.n // tiling.bn)
     ktiles = -(-shape.reduction // tiling.bk)
     if tiles >= slots:
