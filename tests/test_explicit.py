@@ -68,7 +68,7 @@ def test_tile_options_reshape_the_explicit_kernel():
     ("problem", "target", "options", "message"),
     [
         (P(1, 1, 64, 64, (4, 8, 8), (3, 3, 3), layout=4), "gfx942", {}, "input_size: (4, 8, 8) (the AMD explicit"),
-        (P(1, 1, 256, 128, (8, 8), (1, 1), layout=0), "sm_80", {}, "layout: GNCHW/GKCYX/GNKHW"),
+        (P(1, 1, 256, 128, (8, 8), (1, 1), layout=3), "sm_80", {}, "layout: NGCHW/GKYXC/NGKHW"),  # layout 0: relayout
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, dtype="f32"), "sm_80", {}, "dtype: f32 (f16 or bf16)"),
         (P(1, 1, 256, 128, (8, 8), (1, 1), layout=4, epilogue={"kind": "scale", "alpha": 2.0}), "gfx942", {},
          "epilogue: scale (this kernel writes dW plain)"),

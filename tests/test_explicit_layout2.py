@@ -75,7 +75,7 @@ def test_layout2_kernel_compiles_for_sm80_in_a_child_with_transposed_ldmatrix():
 @pytest.mark.parametrize(
     ("problem", "message"),
     [
-        (P(1, 1, 64, 64, (8, 8), (3, 3), layout=0), "layout: GNCHW/GKCYX/GNKHW"),
+        (P(1, 1, 64, 64, (8, 8), (1, 1), layout=3), "layout: NGCHW/GKYXC/NGKHW"),  # a 1x1 stays layout 3
         (P(1, 1, 64, 64, (8, 8), (3, 3), dtype="f32"), "dtype: f32 (f16 or bf16)"),
     ],
 )  # fmt: skip
