@@ -193,6 +193,46 @@ def test_iree_runtime_refuses_an_sm90a_artifact_naming_the_target_and_the_direct
         PreparedCall(sm90_op.vmfb, "cuda", 0)
 
 
+# -- the tuner: its variants of the sm_90a kernel run by the direct launch ------------------------------------
+def test_tuner_candidates_on_sm90a_are_the_wgmma_kernels_splits_and_widths_around_the_rules():
+    from convbw_mlir.dispatch.variants import candidates
+
+    p = _problem(RESNET_3X3)
+    base, *rivals = candidates(p, "sm_90a", max_plans=4, iree=False)
+    assert all(sm90.is_sm90(v.plan) for v in [base, *rivals]) and len(rivals) == 4
+    kb, n = base.plan.k_batch, base.plan.tile.n
+    got = [(v.plan.k_batch, v.plan.tile.n) for v in rivals]
+    assert got[:2] == [(2 * kb, n), (kb // 2, n)] and {w for k, w in got[2:]} <= {128, 192, 256} - {n}
+    assert len(set(got)) == 4 and (kb, n) not in got
+
+
+def test_tuner_builds_sm90a_variants_with_an_output_argument_and_ships_their_launch_to_the_runner(
+    tmp_path, monkeypatch
+):
+    """IREE's runtime refuses the sm_90a kernel, so the runner launches it directly: the tuner's manifest
+    carries the schedule beside the vmfb, compiled with the ABI the launcher binds (x, dy, dW)."""
+    from convbw_mlir.dispatch import build
+    from convbw_mlir.dispatch.tune import compile_candidates
+    from convbw_mlir.dispatch.variants import heuristic
+    from convbw_mlir.measure.run import _Problem, _run_contender
+
+    monkeypatch.setattr(build, "candidates", lambda p, t, **_: [heuristic(p, t)])  # the sm_90a plan alone
+    p = _problem(TINY)
+    compile_candidates([("tiny", p, False)], "sm_90a", tmp_path / "built", max_plans=0, progress=False,
+                       cache=tmp_path / "cache", log=lambda _: None)  # fmt: skip
+    manifest = json.loads((tmp_path / "built" / "manifest.json").read_text())
+    (entry,) = manifest["problems"]
+    rec = entry["contenders"]["convbw[heuristic]"]
+    assert build.direct_only(heuristic(p, "sm_90a")) and rec["ok"], rec
+    launch = Launch.from_files(lambda name: (tmp_path / "built" / rec["launch"] / name).read_bytes())
+    assert launch.refused is None and len(launch.tensor_maps) == 2
+    assert len(launch.arg_bytes) == 3 and launch.arg_bytes[2] == 2 * int(np.prod(p.dw_shape))  # dW: an argument
+    assert "launch" not in entry["contenders"]["reference"]  # IREE's own kernels: its runtime runs them
+    prob = _Problem(p, tmp_path, 0)
+    got = _run_contender(tmp_path / "built", prob, rec, "local-task", None)
+    assert got["status"] == "n/a" and "direct CUDA launch" in got["error"]
+
+
 # -- the torch entry ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("capability", "line", "target"),

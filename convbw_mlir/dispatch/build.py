@@ -24,6 +24,7 @@ from convbw_mlir.dispatch.cache import KernelCache
 from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, request_key, variant_request
 from convbw_mlir.limits import check_limits
 from convbw_mlir.plan import check_plan
+from convbw_mlir.policies import sm90
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
@@ -189,6 +190,12 @@ class Registry:
         return BuildReport([results[i] for i in range(len(self.declared))], max_workers, wall, engine=engine)
 
 
+def direct_only(variant: Variant) -> bool:
+    """Whether only the direct CUDA launch runs ``variant`` (the sm_90a kernel's TMA maps): it is built with an
+    output argument (x, dy, dW), the ABI the launcher binds (:class:`convbw_mlir.measure.run.DirectKernel`)."""
+    return variant.plan is not None and sm90.is_sm90(variant.plan)
+
+
 def build_one(problem: ConvBwdWeightProblem, target: str, variant: Variant, cache: KernelCache,
               timeout: float | None) -> BuildResult:  # fmt: skip
     """One variant through the cache, compiled in a child process: a task of :meth:`Registry.build`."""
@@ -199,7 +206,8 @@ def build_one(problem: ConvBwdWeightProblem, target: str, variant: Variant, cach
     res = BuildResult(problem, variant, worker=worker_name())
     try:
         what = f"{problem.name} {variant.name} for {target}"
-        res.op, res.hit = call(cached_build, problem, target, variant, cache, what=what, timeout=timeout)
+        res.op, res.hit = call(cached_build, problem, target, variant, cache, what=what, timeout=timeout,
+                               output_arg=direct_only(variant))  # fmt: skip
     except (CompileError, ValueError) as e:
         res.error = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     res.seconds = time.perf_counter() - t0

@@ -122,6 +122,11 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
                     path = f"{key}.v{j}.vmfb"
                     (tmp / path).write_bytes(r.op.vmfb)
                     rec |= {"ok": True, "vmfb": path, "flags": v.flags}
+                    if r.op.launch is not None and r.op.launch.tensor_maps:  # IREE's runtime cannot run it
+                        rec["launch"] = f"{key}.v{j}.launch"
+                        (tmp / rec["launch"]).mkdir()
+                        for file_name, data in r.op.launch.files().items():
+                            (tmp / rec["launch"] / file_name).write_bytes(data)
                 else:
                     rec |= {"ok": False, "error": r.error}
                 contenders[v.name] = rec

@@ -31,6 +31,7 @@ from typing import Any
 
 from convbw_mlir.loops import Split
 from convbw_mlir.plan import Plan, PlanError, Strategy, decide, pick_intrinsic
+from convbw_mlir.policies import sm90
 from convbw_mlir.policies.amd import FORCE_FORM_ENV
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
@@ -206,6 +207,16 @@ def heuristic(problem: ConvBwdWeightProblem, target: Target | str) -> Variant:
     return Variant("convbw", decide(problem, target), (), "heuristic")
 
 
+def _sm90_grid(base: Plan) -> Iterator[dict[str, Any]]:
+    """The sm_90a kernel's neighbours of the rule's (split, width): its model is fitted on one H100 within ~10%
+    (convbw_mlir/policies/sm90.py), so the tuner measures the choices next to it."""
+    kb, n = base.k_batch, base.tile.n
+    near = [k for k in dict.fromkeys((2 * kb, kb // 2, kb + 1, kb - 1, 4 * kb)) if k >= 1 and k != kb]
+    yield from ({"strategy": "explicit", "k_batch": k} for k in near[:2])
+    yield from ({"strategy": "explicit", "k_batch": kb, "tile_n": w} for w in (256, 192, 128) if w != n)
+    yield from ({"strategy": "explicit", "k_batch": k} for k in near[2:])
+
+
 def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator[dict[str, Any]]:
     """Override sets to try, most promising first (docs/dispatch.md#candidates)."""
     tgt = target
@@ -213,6 +224,8 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
         for kb in (1, 2, 4):
             yield {"k_batch": kb}
         return
+    if sm90.is_sm90(base):  # the wgmma kernel: its split count and tile width around the rule's come first
+        yield from _sm90_grid(base)
     if base.strategy == Strategy.EXPLICIT:  # the plan chose our kernel: IREE's codegen and its grid are the rivals
         yield {"strategy": "codegen"}
         if (

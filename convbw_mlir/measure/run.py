@@ -44,9 +44,9 @@ import numpy as np
 
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.reference import accumulation_error, random_inputs, reference, rounded_sum_error, sample_reference
-from convbw_mlir.runtime import Kernel, time_calls
+from convbw_mlir.runtime import FENCE_BYTES, Kernel, time_calls
 
-__all__ = ["error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
+__all__ = ["DirectKernel", "error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
 
 # numpy's float64 reference runs at a few GFLOP/s: use it where it takes seconds.
 NUMPY_REFERENCE_MAX_FLOPS = 4e10
@@ -320,11 +320,64 @@ def _run_reference(folder: Path, prob: _Problem, rec: dict, driver: str, device:
     return fields
 
 
+class DirectKernel:
+    """A kernel only the direct CUDA launch runs (sm_90a: TMA tensor maps, which IREE's runtime cannot pass),
+    on torch's memory, with :class:`convbw_mlir.runtime.Kernel`'s calls: ``to_device_fenced``, ``kernel(x, dy)``
+    returning a result whose ``to_host`` reads dW back.
+
+    Args:
+        launch_dir: the schedule's folder (``launch.json`` and its PTX: :meth:`convbw_mlir.cuda_launch.Launch.files`),
+            compiled with an output argument (x, dy, dW, workspace).
+        problem: the problem it computes (dW's shape and type).
+        device: the CUDA device ordinal (None: 0).
+
+    Raises:
+        ValueError: no CUDA torch, or a schedule the launcher refuses (naming why).
+    """
+
+    def __init__(self, launch_dir: Path, problem: ConvBwdWeightProblem, device: int | None) -> None:
+        try:
+            import torch
+        except ImportError:
+            raise ValueError("launch: the direct CUDA launch needs torch (pip install .[torch])") from None
+        from convbw_mlir.cuda_launch import CudaLauncher, Launch
+        from convbw_mlir.problem import numpy_dtype
+
+        self.torch, self.index = torch, device or 0
+        launch = Launch.from_files(lambda name: (launch_dir / name).read_bytes())
+        self.launcher = CudaLauncher(launch, self.index)
+        self.shape, self.dtype = tuple(problem.dw_shape), numpy_dtype(problem.dw_dtype)
+        self.out = self._bytes(math.prod(self.shape) * self.dtype.itemsize)
+        self.workspace = self._bytes(max(launch.transient, 256))
+
+    def _bytes(self, n: int) -> Any:
+        return self.torch.empty(n, dtype=self.torch.uint8, device=f"cuda:{self.index}")
+
+    def to_device_fenced(self, array: np.ndarray, slack_bytes: int = FENCE_BYTES) -> Any:
+        """``array``'s bytes on the device followed by NaN, as ``Kernel.to_device_fenced``."""
+        flat = np.full(array.size + -(-slack_bytes // array.itemsize), np.nan, dtype=array.dtype)
+        flat[: array.size] = array.ravel()
+        return self.torch.from_numpy(flat.view(np.uint8)).to(f"cuda:{self.index}")
+
+    def __call__(self, x: Any, dy: Any) -> DirectKernel:
+        stream = self.torch.cuda.current_stream(self.index).cuda_stream
+        self.launcher((x.data_ptr(), dy.data_ptr(), self.out.data_ptr(), self.workspace.data_ptr()), stream)
+        return self
+
+    def to_host(self) -> np.ndarray:
+        return self.out.cpu().numpy().view(self.dtype).reshape(self.shape)
+
+
 def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None,
                    timed: bool = True) -> dict[str, Any]:  # fmt: skip
     if not rec.get("ok"):
         return {"status": "no kernel", "error": rec.get("error", "")}
-    kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
+    if rec.get("launch"):  # TMA tensor maps: the direct launch runs it, not IREE's runtime
+        if driver != "cuda":
+            return {"status": "n/a", "error": f"driver: {driver} (the kernel runs by the direct CUDA launch)"}
+        kernel: Any = DirectKernel(folder / rec["launch"], prob.p, device)
+    else:
+        kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
     # NaN after x and dy: a kernel reading past them is WRONG here, not only where memory holds NaN later
     xd, dyd = kernel.to_device_fenced(prob.x), kernel.to_device_fenced(prob.dy)
     res = prob.check(np.asarray(kernel(xd, dyd).to_host()), prob.p.dw_dtype)
