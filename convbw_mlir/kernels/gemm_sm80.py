@@ -595,6 +595,36 @@ def _workgroup(ix: _Ix, t: GemmTiling, shape: GemmShape) -> tuple[Any, ...]:
     return block_m, block_n, g, where, base
 
 
+def _begin(entry: ir.Block, a: ir.Value, c: ir.Value, t: GemmTiling) -> _Body:
+    """What every kernel body starts from (:func:`build_kernel_body`, the merged and the folded ones)."""
+    ix = _Ix(entry)
+    tid, lane, _, warp_m, warp_n = _threads(ix, t)
+    f32x2x2 = ir.VectorType.get([2, 2], ir.F32Type.get())
+    zero = arith.constant(f32x2x2, ir.DenseElementsAttr.get_splat(f32x2x2, ir.FloatAttr.get_f32(0.0)))
+    elem = ir.MemRefType(a.type).element_type  # f16 or bf16: 16-bit elements copy and load alike
+    acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
+    return _Body(ix, elem, ir.MemRefType(c.type).element_type, tid, lane, warp_m, warp_n, acc)
+
+
+@dataclass(frozen=True)
+class _Body:
+    """A kernel body's start: index helper, input and output element types, this thread's ids, zero accumulators."""
+
+    ix: _Ix
+    elem: ir.Type
+    out: ir.Type
+    tid: ir.Value
+    lane: ir.Value
+    warp_m: ir.Value
+    warp_n: ir.Value
+    acc: list[ir.Value]
+
+    def shared(self, shape: list[int]) -> ir.Value:
+        """A workgroup (shared memory) buffer of the input element type."""
+        space = ir.Attribute.parse("#gpu.address_space<workgroup>")
+        return memref.alloc(ir.MemRefType.get(shape, self.elem, memory_space=space), [], [])
+
+
 def grid(shape: GemmShape, t: GemmTiling) -> tuple[int, int, int]:
     """Workgroups: N tiles, M tiles, groups x splits."""
     return -(-shape.n // t.bn), -(-shape.m // t.bm), shape.groups * shape.splits
@@ -613,26 +643,19 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
             ``memref<splits x groups x m x n x f32>``.
         fused: the problem's epilogue in the store (unsplit kernels; a split's sum applies it otherwise).
     """
-    ix = _Ix(entry)
-    f16 = ir.MemRefType(a.type).element_type  # f16 or bf16: 16-bit elements copy and load alike
-    out = ir.MemRefType(c.type).element_type
-    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
-    tid, lane, warp, warp_m, warp_n = _threads(ix, t)
+    k = _begin(entry, a, c, t)
+    ix = k.ix
     block_m, block_n, g, where, base = _workgroup(ix, t, shape)
     if shape.channels_last:  # reduction-major, rows padded by 8 (16 bytes): ldmatrix's 8 rows hit distinct banks
         a_tile, b_tile = [t.stages, t.bk, t.bm + ROW_PAD], [t.stages, t.bk, t.bn + ROW_PAD]
     else:
         a_tile, b_tile = [t.stages, t.bm, t.row], [t.stages, t.bn, t.row]
-    a_smem = memref.alloc(ir.MemRefType.get(a_tile, f16, memory_space=shared), [], [])
-    b_smem = memref.alloc(ir.MemRefType.get(b_tile, f16, memory_space=shared), [], [])
-    lanes = _lanes(ix, lane, shape.channels_last)
-    zero = arith.constant(ir.VectorType.get([2, 2], ir.F32Type.get()), ir.DenseElementsAttr.get_splat(
-        ir.VectorType.get([2, 2], ir.F32Type.get()), ir.FloatAttr.get_f32(0.0)))  # fmt: skip
-    acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
-    a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
-    b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
-    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16)
-    _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out, fused)
+    lanes = _lanes(ix, k.lane, shape.channels_last)
+    a_op = _Operand(a, block_m, k.shared(a_tile), t.bm, shape.m, shape.a_vector())
+    b_op = _Operand(b, block_n, k.shared(b_tile), t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
+    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, k.tid, g, base, k.warp_m, k.warp_n, k.acc, k.elem)
+    row0, col0 = ix.add(block_m, k.warp_m), ix.add(block_n, k.warp_n)
+    _epilogue(ix, t, shape, c, where, row0, col0, k.lane, acc, k.out, fused)
 
 
 # -- merged groups ----------------------------------------------------------------------------------------
@@ -720,25 +743,17 @@ def build_merged_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Va
     """:func:`build_kernel_body` of a merged GEMM (channels-last): ``shape`` is the dense GEMM of ``merge.groups``
     groups at once (``a`` dy ``[R, G / m, m * K]``, ``b`` x ``[R, G / m, m * C]`` or ``[N, H, W, G / m, m * C]``);
     ``c`` is dW ``[G, K, taps * C]`` (or ``[splits, G, K, taps * C]`` f32), written by :func:`_merged_epilogue`."""
-    ix = _Ix(entry)
-    f16 = ir.MemRefType(a.type).element_type
-    out = ir.MemRefType(c.type).element_type
-    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
-    tid, lane, warp, warp_m, warp_n = _threads(ix, t)
+    k = _begin(entry, a, c, t)
+    ix = k.ix
     block_m, block_n, g, where, base = _workgroup(ix, t, shape)
     a_tile, b_tile = [t.stages, t.bk, t.bm + ROW_PAD], [t.stages, t.bk, t.bn + ROW_PAD]  # reduction-major
-    a_smem = memref.alloc(ir.MemRefType.get(a_tile, f16, memory_space=shared), [], [])
-    b_smem = memref.alloc(ir.MemRefType.get(b_tile, f16, memory_space=shared), [], [])
-    lanes = _lanes(ix, lane, True)
-    f32x2x2 = ir.VectorType.get([2, 2], ir.F32Type.get())
-    zero = arith.constant(f32x2x2, ir.DenseElementsAttr.get_splat(f32x2x2, ir.FloatAttr.get_f32(0.0)))
-    acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
-    a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
-    b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
-    row0, col0 = ix.add(block_m, warp_m), ix.add(block_n, warp_n)
+    lanes = _lanes(ix, k.lane, True)
+    a_op = _Operand(a, block_m, k.shared(a_tile), t.bm, shape.m, shape.a_vector())
+    b_op = _Operand(b, block_n, k.shared(b_tile), t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
+    row0, col0 = ix.add(block_m, k.warp_m), ix.add(block_n, k.warp_n)
     skip = _diagonal_tiles(ix, t, shape, merge, row0, col0) if merge.skip else None
-    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, tid, g, base, warp_m, warp_n, acc, f16, skip)
-    _merged_epilogue(ix, t, shape, merge, c, where, row0, col0, lane, acc, out, fused)
+    acc = _mainloop(ix, t, shape, a_op, b_op, lanes, k.tid, g, base, k.warp_m, k.warp_n, k.acc, k.elem, skip)
+    _merged_epilogue(ix, t, shape, merge, c, where, row0, col0, k.lane, acc, k.out, fused)
 
 
 # -- layout 4 without a gather: x's windows by cp.async, the taps' shifts applied in shared memory -------------
@@ -899,11 +914,8 @@ def build_folded_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Va
         a: dy, ``memref<images x groups x m x hw>``; b: x, ``memref<images x groups x channels x (H*W)>``;
         c: dW ``memref<groups x m x n>`` or the split-K partials ``memref<splits x groups x m x n x f32>``.
     """
-    ix = _Ix(entry)
-    f16 = ir.MemRefType(a.type).element_type
-    out = ir.MemRefType(c.type).element_type
-    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
-    tid, lane, warp, warp_m, warp_n = _threads(ix, t)
+    k = _begin(entry, a, c, t)
+    ix, tid, f16 = k.ix, k.tid, k.elem
     block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
     block_m = ix.mul(gpu.block_id(gpu.Dimension.y), t.bm)
     z = gpu.block_id(gpu.Dimension.z)
@@ -917,11 +929,8 @@ def build_folded_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Va
         g, split = ix.rem(z, shape.groups), ix.div(z, shape.groups)
         where, base = [split, g], ix.mul(split, per_split)
     smem = [[t.stages, t.bm, t.row], [t.stages, t.bn, t.row], [t.stages, w.channels, w.length]]
-    a_smem, b_smem, w_smem = (memref.alloc(ir.MemRefType.get(s, f16, memory_space=shared), [], []) for s in smem)
-    lanes = _lanes(ix, lane, False)
-    f32x4 = ir.VectorType.get([2, 2], ir.F32Type.get())
-    zero = arith.constant(f32x4, ir.DenseElementsAttr.get_splat(f32x4, ir.FloatAttr.get_f32(0.0)))
-    acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
+    a_smem, b_smem, w_smem = (k.shared(s) for s in smem)
+    lanes = _lanes(ix, k.lane, False)
     a_op = _Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
     b_op = _Operand(b, block_n, b_smem, t.bn, shape.n, COPY)
     c_first = ix.div(block_n, shape.conv.taps)
@@ -955,5 +964,6 @@ def build_folded_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Va
         pos0 = ix.mul(ix.rem(tile, per_image), t.bk)
         _expand_windows(ix, t, shape, w, w_smem, b_smem, tid, block_n, c_first, pos0, stage)
 
-    acc = _pipeline_folded(ix, t, lanes, a_op, b_op, warp_m, warp_n, acc, f16, per_split, issue, expand)
-    _epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out, fused)
+    acc = _pipeline_folded(ix, t, lanes, a_op, b_op, k.warp_m, k.warp_n, k.acc, f16, per_split, issue, expand)
+    row0, col0 = ix.add(block_m, k.warp_m), ix.add(block_n, k.warp_n)
+    _epilogue(ix, t, shape, c, where, row0, col0, k.lane, acc, k.out, fused)
