@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,10 +212,14 @@ def test_tuner_builds_sm90a_variants_with_an_output_argument_and_ships_their_lau
 ):
     """IREE's runtime refuses the sm_90a kernel, so the runner launches it directly: the tuner's manifest
     carries the schedule beside the vmfb, compiled with the ABI the launcher binds (x, dy, dW)."""
-    from convbw_mlir.dispatch import build
+    from convbw_mlir.dispatch import build, tune
     from convbw_mlir.dispatch.tune import compile_candidates
     from convbw_mlir.dispatch.variants import heuristic
+    from convbw_mlir.measure import run
     from convbw_mlir.measure.run import _Problem, _run_contender
+
+    def _read(folder):
+        return json.loads((Path(folder) / "manifest.json").read_text())
 
     monkeypatch.setattr(build, "candidates", lambda p, t, **_: [heuristic(p, t)])  # the sm_90a plan alone
     p = _problem(TINY)
@@ -231,6 +236,11 @@ def test_tuner_builds_sm90a_variants_with_an_output_argument_and_ships_their_lau
     prob = _Problem(p, tmp_path, 0)
     got = _run_contender(tmp_path / "built", prob, rec, "local-task", None)
     assert got["status"] == "n/a" and "direct CUDA launch" in got["error"]
+    staged = []  # the timing half runs each problem from a folder of its own: the launch must be found there
+    monkeypatch.setattr(run, "run_manifest", lambda folder, *_, **__: staged.append(_read(folder)) or {})
+    tune._run_one(tmp_path / "built", entry, log=lambda _: None)
+    where = staged[0]["problems"][0]["contenders"]["convbw[heuristic]"]["launch"]
+    assert (Path(where) / "launch.json").is_file()
 
 
 # -- the torch entry ----------------------------------------------------------------------------------------

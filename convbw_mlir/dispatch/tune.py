@@ -312,14 +312,18 @@ def _device_name(name: str, slots: Sequence[Any] = ()) -> str:
     return out[0].strip() if out and name == "cuda" else name
 
 
+def _located(folder: Path, rec: dict) -> dict:
+    """A contender's record with its files (the vmfb, a direct launch's folder) named by path from ``folder``."""
+    return rec | {k: str(folder / rec[k]) for k in ("vmfb", "launch") if rec.get(k)}
+
+
 def _run_one(folder: Path, entry: dict, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS,
              env: dict[str, str] | None = None, timeout_s: float | None = None) -> dict:  # fmt: skip
     """The runner on one manifest entry (its kernels in ``folder``), through a one-problem manifest."""
     from convbw_mlir.measure.run import STEP_TIMEOUT_S, run_manifest
 
     with tempfile.TemporaryDirectory(prefix="convbw-tune-") as tmp:
-        contenders = {n: dict(r, vmfb=str(folder / r["vmfb"])) if r.get("ok") else r
-                      for n, r in entry["contenders"].items()}  # fmt: skip
+        contenders = {n: _located(folder, r) if r.get("ok") else r for n, r in entry["contenders"].items()}
         target = json.loads((folder / "manifest.json").read_text())["target"]
         manifest = {"target": target, "iree_version": "", "problems": [dict(entry, contenders=contenders)]}
         (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
