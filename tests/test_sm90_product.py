@@ -53,6 +53,15 @@ def test_plan_on_sm90a_is_the_wgmma_kernel_for_1d_and_3d_layers_too(line):
     assert (plan.tile.n, plan.k_batch) == (bn, splits)
 
 
+@pytest.mark.parametrize(
+    ("line", "layout"), [(RESNET_3X3, 4), (RESNET_3X3, 0), ("3 1 2 64 64 3 3 3 4 6 6 1 1 1 1 1 1 1 1 1 1 1 1", 4)]
+)
+def test_plan_on_sm90a_computes_a_layout_4_or_0_problems_transposed_copies_with_the_wgmma_kernel(line, layout):
+    """The launcher encodes the maps on whatever its bindings hold at launch, the transient's copies too."""
+    plan = decide(_problem(line, layout=layout), "sm_90a")
+    assert plan.channels_last and sm90.is_sm90(plan), plan
+
+
 def test_sm90a_plan_round_trips_through_json_and_keys_its_own_cache_entry():
     p = _problem(RESNET_3X3)
     plan = decide(p, "sm_90a")
@@ -67,7 +76,7 @@ def test_sm90a_plan_round_trips_through_json_and_keys_its_own_cache_entry():
 
 @pytest.mark.parametrize(
     ("line", "fields"),
-    [(RESNET_3X3, {"layout": 4}), ("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}),
+    [("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}),
      ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}), ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 20 1 1 20 1 1", {})],
 )  # fmt: skip
 def test_plan_on_sm90a_keeps_the_sm80_plan_for_problems_the_policy_refuses(line, fields, monkeypatch):
@@ -201,6 +210,18 @@ def test_3d_sm90a_artifact_binds_x_as_it_is_and_records_a_5d_im2col_map():
     assert "tensor<2x4x6x6x64xf16>" in op.stages["linalg"]  # x dispatched as it is: N D H W (G C)
 
 
+def test_layout_4_sm90a_artifact_records_the_maps_on_the_transposed_copies_in_the_transient():
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    op = build_op(_problem(TINY, layout=4), get_target("sm_90a"), output_arg=True)
+    assert sm90.is_sm90(op.plan) and op.plan.channels_last and op.launch.refused is None, op.launch.refused
+    (kernel,) = [d for d in op.launch.dispatches if d.kernel == op.launch.tensor_maps[0].kernel]
+    # dy and x: the transposes' outputs (regions of the transient), which the launcher's maps then describe
+    assert kernel.bindings[0][0] == kernel.bindings[1][0] == "transient"
+    assert [m.binding for m in op.launch.tensor_maps] == [0, 1]
+
+
 def test_split_sm90a_artifact_launches_its_partials_and_stage_2_from_one_transient():
     """A split makes IREE allocate the maps and the partials apart (two queue.allocas); the schedule reader
     refused a second one before: now each is a region of the one transient the direct launch binds."""
@@ -232,6 +253,7 @@ def test_iree_runtime_refuses_an_sm90a_artifact_naming_the_target_and_the_direct
 @pytest.mark.parametrize(
     ("capability", "line", "target"),
     [((9, 0), RESNET_3X3, "sm_90a"), ((9, 0), "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", "sm_80"),
+     ((9, 0), "3 1 8 256 128 3 3 3 8 28 28 2 2 2 1 1 1 1 1 1 1 1 1", "sm_90a"),  # a 3-D layer: the same kernel
      ((8, 0), RESNET_3X3, "sm_80"), ((8, 9), RESNET_3X3, "sm_89"), ((10, 0), RESNET_3X3, "sm_80")],
 )  # fmt: skip
 def test_torch_entry_picks_sm90a_on_compute_capability_9_0_where_the_kernel_takes_the_problem(
