@@ -3,8 +3,12 @@ warp-specialized) against cuDNN and our sm_80 explicit kernel, layout 2 (channel
 
 Compile here (needs the IREE compiler), run there (needs torch and iree-base-runtime):
 
-    .venv/bin/python bench/hopper_conv.py compile DIR [--only NAME ...]
+    .venv/bin/python bench/hopper_conv.py compile DIR [--only NAME ...] [--ranks]
     python3 hopper_conv.py run DIR --out OUT --budget 200 --jobs 4     # on the GPU machine
+
+``--ranks``: the 1-D and 3-D layers of :data:`RANKED` instead (and two in layout 4), ours through the product
+(``compile_op(p, "sm_90a")``'s artifact by the direct launch; :func:`compile_ranked`), 1-D cuDNN as the product's
+runner poses it (2-D, H = 1, channels_last: :func:`_cudnn_1d`); bench/results/h200_2026-11-26_hopper_rank.
 
 Problems: the dense 2-D problems of bench/explicit_conv.py (the suites' G=1 layers and ResNet-50's 3x3 and
 1x1 layers) of at least 4 GFLOP, in f16, and the three largest again in bf16 (dW in the input type).
@@ -62,7 +66,7 @@ def problems() -> dict[str, Any]:
 
 
 def ranked_problems() -> dict[str, Any]:
-    """:data:`RANKED` in f16 and bf16 (``_bf16``), and :data:`RANKED_LAYOUT4` in layout 4 (``.layout4``)."""
+    """:data:`RANKED` in f16 and bf16 (``_bf16``), and :data:`RANKED_LAYOUT4` in layout 4 (``_layout4``)."""
     from convbw_mlir.suites import load_suite
 
     out = {}
@@ -71,7 +75,7 @@ def ranked_problems() -> dict[str, Any]:
             if name in RANKED:
                 out[name if t == "f16" else f"{name}_bf16"] = p
             if name in RANKED_LAYOUT4 and t == "f16":
-                out[f"{name}.layout4"] = p.with_(layout=4)
+                out[f"{name}_layout4"] = p.with_(layout=4)  # no dot: the run's log names drop a suffix
     return out
 
 
@@ -88,8 +92,9 @@ def compile_ranked(folder: Path, only: list[str] | None) -> None:
         if only and not any(o in name for o in only):
             continue
         t0 = time.time()
-        layout = 4 if name.endswith(".layout4") else 2
-        base = {"problem": name, "suite": True, **harness.problem_fields(p), "dtype": p.dtype, "layout": layout}
+        layout = 4 if name.endswith("_layout4") else 2
+        base = {"problem": name, "suite": True, **harness.problem_fields(p), "dtype": p.dtype, "layout": layout,
+                "ranked": True}  # fmt: skip
         entries.append({**base, "name": f"cudnn:{name}", "kind": "cudnn", "vmfb": None})
         for kind, target, options in (("sm80", "sm_80", {} if layout == 4 else {"strategy": "explicit"}),
                                       ("product", "sm_90a", {"output_arg": True})):  # fmt: skip
@@ -308,7 +313,25 @@ def _product(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     return call, as_torch, (lambda _r: torch.cuda.synchronize())
 
 
+def _cudnn_1d(e: dict, x: Any, dy: Any, torch: Any):
+    """(call, as_torch, sync) of cuDNN's 1-D weight gradient as the product's runner poses it
+    (``convbw_mlir.measure.run``): a 2-D one with H = 1 on channels_last views of the NWC memory (torch's
+    ``conv1d_weight`` on a permuted NWC view has no channels-last path: 4-5x slower on the H200)."""
+    torch.backends.cudnn.benchmark = True
+    xc, dyc = (t.unsqueeze(1).permute(0, 3, 1, 2) for t in (x, dy))  # [N, C, 1, W], channels_last strides
+    (f,), (s,), (p,), (d,) = e["filter_size"], e["stride"], e["pad"], e["dilation"]
+    shape = (e["groups"] * e["out_channels"], e["in_channels"], 1, f)
+
+    def call() -> Any:
+        return torch.nn.grad.conv2d_weight(xc, shape, dyc, stride=(1, s), padding=(0, p), dilation=(1, d),
+                                           groups=e["groups"])  # fmt: skip
+
+    return call, (lambda r: ec._as_gkyxc(e, r.squeeze(2))), (lambda _r: torch.cuda.synchronize())
+
+
 def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
+    if e["kind"] == "cudnn" and e.get("ranked") and len(e["filter_size"]) == 1 and e.get("layout") != 4:
+        return _cudnn_1d(e, x, dy, torch)
     if e["kind"] in ("sm90", "variant"):
         return _sm90(e, folder, x, dy, torch)
     if e["kind"] == "product":
