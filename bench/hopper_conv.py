@@ -3,8 +3,12 @@ warp-specialized) against cuDNN and our sm_80 explicit kernel, layout 2 (channel
 
 Compile here (needs the IREE compiler), run there (needs torch and iree-base-runtime):
 
-    .venv/bin/python bench/hopper_conv.py compile DIR [--only NAME ...]
+    .venv/bin/python bench/hopper_conv.py compile DIR [--only NAME ...] [--ranks]
     python3 hopper_conv.py run DIR --out OUT --budget 200 --jobs 4     # on the GPU machine
+
+``--ranks``: the 1-D and 3-D layers of :data:`RANKED` instead (and two in layout 4), ours through the product
+(``compile_op(p, "sm_90a")``'s artifact by the direct launch; :func:`compile_ranked`), 1-D cuDNN as the product's
+runner poses it (2-D, H = 1, channels_last: :func:`_cudnn_1d`); bench/results/h200_2026-11-26_hopper_rank.
 
 Problems: the dense 2-D problems of bench/explicit_conv.py (the suites' G=1 layers and ResNet-50's 3x3 and
 1x1 layers) of at least 4 GFLOP, in f16, and the three largest again in bf16 (dW in the input type).
@@ -40,7 +44,13 @@ import harness
 MIN_FLOPS = 4e9
 BF16 = ("large_3x3_256_n64_56", "resnet50_3x3_256_n256_14", "retina_k2376_100")
 FENCE_ELEMENTS = 1 << 19
-KINDS = ("cudnn", "sm80", "sm90", "variant")
+KINDS = ("cudnn", "sm80", "sm90", "variant", "product")
+# ``compile --ranks``: the 1-D and 3-D layers of the classes suite (convbw_mlir/suites/classes.tsv) the sm_90a kernel
+# takes (C a multiple of 64), f16 and bf16, through the product (``compile_op(p, "sm_90a")``: the plan, the tensor-map
+# record, the direct launch's encoding); two also in layout 4 (NCHW: the plan's relayouted copies), f16
+RANKED = ("conv1d_wav2vec2_conv1", "conv1d_whisper_base_conv2", "conv1d_tcn_d4", "conv3d_r3d18_layer1",
+          "conv3d_r3d18_layer3_s2", "conv3d_r2plus1d_spatial", "conv3d_i3d_1x1x1_192")  # fmt: skip
+RANKED_LAYOUT4 = ("conv3d_r3d18_layer1", "conv1d_whisper_base_conv2")
 
 
 # -- compile side ------------------------------------------------------------------------------------
@@ -53,6 +63,55 @@ def problems() -> dict[str, Any]:
             if sm90.flops(p) >= MIN_FLOPS and (t == "f16" or name.removesuffix("_bf16") in BF16):
                 out[name] = p
     return out
+
+
+def ranked_problems() -> dict[str, Any]:
+    """:data:`RANKED` in f16 and bf16 (``_bf16``), and :data:`RANKED_LAYOUT4` in layout 4 (``_layout4``)."""
+    from convbw_mlir.suites import load_suite
+
+    out = {}
+    for t in ("f16", "bf16"):
+        for name, p in load_suite("classes", dtype=t):
+            if name in RANKED:
+                out[name if t == "f16" else f"{name}_bf16"] = p
+            if name in RANKED_LAYOUT4 and t == "f16":
+                out[f"{name}_layout4"] = p.with_(layout=4)  # no dot: the run's log names drop a suffix
+    return out
+
+
+def compile_ranked(folder: Path, only: list[str] | None) -> None:
+    """Per problem: cuDNN's entry, our sm_80 plan's vmfb (``compile_op(p, "sm_80")``: its explicit kernel in layout
+    2, the plan's own choice in layout 4) and the product's sm_90a artifact (``product_<problem>/``)."""
+    from convbw_mlir import compile_op
+    from convbw_mlir.build.iree import CompileError
+    from convbw_mlir.plan import PlanError
+
+    folder.mkdir(parents=True, exist_ok=True)
+    entries, refused = [], {}
+    for name, p in ranked_problems().items():
+        if only and not any(o in name for o in only):
+            continue
+        t0 = time.time()
+        layout = 4 if name.endswith("_layout4") else 2
+        base = {"problem": name, "suite": True, **harness.problem_fields(p), "dtype": p.dtype, "layout": layout,
+                "ranked": True}  # fmt: skip
+        entries.append({**base, "name": f"cudnn:{name}", "kind": "cudnn", "vmfb": None})
+        for kind, target, options in (("sm80", "sm_80", {} if layout == 4 else {"strategy": "explicit"}),
+                                      ("product", "sm_90a", {"output_arg": True})):  # fmt: skip
+            try:
+                op = compile_op(p, target, isolate=True, cache=False, **options)
+            except (PlanError, CompileError) as e:
+                refused[f"{kind}:{name}"] = str(e)
+                continue
+            if kind == "sm80":
+                (folder / f"sm80_{name}.vmfb").write_bytes(op.vmfb)
+                where = {"vmfb": f"sm80_{name}.vmfb"}
+            else:
+                op.save(folder / f"product_{name}")
+                where = {"artifact": f"product_{name}", "maps": len(op.launch.tensor_maps)}
+            entries.append({**base, "name": f"{kind}:{name}", "kind": kind, "plan": op.plan.to_dict(), **where})
+        print(f"{name}: {time.time() - t0:.1f} s", flush=True)
+    harness.write_manifest(folder, {"target": "sm_90a", "entries": entries, "refused": refused, "seed": ec.SEED})
 
 
 # Variants beside the rule's choice (``compile --variants``): (splits, bn[, persistent workgroups]) per problem.
@@ -223,9 +282,60 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     return call, as_torch, (lambda _r: torch.cuda.synchronize())
 
 
+def _product(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
+    """(call, as_torch, sync) of the product's sm_90a artifact by the direct launch (its schedule: transposes,
+    kernel, stage 2; the launcher encodes the recorded tensor maps), dW and the workspace poisoned with NaN."""
+    from convbw_mlir.build.artifact import CompiledOp
+    from convbw_mlir.cuda_launch import CudaLauncher
+
+    launch = CompiledOp.load(folder / e["artifact"]).launch
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[e["dw_dtype"]]
+    xs, dys = _fenced(x, torch), _fenced(dy, torch)
+    grp, k, c, f = e["groups"], e["out_channels"], e["in_channels"], e["filter_size"]
+    out = torch.empty(grp * k * c * math.prod(f), dtype=dt, device="cuda")
+    ws = torch.empty(max(launch.transient, 256), dtype=torch.uint8, device="cuda")
+    launcher = CudaLauncher(launch, torch.cuda.current_device())
+    ptrs = (xs.data_ptr(), dys.data_ptr(), out.data_ptr(), ws.data_ptr())
+    harness.KEEP.append((launcher, xs, dys, out, ws))
+    first = [True]
+
+    def call() -> Any:
+        if first[0]:  # the checked call: dW and the partials start as NaN
+            out.fill_(float("nan"))
+            ws.fill_(255)  # all-ones bytes: NaN in f16, bf16 and f32
+            first[0] = False
+        launcher(ptrs, torch.cuda.current_stream().cuda_stream)
+        return out
+
+    def as_torch(r: Any) -> Any:  # GKYXC (layout 2) or GKCYX (layout 4), as explicit_conv's reference
+        return r.reshape(grp, k, c, *f) if e.get("layout") == 4 else r.reshape(grp, k, *f, c)
+
+    return call, as_torch, (lambda _r: torch.cuda.synchronize())
+
+
+def _cudnn_1d(e: dict, x: Any, dy: Any, torch: Any):
+    """(call, as_torch, sync) of cuDNN's 1-D weight gradient as the product's runner poses it
+    (``convbw_mlir.measure.run``): a 2-D one with H = 1 on channels_last views of the NWC memory (torch's
+    ``conv1d_weight`` on a permuted NWC view has no channels-last path: 4-5x slower on the H200)."""
+    torch.backends.cudnn.benchmark = True
+    xc, dyc = (t.unsqueeze(1).permute(0, 3, 1, 2) for t in (x, dy))  # [N, C, 1, W], channels_last strides
+    (f,), (s,), (p,), (d,) = e["filter_size"], e["stride"], e["pad"], e["dilation"]
+    shape = (e["groups"] * e["out_channels"], e["in_channels"], 1, f)
+
+    def call() -> Any:
+        return torch.nn.grad.conv2d_weight(xc, shape, dyc, stride=(1, s), padding=(0, p), dilation=(1, d),
+                                           groups=e["groups"])  # fmt: skip
+
+    return call, (lambda r: ec._as_gkyxc(e, r.squeeze(2))), (lambda _r: torch.cuda.synchronize())
+
+
 def _contender(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
+    if e["kind"] == "cudnn" and e.get("ranked") and len(e["filter_size"]) == 1 and e.get("layout") != 4:
+        return _cudnn_1d(e, x, dy, torch)
     if e["kind"] in ("sm90", "variant"):
         return _sm90(e, folder, x, dy, torch)
+    if e["kind"] == "product":
+        return _product(e, folder, x, dy, torch)
     return ec._contender(e, folder, x, dy, torch)
 
 
@@ -294,8 +404,9 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     lines = [f"# sm_90a weight gradient, layout 2: {device}, {harness.now()}", "", head, "|" + "---|" * 10]
     ratios, ratios_big, vs80 = [], [], []
     splits = {e["problem"]: f"128x{e.get('bn')}, {e.get('splits')}" for e in manifest["entries"] if e["kind"] == "sm90"}
+    splits.update({e["problem"]: _plan_cell(e["plan"]) for e in manifest["entries"] if e["kind"] == "product"})
     for problem, r in got.items():
-        ours, cud, s80 = (r.get(k, {}) for k in ("sm90", "cudnn", "sm80"))
+        ours, cud, s80 = (r.get(k, {}) for k in ("sm90" if "sm90" in r else "product", "cudnn", "sm80"))
         t, tc, t8 = ours.get("single_us"), cud.get("single_us"), s80.get("single_us")
         ok = ours.get("correct")
         q = tc / t if t and tc and ok else None
@@ -329,6 +440,13 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     return harness.write_tables(out, "hopper_conv", doc, lines)
 
 
+def _plan_cell(plan: dict) -> str:
+    """A product plan as the table shows it: the tile's M x N and the split (sm_80 kernels: their intrinsic)."""
+    t, split = plan.get("tile") or {}, (plan.get("split") or {}).get("k_batch", 1)
+    kind = "" if "WGMMA" in t.get("intrinsic", "") else f" {t.get('intrinsic', plan.get('strategy'))}"
+    return f"{t.get('m')}x{t.get('n')}, {split}{kind}" + (", relayout" if plan.get("channels_last") else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -337,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--only", nargs="*")
     c.add_argument("--variants", action="store_true", help="also the split and tile variants of VARIANTS")
     c.add_argument("--no-sm80", dest="sm80", action="store_false", help="skip our sm_80 kernel")
+    c.add_argument("--ranks", action="store_true", help="the 1-D and 3-D layers of RANKED instead, through the product")
     r = sub.add_parser("run")
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -347,7 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("names", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "compile":
-        compile_all(a.dir, a.only, a.variants, a.sm80)
+        if a.ranks:
+            compile_ranked(a.dir, a.only)
+        else:
+            compile_all(a.dir, a.only, a.variants, a.sm80)
         return 0
     if a.cmd == "run":
         return run_all(a.dir, a.out, a.budget, a.jobs)

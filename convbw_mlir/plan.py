@@ -177,10 +177,9 @@ def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, op
             raise PlanError("layout4: relayout of an op that arrives split (its result is partial sums)")
         return None
     rest = {k: v for k, v in overrides.items() if k != "layout4"}
-    # the sm_90a kernel's tensor maps are encoded on the call's own x and dy: its transposed copies take sm_80's
-    sm80_tgt = replace(tgt, wgmma_n=()) if tgt.wgmma_n else tgt
+    # on sm_90a the copies take the sm_90a kernel: the launcher encodes its maps on the transient's copies
     try:
-        plan = _decide(problem.with_(layout=LAYOUT_2), sm80_tgt, split, **rest)
+        plan = _decide(problem.with_(layout=LAYOUT_2), tgt, split, **rest)
     except PlanError:
         if opts.layout4 == "relayout":
             raise

@@ -21,10 +21,11 @@ for depthwise, at most 16 for thin groups); its kernel (``convbw_mlir.kernels.de
 partials ``chunks x G x K x (taps*C)`` that the same stage-2 sum as split-K's adds up and rounds to dW's type.
 
 An sm_90a plan (``policies.sm90.is_sm90``: a wgmma tile) binds dy as ``(N*Ho*Wo) x (G*K)``, x as ``N x H x W x
-(G*C)`` and a 256-byte maps buffer (a ``tensor.empty``: the direct launch binds its own, holding the two
-CUtensorMaps it encodes); its kernel (``convbw_mlir.kernels.conv_sm90``) writes dW ``G x K x (Y*X*C)`` or f32
-partials that the same stage 2 adds up. The entry function's ``iree.reflection`` then says so
-(:data:`TENSOR_MAPS_KEY`), so IREE's runtime refuses the module (it cannot encode tensor maps).
+(G*C)`` (1-D: ``N x W x (G*C)``, 3-D: ``N x D x H x W x (G*C)``) and a 256-byte maps buffer (a ``tensor.empty``:
+the direct launch binds its own, holding the two CUtensorMaps it encodes); its kernel
+(``convbw_mlir.kernels.conv_sm90``) writes dW ``G x K x (Y*X*C)`` or f32 partials that the same stage 2 adds up.
+The entry function's ``iree.reflection`` then says so (:data:`TENSOR_MAPS_KEY`), so IREE's runtime refuses the
+module (it cannot encode tensor maps).
 A merged plan (``plan.merge``: m groups a GEMM, thin groups in layout 2) binds dy as ``(N*Ho*Wo) x (G/m) x (m*K)``
 and x as ``N x H x W x (G/m) x (m*C)`` (the same memory: m groups are adjacent channels); its kernel writes dW's
 own ``G x K x (Y*X*C)`` (or the split partials), the block diagonal of each merged GEMM
@@ -169,24 +170,22 @@ def _depthwise_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:
 
 def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
     """The sm_90a kernel's dispatch on ``op``'s operands (and its stage 2): dW as ``G x K x (Y*X*C)``."""
-    from convbw_mlir.kernels.conv_sm90 import ConvSm90, build_conv_body, conv_entry
+    from convbw_mlir.kernels.conv_sm90 import build_conv_body, conv_entry, from_problem
     from convbw_mlir.kernels.entry import build_dispatch
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
     from convbw_mlir.policies import sm90
 
-    (h, w), (ho, wo), (fy, fx) = problem.input_size, problem.output_size, problem.filter_size
-    t = plan.tile
-    g = ConvSm90(problem.batch, h, w, problem.in_channels, problem.out_channels, fy, fx, ho, wo,
-                 tuple(problem.stride), tuple(problem.dilation), tuple(problem.pad_low),
-                 Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch,
-                 problem.groups)  # fmt: skip
+    t, rank = plan.tile, problem.rank
+    g = from_problem(problem, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch)
     out = element_type(problem.dw_dtype)
     entry = conv_entry(g, element_type(problem.dtype), out, name)
-    flat = reassociation([[0, 1, 2], [3, 4]])
+    # dy [N, *out, G, K] -> [N * prod(out), G K]; x [N, *spatial, G, C] -> [N, *spatial, G C]
+    flat = reassociation([list(range(rank + 1)), [rank + 1, rank + 2]])
     dy_t = ir.RankedTensorType.get(ir.MemRefType(entry.bindings[0]).shape, element_type(problem.dtype))
     dy = tensor_d.CollapseShapeOp(dy_t, op.operands[1], flat).result
     x_t = ir.RankedTensorType.get(ir.MemRefType(entry.bindings[1]).shape, element_type(problem.dtype))
-    x = tensor_d.CollapseShapeOp(x_t, op.operands[0], reassociation([[0], [1], [2], [3, 4]])).result
+    x_flat = reassociation([[i] for i in range(rank + 1)] + [[rank + 1, rank + 2]])
+    x = tensor_d.CollapseShapeOp(x_t, op.operands[0], x_flat).result
     maps = tensor_d.EmptyOp([sm90.MAPS_BYTES], ir.IntegerType.get_signless(8)).result
     # not a constant to IREE: a hoisted global buffer (what a split module made of it) is no binding the schedule
     # reader takes; a per-call one is the transient's, which the launcher rebinds to its maps

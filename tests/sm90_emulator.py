@@ -13,6 +13,10 @@ integers and arrays. As the PTX ISA has them:
   ``j`` of the 128-byte row ``r`` of a 1024-aligned tile goes to chunk ``j ^ (r % 8)``: address bits 4-6
   XOR bits 7-9) and completes its bytes on the mbarrier; the tensor map is this module's own encoding
   (:func:`tensor_map`: which binding, its extents, the box), since a CUtensorMap is opaque;
+- TMA im2col (``cp.async.bulk.tensor.{3,4,5}d ... .im2col``: 1-, 2-, 3-D convolutions): ``pixels`` positions
+  walked through each image's bounding box at the traversal strides, innermost dim first, each read at its
+  position plus the load's im2col offsets, zero outside; the corners and offsets held to the PTX ISA's widths
+  by the tensor's rank (:func:`im2col_map`);
 - ``wgmma.mma_async`` m64nNk16 (16-bit) or m64nNk32 (e4m3 / e5m2, K-major only: the PTX ISA gives
   8-bit types no transpose): A and B read through their matrix descriptors (start address, stride byte
   offset between 8-row groups, 128-byte swizzle; K-major), D = A B^T + C, and the accumulators of each
@@ -51,13 +55,21 @@ def tensor_map(binding: int, rows: int, k: int, box_rows: int, box_k: int = 64, 
     return out.view(np.uint8)
 
 
-def im2col_map(binding: int, shape: tuple[int, int, int, int], lower: tuple[int, int], upper: tuple[int, int],
-               strides: tuple[int, int], pixels: int = 64, channels: int = 64) -> np.ndarray:  # fmt: skip
-    """128 bytes standing for an im2col CUtensorMap of an NHWC 16-bit tensor bound at ``binding``: the
-    bounding box corners and traversal strides, (w, h) innermost first, as cuTensorMapEncodeIm2col takes them."""
-    out = np.zeros(16, np.int64)
-    out[:14] = (IM2COL_MAGIC, binding, *shape, *lower, *upper, *strides, pixels, channels)
+def im2col_map(binding: int, shape: tuple[int, ...], lower: tuple[int, ...], upper: tuple[int, ...],
+               strides: tuple[int, ...], pixels: int = 64, channels: int = 64) -> np.ndarray:  # fmt: skip
+    """128 bytes standing for an im2col CUtensorMap of a channels-last 16-bit tensor ``[N, *spatial, C]`` (3-, 4- or
+    5-D: a 1-, 2- or 3-D convolution's x) bound at ``binding``: the bounding box corners and traversal strides, one
+    a spatial dim innermost first, as cuTensorMapEncodeIm2col takes them."""
+    rank = len(shape) - 2
+    assert 1 <= rank <= 3 and len(lower) == len(upper) == len(strides) == rank, "an im2col map is 3-, 4- or 5-D"
+    out = np.zeros(32, np.int32)  # 19 fields at most: 32-bit ones fit 128 bytes
+    fields = (IM2COL_MAGIC, binding, rank, pixels, channels, *shape, *lower, *upper, *strides)
+    out[: len(fields)] = fields
     return out.view(np.uint8)
+
+
+# PTX ISA / cuTensorMapEncodeIm2col: the corners' range by the tensor's rank (3-D 16 bits, 4-D 8, 5-D 5, signed)
+CORNER_BITS = {1: 16, 2: 8, 3: 5}
 
 
 def d_fragment(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -285,29 +297,43 @@ class _Hopper(_Block):
 
     def _land_im2col(self, dst: int, tmap: int, coords: list[int], offsets: list[int], bar: int) -> None:
         """TMA im2col (PTX ISA "im2col mode"): ``pixels`` rows of ``channels`` channels, the pixels walked
-        from ``coords`` (c, w, h, n) through each image's bounding box at the traversal strides (W, then H,
-        then N), each read at its position plus the im2col offsets (w, h); zero outside the tensor."""
+        from ``coords`` (c, then the spatial dims innermost first, then n) through each image's bounding box at
+        the traversal strides (W, then H, then D, then N), each read at its position plus the im2col offsets
+        (one a spatial dim, innermost first); zero outside the tensor."""
         mem, offset = self._global(tmap)
-        fields = mem[offset : offset + 128].view(np.int64)
-        magic, binding, n, h, w, c, lw, lh, uw, uh, sw, sh, pixels, channels = (int(v) for v in fields[:14])
+        fields = [int(v) for v in mem[offset : offset + 128].view(np.int32)]
+        magic, binding, rank, pixels, channels = fields[:5]
         assert magic == IM2COL_MAGIC, "an im2col TMA through something that is not an im2col tensor map"
         assert dst % 1024 == 0, f"TMA box at {dst}: a 128-byte swizzled tile must be 1024-aligned"
-        assert len(coords) == 4 and len(offsets) == 2, "a 4-D im2col load takes (c, w, h, n) and (w, h) offsets"
+        shape = fields[5 : 7 + rank]  # n, spatial outermost first, c
+        lower, upper, strides = (fields[7 + rank + i * rank : 7 + rank + (i + 1) * rank] for i in range(3))
+        assert len(coords) == rank + 2 and len(offsets) == rank, (
+            f"a {rank + 2}-D im2col load takes {rank + 2} coordinates and {rank} offsets"
+        )
+        bits = CORNER_BITS[rank]
+        assert all(-(1 << bits - 1) <= v < 1 << bits - 1 for v in (*lower, *upper)), f"corners {lower} {upper}"
         src = self.bindings[binding]
-        c0, pw, ph, img = coords
-        off_w, off_h = (np.int16(v) for v in offsets)  # the instruction's offsets are 16-bit
-        assert lw <= pw <= w - 1 + uw and lh <= ph <= h - 1 + uh, f"im2col start ({pw}, {ph}) outside the box"
+        n, *spatial, c = shape
+        size = spatial[::-1]  # innermost first, as coords and offsets
+        c0, pos, img = coords[0], list(coords[1:-1]), coords[-1]
+        off = [int(np.int16(v)) for v in offsets]  # the instruction's offsets are 16-bit
+        assert all(0 <= v < 1 << bits for v in off), f"im2col offsets {off} past {bits} bits"
+        assert all(lo <= v <= dim - 1 + up for v, lo, dim, up in zip(pos, lower, size, upper)), (
+            f"im2col start {pos} outside the box"
+        )
         box = np.zeros((pixels, channels), np.float32)
         for p in range(pixels):
-            y, x = ph + int(off_h), pw + int(off_w)
-            if 0 <= img < n and 0 <= y < h and 0 <= x < w:
+            at = [v + o for v, o in zip(pos, off)]
+            if 0 <= img < n and all(0 <= v < dim for v, dim in zip(at, size)):
                 hi = min(c0 + channels, c)
-                box[p, : hi - c0] = src[img, y, x, c0:hi]
-            pw += sw
-            if pw > w - 1 + uw:
-                pw, ph = lw, ph + sh
-                if ph > h - 1 + uh:
-                    ph, img = lh, img + 1
+                box[p, : hi - c0] = src[(img, *at[::-1], slice(c0, hi))]
+            for i in range(rank):  # the next position: the innermost dim first, carrying into the next
+                pos[i] += strides[i]
+                if pos[i] <= size[i] - 1 + upper[i]:
+                    break
+                pos[i] = lower[i]
+            else:
+                img += 1
         r, col = np.meshgrid(np.arange(pixels), np.arange(channels), indexing="ij")
         address = _swizzle128(dst + r * 2 * channels + 2 * col)
         self.shared[address - SHARED_BASE] = box
@@ -434,7 +460,7 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, in
 
 def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dtype=np.float32) -> np.ndarray:
     """dW ``[G, K, Y X C]`` (or its split partials) by the module's conv kernel (``geometry``: its
-    ``convbw_mlir.kernels.conv_sm90.ConvSm90``; dy ``[N Ho Wo, G K]``, x ``[N, H, W, G C]``)."""
+    ``convbw_mlir.kernels.conv_sm90.ConvSm90``; dy ``[N Ho Wo, G K]``, x ``[N, *spatial, G C]``)."""
     from sm80_emulator import _workgroup, collect_funcs
 
     from convbw_mlir.kernels.conv_sm90 import BOX, im2col_corners

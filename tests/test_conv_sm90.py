@@ -15,25 +15,25 @@ from convbw_mlir.problem import numpy_dtype
 
 
 def reference(dy: np.ndarray, x: np.ndarray, g: ConvSm90) -> np.ndarray:
-    """dW ``[G, K, Y X C]`` in float64, straight from the definition."""
-    d = dy.astype(np.float64).reshape(g.n, g.ho, g.wo, g.groups, g.k)
-    xp = np.zeros((g.n, g.h + 2 * g.pad[0] + 64, g.w + 2 * g.pad[1] + 64, g.groups, g.c))
-    xp[:, g.pad[0] : g.pad[0] + g.h, g.pad[1] : g.pad[1] + g.w] = x.astype(np.float64).reshape(
-        *x.shape[:3], g.groups, g.c
-    )
-    (sh, sw), (dh, dw) = g.stride, g.dilation
-    out = np.zeros((g.groups, g.k, g.fy, g.fx, g.c))
-    for y in range(g.fy):
-        for xx in range(g.fx):
-            patch = xp[:, y * dh : y * dh + sh * g.ho : sh, xx * dw : xx * dw + sw * g.wo : sw]
-            out[:, :, y, xx] = np.einsum("nhwgk,nhwgc->gkc", d, patch)
+    """dW ``[G, K, *filter, C]`` flattened to ``[G, K, taps C]`` in float64, straight from the definition (any rank)."""
+    d = dy.astype(np.float64).reshape(g.n, *g.out, g.groups, g.k)
+    xp = np.zeros((g.n, *(s + 2 * p + 64 for s, p in zip(g.spatial, g.pad)), g.groups, g.c))
+    inside = tuple(slice(p, p + s) for s, p in zip(g.spatial, g.pad))
+    xp[(slice(None), *inside)] = x.astype(np.float64).reshape(g.n, *g.spatial, g.groups, g.c)
+    out = np.zeros((g.groups, g.k, *g.filter, g.c))
+    letters = "dhw"[3 - g.rank :]
+    for tap in np.ndindex(*g.filter):
+        window = tuple(slice(f * dl, f * dl + s * o, s) for f, dl, s, o in zip(tap, g.dilation, g.stride, g.out))
+        out[(slice(None), slice(None), *tap)] = np.einsum(
+            f"n{letters}gk,n{letters}gc->gkc", d, xp[(slice(None), *window)]
+        )
     return out.reshape(g.groups, g.k, -1)
 
 
 def emulated(g: ConvSm90, dtype: str = "f16", out: str = "f32", seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     dy = rng.standard_normal((g.reduction, g.groups * g.k)).astype(numpy_dtype(dtype))
-    x = rng.standard_normal((g.n, g.h, g.w, g.groups * g.c)).astype(numpy_dtype(dtype))
+    x = rng.standard_normal((g.n, *g.spatial, g.groups * g.c)).astype(numpy_dtype(dtype))
     with new_context(), ir.Location.unknown():
         module = conv_module(g, dtype, out)
         c = run_conv(module, dy, x, g, numpy_dtype(out))
@@ -75,6 +75,53 @@ def test_conv_weight_gradient_matches_float64_under_emulation(geometry, note):
     assert _error(c, ref) < 1e-6, note
 
 
+@pytest.mark.parametrize(
+    ("geometry", "note"),
+    [
+        # 1-D (a 3-D im2col map, one offset): stride 2, dilation 2, pad 3 (wav2vec2 / Whisper / TCN's kinds); 105
+        # positions: k tiles cross images
+        (dict(n=3, h=1, w=70, c=64, k=64, fy=1, fx=3, ho=1, wo=35, stride=(2,), dilation=(2,), pad=(3,)), "1-D"),
+        # 3-D (a 5-D map, three offsets): a 2x2x2 filter, stride (1, 2, 1), depth dilation 2 and uneven pads: taps
+        # differ in every dim, k tiles cross rows, planes and images; 2 groups, 2 splits
+        (
+            dict(
+                n=2,
+                d=5,
+                h=5,
+                w=4,
+                c=64,
+                k=40,
+                fz=2,
+                fy=2,
+                fx=2,
+                do=3,
+                ho=3,
+                wo=5,
+                stride=(1, 2, 1),
+                dilation=(2, 1, 1),
+                pad=(0, 1, 1),
+                groups=2,
+                splits=2,
+            ),
+            "3-D",
+        ),  # fmt: skip
+    ],
+)
+def test_1d_and_3d_weight_gradients_match_float64_under_emulation(geometry, note):
+    g = ConvSm90(**geometry, tiling=SMALL)
+    c, ref = emulated(g)
+    assert not np.isnan(c).any(), note
+    assert _error(c, ref) < 1e-6, note
+
+
+def test_3d_bf16_weight_gradient_of_an_r3d_layer_shape_matches_float64():
+    # R3D-18 layer3's strided 3x3x3 (pad 1, stride 2) on a small clip, dW in bf16
+    g = ConvSm90(n=1, d=4, h=5, w=5, c=64, k=64, fz=3, fy=3, fx=3, do=2, ho=3, wo=3, stride=(2, 2, 2),
+                 dilation=(1, 1, 1), pad=(1, 1, 1), tiling=SMALL)  # fmt: skip
+    c, ref = emulated(g, "bf16", "bf16")
+    assert not np.isnan(c).any() and _error(c, ref) < 1e-2
+
+
 def test_persistent_grid_carries_the_ring_across_units_of_uneven_length():
     # 5 column tiles x 3 splits (k tiles 3, 3, 1) = 15 units on 4 workgroups: 4, 4, 4 and 3 units each, the
     # ring of a 2-stage pipeline running on across them (its phases depend on every earlier unit's length)
@@ -98,6 +145,16 @@ def test_im2col_box_spans_exactly_the_output_positions():
     assert len(range(lw, g.w + uw, 2)) == g.wo and len(range(lh, g.h + uh, 2)) == g.ho
 
 
+def test_im2col_box_of_a_3d_convolution_spans_the_output_in_every_dim():
+    # innermost first: (w, h, d); each walked at its stride visits the output's positions
+    g = ConvSm90(n=1, d=8, h=28, w=27, c=64, k=64, fz=3, fy=3, fx=3, do=4, ho=14, wo=14, stride=(2, 2, 2),
+                 dilation=(1, 1, 1), pad=(1, 1, 1))  # fmt: skip
+    lower, upper = im2col_corners(g)
+    assert lower == (-1, -1, -1) and len(upper) == 3
+    for lo, up, size, s, o in zip(lower, upper, g.spatial[::-1], g.stride[::-1], g.out[::-1]):
+        assert len(range(lo, size + up, s)) == o
+
+
 def test_mn_major_descriptor_fields():
     d = descriptor_mn(0x1400, 8192)
     assert (d & 0x3FFF, (d >> 16) & 0x3FFF, (d >> 32) & 0x3FFF, d >> 62) == (0x140, 512, 64, 1)
@@ -109,6 +166,8 @@ def test_mn_major_descriptor_fields():
         (dict(c=48), "in_channels: 48"),
         (dict(k=100), "out_channels: 100"),
         (dict(splits=100), "splits: 100"),
+        (dict(stride=(1, 1, 1)), "stride: "),  # a 3-D stride needs 3-D dilation and pad
+        (dict(d=2, stride=(1, 1), dilation=(1, 1), pad=(0, 0)), "d: 2"),  # depth in a 2-D convolution
     ],
 )
 def test_conv_geometry_refuses_what_the_kernel_cannot_take(fields, message):
@@ -132,13 +191,42 @@ def test_policy_takes_a_channels_last_2d_layer_of_one_group_or_of_64_channel_gro
 
 
 @pytest.mark.parametrize(
+    "line",
+    [
+        "1 1 8 512 512 3 3199 2 1 0 0",  # wav2vec2's conv1 (1-D, stride 2)
+        "1 1 4 128 128 3 8000 1 4 4 4",  # a TCN layer (1-D, dilation 4)
+        "3 1 8 256 128 3 3 3 8 28 28 2 2 2 1 1 1 1 1 1 1 1 1",  # R3D-18 layer3's strided 3x3x3
+        "3 1 8 144 64 1 3 3 16 56 56 1 1 1 1 1 1 0 1 1 0 1 1",  # R(2+1)D's spatial 1x3x3
+    ],
+)
+def test_policy_takes_the_1d_and_3d_classes_layers_with_64_channel_multiples(line):
+    from convbw_mlir.policies import sm90
+
+    assert sm90.refusals(_problem(line)) == []
+
+
+def test_tensor_maps_of_a_3d_problem_are_a_5d_im2col_map_with_3_corners():
+    from convbw_mlir.cuda_launch import TensorMap
+    from convbw_mlir.policies import sm90
+
+    p = _problem("3 1 8 256 128 3 3 3 8 28 28 2 2 2 1 1 1 1 1 1 1 1 1")
+    dy, x = (TensorMap(**m) for m in sm90.tensor_maps(p, "k"))
+    assert dy.dims == (256, 8 * 4 * 14 * 14) and x.mode == "im2col"
+    assert x.dims == (128, 28, 28, 8, 8) and x.strides == (256, 256 * 28, 256 * 28 * 28, 256 * 28 * 28 * 8)
+    assert x.element_strides == (1, 2, 2, 2, 1) and x.lower == (-1, -1, -1) and x.upper == (-2, -2, -2)
+
+
+@pytest.mark.parametrize(
     ("line", "fields", "reason"),
     [
         ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {"layout": 4}, "layout: "),
         ("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}, "in_channels: 4"),  # ResNeXt's thin groups
         ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}, "in_channels: 3"),
         ("2 1 64 100 256 3 3 56 56 1 1 1 1 1 1 1 1", {}, "out_channels: 100"),
-        ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 1 1 1 1 1 1", {}, "rank: 3"),
+        # a 5-D im2col map's corners are 5-bit: pad 20 is past them
+        ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 20 1 1 20 1 1", {}, "pad: "),
+        # a traversal stride of 16 (a 16x16 patchify) is past the map's elementStrides (at most 8)
+        ("2 1 8 64 64 16 16 224 224 16 16 1 1 0 0 0 0", {}, "stride: "),
         ("2 1 64 256 256 3 3 56 56 1 1 1 1 1 1 1 1", {"dtype": "f32", "dw_dtype": "f32"}, "dtype: f32"),
     ],
 )

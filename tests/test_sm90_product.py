@@ -41,6 +41,28 @@ def test_plan_on_sm90a_is_the_wgmma_kernel_for_problems_its_policy_takes(line):
     assert not sm90.is_sm90(decide(p, "sm_80"))  # other targets: unchanged
 
 
+@pytest.mark.parametrize(
+    "line",
+    ["3 1 8 256 128 3 3 3 8 28 28 2 2 2 1 1 1 1 1 1 1 1 1", "1 1 16 512 512 3 3000 2 1 1 1"],  # R3D-18, Whisper
+)
+def test_plan_on_sm90a_is_the_wgmma_kernel_for_1d_and_3d_layers_too(line):
+    p = _problem(line)
+    plan = decide(p, "sm_90a")
+    assert sm90.is_sm90(plan), plan
+    bn, splits = sm90.choose(p.out_channels, p.in_channels * int(np.prod(p.filter_size)),
+                             p.batch * int(np.prod(p.output_size)), groups=p.groups)  # fmt: skip
+    assert (plan.tile.n, plan.k_batch) == (bn, splits)
+
+
+@pytest.mark.parametrize(
+    ("line", "layout"), [(RESNET_3X3, 4), (RESNET_3X3, 0), ("3 1 2 64 64 3 3 3 4 6 6 1 1 1 1 1 1 1 1 1 1 1 1", 4)]
+)
+def test_plan_on_sm90a_computes_a_layout_4_or_0_problems_transposed_copies_with_the_wgmma_kernel(line, layout):
+    """The launcher encodes the maps on whatever its bindings hold at launch, the transient's copies too."""
+    plan = decide(_problem(line, layout=layout), "sm_90a")
+    assert plan.channels_last and sm90.is_sm90(plan), plan
+
+
 def test_sm90a_plan_round_trips_through_json_and_keys_its_own_cache_entry():
     p = _problem(RESNET_3X3)
     plan = decide(p, "sm_90a")
@@ -55,8 +77,8 @@ def test_sm90a_plan_round_trips_through_json_and_keys_its_own_cache_entry():
 
 @pytest.mark.parametrize(
     ("line", "fields"),
-    [(RESNET_3X3, {"layout": 4}), ("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}),
-     ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}), ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 1 1 1 1 1 1", {})],
+    [("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}),
+     ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}), ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 20 1 1 20 1 1", {})],
 )  # fmt: skip
 def test_plan_on_sm90a_keeps_the_sm80_plan_for_problems_the_policy_refuses(line, fields, monkeypatch):
     p = _problem(line, **fields)
@@ -145,6 +167,16 @@ def test_launcher_encodes_each_map_for_the_bound_address_as_bench_hopper_conv_di
                             64, 64, [1, 1, 1, 1], (0, 3, 3, 0))  # fmt: skip
 
 
+def test_launcher_encodes_a_3d_problems_x_as_a_5d_im2col_map_with_three_corners():
+    p = _problem("3 1 2 64 64 3 3 3 4 6 6 1 2 2 1 1 1 1 1 1 1 1 1")  # stride (1, 2, 2)
+    _, x = (TensorMap(**m) for m in sm90.tensor_maps(p, "k0"))
+    lib = _FakeDriver()
+    encode_tensor_map(lib, x, 0x2000)
+    # (c, w, h, d, n); corners and strides innermost first: w and h strided by 2, d by 1
+    assert lib.calls[0] == ("im2col", 6, 5, 0x2000, [64, 6, 6, 4, 2], [128, 128 * 6, 128 * 36, 128 * 144],
+                            [-1, -1, -1], [-2, -2, -1], 64, 64, [1, 2, 2, 1, 1], (0, 3, 3, 0))  # fmt: skip
+
+
 # -- compiled: the artifact and the IREE runtime's refusal ------------------------------------------------------
 @pytest.fixture(scope="module")
 def sm90_op():
@@ -165,6 +197,30 @@ def test_sm90a_artifact_carries_its_tensor_maps_for_the_kernel_the_schedule_laun
     assert dispatch.bindings[2][0] == "transient"  # the maps binding: the launcher binds its own buffer there
     loaded = CompiledOp.load(sm90_op.save(tmp_path / "op"))
     assert loaded.launch.tensor_maps == launch.tensor_maps and loaded.plan == sm90_op.plan
+
+
+def test_3d_sm90a_artifact_binds_x_as_it_is_and_records_a_5d_im2col_map():
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    p = _problem("3 1 2 64 64 3 3 3 4 6 6 1 1 1 1 1 1 1 1 1 1 1 1")
+    op = build_op(p, get_target("sm_90a"), output_arg=True)
+    assert sm90.is_sm90(op.plan) and op.launch.refused is None, op.launch.refused
+    dy, x = op.launch.tensor_maps
+    assert x.mode == "im2col" and x.dims == (64, 6, 6, 4, 2) and len(x.lower) == 3
+    assert "tensor<2x4x6x6x64xf16>" in op.stages["linalg"]  # x dispatched as it is: N D H W (G C)
+
+
+def test_layout_4_sm90a_artifact_records_the_maps_on_the_transposed_copies_in_the_transient():
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    op = build_op(_problem(TINY, layout=4), get_target("sm_90a"), output_arg=True)
+    assert sm90.is_sm90(op.plan) and op.plan.channels_last and op.launch.refused is None, op.launch.refused
+    (kernel,) = [d for d in op.launch.dispatches if d.kernel == op.launch.tensor_maps[0].kernel]
+    # dy and x: the transposes' outputs (regions of the transient), which the launcher's maps then describe
+    assert kernel.bindings[0][0] == kernel.bindings[1][0] == "transient"
+    assert [m.binding for m in op.launch.tensor_maps] == [0, 1]
 
 
 def test_split_sm90a_artifact_launches_its_partials_and_stage_2_from_one_transient():
@@ -247,6 +303,7 @@ def test_tuner_builds_sm90a_variants_with_an_output_argument_and_ships_their_lau
 @pytest.mark.parametrize(
     ("capability", "line", "target"),
     [((9, 0), RESNET_3X3, "sm_90a"), ((9, 0), "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", "sm_80"),
+     ((9, 0), "3 1 8 256 128 3 3 3 8 28 28 2 2 2 1 1 1 1 1 1 1 1 1", "sm_90a"),  # a 3-D layer: the same kernel
      ((8, 0), RESNET_3X3, "sm_80"), ((8, 9), RESNET_3X3, "sm_89"), ((10, 0), RESNET_3X3, "sm_80")],
 )  # fmt: skip
 def test_torch_entry_picks_sm90a_on_compute_capability_9_0_where_the_kernel_takes_the_problem(

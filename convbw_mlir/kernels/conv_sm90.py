@@ -1,13 +1,16 @@
-"""The sm_90a weight gradient of a channels-last 2-D convolution: the Hopper GEMM's pipeline on an implicit GEMM.
+"""The sm_90a weight gradient of a channels-last 1-, 2- or 3-D convolution: the Hopper GEMM's pipeline on an
+implicit GEMM.
 
-Layout 2 (x NHWGC, dy NHWGK, dW GKYXC) is per group, as for the sm_80 kernel, ``dW[k, j] = sum_r dy[r, k] *
-x[n, ho s + y d - p, wo s + x d - p, c]`` with ``j = (y X + x) C + c`` and ``r = (n, ho, wo)``. Both operands
-are reduction-outer, so both reach ``wgmma`` **MN-major** (the transpose bits of 16-bit wgmma): a k tile
-of 64 reduction rows is, in shared memory, 64 rows of 128 bytes (64 channels) per operand box, swizzled
+Layout 2 (x NHWGC, dy NHWGK, dW GKYXC; 1-D NWGC, 3-D NDHWGC) is per group, as for the sm_80 kernel, ``dW[k, j] =
+sum_r dy[r, k] * x[n, ho s + y d - p, wo s + x d - p, c]`` with ``j = (y X + x) C + c`` and ``r = (n, ho, wo)``
+(the 2-D case; 3-D adds the depth ``z`` before ``y`` and ``do`` before ``ho``, 1-D keeps ``x`` and ``wo`` only).
+Both operands are reduction-outer, so both reach ``wgmma`` **MN-major** (the transpose bits of 16-bit wgmma): a k
+tile of 64 reduction rows is, in shared memory, 64 rows of 128 bytes (64 channels) per operand box, swizzled
 in 1024-byte atoms of 8 rows, exactly what a TMA box with the 128-byte swizzle writes.
 
 - **dy** is the plain 2-D ``[N Ho Wo, K]`` matrix: a tiled TMA map, box ``64 r x 64 k``, one box a consumer.
-- **x** goes by TMA's **im2col** mode (``cp.async.bulk.tensor.4d.im2col``): the map covers ``[N, H, W, C]``
+- **x** goes by TMA's **im2col** mode (``cp.async.bulk.tensor.4d.im2col``; 1-D: ``.3d`` over ``[N, W, C]``,
+  3-D: ``.5d`` over ``[N, D, H, W, C]``, one 16-bit im2col offset a spatial dim): the map covers ``[N, H, W, C]``
   with the bounding box ``[-p, H - 1 + p - (Y - 1) d]`` per image (``Ho`` positions at the traversal
   stride ``s``: cuTensorMapEncodeIm2col's corners and elementStrides), and one load walks 64 consecutive
   output positions ``r0 .. r0 + 63`` across rows and images (W, then H, then N), adding the tap's offset
@@ -28,7 +31,9 @@ The rest is gemm_sm90's: a producer warpgroup, ``consumers`` wgmma warpgroups, a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, llvm, nvvm, scf, vector
@@ -52,7 +57,7 @@ from convbw_mlir.kernels.gemm_sm90 import (
     _zero_acc,
 )
 
-__all__ = ["BOX", "ConvSm90", "conv_entry", "conv_module", "descriptor_mn", "im2col_corners"]
+__all__ = ["BOX", "ConvSm90", "conv_entry", "conv_module", "descriptor_mn", "from_problem", "im2col_corners"]
 
 BOX = 64  # channels of one TMA box: a 128-byte swizzled row of 16-bit elements
 ATOM_ROWS = 8  # reduction rows of one 1024-byte swizzle atom
@@ -64,10 +69,13 @@ class ConvSm90:
 
     Attributes:
         n, h, w, c: x's sizes (NHWC); k: output channels; fy, fx: filter; ho, wo: dy's spatial sizes.
-        stride, dilation, pad: (h, w) pairs (pad: the low side; the high side follows from ``ho, wo``).
+        stride, dilation, pad: one value a spatial dim, outermost first: ``(h, w)`` for 2-D, ``(w,)`` for 1-D
+            (``h = fy = ho = 1``), ``(d, h, w)`` for 3-D (pad: the low side; the high side follows from the
+            output's sizes); their length is the convolution's rank.
         tiling: the GEMM tiling (``bn`` a multiple of 64: that many im2col boxes a stage).
         splits: split-K slices of the k tiles (grid z); > 1 writes f32 partials ``[splits, G, K, Y X C]``.
         groups: G; c and k are a group's channels.
+        d, fz, do: 3-D's depth of x, of the filter and of dy (1 below 3-D).
     """
 
     n: int
@@ -85,8 +93,22 @@ class ConvSm90:
     tiling: Sm90Tiling = Sm90Tiling()
     splits: int = 1
     groups: int = 1
+    d: int = 1
+    fz: int = 1
+    do: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("stride", "dilation", "pad"):
+            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+        rank = len(self.stride)
+        if rank not in (1, 2, 3) or len(self.dilation) != rank or len(self.pad) != rank:
+            raise ValueError(f"stride: {self.stride}, dilation: {self.dilation}, pad: {self.pad} (one value a "
+                             "spatial dim, 1 to 3 of them)")  # fmt: skip
+        flat = {"d": self.d, "fz": self.fz, "do": self.do} if rank < 3 else {}
+        flat.update({"h": self.h, "fy": self.fy, "ho": self.ho} if rank == 1 else {})
+        for name, v in flat.items():
+            if v != 1:
+                raise ValueError(f"{name}: {v} (1 in a {rank}-D convolution)")
         if self.c % BOX:
             raise ValueError(f"in_channels: {self.c} (the sm_90a kernel takes C a multiple of {BOX})")
         if self.k % 8:  # dy's rows: a multiple of 16 bytes (TMA's global strides)
@@ -99,13 +121,33 @@ class ConvSm90:
             raise ValueError(f"splits: {self.splits} leave the last one empty ({self.ktiles} k tiles)")
 
     @property
+    def rank(self) -> int:
+        """Spatial dims: 1, 2 or 3."""
+        return len(self.stride)
+
+    @property
+    def spatial(self) -> tuple[int, ...]:
+        """x's spatial sizes, outermost first (``(h, w)``, ``(w,)``, ``(d, h, w)``)."""
+        return (self.d, self.h, self.w)[3 - self.rank :]
+
+    @property
+    def filter(self) -> tuple[int, ...]:
+        """The filter's sizes, outermost first."""
+        return (self.fz, self.fy, self.fx)[3 - self.rank :]
+
+    @property
+    def out(self) -> tuple[int, ...]:
+        """dy's spatial sizes, outermost first."""
+        return (self.do, self.ho, self.wo)[3 - self.rank :]
+
+    @property
     def reduction(self) -> int:
-        return self.n * self.ho * self.wo
+        return self.n * math.prod(self.out)
 
     @property
     def columns(self) -> int:
-        """dW's columns ``Y X C`` (the GEMM's N)."""
-        return self.fy * self.fx * self.c
+        """dW's columns ``Y X C`` (``Z Y X C``, ``X C``: the GEMM's N)."""
+        return math.prod(self.filter) * self.c
 
     @property
     def ktiles(self) -> int:
@@ -137,15 +179,27 @@ class ConvSm90:
         return 2 * self.k * self.columns * self.reduction
 
 
-def im2col_corners(g: ConvSm90) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The im2col map's bounding box per image, (w, h) innermost first (cuTensorMapEncodeIm2col's
-    pixelBoxLowerCorner / UpperCorner): from ``-p`` to ``dim - 1 + p - (F - 1) d``, so that walking it at
-    the stride visits exactly ``Wo`` (``Ho``) positions, the output's."""
-    (sh, sw), (ph, pw) = g.stride, g.pad
-    lower = (-pw, -ph)
-    # the last output position's pixel, (wo - 1) s - p, is the box's upper end, dim - 1 + upper
-    upper = ((g.wo - 1) * sw - pw - (g.w - 1), (g.ho - 1) * sh - ph - (g.h - 1))
+def im2col_corners(g: ConvSm90) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The im2col map's bounding box per image, one value a spatial dim innermost first (``(w, h)``; ``(w,)``;
+    ``(w, h, d)``: cuTensorMapEncodeIm2col's pixelBoxLowerCorner / UpperCorner): from ``-p`` to ``dim - 1 + p -
+    (F - 1) d``, so that walking it at the stride visits exactly the output's positions."""
+    inner = list(zip(g.spatial, g.out, g.stride, g.pad))[::-1]
+    lower = tuple(-p for _, _, _, p in inner)
+    # the last output position's pixel, (o - 1) s - p, is the box's upper end, dim - 1 + upper
+    upper = tuple((o - 1) * s - p - (size - 1) for size, o, s, p in inner)
     return lower, upper
+
+
+def from_problem(problem: Any, tiling: Sm90Tiling | None = None, splits: int = 1) -> ConvSm90:
+    """The kernel's numbers for a layout-2 ``problem`` (a ``ConvBwdWeightProblem`` of rank 1, 2 or 3; ``tiling``:
+    the default :class:`Sm90Tiling` unless given)."""
+    pad = (1,) * (3 - problem.rank)
+    d, h, w = (*pad, *problem.input_size)
+    fz, fy, fx = (*pad, *problem.filter_size)
+    do, ho, wo = (*pad, *problem.output_size)
+    return ConvSm90(problem.batch, h, w, problem.in_channels, problem.out_channels, fy, fx, ho, wo,
+                    tuple(problem.stride), tuple(problem.dilation), tuple(problem.pad_low),
+                    tiling or Sm90Tiling(), splits, problem.groups, d, fz, do)  # fmt: skip
 
 
 def descriptor_mn(address: int, lead: int) -> int:
@@ -159,8 +213,8 @@ def descriptor_mn(address: int, lead: int) -> int:
 
 def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90") -> KernelEntry:
     """The kernel's launch: grid (N tiles, M tiles, groups x splits), bindings dy ``[N Ho Wo, G K]``, x
-    ``[N, H, W, G C]``, maps (dy's then x's CUtensorMap), dW ``[G, K, Y X C]`` (or its f32 partials
-    ``[splits, G, K, Y X C]``)."""
+    ``[N, H, W, G C]`` (``[N, W, G C]``, ``[N, D, H, W, G C]``), maps (dy's then x's CUtensorMap), dW ``[G, K,
+    Y X C]`` (or its f32 partials ``[splits, G, K, Y X C]``)."""
     c_shape = [g.groups, g.k, g.columns] if g.splits == 1 else [g.splits, g.groups, g.k, g.columns]
     return KernelEntry(
         executable=name,
@@ -170,7 +224,7 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
         subgroup_size=32,
         bindings=(
             ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
-            ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
+            ir.MemRefType.get([g.n, *g.spatial, g.groups * g.c], elem),
             ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
             ir.MemRefType.get(c_shape, out if g.splits == 1 else ir.F32Type.get()),
         ),
@@ -181,8 +235,8 @@ def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, 
               count: ir.Value, ring: ir.Value, group: ir.Value) -> None:  # fmt: skip
     """One thread's loop over the split's k tiles ``first .. first + count - 1``: wait for the slot's
     empty phase, announce the bytes, then per consumer a 64 x 64 dy box and per 64 columns an im2col box
-    of x (its tap's offsets, from the 64 output positions of the k tile). ``ring``: the workgroup's k tiles
-    before this unit's (index; a persistent workgroup's ring runs on across its units)."""
+    of x (its tap's offsets, one a spatial dim, from the 64 output positions of the k tile). ``ring``: the
+    workgroup's k tiles before this unit's (index; a persistent workgroup's ring runs on across its units)."""
     t = g.tiling
     map_dy, map_x = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
     cluster = ir.Type.parse("!llvm.ptr<7>")
@@ -192,12 +246,10 @@ def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, 
     taps = []
     for j in range(t.bn // BOX):
         col = arith.remui(arith.addi(n0, b.c(BOX * j)), b.c(g.columns))
-        tap = arith.divui(col, b.c(g.c))
         c0 = arith.addi(arith.muli(group, b.c(g.c)), arith.remui(col, b.c(g.c)))  # the group's channels
-        ty, tx = arith.divui(tap, b.c(g.fx)), arith.remui(tap, b.c(g.fx))
-        off_w = arith.trunci(i16, arith.muli(tx, b.c(g.dilation[1])))
-        off_h = arith.trunci(i16, arith.muli(ty, b.c(g.dilation[0])))
-        taps.append((c0, off_w, off_h))
+        # the tap's im2col offsets, innermost dim first: its filter position times the dilation
+        at = _digits(b, arith.divui(col, b.c(g.c)), g.filter)
+        taps.append((c0, [arith.trunci(i16, arith.muli(f, b.c(dil))) for f, dil in zip(at, g.dilation[::-1])]))
     loop = scf.ForOp(arith.constant(b.index, 0), arith.index_cast(b.index, count), arith.constant(b.index, 1))
     with ir.InsertionPoint(loop.body):
         i = loop.induction_variable
@@ -211,18 +263,25 @@ def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, 
             dst = llvm.addrspacecast(cluster, b.ptr(arith.addi(a, b.c(cons * WGMMA_M * SWIZZLE_BYTES)), 3))
             row = arith.addi(arith.addi(arith.muli(group, b.c(g.k)), m0), b.c(cons * WGMMA_M))
             nvvm.cp_async_bulk_tensor_shared_cluster_global(dst, map_dy, [row, r0], full_p, [])
-        # the k tile's first output position (n, ho, wo) -> its pixel in the bounding box
-        hw = g.ho * g.wo
-        img, pos = arith.divui(r0, b.c(hw)), arith.remui(r0, b.c(hw))
-        ho, wo = arith.divui(pos, b.c(g.wo)), arith.remui(pos, b.c(g.wo))
-        w0 = arith.subi(arith.muli(wo, b.c(g.stride[1])), b.c(g.pad[1]))
-        h0 = arith.subi(arith.muli(ho, b.c(g.stride[0])), b.c(g.pad[0]))
-        for j, (c0, off_w, off_h) in enumerate(taps):
+        # the k tile's first output position (n, (do,) ho, wo) -> its pixel in the bounding box, innermost first
+        per_image = math.prod(g.out)
+        img, pos = arith.divui(r0, b.c(per_image)), arith.remui(r0, b.c(per_image))
+        at = _digits(b, pos, g.out)
+        pixel = [arith.subi(arith.muli(o, b.c(s)), b.c(p)) for o, s, p in zip(at, g.stride[::-1], g.pad[::-1])]
+        for j, (c0, offsets) in enumerate(taps):
             dst = llvm.addrspacecast(cluster, b.ptr(arith.addi(bb, b.c(j * t.bk * SWIZZLE_BYTES)), 3))
-            nvvm.cp_async_bulk_tensor_shared_cluster_global(
-                dst, map_x, [c0, w0, h0, img], full_p, [off_w, off_h], mode=mode
-            )
+            nvvm.cp_async_bulk_tensor_shared_cluster_global(dst, map_x, [c0, *pixel, img], full_p, offsets, mode=mode)
         scf.YieldOp([])
+
+
+def _digits(b: _B, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
+    """``value`` (i32, below ``prod(sizes)``) as its mixed-radix digits over ``sizes`` (outermost first),
+    innermost first (a tap's filter position, an output position)."""
+    out = []
+    for size in sizes[::-1]:
+        out.append(arith.remui(value, b.c(size)) if size > 1 else b.c(0))
+        value = arith.divui(value, b.c(size)) if size > 1 else value
+    return out
 
 
 def _wgmma(b: _B, g: ConvSm90, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value, elem: str) -> ir.Value:
@@ -389,8 +448,8 @@ def _units(b: _B, g: ConvSm90):
 
 
 def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
-    """``@main(dy: [N Ho Wo, K], x: [N, H, W, C], maps: 256 x i8) -> dW [K, Y X C]`` (or its partials)
-    dispatching the kernel (in the current context)."""
+    """``@main(dy: [N Ho Wo, K], x: [N, H, W, C] (1-D: [N, W, C], 3-D: [N, D, H, W, C]), maps: 256 x i8) -> dW
+    [K, Y X C]`` (or its partials) dispatching the kernel (in the current context)."""
     from iree.compiler.dialects import func
 
     from convbw_mlir.kernels.entry import build_dispatch

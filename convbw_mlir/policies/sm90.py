@@ -40,6 +40,11 @@ MAX_SPLITS = 32
 STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
 WGMMA = "NV_WGMMA_F32_64x{n}x16_{t}"  # the plan's name of the kernel's instruction (the tile marks the kernel)
 MAPS_BYTES = 256  # the maps binding: dy's CUtensorMap, then x's (128 bytes each)
+# by convolution rank: the bits of an im2col map's corners (signed) and offsets (unsigned): 3-D maps 16, 4-D 8,
+# 5-D 5 (PTX ISA "Im2col mode"; cuTensorMapEncodeIm2col's corner ranges); a tap's offset, (F - 1) d <= p - upper,
+# fits its bits wherever both corners fit theirs
+IM2COL_BITS = {1: 16, 2: 8, 3: 5}
+MAX_TRAVERSAL_STRIDE = 8  # cuTensorMapEncodeIm2col's elementStrides: at most 8
 
 
 def refusals(problem: Any, plan: Plan | None = None) -> list[str]:
@@ -59,8 +64,10 @@ def _problem_refusals(problem: Any) -> list[str]:
     fam = problem.layout_family
     if (fam.x, fam.w) != ("NHWGC", "GKYXC"):
         why.append(f"layout: {problem.layout} (the sm_90a kernel takes layout 2, NHWGC/GKYXC/NHWGK)")
-    if problem.rank != 2:
-        why.append(f"rank: {problem.rank} (the sm_90a kernel's im2col map is 2-D)")
+    if problem.rank not in IM2COL_BITS:
+        why.append(f"rank: {problem.rank} (the sm_90a kernel's im2col maps are 3- to 5-D: 1- to 3-D convolutions)")
+    else:
+        why += _im2col_refusals(problem)
     if problem.dtype not in ("f16", "bf16"):
         why.append(f"dtype: {problem.dtype} (f16 or bf16)")
     elif problem.dw_dtype not in ("f32", problem.dtype):
@@ -71,6 +78,18 @@ def _problem_refusals(problem: Any) -> list[str]:
         why.append(f"out_channels: {problem.out_channels} (a group's: a multiple of 8, dy's 16-byte TMA rows)")
     if problem.epilogue is not None:
         why.append(f"epilogue: {problem.epilogue.kind} (the sm_90a kernel writes dW plain)")
+    return why
+
+
+def _im2col_refusals(problem: Any) -> list[str]:
+    """Why x's im2col map cannot be encoded or walked for ``problem`` (TMA's limits by the map's rank)."""
+    why, bits = [], IM2COL_BITS[problem.rank]
+    lower, upper = im2col_corners(problem)
+    if any(not -(1 << bits - 1) <= v < 1 << bits - 1 for v in (*lower, *upper)):
+        why.append(f"pad: {problem.pad_low} (the im2col box's corners {lower}, {upper} past the {bits}-bit range "
+                   f"of a {problem.rank + 2}-D map)")  # fmt: skip
+    if max(problem.stride) > MAX_TRAVERSAL_STRIDE:
+        why.append(f"stride: {problem.stride} (the im2col map's traversal strides: at most {MAX_TRAVERSAL_STRIDE})")
     return why
 
 
@@ -157,31 +176,32 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
 
 
 # -- what the launcher encodes ----------------------------------------------------------------------------
-def im2col_corners(problem: Any) -> tuple[tuple[int, int], tuple[int, int]]:
-    """x's im2col bounding box per image, (w, h) (cuTensorMapEncodeIm2col's pixelBoxLowerCorner /
-    UpperCorner): from ``-p`` to the last output position's pixel, ``dim - 1 + upper`` (as
+def im2col_corners(problem: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """x's im2col bounding box per image, one value a spatial dim innermost first (cuTensorMapEncodeIm2col's
+    pixelBoxLowerCorner / UpperCorner): from ``-p`` to the last output position's pixel, ``dim - 1 + upper`` (as
     ``convbw_mlir.kernels.conv_sm90.im2col_corners``)."""
-    (h, w), (ho, wo) = problem.input_size, problem.output_size
-    (sh, sw), (ph, pw) = problem.stride, problem.pad_low
-    return (-pw, -ph), ((wo - 1) * sw - pw - (w - 1), (ho - 1) * sh - ph - (h - 1))
+    inner = list(zip(problem.input_size, problem.output_size, problem.stride, problem.pad_low))[::-1]
+    lower = tuple(-p for _, _, _, p in inner)
+    return lower, tuple((o - 1) * s - p - (size - 1) for size, o, s, p in inner)
 
 
 def tensor_maps(problem: Any, kernel: str) -> list[dict[str, Any]]:
     """The kernel's two CUtensorMaps as the direct launch encodes them (``cuda_launch.TensorMap`` fields), for
-    the dispatch ``kernel`` whose bindings are dy ``[N Ho Wo, G K]`` (0), x ``[N, H, W, G C]`` (1), the maps
-    (2: dy's map at byte 0, x's at 128): dy tiled, box 64 x 64; x im2col, 64 channels x 64 pixels, traversal
-    strides the conv's; 128-byte swizzle, L2 promotion 256 B, zero outside (cuda.h's enums)."""
+    the dispatch ``kernel`` whose bindings are dy ``[N Ho Wo, G K]`` (0), x ``[N, *spatial, G C]`` (1), the maps
+    (2: dy's map at byte 0, x's at 128): dy tiled, box 64 x 64; x im2col (3-, 4- or 5-D: the convolution's rank
+    plus 2), 64 channels x 64 pixels, traversal strides the conv's; 128-byte swizzle, L2 promotion 256 B, zero
+    outside (cuda.h's enums)."""
     dtype = {"f16": 6, "bf16": 9}[problem.dtype]  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
-    (h, w), (sh, sw) = problem.input_size, problem.stride
     n, gk, gc = problem.batch, problem.groups * problem.out_channels, problem.groups * problem.in_channels
+    dims = [gc, *problem.input_size[::-1], n]  # innermost first
+    strides = [2 * math.prod(dims[: i + 1]) for i in range(len(dims) - 1)]
     lower, upper = im2col_corners(problem)
     common = {"kernel": kernel, "maps_binding": 2, "dtype": dtype, "swizzle": 3, "l2_promotion": 3}
     return [
         {**common, "binding": 0, "slot": 0, "mode": "tiled", "dims": [gk, _reduction(problem)], "strides": [gk * 2],
          "box": [BK, BK], "element_strides": [1, 1]},
-        {**common, "binding": 1, "slot": 1, "mode": "im2col", "dims": [gc, w, h, n],
-         "strides": [gc * 2, w * gc * 2, h * w * gc * 2], "box": [BK, BK], "element_strides": [1, sw, sh, 1],
-         "lower": list(lower), "upper": list(upper)},
+        {**common, "binding": 1, "slot": 1, "mode": "im2col", "dims": dims, "strides": strides, "box": [BK, BK],
+         "element_strides": [1, *problem.stride[::-1], 1], "lower": list(lower), "upper": list(upper)},
     ]  # fmt: skip
 
 
