@@ -215,3 +215,32 @@ def test_fp8_product_kernel_without_its_scale_is_outside_the_bound(monkeypatch):
                              epilogue={"kind": "scale", "alpha": 2.0**-6})  # fmt: skip
     dw, ref, bound, _ = _emulated(p)
     assert not (np.abs(dw - ref) <= bound).all()
+
+
+# -- the CLI ----------------------------------------------------------------------------------------------------
+LINE = "2 1 2 64 64 1 1 16 12 1 1 1 1 0 0 0 0"  # ckProfiler's problem part: a 2-D 1x1, N 2, C = K = 64
+
+
+def test_cli_compiles_an_fp8_problem_for_sm90a(capsys):
+    from convbw_mlir.cli import main
+
+    assert main(["compile", "--ck", LINE, "--type", "e4m3", "--dy-type", "e5m2", "--target", "sm_90a",
+                 "--emit", "linalg"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "tensor<2x16x12x1x64xf8E4M3FN>" in out and "xf8E5M2>" in out and "A[<e5m2>" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--dy-type", "e5m2", "--target", "sm_80"], "dtype: e4m3/e5m2 (fp8 weight gradients are computed on sm_90a"),
+        (["--dy-type", "f16"], "dy_dtype: 'f16' with dtype 'e4m3'"),
+        (["--dw-type", "f16"], "dw_dtype: 'f16' (from e4m3 inputs"),
+    ],
+)
+def test_cli_refuses_bad_fp8_requests_in_one_line(flags, message, capsys):
+    from convbw_mlir.cli import main
+
+    assert main(["compile", "--ck", LINE, "--type", "e4m3", *flags, "--emit", "linalg"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
