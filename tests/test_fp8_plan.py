@@ -130,7 +130,7 @@ def test_fp8_artifact_launches_the_copies_then_the_gemm_with_its_byte_tensor_map
 
     p = ConvBwdWeightProblem(1, 2, 128, 64, (16, 12), (1, 1), stride=2, dtype="e5m2", dy_dtype="e4m3",
                              dw_dtype="bf16", epilogue={"kind": "scale", "alpha": 0.5})  # fmt: skip
-    op = compile_op(p, "sm_90a", output_arg=True, k_batch=1)
+    op = compile_op(p, "sm_90a", output_arg=True, k_batch=1, cache=False)
     assert op.launch.refused is None, op.launch.refused
     kernels = [s.kernel for s in op.launch.steps if hasattr(s, "kernel")]
     assert kernels[-1] == "convbw_explicit_0" and sum("transpose" in k for k in kernels) == 2
@@ -244,3 +244,4 @@ def test_cli_refuses_bad_fp8_requests_in_one_line(flags, message, capsys):
     assert main(["compile", "--ck", LINE, "--type", "e4m3", *flags, "--emit", "linalg"]) == 1
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
