@@ -29,6 +29,7 @@ __all__ = [
     "FP8_DTYPES",
     "FP8_DW_DTYPES",
     "INT64_MAX",
+    "K_MAJOR",
     "LAYOUTS",
     "ConvBwdWeightProblem",
     "Epilogue",
@@ -101,7 +102,12 @@ LAYOUTS: dict[str, Layout] = {
     )
 }
 DEFAULT_LAYOUT = "NHWGC/GKYXC/NHWGK"
-_LAYOUT_ALIASES = {"torch": "NCHW/KCYX/NKHW", "channels_last": "NHWC/KYXC/NHWK", "default": DEFAULT_LAYOUT}
+#: fp8 only, G = 1: x and dy K-major (``x^T [C, N, H, W]``, ``dy^T [K, N, H, W]``: the reduction innermost), the
+#: copies an fp8 recipe's quantize step writes beside its casts (8-bit wgmma takes K-major operands only).
+#: Not in LAYOUTS, the families every kernel takes: only the fp8 GEMM reads it (docs/explicit-kernels.md).
+K_MAJOR = Layout("CNHW", "KYXC", "KNHW", None, False)
+_LAYOUT_ALIASES = {"torch": "NCHW/KCYX/NKHW", "channels_last": "NHWC/KYXC/NHWK", "default": DEFAULT_LAYOUT,
+                   "k_major": K_MAJOR.name}  # fmt: skip
 
 
 _NUMPY_DTYPES = {"f16": "float16", "f32": "float32"}
@@ -131,17 +137,19 @@ def resolve_layout(spec: str | int, rank: int | None = None) -> Layout:
     elif isinstance(spec, str):
         key = _LAYOUT_ALIASES.get(spec.lower(), spec.upper())
         ranks = (rank,) if rank else (1, 2, 3)
-        for layout in LAYOUTS.values():
+        families = [*LAYOUTS.values(), K_MAJOR]
+        for layout in families:
             if key == layout.name or any(key == layout.spelled(r) for r in ranks):
                 return layout
         # The input layout alone ("NHWGC", "NCHW") names a family where it is unambiguous.
-        by_x = [lay for lay in LAYOUTS.values() if any(key == _spell(lay.x, r) for r in ranks)]
+        by_x = [lay for lay in families if any(key == _spell(lay.x, r) for r in ranks)]
         if len(by_x) == 1:
             return by_x[0]
         if len(by_x) > 1:
             names = " or ".join(f"{lay.name} (ck {lay.ck_code})" for lay in by_x)
             raise ValueError(f"layout: {spec!r} is ambiguous: {names}; give the whole x/w/y triple or the ck code")
     known = ", ".join(f"{n} (ck {lay.ck_code})" if lay.ck_code is not None else n for n, lay in LAYOUTS.items())
+    known += f", {K_MAJOR.name} (fp8)"
     raise ValueError(f"layout: unknown layout {spec!r}; known: {known}, aliases {', '.join(_LAYOUT_ALIASES)}")
 
 
@@ -376,6 +384,9 @@ class ConvBwdWeightProblem:
             raise ValueError(
                 f"layout: {layout.name} has no group dimension and needs groups=1, got groups={self.groups}"
             )
+        if layout == K_MAJOR and not self.is_fp8:
+            raise ValueError(f"layout: {layout.name} is the K-major layout of fp8 inputs (what an fp8 recipe's "
+                             f"quantize step writes); dtype {self.dtype} takes the others")  # fmt: skip
         set_(self, "layout", layout.name)
         set_(self, "_layout", layout)
         for i in range(rank):

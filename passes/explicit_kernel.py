@@ -219,6 +219,16 @@ def _k_major(value: ir.Value, stride: tuple[int, ...], rows: int) -> ir.Value:
     return linalg_d.transpose(value, outs=[init], permutation=[1, 0])
 
 
+def _flat_k_major(value: ir.Value, rows: int) -> ir.Value:
+    """A K-major operand ``[ch, N, *spatial]`` as ``[ch, rows]`` (a view; zero columns where R is padded)."""
+    t = ir.RankedTensorType(value.type)
+    shape = list(t.shape)
+    flat = math.prod(shape[1:])
+    value = tensor_d.CollapseShapeOp(ir.RankedTensorType.get([shape[0], flat], t.element_type), value,
+                                     reassociation([[0], list(range(1, len(shape)))])).result  # fmt: skip
+    return pad_zeros(value, [0, 0], [0, rows - flat])
+
+
 def _fp8_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
     """The fp8 GEMM's dispatch (``convbw_mlir.policies.sm90_fp8``): dy^T and x^T made K-major, the TN GEMM
     ``dW[K, C] = dy^T x`` (times the scale epilogue's alpha), a split's partials summed in split order;
@@ -233,8 +243,11 @@ def _fp8_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionP
     out, f32 = element_type(problem.dw_dtype), ir.F32Type.get()
     alpha = problem.epilogue.alpha if problem.epilogue is not None else 1.0
     k, c = problem.out_channels, problem.in_channels
-    dy_t = _k_major(op.operands[1], (1,) * problem.rank, rows)
-    x_t = _k_major(op.operands[0], tuple(problem.stride), rows)
+    if problem.layout_family.x.startswith("C"):  # K-major already (problem.K_MAJOR): [ch, N, *spatial] -> [ch, R]
+        dy_t, x_t = (_flat_k_major(v, rows) for v in (op.operands[1], op.operands[0]))
+    else:
+        dy_t = _k_major(op.operands[1], (1,) * problem.rank, rows)
+        x_t = _k_major(op.operands[0], tuple(problem.stride), rows)
     entry = gemm_entry(k, c, rows, tiling, element_type(problem.dy_type), out if splits == 1 else f32,
                        element_type(problem.dtype), scales=False, partials=splits > 1, name=name)  # fmt: skip
     maps = tensor_d.EmptyOp([sm90_fp8.MAPS_BYTES], ir.IntegerType.get_signless(8)).result

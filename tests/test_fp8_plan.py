@@ -12,7 +12,7 @@ from sm90_emulator import run_gemm
 
 from convbw_mlir.plan import Plan, PlanError, check_plan, decide
 from convbw_mlir.policies import sm90, sm90_fp8
-from convbw_mlir.problem import ConvBwdWeightProblem, numpy_dtype
+from convbw_mlir.problem import K_MAJOR, ConvBwdWeightProblem, numpy_dtype
 from convbw_mlir.reference import fp8_bound, random_inputs, reference
 
 RESNET_1X1 = dict(groups=1, batch=256, in_channels=1024, out_channels=256, input_size=(14, 14), filter_size=(1, 1))
@@ -157,8 +157,11 @@ def _emulated(p: ConvBwdWeightProblem, **options) -> tuple[np.ndarray, np.ndarra
     x, dy = random_inputs(p, seed=3)
     rows = sm90_fp8.padded_reduction(p, plan)
     s = p.stride[0]
-    xs = x[:, ::s, ::s].reshape(-1, p.in_channels)  # the strided positions a 1x1 reads
-    dys = dy.reshape(-1, p.out_channels)
+    if p.layout == K_MAJOR.name:  # [ch, N, H, W]: the copies themselves
+        xs, dys = x.reshape(p.in_channels, -1).T, dy.reshape(p.out_channels, -1).T
+    else:
+        xs = x[:, ::s, ::s].reshape(-1, p.in_channels)  # the strided positions a 1x1 reads
+        dys = dy.reshape(-1, p.out_channels)
 
     def k_major(a: np.ndarray) -> np.ndarray:
         out = np.zeros((a.shape[1], rows), a.dtype)
@@ -191,6 +194,8 @@ def _emulated(p: ConvBwdWeightProblem, **options) -> tuple[np.ndarray, np.ndarra
         ({"epilogue": {"kind": "scale", "alpha": 3.0}}, {"k_batch": 3}),
         # e4m3 / e4m3, a strided 1x1 whose R (2 x 8 x 6 = 96) is padded to one k tile with zero rows
         ({"dy_dtype": "e4m3", "input_size": (16, 12), "stride": 2}, {}),
+        # K-major x and dy (the quantize step's copies): read as they are, 3 splits
+        ({"layout": "k_major", "dw_dtype": "bf16"}, {"k_batch": 3}),
     ],
 )
 def test_fp8_product_kernel_matches_float64_on_the_same_fp8_inputs_within_the_bound(fields, options):
@@ -245,3 +250,26 @@ def test_cli_refuses_bad_fp8_requests_in_one_line(flags, message, capsys):
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
 
+
+# -- K-major inputs (the quantize step's copies) ------------------------------------------------------------------
+def test_k_major_layout_is_fp8_only_and_round_trips():
+    p = fp8(layout="k_major")
+    assert p.layout == "CNHW/KYXC/KNHW" and p.x_shape == (1024, 256, 14, 14) and p.dy_shape == (256, 256, 14, 14)
+    assert p.dw_shape == (256, 1, 1, 1024) and p.name.endswith("_cnhw")
+    assert ConvBwdWeightProblem.from_dict(p.to_dict()) == p
+    with pytest.raises(ValueError, match="layout: CNHW/KYXC/KNHW is the K-major layout of fp8 inputs"):
+        ConvBwdWeightProblem(**RESNET_1X1, layout="k_major")
+    with pytest.raises(PlanError, match=r"stride: \(2, 2\) \(K-major x holds every position"):
+        decide(fp8(layout="k_major", stride=2), "sm_90a")
+
+
+def test_k_major_artifact_launches_the_gemm_on_the_arguments_themselves():
+    """No copies: the GEMM binds dy^T and x^T as the caller passes them, then the split's stage 2."""
+    from convbw_mlir import compile_op
+
+    p = ConvBwdWeightProblem(1, 4, 64, 128, (16, 12), (1, 1), dtype="e4m3", dy_dtype="e5m2", layout="k_major")
+    op = compile_op(p, "sm_90a", output_arg=True, k_batch=3, cache=False)
+    assert op.launch.refused is None, op.launch.refused
+    steps = [(s.kernel, s.bindings[:2]) for s in op.launch.steps if hasattr(s, "kernel")]
+    assert steps[0] == ("convbw_explicit_0", (("arg1", 0), ("arg0", 0))) and len(steps) == 2, steps
+    assert op.launch.transient == op.plan.workspace_bytes == 256 + 3 * 128 * 64 * 4

@@ -35,6 +35,7 @@ MIN_KTILES = 8  # k tiles a split at least (CK's k_batch rule of thumb, as polic
 MAPS_BYTES = 256  # A's (dy^T) CUtensorMap, then B's (x^T)
 WGMMA = "NV_WGMMA_F32_64x{n}x32_{a}_{b}"  # the plan's name of the instruction: A (dy^T) type, then B (x^T)
 LAYOUTS = ("NHWGC/GKYXC/NHWGK", "NHWC/KYXC/NHWK")  # channels last: x [R, C] and dy [R, K] as they lie
+K_MAJOR = "CNHW/KYXC/KNHW"  # problem.K_MAJOR: the copies themselves, from the caller's quantize step
 _TMA_UINT8 = 0  # CU_TENSOR_MAP_DATA_TYPE_UINT8: TMA moves fp8 as bytes
 
 
@@ -66,8 +67,12 @@ def refusals(problem: Any, plan: Plan | None = None) -> list[str]:
     why = []
     if not problem.is_fp8:
         why.append(f"dtype: {problem.dtype} (the fp8 path takes e4m3 / e5m2 x and dy)")
-    if problem.layout not in LAYOUTS:
-        why.append(f"layout: {problem.layout} (the fp8 path reads x and dy channels-last: {' or '.join(LAYOUTS)})")
+    if problem.layout not in (*LAYOUTS, K_MAJOR):
+        why.append(f"layout: {problem.layout} (the fp8 path reads x and dy channels-last, {' or '.join(LAYOUTS)}, "
+                   f"or K-major, {K_MAJOR})")  # fmt: skip
+    if problem.layout == K_MAJOR and any(s != 1 for s in problem.stride):
+        why.append(f"stride: {problem.stride} (K-major x holds every position: the GEMM reads it as it is; a "
+                   "strided 1x1 takes channels-last x)")  # fmt: skip
     if problem.groups != 1:
         why.append(f"groups: {problem.groups} (the fp8 path is one TN GEMM: groups 1)")
     if any(f != 1 for f in problem.filter_size):
@@ -168,14 +173,15 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
 
 def workspace_bytes(problem: Any, plan: Plan) -> int:
     """The K-major copies (dy^T, x^T: fp8, R padded), the maps buffer and a split's f32 partials; where R is
-    padded, the padded copies before their transposes too (IREE materialises a tensor.pad: a fill and a copy).
-    Checked against the transient IREE allocates (tests/test_fp8_plan.py)."""
+    padded, the padded copies before their transposes too (IREE materialises a tensor.pad: a fill and a copy);
+    K-major inputs need copies only where R is padded. Checked against the transient IREE allocates
+    (tests/test_fp8_plan.py)."""
     r = padded_reduction(problem, plan)
 
     def aligned(n: int) -> int:
         return -(-n // 256) * 256
 
-    copies = 2 if r != _reduction(problem) else 1
+    copies = (2 if r != _reduction(problem) else 1) - (problem.layout == K_MAJOR)
     total = copies * (aligned(problem.out_channels * r) + aligned(problem.in_channels * r)) + MAPS_BYTES
     if plan.k_batch > 1:
         total += plan.k_batch * problem.out_channels * problem.in_channels * 4
