@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from convbw_mlir.files import write_atomic
-from convbw_mlir.problem import DEFAULT_LAYOUT, DTYPES, ConvBwdWeightProblem, Epilogue
+from convbw_mlir.problem import DEFAULT_LAYOUT, DTYPES, FP8_DTYPES, ConvBwdWeightProblem, Epilogue
 
 __all__ = [
     "ArgumentParser",
@@ -122,7 +122,10 @@ def add_problem_arguments(parser: argparse.ArgumentParser, required: bool = True
     g.add_argument("--pad-high", type=_sizes, help="right/bottom pads")
     g.add_argument("--layout", help=f"layout family or ckProfiler code 0-4 (default {DEFAULT_LAYOUT})")
     g.add_argument("--type", "--dtype", dest="dtype", choices=list(DTYPES), help="element type of x and dy")
-    g.add_argument("--dw-type", dest="dw_dtype", choices=list(DTYPES), help="element type of dW (default: --type)")
+    g.add_argument("--dy-type", dest="dy_dtype", choices=list(DTYPES),
+                   help="element type of dy where it differs (fp8: --type e4m3 --dy-type e5m2)")  # fmt: skip
+    g.add_argument("--dw-type", dest="dw_dtype", choices=list(DTYPES),
+                   help="element type of dW (default: --type; f32 for fp8)")  # fmt: skip
     add_epilogue_arguments(parser)
 
 
@@ -151,9 +154,12 @@ def _problem_from_args(args: argparse.Namespace) -> ConvBwdWeightProblem:
     overrides: dict[str, Any] = {}
     if args.dtype:
         overrides["dtype"] = args.dtype
-        overrides["dw_dtype"] = args.dw_dtype or args.dtype
+        # fp8 inputs: dW's type is the problem's default (f32), never the input type
+        overrides["dw_dtype"] = args.dw_dtype or (None if args.dtype in FP8_DTYPES else args.dtype)
     elif args.dw_dtype:
         overrides["dw_dtype"] = args.dw_dtype
+    if getattr(args, "dy_dtype", None):
+        overrides["dy_dtype"] = args.dy_dtype
     if args.layout is not None:
         overrides["layout"] = int(args.layout) if args.layout.isdigit() else args.layout
     if args.ck and args.miopen:

@@ -15,11 +15,12 @@ from iree.compiler.dialects import linalg as linalg_d  # noqa: F401
 from iree.compiler.dialects import tensor as tensor_d  # noqa: F401
 from iree.compiler.dialects import util as util_d  # noqa: F401
 
-ELEMENT_TYPES = {"f16": ir.F16Type.get, "bf16": ir.BF16Type.get, "f32": ir.F32Type.get}
+ELEMENT_TYPES = {"f16": ir.F16Type.get, "bf16": ir.BF16Type.get, "f32": ir.F32Type.get,
+                 "e4m3": ir.Float8E4M3FNType.get, "e5m2": ir.Float8E5M2Type.get}  # fmt: skip
 
 
 def element_type(name: str) -> ir.Type:
-    """The MLIR element type for "f16", "bf16" or "f32" (in the current context)."""
+    """The MLIR element type for "f16", "bf16", "f32", "e4m3" (f8E4M3FN) or "e5m2" (f8E5M2), in the current context."""
     return ELEMENT_TYPES[name]()
 
 

@@ -43,7 +43,7 @@ from convbw_mlir.plan_data import (
     _spelled,
     _target,
 )
-from convbw_mlir.policies import depthwise, sm80
+from convbw_mlir.policies import depthwise, sm80, sm90_fp8
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target
 
@@ -103,13 +103,17 @@ def decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | N
 
 def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | None = None, **overrides: Any) -> Plan:
     tgt = _target(target, "target")
-    problem = relayout(problem)  # the problem the passes compute (convbw-relayout)
     try:
         opts = Overrides(**overrides)
     except TypeError:
         known = ", ".join(_spelled(f.name) for f in fields(Overrides))
         unknown = ", ".join(_spelled(k) for k in overrides if k not in {f.name for f in fields(Overrides)})
         raise PlanError(f"options: unknown {unknown}; known: {known}") from None
+    if problem.is_fp8:  # one path: the sm_90a fp8 GEMM; every other target refuses fp8 by name
+        if split is not None:
+            raise PlanError(f"split: {split.k_batch} (an fp8 op arrives unsplit: the fp8 GEMM splits it itself)")
+        return sm90_fp8.plan(problem, tgt, opts)
+    problem = relayout(problem)  # the problem the passes compute (convbw-relayout)
     if opts.layout4 is not None or problem.layout in CHANNELS_FIRST:
         chosen = _layout4(problem, tgt, split, opts, overrides)
         if chosen is not None:
@@ -329,6 +333,12 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
         PlanError: a split whose reduction the tile's step pads, or IREE's own tiling would pad (its
             kernels read past x and dy: docs/decisions.md#split-gemm-step, #split-iree-step), naming the sizes.
     """
+    if problem.is_fp8 or sm90_fp8.is_fp8(plan):  # the fp8 GEMM's plan, and only it, computes fp8
+        why = [] if problem.is_fp8 else [f"dtype: {problem.dtype} (the plan is the fp8 GEMM's)"]
+        why += sm90_fp8.refusals(problem, plan) if sm90_fp8.is_fp8(plan) else ["plan: not the fp8 GEMM's"]
+        if why:
+            raise PlanError("fp8: " + "; ".join(why))
+        return
     problem = computed_problem(problem, plan)
     if plan.strategy == Strategy.EXPLICIT:
         policy = policies.for_target(plan.target_info)
@@ -486,6 +496,8 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
     Checked against the transient and constant buffers IREE allocates (its stream phase) for every plan kind
     on host, sm_80 and gfx942 (tests/test_plan_properties.py).
     """
+    if sm90_fp8.is_fp8(plan):
+        return sm90_fp8.workspace_bytes(problem, plan)
     total = 0
     if plan.channels_last and relayout(problem).layout in CHANNELS_FIRST:
         copies = [(problem.x_shape, problem.dtype), (problem.dy_shape, problem.dtype)]

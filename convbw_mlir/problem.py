@@ -26,7 +26,10 @@ from convbw_mlir import formats
 __all__ = [
     "DTYPES",
     "EPILOGUES",
+    "FP8_DTYPES",
+    "FP8_DW_DTYPES",
     "INT64_MAX",
+    "K_MAJOR",
     "LAYOUTS",
     "ConvBwdWeightProblem",
     "Epilogue",
@@ -34,10 +37,16 @@ __all__ = [
     "resolve_layout",
 ]
 
-#: Element types of x / dy / dw, with their size in bytes. Accumulation is always f32.
-DTYPES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4}
-#: The largest finite value of each element type (IEEE half; bfloat16 and float32 share f32's exponent).
-DTYPE_MAX: dict[str, float] = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38}
+#: Element types of x / dy / dw, with their size in bytes. Accumulation is always f32. The two fp8 types
+#: (OCP FP8: e4m3 without infinities, e5m2) are input types only (x and dy; docs/explicit-kernels.md "fp8").
+DTYPES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}
+FP8_DTYPES = ("e4m3", "e5m2")
+#: The types dW is written in from fp8 inputs (the sm_90a fp8 GEMM's outputs).
+FP8_DW_DTYPES = ("f32", "bf16")
+#: The largest finite value of each element type (IEEE half; bfloat16 and float32 share f32's exponent;
+#: OCP FP8: e4m3 448, e5m2 57344).
+DTYPE_MAX: dict[str, float] = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
+                               "e4m3": 448.0, "e5m2": 57344.0}  # fmt: skip
 
 #: Largest size and byte count a problem may have: MLIR shapes, IREE's buffer sizes and numpy's are int64.
 INT64_MAX = 2**63 - 1
@@ -93,18 +102,25 @@ LAYOUTS: dict[str, Layout] = {
     )
 }
 DEFAULT_LAYOUT = "NHWGC/GKYXC/NHWGK"
-_LAYOUT_ALIASES = {"torch": "NCHW/KCYX/NKHW", "channels_last": "NHWC/KYXC/NHWK", "default": DEFAULT_LAYOUT}
+#: fp8 only, G = 1: x and dy K-major (``x^T [C, N, H, W]``, ``dy^T [K, N, H, W]``: the reduction innermost), the
+#: copies an fp8 recipe's quantize step writes beside its casts (8-bit wgmma takes K-major operands only).
+#: Not in LAYOUTS, the families every kernel takes: only the fp8 GEMM reads it (docs/explicit-kernels.md).
+K_MAJOR = Layout("CNHW", "KYXC", "KNHW", None, False)
+_LAYOUT_ALIASES = {"torch": "NCHW/KCYX/NKHW", "channels_last": "NHWC/KYXC/NHWK", "default": DEFAULT_LAYOUT,
+                   "k_major": K_MAJOR.name}  # fmt: skip
 
 
 _NUMPY_DTYPES = {"f16": "float16", "f32": "float32"}
+_ML_DTYPES = {"bf16": "bfloat16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """numpy dtype for an element type name; bf16 is ``ml_dtypes.bfloat16`` (a dependency of iree-base-runtime)."""
-    if name == "bf16":
+    """numpy dtype for an element type name; bf16 and the fp8 types are ``ml_dtypes``' (a dependency of
+    iree-base-runtime)."""
+    if name in _ML_DTYPES:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, _ML_DTYPES[name]))
     return np.dtype(_NUMPY_DTYPES[name])
 
 
@@ -121,17 +137,19 @@ def resolve_layout(spec: str | int, rank: int | None = None) -> Layout:
     elif isinstance(spec, str):
         key = _LAYOUT_ALIASES.get(spec.lower(), spec.upper())
         ranks = (rank,) if rank else (1, 2, 3)
-        for layout in LAYOUTS.values():
+        families = [*LAYOUTS.values(), K_MAJOR]
+        for layout in families:
             if key == layout.name or any(key == layout.spelled(r) for r in ranks):
                 return layout
         # The input layout alone ("NHWGC", "NCHW") names a family where it is unambiguous.
-        by_x = [lay for lay in LAYOUTS.values() if any(key == _spell(lay.x, r) for r in ranks)]
+        by_x = [lay for lay in families if any(key == _spell(lay.x, r) for r in ranks)]
         if len(by_x) == 1:
             return by_x[0]
         if len(by_x) > 1:
             names = " or ".join(f"{lay.name} (ck {lay.ck_code})" for lay in by_x)
             raise ValueError(f"layout: {spec!r} is ambiguous: {names}; give the whole x/w/y triple or the ck code")
     known = ", ".join(f"{n} (ck {lay.ck_code})" if lay.ck_code is not None else n for n, lay in LAYOUTS.items())
+    known += f", {K_MAJOR.name} (fp8)"
     raise ValueError(f"layout: unknown layout {spec!r}; known: {known}, aliases {', '.join(_LAYOUT_ALIASES)}")
 
 
@@ -296,11 +314,17 @@ class ConvBwdWeightProblem:
         input_size: spatial sizes of x (1 to 3 values).
         filter_size: spatial sizes of the filter.
         stride, dilation, pad_low, pad_high: per spatial dimension.
-        dtype: element type of x and dy ("f16", "bf16", "f32").
-        dw_dtype: element type of dW; defaults to ``dtype`` (ckProfiler's type 2 is bf16 in, f32 dW).
+        dtype: element type of x (and of dy, unless ``dy_dtype`` says otherwise): "f16", "bf16", "f32", or
+            fp8 "e4m3" / "e5m2" (x and dy both fp8, any pair; as fp8 training recipes quantize them).
+        dw_dtype: element type of dW; defaults to ``dtype`` (ckProfiler's type 2 is bf16 in, f32 dW), and
+            to "f32" for fp8 inputs (which write dW in "f32" or "bf16").
         layout: layout family name, alias or ckProfiler code; see :data:`LAYOUTS`.
         epilogue: an optional :class:`Epilogue` (or its dictionary) applied where dW is written; its
-            ``d_dtype`` is filled in (dW's type) and checked against dW's type here.
+            ``d_dtype`` is filled in (dW's type) and checked against dW's type here. fp8's per-tensor
+            scales are a scale epilogue: ``alpha = scale_x * scale_dy`` (dW = alpha * (x * dy) on the codes).
+        dy_dtype: element type of dy where it differs from ``dtype`` (fp8 only: e4m3 x, e5m2 dy), else None
+            (given equal to ``dtype``, it is stored as None: dy follows x's type, also through ``with_``);
+            :attr:`dy_type` is dy's type either way.
 
     Raises:
         ValueError / TypeError: naming the field and value, for any impossible problem.
@@ -320,6 +344,7 @@ class ConvBwdWeightProblem:
     dw_dtype: str = None  # type: ignore[assignment]
     layout: str = DEFAULT_LAYOUT
     epilogue: Epilogue | None = None
+    dy_dtype: str = None  # type: ignore[assignment]
     _layout: Layout = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -347,12 +372,7 @@ class ConvBwdWeightProblem:
         for name in ("pad_low", "pad_high"):
             if any(v < 0 for v in getattr(self, name)):
                 raise ValueError(f"{name}: pads must be non-negative, got {getattr(self, name)}")
-        for name in ("dtype", "dw_dtype"):
-            value = getattr(self, name)
-            if name == "dw_dtype" and value is None:
-                set_(self, name, self.dtype)
-            elif value not in DTYPES:
-                raise ValueError(f"{name}: unknown element type {value!r}; known: {', '.join(DTYPES)}")
+        self._check_dtypes()
         spec = self.layout
         if not isinstance(spec, str) and not isinstance(spec, bool):
             try:
@@ -364,6 +384,9 @@ class ConvBwdWeightProblem:
             raise ValueError(
                 f"layout: {layout.name} has no group dimension and needs groups=1, got groups={self.groups}"
             )
+        if layout == K_MAJOR and not self.is_fp8:
+            raise ValueError(f"layout: {layout.name} is the K-major layout of fp8 inputs (what an fp8 recipe's "
+                             f"quantize step writes); dtype {self.dtype} takes the others")  # fmt: skip
         set_(self, "layout", layout.name)
         set_(self, "_layout", layout)
         for i in range(rank):
@@ -377,6 +400,39 @@ class ConvBwdWeightProblem:
                 )
         self._check_int64_sizes()
         self._check_epilogue()
+
+    def _check_dtypes(self) -> None:
+        """Fill in dy's and dW's types; fp8 (x and dy e4m3 / e5m2) writes dW in f32 or bf16, and only fp8
+        gives dy a type of its own."""
+        set_ = object.__setattr__
+        for name in ("dtype", "dy_dtype", "dw_dtype"):
+            value = getattr(self, name)
+            if value is None and name != "dtype":
+                value = self.dtype if name == "dy_dtype" or not self.is_fp8 else "f32"
+                set_(self, name, None if name == "dy_dtype" else value)
+            if not isinstance(value, str) or value not in DTYPES:
+                raise ValueError(f"{name}: unknown element type {value!r}; known: {', '.join(DTYPES)}")
+            if name == "dy_dtype" and (value in FP8_DTYPES) != self.is_fp8:
+                raise ValueError(f"dy_dtype: {value!r} with dtype {self.dtype!r}: x and dy are both fp8 "
+                                 f"({' or '.join(FP8_DTYPES)}) or neither")  # fmt: skip
+            if name == "dy_dtype" and not self.is_fp8 and value != self.dtype:
+                raise ValueError(f"dy_dtype: {value!r} differs from dtype {self.dtype!r}: only fp8 inputs "
+                                 "(e4m3 x, e5m2 dy) take two types")  # fmt: skip
+            if name == "dy_dtype" and value == self.dtype:
+                set_(self, name, None)
+        if self.dw_dtype in FP8_DTYPES or (self.is_fp8 and self.dw_dtype not in FP8_DW_DTYPES):
+            raise ValueError(f"dw_dtype: {self.dw_dtype!r} (from {self.dtype} inputs dW is written in "
+                             f"{' or '.join(FP8_DW_DTYPES if self.is_fp8 else ('f16', 'bf16', 'f32'))})")  # fmt: skip
+
+    @property
+    def dy_type(self) -> str:
+        """dy's element type: :attr:`dy_dtype` where given, else ``dtype``."""
+        return self.dy_dtype or self.dtype
+
+    @property
+    def is_fp8(self) -> bool:
+        """Whether x (and so dy) is fp8 (e4m3 / e5m2)."""
+        return self.dtype in FP8_DTYPES
 
     def _check_epilogue(self) -> None:
         """Normalise the epilogue (a dictionary becomes an :class:`Epilogue`; D's type defaults to dW's)."""
@@ -429,7 +485,7 @@ class ConvBwdWeightProblem:
         refuse("x", "batch * input_size * groups * in_channels", [n, *self.input_size, g, c], self.dtype)
         # the lowering materialises x with its pads (the gather generic) on every target
         refuse("x padded", "batch * (input_size + pads) * groups * in_channels", [n, *padded, g, c], self.dtype)
-        refuse("dy", "batch * output_size * groups * out_channels", [n, *self.output_size, g, k], self.dtype)
+        refuse("dy", "batch * output_size * groups * out_channels", [n, *self.output_size, g, k], self.dy_type)
         refuse("dw", "groups * out_channels * filter_size * in_channels", [g, k, *self.filter_size, c], self.dw_dtype)
 
     # -- derived sizes ---------------------------------------------------------------------------
@@ -503,7 +559,7 @@ class ConvBwdWeightProblem:
     def min_bytes(self) -> int:
         """Bytes that must move at least: read x and dy once, write dW once (and read D once, if any)."""
         x = math.prod(self.x_shape) * DTYPES[self.dtype]
-        dy = math.prod(self.dy_shape) * DTYPES[self.dtype]
+        dy = math.prod(self.dy_shape) * DTYPES[self.dy_type]
         d = 0
         if self.epilogue is not None and self.epilogue.reads_d:
             d = math.prod(self.dw_shape) * DTYPES[self.epilogue.d_dtype]
@@ -520,7 +576,8 @@ class ConvBwdWeightProblem:
         def j(t: tuple[int, ...]) -> str:
             return "x".join(map(str, t))
 
-        types = self.dtype if self.dw_dtype == self.dtype else f"{self.dtype}-{self.dw_dtype}"
+        inputs = self.dtype if self.dy_dtype is None else f"{self.dtype}x{self.dy_dtype}"
+        types = inputs if self.dw_dtype == self.dtype else f"{inputs}-{self.dw_dtype}"
         code = self._layout.ck_code
         lay = f"l{code}" if code is not None else self._layout.x.lower()
         epilogue = f"_{self.epilogue.tag}" if self.epilogue is not None else ""
@@ -535,9 +592,13 @@ class ConvBwdWeightProblem:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data; ``epilogue`` appears only where there is one (so plain problems' dicts and keys
-        are what they were before epilogues existed)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.init and f.name != "epilogue"}
+        """Plain data; ``epilogue`` and ``dy_dtype`` appear only where there is one (so other problems' dicts
+        and keys are what they were before either existed)."""
+        data = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.init and f.name not in ("epilogue", "dy_dtype")
+        }
+        if self.dy_dtype is not None:
+            data["dy_dtype"] = self.dy_dtype
         if self.epilogue is not None:
             data["epilogue"] = self.epilogue.to_dict()
         return data

@@ -18,6 +18,7 @@ from convbw_mlir.problem import ConvBwdWeightProblem
 __all__ = [
     "ToleranceError",
     "assert_close",
+    "fp8_bound",
     "random_inputs",
     "reference",
     "reference_bytes",
@@ -191,6 +192,19 @@ def assert_close(problem: ConvBwdWeightProblem, got: np.ndarray, want: np.ndarra
     return worst
 
 
+def fp8_bound(problem: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """The documented bound of an fp8 problem's dW, per element, against :func:`reference` on the same fp8
+    inputs (docs/explicit-kernels.md "fp8"): ``rho |ref| + R 2^-24 |alpha| (|x| * |dy|)``, dW's own rounding
+    (``rho``: 2^-8 bf16, 2^-24 f32) plus an f32 accumulation of R products (the products of two fp8 values are
+    exact in f32); ``|x| * |dy|`` is the weight gradient of the magnitudes, ``alpha`` the scale epilogue's."""
+    ref = reference(problem, x, dy)
+    plain = problem.plain
+    mag = reference(plain, np.abs(np.asarray(x).astype(np.float64)), np.abs(np.asarray(dy).astype(np.float64)))
+    alpha = abs(problem.epilogue.alpha) if problem.epilogue is not None else 1.0
+    _, _, _, red = problem.gemm
+    return _EPS[problem.dw_dtype] * np.abs(ref) + red * _EPS["f32"] * alpha * mag
+
+
 def random_inputs(problem: ConvBwdWeightProblem, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Unit-normal x and dy in the problem's layout and element type.
 
@@ -203,13 +217,13 @@ def random_inputs(problem: ConvBwdWeightProblem, seed: int = 0) -> tuple[np.ndar
     from convbw_mlir.problem import numpy_dtype
     from convbw_mlir.runtime import check_memory
 
-    dt = numpy_dtype(problem.dtype)
+    dts = numpy_dtype(problem.dtype), numpy_dtype(problem.dy_type)
     sizes = [math.prod(problem.x_shape), math.prod(problem.dy_shape)]
     scratch = 4 * min(_CHUNK, max(sizes))
-    check_memory([("x", sizes[0] * dt.itemsize), ("dy", sizes[1] * dt.itemsize), ("float32 scratch", scratch)])
+    check_memory([("x", sizes[0] * dts[0].itemsize), ("dy", sizes[1] * dts[1].itemsize), ("float32 scratch", scratch)])
     rng = np.random.default_rng(seed)
     arrays = []
-    for shape in (problem.x_shape, problem.dy_shape):
+    for shape, dt in zip((problem.x_shape, problem.dy_shape), dts):
         arr = np.empty(shape, dt)
         flat = arr.reshape(-1)
         for start in range(0, flat.size, _CHUNK):

@@ -305,6 +305,13 @@ _SM90A_INTRINSICS = {
                          "wgmma.mma_async.sync.aligned.m{m}n{n}k{k}.f32." + t))
     for t in ("f16", "bf16")
 }  # fmt: skip
+# The fp8 GEMM's k32 wgmmas (policies/sm90_fp8.py), keyed by x's type (B): A (dy^T) either fp8 type.
+_SM90A_INTRINSICS.update({
+    x: tuple(Intrinsic(f"NV_WGMMA_F32_64x{n}x32_{dy.upper()}_{x.upper()}", 64, n, 32,
+                       f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{dy}.{x}")
+             for dy in ("e4m3", "e5m2") for n in (64, 128))
+    for x in ("e4m3", "e5m2")
+})  # fmt: skip
 TARGETS["sm_90a"] = dataclasses.replace(
     _nv("sm_90a", "Hopper H100/H200 (wgmma, TMA, setmaxnreg)", 132, 232448, 233472, 64,
         {"f16": 989.4, "bf16": 989.4, "f32": 67.0}, 3350),

@@ -55,7 +55,7 @@ OUTPUT_ARG_ATTR = "iree.abi.output"
 FUNC_NAME = "conv_bwd_weight"
 _ARRAY_ATTRS = ("strides", "dilations", "pad_low", "pad_high")
 _FIELDS = {"strides": "stride", "dilations": "dilation", "pad_low": "pad_low", "pad_high": "pad_high"}
-_TYPE_NAMES = {"f16": "f16", "bf16": "bf16", "f32": "f32"}
+_TYPE_NAMES = {"f16": "f16", "bf16": "bf16", "f32": "f32", "f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}  # MLIR -> ours
 
 
 class OpError(ValueError):
@@ -71,7 +71,7 @@ def tensor_type(problem: ConvBwdWeightProblem, tensor: str) -> ir.RankedTensorTy
         if problem.epilogue is None or not problem.epilogue.reads_d:
             raise ValueError(f"epilogue: problem {problem.name} reads no D")
         return ir.RankedTensorType.get(problem.shape("dw"), element_type(problem.epilogue.d_dtype))
-    dtype = problem.dw_dtype if tensor == "dw" else problem.dtype
+    dtype = {"dw": problem.dw_dtype, "dy": problem.dy_type}.get(tensor, problem.dtype)
     return ir.RankedTensorType.get(problem.shape(tensor), element_type(dtype))
 
 
@@ -116,7 +116,7 @@ def epilogue_of(op: ir.Operation | ir.OpView):  # -> convbw_mlir.problem.Epilogu
         raise OpError(f"a {epilogue.kind} epilogue takes {want} operands {what}, got {len(op.operands)}")
     if epilogue.reads_d:
         t = op.operands[2].type
-        if not isinstance(t, ir.RankedTensorType) or str(t.element_type) not in _TYPE_NAMES:
+        if not isinstance(t, ir.RankedTensorType) or str(t.element_type) not in ("f16", "bf16", "f32"):
             raise OpError(f"D: expected a ranked tensor of f16, bf16 or f32, got {t}")
         epilogue = Epilogue.from_dict({**data, "d_dtype": str(t.element_type)})
     return epilogue
@@ -214,8 +214,8 @@ def _shape_and_type(value_type: ir.Type, what: str) -> tuple[tuple[int, ...], st
         raise OpError(f"{what}: expected a static shape, got {t}")
     name = str(t.element_type)
     if name not in _TYPE_NAMES:
-        raise OpError(f"{what}: element type {name} is not one of f16, bf16, f32")
-    return tuple(t.shape), name
+        raise OpError(f"{what}: element type {name} is not one of f16, bf16, f32, f8E4M3FN, f8E5M2")
+    return tuple(t.shape), _TYPE_NAMES[name]
 
 
 def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
@@ -248,7 +248,7 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
     layout = attrs["layout"].value
     (x_shape, x_type), (dy_shape, dy_type) = (_shape_and_type(v.type, n) for v, n in zip(op.operands, ("x", "dy")))
     dw_shape, dw_type = _shape_and_type(op.results[0].type, "dw")
-    if x_type != dy_type:
+    if x_type != dy_type and not {x_type, dy_type} <= {"e4m3", "e5m2"}:  # fp8's x and dy may differ
         raise OpError(f"x and dy must share an element type, got {x_type} and {dy_type}")
     split = split_of(op)
     plan_of(op)  # a malformed plan is an invalid op
@@ -284,6 +284,7 @@ def problem_of(op: ir.Operation | ir.OpView) -> ConvBwdWeightProblem:
             pad_low=arrays["pad_low"],
             pad_high=arrays["pad_high"],
             dtype=x_type,
+            dy_dtype=dy_type,
             dw_dtype=dw_type,
             layout=family.name,
             epilogue=epilogue,

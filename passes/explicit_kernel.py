@@ -44,7 +44,7 @@ from functools import partial
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
-from convbw_mlir.builders import PARALLEL, REDUCTION, generic, reassociation, zero
+from convbw_mlir.builders import PARALLEL, REDUCTION, generic, pad_zeros, reassociation, zero
 from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
 from convbw_mlir.plan import PlanError, Strategy, check_plan, computed_problem, explicit_tiling
 from convbw_mlir.runtime import TENSOR_MAPS_KEY
@@ -198,6 +198,75 @@ def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
     return _sum_splits(result, out) if plan.k_batch > 1 else result
 
 
+def _k_major(value: ir.Value, stride: tuple[int, ...], rows: int) -> ir.Value:
+    """A channels-last fp8 operand ``[N, *spatial, (G = 1,) ch]`` as the K-major copy an fp8 recipe's quantize
+    step writes: every ``stride``-th position (x of a strided 1x1), flattened to ``[R, ch]``, zero rows to
+    ``rows``, transposed to ``[ch, rows]`` (one dispatch IREE compiles: a slice, a pad and a transpose)."""
+    t = ir.RankedTensorType(value.type)
+    shape, rank = list(t.shape), len(stride)
+    if any(s > 1 for s in stride):
+        sizes = [shape[0], *(-(-d // s) for d, s in zip(shape[1 : 1 + rank], stride)), *shape[1 + rank :]]
+        steps = [1, *stride, *[1] * (len(shape) - 1 - rank)]
+        sliced = ir.RankedTensorType.get(sizes, t.element_type)
+        value = tensor_d.ExtractSliceOp(sliced, value, [], [], [], [0] * len(shape), sizes, steps).result
+        shape = sizes
+    flat = math.prod(shape[:-1])
+    value = tensor_d.CollapseShapeOp(ir.RankedTensorType.get([flat, shape[-1]], t.element_type), value,
+                                     reassociation([list(range(len(shape) - 1)), [len(shape) - 1]])).result  # fmt: skip
+    value = pad_zeros(value, [0, 0], [rows - flat, 0])
+    init = tensor_d.EmptyOp([shape[-1], rows], t.element_type).result
+    return linalg_d.transpose(value, outs=[init], permutation=[1, 0])
+
+
+def _flat_k_major(value: ir.Value, rows: int) -> ir.Value:
+    """A K-major operand ``[ch, N, *spatial]`` as ``[ch, rows]`` (a view; zero columns where R is padded)."""
+    t = ir.RankedTensorType(value.type)
+    shape = list(t.shape)
+    flat = math.prod(shape[1:])
+    value = tensor_d.CollapseShapeOp(ir.RankedTensorType.get([shape[0], flat], t.element_type), value,
+                                     reassociation([[0], list(range(1, len(shape)))])).result  # fmt: skip
+    return pad_zeros(value, [0, 0], [0, rows - flat])
+
+
+def _fp8_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
+    """The fp8 GEMM's dispatch (``convbw_mlir.policies.sm90_fp8``): dy^T and x^T made K-major, the TN GEMM
+    ``dW[K, C] = dy^T x`` (times the scale epilogue's alpha), a split's partials summed in split order;
+    returns dW ``[K, C]``."""
+    from convbw_mlir.kernels.entry import build_dispatch
+    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling, build_gemm_body, gemm_entry
+    from convbw_mlir.policies import sm90_fp8
+
+    t, splits = plan.tile, plan.k_batch
+    rows = sm90_fp8.padded_reduction(problem, plan)
+    tiling = Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages, elem_bytes=1, splits=splits, promote=True)
+    out, f32 = element_type(problem.dw_dtype), ir.F32Type.get()
+    alpha = problem.epilogue.alpha if problem.epilogue is not None else 1.0
+    k, c = problem.out_channels, problem.in_channels
+    if problem.layout_family.x.startswith("C"):  # K-major already (problem.K_MAJOR): [ch, N, *spatial] -> [ch, R]
+        dy_t, x_t = (_flat_k_major(v, rows) for v in (op.operands[1], op.operands[0]))
+    else:
+        dy_t = _k_major(op.operands[1], (1,) * problem.rank, rows)
+        x_t = _k_major(op.operands[0], tuple(problem.stride), rows)
+    entry = gemm_entry(k, c, rows, tiling, element_type(problem.dy_type), out if splits == 1 else f32,
+                       element_type(problem.dtype), scales=False, partials=splits > 1, name=name)  # fmt: skip
+    maps = tensor_d.EmptyOp([sm90_fp8.MAPS_BYTES], ir.IntegerType.get_signless(8)).result
+    # as _sm90_dispatch's: a per-call buffer of the transient (the launcher rebinds it), not a hoisted global
+    maps = ir.Operation.create("util.optimization_barrier", results=[maps.type], operands=[maps]).result
+    result_mem = ir.MemRefType(entry.bindings[-1])
+    with ir.Location.unknown():
+        result = build_dispatch(
+            entry, lambda blk, mems: build_gemm_body(blk, mems, rows, tiling, alpha if splits == 1 else None),
+            [dy_t, x_t, maps], ir.RankedTensorType.get(result_mem.shape, result_mem.element_type), top,
+        )  # fmt: skip
+    result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+    if splits == 1:
+        return result
+    partials = tensor_d.ExpandShapeOp(ir.RankedTensorType.get([splits, 1, k, c], f32), result,
+                                      reassociation([[0, 1], [2], [3]]), [], [splits, 1, k, c]).result  # fmt: skip
+    total = _sum_splits(partials, out, problem.epilogue)
+    return tensor_d.CollapseShapeOp(ir.RankedTensorType.get([k, c], out), total, reassociation([[0, 1], [2]])).result
+
+
 def _mark_tensor_maps(module: ir.Operation, kernel: str) -> None:
     """Say in the entry function's reflection that its kernel ``kernel`` reads tensor maps the caller encodes."""
     from convbw_mlir.dialects.convbw import FUNC_NAME
@@ -340,8 +409,22 @@ class ExplicitKernel(ConvbwPass):
                 raise self.fail(
                     op, f"a {problem.layout} op whose plan computes it in layout 2: run convbw-relayout first"
                 )
-            from convbw_mlir.policies import sm90
+            from convbw_mlir.policies import sm90, sm90_fp8
 
+            if sm90_fp8.is_fp8(plan):  # the K-major copies and the TN GEMM: dW [K, C] expands into dW's layout
+                name = f"convbw_explicit_{count}"
+                with op.location, ir.InsertionPoint(op):
+                    top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
+                    result = _fp8_dispatch(op, problem, plan, name, top)
+                    split_at = problem.dims("dw").index("K") + 1
+                    groups = reassociation([list(range(split_at)), list(range(split_at, len(problem.dw_shape)))])
+                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
+                                                list(problem.dw_shape)).result  # fmt: skip
+                _mark_tensor_maps(module, name)
+                count += 1
+                op.results[0].replace_all_uses_with(dw)
+                op.erase()
+                continue
             if sm90.is_sm90(plan):
                 name = f"convbw_explicit_{count}"
                 with op.location, ir.InsertionPoint(op):

@@ -427,10 +427,10 @@ class _Hopper(_Block):
 
 
 def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, int], out_dtype=np.float32,
-             scales: tuple[float, float] | None = None) -> np.ndarray:  # fmt: skip
+             scales: tuple[float, float] | None = None, partials: int = 0) -> np.ndarray:  # fmt: skip
     """C = A B^T by the module's kernel (A, B: 16-bit or ml_dtypes fp8 ``[M, K]``, ``[N, K]``; ``box``: the
-    rows of A's and B's TMA boxes, the tile's bm and bn; ``scales``: fp8's (scale_a, scale_b) binding),
-    workgroups in grid order."""
+    rows of A's and B's TMA boxes, the tile's bm and bn; ``scales``: fp8's (scale_a, scale_b) binding;
+    ``partials``: C is ``[partials, M, N]``, each split's slice, NaN where unwritten), workgroups in grid order."""
     from sm80_emulator import _workgroup, collect_funcs
 
     exe = next(o.operation for o in module.body.operations if o.operation.name == "hal.executable.source")
@@ -446,6 +446,8 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, in
     box_k = 128 // esize
     maps = np.concatenate([tensor_map(0, m, k, bm, box_k, esize), tensor_map(1, n, k, bn, box_k, esize)])
     c = np.full((m, n), np.nan if grid[2] == 1 else 0.0, out_dtype)  # split-K adds into a zeroed C
+    if partials:
+        c = np.full((partials, m, n), np.nan, out_dtype)
     extra = [] if scales is None else [np.asarray(scales, np.float32)]
     bindings = dict(enumerate([a, b, maps, *extra, c]))
     body = func.regions[0].blocks[0]

@@ -48,9 +48,12 @@ def build_op(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None = 
     vmfb, launch = _compile_vmfb(bytecode, target, extra_flags)
     if mapped is not None and launch is not None and launch.refused is None:  # what the direct launch encodes
         from convbw_mlir.cuda_launch import TensorMap
-        from convbw_mlir.policies import sm90
+        from convbw_mlir.policies import sm90, sm90_fp8
 
-        launch.tensor_maps = [TensorMap(**m) for m in sm90.tensor_maps(problem, mapped)]
+        maps = (
+            sm90_fp8.tensor_maps(problem, plan, mapped) if sm90_fp8.is_fp8(plan) else sm90.tensor_maps(problem, mapped)
+        )
+        launch.tensor_maps = [TensorMap(**m) for m in maps]
     return CompiledOp(
         problem=problem,
         target=target.name,

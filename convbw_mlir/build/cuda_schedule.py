@@ -118,7 +118,7 @@ class _Refused(Exception):
 _INERT = {
     "arith.constant", "util.null", "util.global.load", "util.return", "util.status.check_ok",
     "hal.memory_type", "hal.buffer_usage", "hal.element_type", "hal.encoding_type", "hal.buffer_view.assert",
-    "hal.buffer.assert", "hal.device.allocator", "hal.fence.create", "hal.fence.await",
+    "hal.buffer.assert", "hal.device.allocator", "hal.fence.create", "hal.fence.await", "hal.fence.join",
     "hal.command_buffer.create", "hal.command_buffer.finalize", "hal.executable.lookup.function",
     # a barrier orders what comes before and after: one CUDA stream orders everything already
     "hal.command_buffer.execution_barrier",
@@ -265,6 +265,9 @@ def _read(module: Any, function: str, readers: dict) -> Launch:
             base = -(-transient // TRANSIENT_ALIGNMENT) * TRANSIENT_ALIGNMENT
             transient = base + _const(op.operands[7], "the transient's size")
             buffers[op.results[0]] = (TRANSIENT, base)
+        elif name == "hal.buffer.subspan":  # a view at a constant offset (the fp8 path's K-major copies share one)
+            b, base = _buffer(buffers, op.operands[0])
+            buffers[op.results[0]] = (b, base + _const(op.operands[1], "a subspan's offset"))
         elif name == "hal.device.queue.dealloca":
             if buffers.get(op.operands[4], ("",))[0] != TRANSIENT:
                 raise _Refused("hal.device.queue.dealloca of a buffer that is not the transient")

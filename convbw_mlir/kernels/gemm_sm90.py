@@ -167,14 +167,19 @@ def accumulator_coords(n: int) -> list[tuple[int, int]]:
 
 
 def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Type,
-               elem_b: ir.Type | None = None) -> KernelEntry:  # fmt: skip
+               elem_b: ir.Type | None = None, scales: bool = True, partials: bool = False,
+               name: str = "gemm_sm90") -> KernelEntry:  # fmt: skip
     """The kernel's launch: grid (N tiles, M tiles), 128 (1 + consumers) threads, bindings A, B, maps, C;
-    fp8 (``elem``: A's type, ``elem_b``: B's, A's if None): A, B, maps, scales (scale_a, scale_b), C."""
+    fp8 (``elem``: A's type, ``elem_b``: B's, A's if None): A, B, maps, scales (scale_a, scale_b), C, or no
+    scales binding (``scales`` False: the product's, whose scale is a constant of the problem's epilogue).
+    ``partials``: C is ``[splits, M, N]`` f32, each split's partial in its own slice (no atomics; the
+    product's split-K, summed in split order by its stage 2)."""
     fp8 = str(elem) in FP8_TYPES
-    scales = (ir.MemRefType.get([2], ir.F32Type.get()),) if fp8 else ()
+    scales_t = (ir.MemRefType.get([2], ir.F32Type.get()),) if fp8 and scales else ()
+    c_shape = [t.splits, m, n] if partials else [m, n]
     return KernelEntry(
-        executable="gemm_sm90",
-        function="gemm_sm90",
+        executable=name,
+        function=name,
         grid=(t.persistent, 1, 1)
         if t.persistent
         else (t.cluster * -(-n // t.bn), -(-m // t.bm) // t.cluster, t.splits),
@@ -184,8 +189,8 @@ def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Typ
             ir.MemRefType.get([m, k], elem),
             ir.MemRefType.get([n, k], elem_b or elem),
             ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
-            *scales,
-            ir.MemRefType.get([m, n], out),
+            *scales_t,
+            ir.MemRefType.get(c_shape, out),
         ),
     )
 
@@ -399,7 +404,8 @@ def _release(b: _B, t: Sm90Tiling, base: ir.Value, kt: ir.Value) -> None:
 def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
               scale: ir.Value | None = None) -> None:  # fmt: skip
     """Each accumulator pair (columns 2 (lane % 4), +1 of an n8 chunk) to C, times ``scale`` (an f32, fp8's
-    ``scale_a * scale_b``) if given, converted to C's type."""
+    ``scale_a * scale_b``) if given, converted to C's type; a 3-D C (partials) takes it in split z's slice."""
+    lead = [gpu.block_id(gpu.Dimension.z)] if ir.MemRefType(c.type).rank == 3 else []
     out = ir.MemRefType(c.type).element_type
     f32 = ir.F32Type.get()
     idx = b.index
@@ -417,24 +423,28 @@ def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, 
             vec = arith.truncf(ir.VectorType.get([2], out), vec)
         r = arith.addi(row, arith.constant(idx, 8 * ((v % 4) // 2)))
         cc = arith.addi(col, arith.constant(idx, 8 * (v // 4)))
-        if t.splits == 1:
-            vector.store(vec, c, [r, cc])
+        if t.splits == 1 or lead:
+            vector.store(vec, c, [*lead, r, cc])
             continue
         for e in range(2):  # split-K: this split's partial added to C
             value = vector.extract(vec, [], [e])
             memref.atomic_rmw(arith.AtomicRMWKind.addf, value, c, [r, arith.addi(cc, arith.constant(idx, e))])
 
 
-def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Tiling) -> None:
+def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Tiling,
+                    scale: float | None = None) -> None:  # fmt: skip
     """Emit the kernel into ``entry`` given its bound memrefs (A, B, maps[, scales], C) for
-    :func:`gemm_entry`'s grid.
+    :func:`gemm_entry`'s grid; ``scale``: a constant the accumulators are multiplied by (where no scales
+    binding is bound).
 
     Raises:
         ValueError: a size the kernel does not take (M, N, K multiples of the tile), input types it does not
             take (f16, bf16; A and B e4m3 / e5m2) or a tiling for another element size.
     """
     a_mem, b_mem, maps, *scales, c = bindings
-    m, n = ir.MemRefType(c.type).shape
+    *lead, m, n = ir.MemRefType(c.type).shape
+    if lead and (lead != [t.splits] or str(ir.MemRefType(c.type).element_type) != "f32"):
+        raise ValueError(f"c: {ir.MemRefType(c.type)}: partials are [splits, M, N] f32 ({t.splits} splits)")
     types = [str(ir.MemRefType(x.type).element_type) for x in (a_mem, b_mem)]
     fp8 = types[0] in FP8_TYPES
     if types[0] not in WGMMA_TYPES or (types[1] not in FP8_TYPES if fp8 else types[1] != types[0]):
@@ -481,14 +491,16 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
-        scale = None
+        factor = None
         if scales:  # fp8's per-tensor scales, read once: out = scale_a * scale_b * acc
             s_a, s_b = (memref.load(scales[0], [arith.constant(idx, i)]) for i in (0, 1))
-            scale = arith.mulf(s_a, s_b)
+            factor = arith.mulf(s_a, s_b)
+        elif scale is not None and scale != 1.0:  # the product's: the problem's epilogue alpha
+            factor = arith.constant(ir.F32Type.get(), scale)
         for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
             acc = _consumer(b, t, base, a_rows, ktiles, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
-            _epilogue(b, t, c, acc, wtid, row0, n0, scale)
+            _epilogue(b, t, c, acc, wtid, row0, n0, factor)
         scf.YieldOp([])
     if t.cluster > 1:  # no workgroup leaves while its peer may still arrive on its barriers
         _sync(t)
