@@ -1,0 +1,295 @@
+"""A ResNet-50 stage's bf16 training step, torch's weight gradients against ours (issue 24's torch goal).
+
+    .venv/bin/python bench/torch_step.py compile ART --stage layer3 --batch 128   # here: the kernels an H100/H200
+                                                                                # asks for (sm_90a where it takes)
+    CONVBW_ARTIFACTS=ART python3 bench/torch_step.py run --out OUT --stage layer3 --batch 128     # on the GPU
+
+``run`` starts one process per part:
+- ``train``: examples/torch_enable.py's training loop (autocast bf16, channels-last, SGD, 4 fixed batches, seed
+  0) run four times: torch, ours (``convbw_mlir.torch.enable()``), torch again and torch with
+  ``cudnn.benchmark`` (torch's own spread of losses and step times, the yardstick for ours); the profiler's
+  share of ``convolution_backward`` in our dW and in cuDNN's wgrad; the kernels loaded (family, path, CUDA
+  graphs recorded, tensor maps encoded: after warm-up neither may grow step by step); three steps of ours
+  under ``torch.cuda.set_sync_debug_mode("warn")`` (a host wait torch can see is counted).
+- ``layers``: each distinct convolution of the stage alone, ``aten.convolution_backward`` for dW only and for
+  dx + dW, torch's against ours (through the switch, as in training): time per call by CUDA events (median
+  of 5 blocks of 20 queued calls), kernel time by the profiler, ours against torch's dW (relative error).
+Each writes a JSON file into OUT; ``table OUT`` prints the README's tables from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# the example beside this script (carried to the GPU machine) or in the repository
+EXAMPLE = next(p for p in (HERE / "torch_enable.py", HERE.parent / "examples" / "torch_enable.py") if p.is_file())
+CALLS, BLOCKS = 20, 5
+
+
+def _example():  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location("torch_enable", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+def _args(ns: argparse.Namespace, **more: object) -> argparse.Namespace:
+    """examples/torch_enable.py's arguments for this stage (bf16 autocast on the GPU, profiled)."""
+    out = argparse.Namespace(model=f"resnet50_{ns.stage}", dtype="bf16", batch=ns.batch, size=ns.size,
+                             steps=ns.steps, warmup=ns.warmup, lr=ns.lr, classes=10, device="cuda", compile=False,
+                             min_flops=0, profile=True, precompile=None)  # fmt: skip
+    for k, v in more.items():
+        setattr(out, k, v)
+    return out
+
+
+def compile_all(ns: argparse.Namespace) -> int:
+    ex = _example()
+    return ex.main(["--model", f"resnet50_{ns.stage}", "--dtype", "bf16", "--batch", str(ns.batch), "--size",
+                    str(ns.size), "--precompile", "sm_90a"])  # fmt: skip
+
+
+def part_train(ns: argparse.Namespace) -> dict:
+    import torch
+
+    from convbw_mlir import torch as ct
+
+    ex = _example()
+    args = _args(ns)
+    runs = {"torch": ex.train(args, ours=False), "ours": ex.train(args, ours=True)}
+    kernels_after_ours = ct.loaded_kernels()
+    runs["torch_again"] = ex.train(args, ours=False)
+    torch.backends.cudnn.benchmark = True
+    runs["torch_benchmark"] = ex.train(args, ours=False)
+    torch.backends.cudnn.benchmark = False
+    # the same steps again, ours, to see whether graphs or tensor maps keep growing (they may not, past warm-up)
+    again = ex.train(_args(ns, profile=False), ours=True)
+    runs["ours_again"] = again
+    kernels_end = ct.loaded_kernels()
+    sync_warnings = _sync_check(ex, ns)
+
+    def worst(a: list[float], b: list[float], upto: int | None = None) -> float:
+        pairs = list(zip(a, b))[:upto]
+        return max(abs(x - y) / max(abs(x), 1e-12) for x, y in pairs)
+
+    t = runs["torch"]["loss"]
+    diffs = {name: {"max_rel_all": worst(t, r["loss"]), "max_rel_first5": worst(t, r["loss"], 5),
+                    "max_rel_first20": worst(t, r["loss"], 20)}
+             for name, r in runs.items() if name != "torch"}  # fmt: skip
+    return {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
+            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "args": vars(args), "runs": runs,
+            "loss_differences_vs_torch": diffs, "kernels_after_ours": kernels_after_ours,
+            "kernels_end": kernels_end, "sync_warnings": sync_warnings}  # fmt: skip
+
+
+def _sync_check(ex, ns: argparse.Namespace) -> list[str]:  # noqa: ANN001
+    """Three steps of ours (after warm-up) under ``set_sync_debug_mode("warn")``: the host waits torch sees."""
+    import torch
+
+    from convbw_mlir import torch as ct
+
+    torch.manual_seed(0)
+    model = ex.build(f"resnet50_{ns.stage}", 10).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=ns.lr, momentum=0.9)
+    x = torch.randn(ns.batch, ex.input_channels(f"resnet50_{ns.stage}"), ns.size, ns.size, device="cuda")
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (ns.batch,), device="cuda")
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+
+    ct.enable()
+    try:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                for _ in range(3):
+                    step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    finally:
+        ct.disable()
+    return [str(w.message)[:300] for w in seen if "synchroniz" in str(w.message).lower()]
+
+
+def _signatures(ns: argparse.Namespace) -> list[dict]:
+    """The stage's convolutions (as its backward asks for dW), distinct, with how many of each: one step on meta."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ex = _example()
+    seen: dict[tuple, dict] = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):  # noqa: ANN001, ANN204
+            if func is torch.ops.aten.convolution_backward.default and a[-1][1]:
+                go, x, w, _, stride, padding, dilation, _, _, groups, _ = a
+                key = (tuple(x.shape), tuple(w.shape), tuple(go.shape), tuple(stride), tuple(padding),
+                       tuple(dilation), groups)  # fmt: skip
+                seen.setdefault(key, {"x": key[0], "w": key[1], "dy": key[2], "stride": key[3], "padding": key[4],
+                                      "dilation": key[5], "groups": groups, "count": 0})["count"] += 1  # fmt: skip
+            return func(*a, **(kw or {}))
+
+    model = ex.build(f"resnet50_{ns.stage}", 10).to("meta", torch.bfloat16).to(memory_format=torch.channels_last)
+    x = torch.empty(ns.batch, ex.input_channels(f"resnet50_{ns.stage}"), ns.size, ns.size, device="meta",
+                    dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)  # fmt: skip
+    with Record():
+        model(x).float().sum().backward()
+    return list(seen.values())
+
+
+def part_layers(ns: argparse.Namespace) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from convbw_mlir import torch as ct
+
+    cl, bf = torch.channels_last, torch.bfloat16
+    rows = []
+    for sig in _signatures(ns):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(sig["x"], generator=g, device="cuda", dtype=bf).contiguous(memory_format=cl)
+        dy = torch.randn(sig["dy"], generator=g, device="cuda", dtype=bf).contiguous(memory_format=cl)
+        w = torch.randn(sig["w"], generator=g, device="cuda", dtype=bf).contiguous(memory_format=cl)
+        conf = (list(sig["stride"]), list(sig["padding"]), list(sig["dilation"]), False, [0, 0], sig["groups"])
+        row = dict(sig, problem=ct.problem_for(x, sig["w"], dy, *conf[:3], sig["groups"])[0].name)
+
+        def call(mask: list[bool], x=x, dy=dy, w=w, conf=conf):  # noqa: ANN001, ANN202
+            return torch.ops.aten.convolution_backward(dy, x, w, None, *conf, mask)
+
+        for who in ("torch", "ours"):
+            if who == "ours":
+                ct.enable()
+            try:
+                for mask_name, mask in (("dw", [False, True, False]), ("dx_dw", [True, True, False])):
+                    for _ in range(5):
+                        call(mask)
+                    torch.cuda.synchronize()
+                    blocks = []
+                    for _ in range(BLOCKS):
+                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        a.record()
+                        for _ in range(CALLS):
+                            call(mask)
+                        b.record()
+                        b.synchronize()
+                        blocks.append(a.elapsed_time(b) * 1e3 / CALLS)
+                    row[f"{who}_{mask_name}_us"] = statistics.median(blocks)
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(CALLS):
+                            call(mask)
+                        torch.cuda.synchronize()
+                    kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+                    row[f"{who}_{mask_name}_kernel_us"] = sum(e.device_time_total for e in kernels) / CALLS
+                    row[f"{who}_{mask_name}_kernels"] = sorted(
+                        ((e.key, e.device_time_total / CALLS) for e in kernels), key=lambda kv: -kv[1]
+                    )[:6]
+                row[f"{who}_dw"] = call([False, True, False])[1].float()
+            finally:
+                ct.disable()
+        ref, got = row.pop("torch_dw"), row.pop("ours_dw")
+        row["dw_rel_error_vs_torch"] = ((got - ref).norm() / ref.norm()).item()
+        rows.append(row)
+    return {"device": torch.cuda.get_device_name(), "layers": rows, "kernels": ct.loaded_kernels()}
+
+
+def run(ns: argparse.Namespace) -> int:
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rc = 0
+    for part in ns.parts.split(","):
+        path = out / f"{ns.stage}_b{ns.batch}_{part}.json"
+        cmd = [sys.executable, __file__, "part", part, "--out", str(path), "--stage", ns.stage, "--batch",
+               str(ns.batch), "--size", str(ns.size), "--steps", str(ns.steps), "--warmup", str(ns.warmup), "--lr",
+               str(ns.lr)]  # fmt: skip
+        print(f"== {ns.stage} batch {ns.batch}: {part}", flush=True)
+        rc |= subprocess.run(cmd).returncode
+    return rc
+
+
+def part(ns: argparse.Namespace) -> int:
+    result = {"train": part_train, "layers": part_layers}[ns.part](ns)
+    Path(ns.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def table(ns: argparse.Namespace) -> int:
+    """The README's tables from ``run``'s files."""
+    out = Path(ns.out)
+    for f in sorted(out.glob("*_train.json")):
+        r = json.loads(f.read_text())
+        print(f"\n{f.name}: {r['device']}, torch {r['torch']}, cuDNN {r['cudnn']}")
+        print("| run | median step ms | median host ms (queued) | dW ours | share of conv backward in dW |")
+        print("|---|---:|---:|---|---|")
+        for name, run_ in r["runs"].items():
+            s = run_.get("wgrad_share_ours") or {}
+            kinds = s.get("by_kind_us", {})
+            back = s.get("convolution_backward_us") or 0
+            dw = kinds.get("ours", 0.0) if name.startswith("ours") else kinds.get("wgrad", 0.0)
+            share = f"{dw / back:.0%} ({dw / 3e3:.2f} of {back / 3e3:.2f} ms/step)" if back else ""
+            print(f"| {name} | {run_['median_step_s'] * 1e3:.2f} | {run_['median_queue_s'] * 1e3:.2f} | "
+                  f"{run_['stats'].get('ours', 0)} of {sum(run_['stats'].values())} | {share} |")  # fmt: skip
+        for name, d in r["loss_differences_vs_torch"].items():
+            print(f"loss vs torch, {name}: first 5 {d['max_rel_first5']:.1e}, first 20 {d['max_rel_first20']:.1e}, "
+                  f"all {d['max_rel_all']:.1e}")  # fmt: skip
+        print("sync warnings:", len(r["sync_warnings"]))
+        for k in r["kernels_end"]:
+            print(k["problem"], k["family"], k["path"], "graphs", k.get("graphs"), "maps", k.get("maps_encoded"))
+    for f in sorted(out.glob("*_layers.json")):
+        r = json.loads(f.read_text())
+        fam = {k["problem"]: k for k in r["kernels"]}
+        print(f"\n{f.name}: {r['device']}")
+        print(
+            "| x | w | stride | count | family | dW torch / ours us (call) | kernel | dx+dW torch / ours | "
+            "dW rel. error |"
+        )
+        print("|---|---|---|---:|---|---|---|---|---:|")
+        for row in r["layers"]:
+            k = fam.get(row["problem"], {})
+            fams = f"{k.get('family', 'torch')} ({k.get('path', '-')}, split {k.get('splits')})"
+            print(
+                f"| {row['x']} | {row['w']} | {row['stride']} | {row['count']} | {fams} | "
+                f"{row['torch_dw_us']:.1f} / {row['ours_dw_us']:.1f} | "
+                f"{row['torch_dw_kernel_us']:.1f} / {row['ours_dw_kernel_us']:.1f} | "
+                f"{row['torch_dx_dw_us']:.1f} / {row['ours_dx_dw_us']:.1f} | {row['dw_rel_error_vs_torch']:.1e} |"
+            )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("verb", choices=("compile", "run", "part", "table"))
+    p.add_argument("part", nargs="?", choices=("train", "layers"))
+    p.add_argument("--out", default="torch_step_out")
+    p.add_argument("--stage", default="layer3", choices=("layer1", "layer2", "layer3", "layer4"))
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--size", type=int, help="the stage's input size (default: its size at 224x224 images)")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--parts", default="train,layers")
+    ns = p.parse_args(argv)
+    if ns.size is None:
+        ns.size = {"layer1": 56, "layer2": 56, "layer3": 28, "layer4": 14}[ns.stage]
+    return {"compile": compile_all, "run": run, "part": part, "table": table}[ns.verb](ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
