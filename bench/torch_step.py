@@ -63,31 +63,28 @@ def part_train(ns: argparse.Namespace) -> dict:
     from convbw_mlir import torch as ct
 
     ex = _example()
-    args = _args(ns)
-    runs = {"torch": ex.train(args, ours=False), "ours": ex.train(args, ours=True)}
-    kernels_after_ours = ct.loaded_kernels()
-    runs["torch_again"] = ex.train(args, ours=False)
+    runs, kernels = {}, []
+    for r in range(ns.rounds):  # torch and ours taken in turns: this host's speed drifts over a minute
+        runs[f"torch_{r}"] = ex.train(_args(ns, profile=r == 0), ours=False)
+        runs[f"ours_{r}"] = ex.train(_args(ns, profile=r == 0), ours=True)
+        kernels.append(ct.loaded_kernels())  # graphs and maps: one per instance and model, none per step
     torch.backends.cudnn.benchmark = True
-    runs["torch_benchmark"] = ex.train(args, ours=False)
+    runs["torch_benchmark"] = ex.train(_args(ns, profile=False), ours=False)
     torch.backends.cudnn.benchmark = False
-    # the same steps again, ours, to see whether graphs or tensor maps keep growing (they may not, past warm-up)
-    again = ex.train(_args(ns, profile=False), ours=True)
-    runs["ours_again"] = again
-    kernels_end = ct.loaded_kernels()
     sync_warnings = _sync_check(ex, ns)
 
     def worst(a: list[float], b: list[float], upto: int | None = None) -> float:
         pairs = list(zip(a, b))[:upto]
         return max(abs(x - y) / max(abs(x), 1e-12) for x, y in pairs)
 
-    t = runs["torch"]["loss"]
+    t = runs["torch_0"]["loss"]
     diffs = {name: {"max_rel_all": worst(t, r["loss"]), "max_rel_first5": worst(t, r["loss"], 5),
                     "max_rel_first20": worst(t, r["loss"], 20)}
-             for name, r in runs.items() if name != "torch"}  # fmt: skip
+             for name, r in runs.items() if name != "torch_0"}  # fmt: skip
     return {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
-            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "args": vars(args), "runs": runs,
-            "loss_differences_vs_torch": diffs, "kernels_after_ours": kernels_after_ours,
-            "kernels_end": kernels_end, "sync_warnings": sync_warnings}  # fmt: skip
+            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "args": vars(_args(ns)),
+            "runs": runs, "loss_differences_vs_torch": diffs, "kernels_per_round": kernels,
+            "sync_warnings": sync_warnings}  # fmt: skip
 
 
 def _sync_check(ex, ns: argparse.Namespace) -> list[str]:  # noqa: ANN001
@@ -210,6 +207,72 @@ def part_layers(ns: argparse.Namespace) -> dict:
     return {"device": torch.cuda.get_device_name(), "layers": rows, "kernels": ct.loaded_kernels()}
 
 
+def part_host(ns: argparse.Namespace) -> dict:
+    """Host time a call, µs (no waits inside a block of 100 calls; median of 5 blocks), of torch's
+    ``convolution_backward`` and of each piece of ours, on every distinct convolution of the stage."""
+
+    import torch
+
+    return {"device": torch.cuda.get_device_name(), "rows": [_host_row(sig) for sig in _signatures(ns)]}
+
+
+def _host_row(sig: dict) -> dict:
+    """:func:`part_host`'s times for one convolution."""
+    import time
+
+    import torch
+
+    from convbw_mlir import torch as ct
+    from convbw_mlir.torch import entry as te
+
+    cl, bf = torch.channels_last, torch.bfloat16
+    x = torch.randn(sig["x"], device="cuda", dtype=bf).contiguous(memory_format=cl)
+    dy = torch.randn(sig["dy"], device="cuda", dtype=bf).contiguous(memory_format=cl)
+    w = torch.randn(sig["w"], device="cuda", dtype=bf).contiguous(memory_format=cl)
+    conf = (list(sig["stride"]), list(sig["padding"]), list(sig["dilation"]), False, [0, 0], sig["groups"])
+    problem = ct.problem_for(x, sig["w"], dy, *conf[:3], sig["groups"])[0]
+    aten = torch.ops.aten.convolution_backward
+
+    def timed(fn) -> float:  # noqa: ANN001
+        for _ in range(10):
+            fn()
+        blocks = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(100):
+                fn()
+            blocks.append((time.perf_counter() - start) * 1e4)  # µs a call
+        torch.cuda.synchronize()
+        return statistics.median(blocks)
+
+    row = {"problem": problem.name, "count": sig["count"]}
+    masks = {"dx_dw": [True, True, False], "dx": [True, False, False], "dw": [False, True, False]}
+    for name, mask in masks.items():
+        row[f"torch_{name}"] = timed(lambda mask=mask: aten(dy, x, w, None, *conf, mask))
+    ct.enable(layers=lambda sig: False)  # the override's floor: Python entered, everything torch's
+    row["switch_floor_dx_dw"] = timed(lambda: aten(dy, x, w, None, *conf, masks["dx_dw"]))
+    ct.enable()
+    for name in ("dx_dw", "dw"):
+        row[f"ours_{name}"] = timed(lambda mask=masks[name]: aten(dy, x, w, None, *conf, mask))
+    ct.disable()
+    kw = {"stride": sig["stride"], "padding": sig["padding"], "dilation": sig["dilation"], "groups": sig["groups"]}
+    row["conv_weight"] = timed(lambda: ct.conv_weight(x, sig["w"], dy, **kw))
+    kernel = te._KERNELS[(problem, ct.target_for(x.device, problem)[0], torch.cuda.current_device(), False)]
+    out = ct.conv_weight(x, sig["w"], dy, **kw)
+    row["empty_strided"] = timed(lambda: torch.empty_strided(out.shape, out.stride(), dtype=bf, device="cuda"))
+    if type(kernel) is te._DirectCall:
+        row["direct_call_graph"] = timed(lambda: kernel(x, dy, out))
+        kernel.use_graphs = False
+        row["direct_call_launches"] = timed(lambda: kernel(x, dy, out))
+        kernel.use_graphs = True
+        stream = torch.cuda.current_stream().cuda_stream
+        ws = te._WORKSPACE[(kernel.index, stream)]
+        ptrs = (x.data_ptr(), dy.data_ptr(), out.data_ptr(), ws.data_ptr())
+        row["launcher_alone"] = timed(lambda: kernel.launcher(ptrs, stream))
+    return row
+
+
 def run(ns: argparse.Namespace) -> int:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -218,14 +281,14 @@ def run(ns: argparse.Namespace) -> int:
         path = out / f"{ns.stage}_b{ns.batch}_{part}.json"
         cmd = [sys.executable, __file__, "part", part, "--out", str(path), "--stage", ns.stage, "--batch",
                str(ns.batch), "--size", str(ns.size), "--steps", str(ns.steps), "--warmup", str(ns.warmup), "--lr",
-               str(ns.lr)]  # fmt: skip
+               str(ns.lr), "--rounds", str(ns.rounds)]  # fmt: skip
         print(f"== {ns.stage} batch {ns.batch}: {part}", flush=True)
         rc |= subprocess.run(cmd).returncode
     return rc
 
 
 def part(ns: argparse.Namespace) -> int:
-    result = {"train": part_train, "layers": part_layers}[ns.part](ns)
+    result = {"train": part_train, "layers": part_layers, "host": part_host}[ns.part](ns)
     Path(ns.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
@@ -235,23 +298,27 @@ def table(ns: argparse.Namespace) -> int:
     out = Path(ns.out)
     for f in sorted(out.glob("*_train.json")):
         r = json.loads(f.read_text())
-        print(f"\n{f.name}: {r['device']}, torch {r['torch']}, cuDNN {r['cudnn']}")
-        print("| run | median step ms | median host ms (queued) | dW ours | share of conv backward in dW |")
-        print("|---|---:|---:|---|---|")
+        print(f"\n{f.name}: {r['device']}, torch {r['torch']}, cuDNN {r['cudnn']}, lr {r['args']['lr']}")
+        print("| run | median step ms | median host ms (queued) | GPU kernels ms/step | conv backward ms/step | "
+              "ours: our dW ms/step | dW ours |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---|")
         for name, run_ in r["runs"].items():
             s = run_.get("wgrad_share_ours") or {}
-            kinds = s.get("by_kind_us", {})
-            back = s.get("convolution_backward_us") or 0
-            dw = kinds.get("ours", 0.0) if name.startswith("ours") else kinds.get("wgrad", 0.0)
-            share = f"{dw / back:.0%} ({dw / 3e3:.2f} of {back / 3e3:.2f} ms/step)" if back else ""
-            print(f"| {name} | {run_['median_step_s'] * 1e3:.2f} | {run_['median_queue_s'] * 1e3:.2f} | "
-                  f"{run_['stats'].get('ours', 0)} of {sum(run_['stats'].values())} | {share} |")  # fmt: skip
+            prof = [f"{s[k] / 3e3:.2f}" if s else "" for k in ("kernels_us", "convolution_backward_us", "ours_us")]
+            print(
+                f"| {name} | {run_['median_step_s'] * 1e3:.2f} | {run_['median_queue_s'] * 1e3:.2f} | "
+                f"{' | '.join(prof)} | {run_['stats'].get('ours', 0)} of {sum(run_['stats'].values())} |"
+            )
+        rounds = sorted({int(k.split("_")[1]) for k in r["runs"] if k.startswith("ours_")})
+        ratios = [r["runs"][f"ours_{i}"]["median_step_s"] / r["runs"][f"torch_{i}"]["median_step_s"] for i in rounds]
+        print("ours / torch per round:", " ".join(f"{x:.3f}" for x in ratios))
         for name, d in r["loss_differences_vs_torch"].items():
-            print(f"loss vs torch, {name}: first 5 {d['max_rel_first5']:.1e}, first 20 {d['max_rel_first20']:.1e}, "
+            print(f"loss vs torch_0, {name}: first 5 {d['max_rel_first5']:.1e}, first 20 {d['max_rel_first20']:.1e}, "
                   f"all {d['max_rel_all']:.1e}")  # fmt: skip
-        print("sync warnings:", len(r["sync_warnings"]))
-        for k in r["kernels_end"]:
-            print(k["problem"], k["family"], k["path"], "graphs", k.get("graphs"), "maps", k.get("maps_encoded"))
+        print("sync warnings:", r["sync_warnings"])
+        for i, ks in enumerate(r["kernels_per_round"]):
+            print(f"round {i}:", "; ".join(f"{k['problem'][:40]} {k['family']} {k['path']} graphs {k.get('graphs')} "
+                                          f"maps {k.get('maps_encoded')}" for k in ks))  # fmt: skip
     for f in sorted(out.glob("*_layers.json")):
         r = json.loads(f.read_text())
         fam = {k["problem"]: k for k in r["kernels"]}
@@ -270,13 +337,23 @@ def table(ns: argparse.Namespace) -> int:
                 f"{row['torch_dw_kernel_us']:.1f} / {row['ours_dw_kernel_us']:.1f} | "
                 f"{row['torch_dx_dw_us']:.1f} / {row['ours_dx_dw_us']:.1f} | {row['dw_rel_error_vs_torch']:.1e} |"
             )
+    cols = ["torch_dx_dw", "torch_dx", "torch_dw", "switch_floor_dx_dw", "ours_dx_dw", "ours_dw", "conv_weight",
+            "direct_call_graph", "direct_call_launches", "launcher_alone", "empty_strided"]  # fmt: skip
+    for f in sorted(out.glob("*_host.json")):
+        r = json.loads(f.read_text())
+        print(f"\n{f.name}: {r['device']}, host µs a call")
+        print("| problem | count | " + " | ".join(cols) + " |")
+        print("|---|---:|" + "---:|" * len(cols))
+        for row in r["rows"]:
+            vals = " | ".join(f"{row[c]:.1f}" if c in row else "" for c in cols)
+            print(f"| {row['problem']} | {row['count']} | {vals} |")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("verb", choices=("compile", "run", "part", "table"))
-    p.add_argument("part", nargs="?", choices=("train", "layers"))
+    p.add_argument("part", nargs="?", choices=("train", "layers", "host"))
     p.add_argument("--out", default="torch_step_out")
     p.add_argument("--stage", default="layer3", choices=("layer1", "layer2", "layer3", "layer4"))
     p.add_argument("--batch", type=int, default=128)
@@ -284,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--parts", default="train,layers")
+    p.add_argument("--parts", default="train,layers,host")
+    p.add_argument("--rounds", type=int, default=3, help="torch and ours runs, taken in turns")
     ns = p.parse_args(argv)
     if ns.size is None:
         ns.size = {"layer1": 56, "layer2": 56, "layer3": 28, "layer4": 14}[ns.stage]
