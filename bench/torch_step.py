@@ -25,6 +25,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -124,6 +125,129 @@ def _sync_check(ex, ns: argparse.Namespace) -> list[str]:  # noqa: ANN001
     finally:
         ct.disable()
     return [str(w.message)[:300] for w in seen if "synchroniz" in str(w.message).lower()]
+
+
+def part_paired(ns: argparse.Namespace) -> dict:
+    """torch's step and ours taken in turns, step by step (two models from the same seed on the same batches;
+    the switch turned on and off between steps, outside the timed window, its decisions kept): the host's drift
+    cancels in each pair. Then the same against ``floor`` (the switch on, every gradient passed to torch: the
+    override's own cost), ``stub`` (our dW allocated, no kernel: the launch's cost by difference) and
+    ``nographs`` (plain launches, no in-call CUDA graphs); and the profiler's host time by op, both runs."""
+    import gc
+
+    import torch
+
+    from convbw_mlir import torch as ct
+    from convbw_mlir.torch import entry as te
+    from convbw_mlir.torch import switch as sw
+
+    ex = _example()
+    model_name = f"resnet50_{ns.stage}"
+    cl = torch.channels_last
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(ns.batch, ex.input_channels(model_name), ns.size, ns.size, generator=g).cuda()
+                .contiguous(memory_format=cl), torch.randint(0, 10, (ns.batch,), generator=g).cuda())
+               for _ in range(4)]  # fmt: skip
+
+    def fresh():  # noqa: ANN202
+        torch.manual_seed(0)
+        model = ex.build(model_name, 10).cuda().to(memory_format=cl)
+        return model, torch.optim.SGD(model.parameters(), lr=ns.lr, momentum=0.9)
+
+    saved: dict = {}
+    current = [None]
+
+    def switch(mode: str | None) -> None:
+        if mode is None:
+            if current[0] not in (None, "floor"):  # keep our decisions, not the floor's "not in layers"
+                saved.update(sw._DECISIONS)
+            ct.disable()
+        else:
+            ct.enable(layers=(lambda sig: False) if mode == "floor" else None)
+            if mode != "floor":
+                sw._DECISIONS.update(saved)
+        current[0] = mode
+
+    def step(model, opt, i: int) -> tuple[float, float, float]:  # noqa: ANN001
+        x, y = batches[i % len(batches)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        queued = time.perf_counter() - start
+        torch.cuda.synchronize()
+        return time.perf_counter() - start, queued, loss.item()
+
+    real_weight_grad = sw._weight_grad
+
+    def stub(direct, x, w, go, *args):  # noqa: ANN001, ANN002, ANN202
+        if direct is None:
+            return real_weight_grad(direct, x, w, go, *args)
+        return torch.empty_strided(*direct[1], dtype=x.dtype, device=x.device)
+
+    def paired(mode: str, steps: int) -> dict:
+        (tm, topt), (om, oopt) = fresh(), fresh()
+        rows = []
+        gc.collect()
+        for i in range(steps):
+            t = step(tm, topt, i)
+            switch(mode)
+            if mode == "stub":
+                sw._weight_grad = stub
+            graphs = {k: v.use_graphs for k, v in te._KERNELS.items() if type(v) is te._DirectCall}
+            if mode == "nographs":
+                for k in graphs:
+                    te._KERNELS[k].use_graphs = False
+            try:
+                o = step(om, oopt, i)
+            finally:
+                sw._weight_grad = real_weight_grad
+                for k, v in graphs.items():
+                    te._KERNELS[k].use_graphs = v
+                switch(None)
+            rows.append((t, o))
+        warm = rows[ns.warmup :]
+        med = statistics.median
+        return {"mode": mode, "steps": steps, "torch_step_ms": med(t[0] for t, _ in warm) * 1e3,
+                "mode_step_ms": med(o[0] for _, o in warm) * 1e3,
+                "torch_host_ms": med(t[1] for t, _ in warm) * 1e3, "mode_host_ms": med(o[1] for _, o in warm) * 1e3,
+                "ratio_median": med(o[0] / t[0] for t, o in warm),
+                "host_diff_ms_median": med((o[1] - t[1]) * 1e3 for t, o in warm),
+                "torch_loss": [t[2] for t, _ in rows], "mode_loss": [o[2] for _, o in rows],
+                "torch_step_s": [t[0] for t, _ in rows], "mode_step_s": [o[0] for _, o in rows],
+                "torch_host_s": [t[1] for t, _ in rows], "mode_host_s": [o[1] for _, o in rows]}  # fmt: skip
+
+    result = {"device": torch.cuda.get_device_name(), "lr": ns.lr, "batch": ns.batch, "size": ns.size}
+    result["runs"] = [paired("ours", ns.steps)]
+    for mode in ("floor", "stub", "nographs", "ours"):
+        result["runs"].append(paired(mode, 40))
+    result["profile"] = {who: _host_profile(fresh, step, switch, who) for who in ("torch", "ours")}
+    result["kernels"] = ct.loaded_kernels()
+    return result
+
+
+def _host_profile(fresh, step, switch, who: str) -> list:  # noqa: ANN001
+    """The profiler's host (and device) time by op over 3 steps after 5 unprofiled ones: the 30 longest on the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, opt = fresh()
+    if who == "ours":
+        switch("ours")
+    try:
+        for i in range(5):
+            step(model, opt, i)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(3):
+                step(model, opt, i)
+    finally:
+        if who == "ours":
+            switch(None)
+    rows = [(e.key, e.count, e.cpu_time_total / 3, e.self_cpu_time_total / 3, e.device_time_total / 3)
+            for e in prof.key_averages()]  # fmt: skip
+    return sorted(rows, key=lambda r: -r[2])[:40]
 
 
 def _signatures(ns: argparse.Namespace) -> list[dict]:
@@ -288,7 +412,7 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def part(ns: argparse.Namespace) -> int:
-    result = {"train": part_train, "layers": part_layers, "host": part_host}[ns.part](ns)
+    result = {"train": part_train, "layers": part_layers, "host": part_host, "paired": part_paired}[ns.part](ns)
     Path(ns.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
@@ -337,6 +461,23 @@ def table(ns: argparse.Namespace) -> int:
                 f"{row['torch_dw_kernel_us']:.1f} / {row['ours_dw_kernel_us']:.1f} | "
                 f"{row['torch_dx_dw_us']:.1f} / {row['ours_dx_dw_us']:.1f} | {row['dw_rel_error_vs_torch']:.1e} |"
             )
+    for f in sorted(out.glob("*_paired.json")):
+        r = json.loads(f.read_text())
+        print(f"\n{f.name}: {r['device']}, batch {r['batch']}, size {r['size']}, lr {r['lr']}; in turns")
+        print("| mode | steps | torch step ms | mode step ms | median ratio | torch host ms | mode host ms | "
+              "median host diff ms |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for run_ in r["runs"]:
+            print(f"| {run_['mode']} | {run_['steps']} | {run_['torch_step_ms']:.2f} | {run_['mode_step_ms']:.2f} | "
+                  f"{run_['ratio_median']:.3f} | {run_['torch_host_ms']:.2f} | {run_['mode_host_ms']:.2f} | "
+                  f"{run_['host_diff_ms_median']:.2f} |")  # fmt: skip
+        first = r["runs"][0]
+        rel = [abs(a - b) / abs(a) for a, b in zip(first["torch_loss"], first["mode_loss"])]
+        print(f"losses: max relative difference {max(rel):.1e} (first 5: {max(rel[:5]):.1e})")
+        for who, rows in r["profile"].items():
+            print(f"host profile, {who} (ms a step: host total, host self, device):")
+            for key, count, cpu, self_cpu, dev in rows[:22]:
+                print(f"   {key[:60]:60s} x{count // 3:<4d} {cpu / 1e3:7.3f} {self_cpu / 1e3:7.3f} {dev / 1e3:7.3f}")
     cols = ["torch_dx_dw", "torch_dx", "torch_dw", "switch_floor_dx_dw", "ours_dx_dw", "ours_dw", "conv_weight",
             "direct_call_graph", "direct_call_launches", "launcher_alone", "empty_strided"]  # fmt: skip
     for f in sorted(out.glob("*_host.json")):
@@ -353,7 +494,7 @@ def table(ns: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("verb", choices=("compile", "run", "part", "table"))
-    p.add_argument("part", nargs="?", choices=("train", "layers", "host"))
+    p.add_argument("part", nargs="?", choices=("train", "layers", "host", "paired"))
     p.add_argument("--out", default="torch_step_out")
     p.add_argument("--stage", default="layer3", choices=("layer1", "layer2", "layer3", "layer4"))
     p.add_argument("--batch", type=int, default=128)
@@ -361,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--parts", default="train,layers,host")
+    p.add_argument("--parts", default="paired,train,layers,host")
     p.add_argument("--rounds", type=int, default=3, help="torch and ours runs, taken in turns")
     ns = p.parse_args(argv)
     if ns.size is None:
