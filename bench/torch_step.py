@@ -154,18 +154,18 @@ def part_paired(ns: argparse.Namespace) -> dict:
         model = ex.build(model_name, 10).cuda().to(memory_format=cl)
         return model, torch.optim.SGD(model.parameters(), lr=ns.lr, momentum=0.9)
 
-    saved: dict = {}
+    saved: dict = {}  # decisions kept per filter, so that no step decides anew
     current = [None]
+    filters = {"floor": lambda sig: False, "subset": _faster_layers}
 
     def switch(mode: str | None) -> None:
         if mode is None:
-            if current[0] not in (None, "floor"):  # keep our decisions, not the floor's "not in layers"
-                saved.update(sw._DECISIONS)
+            if current[0] is not None:
+                saved.setdefault(filters.get(current[0]), {}).update(sw._DECISIONS)
             ct.disable()
         else:
-            ct.enable(layers=(lambda sig: False) if mode == "floor" else None)
-            if mode != "floor":
-                sw._DECISIONS.update(saved)
+            ct.enable(layers=filters.get(mode))
+            sw._DECISIONS.update(saved.get(filters.get(mode), {}))
         current[0] = mode
 
     def step(model, opt, i: int) -> tuple[float, float, float]:  # noqa: ANN001
@@ -222,11 +222,18 @@ def part_paired(ns: argparse.Namespace) -> dict:
 
     result = {"device": torch.cuda.get_device_name(), "lr": ns.lr, "batch": ns.batch, "size": ns.size}
     result["runs"] = [paired("ours", ns.steps)]
-    for mode in ("floor", "stub", "nographs", "ours"):
+    for mode in ns.modes.split(","):
         result["runs"].append(paired(mode, 40))
     result["profile"] = {who: _host_profile(fresh, step, switch, who) for who in ("torch", "ours")}
     result["kernels"] = ct.loaded_kernels()
     return result
+
+
+def _faster_layers(sig: tuple) -> bool:
+    """``enable(layers=...)``'s filter of mode ``subset``: every convolution but the stride-1 1x1s, where cuDNN's
+    kernel is faster than the sm_90a kernel at these sizes (``*_layers.json``)."""
+    shape, stride = sig[0], sig[1]
+    return tuple(shape[2:]) != (1, 1) or tuple(stride) != (1, 1)
 
 
 def _host_profile(fresh, step, switch, who: str) -> list:  # noqa: ANN001
@@ -405,7 +412,7 @@ def run(ns: argparse.Namespace) -> int:
         path = out / f"{ns.stage}_b{ns.batch}_{part}.json"
         cmd = [sys.executable, __file__, "part", part, "--out", str(path), "--stage", ns.stage, "--batch",
                str(ns.batch), "--size", str(ns.size), "--steps", str(ns.steps), "--warmup", str(ns.warmup), "--lr",
-               str(ns.lr), "--rounds", str(ns.rounds)]  # fmt: skip
+               str(ns.lr), "--rounds", str(ns.rounds), "--modes", ns.modes]  # fmt: skip
         print(f"== {ns.stage} batch {ns.batch}: {part}", flush=True)
         rc |= subprocess.run(cmd).returncode
     return rc
@@ -504,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--parts", default="paired,train,layers,host")
     p.add_argument("--rounds", type=int, default=3, help="torch and ours runs, taken in turns")
+    p.add_argument("--modes", default="floor,stub,nographs,ours", help="paired: the modes after the first ours")
     ns = p.parse_args(argv)
     if ns.size is None:
         ns.size = {"layer1": 56, "layer2": 56, "layer3": 28, "layer4": 14}[ns.stage]

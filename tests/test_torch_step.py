@@ -128,6 +128,9 @@ def test_the_step_bench_lists_each_distinct_convolution_of_the_stage_with_its_co
     assert sum(s["count"] for s in sigs) == 19  # 6 bottlenecks of 3 convolutions and one downsample
     counts = {(s["w"], s["stride"]): s["count"] for s in sigs}
     assert counts[((256, 256, 3, 3), (1, 1))] == 5 and counts[((1024, 512, 1, 1), (2, 2))] == 1
+    # the paired part's "subset": all but the stride-1 1x1s, as enable(layers=...) sees a convolution
+    taken = {(s["w"], s["stride"]) for s in sigs if torch_step._faster_layers((s["w"], s["stride"], (0, 0), (1, 1), 1))}
+    assert taken == {((256, 256, 3, 3), (1, 1)), ((256, 256, 3, 3), (2, 2)), ((1024, 512, 1, 1), (2, 2))}
 
 
 def test_kernel_family_names_the_kernel_a_plan_is():
