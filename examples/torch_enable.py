@@ -7,13 +7,17 @@ step of both, the step time (median over the steps after the first few), how man
 our dW (``torch.profiler``). ``--plot`` draws the two loss curves (matplotlib).
 
 On the GPU (what docs/torch.md asks to be measured; kernels compiled on a machine with the IREE compiler and
-carried in $CONVBW_ARTIFACTS: the same command with ``--precompile sm_80`` compiles exactly those):
+carried in $CONVBW_ARTIFACTS: the same command with ``--precompile sm_80`` compiles exactly those, with
+``--precompile sm_90a`` those an H100/H200 asks for: the sm_90a kernel where it takes a problem, sm_80 elsewhere):
   python examples/torch_enable.py --model resnet50 --dtype bf16 --compile --steps 100 --batch 32 --size 224 \\
       --device cuda --profile --out resnet50.json --plot resnet50.png
   python examples/torch_enable.py --model mobilenet_v2 ...   (mobilenet_v3_large: torchvision's)
 On the CPU, seconds (a two-convolution-layer net on 8x8 images; also a test):
   python examples/torch_enable.py --model tiny --steps 2 --device cpu
-``resnet50``, ``mobilenet_v2`` and ``tiny`` are written out here; other names are torchvision's models.
+One ResNet-50 stage (issue 24: layer3, batch 128 at its 28x28 input, on an H100/H200):
+  python examples/torch_enable.py --model resnet50_layer3 --dtype bf16 --batch 128 --size 28 --device cuda ...
+``resnet50``, ``resnet50_layer1``..``4``, ``mobilenet_v2`` and ``tiny`` are written out here; other names are
+torchvision's models.
 """
 
 from __future__ import annotations
@@ -70,16 +74,29 @@ class InvertedResidual(nn.Module):
         return x + self.body(x) if self.residual else self.body(x)
 
 
+# ResNet-50's stages: (bottleneck width, blocks, first stride, input channels); input sizes at 224x224 images:
+# 56, 56, 28, 14
+STAGES = {"layer1": (64, 3, 1, 64), "layer2": (128, 4, 2, 256), "layer3": (256, 6, 2, 512), "layer4": (512, 3, 2, 1024)}
+
+
+def stage_blocks(name: str) -> list[nn.Module]:
+    width, count, stride, cin = STAGES[name]
+    return [Bottleneck(cin if i == 0 else 4 * width, width, stride if i == 0 else 1) for i in range(count)]
+
+
 def resnet50(classes: int) -> nn.Module:
-    blocks, cin = [], 64
-    for width, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
-        for i in range(count):
-            blocks.append(Bottleneck(cin, width, stride if i == 0 else 1))
-            cin = 4 * width
+    blocks = [b for name in STAGES for b in stage_blocks(name)]
     return nn.Sequential(
         *conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1), *blocks,
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, classes),
     )  # fmt: skip
+
+
+def resnet50_stage(name: str, classes: int) -> nn.Module:
+    """One of ResNet-50's stages alone (its bottleneck blocks), fed ``(N, input channels, size, size)`` batches,
+    with a pooled linear head for the loss."""
+    cout = 4 * STAGES[name][0]
+    return nn.Sequential(*stage_blocks(name), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cout, classes))
 
 
 def mobilenet_v2(classes: int) -> nn.Module:
@@ -105,6 +122,13 @@ def tiny(classes: int) -> nn.Module:
 
 # written out here (the same layers as torchvision's) so that --precompile runs where torchvision is not installed
 MODELS = {"tiny": tiny, "resnet50": resnet50, "mobilenet_v2": mobilenet_v2}
+MODELS |= {f"resnet50_{name}": (lambda classes, name=name: resnet50_stage(name, classes)) for name in STAGES}
+
+
+def input_channels(name: str) -> int:
+    """The channels of the model's input batches: images, or a ResNet-50 stage's input."""
+    stage = name.removeprefix("resnet50_")
+    return STAGES[stage][3] if name.startswith("resnet50_") and stage in STAGES else 3
 
 
 def build(name: str, classes: int) -> nn.Module:
@@ -130,7 +154,9 @@ def train(args: argparse.Namespace, ours: bool) -> dict:
     g = torch.Generator().manual_seed(1)
     batches = [
         (
-            torch.randn(args.batch, 3, args.size, args.size, generator=g).to(device, memory_format=torch.channels_last),
+            torch.randn(args.batch, input_channels(args.model), args.size, args.size, generator=g).to(
+                device, memory_format=torch.channels_last
+            ),
             torch.randint(0, args.classes, (args.batch,), generator=g).to(device),
         )
         for _ in range(4)
@@ -146,7 +172,7 @@ def train(args: argparse.Namespace, ours: bool) -> dict:
     ct.reset_stats()
     if ours:
         ct.enable(min_flops=args.min_flops)
-    losses, times = [], []
+    losses, times, queued = [], [], []
     try:
         for i in range(args.steps):
             x, y = batches[i % len(batches)]
@@ -156,16 +182,18 @@ def train(args: argparse.Namespace, ours: bool) -> dict:
             loss = step_fn(x, y)
             loss.backward()
             opt.step()
+            queued.append(time.perf_counter() - start)  # the host's part: near the step time means a host wait
             sync(device)
             times.append(time.perf_counter() - start)
             losses.append(loss.item())
-        share = profile_share(step_fn, opt, batches[0], device) if args.profile else None
+        ours_names = {k for row in ct.loaded_kernels() for k in row.get("kernels", ())}
+        share = profile_share(step_fn, opt, batches[0], device, ours_names) if args.profile else None
         stats = ct.stats()
     finally:
         ct.disable()
-    warm = times[min(args.warmup, len(times) - 1) :]
-    return {"loss": losses, "step_s": times, "median_step_s": statistics.median(warm), "stats": stats,
-            "wgrad_share_ours": share}  # fmt: skip
+    first = min(args.warmup, len(times) - 1)
+    return {"loss": losses, "step_s": times, "median_step_s": statistics.median(times[first:]), "queue_s": queued,
+            "median_queue_s": statistics.median(queued[first:]), "stats": stats, "wgrad_share_ours": share}  # fmt: skip
 
 
 def sync(device: torch.device) -> None:
@@ -173,10 +201,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_share(step_fn, opt, batch, device) -> dict:  # noqa: ANN001
+def profile_share(step_fn, opt, batch, device, ours: set[str] = frozenset()) -> dict:  # noqa: ANN001
     """Over 3 profiled steps: the time inside ``convbw::conv_weight`` (the range our override opens around our
     dW) against all of ``aten::convolution_backward`` (dx, dW and the bias gradient, ours and torch's), on the
-    device where there is one (CPU time otherwise), and the 20 longest device kernels by name."""
+    device where there is one (CPU time otherwise), the 20 longest device kernels by name, and device time by
+    kind of kernel: ours (names in ``ours``), cuDNN's weight and data gradients (``wgrad``/``dgrad`` in the name)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -192,11 +221,18 @@ def profile_share(step_fn, opt, batch, device) -> dict:  # noqa: ANN001
         e = events.get(key)
         return 0.0 if e is None else (e.device_time_total if cuda else e.cpu_time_total)
 
-    ours, backward = spent("convbw::conv_weight"), spent("aten::convolution_backward")
-    on_device = [e for e in events.values() if cuda and e.device_time_total > 0 and e.cpu_time_total == 0]
-    kernels = sorted(((e.key, e.device_time_total) for e in on_device), key=lambda kv: -kv[1])[:20]
-    return {"clock": "device" if cuda else "cpu", "ours_us": ours, "convolution_backward_us": backward,
-            "share": ours / backward if backward else None, "kernels": kernels}  # fmt: skip
+    ours_us, backward = spent("convbw::conv_weight"), spent("aten::convolution_backward")
+    # kernels: device time and no host time (our range shows on the device too, as a user annotation: left out)
+    on_device = [e for e in events.values() if cuda and e.device_time_total > 0 and e.cpu_time_total == 0
+                 and e.key != "convbw::conv_weight"]  # fmt: skip
+    kernels = sorted(((e.key, e.device_time_total) for e in on_device), key=lambda kv: -kv[1])
+    kinds: dict[str, float] = {}
+    for name, us in kernels:
+        kind = "ours" if name in ours else next((k for k in ("wgrad", "dgrad") if k in name.lower()), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + us
+    return {"clock": "device" if cuda else "cpu", "ours_us": ours_us, "convolution_backward_us": backward,
+            "share": ours_us / backward if backward else None, "kernels": kernels[:20], "by_kind_us": kinds,
+            "kernels_us": sum(us for _, us in kernels), "steps": 3}  # fmt: skip
 
 
 def precompile(args: argparse.Namespace) -> int:
@@ -227,20 +263,35 @@ def precompile(args: argparse.Namespace) -> int:
 
     dtype = DTYPES[args.dtype]  # autocast's casts, done here by hand: autocast does not act on meta tensors
     model = build(args.model, args.classes).to("meta", dtype).to(memory_format=torch.channels_last)
-    x = torch.empty(args.batch, 3, args.size, args.size, device="meta", dtype=dtype)
+    x = torch.empty(args.batch, input_channels(args.model), args.size, args.size, device="meta", dtype=dtype)
     with Record():
         model(x.contiguous(memory_format=torch.channels_last)).float().sum().backward()
     for i, problem in enumerate(sorted(seen.values(), key=lambda p: p.name)):
-        folder = ct.artifact_dir(problem, args.precompile)
-        print(f"[{i + 1}/{len(seen)}] {problem.name}", flush=True)
+        target = precompile_target(args.precompile, problem)
+        folder = ct.artifact_dir(problem, target)
+        print(f"[{i + 1}/{len(seen)}] {problem.name} for {target}", flush=True)
         if not (folder / "op.json").is_file():
-            compile_op(problem, args.precompile, isolate=True, output_arg=True).save(folder)
+            compile_op(problem, target, isolate=True, output_arg=True).save(folder)
     return 0
+
+
+def precompile_target(target: str, problem) -> str:  # noqa: ANN001
+    """The target a GPU of ``--precompile TARGET`` asks ``problem`` for: ``sm_90a`` means a compute-capability 9.0
+    GPU (H100, H200), which runs the sm_90a kernel where it takes the problem and sm_80 code elsewhere
+    (``convbw_mlir.torch.cuda_target``); any other target is taken as it is."""
+    from convbw_mlir import torch as ct
+
+    return ct.cuda_target((9, 0), problem) if target == "sm_90a" else target
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="tiny", help="tiny, resnet50, mobilenet_v2, or a torchvision model name")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny, resnet50, resnet50_layer1..4 (one stage, --size its input "
+        "size: 56, 56, 28, 14 at 224x224), mobilenet_v2, or a torchvision model name",
+    )
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--size", type=int, default=8)
@@ -254,7 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="the share of weight-gradient kernel time that was ours")
     p.add_argument("--out", help="write both runs as JSON here")
     p.add_argument("--plot", help="draw the two loss curves into this image (needs matplotlib)")
-    p.add_argument("--precompile", metavar="TARGET", help="only compile the run's kernels for TARGET (e.g. sm_80)")
+    p.add_argument(
+        "--precompile",
+        metavar="TARGET",
+        help="only compile the run's kernels for TARGET (e.g. sm_80; "
+        "sm_90a: for an H100/H200, sm_90a where that kernel takes a problem, sm_80 elsewhere)",
+    )
     args = p.parse_args(argv)
     for name in ("steps", "batch", "size", "classes"):
         if getattr(args, name) < 1:

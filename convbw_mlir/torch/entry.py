@@ -41,6 +41,9 @@ __all__ = [
     "conv3d_weight",
     "conv_weight",
     "convert_model",
+    "cuda_target",
+    "kernel_family",
+    "loaded_kernels",
     "problem_for",
     "target_for",
 ]
@@ -119,21 +122,31 @@ def target_for(device: torch.device, problem: ConvBwdWeightProblem | None = None
         return arch, "hip", index
     if not torch.version.cuda:
         raise ValueError("input: a cuda tensor, but this torch build has neither CUDA nor ROCm")
+    return cuda_target(torch.cuda.get_device_capability(index), problem), "cuda", index
+
+
+def cuda_target(capability: tuple[int, int], problem: ConvBwdWeightProblem | None = None) -> str:
+    """The compile target :func:`target_for` gives ``problem`` on an NVIDIA GPU of ``capability`` (major, minor):
+    what a machine without that GPU compiles ahead for it (``examples/torch_enable.py --precompile sm_90a``).
+
+    Raises:
+        ValueError: a compute capability older than IREE's sm_80 target.
+    """
     from convbw_mlir.targets import TARGETS
 
-    major, minor = torch.cuda.get_device_capability(index)
+    major, minor = capability
     cap = 10 * major + minor
     if cap == 90 and problem is not None:
         from convbw_mlir.policies import sm90
 
         if sm90.takes(problem):
-            return "sm_90a", "cuda", index
+            return "sm_90a"
     # IREE 3.13's newest CUDA flag target is sm_80..89; newer GPUs run sm_80 PTX through the driver's JIT.
     known = sorted((int(n[3:]), n) for n in TARGETS
                    if n.startswith("sm_") and n[3:].isdigit() and int(n[3:]) <= cap)  # fmt: skip
     if not known:
         raise ValueError(f"input: compute capability {major}.{minor} is older than IREE's sm_80 target")
-    return ("sm_80" if cap >= 90 else known[-1][1]), "cuda", index
+    return "sm_80" if cap >= 90 else known[-1][1]
 
 
 def problem_for(
@@ -310,6 +323,42 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
         _KERNELS[key] = _call_for(op, driver, index)
         _PLANS[key] = (op.plan, tuple(op.flags))
         return _KERNELS[key]
+
+
+def kernel_family(plan: Any) -> str:
+    """Which of our kernel families a plan is: ``sm_90a`` (the wgmma kernel), ``sm_80`` (the explicit sm_80
+    kernels), ``IREE`` (IREE's own codegen: strategy mma, simt or iree), ``unknown`` (no plan saved)."""
+    if plan is None:
+        return "unknown"
+    from convbw_mlir.plan_data import Strategy
+    from convbw_mlir.policies import sm90
+
+    if sm90.is_sm90(plan):
+        return "sm_90a"
+    return "sm_80" if plan.strategy == Strategy.EXPLICIT else "IREE"
+
+
+def loaded_kernels() -> list[dict[str, Any]]:
+    """The kernels this process has loaded, one dict each: ``problem`` (its name), ``target``, ``family``
+    (:func:`kernel_family`), ``path`` (``direct``: launched on torch's stream; ``iree``: IREE's runtime, a host
+    wait per call), ``launches`` (kernels and transfers a call queues), ``kernels`` (their names, as a
+    profiler shows them), ``graphs`` (CUDA graphs recorded, one
+    per memory it was called on twice) and ``maps_encoded`` (tensor-map sets encoded, one per x/dy address
+    pair; sm_90a only): what a training run asks of it (bench/torch_step.py)."""
+    out = []
+    with _LOCK:
+        for key, kernel in _KERNELS.items():
+            problem, target = key[:2]
+            plan = _PLANS.get(key, (None,))[0]
+            row = {"problem": problem.name, "target": target, "family": kernel_family(plan),
+                   "path": "direct" if type(kernel) is _DirectCall else "iree"}  # fmt: skip
+            if type(kernel) is _DirectCall:
+                launcher = kernel.launcher
+                row |= {"launches": len(launcher.launch.steps), "kernels": sorted(launcher.launch.exports),
+                        "graphs": len(kernel._graphs), "maps_encoded": len(getattr(launcher, "_encoded", ())),
+                        "splits": plan.k_batch if plan is not None else None}  # fmt: skip
+            out.append(row)
+    return out
 
 
 # -- the direct CUDA launch (convbw_mlir/cuda_launch.py) ---------------------------------------------

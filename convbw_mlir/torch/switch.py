@@ -98,7 +98,8 @@ class _Config:
 
 _STATE: dict[str, Any] = {"lib": None, "config": None, "originals": {}}
 # argument signature -> ("ours" | "torch", why, copy x?, dy's memory format to copy it into or None, dW's
-# strides to copy it into or None): the format checks cost ~13 µs each, a dictionary lookup ~0.1
+# strides to copy it into or None, the direct kernel and dW's layout or None): the format checks cost ~13 µs
+# each, a dictionary lookup ~0.1
 _DECISIONS: dict[tuple, tuple] = {}
 _STATS: Counter = Counter()
 _SWITCH_LOCK = threading.Lock()
@@ -242,7 +243,9 @@ def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, con
                       "neither contiguous nor channels-last: the weight gradient reads a contiguous copy")  # fmt: skip
     xd = _dense(x)
     try:
-        ct._problem_memo(xd, list(w.shape), _like(go, xd), list(stride), list(padding), list(dilation), int(groups))
+        memo = ct._problem_memo(
+            xd, list(w.shape), _like(go, xd), list(stride), list(padding), list(dilation), int(groups)
+        )
     except Exception as e:  # no kernel (compile error, no compiler): torch's, said once per problem
         ct._warn_once(f"convbw_mlir.torch.enable: weight gradient left to torch: {type(e).__name__}: {e}")
         return "torch", "no kernel", False, None, None
@@ -252,7 +255,12 @@ def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, con
             ct._warn_once("convbw_mlir.torch.enable: torch.use_deterministic_algorithms(True) and our kernel's "
                           "plan is not known to be deterministic: the weight gradient is torch's")  # fmt: skip
             return "torch", "not deterministic", False, None, None
-    return "ours", "", xd is not x, _copy_format(go, xd), _torch_dw_strides(go, x, w, args, xd)
+    go_format = _copy_format(go, xd)
+    kernel, out_layout = memo[6], memo[7]
+    # a direct launch on the tensors as they come: the override calls the kernel itself, not conv_weight, whose
+    # argument memo costs ~5-10 µs a call more (a training step's host time, docs/torch.md#a-training-step)
+    direct = (kernel, out_layout) if type(kernel) is ct._DirectCall and xd is x and go_format is None else None
+    return "ours", "", xd is not x, go_format, _torch_dw_strides(go, x, w, args, xd), direct
 
 
 def _torch_dw_strides(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, xd: torch.Tensor) -> Any:
@@ -294,6 +302,16 @@ _deterministic = torch._C._get_deterministic_algorithms  # torch.are_determinist
 _profiling = torch._C._autograd._profiler_enabled
 
 
+def _weight_grad(direct, x, w, go, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
+    """Our dW: the direct kernel called straight on x and dy where the decision holds it, else the entry point."""
+    if direct is None:
+        return ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
+    kernel, (size, strides) = direct
+    dw = torch.empty_strided(size, strides, dtype=x.dtype, device=x.device)
+    kernel(x, go, dw)
+    return dw
+
+
 def _override(original: Any) -> Callable:
     """The ``convolution_backward`` kernel of one dispatch key: ours for dW where we take it, ``original``'s else."""
 
@@ -319,16 +337,16 @@ def _override(original: Any) -> Callable:
         dx = db = None
         if mask[0] or mask[2]:  # torch's kernel for the rest, asked not to compute dW
             dx, _, db = original.call_boxed(keyset, *args[:-1], [mask[0], False, mask[2]])
-        _, _, copy_x, go_format, dw_strides = decision
+        _, _, copy_x, go_format, dw_strides, direct = decision
         if copy_x:
             x = x.contiguous()
         if go_format is not None:
             go = go.contiguous(memory_format=go_format)
         if _profiling():  # a named range, so torch.profiler tells our dW from torch's (examples/torch_enable.py)
             with torch.profiler.record_function("convbw::conv_weight"):
-                dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
+                dw = _weight_grad(direct, x, w, go, stride, padding, dilation, groups)
         else:
-            dw = ct.conv_weight(x, w.shape, go, stride, padding, dilation, groups)
+            dw = _weight_grad(direct, x, w, go, stride, padding, dilation, groups)
         if dw_strides is not None:  # torch's layout for dW (e.g. channels-last weights, contiguous x): a copy
             dw = torch.empty_strided(dw.shape, dw_strides, dtype=dw.dtype, device=dw.device).copy_(dw)
         _STATS["ours"] += 1

@@ -1,0 +1,151 @@
+"""A training step through the switch on an H100/H200, what runs here: the switch's direct-kernel call, the
+target each problem is compiled for ahead of a compute-capability 9.0 GPU, the loaded-kernel report, and the
+ResNet-50 stages of examples/torch_enable.py and bench/torch_step.py (docs/torch.md#a-training-step)."""
+
+import importlib.util
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: pip install .[torch])")
+from convbw_mlir import torch as ct  # noqa: E402 - after the skip: it needs torch
+from convbw_mlir.plan_data import Plan, Strategy, Tile  # noqa: E402
+from convbw_mlir.problem import ConvBwdWeightProblem  # noqa: E402
+from convbw_mlir.torch import entry as ct_entry  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _switch_off():
+    ct.disable()
+    ct.reset_stats()
+    yield
+    ct.disable()
+
+
+def _example():
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("torch_enable", ROOT / "examples" / "torch_enable.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+def test_the_switch_calls_a_direct_kernel_itself_without_the_entry_points_per_call_memo(monkeypatch):
+    # a training step is host-bound at ResNet-50 layer3's sizes: conv_weight's argument memo (~5-10 µs a call) is
+    # paid once, when the decision is made, not per weight gradient
+    kernel = object.__new__(ct_entry._DirectCall)  # a direct launch whose kernel writes 7s (no GPU here)
+    launched = []
+    monkeypatch.setattr(ct_entry._DirectCall, "__call__", lambda self, x, dy, out: launched.append(1) or out.fill_(7))
+    monkeypatch.setattr(ct_entry, "_kernel_for", lambda problem, device: kernel)
+    monkeypatch.setattr(ct_entry, "_PROBLEMS", {})  # so no other test meets this kernel
+    entry_calls = []
+    real = ct_entry.conv_weight
+    monkeypatch.setattr(ct_entry, "conv_weight", lambda *a, **k: entry_calls.append(1) or real(*a, **k))
+    conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    ct.enable()
+    for _ in range(2):
+        conv.weight.grad = None
+        conv(x).square().sum().backward()
+        assert torch.equal(conv.weight.grad, torch.full_like(conv.weight, 7))
+    assert ct.stats() == {"ours": 2} and len(launched) == 2
+    assert entry_calls == []
+
+
+def _problem(c: int, k: int = 64, layout: int = 2, dtype: str = "bf16") -> ConvBwdWeightProblem:
+    return ConvBwdWeightProblem(1, 8, c, k, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), dtype=dtype, layout=layout)
+
+
+@pytest.mark.parametrize(
+    "capability, problem, target",
+    [
+        ((9, 0), _problem(64), "sm_90a"),  # the Hopper kernel takes it
+        ((9, 0), _problem(3), "sm_80"),  # 3 channels: not an im2col box of 64
+        ((9, 0), _problem(64, layout=4), "sm_80"),  # NCHW
+        ((9, 0), None, "sm_80"),
+        ((10, 0), _problem(64), "sm_80"),  # sm_90a PTX runs on 9.0 only
+        ((8, 0), _problem(64), "sm_80"),
+    ],
+    ids=["takes", "few-channels", "layout4", "no-problem", "cc100", "cc80"],
+)
+def test_cuda_target_is_sm90a_only_on_cc90_for_what_the_hopper_kernel_takes(capability, problem, target):
+    assert ct.cuda_target(capability, problem) == target
+
+
+def test_an_older_gpu_than_sm80_is_one_error_naming_its_capability():
+    with pytest.raises(ValueError, match=r"^input: compute capability 7\.5 is older than IREE's sm_80 target"):
+        ct.cuda_target((7, 5), _problem(64))
+
+
+def test_precompile_sm90a_compiles_each_problem_for_the_target_an_h100_asks_for_it(monkeypatch, tmp_path):
+    # before: every problem was compiled for sm_90a, and ResNet-50's 3-channel stem, which an H100 looks up under
+    # sm_80, was missing there (no compiler on the GPU machine: torch's dW, with a warning)
+    import convbw_mlir
+
+    compiled = []
+
+    class Saved:
+        def save(self, folder):
+            pass
+
+    monkeypatch.setattr(convbw_mlir, "compile_op", lambda p, target, **kw: compiled.append((p, target)) or Saved())
+    monkeypatch.setenv(ct.ARTIFACTS_ENV, str(tmp_path))
+    argv = ["--model", "resnet50", "--dtype", "bf16", "--batch", "2", "--size", "64", "--precompile", "sm_90a"]
+    assert _example().main(argv) == 0
+    targets = {p.name: t for p, t in compiled}
+    assert len(targets) == len(compiled) > 20
+    stem = [name for name in targets if "_c3_" in name]
+    assert len(stem) == 1 and targets[stem[0]] == "sm_80"
+    assert all(t == "sm_90a" for name, t in targets.items() if name not in stem)
+    assert all(ct.cuda_target((9, 0), p) == t for p, t in compiled)
+
+
+def test_the_stage_models_are_resnet50s_own_blocks():
+    example = _example()
+    torch.manual_seed(0)
+    whole = example.build("resnet50", 10)
+    stage = example.build("resnet50_layer3", 10)
+    blocks = [m for m in whole if isinstance(m, example.Bottleneck)][7:13]  # 3 + 4 blocks before layer3
+    shapes = [tuple(p.shape) for b in blocks for p in b.parameters()]
+    assert shapes == [tuple(p.shape) for p in stage[:6].parameters()]
+    assert example.input_channels("resnet50_layer3") == 512 and example.input_channels("resnet50") == 3
+    out = stage(torch.randn(2, 512, 8, 8))
+    assert out.shape == (2, 10)
+
+
+def test_the_step_bench_lists_each_distinct_convolution_of_the_stage_with_its_count():
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import torch_step
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    import argparse
+
+    sigs = torch_step._signatures(argparse.Namespace(stage="layer3", batch=2, size=28))
+    assert sum(s["count"] for s in sigs) == 19  # 6 bottlenecks of 3 convolutions and one downsample
+    counts = {(s["w"], s["stride"]): s["count"] for s in sigs}
+    assert counts[((256, 256, 3, 3), (1, 1))] == 5 and counts[((1024, 512, 1, 1), (2, 2))] == 1
+    # the paired part's "subset": all but the stride-1 1x1s, as enable(layers=...) sees a convolution
+    taken = {(s["w"], s["stride"]) for s in sigs if torch_step._faster_layers((s["w"], s["stride"], (0, 0), (1, 1), 1))}
+    assert taken == {((256, 256, 3, 3), (1, 1)), ((256, 256, 3, 3), (2, 2)), ((1024, 512, 1, 1), (2, 2))}
+
+
+def test_kernel_family_names_the_kernel_a_plan_is():
+    sm90 = Plan("sm_90a", Strategy.EXPLICIT, tile=Tile(128, 256, 64, 2, 1, 4, "NV_WGMMA_F32_64x256x16_BF16"))
+    sm80 = Plan("sm_80", Strategy.EXPLICIT, tile=Tile(128, 128, 32, 2, 2, 3, "NV_MMA_SYNC_F32_16x8x16_F16"))
+    assert [ct.kernel_family(p) for p in (sm90, sm80, Plan("sm_80", Strategy.MMA), None)] == [
+        "sm_90a", "sm_80", "IREE", "unknown",
+    ]  # fmt: skip
+
+
+@pytest.mark.usefixtures("torch_artifacts")
+def test_loaded_kernels_says_which_kernel_family_and_path_each_problem_took():
+    x, dy = torch.randn(2, 4, 6, 6), torch.randn(2, 8, 6, 6)
+    ct.conv2d_weight(x, (8, 4, 3, 3), dy, padding=1)
+    problem = ct.problem_for(x, (8, 4, 3, 3), dy, padding=1)[0]
+    rows = [r for r in ct.loaded_kernels() if r["problem"] == problem.name]
+    assert rows and rows[0]["target"] == "host" and rows[0]["path"] == "iree"
+    assert rows[0]["family"] in ("sm_80", "IREE")  # the host plan: the explicit kernel is NVIDIA's
