@@ -455,10 +455,11 @@ class CudaLauncher:
 
     def _maps_for(self, index: int, payload: Any, stream: int) -> int:
         """The device address of step ``index``'s tensor maps for the addresses its payload binds: encoded
-        once per address tuple into pinned memory and copied to a device slot on ``stream`` (stream order:
-        a CUDA graph captures the copy too); slots are never reused, so a recorded graph stays right."""
+        once per address tuple and stream into pinned memory and copied to a device slot on ``stream`` (stream
+        order: a CUDA graph captures the copy too; a slot copied on another stream could be read before its
+        copy lands); slots are never reused, so a recorded graph stays right."""
         _, maps = self._maps[index]
-        key = (index, *(payload[m.binding] for m in maps))
+        key = (index, stream, *(payload[m.binding] for m in maps))
         found = self._encoded.get(key)
         if found is not None:
             return found

@@ -390,7 +390,7 @@ class _FakeContext(_FakeDriver):
         return 0
 
 
-def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_address_pair(monkeypatch):
+def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_address_pair_and_stream(monkeypatch):
     from convbw_mlir import cuda_launch
     from convbw_mlir.cuda_launch import CudaLauncher, Dispatch, ExportDef
 
@@ -411,6 +411,8 @@ def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_addre
     slot = [launch_[2] for launch_ in lib.launches]
     assert slot == [0xD0000000, 0xD0000000, 0xD0000100]  # the maps binding is the launcher's slot, not ws
     assert lib.launches[0][:2] == [dy, x] and lib.launches[0][3] == dw
+    launcher((x, dy, dw, ws), 6)  # the same memory on another stream: its own slot, copied in that stream's order
+    assert lib.copies[-1][2] == 6 and lib.launches[-1][2] == 0xD0000200
 
 
 def test_the_isa_report_counts_sm90a_wgmma_written_as_inline_ptx():
