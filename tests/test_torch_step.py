@@ -62,12 +62,13 @@ def _problem(c: int, k: int = 64, layout: int = 2, dtype: str = "bf16") -> ConvB
     [
         ((9, 0), _problem(64), "sm_90a"),  # the Hopper kernel takes it
         ((9, 0), _problem(3), "sm_80"),  # 3 channels: not an im2col box of 64
-        ((9, 0), _problem(64, layout=4), "sm_80"),  # NCHW
+        ((9, 0), _problem(64, layout=4), "sm_90a"),  # NCHW: its layout-2 copies take the Hopper kernel
+        ((9, 0), _problem(64, layout=4).with_(filter_size=(1, 1), pad_low=(0, 0), pad_high=(0, 0)), "sm_80"),
         ((9, 0), None, "sm_80"),
         ((10, 0), _problem(64), "sm_80"),  # sm_90a PTX runs on 9.0 only
         ((8, 0), _problem(64), "sm_80"),
     ],
-    ids=["takes", "few-channels", "layout4", "no-problem", "cc100", "cc80"],
+    ids=["takes", "few-channels", "layout4", "layout4-1x1", "no-problem", "cc100", "cc80"],
 )
 def test_cuda_target_is_sm90a_only_on_cc90_for_what_the_hopper_kernel_takes(capability, problem, target):
     assert ct.cuda_target(capability, problem) == target

@@ -104,8 +104,8 @@ def _pads(padding: Any, rank: int, filter_size: tuple[int, ...], dilation: tuple
 def target_for(device: torch.device, problem: ConvBwdWeightProblem | None = None) -> tuple[str, str, int | None]:
     """(compile target, IREE driver, device index) for a torch device (and the problem to run there).
 
-    On a compute-capability 9.0 GPU a ``problem`` the sm_90a weight-gradient kernel takes
-    (:func:`convbw_mlir.policies.sm90.takes`) gets ``sm_90a`` (its plan is that kernel's); anything else there
+    On a compute-capability 9.0 GPU a ``problem`` whose sm_90a plan is the sm_90a weight-gradient kernel's
+    (:func:`convbw_mlir.policies.sm90.is_sm90`; layout 4/0 through its layout-2 copies) gets ``sm_90a``; anything else there
     gets ``sm_80`` (sm_80 PTX through the driver's JIT), as does every problem on newer GPUs, whose PTX ``sm_90a``
     is not (arch-specific PTX runs on its own compute capability only).
 
@@ -137,10 +137,14 @@ def cuda_target(capability: tuple[int, int], problem: ConvBwdWeightProblem | Non
     major, minor = capability
     cap = 10 * major + minor
     if cap == 90 and problem is not None:
+        from convbw_mlir.plan import PlanError, decide
         from convbw_mlir.policies import sm90
 
-        if sm90.takes(problem):
-            return "sm_90a"
+        try:  # the kernel's own problems, and layout 4/0 ones whose layout-2 copies it computes
+            if sm90.is_sm90(decide(problem, "sm_90a")):
+                return "sm_90a"
+        except (PlanError, ValueError):
+            pass
     # IREE 3.13's newest CUDA flag target is sm_80..89; newer GPUs run sm_80 PTX through the driver's JIT.
     known = sorted((int(n[3:]), n) for n in TARGETS
                    if n.startswith("sm_") and n[3:].isdigit() and int(n[3:]) <= cap)  # fmt: skip
