@@ -105,9 +105,9 @@ def target_for(device: torch.device, problem: ConvBwdWeightProblem | None = None
     """(compile target, IREE driver, device index) for a torch device (and the problem to run there).
 
     On a compute-capability 9.0 GPU a ``problem`` whose sm_90a plan is the sm_90a weight-gradient kernel's
-    (:func:`convbw_mlir.policies.sm90.is_sm90`; layout 4/0 through its layout-2 copies) gets ``sm_90a``; anything else there
-    gets ``sm_80`` (sm_80 PTX through the driver's JIT), as does every problem on newer GPUs, whose PTX ``sm_90a``
-    is not (arch-specific PTX runs on its own compute capability only).
+    (:func:`convbw_mlir.policies.sm90.is_sm90`; layout 4/0 through its layout-2 copies) gets ``sm_90a``; anything
+    else there gets ``sm_80`` (sm_80 PTX through the driver's JIT), as does every problem on newer GPUs, whose PTX
+    ``sm_90a`` is not (arch-specific PTX runs on its own compute capability only).
 
     Raises:
         ValueError: a device type IREE cannot run (naming it), or a GPU torch build of neither CUDA nor ROCm.
