@@ -55,18 +55,31 @@ def problems() -> dict[str, Any]:
     return out
 
 
-# Variants beside the rule's choice (``compile --variants``): (splits, bn[, persistent workgroups]) per problem.
-VARIANTS = {
-    "retina_k2376_100": [(3, 256, 132), (4, 256, 132), (6, 256, 132)],
-    "retina_k2376_100_bf16": [(3, 256, 132), (4, 256, 132)],
-    "retina_k2376_50": [(1, 192, 132), (2, 256, 132), (3, 256, 132)],
-    "large_3x3_256_n64_56": [(7, 256, 126), (14, 256, 126)],
-    "streamk_3x3_512_n32_7": [(2, 256, 132), (1, 128, 132)],
-    "resnet50_3x3_256_n256_14": [(14, 256, 126)],
+# Variants beside the rule's choice (``compile --variants``): (splits, bn, persistent workgroups, StreamK
+# workgroups) per problem; every problem (the held-out too) also gets StreamK on 132 workgroups, bn 256 and 192.
+VARIANTS: dict[str, list[tuple[int, int, int, int]]] = {}
+STREAMK = [(1, 256, 0, 132), (1, 192, 0, 132)]
+# Held-out layers (not among the 13; never used to fit the rule): ResNet-50 (torchvision v1.5) and VGG-16
+# 2-D layers at the batch sizes training runs them, in CK's line format (layout 2).
+HELD_OUT = {
+    "resnet50_3x3_64_n256_56": ("2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1", "f16"),
+    "resnet50_3x3_128_n256_28_bf16": ("2 1 256 128 128 3 3 28 28 1 1 1 1 1 1 1 1", "bf16"),
+    "resnet50_3x3_512_n256_7": ("2 1 256 512 512 3 3 7 7 1 1 1 1 1 1 1 1", "f16"),
+    "resnet50_3x3_128_s2_n256_56_bf16": ("2 1 256 128 128 3 3 56 56 2 2 1 1 1 1 1 1", "bf16"),
+    "resnet50_1x1_256to64_n256_56": ("2 1 256 64 256 1 1 56 56 1 1 1 1 0 0 0 0", "f16"),
+    "resnet50_1x1_64to256_n256_56_bf16": ("2 1 256 256 64 1 1 56 56 1 1 1 1 0 0 0 0", "bf16"),
+    "vgg16_3x3_512_n64_28": ("2 1 64 512 512 3 3 28 28 1 1 1 1 1 1 1 1", "f16"),
+    "vgg16_3x3_128_n64_112_bf16": ("2 1 64 128 128 3 3 112 112 1 1 1 1 1 1 1 1", "bf16"),
 }
 
 
-def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0) -> Any:
+def held_out() -> dict[str, Any]:
+    from convbw_mlir.problem import ConvBwdWeightProblem as P
+
+    return {name: P.from_ck(line).with_(dtype=t, dw_dtype=t) for name, (line, t) in HELD_OUT.items()}
+
+
+def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0, streamk: int = 0) -> Any:
     """The sm_90a kernel's numbers for problem ``p`` (its split by the policy's rule unless given)."""
     from convbw_mlir.kernels.conv_sm90 import ConvSm90
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
@@ -77,17 +90,17 @@ def geometry(p: Any, splits: int | None = None, bn: int | None = None, persisten
         bn, splits = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo, groups=p.groups)
     tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent)
     return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
-                    tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups)  # fmt: skip
+                    tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups, streamk)  # fmt: skip
 
 
 def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None,
-                 persistent: int = 0) -> dict[str, Any]:  # fmt: skip
+                 persistent: int = 0, streamk: int = 0) -> dict[str, Any]:  # fmt: skip
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
 
-    g = geometry(p, splits, bn, persistent)
+    g = geometry(p, splits, bn, persistent, streamk)
     with new_context(), ir.Location.unknown():
         text = str(conv_module(g, p.dtype, p.dw_dtype))
     hal = compile_module(text, "sm_90a", ["--compile-to=hal"])
@@ -96,16 +109,16 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
         (binary,) = [o for o in _walk(parsed.operation) if o.name == "hal.executable.binary"]
         data = bytes(memoryview(ir.DenseIntElementsAttr(binary.attributes["data"])).cast("B"))
     (export,), (ptx,) = read_cuda_executable(data)
-    stem = f"sm90_{name}" if splits is None else f"sm90_{_variant(g.splits, g.tiling.bn, persistent)}_{name}"
+    stem = f"sm90_{name}" if splits is None else f"sm90_{_variant(g.splits, g.tiling.bn, persistent, streamk)}_{name}"
     (folder / f"{stem}.ptx").write_bytes(ptx)
     lower, upper = im2col_corners(g)
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
             "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
-            "ptx": f"{stem}.ptx"}  # fmt: skip
+            "ptx": f"{stem}.ptx", "streamk": streamk, "partials": g.sk_partials if streamk else None}  # fmt: skip
 
 
-def _variant(splits: int, bn: int, persistent: int = 0) -> str:
-    return f"s{splits}_bn{bn}" + (f"_p{persistent}" if persistent else "")
+def _variant(splits: int, bn: int, persistent: int = 0, streamk: int = 0) -> str:
+    return f"s{splits}_bn{bn}" + (f"_p{persistent}" if persistent else "") + (f"_sk{streamk}" if streamk else "")
 
 
 def _walk(op: Any):
@@ -124,11 +137,12 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
 
     folder.mkdir(parents=True, exist_ok=True)
     entries, refused = [], {}
-    for name, p in problems().items():
+    suite, extra = problems(), held_out()
+    for name, p in {**suite, **extra}.items():
         if only and not any(o in name for o in only):
             continue
         t0 = time.time()
-        base = {"problem": name, "suite": True, **harness.problem_fields(p), "dtype": p.dtype}
+        base = {"problem": name, "suite": name in suite, **harness.problem_fields(p), "dtype": p.dtype}
         entries.append({**base, "name": f"cudnn:{name}", "kind": "cudnn", "vmfb": None})
         try:
             if not sm80:
@@ -144,9 +158,9 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
             refused[f"sm90:{name}"] = "; ".join(why)
         else:
             entries.append({**base, "name": f"sm90:{name}", "kind": "sm90", **compile_sm90(p, folder, name)})
-            for splits, bn, *persistent in VARIANTS.get(name, []) if variants else []:
-                entries.append({**base, "name": f"sm90_{_variant(splits, bn, *persistent)}:{name}", "kind": "variant",
-                                **compile_sm90(p, folder, name, splits, bn, *persistent)})  # fmt: skip
+            for splits, bn, *more in VARIANTS.get(name, []) + STREAMK if variants else []:
+                entries.append({**base, "name": f"sm90_{_variant(splits, bn, *more)}:{name}", "kind": "variant",
+                                **compile_sm90(p, folder, name, splits, bn, *more)})  # fmt: skip
         print(f"{name}: {time.time() - t0:.1f} s", flush=True)
     harness.write_manifest(folder, {"target": "sm_90a", "entries": entries, "refused": refused, "seed": ec.SEED,
                                     "layout": 2})  # fmt: skip
@@ -201,13 +215,18 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     grp = e["groups"]
     c = torch.empty((splits, grp, k, cols) if splits > 1 else (grp, k, cols), device="cuda",
                     dtype=torch.float32 if splits > 1 else dt)  # fmt: skip
-    export = ExportDef(e["kernel"], 0, tuple(e["block"]), e["shared"], 0, 4)
-    binds = tuple((f"arg{i}", 0) for i in range(4))
+    work = []
+    if e.get("streamk"):  # partials poisoned (a read before its write shows), flags zero (the kernel resets them)
+        work = [torch.full(e["partials"], float("nan"), device="cuda"),
+                torch.zeros((e["streamk"], e["partials"][1]), dtype=torch.int32, device="cuda")]  # fmt: skip
+    nb = 4 + len(work)
+    export = ExportDef(e["kernel"], 0, tuple(e["block"]), e["shared"], 0, nb)
+    binds = tuple((f"arg{i}", 0) for i in range(nb))
     launch = Launch("main", [Dispatch(e["kernel"], tuple(e["grid"]), binds)], 0, (0, 0, 0, 0),
                     {e["kernel"]: export}, [(folder / e["ptx"]).read_bytes()])  # fmt: skip
     launcher = CudaLauncher(launch, torch.cuda.current_device())
-    ptrs = (dys.data_ptr(), xs.data_ptr(), maps.data_ptr(), c.data_ptr())
-    harness.KEEP.append((launcher, xs, dys, maps, c))
+    ptrs = (dys.data_ptr(), xs.data_ptr(), maps.data_ptr(), *(w.data_ptr() for w in work), c.data_ptr())
+    harness.KEEP.append((launcher, xs, dys, maps, c, work))
     first = [True]
 
     def call() -> Any:
@@ -218,6 +237,8 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
         return c.sum(0).to(dt) if splits > 1 else c
 
     def as_torch(r: Any) -> Any:
+        if work and work[1].any():  # a launch must leave StreamK's flags as it found them
+            raise RuntimeError(f"StreamK flags left raised: {int(work[1].count_nonzero())}")
         return r.reshape(grp, k, *e["filter_size"], e["in_channels"])
 
     return call, as_torch, (lambda _r: torch.cuda.synchronize())
@@ -292,7 +313,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     head = ("| problem | GFLOP | tile, splits | ours sm_90a us | TFLOP/s | cuDNN us | sm_80 us | vs cuDNN | vs sm_80 | "
             "correct (ours, cuDNN, sm_80) |")  # fmt: skip
     lines = [f"# sm_90a weight gradient, layout 2: {device}, {harness.now()}", "", head, "|" + "---|" * 10]
-    ratios, ratios_big, vs80 = [], [], []
+    ratios, ratios_big, vs80, held = [], [], [], []
+    suite = {e["problem"]: e.get("suite", True) for e in manifest["entries"]}
     splits = {e["problem"]: f"128x{e.get('bn')}, {e.get('splits')}" for e in manifest["entries"] if e["kind"] == "sm90"}
     for problem, r in got.items():
         ours, cud, s80 = (r.get(k, {}) for k in ("sm90", "cudnn", "sm80"))
@@ -300,21 +322,25 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
         ok = ours.get("correct")
         q = tc / t if t and tc and ok else None
         q8 = t8 / t if t and t8 and ok else None
+        in_suite = suite.get(problem, True)
         if q:
-            ratios.append(q)
+            (ratios if in_suite else held).append(q)
         if q8:
             vs80.append(q8)
+        problem = problem if in_suite else f"{problem} (held out)"
         flops = (ours or cud).get("flops", 0)
         lines.append(f"| {problem} | {flops / 1e9:.1f} | {splits.get(problem, '-')} | " + " | ".join(
             harness.cells({"a": t, "b": ours.get("single_tflops"), "c": tc, "d": t8, "e": q, "f": q8},
                           "a", "b", "c", "d", "e:.2f", "f:.2f"))
             + " | " + ", ".join(str(x.get("correct", x.get("error", x.get("crashed", "-"))))[:40]
                                 for x in (ours, cud, s80)) + " |")  # fmt: skip
-        ratios_big.append(q)
+        if in_suite:
+            ratios_big.append(q)
     gm, gm80 = harness.geomean(ratios), harness.geomean(vs80)
     lines += ["", f"Geomean vs cuDNN: {harness.cell(gm, '{:.2f}')}x over {len(ratios)} problems; vs our sm_80 kernel: "
               f"{harness.cell(gm80, '{:.2f}')}x. Problems >= 0.9x cuDNN: {sum(1 for q in ratios if q >= 0.9)} of "
-              f"{len(ratios_big)}.", ""]  # fmt: skip
+              f"{len(ratios_big)}. Held-out layers: geomean {harness.cell(harness.geomean(held), '{:.2f}')}x over "
+              f"{len(held)} (counted apart from the suite's).", ""]  # fmt: skip
     variants = [r for r in rows if r.get("kind") == "variant"]
     if variants:
         lines += ["Variants beside the rule's split and tile (single-call kernel time, us):", "",

@@ -85,6 +85,34 @@ def test_persistent_grid_carries_the_ring_across_units_of_uneven_length():
     assert not np.isnan(c).any() and _error(c, ref) < 1e-6
 
 
+@pytest.mark.parametrize(
+    ("geometry", "note"),
+    [
+        # 5 column tiles of 2 k tiles on 3 workgroups (ranges [0, 3), [3, 6), [6, 10)): tiles 1 and 2 cut at
+        # the seams, each finisher adding one contributor's partial
+        (dict(n=2, h=5, w=7, c=64, k=128, fy=3, fx=3, ho=5, wo=7, pad=(1, 1), streamk=3), "seams"),
+        # one tile of 7 k tiles on 3 workgroups: its finisher (2) waits on two contributors (0, 1)
+        (dict(n=4, h=10, w=11, c=64, k=64, fy=2, fx=1, ho=9, wo=11, streamk=3), "three contributors"),
+        # 3 groups x 5 column tiles, K = 40 (consumer 1 idle: no partial, no flag), 7 workgroups
+        (dict(n=2, h=6, w=6, c=64, k=40, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), groups=3, streamk=7), "groups"),
+    ],
+)
+def test_streamk_grid_matches_float64_with_fixups_only_at_the_seams(geometry, note):
+    # the emulator runs every workgroup at once, the last first, partials NaN until written, and checks
+    # that the flags end as zero: a finisher that does not wait reads NaN, one that does not reset leaves a flag
+    g = ConvSm90(**geometry, tiling=SMALL)
+    c, ref = emulated(g)
+    assert not np.isnan(c).any(), note
+    assert _error(c, ref) < 1e-6, note
+
+
+def test_streamk_bf16_output_and_its_workspace_shapes():
+    g = ConvSm90(n=2, h=8, w=8, c=64, k=128, fy=3, fx=3, ho=8, wo=8, pad=(1, 1), tiling=SMALL, streamk=4)
+    assert (g.grid, g.sk_total, g.sk_partials) == ((4, 1, 1), 10, [4, 2, 16, 128, 4])  # ranges 2, 3, 2, 3
+    c, ref = emulated(g, "bf16", "bf16")
+    assert not np.isnan(c).any() and _error(c, ref) < 1e-2
+
+
 def test_bf16_conv_weight_gradient_with_bf16_output_matches_float64():
     g = ConvSm90(n=1, h=6, w=6, c=64, k=128, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), tiling=SMALL)
     c, ref = emulated(g, "bf16", "bf16")
@@ -109,6 +137,8 @@ def test_mn_major_descriptor_fields():
         (dict(c=48), "in_channels: 48"),
         (dict(k=100), "out_channels: 100"),
         (dict(splits=100), "splits: 100"),
+        (dict(n=8, splits=2, streamk=4), r"streamk: 4 \(with splits 1"),
+        (dict(streamk=1000), r"streamk: 1000 \(0 \.\. 1 iterations"),
     ],
 )
 def test_conv_geometry_refuses_what_the_kernel_cannot_take(fields, message):

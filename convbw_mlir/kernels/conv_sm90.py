@@ -18,6 +18,13 @@ in 1024-byte atoms of 8 rows, exactly what a TMA box with the 128-byte swizzle w
 - The reduction past ``N Ho Wo`` reads zeros from both maps (out of bounds); split-K cuts the k tiles
   into ``splits`` slices (grid z), each writing f32 partial sums ``[splits, G, K, Y X C]`` that a second
   pass adds up.
+- StreamK (``streamk`` workgroups, a persistent grid): the ``tiles x k tiles`` iterations laid end to end,
+  workgroup ``w`` takes ``[w T / W, (w + 1) T / W)`` and walks its tiles last first. A segment that ends
+  before its tile's last k tile (only a range's last, walked first) stores its accumulators to
+  ``partials[w, consumer]`` (f32, 16-byte chunks in thread order: coalesced) and raises ``flags[w,
+  consumer]``; the tile's *finisher* (the segment with its last k tile) waits on the flags of the tile's
+  other contributors (lower-numbered workgroups only), adds their partials, resets the flags to zero
+  (so a launch leaves them as it found them) and stores dW. Fix-ups only at the seams between ranges.
 - Groups (NHWGC / NHWGK): group ``g``'s dy columns start at ``g K`` and its x channels at ``g C`` of the
   same two maps; grid z runs over groups x splits. Rows past K of a row tile read the next group's dy and
   are never stored.
@@ -31,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, gpu, llvm, nvvm, scf, vector
+from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
 
 from convbw_mlir.kernels.entry import KernelEntry
 from convbw_mlir.kernels.gemm_sm90 import (
@@ -68,6 +75,7 @@ class ConvSm90:
         tiling: the GEMM tiling (``bn`` a multiple of 64: that many im2col boxes a stage).
         splits: split-K slices of the k tiles (grid z); > 1 writes f32 partials ``[splits, G, K, Y X C]``.
         groups: G; c and k are a group's channels.
+        streamk: workgroups of the StreamK grid (0: none; then splits 1 and tiling not persistent).
     """
 
     n: int
@@ -85,6 +93,7 @@ class ConvSm90:
     tiling: Sm90Tiling = Sm90Tiling()
     splits: int = 1
     groups: int = 1
+    streamk: int = 0
 
     def __post_init__(self) -> None:
         if self.c % BOX:
@@ -97,6 +106,10 @@ class ConvSm90:
             raise ValueError(f"splits: {self.splits} (1 .. {self.ktiles} k tiles)")
         if self.splits > 1 and (self.splits - 1) * self.chunk >= self.ktiles:
             raise ValueError(f"splits: {self.splits} leave the last one empty ({self.ktiles} k tiles)")
+        if self.streamk and (self.splits > 1 or self.tiling.persistent):
+            raise ValueError(f"streamk: {self.streamk} (with splits 1 and no persistent tiling, its own grid)")
+        if not 0 <= self.streamk <= self.sk_total:
+            raise ValueError(f"streamk: {self.streamk} (0 .. {self.sk_total} iterations, one at least a workgroup)")
 
     @property
     def reduction(self) -> int:
@@ -127,7 +140,23 @@ class ConvSm90:
         return self.tiles[0] * self.tiles[1] * self.splits * self.groups
 
     @property
+    def sk_total(self) -> int:
+        """StreamK's iterations: every tile's k tiles, end to end."""
+        return self.tiles[0] * self.tiles[1] * self.groups * self.ktiles
+
+    def sk_begin(self, w: int) -> int:
+        """The first iteration of StreamK workgroup ``w`` (``w = streamk``: the end)."""
+        return w * self.sk_total // self.streamk
+
+    @property
+    def sk_partials(self) -> list[int]:
+        """StreamK's workspace: ``[workgroups, consumers, bn / 8, 128 threads, 4]`` f32."""
+        return [self.streamk, self.tiling.consumers, self.tiling.bn // 8, WARPGROUP, 4]
+
+    @property
     def grid(self) -> tuple[int, int, int]:
+        if self.streamk:
+            return (self.streamk, 1, 1)
         if self.tiling.persistent:
             return (self.tiling.persistent, 1, 1)
         return (*self.tiles, self.splits * self.groups)
@@ -157,11 +186,39 @@ def descriptor_mn(address: int, lead: int) -> int:
     return ((address & 0x3FFFF) >> 4) | ((lead >> 4) << 16) | ((atom >> 4) << 32) | (1 << 62)
 
 
+@dataclass(frozen=True)
+class _WritableEntry(KernelEntry):
+    """StreamK's bindings: dy, x and the maps read-only; partials, flags and dW written."""
+
+    def layout(self) -> ir.Attribute:
+        entries = ["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * 3
+        entries += ["#hal.pipeline.binding<storage_buffer>"] * (len(self.bindings) - 3)
+        return ir.Attribute.parse(f"#hal.pipeline.layout<bindings = [{', '.join(entries)}]>")
+
+
 def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90") -> KernelEntry:
     """The kernel's launch: grid (N tiles, M tiles, groups x splits), bindings dy ``[N Ho Wo, G K]``, x
     ``[N, H, W, G C]``, maps (dy's then x's CUtensorMap), dW ``[G, K, Y X C]`` (or its f32 partials
-    ``[splits, G, K, Y X C]``)."""
+    ``[splits, G, K, Y X C]``); StreamK: grid (workgroups), partials and flags ``[workgroups, consumers]``
+    (i32) before dW."""
     c_shape = [g.groups, g.k, g.columns] if g.splits == 1 else [g.splits, g.groups, g.k, g.columns]
+    if g.streamk:
+        f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
+        return _WritableEntry(
+            executable=name,
+            function=name,
+            grid=g.grid,
+            workgroup_size=(g.tiling.threads, 1, 1),
+            subgroup_size=32,
+            bindings=(
+                ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
+                ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
+                ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+                ir.MemRefType.get(g.sk_partials, f32),
+                ir.MemRefType.get([g.streamk, g.tiling.consumers], i32),
+                ir.MemRefType.get(c_shape, out),
+            ),
+        )
     return KernelEntry(
         executable=name,
         function=name,
@@ -315,7 +372,10 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
     Raises:
         ValueError: an input type other than f16 or bf16.
     """
-    dy, _, maps, c = bindings
+    if g.streamk:
+        dy, _, maps, partials, flags, c = bindings
+    else:
+        (dy, _, maps, c), partials, flags = bindings, None, None
     elem = str(ir.MemRefType(dy.type).element_type)
     if elem not in ("f16", "bf16"):
         raise ValueError(f"dtype: {elem!r}: the sm_90a kernel takes f16 or bf16")
@@ -333,7 +393,7 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
             nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
         one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
         with ir.InsertionPoint(one.then_block):
-            for (m0, n0, _, group, first, count), ring in _units(b, g):
+            for (m0, n0, _, group, first, count), ring, _ in _units(b, g):
                 m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
                 _producer(b, g, base, maps, m32, n32, first, count, ring, arith.index_cast(b.i32, group))
             scf.YieldOp([])
@@ -344,12 +404,15 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
-        for (m0, n0, split, group, _, count), ring in _units(b, g):
+        for (m0, n0, split, group, _, count), ring, sk in _units(b, g):
             acc = _consumer(b, g, base, a_rows, count, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
             mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
             with ir.InsertionPoint(mine.then_block):
-                _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
+                if sk is None:
+                    _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
+                else:
+                    _streamk_seam(b, g, c, partials, flags, acc, wtid, consumer, row0, n0, group, sk)
                 scf.YieldOp([])
         scf.YieldOp([])
 
@@ -366,17 +429,21 @@ def _unit(b: _B, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, z: ir.Value) -
 
 
 def _units(b: _B, g: ConvSm90):
-    """The workgroup's work units, each with the k tiles of its ring before it (index): its block ids, or
-    (persistent) a loop over units ``id, id + persistent, ...`` (column tile fastest, then row tile, then
-    split, then group; one iteration yielded inside the ``scf.for``, the ring carried by it)."""
+    """The workgroup's work units, each with the k tiles of its ring before it (index) and StreamK's seam
+    (or None): its block ids, or (persistent) a loop over units ``id, id + persistent, ...`` (column tile
+    fastest, then row tile, then split, then group; one iteration yielded inside the ``scf.for``, the ring
+    carried by it), or StreamK's segments (:func:`_streamk_units`)."""
     idx = b.index
 
     def c(v: int) -> ir.Value:
         return arith.constant(idx, v)
 
+    if g.streamk:
+        yield from _streamk_units(b, g)
+        return
     if not g.tiling.persistent:
         ids = [gpu.block_id(d) for d in (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)]
-        yield _unit(b, g, *ids), c(0)
+        yield _unit(b, g, *ids), c(0), None
         return
     n_tiles, m_tiles = g.tiles
     loop = scf.ForOp(gpu.block_id(gpu.Dimension.x), c(g.units), c(g.tiling.persistent), [c(0)])
@@ -384,8 +451,116 @@ def _units(b: _B, g: ConvSm90):
         u, ring = loop.induction_variable, loop.inner_iter_args[0]
         tile, z = arith.remui(u, c(n_tiles * m_tiles)), arith.divui(u, c(n_tiles * m_tiles))
         unit = _unit(b, g, arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles)), z)
-        yield unit, ring
+        yield unit, ring, None
         scf.YieldOp([arith.addi(ring, arith.index_cast(idx, unit[5]))])
+
+
+def _streamk_units(b: _B, g: ConvSm90):
+    """StreamK's segments of this workgroup's range ``[w T / W, (w + 1) T / W)``, its last tile first (so a
+    contributor's partial, the range's last segment, is stored before its first segment waits on others):
+    the unit (split 0, first k tile and count inside the tile) and the seam ``(hi, first contributor, w)``,
+    ``hi`` the segment's end inside its tile (``ktiles``: it finishes the tile)."""
+    idx = b.index
+
+    def c(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    total, wgs, iters = g.sk_total, g.streamk, g.ktiles
+    n_tiles, m_tiles = g.tiles
+    w = gpu.block_id(gpu.Dimension.x)
+    begin = arith.divui(arith.muli(w, c(total)), c(wgs))
+    end = arith.divui(arith.muli(arith.addi(w, c(1)), c(total)), c(wgs))
+    last = arith.divui(arith.subi(end, c(1)), c(iters))
+    loop = scf.ForOp(c(0), arith.subi(arith.addi(last, c(1)), arith.divui(begin, c(iters))), c(1), [c(0)])
+    with ir.InsertionPoint(loop.body):
+        ring = loop.inner_iter_args[0]
+        tile = arith.subi(last, loop.induction_variable)
+        start = arith.muli(tile, c(iters))
+        lo = arith.subi(arith.maxui(begin, start), start)
+        hi = arith.subi(arith.minui(end, arith.addi(start, c(iters))), start)
+        # the owner of the tile's first iteration: the largest w' with w' T / W <= start
+        first_w = arith.divui(arith.subi(arith.muli(arith.addi(start, c(1)), c(wgs)), c(1)), c(total))
+        n_tile, rest = arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles))
+        m_tile, group = arith.remui(rest, c(m_tiles)), arith.divui(rest, c(m_tiles))
+        count = arith.index_cast(b.i32, arith.subi(hi, lo))
+        unit = (arith.muli(m_tile, c(g.tiling.bm)), arith.muli(n_tile, c(g.tiling.bn)), c(0), group,
+                arith.index_cast(b.i32, lo), count)  # fmt: skip
+        yield unit, ring, (hi, first_w, w)
+        scf.YieldOp([arith.addi(ring, arith.index_cast(idx, count))])
+
+
+def _gpu_fence() -> None:
+    """``membar.gl``: this thread's global writes seen device-wide before what follows (and its reads after)."""
+    nvvm.MembarOp(ir.Attribute.parse("#nvvm.mem_scope<gpu>"))
+
+
+def _streamk_seam(b: _B, g: ConvSm90, c: ir.Value, partials: ir.Value, flags: ir.Value, acc: ir.Value,
+                  wtid: ir.Value, consumer: ir.Value, row0: ir.Value, n0: ir.Value, group: ir.Value,
+                  seam: tuple[ir.Value, ir.Value, ir.Value]) -> None:  # fmt: skip
+    """A StreamK segment's end for one consumer warpgroup: the finisher (``hi`` = the tile's last k tile)
+    adds its contributors' partials (waiting on their flags) and stores dW; a contributor stores its partial
+    and raises its flag. The warpgroup's own named barrier (1 + consumer, 128 threads) orders its threads'
+    partial stores before the flag, and the flag before their loads."""
+    hi, first_w, w = seam
+    idx, f32, i32 = b.index, ir.F32Type.get(), ir.IntegerType.get_signless(32)
+    v4 = ir.VectorType.get([4], f32)
+
+    def k(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    leader = arith.cmpi(arith.CmpIPredicate.eq, wtid, k(0))
+    bar_id = arith.index_cast(i32, arith.addi(consumer, k(1)))
+
+    def sync() -> None:
+        nvvm.barrier(barrier_id=bar_id, number_of_threads=b.c(WARPGROUP), aligned=True)
+
+    finishes = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, hi, k(g.ktiles)), has_else=True)
+    with ir.InsertionPoint(finishes.then_block):
+        others = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, first_w, w), [acc.type], has_else=True)
+        with ir.InsertionPoint(others.then_block):
+            one = scf.IfOp(leader)
+            with ir.InsertionPoint(one.then_block):
+                each = scf.ForOp(first_w, w, k(1))
+                with ir.InsertionPoint(each.body):
+                    at = [each.induction_variable, consumer]
+                    spin = scf.WhileOp([], [])
+                    with ir.InsertionPoint(spin.before.blocks.append()):
+                        seen = memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(0), flags, at)
+                        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.eq, seen, b.c(0)), [])
+                    with ir.InsertionPoint(spin.after.blocks.append()):
+                        scf.YieldOp([])
+                    memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(-1), flags, at)  # back to zero for the next launch
+                    scf.YieldOp([])
+                _gpu_fence()
+                scf.YieldOp([])
+            sync()
+            _gpu_fence()
+            add = scf.ForOp(first_w, w, k(1), [acc])
+            with ir.InsertionPoint(add.body):
+                total = add.inner_iter_args[0]
+                for j in range(g.tiling.bn // 8):
+                    part = vector.load(v4, partials, [add.induction_variable, consumer, k(j), wtid, k(0)])
+                    for e in range(4):
+                        pos = ir.DenseI64ArrayAttr.get([4 * j + e])
+                        mine = llvm.extractvalue(f32, total, pos)
+                        total = llvm.insertvalue(total, arith.addf(mine, vector.extract(part, [], [e])), pos)
+                scf.YieldOp([total])
+            scf.YieldOp([add.results[0]])
+        with ir.InsertionPoint(others.else_block):
+            scf.YieldOp([acc])
+        _epilogue(b, g, c, others.results[0], wtid, row0, n0, None, group)
+        scf.YieldOp([])
+    with ir.InsertionPoint(finishes.else_block):
+        for j in range(g.tiling.bn // 8):
+            vals = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([4 * j + e])) for e in range(4)]
+            vector.store(vector.from_elements(v4, vals), partials, [w, consumer, k(j), wtid, k(0)])
+        _gpu_fence()
+        sync()  # every thread's partial is out before the leader raises the flag
+        one = scf.IfOp(leader)
+        with ir.InsertionPoint(one.then_block):
+            memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(1), flags, [w, consumer])
+            scf.YieldOp([])
+        scf.YieldOp([])
 
 
 def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
@@ -399,12 +574,36 @@ def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
     module = ir.Module.create()
     tensors = [ir.RankedTensorType.get(ir.MemRefType(x).shape, ir.MemRefType(x).element_type) for x in entry.bindings]
     with ir.InsertionPoint(module.body):
-        fn = func.FuncOp("main", ir.FunctionType.get(tensors[:3], [tensors[3]]))
+        fn = func.FuncOp("main", ir.FunctionType.get(tensors[:3], [tensors[-1]]))
         block = fn.add_entry_block()
     with ir.InsertionPoint(block):
+        if g.streamk:
+            func.ReturnOp([_streamk_dispatch(g, entry, list(block.arguments), tensors, module)])
+            return module
         result = build_dispatch(
             entry, lambda blk, mems: build_conv_body(blk, mems, g), list(block.arguments), tensors[3],
             ir.InsertionPoint.at_block_begin(module.body),
         )  # fmt: skip
         func.ReturnOp([result])
     return module
+
+
+def _streamk_dispatch(g: ConvSm90, entry: KernelEntry, args: list[ir.Value], tensors: list[ir.Type],
+                      module: ir.Module) -> ir.Value:  # fmt: skip
+    """StreamK's executable and dispatch: the partials (never read before written: uninitialized) and the
+    flags (zeroed by a fill; the kernel leaves them zero) tied to results, so IREE binds dy, x, maps,
+    partials, flags, dW."""
+    from iree.compiler.dialects import flow, linalg, tensor
+
+    from convbw_mlir.kernels.entry import _build_executable
+
+    with ir.InsertionPoint.at_block_begin(module.body):
+        _build_executable(entry, lambda blk, mems: build_conv_body(blk, mems, g))
+    partials = tensor.EmptyOp(tensors[3].shape, tensors[3].element_type).result
+    flags = linalg.fill(arith.constant(tensors[4].element_type, 0), outs=[tensor.EmptyOp(tensors[4].shape,
+                        tensors[4].element_type).result])  # fmt: skip
+    tied = ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IndexType.get(), v) for v in (-1, 3, 4)])
+    target = ir.SymbolRefAttr.get([entry.executable, entry.function])
+    op = flow.DispatchOp([tensors[5], tensors[3], tensors[4]], [], ir.ArrayAttr.get([target]),
+                         [*args, partials, flags], [], [], tied_operands=tied)  # fmt: skip
+    return op.results[0]
