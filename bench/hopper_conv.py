@@ -56,8 +56,19 @@ def problems() -> dict[str, Any]:
 
 
 # Variants beside the rule's choice (``compile --variants``): (splits, bn, persistent workgroups, StreamK
-# workgroups) per problem; every problem (the held-out too) also gets StreamK on 132 workgroups, bn 256 and 192.
-VARIANTS: dict[str, list[tuple[int, int, int, int]]] = {}
+# workgroups, consumer warpgroups) per problem. Run 1 gave every problem StreamK on 132 workgroups at bn 256
+# and 192 (``--streamk``); run 2 the split rule's old choice where StreamK is now the rule's, and one
+# consumer warpgroup (64-row tiles) or 64-column tiles where K or Y X C is 64.
+VARIANTS: dict[str, list[tuple[int, ...]]] = {
+    "retina_k2376_100": [(3, 256)],
+    "retina_k2376_100_bf16": [(3, 256)],
+    "retina_k2376_50": [(1, 192)],
+    "resnet50_3x3_512_n256_7": [(3, 256)],
+    "vgg16_3x3_512_n64_28": [(5, 256)],
+    "resnet50_3x3_64_n256_56": [(44, 192, 0, 0, 1), (22, 192, 0, 0, 1), (32, 256, 0, 0, 1)],
+    "resnet50_1x1_256to64_n256_56": [(128, 256, 0, 0, 1), (66, 256, 0, 0, 1)],
+    "resnet50_1x1_64to256_n256_56_bf16": [(66, 64), (32, 64)],
+}
 STREAMK = [(1, 256, 0, 132), (1, 192, 0, 132)]
 # Held-out layers (not among the 13; never used to fit the rule): ResNet-50 (torchvision v1.5) and VGG-16
 # 2-D layers at the batch sizes training runs them, in CK's line format (layout 2).
@@ -79,7 +90,8 @@ def held_out() -> dict[str, Any]:
     return {name: P.from_ck(line).with_(dtype=t, dw_dtype=t) for name, (line, t) in HELD_OUT.items()}
 
 
-def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0, streamk: int = 0) -> Any:
+def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0, streamk: int = 0,
+             consumers: int = 2) -> Any:  # fmt: skip
     """The sm_90a kernel's numbers for problem ``p`` (its split by the policy's rule unless given)."""
     from convbw_mlir.kernels.conv_sm90 import ConvSm90
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
@@ -87,20 +99,20 @@ def geometry(p: Any, splits: int | None = None, bn: int | None = None, persisten
 
     (h, w), (ho, wo), (fy, fx) = p.input_size, p.output_size, p.filter_size
     if splits is None:
-        bn, splits = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo, groups=p.groups)
-    tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent)
+        bn, splits, streamk = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo, groups=p.groups)
+    tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent, consumers=consumers)
     return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
                     tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups, streamk)  # fmt: skip
 
 
 def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None,
-                 persistent: int = 0, streamk: int = 0) -> dict[str, Any]:  # fmt: skip
+                 persistent: int = 0, streamk: int = 0, consumers: int = 2) -> dict[str, Any]:  # fmt: skip
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
 
-    g = geometry(p, splits, bn, persistent, streamk)
+    g = geometry(p, splits, bn, persistent, streamk, consumers)
     with new_context(), ir.Location.unknown():
         text = str(conv_module(g, p.dtype, p.dw_dtype))
     hal = compile_module(text, "sm_90a", ["--compile-to=hal"])
@@ -109,16 +121,18 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
         (binary,) = [o for o in _walk(parsed.operation) if o.name == "hal.executable.binary"]
         data = bytes(memoryview(ir.DenseIntElementsAttr(binary.attributes["data"])).cast("B"))
     (export,), (ptx,) = read_cuda_executable(data)
-    stem = f"sm90_{name}" if splits is None else f"sm90_{_variant(g.splits, g.tiling.bn, persistent, streamk)}_{name}"
+    tag = _variant(g.splits, g.tiling.bn, persistent, streamk, consumers)
+    stem = f"sm90_{name}" if splits is None else f"sm90_{tag}_{name}"
     (folder / f"{stem}.ptx").write_bytes(ptx)
     lower, upper = im2col_corners(g)
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
             "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
-            "ptx": f"{stem}.ptx", "streamk": streamk, "partials": g.sk_partials if streamk else None}  # fmt: skip
+            "ptx": f"{stem}.ptx", "streamk": g.streamk, "partials": g.sk_partials if g.streamk else None}  # fmt: skip
 
 
-def _variant(splits: int, bn: int, persistent: int = 0, streamk: int = 0) -> str:
-    return f"s{splits}_bn{bn}" + (f"_p{persistent}" if persistent else "") + (f"_sk{streamk}" if streamk else "")
+def _variant(splits: int, bn: int, persistent: int = 0, streamk: int = 0, consumers: int = 2) -> str:
+    return (f"s{splits}_bn{bn}" + (f"_p{persistent}" if persistent else "") + (f"_sk{streamk}" if streamk else "")
+            + (f"_c{consumers}" if consumers != 2 else ""))  # fmt: skip
 
 
 def _walk(op: Any):
@@ -129,7 +143,8 @@ def _walk(op: Any):
                 yield from _walk(inner.operation)
 
 
-def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm80: bool = True) -> None:
+def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm80: bool = True,
+                streamk: bool = False) -> None:  # fmt: skip
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError
@@ -158,7 +173,7 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
             refused[f"sm90:{name}"] = "; ".join(why)
         else:
             entries.append({**base, "name": f"sm90:{name}", "kind": "sm90", **compile_sm90(p, folder, name)})
-            for splits, bn, *more in VARIANTS.get(name, []) + STREAMK if variants else []:
+            for splits, bn, *more in (VARIANTS.get(name, []) if variants else []) + (STREAMK if streamk else []):
                 entries.append({**base, "name": f"sm90_{_variant(splits, bn, *more)}:{name}", "kind": "variant",
                                 **compile_sm90(p, folder, name, splits, bn, *more)})  # fmt: skip
         print(f"{name}: {time.time() - t0:.1f} s", flush=True)
@@ -315,7 +330,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     lines = [f"# sm_90a weight gradient, layout 2: {device}, {harness.now()}", "", head, "|" + "---|" * 10]
     ratios, ratios_big, vs80, held = [], [], [], []
     suite = {e["problem"]: e.get("suite", True) for e in manifest["entries"]}
-    splits = {e["problem"]: f"128x{e.get('bn')}, {e.get('splits')}" for e in manifest["entries"] if e["kind"] == "sm90"}
+    splits = {e["problem"]: f"128x{e.get('bn')}, " + (f"SK {e['streamk']}" if e.get("streamk") else str(e["splits"]))
+              for e in manifest["entries"] if e["kind"] == "sm90"}  # fmt: skip
     for problem, r in got.items():
         ours, cud, s80 = (r.get(k, {}) for k in ("sm90", "cudnn", "sm80"))
         t, tc, t8 = ours.get("single_us"), cud.get("single_us"), s80.get("single_us")
@@ -327,9 +343,9 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
             (ratios if in_suite else held).append(q)
         if q8:
             vs80.append(q8)
-        problem = problem if in_suite else f"{problem} (held out)"
+        label = problem if in_suite else f"{problem} (held out)"
         flops = (ours or cud).get("flops", 0)
-        lines.append(f"| {problem} | {flops / 1e9:.1f} | {splits.get(problem, '-')} | " + " | ".join(
+        lines.append(f"| {label} | {flops / 1e9:.1f} | {splits.get(problem, '-')} | " + " | ".join(
             harness.cells({"a": t, "b": ours.get("single_tflops"), "c": tc, "d": t8, "e": q, "f": q8},
                           "a", "b", "c", "d", "e:.2f", "f:.2f"))
             + " | " + ", ".join(str(x.get("correct", x.get("error", x.get("crashed", "-"))))[:40]
@@ -363,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--only", nargs="*")
     c.add_argument("--variants", action="store_true", help="also the split and tile variants of VARIANTS")
     c.add_argument("--no-sm80", dest="sm80", action="store_false", help="skip our sm_80 kernel")
+    c.add_argument("--streamk", action="store_true", help="also StreamK variants (STREAMK) of every problem")
     r = sub.add_parser("run")
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -373,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("names", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "compile":
-        compile_all(a.dir, a.only, a.variants, a.sm80)
+        compile_all(a.dir, a.only, a.variants, a.sm80, a.streamk)
         return 0
     if a.cmd == "run":
         return run_all(a.dir, a.out, a.budget, a.jobs)

@@ -59,7 +59,7 @@ from convbw_mlir.kernels.gemm_sm90 import (
     _zero_acc,
 )
 
-__all__ = ["BOX", "ConvSm90", "conv_entry", "conv_module", "descriptor_mn", "im2col_corners"]
+__all__ = ["BOX", "ConvSm90", "build_streamk_dispatch", "conv_entry", "conv_module", "descriptor_mn", "im2col_corners"]
 
 BOX = 64  # channels of one TMA box: a 128-byte swizzled row of 16-bit elements
 ATOM_ROWS = 8  # reduction rows of one 1024-byte swizzle atom
@@ -578,7 +578,8 @@ def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
         block = fn.add_entry_block()
     with ir.InsertionPoint(block):
         if g.streamk:
-            func.ReturnOp([_streamk_dispatch(g, entry, list(block.arguments), tensors, module)])
+            top = ir.InsertionPoint.at_block_begin(module.body)
+            func.ReturnOp([build_streamk_dispatch(g, entry, list(block.arguments), top)])
             return module
         result = build_dispatch(
             entry, lambda blk, mems: build_conv_body(blk, mems, g), list(block.arguments), tensors[3],
@@ -588,22 +589,26 @@ def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
     return module
 
 
-def _streamk_dispatch(g: ConvSm90, entry: KernelEntry, args: list[ir.Value], tensors: list[ir.Type],
-                      module: ir.Module) -> ir.Value:  # fmt: skip
-    """StreamK's executable and dispatch: the partials (never read before written: uninitialized) and the
-    flags (zeroed by a fill; the kernel leaves them zero) tied to results, so IREE binds dy, x, maps,
-    partials, flags, dW."""
+def build_streamk_dispatch(g: ConvSm90, entry: KernelEntry, operands: list[ir.Value],
+                           module_ip: ir.InsertionPoint) -> ir.Value:  # fmt: skip
+    """StreamK's executable (at ``module_ip``) and its ``flow.dispatch`` on ``operands`` (dy, x, maps) here;
+    returns dW. The partials (never read before written: uninitialized) and the flags (zeroed by a fill; the
+    kernel leaves them zero) are tied to results, so IREE binds dy, x, maps, partials, flags, dW."""
     from iree.compiler.dialects import flow, linalg, tensor
 
     from convbw_mlir.kernels.entry import _build_executable
 
-    with ir.InsertionPoint.at_block_begin(module.body):
+    with module_ip:
         _build_executable(entry, lambda blk, mems: build_conv_body(blk, mems, g))
-    partials = tensor.EmptyOp(tensors[3].shape, tensors[3].element_type).result
-    flags = linalg.fill(arith.constant(tensors[4].element_type, 0), outs=[tensor.EmptyOp(tensors[4].shape,
-                        tensors[4].element_type).result])  # fmt: skip
+    types = [ir.RankedTensorType.get(ir.MemRefType(m).shape, ir.MemRefType(m).element_type) for m in entry.bindings]
+    def fresh(t: ir.RankedTensorType) -> ir.Value:  # a per-call buffer: IREE hoists a bare one into a global
+        empty = tensor.EmptyOp(t.shape, t.element_type).result
+        return ir.Operation.create("util.optimization_barrier", results=[t], operands=[empty]).result
+
+    partials = fresh(types[3])
+    flags = linalg.fill(arith.constant(types[4].element_type, 0), outs=[fresh(types[4])])
     tied = ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IndexType.get(), v) for v in (-1, 3, 4)])
     target = ir.SymbolRefAttr.get([entry.executable, entry.function])
-    op = flow.DispatchOp([tensors[5], tensors[3], tensors[4]], [], ir.ArrayAttr.get([target]),
-                         [*args, partials, flags], [], [], tied_operands=tied)  # fmt: skip
+    op = flow.DispatchOp([types[5], types[3], types[4]], [], ir.ArrayAttr.get([target]),
+                         [*operands, partials, flags], [], [], tied_operands=tied)  # fmt: skip
     return op.results[0]

@@ -15,14 +15,14 @@ from dataclasses import replace
 from typing import Any
 
 from convbw_mlir.loops import Split
-from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, Tile, _is_int
+from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, StreamKPlan, Tile, _is_int
 from convbw_mlir.policies import sm80
 from convbw_mlir.policies.split import EXPLICIT_SPLIT, check, split_refusals
 from convbw_mlir.targets import Target
 
-__all__ = ["BK", "BM", "BN", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "auto_splits", "choose", "cost", "flops",
-           "im2col_corners", "is_sm90", "plan", "refusals", "takes", "takes_by_default", "tensor_maps",
-           "unsupported"]  # fmt: skip
+__all__ = ["BK", "BM", "BN", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "auto_splits", "choose", "cost", "cost_streamk",
+           "flops", "im2col_corners", "is_sm90", "plan", "refusals", "streamk_workspace", "takes", "takes_by_default",
+           "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
 SMS = 132  # H100 SXM's SMs; one workgroup an SM (4 stages of 48 KiB)
@@ -37,6 +37,13 @@ BYTES_PER_US = 3.0e6
 SUM_US = 0.0
 FILL_TILES = 8
 MAX_SPLITS = 32
+# StreamK (bench/results/h200_2026-11-26_hopper_perf, run 1: both StreamK widths on 21 layers beside the split
+# rule): the same k tile and fill, each workgroup ceil(tiles x k tiles / SMs) of them, plus every workgroup's
+# 128 x bn f32 partial out and back at the partials' rate (within ~5% of all 14 timings where tiles >= SMs / 2);
+# where a tile spans more workgroups its finisher adds many partials one after another (large_3x3_256: 18
+# tiles, 1.14x the split's time; streamk_3x3_128: 5 tiles, 4.9x), which the model leaves out, so those are not
+# offered.
+STREAMK_MIN_TILES = 0.5  # tiles a workgroup at least
 STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
 WGMMA = "NV_WGMMA_F32_64x{n}x16_{t}"  # the plan's name of the kernel's instruction (the tile marks the kernel)
 MAPS_BYTES = 256  # the maps binding: dy's CUtensorMap, then x's (128 bytes each)
@@ -80,8 +87,16 @@ def _plan_refusals(problem: Any, plan: Plan) -> list[str]:
     want = _tile(problem, t.n)
     if t.n not in TILE_COST or t != want:
         why.append(f"tile: {t} (the sm_90a kernel's tiles: m 128, k 64, bn one of {', '.join(map(str, TILE_COST))})")
-    if plan.streamk is not None or plan.wavespec is not None or plan.depthwise is not None:
-        why.append("plan: streamk, wavespec or depthwise (the sm_90a kernel has none)")
+    if plan.wavespec is not None or plan.depthwise is not None:
+        why.append("plan: wavespec or depthwise (the sm_90a kernel has neither)")
+    if plan.streamk is not None:
+        sk, total = plan.streamk, _streamk_iterations(problem, t.n)
+        if sk.fixup != "linear":
+            why.append(f"streamk-fixup: {sk.fixup} (the sm_90a kernel's fixup is linear)")
+        if plan.split is not None:
+            why.append(f"split: {plan.split.k_batch} with streamk (StreamK replaces the split)")
+        if not (_is_int(sk.workgroups) and 1 <= sk.workgroups <= total):
+            why.append(f"streamk: {sk.workgroups!r} workgroups (1 .. {total}, the tiles' k tiles)")
     if plan.gemm or plan.reduction_innermost:
         why.append("gemm: the sm_90a kernel reads x by its im2col map (plan.gemm false)")
     why += split_refusals(problem, plan)
@@ -139,16 +154,22 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         PlanError: the kernel cannot carry the plan out (every reason, "field: value").
     """
     others = {k: v for k, v in opts.tile.items() if k != "n"}
-    if not takes(problem) or others or opts.streamk is not None or opts.producers is not None:
+    if not takes(problem) or others or opts.producers is not None:
         return sm80.plan(problem, tgt, opts)
     m, n, reduction = problem.out_channels, problem.in_channels * math.prod(problem.filter_size), _reduction(problem)
     widths = [opts.tile["n"]] if "n" in opts.tile else list(TILE_COST)
     if widths[0] not in TILE_COST:
         raise PlanError(f"tile-n: {widths[0]} (the sm_90a kernel's bn: one of {', '.join(map(str, TILE_COST))})")
-    bn, splits = choose(m, n, reduction, tgt.compute_units, problem.groups, widths)
+    bn, splits, streamk = choose(m, n, reduction, tgt.compute_units, problem.groups, widths)
+    if opts.streamk is not None:  # StreamK asked: on the target's SMs (auto) or that many workgroups
+        splits, streamk = 1, tgt.compute_units if opts.streamk == "auto" else opts.streamk
     if _is_int(opts.k_batch):
         splits = opts.k_batch
+        streamk = streamk if opts.streamk is not None else 0
     chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn))
+    if streamk:
+        total = _streamk_iterations(problem, bn)
+        chosen = replace(chosen, streamk=StreamKPlan(min(streamk, total), opts.streamk_fixup or "linear"))
     if splits > 1:
         ktiles = -(-reduction // BK)
         chosen = replace(chosen, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
@@ -196,20 +217,51 @@ def cost(m: int, n: int, reduction: int, bn: int, splits: int, sms: int = SMS, g
     return us + (2 * splits * groups * m * n * 4 / BYTES_PER_US + SUM_US if splits > 1 else 0.0)
 
 
+def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups: int = 1) -> float | None:
+    """Estimated us of StreamK on ``sms`` workgroups (each an even share of every tile's k tiles, plus the fill,
+    plus each workgroup's f32 partial out and back), or None where the tiles are too few for it
+    (:data:`STREAMK_MIN_TILES` a workgroup)."""
+    tiles = groups * -(-m // BM) * -(-n // bn)
+    if tiles < STREAMK_MIN_TILES * sms:
+        return None
+    share = -(-tiles * -(-reduction // BK) // sms)
+    return (share + FILL_TILES) * KTILE_US * TILE_COST[bn] + 2 * sms * BM * bn * 4 / BYTES_PER_US
+
+
 def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1,
-           widths: list[int] | None = None) -> tuple[int, int]:  # fmt: skip
-    """The tile width (of ``widths``, default all) and split count ``(bn, splits)`` of least :func:`cost`, each
-    slice at least 8 k tiles (CK's k_batch rule of thumb, re-weighed for whole waves) and none empty; the wider
-    tile, then the fewer splits, on a tie."""
+           widths: list[int] | None = None) -> tuple[int, int, int]:  # fmt: skip
+    """``(bn, splits, streamk)`` of least estimated time: the tile width (of ``widths``, default all) and either
+    a split count by :func:`cost` (each slice at least 8 k tiles, CK's k_batch rule of thumb re-weighed for
+    whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by :func:`cost_streamk` (splits 1);
+    on a tie the wider tile, then the split, then the fewer splits."""
     ktiles = -(-reduction // BK)
-    options = [(bn, s) for bn in widths or TILE_COST for s in range(1, MAX_SPLITS + 1)
+    options = [(cost(m, n, reduction, bn, s, sms, groups), bn, s, 0) for bn in widths or TILE_COST
+               for s in range(1, MAX_SPLITS + 1)
                if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles]  # fmt: skip
-    return min(options, key=lambda o: (round(cost(m, n, reduction, *o, sms, groups), 1), -o[0], o[1]))
+    for bn in widths or TILE_COST:
+        us = cost_streamk(m, n, reduction, bn, sms, groups)
+        if us is not None:
+            options.append((us, bn, 1, min(sms, groups * -(-m // BM) * -(-n // bn) * ktiles)))
+    best = min(options, key=lambda o: (round(o[0], 1), -o[1], o[3], o[2]))
+    return best[1], best[2], best[3]
 
 
 def auto_splits(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1) -> int:
     """The split count of :func:`choose`."""
     return choose(m, n, reduction, sms, groups)[1]
+
+
+def _streamk_iterations(problem: Any, bn: int) -> int:
+    """StreamK's iterations of ``problem`` with tile width ``bn``: every tile's k tiles."""
+    n = problem.in_channels * math.prod(problem.filter_size)
+    return problem.groups * -(-problem.out_channels // BM) * -(-n // bn) * -(-_reduction(problem) // BK)
+
+
+def streamk_workspace(plan: Plan) -> tuple[int, int]:
+    """Bytes of StreamK's f32 partials (a ``128 x bn`` tile a workgroup) and of its i32 flags (one a consumer
+    warpgroup of a workgroup)."""
+    w = plan.streamk.workgroups
+    return w * BM * plan.tile.n * 4, w * CONSUMERS * 4
 
 
 def flops(problem: Any) -> int:
