@@ -601,6 +601,7 @@ def build_streamk_dispatch(g: ConvSm90, entry: KernelEntry, operands: list[ir.Va
     with module_ip:
         _build_executable(entry, lambda blk, mems: build_conv_body(blk, mems, g))
     types = [ir.RankedTensorType.get(ir.MemRefType(m).shape, ir.MemRefType(m).element_type) for m in entry.bindings]
+
     def fresh(t: ir.RankedTensorType) -> ir.Value:  # a per-call buffer: IREE hoists a bare one into a global
         empty = tensor.EmptyOp(t.shape, t.element_type).result
         return ir.Operation.create("util.optimization_barrier", results=[t], operands=[empty]).result
