@@ -39,7 +39,8 @@ FILL_TILES = 8
 MAX_SPLITS = 32
 # StreamK (bench/results/h200_2026-11-26_hopper_perf, run 1: both StreamK widths on 21 layers beside the split
 # rule): the same k tile and fill, each workgroup ceil(tiles x k tiles / SMs) of them, plus every workgroup's
-# 128 x bn f32 partial out and back at the partials' rate (within ~5% of all 14 timings where tiles >= SMs / 2);
+# 128 x bn f32 partial out and back at the partials' rate (bn 256: within 5% of 5 of the 6 timings where tiles >=
+# SMs / 2, retina_k2376_50 8% under; bn 192: 3-12% either way);
 # where a tile spans more workgroups its finisher adds many partials one after another (large_3x3_256: 18
 # tiles, 1.14x the split's time; streamk_3x3_128: 5 tiles, 4.9x), which the model leaves out, so those are not
 # offered.
