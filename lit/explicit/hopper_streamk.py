@@ -22,7 +22,8 @@ print(text)
 # CHECK-LABEL: TEST: ir
 # dy, x, maps read-only; partials [workgroups, consumers, bn / 8, 128 threads, 4] f32, flags [workgroups,
 # consumers] i32 and dW written
-# CHECK: #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>, #hal.pipeline.binding<storage_buffer>, #hal.pipeline.binding<storage_buffer>]>
+# CHECK: #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>,
+# CHECK-SAME: #hal.pipeline.binding<storage_buffer>, #hal.pipeline.binding<storage_buffer>]>
 # CHECK: binding(3) {{.*}} : memref<3x2x16x128x4xf32>
 # CHECK: binding(4) {{.*}} : memref<3x2xi32>
 # the finisher: one thread spins on each contributor's flag and puts it back to zero; membar.gl, the consumer
