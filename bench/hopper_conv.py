@@ -84,10 +84,31 @@ HELD_OUT = {
 }
 
 
+# Run 3: fresh held-out layers for the narrow-tile rule (fitted on run 2's three K = 64 / C = 64 layers above),
+# each with the split rule's old choice beside it (VARIANTS_NARROW).
+HELD_OUT_NARROW = {
+    "resnet18_3x3_64_n128_56": ("2 1 128 64 64 3 3 56 56 1 1 1 1 1 1 1 1", "f16"),
+    "resnet50_1x1_64to64_n256_56_bf16": ("2 1 256 64 64 1 1 56 56 1 1 1 1 0 0 0 0", "bf16"),
+    "resnet50_1x1_64to256_n128_56": ("2 1 128 256 64 1 1 56 56 1 1 1 1 0 0 0 0", "f16"),
+    "resnet50_1x1_256to64_n128_56_bf16": ("2 1 128 64 256 1 1 56 56 1 1 1 1 0 0 0 0", "bf16"),
+}
+VARIANTS_NARROW = {
+    "resnet18_3x3_64_n128_56": [(26, 128)],
+    "resnet50_1x1_64to64_n256_56_bf16": [(32, 128)],
+    "resnet50_1x1_64to256_n128_56": [(32, 128)],
+    "resnet50_1x1_256to64_n128_56_bf16": [(32, 128)],
+    "resnet50_3x3_64_n256_56": [(26, 128)],
+    "resnet50_1x1_256to64_n256_56": [(32, 128)],
+    "resnet50_1x1_64to256_n256_56_bf16": [(32, 128)],
+}
+
+
 def held_out() -> dict[str, Any]:
     from convbw_mlir.problem import ConvBwdWeightProblem as P
 
-    return {name: P.from_ck(line).with_(dtype=t, dw_dtype=t) for name, (line, t) in HELD_OUT.items()}
+    return {
+        name: P.from_ck(line).with_(dtype=t, dw_dtype=t) for name, (line, t) in {**HELD_OUT, **HELD_OUT_NARROW}.items()
+    }
 
 
 def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0, streamk: int = 0,
@@ -100,6 +121,7 @@ def geometry(p: Any, splits: int | None = None, bn: int | None = None, persisten
     (h, w), (ho, wo), (fy, fx) = p.input_size, p.output_size, p.filter_size
     if splits is None:
         bn, splits, streamk = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo, groups=p.groups)
+        consumers = sm90.consumers_for(p.out_channels)
     tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent, consumers=consumers)
     return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
                     tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups, streamk)  # fmt: skip
@@ -144,7 +166,7 @@ def _walk(op: Any):
 
 
 def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm80: bool = True,
-                streamk: bool = False) -> None:  # fmt: skip
+                streamk: bool = False, narrow: bool = False) -> None:  # fmt: skip
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError
@@ -173,7 +195,8 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
             refused[f"sm90:{name}"] = "; ".join(why)
         else:
             entries.append({**base, "name": f"sm90:{name}", "kind": "sm90", **compile_sm90(p, folder, name)})
-            for splits, bn, *more in (VARIANTS.get(name, []) if variants else []) + (STREAMK if streamk else []):
+            table = VARIANTS_NARROW if narrow else VARIANTS
+            for splits, bn, *more in (table.get(name, []) if variants else []) + (STREAMK if streamk else []):
                 entries.append({**base, "name": f"sm90_{_variant(splits, bn, *more)}:{name}", "kind": "variant",
                                 **compile_sm90(p, folder, name, splits, bn, *more)})  # fmt: skip
         print(f"{name}: {time.time() - t0:.1f} s", flush=True)
@@ -380,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--variants", action="store_true", help="also the split and tile variants of VARIANTS")
     c.add_argument("--no-sm80", dest="sm80", action="store_false", help="skip our sm_80 kernel")
     c.add_argument("--streamk", action="store_true", help="also StreamK variants (STREAMK) of every problem")
+    c.add_argument("--narrow", action="store_true", help="--variants from VARIANTS_NARROW (run 3)")
     r = sub.add_parser("run")
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -390,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("names", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "compile":
-        compile_all(a.dir, a.only, a.variants, a.sm80, a.streamk)
+        compile_all(a.dir, a.only, a.variants, a.sm80, a.streamk, a.narrow)
         return 0
     if a.cmd == "run":
         return run_all(a.dir, a.out, a.budget, a.jobs)

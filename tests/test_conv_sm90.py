@@ -113,6 +113,21 @@ def test_streamk_bf16_output_and_its_workspace_shapes():
     assert not np.isnan(c).any() and _error(c, ref) < 1e-2
 
 
+@pytest.mark.parametrize(
+    ("geometry", "tiling"),
+    [
+        # one consumer warpgroup: 64-row tiles (the rule's where K <= 64), 2 splits
+        (dict(n=2, h=5, w=7, c=64, k=64, fy=3, fx=3, ho=5, wo=7, pad=(1, 1), splits=2),
+         Sm90Tiling(bn=128, stages=2, consumers=1)),
+        # 64-column tiles (the rule's where Y X C <= 64): one im2col box a stage
+        (dict(n=2, h=5, w=7, c=64, k=128, fy=1, fx=1, ho=5, wo=7, splits=2), Sm90Tiling(bn=64, stages=2)),
+    ],
+)  # fmt: skip
+def test_narrow_tiles_match_float64_under_emulation(geometry, tiling):
+    c, ref = emulated(ConvSm90(**geometry, tiling=tiling))
+    assert not np.isnan(c).any() and _error(c, ref) < 1e-6
+
+
 def test_bf16_conv_weight_gradient_with_bf16_output_matches_float64():
     g = ConvSm90(n=1, h=6, w=6, c=64, k=128, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), tiling=SMALL)
     c, ref = emulated(g, "bf16", "bf16")
@@ -188,6 +203,11 @@ def test_policy_refuses_with_the_field_and_its_value(line, fields, reason):
         ((512, 4608, 32 * 7 * 7), (192, 1, 0)),
         # retina_k2376_100: 171 tiles of 256 on 132 SMs; StreamK evens them (H200: 301.5 us against 3 splits' 342.6)
         ((2376, 2304, 2 * 100 * 100), (256, 1, 132)),
+        # K = 64: 64-row tiles (one consumer), one wave of splits (held-out resnet50_3x3_64_n256_56: 143.6 us
+        # against 258.4 with 128-row tiles), and the 1x1 256 -> 64 likewise
+        ((64, 576, 256 * 56 * 56), (192, 44, 0)),
+        ((64, 256, 256 * 56 * 56), (256, 131, 0)),
+        ((256, 64, 256 * 56 * 56), (64, 66, 0)),  # Y X C = 64: 64-column tiles (126.8 us against 152.8)
     ],
 )
 def test_rule_picks_the_split_or_streamk_that_measured_fastest(mnr, choice):

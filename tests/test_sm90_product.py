@@ -65,12 +65,21 @@ def test_plan_on_sm90a_keeps_the_sm80_plan_for_problems_the_policy_refuses(line,
     assert not sm90.is_sm90(got)
 
 
+def test_sm90a_plan_takes_64_row_tiles_where_k_is_64_and_64_column_tiles_where_yxc_is_64():
+    k64 = decide(_problem("2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_90a")  # ResNet-50 stage 1's 3x3
+    assert sm90.is_sm90(k64) and (k64.tile.m, k64.tile.subgroups_m, k64.tile.n, k64.k_batch) == (64, 1, 192, 44)
+    c64 = decide(_problem("2 1 256 256 64 1 1 56 56 1 1 1 1 0 0 0 0"), "sm_90a")  # its 1x1 64 -> 256
+    assert (c64.tile.m, c64.tile.subgroups_m, c64.tile.n, c64.k_batch) == (128, 2, 64, 66)
+    check_plan(_problem(RESNET_3X3), decide(_problem(RESNET_3X3), "sm_90a"))  # K = 256: 128-row tiles as before
+    assert decide(_problem(RESNET_3X3), "sm_90a").tile.m == 128
+
+
 def test_sm90a_plan_takes_k_batch_and_tile_n_and_refuses_a_split_past_the_k_tiles():
     p = _problem(RESNET_3X3)
     assert decide(p, "sm_90a", strategy="explicit", k_batch=3).k_batch == 3
     assert decide(p, "sm_90a", strategy="explicit", tile_n=128).tile.n == 128
-    with pytest.raises(PlanError, match="tile-n: 64"):
-        decide(p, "sm_90a", strategy="explicit", tile_n=64)
+    with pytest.raises(PlanError, match="tile-n: 32"):
+        decide(p, "sm_90a", strategy="explicit", tile_n=32)
     small = _problem(TINY)  # 512 rows: 8 k tiles
     with pytest.raises(PlanError, match="split: r x 9"):
         decide(small, "sm_90a", strategy="explicit", k_batch=9)
@@ -204,7 +213,7 @@ def test_streamk_sm90a_artifact_zeroes_its_flags_then_binds_maps_partials_and_fl
     from convbw_mlir.build.compile import build_op
     from convbw_mlir.targets import get_target
 
-    p = _problem("2 1 8 64 64 3 3 16 16 1 1 1 1 1 1 1 1")
+    p = _problem("2 1 8 128 64 3 3 16 16 1 1 1 1 1 1 1 1")
     plan = decide(p, "sm_90a", strategy="explicit", streamk=3)
     launch = build_op(p, get_target("sm_90a"), plan, output_arg=True).launch
     assert launch.refused is None, launch.refused
