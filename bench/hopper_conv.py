@@ -149,7 +149,8 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
     lower, upper = im2col_corners(g)
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
             "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
-            "ptx": f"{stem}.ptx", "streamk": g.streamk, "partials": g.sk_partials if g.streamk else None}  # fmt: skip
+            "ptx": f"{stem}.ptx", "streamk": g.streamk, "partials": g.sk_partials if g.streamk else None,
+            "rows": g.tiling.bm}  # fmt: skip
 
 
 def _variant(splits: int, bn: int, persistent: int = 0, streamk: int = 0, consumers: int = 2) -> str:
@@ -353,7 +354,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     lines = [f"# sm_90a weight gradient, layout 2: {device}, {harness.now()}", "", head, "|" + "---|" * 10]
     ratios, ratios_big, vs80, held = [], [], [], []
     suite = {e["problem"]: e.get("suite", True) for e in manifest["entries"]}
-    splits = {e["problem"]: f"128x{e.get('bn')}, " + (f"SK {e['streamk']}" if e.get("streamk") else str(e["splits"]))
+    splits = {e["problem"]: f"{e.get('rows', 128)}x{e.get('bn')}, "
+              + (f"SK {e['streamk']}" if e.get("streamk") else str(e["splits"]))
               for e in manifest["entries"] if e["kind"] == "sm90"}  # fmt: skip
     for problem, r in got.items():
         ours, cud, s80 = (r.get(k, {}) for k in ("sm90", "cudnn", "sm80"))
