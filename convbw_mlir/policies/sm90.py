@@ -169,7 +169,8 @@ def widths_for(n: int) -> list[int]:
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     """This kernel's plan where it takes the problem and the options (``k-batch``, ``tile-n`` as the wgmma
-    N: 128, 192 or 256), by :func:`choose` for the rest; else the sm_80 kernels' (:func:`sm80.plan`).
+    N: 64, 128, 192 or 256; ``streamk``), by :func:`choose` for the rest; else the sm_80 kernels'
+    (:func:`sm80.plan`).
 
     Raises:
         PlanError: the kernel cannot carry the plan out (every reason, "field: value").
