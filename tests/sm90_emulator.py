@@ -485,6 +485,17 @@ def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dty
         _run_cluster([_Hopper(threads, (w, 0, 0), bindings, "then") for w in reversed(range(grid[0]))], body)
         assert not flags.any(), f"StreamK's flags left raised: {flags.tolist()}"
         return c
+    if g.fused:  # workgroups one after another, the last split first: whoever arrives last sums
+        counters = np.zeros(g.counters, np.int32)
+        c = np.full((g.groups, g.k, g.columns), np.nan, out_dtype)
+        partials = np.full((g.splits, g.groups, g.k, g.columns), np.nan, np.float32)
+        bindings = dict(enumerate([dy, x, maps, partials, counters, c]))
+        for z in reversed(range(grid[2])):
+            for y in range(grid[1]):
+                for xx in range(grid[0]):
+                    _run_cluster([_Hopper(threads, (xx, y, z), bindings, "then")], body)
+        assert not counters.any(), "the fused split's counters left raised"
+        return c
     bindings = dict(enumerate([dy, x, maps, c]))
     for z in range(grid[2]):
         for y in range(grid[1]):

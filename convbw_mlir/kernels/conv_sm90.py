@@ -76,6 +76,9 @@ class ConvSm90:
         splits: split-K slices of the k tiles (grid z); > 1 writes f32 partials ``[splits, G, K, Y X C]``.
         groups: G; c and k are a group's channels.
         streamk: workgroups of the StreamK grid (0: none; then splits 1 and tiling not persistent).
+        fused: the split's second stage in the kernel (splits > 1): each thread, after storing its partial,
+            counts itself in on its own counter; the thread that arrives last for its fragment adds the
+            splits' partials and writes dW (no second pass).
     """
 
     n: int
@@ -94,6 +97,7 @@ class ConvSm90:
     splits: int = 1
     groups: int = 1
     streamk: int = 0
+    fused: bool = False
 
     def __post_init__(self) -> None:
         if self.c % BOX:
@@ -108,6 +112,8 @@ class ConvSm90:
             raise ValueError(f"splits: {self.splits} leave the last one empty ({self.ktiles} k tiles)")
         if self.streamk and (self.splits > 1 or self.tiling.persistent):
             raise ValueError(f"streamk: {self.streamk} (with splits 1 and no persistent tiling, its own grid)")
+        if self.fused and self.splits == 1:
+            raise ValueError("fused: True (the split's second stage in the kernel needs splits > 1)")
         if not 0 <= self.streamk <= self.sk_total:
             raise ValueError(f"streamk: {self.streamk} (0 .. {self.sk_total} iterations, one at least a workgroup)")
 
@@ -147,6 +153,11 @@ class ConvSm90:
     def sk_begin(self, w: int) -> int:
         """The first iteration of StreamK workgroup ``w`` (``w = streamk``: the end)."""
         return w * self.sk_total // self.streamk
+
+    @property
+    def counters(self) -> int:
+        """The fused split's arrival counters: one a consumer thread of every tile."""
+        return self.tiles[0] * self.tiles[1] * self.groups * self.tiling.consumers * WARPGROUP
 
     @property
     def sk_partials(self) -> list[int]:
@@ -202,6 +213,22 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
     ``[splits, G, K, Y X C]``); StreamK: grid (workgroups), partials and flags ``[workgroups, consumers]``
     (i32) before dW."""
     c_shape = [g.groups, g.k, g.columns] if g.splits == 1 else [g.splits, g.groups, g.k, g.columns]
+    if g.fused:  # partials and counters written, then dW
+        return _WritableEntry(
+            executable=name,
+            function=name,
+            grid=g.grid,
+            workgroup_size=(g.tiling.threads, 1, 1),
+            subgroup_size=32,
+            bindings=(
+                ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
+                ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
+                ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+                ir.MemRefType.get(c_shape, ir.F32Type.get()),
+                ir.MemRefType.get([g.counters], ir.IntegerType.get_signless(32)),
+                ir.MemRefType.get([g.groups, g.k, g.columns], out),
+            ),
+        )
     if g.streamk:
         f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
         return _WritableEntry(
@@ -333,9 +360,10 @@ def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Va
 
 
 def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
-              split: ir.Value | None, group: ir.Value) -> None:  # fmt: skip
+              split: ir.Value | None, group: ir.Value, pair_of=None) -> None:  # fmt: skip
     """Each accumulator pair to dW (or to its split's partials), per 64-column box only where the box lies
-    inside ``Y X C`` (whole boxes: ``C % 64 == 0``)."""
+    inside ``Y X C`` (whole boxes: ``C % 64 == 0``); ``pair_of(row, column)``: the f32 pair to store there
+    instead of the accumulators' (the fused split's sum)."""
     t = g.tiling
     out = ir.MemRefType(c.type).element_type
     f32 = ir.F32Type.get()
@@ -356,11 +384,14 @@ def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, ro
                 below = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, r, k(g.k)))
                 with ir.InsertionPoint(below.then_block):
                     for v in range(per_box * j + 2 * half, per_box * (j + 1), 4):
-                        pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
-                        vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+                        cc = arith.addi(col, k(8 * (v // 4)))
+                        if pair_of is None:
+                            pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
+                            vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+                        else:
+                            vec = pair_of(r, cc)
                         if out != f32:
                             vec = arith.truncf(ir.VectorType.get([2], out), vec)
-                        cc = arith.addi(col, k(8 * (v // 4)))
                         vector.store(vec, c, [group, r, cc] if split is None else [split, group, r, cc])
                     scf.YieldOp([])
             scf.YieldOp([])
@@ -372,7 +403,7 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
     Raises:
         ValueError: an input type other than f16 or bf16.
     """
-    if g.streamk:
+    if g.streamk or g.fused:
         dy, _, maps, partials, flags, c = bindings
     else:
         (dy, _, maps, c), partials, flags = bindings, None, None
@@ -409,7 +440,9 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
             mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
             with ir.InsertionPoint(mine.then_block):
-                if sk is None:
+                if g.fused:
+                    _fused_split(b, g, c, partials, flags, acc, wtid, consumer, row0, m0, n0, split, group)
+                elif sk is None:
                     _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
                 else:
                     _streamk_seam(b, g, c, partials, flags, acc, wtid, consumer, row0, n0, group, sk)
@@ -453,6 +486,43 @@ def _units(b: _B, g: ConvSm90):
         unit = _unit(b, g, arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles)), z)
         yield unit, ring, None
         scf.YieldOp([arith.addi(ring, arith.index_cast(idx, unit[5]))])
+
+
+def _fused_split(b: _B, g: ConvSm90, c: ir.Value, partials: ir.Value, counters: ir.Value, acc: ir.Value,
+                 wtid: ir.Value, consumer: ir.Value, row0: ir.Value, m0: ir.Value, n0: ir.Value, split: ir.Value,
+                 group: ir.Value) -> None:  # fmt: skip
+    """The split's second stage in the kernel, one thread at a time (its fragment's places are the same in
+    every split): store the partial, ``membar.gl``, count in on the thread's own counter (atomic, acq_rel);
+    the thread that arrives last adds the splits' partials at its places, writes dW and puts its counter
+    back to zero. No barrier: each thread reads only what it wrote itself in every split."""
+    idx = b.index
+    f32, v2 = ir.F32Type.get(), ir.VectorType.get([2], ir.F32Type.get())
+
+    def k(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    _epilogue(b, g, partials, acc, wtid, row0, n0, split, group)
+    _gpu_fence()
+    n_tiles, m_tiles = g.tiles
+    tile = arith.addi(arith.muli(arith.addi(arith.muli(group, k(m_tiles)), arith.divui(m0, k(g.tiling.bm))),
+                                 k(n_tiles)), arith.divui(n0, k(g.tiling.bn)))  # fmt: skip
+    at = arith.addi(arith.muli(arith.addi(arith.muli(tile, k(g.tiling.consumers)), consumer), k(WARPGROUP)), wtid)
+    seen = memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(1), counters, [at])
+    last = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, seen, b.c(g.splits - 1)))
+    with ir.InsertionPoint(last.then_block):
+        _gpu_fence()
+
+        def pair_of(r: ir.Value, cc: ir.Value) -> ir.Value:
+            zero = arith.constant(v2, ir.DenseElementsAttr.get_splat(v2, ir.FloatAttr.get(f32, 0.0)))
+            each = scf.ForOp(k(0), k(g.splits), k(1), [zero])
+            with ir.InsertionPoint(each.body):
+                part = vector.load(v2, partials, [each.induction_variable, group, r, cc])
+                scf.YieldOp([arith.addf(each.inner_iter_args[0], part)])
+            return each.results[0]
+
+        _epilogue(b, g, c, acc, wtid, row0, n0, None, group, pair_of)
+        memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(-g.splits), counters, [at])  # zero for the next launch
+        scf.YieldOp([])
 
 
 def _streamk_units(b: _B, g: ConvSm90):
@@ -577,7 +647,7 @@ def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
         fn = func.FuncOp("main", ir.FunctionType.get(tensors[:3], [tensors[-1]]))
         block = fn.add_entry_block()
     with ir.InsertionPoint(block):
-        if g.streamk:
+        if g.streamk or g.fused:
             top = ir.InsertionPoint.at_block_begin(module.body)
             func.ReturnOp([build_streamk_dispatch(g, entry, list(block.arguments), top)])
             return module
@@ -591,9 +661,10 @@ def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
 
 def build_streamk_dispatch(g: ConvSm90, entry: KernelEntry, operands: list[ir.Value],
                            module_ip: ir.InsertionPoint) -> ir.Value:  # fmt: skip
-    """StreamK's executable (at ``module_ip``) and its ``flow.dispatch`` on ``operands`` (dy, x, maps) here;
-    returns dW. The partials (never read before written: uninitialized) and the flags (zeroed by a fill; the
-    kernel leaves them zero) are tied to results, so IREE binds dy, x, maps, partials, flags, dW."""
+    """StreamK's (or the fused split's) executable (at ``module_ip``) and its ``flow.dispatch`` on ``operands``
+    (dy, x, maps) here; returns dW. The partials (never read before written: uninitialized) and the flags or
+    counters (zeroed by a fill; the kernel leaves them zero) are tied to results, so IREE binds dy, x, maps,
+    partials, flags, dW."""
     from iree.compiler.dialects import flow, linalg, tensor
 
     from convbw_mlir.kernels.entry import _build_executable
