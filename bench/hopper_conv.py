@@ -112,7 +112,7 @@ def held_out() -> dict[str, Any]:
 
 
 def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0, streamk: int = 0,
-             consumers: int = 2) -> Any:  # fmt: skip
+             consumers: int = 2, fused: bool = False) -> Any:  # fmt: skip
     """The sm_90a kernel's numbers for problem ``p`` (its split by the policy's rule unless given)."""
     from convbw_mlir.kernels.conv_sm90 import ConvSm90
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
@@ -124,17 +124,18 @@ def geometry(p: Any, splits: int | None = None, bn: int | None = None, persisten
         consumers = sm90.consumers_for(p.out_channels)
     tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent, consumers=consumers)
     return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
-                    tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups, streamk)  # fmt: skip
+                    tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups, streamk, fused)  # fmt: skip
 
 
 def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None,
-                 persistent: int = 0, streamk: int = 0, consumers: int = 2) -> dict[str, Any]:  # fmt: skip
+                 persistent: int = 0, streamk: int = 0, consumers: int = 2,
+                 fused: bool = False) -> dict[str, Any]:  # fmt: skip
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
 
-    g = geometry(p, splits, bn, persistent, streamk, consumers)
+    g = geometry(p, splits, bn, persistent, streamk, consumers, fused)
     with new_context(), ir.Location.unknown():
         text = str(conv_module(g, p.dtype, p.dw_dtype))
     hal = compile_module(text, "sm_90a", ["--compile-to=hal"])
@@ -143,14 +144,14 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
         (binary,) = [o for o in _walk(parsed.operation) if o.name == "hal.executable.binary"]
         data = bytes(memoryview(ir.DenseIntElementsAttr(binary.attributes["data"])).cast("B"))
     (export,), (ptx,) = read_cuda_executable(data)
-    tag = _variant(g.splits, g.tiling.bn, persistent, streamk, consumers)
+    tag = _variant(g.splits, g.tiling.bn, persistent, streamk, consumers) + ("_fused" if fused else "")
     stem = f"sm90_{name}" if splits is None else f"sm90_{tag}_{name}"
     (folder / f"{stem}.ptx").write_bytes(ptx)
     lower, upper = im2col_corners(g)
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
             "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
             "ptx": f"{stem}.ptx", "streamk": g.streamk, "partials": g.sk_partials if g.streamk else None,
-            "rows": g.tiling.bm}  # fmt: skip
+            "rows": g.tiling.bm, "fused": fused, "counters": g.counters if fused else None}  # fmt: skip
 
 
 def _variant(splits: int, bn: int, persistent: int = 0, streamk: int = 0, consumers: int = 2) -> str:
@@ -167,7 +168,7 @@ def _walk(op: Any):
 
 
 def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm80: bool = True,
-                streamk: bool = False, narrow: bool = False) -> None:  # fmt: skip
+                streamk: bool = False, narrow: bool = False, fused: bool = False) -> None:  # fmt: skip
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError
@@ -197,8 +198,13 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
         else:
             entries.append({**base, "name": f"sm90:{name}", "kind": "sm90", **compile_sm90(p, folder, name)})
             table = VARIANTS_NARROW if narrow else VARIANTS
-            for splits, bn, *more in (table.get(name, []) if variants else []) + (STREAMK if streamk else []):
-                entries.append({**base, "name": f"sm90_{_variant(splits, bn, *more)}:{name}", "kind": "variant",
+            extra = table.get(name, []) if variants else []
+            rule = geometry(p)
+            if fused and rule.splits > 1:  # the rule's split with its second stage in the kernel
+                extra = [*extra, (rule.splits, rule.tiling.bn, 0, 0, rule.tiling.consumers, True)]
+            for splits, bn, *more in extra + (STREAMK if streamk else []):
+                tag = _variant(splits, bn, *more[:3]) + ("_fused" if more[3:] and more[3] else "")
+                entries.append({**base, "name": f"sm90_{tag}:{name}", "kind": "variant",
                                 **compile_sm90(p, folder, name, splits, bn, *more)})  # fmt: skip
         print(f"{name}: {time.time() - t0:.1f} s", flush=True)
     harness.write_manifest(folder, {"target": "sm_90a", "entries": entries, "refused": refused, "seed": ec.SEED,
@@ -255,6 +261,11 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     c = torch.empty((splits, grp, k, cols) if splits > 1 else (grp, k, cols), device="cuda",
                     dtype=torch.float32 if splits > 1 else dt)  # fmt: skip
     work = []
+    fused = bool(e.get("fused"))
+    if fused:  # partials poisoned, counters zero (the kernel resets them), dW written by the kernel
+        c = torch.empty((grp, k, cols), device="cuda", dtype=dt)
+        work = [torch.full((splits, grp, k, cols), float("nan"), device="cuda"),
+                torch.zeros(e["counters"], dtype=torch.int32, device="cuda")]  # fmt: skip
     if e.get("streamk"):  # partials poisoned (a read before its write shows), flags zero (the kernel resets them)
         work = [torch.full(e["partials"], float("nan"), device="cuda"),
                 torch.zeros((e["streamk"], e["partials"][1]), dtype=torch.int32, device="cuda")]  # fmt: skip
@@ -273,11 +284,11 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
             c.fill_(float("nan"))
             first[0] = False
         launcher(ptrs, torch.cuda.current_stream().cuda_stream)
-        return c.sum(0).to(dt) if splits > 1 else c
+        return c.sum(0).to(dt) if splits > 1 and not fused else c
 
     def as_torch(r: Any) -> Any:
-        if work and work[1].any():  # a launch must leave StreamK's flags as it found them
-            raise RuntimeError(f"StreamK flags left raised: {int(work[1].count_nonzero())}")
+        if work and work[1].any():  # a launch must leave StreamK's flags (the fused split's counters) as it found them
+            raise RuntimeError(f"flags or counters left raised: {int(work[1].count_nonzero())}")
         return r.reshape(grp, k, *e["filter_size"], e["in_channels"])
 
     return call, as_torch, (lambda _r: torch.cuda.synchronize())
@@ -406,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--no-sm80", dest="sm80", action="store_false", help="skip our sm_80 kernel")
     c.add_argument("--streamk", action="store_true", help="also StreamK variants (STREAMK) of every problem")
     c.add_argument("--narrow", action="store_true", help="--variants from VARIANTS_NARROW (run 3)")
+    c.add_argument("--fused", action="store_true", help="also the rule's split with its stage 2 in the kernel")
     r = sub.add_parser("run")
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -416,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("names", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "compile":
-        compile_all(a.dir, a.only, a.variants, a.sm80, a.streamk, a.narrow)
+        compile_all(a.dir, a.only, a.variants, a.sm80, a.streamk, a.narrow, a.fused)
         return 0
     if a.cmd == "run":
         return run_all(a.dir, a.out, a.budget, a.jobs)
