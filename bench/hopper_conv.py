@@ -114,18 +114,64 @@ def compile_ranked(folder: Path, only: list[str] | None) -> None:
     harness.write_manifest(folder, {"target": "sm_90a", "entries": entries, "refused": refused, "seed": ec.SEED})
 
 
-# Variants beside the rule's choice (``compile --variants``): (splits, bn[, persistent workgroups]) per problem.
-VARIANTS = {
-    "retina_k2376_100": [(3, 256, 132), (4, 256, 132), (6, 256, 132)],
-    "retina_k2376_100_bf16": [(3, 256, 132), (4, 256, 132)],
-    "retina_k2376_50": [(1, 192, 132), (2, 256, 132), (3, 256, 132)],
-    "large_3x3_256_n64_56": [(7, 256, 126), (14, 256, 126)],
-    "streamk_3x3_512_n32_7": [(2, 256, 132), (1, 128, 132)],
-    "resnet50_3x3_256_n256_14": [(14, 256, 126)],
+# Variants beside the rule's choice (``compile --variants``): (splits, bn, persistent workgroups, StreamK
+# workgroups, consumer warpgroups) per problem. Run 1 gave every problem StreamK on 132 workgroups at bn 256
+# and 192 (``--streamk``); run 2 the split rule's old choice where StreamK is now the rule's, and one
+# consumer warpgroup (64-row tiles) or 64-column tiles where K or Y X C is 64.
+VARIANTS: dict[str, list[tuple[int, ...]]] = {
+    "retina_k2376_100": [(3, 256)],
+    "retina_k2376_100_bf16": [(3, 256)],
+    "retina_k2376_50": [(1, 192)],
+    "resnet50_3x3_512_n256_7": [(3, 256)],
+    "vgg16_3x3_512_n64_28": [(5, 256)],
+    "resnet50_3x3_64_n256_56": [(44, 192, 0, 0, 1), (22, 192, 0, 0, 1), (32, 256, 0, 0, 1)],
+    "resnet50_1x1_256to64_n256_56": [(128, 256, 0, 0, 1), (66, 256, 0, 0, 1)],
+    "resnet50_1x1_64to256_n256_56_bf16": [(66, 64), (32, 64)],
+}
+STREAMK = [(1, 256, 0, 132), (1, 192, 0, 132)]
+# Held-out layers (not among the 13; never used to fit the rule): ResNet-50 (torchvision v1.5) and VGG-16
+# 2-D layers at the batch sizes training runs them, in CK's line format (layout 2).
+HELD_OUT = {
+    "resnet50_3x3_64_n256_56": ("2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1", "f16"),
+    "resnet50_3x3_128_n256_28_bf16": ("2 1 256 128 128 3 3 28 28 1 1 1 1 1 1 1 1", "bf16"),
+    "resnet50_3x3_512_n256_7": ("2 1 256 512 512 3 3 7 7 1 1 1 1 1 1 1 1", "f16"),
+    "resnet50_3x3_128_s2_n256_56_bf16": ("2 1 256 128 128 3 3 56 56 2 2 1 1 1 1 1 1", "bf16"),
+    "resnet50_1x1_256to64_n256_56": ("2 1 256 64 256 1 1 56 56 1 1 1 1 0 0 0 0", "f16"),
+    "resnet50_1x1_64to256_n256_56_bf16": ("2 1 256 256 64 1 1 56 56 1 1 1 1 0 0 0 0", "bf16"),
+    "vgg16_3x3_512_n64_28": ("2 1 64 512 512 3 3 28 28 1 1 1 1 1 1 1 1", "f16"),
+    "vgg16_3x3_128_n64_112_bf16": ("2 1 64 128 128 3 3 112 112 1 1 1 1 1 1 1 1", "bf16"),
 }
 
 
-def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0) -> Any:
+# Run 3: fresh held-out layers for the narrow-tile rule (fitted on run 2's three K = 64 / C = 64 layers above),
+# each with the split rule's old choice beside it (VARIANTS_NARROW).
+HELD_OUT_NARROW = {
+    "resnet18_3x3_64_n128_56": ("2 1 128 64 64 3 3 56 56 1 1 1 1 1 1 1 1", "f16"),
+    "resnet50_1x1_64to64_n256_56_bf16": ("2 1 256 64 64 1 1 56 56 1 1 1 1 0 0 0 0", "bf16"),
+    "resnet50_1x1_64to256_n128_56": ("2 1 128 256 64 1 1 56 56 1 1 1 1 0 0 0 0", "f16"),
+    "resnet50_1x1_256to64_n128_56_bf16": ("2 1 128 64 256 1 1 56 56 1 1 1 1 0 0 0 0", "bf16"),
+}
+VARIANTS_NARROW = {
+    "resnet18_3x3_64_n128_56": [(26, 128)],
+    "resnet50_1x1_64to64_n256_56_bf16": [(32, 128)],
+    "resnet50_1x1_64to256_n128_56": [(32, 128)],
+    "resnet50_1x1_256to64_n128_56_bf16": [(32, 128)],
+    "resnet50_3x3_64_n256_56": [(26, 128)],
+    "resnet50_1x1_256to64_n256_56": [(32, 128)],
+    "resnet50_1x1_64to256_n256_56_bf16": [(32, 128)],
+}
+
+
+def held_out() -> dict[str, Any]:
+    from convbw_mlir.problem import ConvBwdWeightProblem as P
+
+    return {
+        name: P.from_ck(line).with_(dtype=t, dw_dtype=t) for name, (line, t) in {**HELD_OUT, **HELD_OUT_NARROW}.items()
+    }
+
+
+def geometry(p: Any, splits: int | None = None, bn: int | None = None, persistent: int = 0, streamk: int = 0,
+             consumers: int = 2, fused: bool = False) -> Any:  # fmt: skip
     """The sm_90a kernel's numbers for problem ``p`` (its split by the policy's rule unless given)."""
     from convbw_mlir.kernels.conv_sm90 import ConvSm90
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
@@ -133,20 +179,23 @@ def geometry(p: Any, splits: int | None = None, bn: int | None = None, persisten
 
     (h, w), (ho, wo), (fy, fx) = p.input_size, p.output_size, p.filter_size
     if splits is None:
-        bn, splits = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo, groups=p.groups)
-    tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent)
+        bn, splits, streamk = sm90.choose(p.out_channels, p.in_channels * fy * fx, p.batch * ho * wo, groups=p.groups)
+        consumers = sm90.consumers_for(p.out_channels)
+    tiling = Sm90Tiling(bn=bn or sm90.BN, persistent=persistent, consumers=consumers)
     return ConvSm90(p.batch, h, w, p.in_channels, p.out_channels, fy, fx, ho, wo, tuple(p.stride),
-                    tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups)  # fmt: skip
+                    tuple(p.dilation), tuple(p.pad_low), tiling, splits, p.groups, streamk=streamk,
+                    fused=fused)  # fmt: skip
 
 
 def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn: int | None = None,
-                 persistent: int = 0) -> dict[str, Any]:  # fmt: skip
+                 persistent: int = 0, streamk: int = 0, consumers: int = 2,
+                 fused: bool = False) -> dict[str, Any]:  # fmt: skip
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
     from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
 
-    g = geometry(p, splits, bn, persistent)
+    g = geometry(p, splits, bn, persistent, streamk, consumers, fused)
     with new_context(), ir.Location.unknown():
         text = str(conv_module(g, p.dtype, p.dw_dtype))
     hal = compile_module(text, "sm_90a", ["--compile-to=hal"])
@@ -155,16 +204,19 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
         (binary,) = [o for o in _walk(parsed.operation) if o.name == "hal.executable.binary"]
         data = bytes(memoryview(ir.DenseIntElementsAttr(binary.attributes["data"])).cast("B"))
     (export,), (ptx,) = read_cuda_executable(data)
-    stem = f"sm90_{name}" if splits is None else f"sm90_{_variant(g.splits, g.tiling.bn, persistent)}_{name}"
+    tag = _variant(g.splits, g.tiling.bn, persistent, streamk, consumers) + ("_fused" if fused else "")
+    stem = f"sm90_{name}" if splits is None else f"sm90_{tag}_{name}"
     (folder / f"{stem}.ptx").write_bytes(ptx)
     lower, upper = im2col_corners(g)
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
             "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
-            "ptx": f"{stem}.ptx"}  # fmt: skip
+            "ptx": f"{stem}.ptx", "streamk": g.streamk, "partials": g.sk_partials if g.streamk else None,
+            "rows": g.tiling.bm, "fused": fused, "counters": g.counters if fused else None}  # fmt: skip
 
 
-def _variant(splits: int, bn: int, persistent: int = 0) -> str:
-    return f"s{splits}_bn{bn}" + (f"_p{persistent}" if persistent else "")
+def _variant(splits: int, bn: int, persistent: int = 0, streamk: int = 0, consumers: int = 2) -> str:
+    return (f"s{splits}_bn{bn}" + (f"_p{persistent}" if persistent else "") + (f"_sk{streamk}" if streamk else "")
+            + (f"_c{consumers}" if consumers != 2 else ""))  # fmt: skip
 
 
 def _walk(op: Any):
@@ -175,7 +227,8 @@ def _walk(op: Any):
                 yield from _walk(inner.operation)
 
 
-def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm80: bool = True) -> None:
+def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm80: bool = True,
+                streamk: bool = False, narrow: bool = False, fused: bool = False) -> None:  # fmt: skip
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError
@@ -183,11 +236,12 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
 
     folder.mkdir(parents=True, exist_ok=True)
     entries, refused = [], {}
-    for name, p in problems().items():
+    suite, extra = problems(), held_out()
+    for name, p in {**suite, **extra}.items():
         if only and not any(o in name for o in only):
             continue
         t0 = time.time()
-        base = {"problem": name, "suite": True, **harness.problem_fields(p), "dtype": p.dtype}
+        base = {"problem": name, "suite": name in suite, **harness.problem_fields(p), "dtype": p.dtype}
         entries.append({**base, "name": f"cudnn:{name}", "kind": "cudnn", "vmfb": None})
         try:
             if not sm80:
@@ -203,9 +257,15 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
             refused[f"sm90:{name}"] = "; ".join(why)
         else:
             entries.append({**base, "name": f"sm90:{name}", "kind": "sm90", **compile_sm90(p, folder, name)})
-            for splits, bn, *persistent in VARIANTS.get(name, []) if variants else []:
-                entries.append({**base, "name": f"sm90_{_variant(splits, bn, *persistent)}:{name}", "kind": "variant",
-                                **compile_sm90(p, folder, name, splits, bn, *persistent)})  # fmt: skip
+            table = VARIANTS_NARROW if narrow else VARIANTS
+            extra = table.get(name, []) if variants else []
+            rule = geometry(p)
+            if fused and rule.splits > 1:  # the rule's split with its second stage in the kernel
+                extra = [*extra, (rule.splits, rule.tiling.bn, 0, 0, rule.tiling.consumers, True)]
+            for splits, bn, *more in extra + (STREAMK if streamk else []):
+                tag = _variant(splits, bn, *more[:3]) + ("_fused" if more[3:] and more[3] else "")
+                entries.append({**base, "name": f"sm90_{tag}:{name}", "kind": "variant",
+                                **compile_sm90(p, folder, name, splits, bn, *more)})  # fmt: skip
         print(f"{name}: {time.time() - t0:.1f} s", flush=True)
     harness.write_manifest(folder, {"target": "sm_90a", "entries": entries, "refused": refused, "seed": ec.SEED,
                                     "layout": 2})  # fmt: skip
@@ -260,13 +320,23 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
     grp = e["groups"]
     c = torch.empty((splits, grp, k, cols) if splits > 1 else (grp, k, cols), device="cuda",
                     dtype=torch.float32 if splits > 1 else dt)  # fmt: skip
-    export = ExportDef(e["kernel"], 0, tuple(e["block"]), e["shared"], 0, 4)
-    binds = tuple((f"arg{i}", 0) for i in range(4))
+    work = []
+    fused = bool(e.get("fused"))
+    if fused:  # partials poisoned, counters zero (the kernel resets them), dW written by the kernel
+        c = torch.empty((grp, k, cols), device="cuda", dtype=dt)
+        work = [torch.full((splits, grp, k, cols), float("nan"), device="cuda"),
+                torch.zeros(e["counters"], dtype=torch.int32, device="cuda")]  # fmt: skip
+    if e.get("streamk"):  # partials poisoned (a read before its write shows), flags zero (the kernel resets them)
+        work = [torch.full(e["partials"], float("nan"), device="cuda"),
+                torch.zeros((e["streamk"], e["partials"][1]), dtype=torch.int32, device="cuda")]  # fmt: skip
+    nb = 4 + len(work)
+    export = ExportDef(e["kernel"], 0, tuple(e["block"]), e["shared"], 0, nb)
+    binds = tuple((f"arg{i}", 0) for i in range(nb))
     launch = Launch("main", [Dispatch(e["kernel"], tuple(e["grid"]), binds)], 0, (0, 0, 0, 0),
                     {e["kernel"]: export}, [(folder / e["ptx"]).read_bytes()])  # fmt: skip
     launcher = CudaLauncher(launch, torch.cuda.current_device())
-    ptrs = (dys.data_ptr(), xs.data_ptr(), maps.data_ptr(), c.data_ptr())
-    harness.KEEP.append((launcher, xs, dys, maps, c))
+    ptrs = (dys.data_ptr(), xs.data_ptr(), maps.data_ptr(), *(w.data_ptr() for w in work), c.data_ptr())
+    harness.KEEP.append((launcher, xs, dys, maps, c, work))
     first = [True]
 
     def call() -> Any:
@@ -274,9 +344,11 @@ def _sm90(e: dict, folder: Path, x: Any, dy: Any, torch: Any):
             c.fill_(float("nan"))
             first[0] = False
         launcher(ptrs, torch.cuda.current_stream().cuda_stream)
-        return c.sum(0).to(dt) if splits > 1 else c
+        return c.sum(0).to(dt) if splits > 1 and not fused else c
 
     def as_torch(r: Any) -> Any:
+        if work and work[1].any():  # a launch must leave StreamK's flags (the fused split's counters) as it found them
+            raise RuntimeError(f"flags or counters left raised: {int(work[1].count_nonzero())}")
         return r.reshape(grp, k, *e["filter_size"], e["in_channels"])
 
     return call, as_torch, (lambda _r: torch.cuda.synchronize())
@@ -402,8 +474,11 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     head = ("| problem | GFLOP | tile, splits | ours sm_90a us | TFLOP/s | cuDNN us | sm_80 us | vs cuDNN | vs sm_80 | "
             "correct (ours, cuDNN, sm_80) |")  # fmt: skip
     lines = [f"# sm_90a weight gradient, layout 2: {device}, {harness.now()}", "", head, "|" + "---|" * 10]
-    ratios, ratios_big, vs80 = [], [], []
-    splits = {e["problem"]: f"128x{e.get('bn')}, {e.get('splits')}" for e in manifest["entries"] if e["kind"] == "sm90"}
+    ratios, ratios_big, vs80, held = [], [], [], []
+    suite = {e["problem"]: e.get("suite", True) for e in manifest["entries"]}
+    splits = {e["problem"]: f"{e.get('rows', 128)}x{e.get('bn')}, "
+              + (f"SK {e['streamk']}" if e.get("streamk") else str(e["splits"]))
+              for e in manifest["entries"] if e["kind"] == "sm90"}  # fmt: skip
     splits.update({e["problem"]: _plan_cell(e["plan"]) for e in manifest["entries"] if e["kind"] == "product"})
     for problem, r in got.items():
         ours, cud, s80 = (r.get(k, {}) for k in ("sm90" if "sm90" in r else "product", "cudnn", "sm80"))
@@ -411,21 +486,25 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
         ok = ours.get("correct")
         q = tc / t if t and tc and ok else None
         q8 = t8 / t if t and t8 and ok else None
+        in_suite = suite.get(problem, True)
         if q:
-            ratios.append(q)
+            (ratios if in_suite else held).append(q)
         if q8:
             vs80.append(q8)
+        label = problem if in_suite else f"{problem} (held out)"
         flops = (ours or cud).get("flops", 0)
-        lines.append(f"| {problem} | {flops / 1e9:.1f} | {splits.get(problem, '-')} | " + " | ".join(
+        lines.append(f"| {label} | {flops / 1e9:.1f} | {splits.get(problem, '-')} | " + " | ".join(
             harness.cells({"a": t, "b": ours.get("single_tflops"), "c": tc, "d": t8, "e": q, "f": q8},
                           "a", "b", "c", "d", "e:.2f", "f:.2f"))
             + " | " + ", ".join(str(x.get("correct", x.get("error", x.get("crashed", "-"))))[:40]
                                 for x in (ours, cud, s80)) + " |")  # fmt: skip
-        ratios_big.append(q)
+        if in_suite:
+            ratios_big.append(q)
     gm, gm80 = harness.geomean(ratios), harness.geomean(vs80)
     lines += ["", f"Geomean vs cuDNN: {harness.cell(gm, '{:.2f}')}x over {len(ratios)} problems; vs our sm_80 kernel: "
               f"{harness.cell(gm80, '{:.2f}')}x. Problems >= 0.9x cuDNN: {sum(1 for q in ratios if q >= 0.9)} of "
-              f"{len(ratios_big)}.", ""]  # fmt: skip
+              f"{len(ratios_big)}. Held-out layers: geomean {harness.cell(harness.geomean(held), '{:.2f}')}x over "
+              f"{len(held)} (counted apart from the suite's).", ""]  # fmt: skip
     variants = [r for r in rows if r.get("kind") == "variant"]
     if variants:
         lines += ["Variants beside the rule's split and tile (single-call kernel time, us):", "",
@@ -456,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--variants", action="store_true", help="also the split and tile variants of VARIANTS")
     c.add_argument("--no-sm80", dest="sm80", action="store_false", help="skip our sm_80 kernel")
     c.add_argument("--ranks", action="store_true", help="the 1-D and 3-D layers of RANKED instead, through the product")
+    c.add_argument("--streamk", action="store_true", help="also StreamK variants (STREAMK) of every problem")
+    c.add_argument("--narrow", action="store_true", help="--variants from VARIANTS_NARROW (run 3)")
+    c.add_argument("--fused", action="store_true", help="also the rule's split with its stage 2 in the kernel")
     r = sub.add_parser("run")
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -469,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.ranks:
             compile_ranked(a.dir, a.only)
         else:
-            compile_all(a.dir, a.only, a.variants, a.sm80)
+            compile_all(a.dir, a.only, a.variants, a.sm80, a.streamk, a.narrow, a.fused)
         return 0
     if a.cmd == "run":
         return run_all(a.dir, a.out, a.budget, a.jobs)

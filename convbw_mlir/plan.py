@@ -511,7 +511,12 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
     elem = DTYPES[problem.dtype]
     if plan.split is not None:
         total += plan.split.k_batch * math.prod(work.shape("acc")) * 4
-    if plan.streamk is not None:
+    if plan.streamk is not None and plan.tile is not None and plan.tile.intrinsic.startswith("NV_WGMMA"):
+        from convbw_mlir.policies import sm90
+
+        partials, flags = (_aligned(b) for b in sm90.streamk_workspace(plan))
+        total += partials + flags + (partials if partials <= STREAMK_HOIST_MAX_BYTES else 0) + flags
+    elif plan.streamk is not None:
         from convbw_mlir.policies.sm80 import gemm_shape
 
         t, shape = explicit_tiling(plan), gemm_shape(problem)

@@ -23,9 +23,10 @@ partials ``chunks x G x K x (taps*C)`` that the same stage-2 sum as split-K's ad
 An sm_90a plan (``policies.sm90.is_sm90``: a wgmma tile) binds dy as ``(N*Ho*Wo) x (G*K)``, x as ``N x H x W x
 (G*C)`` (1-D: ``N x W x (G*C)``, 3-D: ``N x D x H x W x (G*C)``) and a 256-byte maps buffer (a ``tensor.empty``:
 the direct launch binds its own, holding the two CUtensorMaps it encodes); its kernel
-(``convbw_mlir.kernels.conv_sm90``) writes dW ``G x K x (Y*X*C)`` or f32 partials that the same stage 2 adds up.
-The entry function's ``iree.reflection`` then says so (:data:`TENSOR_MAPS_KEY`), so IREE's runtime refuses the
-module (it cannot encode tensor maps).
+(``convbw_mlir.kernels.conv_sm90``) writes dW ``G x K x (Y*X*C)`` or f32 partials that the same stage 2 adds up,
+or (``plan.streamk``) runs StreamK on a persistent grid with its workspace (f32 partials, flags zeroed by a fill)
+tied through the dispatch. The entry function's ``iree.reflection`` then says so (:data:`TENSOR_MAPS_KEY`), so
+IREE's runtime refuses the module (it cannot encode tensor maps).
 A merged plan (``plan.merge``: m groups a GEMM, thin groups in layout 2) binds dy as ``(N*Ho*Wo) x (G/m) x (m*K)``
 and x as ``N x H x W x (G/m) x (m*C)`` (the same memory: m groups are adjacent channels); its kernel writes dW's
 own ``G x K x (Y*X*C)`` (or the split partials), the block diagonal of each merged GEMM
@@ -170,13 +171,14 @@ def _depthwise_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:
 
 def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
     """The sm_90a kernel's dispatch on ``op``'s operands (and its stage 2): dW as ``G x K x (Y*X*C)``."""
-    from convbw_mlir.kernels.conv_sm90 import build_conv_body, conv_entry, from_problem
+    from convbw_mlir.kernels.conv_sm90 import build_conv_body, build_streamk_dispatch, conv_entry, from_problem
     from convbw_mlir.kernels.entry import build_dispatch
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
     from convbw_mlir.policies import sm90
 
     t, rank = plan.tile, problem.rank
-    g = from_problem(problem, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch)
+    g = from_problem(problem, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch,
+                     plan.streamk.workgroups if plan.streamk else 0)  # fmt: skip
     out = element_type(problem.dw_dtype)
     entry = conv_entry(g, element_type(problem.dtype), out, name)
     # dy [N, *out, G, K] -> [N * prod(out), G K]; x [N, *spatial, G, C] -> [N, *spatial, G C]
@@ -190,8 +192,12 @@ def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
     # not a constant to IREE: a hoisted global buffer (what a split module made of it) is no binding the schedule
     # reader takes; a per-call one is the transient's, which the launcher rebinds to its maps
     maps = ir.Operation.create("util.optimization_barrier", results=[maps.type], operands=[maps]).result
-    c = ir.MemRefType(entry.bindings[3])
+    c = ir.MemRefType(entry.bindings[-1])
     with ir.Location.unknown():
+        if g.streamk:  # its workspace (partials, zeroed flags) tied through the dispatch
+            result = build_streamk_dispatch(g, entry, [dy, x, maps], top)
+            result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+            return result
         result = build_dispatch(entry, lambda blk, mems: build_conv_body(blk, mems, g), [dy, x, maps],
                                    ir.RankedTensorType.get(c.shape, c.element_type), top)  # fmt: skip
     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]

@@ -120,6 +120,11 @@ class _Hopper(_Block):
         self.wgmma_open: list[_Pending] = []  # issued, not yet committed
         self.wgmma_groups: list[list[_Pending]] = []  # committed, not yet retired
 
+    def get(self, v: ir.Value):
+        """A value; retired accumulators as their arrays (so they may cross region boundaries)."""
+        out = super().get(v)
+        return out.value if isinstance(out, _Pending) and out.value is not None else out
+
     # -- memory --------------------------------------------------------------------------------------
     def _global(self, address: int) -> tuple[np.ndarray, int]:
         binding, offset = divmod(int(address), GLOBAL)
@@ -253,6 +258,28 @@ class _Hopper(_Block):
             while self.cluster_barrier["phase"] == group.cluster_phase:
                 yield ("spin", "cluster", 0, 0)
             group.cluster_phase = None
+            return None
+        if name == "scf.while":  # a flag wait (StreamK): spin, letting the other workgroups run, until it holds
+            before, after = op.regions[0].blocks[0], op.regions[1].blocks[0]
+            while True:
+                ops = self.ops
+                for inner in before.operations:
+                    if inner.operation.name == "scf.condition":
+                        cond = np.broadcast_to(np.asarray(self.get(inner.operation.operands[0]), bool), (self.t,))
+                        break
+                    yield from self.step(inner.operation, group)
+                if not cond[self._active(group)].any():
+                    return None
+                yield from self.run(after, group)
+                self.ops = ops  # a poll that sees nothing new is no progress (a wait nothing will end deadlocks)
+                yield ("spin", "flag", 0, 0)
+        if name == "nvvm.barrier":  # a named barrier inside a role: every thread of each id's count, in step
+            view = op.opview
+            active = self._active(group)
+            ids = np.broadcast_to(np.asarray(self.get(view.barrierId), np.int64), (self.t,))[active]
+            count = self._uniform(view.numberOfThreads, group)
+            for bid in np.unique(ids):
+                assert (ids == bid).sum() == count, f"bar.sync {bid} reached by {(ids == bid).sum()} of {count}"
             return None
         out = yield from super().step(op, group)
         return out
@@ -479,8 +506,25 @@ def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dty
     ])  # fmt: skip
     shape = (g.groups, g.k, g.columns) if g.splits == 1 else (g.splits, g.groups, g.k, g.columns)
     c = np.full(shape, np.nan, out_dtype if g.splits == 1 else np.float32)
-    bindings = dict(enumerate([dy, x, maps, c]))
     body = func.regions[0].blocks[0]
+    if g.streamk:  # every workgroup at once (a persistent grid), the last first: a missing wait reads NaN
+        flags = np.zeros((g.streamk, g.tiling.consumers), np.int32)
+        bindings = dict(enumerate([dy, x, maps, np.full(g.sk_partials, np.nan, np.float32), flags, c]))
+        _run_cluster([_Hopper(threads, (w, 0, 0), bindings, "then") for w in reversed(range(grid[0]))], body)
+        assert not flags.any(), f"StreamK's flags left raised: {flags.tolist()}"
+        return c
+    if g.fused:  # workgroups one after another, the last split first: whoever arrives last sums
+        counters = np.zeros(g.counters, np.int32)
+        c = np.full((g.groups, g.k, g.columns), np.nan, out_dtype)
+        partials = np.full((g.splits, g.groups, g.k, g.columns), np.nan, np.float32)
+        bindings = dict(enumerate([dy, x, maps, partials, counters, c]))
+        for z in reversed(range(grid[2])):
+            for y in range(grid[1]):
+                for xx in range(grid[0]):
+                    _run_cluster([_Hopper(threads, (xx, y, z), bindings, "then")], body)
+        assert not counters.any(), "the fused split's counters left raised"
+        return c
+    bindings = dict(enumerate([dy, x, maps, c]))
     for z in range(grid[2]):
         for y in range(grid[1]):
             for xx in range(grid[0]):

@@ -37,7 +37,7 @@ def emulated(g: ConvSm90, dtype: str = "f16", out: str = "f32", seed: int = 0) -
     with new_context(), ir.Location.unknown():
         module = conv_module(g, dtype, out)
         c = run_conv(module, dy, x, g, numpy_dtype(out))
-    if g.splits > 1:
+    if g.splits > 1 and not g.fused:
         assert not np.isnan(c).any()
         c = c.sum(0)
     return c.astype(np.float32), reference(dy, x, g)
@@ -132,6 +132,64 @@ def test_persistent_grid_carries_the_ring_across_units_of_uneven_length():
     assert not np.isnan(c).any() and _error(c, ref) < 1e-6
 
 
+@pytest.mark.parametrize(
+    ("geometry", "note"),
+    [
+        # 5 column tiles of 2 k tiles on 3 workgroups (ranges [0, 3), [3, 6), [6, 10)): tiles 1 and 2 cut at
+        # the seams, each finisher adding one contributor's partial
+        (dict(n=2, h=5, w=7, c=64, k=128, fy=3, fx=3, ho=5, wo=7, pad=(1, 1), streamk=3), "seams"),
+        # one tile of 7 k tiles on 3 workgroups: its finisher (2) waits on two contributors (0, 1)
+        (dict(n=4, h=10, w=11, c=64, k=64, fy=2, fx=1, ho=9, wo=11, streamk=3), "three contributors"),
+        # 3 groups x 5 column tiles, K = 40 (consumer 1 idle: no partial, no flag), 7 workgroups
+        (dict(n=2, h=6, w=6, c=64, k=40, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), groups=3, streamk=7), "groups"),
+    ],
+)
+def test_streamk_grid_matches_float64_with_fixups_only_at_the_seams(geometry, note):
+    # the emulator runs every workgroup at once, the last first, partials NaN until written, and checks
+    # that the flags end as zero: a finisher that does not wait reads NaN, one that does not reset leaves a flag
+    g = ConvSm90(**geometry, tiling=SMALL)
+    c, ref = emulated(g)
+    assert not np.isnan(c).any(), note
+    assert _error(c, ref) < 1e-6, note
+
+
+def test_streamk_bf16_output_and_its_workspace_shapes():
+    g = ConvSm90(n=2, h=8, w=8, c=64, k=128, fy=3, fx=3, ho=8, wo=8, pad=(1, 1), tiling=SMALL, streamk=4)
+    assert (g.grid, g.sk_total, g.sk_partials) == ((4, 1, 1), 10, [4, 2, 16, 128, 4])  # ranges 2, 3, 2, 3
+    c, ref = emulated(g, "bf16", "bf16")
+    assert not np.isnan(c).any() and _error(c, ref) < 1e-2
+
+
+@pytest.mark.parametrize(
+    ("geometry", "tiling"),
+    [
+        # one consumer warpgroup: 64-row tiles (the rule's where K <= 64), 2 splits
+        (dict(n=2, h=5, w=7, c=64, k=64, fy=3, fx=3, ho=5, wo=7, pad=(1, 1), splits=2),
+         Sm90Tiling(bn=128, stages=2, consumers=1)),
+        # 64-column tiles (the rule's where Y X C <= 64): one im2col box a stage
+        (dict(n=2, h=5, w=7, c=64, k=128, fy=1, fx=1, ho=5, wo=7, splits=2), Sm90Tiling(bn=64, stages=2)),
+    ],
+)  # fmt: skip
+def test_narrow_tiles_match_float64_under_emulation(geometry, tiling):
+    c, ref = emulated(ConvSm90(**geometry, tiling=tiling))
+    assert not np.isnan(c).any() and _error(c, ref) < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("geometry", "out"),
+    [
+        # 3 splits of 7 k tiles (3, 3, 1), 5 column tiles, K = 64 (consumer 1 idle: no count, no sum)
+        (dict(n=4, h=10, w=11, c=64, k=64, fy=3, fx=3, ho=10, wo=11, pad=(1, 1), splits=3), "f32"),
+        (dict(n=2, h=6, w=6, c=64, k=128, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), splits=2, groups=2), "bf16"),
+    ],
+)
+def test_fused_split_sums_its_partials_in_the_kernel_and_resets_its_counters(geometry, out):
+    # the last split runs first, so the thread that sums is the first split's; its counters must end at zero
+    g = ConvSm90(**geometry, tiling=SMALL, fused=True)
+    c, ref = emulated(g, "bf16" if out == "bf16" else "f16", out)
+    assert not np.isnan(c).any() and _error(c, ref) < (1e-2 if out == "bf16" else 1e-6)
+
+
 def test_bf16_conv_weight_gradient_with_bf16_output_matches_float64():
     g = ConvSm90(n=1, h=6, w=6, c=64, k=128, fy=3, fx=3, ho=6, wo=6, pad=(1, 1), tiling=SMALL)
     c, ref = emulated(g, "bf16", "bf16")
@@ -168,6 +226,8 @@ def test_mn_major_descriptor_fields():
         (dict(splits=100), "splits: 100"),
         (dict(stride=(1, 1, 1)), "stride: "),  # a 3-D stride needs 3-D dilation and pad
         (dict(d=2, stride=(1, 1), dilation=(1, 1), pad=(0, 0)), "d: 2"),  # depth in a 2-D convolution
+        (dict(n=8, splits=2, streamk=4), r"streamk: 4 \(with splits 1"),
+        (dict(streamk=1000), r"streamk: 1000 \(0 \.\. 1 iterations"),
     ],
 )
 def test_conv_geometry_refuses_what_the_kernel_cannot_take(fields, message):
@@ -239,16 +299,33 @@ def test_policy_refuses_with_the_field_and_its_value(line, fields, reason):
 @pytest.mark.parametrize(
     ("mnr", "choice"),
     [
-        ((256, 2304, 64 * 56 * 56), (256, 7)),  # large_3x3_256_n64_56: 7 splits of the 18 wide tiles
-        (
-            (2376, 2304, 2 * 50 * 50),
-            (192, 1),
-        ),  # retina_k2376_50: 228 tiles of 192 fill 2 waves, 171 of 256 leave one 30% full
-        ((128, 1152, 32 * 28 * 28), (128, 14)),  # streamk_3x3_128_n32_28: 9 narrow tiles x 14 splits
+        ((256, 2304, 64 * 56 * 56), (256, 7, 0)),  # large_3x3_256_n64_56: 7 splits of the 18 wide tiles
+        ((128, 1152, 32 * 28 * 28), (128, 14, 0)),  # streamk_3x3_128_n32_28: 9 narrow tiles x 14 splits
+        # streamk_3x3_512_n32_7: 96 tiles of 192 in one wave; StreamK's partials cost more than the wave gains
+        # (H200: 24.1-26.2 us against 18.7)
+        ((512, 4608, 32 * 7 * 7), (192, 1, 0)),
+        # retina_k2376_100: 171 tiles of 256 on 132 SMs; StreamK evens them (H200: 301.5 us against 3 splits' 342.6)
+        ((2376, 2304, 2 * 100 * 100), (256, 1, 132)),
+        # K = 64: 64-row tiles (one consumer), one wave of splits (held-out resnet50_3x3_64_n256_56: 143.6 us
+        # against 258.4 with 128-row tiles), and the 1x1 256 -> 64 likewise
+        ((64, 576, 256 * 56 * 56), (192, 44, 0)),
+        ((64, 256, 256 * 56 * 56), (256, 131, 0)),
+        ((256, 64, 256 * 56 * 56), (64, 66, 0)),  # Y X C = 64: 64-column tiles (126.8 us against 152.8)
     ],
 )
-def test_split_rule_picks_what_measured_fastest_on_the_h100(mnr, choice):
-    """bench/results/h100_2026-11-26_hopper_conv: the rule's choices beat the first rule's (256, 1), (256, 22)."""
+def test_rule_picks_the_split_or_streamk_that_measured_fastest(mnr, choice):
+    """bench/results/h100_2026-11-26_hopper_conv (the split rule) and h200_2026-11-26_hopper_perf (StreamK)."""
     from convbw_mlir.policies import sm90
 
     assert sm90.choose(*mnr) == choice
+
+
+def test_streamk_on_a_3d_and_a_1d_convolution_matches_float64():
+    # StreamK's units walk the same producer as split-K: the N-D im2col box serves it at every rank
+    g3 = ConvSm90(n=2, d=3, h=4, w=4, c=64, k=128, fz=3, fy=3, fx=3, do=3, ho=4, wo=4, stride=(1, 1, 1),
+                  dilation=(1, 1, 1), pad=(1, 1, 1), tiling=SMALL, streamk=3)  # fmt: skip
+    g1 = ConvSm90(n=4, h=1, w=40, c=64, k=128, fy=1, fx=5, ho=1, wo=36, stride=(1,), dilation=(1,), pad=(0,),
+                  tiling=SMALL, streamk=3)  # fmt: skip
+    for g in (g3, g1):
+        c, ref = emulated(g)
+        assert not np.isnan(c).any() and _error(c, ref) < 1e-6, g

@@ -35,9 +35,9 @@ def test_plan_on_sm90a_is_the_wgmma_kernel_for_problems_its_policy_takes(line):
     plan = decide(p, "sm_90a")
     assert sm90.is_sm90(plan), plan
     assert plan.tile.intrinsic == f"NV_WGMMA_F32_64x{plan.tile.n}x16_F16"
-    bn, splits = sm90.choose(p.out_channels, p.in_channels * 9 if "3 3" in line else p.in_channels,
-                             p.batch * int(np.prod(p.output_size)), groups=p.groups)  # fmt: skip
-    assert (plan.tile.n, plan.k_batch) == (bn, splits)
+    bn, splits, streamk = sm90.choose(p.out_channels, p.in_channels * 9 if "3 3" in line else p.in_channels,
+                                      p.batch * int(np.prod(p.output_size)), groups=p.groups)  # fmt: skip
+    assert (plan.tile.n, plan.k_batch, plan.streamk) == (bn, splits, None) and streamk == 0
     assert not sm90.is_sm90(decide(p, "sm_80"))  # other targets: unchanged
 
 
@@ -49,9 +49,9 @@ def test_plan_on_sm90a_is_the_wgmma_kernel_for_1d_and_3d_layers_too(line):
     p = _problem(line)
     plan = decide(p, "sm_90a")
     assert sm90.is_sm90(plan), plan
-    bn, splits = sm90.choose(p.out_channels, p.in_channels * int(np.prod(p.filter_size)),
-                             p.batch * int(np.prod(p.output_size)), groups=p.groups)  # fmt: skip
-    assert (plan.tile.n, plan.k_batch) == (bn, splits)
+    bn, splits, streamk = sm90.choose(p.out_channels, p.in_channels * int(np.prod(p.filter_size)),
+                                      p.batch * int(np.prod(p.output_size)), groups=p.groups)  # fmt: skip
+    assert (plan.tile.n, plan.k_batch, plan.streamk.workgroups if plan.streamk else 0) == (bn, splits, streamk)
 
 
 @pytest.mark.parametrize(
@@ -88,18 +88,45 @@ def test_plan_on_sm90a_keeps_the_sm80_plan_for_problems_the_policy_refuses(line,
     assert not sm90.is_sm90(got)
 
 
+def test_sm90a_plan_takes_64_row_tiles_where_k_is_64_and_64_column_tiles_where_yxc_is_64():
+    k64 = decide(_problem("2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_90a")  # ResNet-50 stage 1's 3x3
+    assert sm90.is_sm90(k64) and (k64.tile.m, k64.tile.subgroups_m, k64.tile.n, k64.k_batch) == (64, 1, 192, 44)
+    c64 = decide(_problem("2 1 256 256 64 1 1 56 56 1 1 1 1 0 0 0 0"), "sm_90a")  # its 1x1 64 -> 256
+    assert (c64.tile.m, c64.tile.subgroups_m, c64.tile.n, c64.k_batch) == (128, 2, 64, 66)
+    check_plan(_problem(RESNET_3X3), decide(_problem(RESNET_3X3), "sm_90a"))  # K = 256: 128-row tiles as before
+    assert decide(_problem(RESNET_3X3), "sm_90a").tile.m == 128
+
+
 def test_sm90a_plan_takes_k_batch_and_tile_n_and_refuses_a_split_past_the_k_tiles():
     p = _problem(RESNET_3X3)
     assert decide(p, "sm_90a", strategy="explicit", k_batch=3).k_batch == 3
     assert decide(p, "sm_90a", strategy="explicit", tile_n=128).tile.n == 128
-    with pytest.raises(PlanError, match="tile-n: 64"):
-        decide(p, "sm_90a", strategy="explicit", tile_n=64)
+    with pytest.raises(PlanError, match="tile-n: 32"):
+        decide(p, "sm_90a", strategy="explicit", tile_n=32)
     small = _problem(TINY)  # 512 rows: 8 k tiles
     with pytest.raises(PlanError, match="split: r x 9"):
         decide(small, "sm_90a", strategy="explicit", k_batch=9)
     plan = decide(p, "sm_90a")
     with pytest.raises(PlanError, match="tile: "):  # a stored plan edited by hand
         check_plan(p, Plan.from_dict({**plan.to_dict(), "tile": {**plan.to_dict()["tile"], "m": 64}}))
+
+
+RETINA_K2376 = "2 1 2 2376 256 3 3 100 100 1 1 1 1 1 1 1 1"  # RetinaNet's class head at 100x100: 171 wide tiles
+
+
+def test_sm90a_plan_takes_streamk_where_the_rule_finds_it_faster_and_refuses_what_the_kernel_lacks():
+    plan = decide(_problem(RETINA_K2376), "sm_90a")  # 171 tiles on 132 SMs: StreamK evens the waves
+    assert sm90.is_sm90(plan) and plan.streamk.workgroups == 132 and plan.k_batch == 1 and plan.tile.n == 256
+    assert plan.workspace_bytes >= 132 * 128 * 256 * 4  # the partials, a 128 x 256 f32 tile a workgroup
+    p = _problem(RESNET_3X3)  # 18 tiles: the split, unless StreamK is asked for
+    assert decide(p, "sm_90a").streamk is None
+    asked = decide(p, "sm_90a", strategy="explicit", streamk="auto")
+    assert sm90.is_sm90(asked) and (asked.streamk.workgroups, asked.k_batch) == (132, 1)
+    with pytest.raises(PlanError, match="streamk-fixup: tree"):
+        decide(p, "sm_90a", strategy="explicit", streamk=8, streamk_fixup="tree")
+    with pytest.raises(PlanError, match="split: 2 with streamk"):
+        decide(p, "sm_90a", strategy="explicit", streamk=8, k_batch=2)
+    check_plan(p, Plan.from_dict(json.loads(json.dumps(asked.to_dict()))))  # a stored StreamK plan replays
 
 
 # -- the schedule's record and the launcher's encoding ----------------------------------------------------------
@@ -237,6 +264,23 @@ def test_split_sm90a_artifact_launches_its_partials_and_stage_2_from_one_transie
     partials = kernel.bindings[3]
     assert partials[0] == "transient" and partials[1] >= 256 and stage2.bindings[0] == partials
     assert launch.transient >= partials[1] + 2 * 64 * 576 * 4 and len(launch.tensor_maps) == 2
+
+
+def test_streamk_sm90a_artifact_zeroes_its_flags_then_binds_maps_partials_and_flags_from_the_transient():
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    p = _problem("2 1 8 128 64 3 3 16 16 1 1 1 1 1 1 1 1")
+    plan = decide(p, "sm_90a", strategy="explicit", streamk=3)
+    launch = build_op(p, get_target("sm_90a"), plan, output_arg=True).launch
+    assert launch.refused is None, launch.refused
+    fill, kernel = launch.steps[:2]  # the flags' fill (a transfer), then the kernel
+    (dispatch,) = launch.dispatches
+    assert dispatch == kernel and kernel.grid == (3, 1, 1) and len(kernel.bindings) == 6
+    assert [b[0] for b in kernel.bindings[2:5]] == ["transient"] * 3  # maps, partials, flags
+    assert (fill.kind, fill.target, fill.pattern) == ("fill", kernel.bindings[4], 0)  # zeroes the flags it reads
+    assert fill.length == 3 * 2 * 4  # a flag a consumer warpgroup of each workgroup
+    assert [m.kernel for m in launch.tensor_maps] == [kernel.kernel] * 2
 
 
 def test_iree_runtime_refuses_an_sm90a_artifact_naming_the_target_and_the_direct_launch(sm90_op):

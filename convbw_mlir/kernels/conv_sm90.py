@@ -21,6 +21,13 @@ in 1024-byte atoms of 8 rows, exactly what a TMA box with the 128-byte swizzle w
 - The reduction past ``N Ho Wo`` reads zeros from both maps (out of bounds); split-K cuts the k tiles
   into ``splits`` slices (grid z), each writing f32 partial sums ``[splits, G, K, Y X C]`` that a second
   pass adds up.
+- StreamK (``streamk`` workgroups, a persistent grid): the ``tiles x k tiles`` iterations laid end to end,
+  workgroup ``w`` takes ``[w T / W, (w + 1) T / W)`` and walks its tiles last first. A segment that ends
+  before its tile's last k tile (only a range's last, walked first) stores its accumulators to
+  ``partials[w, consumer]`` (f32, 16-byte chunks in thread order: coalesced) and raises ``flags[w,
+  consumer]``; the tile's *finisher* (the segment with its last k tile) waits on the flags of the tile's
+  other contributors (lower-numbered workgroups only), adds their partials, resets the flags to zero
+  (so a launch leaves them as it found them) and stores dW. Fix-ups only at the seams between ranges.
 - Groups (NHWGC / NHWGK): group ``g``'s dy columns start at ``g K`` and its x channels at ``g C`` of the
   same two maps; grid z runs over groups x splits. Rows past K of a row tile read the next group's dy and
   are never stored.
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, gpu, llvm, nvvm, scf, vector
+from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
 
 from convbw_mlir.kernels.entry import KernelEntry
 from convbw_mlir.kernels.gemm_sm90 import (
@@ -57,7 +64,8 @@ from convbw_mlir.kernels.gemm_sm90 import (
     _zero_acc,
 )
 
-__all__ = ["BOX", "ConvSm90", "conv_entry", "conv_module", "descriptor_mn", "from_problem", "im2col_corners"]
+__all__ = ["BOX", "ConvSm90", "build_streamk_dispatch", "conv_entry", "conv_module", "descriptor_mn", "from_problem",
+           "im2col_corners"]  # fmt: skip
 
 BOX = 64  # channels of one TMA box: a 128-byte swizzled row of 16-bit elements
 ATOM_ROWS = 8  # reduction rows of one 1024-byte swizzle atom
@@ -76,6 +84,10 @@ class ConvSm90:
         splits: split-K slices of the k tiles (grid z); > 1 writes f32 partials ``[splits, G, K, Y X C]``.
         groups: G; c and k are a group's channels.
         d, fz, do: 3-D's depth of x, of the filter and of dy (1 below 3-D).
+        streamk: workgroups of the StreamK grid (0: none; then splits 1 and tiling not persistent).
+        fused: the split's second stage in the kernel (splits > 1): each thread, after storing its partial,
+            counts itself in on its own counter; the thread that arrives last for its fragment adds the
+            splits' partials and writes dW (no second pass).
     """
 
     n: int
@@ -96,6 +108,8 @@ class ConvSm90:
     d: int = 1
     fz: int = 1
     do: int = 1
+    streamk: int = 0
+    fused: bool = False
 
     def __post_init__(self) -> None:
         for name in ("stride", "dilation", "pad"):
@@ -119,6 +133,12 @@ class ConvSm90:
             raise ValueError(f"splits: {self.splits} (1 .. {self.ktiles} k tiles)")
         if self.splits > 1 and (self.splits - 1) * self.chunk >= self.ktiles:
             raise ValueError(f"splits: {self.splits} leave the last one empty ({self.ktiles} k tiles)")
+        if self.streamk and (self.splits > 1 or self.tiling.persistent):
+            raise ValueError(f"streamk: {self.streamk} (with splits 1 and no persistent tiling, its own grid)")
+        if self.fused and self.splits == 1:
+            raise ValueError("fused: True (the split's second stage in the kernel needs splits > 1)")
+        if not 0 <= self.streamk <= self.sk_total:
+            raise ValueError(f"streamk: {self.streamk} (0 .. {self.sk_total} iterations, one at least a workgroup)")
 
     @property
     def rank(self) -> int:
@@ -169,7 +189,28 @@ class ConvSm90:
         return self.tiles[0] * self.tiles[1] * self.splits * self.groups
 
     @property
+    def sk_total(self) -> int:
+        """StreamK's iterations: every tile's k tiles, end to end."""
+        return self.tiles[0] * self.tiles[1] * self.groups * self.ktiles
+
+    def sk_begin(self, w: int) -> int:
+        """The first iteration of StreamK workgroup ``w`` (``w = streamk``: the end)."""
+        return w * self.sk_total // self.streamk
+
+    @property
+    def counters(self) -> int:
+        """The fused split's arrival counters: one a consumer thread of every tile."""
+        return self.tiles[0] * self.tiles[1] * self.groups * self.tiling.consumers * WARPGROUP
+
+    @property
+    def sk_partials(self) -> list[int]:
+        """StreamK's workspace: ``[workgroups, consumers, bn / 8, 128 threads, 4]`` f32."""
+        return [self.streamk, self.tiling.consumers, self.tiling.bn // 8, WARPGROUP, 4]
+
+    @property
     def grid(self) -> tuple[int, int, int]:
+        if self.streamk:
+            return (self.streamk, 1, 1)
         if self.tiling.persistent:
             return (self.tiling.persistent, 1, 1)
         return (*self.tiles, self.splits * self.groups)
@@ -190,16 +231,16 @@ def im2col_corners(g: ConvSm90) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return lower, upper
 
 
-def from_problem(problem: Any, tiling: Sm90Tiling | None = None, splits: int = 1) -> ConvSm90:
+def from_problem(problem: Any, tiling: Sm90Tiling | None = None, splits: int = 1, streamk: int = 0) -> ConvSm90:
     """The kernel's numbers for a layout-2 ``problem`` (a ``ConvBwdWeightProblem`` of rank 1, 2 or 3; ``tiling``:
-    the default :class:`Sm90Tiling` unless given)."""
+    the default :class:`Sm90Tiling` unless given; ``streamk``: workgroups of a StreamK grid, 0 none)."""
     pad = (1,) * (3 - problem.rank)
     d, h, w = (*pad, *problem.input_size)
     fz, fy, fx = (*pad, *problem.filter_size)
     do, ho, wo = (*pad, *problem.output_size)
     return ConvSm90(problem.batch, h, w, problem.in_channels, problem.out_channels, fy, fx, ho, wo,
                     tuple(problem.stride), tuple(problem.dilation), tuple(problem.pad_low),
-                    tiling or Sm90Tiling(), splits, problem.groups, d, fz, do)  # fmt: skip
+                    tiling or Sm90Tiling(), splits, problem.groups, d, fz, do, streamk)  # fmt: skip
 
 
 def descriptor_mn(address: int, lead: int) -> int:
@@ -211,11 +252,55 @@ def descriptor_mn(address: int, lead: int) -> int:
     return ((address & 0x3FFFF) >> 4) | ((lead >> 4) << 16) | ((atom >> 4) << 32) | (1 << 62)
 
 
+@dataclass(frozen=True)
+class _WritableEntry(KernelEntry):
+    """StreamK's bindings: dy, x and the maps read-only; partials, flags and dW written."""
+
+    def layout(self) -> ir.Attribute:
+        entries = ["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * 3
+        entries += ["#hal.pipeline.binding<storage_buffer>"] * (len(self.bindings) - 3)
+        return ir.Attribute.parse(f"#hal.pipeline.layout<bindings = [{', '.join(entries)}]>")
+
+
 def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90") -> KernelEntry:
     """The kernel's launch: grid (N tiles, M tiles, groups x splits), bindings dy ``[N Ho Wo, G K]``, x
     ``[N, H, W, G C]`` (``[N, W, G C]``, ``[N, D, H, W, G C]``), maps (dy's then x's CUtensorMap), dW ``[G, K,
-    Y X C]`` (or its f32 partials ``[splits, G, K, Y X C]``)."""
+    Y X C]`` (or its f32 partials ``[splits, G, K, Y X C]``); StreamK: grid (workgroups), partials and flags
+    ``[workgroups, consumers]`` (i32) before dW."""
     c_shape = [g.groups, g.k, g.columns] if g.splits == 1 else [g.splits, g.groups, g.k, g.columns]
+    if g.fused:  # partials and counters written, then dW
+        return _WritableEntry(
+            executable=name,
+            function=name,
+            grid=g.grid,
+            workgroup_size=(g.tiling.threads, 1, 1),
+            subgroup_size=32,
+            bindings=(
+                ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
+                ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
+                ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+                ir.MemRefType.get(c_shape, ir.F32Type.get()),
+                ir.MemRefType.get([g.counters], ir.IntegerType.get_signless(32)),
+                ir.MemRefType.get([g.groups, g.k, g.columns], out),
+            ),
+        )
+    if g.streamk:
+        f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
+        return _WritableEntry(
+            executable=name,
+            function=name,
+            grid=g.grid,
+            workgroup_size=(g.tiling.threads, 1, 1),
+            subgroup_size=32,
+            bindings=(
+                ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
+                ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
+                ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+                ir.MemRefType.get(g.sk_partials, f32),
+                ir.MemRefType.get([g.streamk, g.tiling.consumers], i32),
+                ir.MemRefType.get(c_shape, out),
+            ),
+        )
     return KernelEntry(
         executable=name,
         function=name,
@@ -335,9 +420,10 @@ def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Va
 
 
 def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
-              split: ir.Value | None, group: ir.Value) -> None:  # fmt: skip
+              split: ir.Value | None, group: ir.Value, pair_of=None) -> None:  # fmt: skip
     """Each accumulator pair to dW (or to its split's partials), per 64-column box only where the box lies
-    inside ``Y X C`` (whole boxes: ``C % 64 == 0``)."""
+    inside ``Y X C`` (whole boxes: ``C % 64 == 0``); ``pair_of(row, column)``: the f32 pair to store there
+    instead of the accumulators' (the fused split's sum)."""
     t = g.tiling
     out = ir.MemRefType(c.type).element_type
     f32 = ir.F32Type.get()
@@ -358,11 +444,14 @@ def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, ro
                 below = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, r, k(g.k)))
                 with ir.InsertionPoint(below.then_block):
                     for v in range(per_box * j + 2 * half, per_box * (j + 1), 4):
-                        pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
-                        vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+                        cc = arith.addi(col, k(8 * (v // 4)))
+                        if pair_of is None:
+                            pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
+                            vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+                        else:
+                            vec = pair_of(r, cc)
                         if out != f32:
                             vec = arith.truncf(ir.VectorType.get([2], out), vec)
-                        cc = arith.addi(col, k(8 * (v // 4)))
                         vector.store(vec, c, [group, r, cc] if split is None else [split, group, r, cc])
                     scf.YieldOp([])
             scf.YieldOp([])
@@ -374,7 +463,10 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
     Raises:
         ValueError: an input type other than f16 or bf16.
     """
-    dy, _, maps, c = bindings
+    if g.streamk or g.fused:
+        dy, _, maps, partials, flags, c = bindings
+    else:
+        (dy, _, maps, c), partials, flags = bindings, None, None
     elem = str(ir.MemRefType(dy.type).element_type)
     if elem not in ("f16", "bf16"):
         raise ValueError(f"dtype: {elem!r}: the sm_90a kernel takes f16 or bf16")
@@ -392,7 +484,7 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
             nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
         one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
         with ir.InsertionPoint(one.then_block):
-            for (m0, n0, _, group, first, count), ring in _units(b, g):
+            for (m0, n0, _, group, first, count), ring, _ in _units(b, g):
                 m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
                 _producer(b, g, base, maps, m32, n32, first, count, ring, arith.index_cast(b.i32, group))
             scf.YieldOp([])
@@ -403,12 +495,17 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
-        for (m0, n0, split, group, _, count), ring in _units(b, g):
+        for (m0, n0, split, group, _, count), ring, sk in _units(b, g):
             acc = _consumer(b, g, base, a_rows, count, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
             mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
             with ir.InsertionPoint(mine.then_block):
-                _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
+                if g.fused:
+                    _fused_split(b, g, c, partials, flags, acc, wtid, consumer, row0, m0, n0, split, group)
+                elif sk is None:
+                    _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
+                else:
+                    _streamk_seam(b, g, c, partials, flags, acc, wtid, consumer, row0, n0, group, sk)
                 scf.YieldOp([])
         scf.YieldOp([])
 
@@ -425,17 +522,21 @@ def _unit(b: _B, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, z: ir.Value) -
 
 
 def _units(b: _B, g: ConvSm90):
-    """The workgroup's work units, each with the k tiles of its ring before it (index): its block ids, or
-    (persistent) a loop over units ``id, id + persistent, ...`` (column tile fastest, then row tile, then
-    split, then group; one iteration yielded inside the ``scf.for``, the ring carried by it)."""
+    """The workgroup's work units, each with the k tiles of its ring before it (index) and StreamK's seam
+    (or None): its block ids, or (persistent) a loop over units ``id, id + persistent, ...`` (column tile
+    fastest, then row tile, then split, then group; one iteration yielded inside the ``scf.for``, the ring
+    carried by it), or StreamK's segments (:func:`_streamk_units`)."""
     idx = b.index
 
     def c(v: int) -> ir.Value:
         return arith.constant(idx, v)
 
+    if g.streamk:
+        yield from _streamk_units(b, g)
+        return
     if not g.tiling.persistent:
         ids = [gpu.block_id(d) for d in (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)]
-        yield _unit(b, g, *ids), c(0)
+        yield _unit(b, g, *ids), c(0), None
         return
     n_tiles, m_tiles = g.tiles
     loop = scf.ForOp(gpu.block_id(gpu.Dimension.x), c(g.units), c(g.tiling.persistent), [c(0)])
@@ -443,8 +544,153 @@ def _units(b: _B, g: ConvSm90):
         u, ring = loop.induction_variable, loop.inner_iter_args[0]
         tile, z = arith.remui(u, c(n_tiles * m_tiles)), arith.divui(u, c(n_tiles * m_tiles))
         unit = _unit(b, g, arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles)), z)
-        yield unit, ring
+        yield unit, ring, None
         scf.YieldOp([arith.addi(ring, arith.index_cast(idx, unit[5]))])
+
+
+def _fused_split(b: _B, g: ConvSm90, c: ir.Value, partials: ir.Value, counters: ir.Value, acc: ir.Value,
+                 wtid: ir.Value, consumer: ir.Value, row0: ir.Value, m0: ir.Value, n0: ir.Value, split: ir.Value,
+                 group: ir.Value) -> None:  # fmt: skip
+    """The split's second stage in the kernel, one thread at a time (its fragment's places are the same in
+    every split): store the partial, ``membar.gl``, count in on the thread's own counter (atomic, acq_rel);
+    the thread that arrives last adds the splits' partials at its places, writes dW and puts its counter
+    back to zero. No barrier: each thread reads only what it wrote itself in every split."""
+    idx = b.index
+    f32, v2 = ir.F32Type.get(), ir.VectorType.get([2], ir.F32Type.get())
+
+    def k(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    _epilogue(b, g, partials, acc, wtid, row0, n0, split, group)
+    _gpu_fence()
+    n_tiles, m_tiles = g.tiles
+    tile = arith.addi(arith.muli(arith.addi(arith.muli(group, k(m_tiles)), arith.divui(m0, k(g.tiling.bm))),
+                                 k(n_tiles)), arith.divui(n0, k(g.tiling.bn)))  # fmt: skip
+    at = arith.addi(arith.muli(arith.addi(arith.muli(tile, k(g.tiling.consumers)), consumer), k(WARPGROUP)), wtid)
+    seen = memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(1), counters, [at])
+    last = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, seen, b.c(g.splits - 1)))
+    with ir.InsertionPoint(last.then_block):
+        _gpu_fence()
+
+        def pair_of(r: ir.Value, cc: ir.Value) -> ir.Value:
+            zero = arith.constant(v2, ir.DenseElementsAttr.get_splat(v2, ir.FloatAttr.get(f32, 0.0)))
+            each = scf.ForOp(k(0), k(g.splits), k(1), [zero])
+            with ir.InsertionPoint(each.body):
+                part = vector.load(v2, partials, [each.induction_variable, group, r, cc])
+                scf.YieldOp([arith.addf(each.inner_iter_args[0], part)])
+            return each.results[0]
+
+        _epilogue(b, g, c, acc, wtid, row0, n0, None, group, pair_of)
+        memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(-g.splits), counters, [at])  # zero for the next launch
+        scf.YieldOp([])
+
+
+def _streamk_units(b: _B, g: ConvSm90):
+    """StreamK's segments of this workgroup's range ``[w T / W, (w + 1) T / W)``, its last tile first (so a
+    contributor's partial, the range's last segment, is stored before its first segment waits on others):
+    the unit (split 0, first k tile and count inside the tile) and the seam ``(hi, first contributor, w)``,
+    ``hi`` the segment's end inside its tile (``ktiles``: it finishes the tile)."""
+    idx = b.index
+
+    def c(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    total, wgs, iters = g.sk_total, g.streamk, g.ktiles
+    n_tiles, m_tiles = g.tiles
+    w = gpu.block_id(gpu.Dimension.x)
+    begin = arith.divui(arith.muli(w, c(total)), c(wgs))
+    end = arith.divui(arith.muli(arith.addi(w, c(1)), c(total)), c(wgs))
+    last = arith.divui(arith.subi(end, c(1)), c(iters))
+    loop = scf.ForOp(c(0), arith.subi(arith.addi(last, c(1)), arith.divui(begin, c(iters))), c(1), [c(0)])
+    with ir.InsertionPoint(loop.body):
+        ring = loop.inner_iter_args[0]
+        tile = arith.subi(last, loop.induction_variable)
+        start = arith.muli(tile, c(iters))
+        lo = arith.subi(arith.maxui(begin, start), start)
+        hi = arith.subi(arith.minui(end, arith.addi(start, c(iters))), start)
+        # the owner of the tile's first iteration: the largest w' with w' T / W <= start
+        first_w = arith.divui(arith.subi(arith.muli(arith.addi(start, c(1)), c(wgs)), c(1)), c(total))
+        n_tile, rest = arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles))
+        m_tile, group = arith.remui(rest, c(m_tiles)), arith.divui(rest, c(m_tiles))
+        count = arith.index_cast(b.i32, arith.subi(hi, lo))
+        unit = (arith.muli(m_tile, c(g.tiling.bm)), arith.muli(n_tile, c(g.tiling.bn)), c(0), group,
+                arith.index_cast(b.i32, lo), count)  # fmt: skip
+        yield unit, ring, (hi, first_w, w)
+        scf.YieldOp([arith.addi(ring, arith.index_cast(idx, count))])
+
+
+def _gpu_fence() -> None:
+    """``membar.gl``: this thread's global writes seen device-wide before what follows (and its reads after)."""
+    nvvm.MembarOp(ir.Attribute.parse("#nvvm.mem_scope<gpu>"))
+
+
+def _streamk_seam(b: _B, g: ConvSm90, c: ir.Value, partials: ir.Value, flags: ir.Value, acc: ir.Value,
+                  wtid: ir.Value, consumer: ir.Value, row0: ir.Value, n0: ir.Value, group: ir.Value,
+                  seam: tuple[ir.Value, ir.Value, ir.Value]) -> None:  # fmt: skip
+    """A StreamK segment's end for one consumer warpgroup: the finisher (``hi`` = the tile's last k tile)
+    adds its contributors' partials (waiting on their flags) and stores dW; a contributor stores its partial
+    and raises its flag. The warpgroup's own named barrier (1 + consumer, 128 threads) orders its threads'
+    partial stores before the flag, and the flag before their loads."""
+    hi, first_w, w = seam
+    idx, f32, i32 = b.index, ir.F32Type.get(), ir.IntegerType.get_signless(32)
+    v4 = ir.VectorType.get([4], f32)
+
+    def k(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    leader = arith.cmpi(arith.CmpIPredicate.eq, wtid, k(0))
+    bar_id = arith.index_cast(i32, arith.addi(consumer, k(1)))
+
+    def sync() -> None:
+        nvvm.barrier(barrier_id=bar_id, number_of_threads=b.c(WARPGROUP), aligned=True)
+
+    finishes = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, hi, k(g.ktiles)), has_else=True)
+    with ir.InsertionPoint(finishes.then_block):
+        others = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, first_w, w), [acc.type], has_else=True)
+        with ir.InsertionPoint(others.then_block):
+            one = scf.IfOp(leader)
+            with ir.InsertionPoint(one.then_block):
+                each = scf.ForOp(first_w, w, k(1))
+                with ir.InsertionPoint(each.body):
+                    at = [each.induction_variable, consumer]
+                    spin = scf.WhileOp([], [])
+                    with ir.InsertionPoint(spin.before.blocks.append()):
+                        seen = memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(0), flags, at)
+                        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.eq, seen, b.c(0)), [])
+                    with ir.InsertionPoint(spin.after.blocks.append()):
+                        scf.YieldOp([])
+                    memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(-1), flags, at)  # back to zero for the next launch
+                    scf.YieldOp([])
+                _gpu_fence()
+                scf.YieldOp([])
+            sync()
+            _gpu_fence()
+            add = scf.ForOp(first_w, w, k(1), [acc])
+            with ir.InsertionPoint(add.body):
+                total = add.inner_iter_args[0]
+                for j in range(g.tiling.bn // 8):
+                    part = vector.load(v4, partials, [add.induction_variable, consumer, k(j), wtid, k(0)])
+                    for e in range(4):
+                        pos = ir.DenseI64ArrayAttr.get([4 * j + e])
+                        mine = llvm.extractvalue(f32, total, pos)
+                        total = llvm.insertvalue(total, arith.addf(mine, vector.extract(part, [], [e])), pos)
+                scf.YieldOp([total])
+            scf.YieldOp([add.results[0]])
+        with ir.InsertionPoint(others.else_block):
+            scf.YieldOp([acc])
+        _epilogue(b, g, c, others.results[0], wtid, row0, n0, None, group)
+        scf.YieldOp([])
+    with ir.InsertionPoint(finishes.else_block):
+        for j in range(g.tiling.bn // 8):
+            vals = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([4 * j + e])) for e in range(4)]
+            vector.store(vector.from_elements(v4, vals), partials, [w, consumer, k(j), wtid, k(0)])
+        _gpu_fence()
+        sync()  # every thread's partial is out before the leader raises the flag
+        one = scf.IfOp(leader)
+        with ir.InsertionPoint(one.then_block):
+            memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(1), flags, [w, consumer])
+            scf.YieldOp([])
+        scf.YieldOp([])
 
 
 def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
@@ -458,12 +704,43 @@ def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:
     module = ir.Module.create()
     tensors = [ir.RankedTensorType.get(ir.MemRefType(x).shape, ir.MemRefType(x).element_type) for x in entry.bindings]
     with ir.InsertionPoint(module.body):
-        fn = func.FuncOp("main", ir.FunctionType.get(tensors[:3], [tensors[3]]))
+        fn = func.FuncOp("main", ir.FunctionType.get(tensors[:3], [tensors[-1]]))
         block = fn.add_entry_block()
     with ir.InsertionPoint(block):
+        if g.streamk or g.fused:
+            top = ir.InsertionPoint.at_block_begin(module.body)
+            func.ReturnOp([build_streamk_dispatch(g, entry, list(block.arguments), top)])
+            return module
         result = build_dispatch(
             entry, lambda blk, mems: build_conv_body(blk, mems, g), list(block.arguments), tensors[3],
             ir.InsertionPoint.at_block_begin(module.body),
         )  # fmt: skip
         func.ReturnOp([result])
     return module
+
+
+def build_streamk_dispatch(g: ConvSm90, entry: KernelEntry, operands: list[ir.Value],
+                           module_ip: ir.InsertionPoint) -> ir.Value:  # fmt: skip
+    """StreamK's (or the fused split's) executable (at ``module_ip``) and its ``flow.dispatch`` on ``operands``
+    (dy, x, maps) here; returns dW. The partials (never read before written: uninitialized) and the flags or
+    counters (zeroed by a fill; the kernel leaves them zero) are tied to results, so IREE binds dy, x, maps,
+    partials, flags, dW."""
+    from iree.compiler.dialects import flow, linalg, tensor
+
+    from convbw_mlir.kernels.entry import _build_executable
+
+    with module_ip:
+        _build_executable(entry, lambda blk, mems: build_conv_body(blk, mems, g))
+    types = [ir.RankedTensorType.get(ir.MemRefType(m).shape, ir.MemRefType(m).element_type) for m in entry.bindings]
+
+    def fresh(t: ir.RankedTensorType) -> ir.Value:  # a per-call buffer: IREE hoists a bare one into a global
+        empty = tensor.EmptyOp(t.shape, t.element_type).result
+        return ir.Operation.create("util.optimization_barrier", results=[t], operands=[empty]).result
+
+    partials = fresh(types[3])
+    flags = linalg.fill(arith.constant(types[4].element_type, 0), outs=[fresh(types[4])])
+    tied = ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IndexType.get(), v) for v in (-1, 3, 4)])
+    target = ir.SymbolRefAttr.get([entry.executable, entry.function])
+    op = flow.DispatchOp([types[5], types[3], types[4]], [], ir.ArrayAttr.get([target]),
+                         [*operands, partials, flags], [], [], tied_operands=tied)  # fmt: skip
+    return op.results[0]

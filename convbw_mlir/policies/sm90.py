@@ -15,14 +15,14 @@ from dataclasses import replace
 from typing import Any
 
 from convbw_mlir.loops import Split
-from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, Tile, _is_int
+from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, StreamKPlan, Tile, _is_int
 from convbw_mlir.policies import sm80
 from convbw_mlir.policies.split import EXPLICIT_SPLIT, check, split_refusals
 from convbw_mlir.targets import Target
 
-__all__ = ["BK", "BM", "BN", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "auto_splits", "choose", "cost", "flops",
-           "im2col_corners", "is_sm90", "plan", "refusals", "takes", "takes_by_default", "tensor_maps",
-           "unsupported"]  # fmt: skip
+__all__ = ["BK", "BM", "BN", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "auto_splits", "choose", "cost", "cost_streamk",
+           "flops", "im2col_corners", "is_sm90", "plan", "refusals", "streamk_workspace", "takes", "takes_by_default",
+           "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
 SMS = 132  # H100 SXM's SMs; one workgroup an SM (4 stages of 48 KiB)
@@ -33,10 +33,26 @@ SMS = 132  # H100 SXM's SMs; one workgroup an SM (4 stages of 48 KiB)
 # ~3 TB/s, the sum's dispatch hidden; a workgroup pays ~8 k tiles of fill, barrier set-up and epilogue.
 KTILE_US = 0.67
 TILE_COST = {256: 1.0, 192: 0.87, 128: 0.6}  # a k tile's time by bn, relative to bn = 256
+# Narrow tiles, only where the 128 x 128+ tile would compute past the problem (bench/results/
+# h200_2026-11-26_hopper_perf, run 2, three held-out layers): one consumer warpgroup (64-row tiles) where
+# K <= 64 (the second one's rows all lie past K): 143.6 us against 258.4 (3x3), 129.1-137.6 against 162.1 (1x1);
+# 64-column tiles where Y X C <= 64: 126.8 against 152.8. Such a problem fills one wave with splits (up to
+# SMs / tiles; 32 splits left half the SMs idle: 169.9 us); a one-consumer k tile at 0.6 of the two-consumer
+# one (3x3 K = 64, bn 256: 0.59), a 64-column one at 0.35 (not timed compute-bound: it only weighs splits there).
+NARROW_COST = {64: 0.35}
+ONE_CONSUMER = 0.6
 BYTES_PER_US = 3.0e6
 SUM_US = 0.0
 FILL_TILES = 8
 MAX_SPLITS = 32
+# StreamK (bench/results/h200_2026-11-26_hopper_perf, run 1: both StreamK widths on 21 layers beside the split
+# rule): the same k tile and fill, each workgroup ceil(tiles x k tiles / SMs) of them, plus every workgroup's
+# 128 x bn f32 partial out and back at the partials' rate (bn 256: within 5% of 5 of the 6 timings where tiles >=
+# SMs / 2, retina_k2376_50 8% under; bn 192: 3-12% either way);
+# where a tile spans more workgroups its finisher adds many partials one after another (large_3x3_256: 18
+# tiles, 1.14x the split's time; streamk_3x3_128: 5 tiles, 4.9x), which the model leaves out, so those are not
+# offered.
+STREAMK_MIN_TILES = 0.5  # tiles a workgroup at least
 STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
 WGMMA = "NV_WGMMA_F32_64x{n}x16_{t}"  # the plan's name of the kernel's instruction (the tile marks the kernel)
 MAPS_BYTES = 256  # the maps binding: dy's CUtensorMap, then x's (128 bytes each)
@@ -96,11 +112,19 @@ def _im2col_refusals(problem: Any) -> list[str]:
 def _plan_refusals(problem: Any, plan: Plan) -> list[str]:
     """Why an sm_90a plan's tile and split do not fit the kernel ("field: value" lines)."""
     t, why = plan.tile, []
-    want = _tile(problem, t.n)
-    if t.n not in TILE_COST or t != want:
-        why.append(f"tile: {t} (the sm_90a kernel's tiles: m 128, k 64, bn one of {', '.join(map(str, TILE_COST))})")
-    if plan.streamk is not None or plan.wavespec is not None or plan.depthwise is not None:
-        why.append("plan: streamk, wavespec or depthwise (the sm_90a kernel has none)")
+    if t.n not in (*TILE_COST, *NARROW_COST) or t not in (_tile(problem, t.n, 1), _tile(problem, t.n, 2)):
+        why.append(f"tile: {t} (the sm_90a kernel's tiles: m 64 or 128, k 64, bn one of "
+                   f"{', '.join(map(str, (*TILE_COST, *NARROW_COST)))})")  # fmt: skip
+    if plan.wavespec is not None or plan.depthwise is not None:
+        why.append("plan: wavespec or depthwise (the sm_90a kernel has neither)")
+    if plan.streamk is not None:
+        sk, total = plan.streamk, _streamk_iterations(problem, t.n)
+        if sk.fixup != "linear":
+            why.append(f"streamk-fixup: {sk.fixup} (the sm_90a kernel's fixup is linear)")
+        if plan.split is not None:
+            why.append(f"split: {plan.split.k_batch} with streamk (StreamK replaces the split)")
+        if not (_is_int(sk.workgroups) and 1 <= sk.workgroups <= total):
+            why.append(f"streamk: {sk.workgroups!r} workgroups (1 .. {total}, the tiles' k tiles)")
     if plan.gemm or plan.reduction_innermost:
         why.append("gemm: the sm_90a kernel reads x by its im2col map (plan.gemm false)")
     why += split_refusals(problem, plan)
@@ -146,28 +170,48 @@ def _reduction(problem: Any) -> int:
     return problem.batch * math.prod(problem.output_size)
 
 
-def _tile(problem: Any, bn: int) -> Tile:
-    return Tile(BM, bn, BK, CONSUMERS, 1, STAGES, WGMMA.format(n=bn, t=problem.dtype.upper()))
+def _tile(problem: Any, bn: int, consumers: int | None = None) -> Tile:
+    """The plan's tile: ``consumers`` wgmma warpgroups of 64 rows (default: :func:`consumers_for` K)."""
+    c = consumers or consumers_for(problem.out_channels)
+    return Tile(64 * c, bn, BK, c, 1, STAGES, WGMMA.format(n=bn, t=problem.dtype.upper()))
+
+
+def consumers_for(m: int) -> int:
+    """Consumer warpgroups (64 rows each) of the tile for a group's ``m`` = K: one where K <= 64."""
+    return 1 if m <= 64 else CONSUMERS
+
+
+def widths_for(n: int) -> list[int]:
+    """The tile widths the rule weighs for ``n`` = Y X C columns: 64 alone where n <= 64, else the wide ones."""
+    return list(NARROW_COST) if n <= 64 else list(TILE_COST)
 
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     """This kernel's plan where it takes the problem and the options (``k-batch``, ``tile-n`` as the wgmma
-    N: 128, 192 or 256), by :func:`choose` for the rest; else the sm_80 kernels' (:func:`sm80.plan`).
+    N: 64, 128, 192 or 256; ``streamk``), by :func:`choose` for the rest; else the sm_80 kernels'
+    (:func:`sm80.plan`).
 
     Raises:
         PlanError: the kernel cannot carry the plan out (every reason, "field: value").
     """
     others = {k: v for k, v in opts.tile.items() if k != "n"}
-    if not takes(problem) or others or opts.streamk is not None or opts.producers is not None:
+    if not takes(problem) or others or opts.producers is not None:
         return sm80.plan(problem, tgt, opts)
     m, n, reduction = problem.out_channels, problem.in_channels * math.prod(problem.filter_size), _reduction(problem)
-    widths = [opts.tile["n"]] if "n" in opts.tile else list(TILE_COST)
-    if widths[0] not in TILE_COST:
-        raise PlanError(f"tile-n: {widths[0]} (the sm_90a kernel's bn: one of {', '.join(map(str, TILE_COST))})")
-    bn, splits = choose(m, n, reduction, tgt.compute_units, problem.groups, widths)
+    widths = [opts.tile["n"]] if "n" in opts.tile else widths_for(n)
+    if widths[0] not in (*TILE_COST, *NARROW_COST):
+        names = ", ".join(map(str, (*TILE_COST, *NARROW_COST)))
+        raise PlanError(f"tile-n: {widths[0]} (the sm_90a kernel's bn: one of {names})")
+    bn, splits, streamk = choose(m, n, reduction, tgt.compute_units, problem.groups, widths)
+    if opts.streamk is not None:  # StreamK asked: on the target's SMs (auto) or that many workgroups
+        splits, streamk = 1, tgt.compute_units if opts.streamk == "auto" else opts.streamk
     if _is_int(opts.k_batch):
         splits = opts.k_batch
-    chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn))
+        streamk = streamk if opts.streamk is not None else 0
+    chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn))  # one consumer where K <= 64
+    if streamk:
+        total = _streamk_iterations(problem, bn)
+        chosen = replace(chosen, streamk=StreamKPlan(min(streamk, total), opts.streamk_fixup or "linear"))
     if splits > 1:
         ktiles = -(-reduction // BK)
         chosen = replace(chosen, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
@@ -206,30 +250,72 @@ def tensor_maps(problem: Any, kernel: str) -> list[dict[str, Any]]:
 
 
 def cost(m: int, n: int, reduction: int, bn: int, splits: int, sms: int = SMS, groups: int = 1) -> float:
-    """Estimated us of ``groups`` ``m x n`` dWs reducing over ``reduction`` rows with tile ``128 x bn`` and
-    ``splits`` slices: whole waves of ``sms`` workgroups, each its slice's k tiles plus the fill, and a
-    split's partials' round trip and its sum's dispatch."""
-    tiles = groups * -(-m // BM) * -(-n // bn)
+    """Estimated us of ``groups`` ``m x n`` dWs reducing over ``reduction`` rows with tile ``128 x bn`` (``64 x
+    bn`` where K <= 64) and ``splits`` slices: whole waves of ``sms`` workgroups, each its slice's k tiles plus
+    the fill, and a split's partials' round trip and its sum's dispatch."""
+    rows = 64 * consumers_for(m)
+    tiles = groups * -(-m // rows) * -(-n // bn)
     ktiles = -(-reduction // BK)
     waves = -(-tiles * splits // sms)
-    us = waves * (-(-ktiles // splits) + FILL_TILES) * KTILE_US * TILE_COST[bn]
+    rate = {**TILE_COST, **NARROW_COST}[bn] * (ONE_CONSUMER if rows == 64 else 1.0)
+    us = waves * (-(-ktiles // splits) + FILL_TILES) * KTILE_US * rate
     return us + (2 * splits * groups * m * n * 4 / BYTES_PER_US + SUM_US if splits > 1 else 0.0)
 
 
+def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups: int = 1) -> float | None:
+    """Estimated us of StreamK on ``sms`` workgroups (each an even share of every tile's k tiles, plus the fill,
+    plus each workgroup's f32 partial out and back), or None where the tiles are too few for it
+    (:data:`STREAMK_MIN_TILES` a workgroup)."""
+    tiles = groups * -(-m // BM) * -(-n // bn)
+    if tiles < STREAMK_MIN_TILES * sms:
+        return None
+    share = -(-tiles * -(-reduction // BK) // sms)
+    return (share + FILL_TILES) * KTILE_US * TILE_COST[bn] + 2 * sms * BM * bn * 4 / BYTES_PER_US
+
+
 def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1,
-           widths: list[int] | None = None) -> tuple[int, int]:  # fmt: skip
-    """The tile width (of ``widths``, default all) and split count ``(bn, splits)`` of least :func:`cost`, each
-    slice at least 8 k tiles (CK's k_batch rule of thumb, re-weighed for whole waves) and none empty; the wider
-    tile, then the fewer splits, on a tie."""
+           widths: list[int] | None = None) -> tuple[int, int, int]:  # fmt: skip
+    """``(bn, splits, streamk)`` of least estimated time (the tile's rows: :func:`consumers_for`): the tile width
+    (of ``widths``, default :func:`widths_for`) and either
+    a split count by :func:`cost` (each slice at least 8 k tiles, CK's k_batch rule of thumb re-weighed for
+    whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by :func:`cost_streamk` (splits 1);
+    on a tie the wider tile, then the split, then the fewer splits."""
     ktiles = -(-reduction // BK)
-    options = [(bn, s) for bn in widths or TILE_COST for s in range(1, MAX_SPLITS + 1)
+    widths = widths or widths_for(n)
+    narrow = m <= 64 or n <= 64  # a narrow tile's few tiles: splits up to one wave
+
+    def most(bn: int) -> int:
+        return (
+            max(MAX_SPLITS, sms // (groups * -(-m // (64 * consumers_for(m))) * -(-n // bn))) if narrow else MAX_SPLITS
+        )
+
+    options = [(cost(m, n, reduction, bn, s, sms, groups), bn, s, 0) for bn in widths
+               for s in range(1, most(bn) + 1)
                if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles]  # fmt: skip
-    return min(options, key=lambda o: (round(cost(m, n, reduction, *o, sms, groups), 1), -o[0], o[1]))
+    for bn in widths if not narrow else []:
+        us = cost_streamk(m, n, reduction, bn, sms, groups)
+        if us is not None:
+            options.append((us, bn, 1, min(sms, groups * -(-m // BM) * -(-n // bn) * ktiles)))
+    best = min(options, key=lambda o: (round(o[0], 1), -o[1], o[3], o[2]))
+    return best[1], best[2], best[3]
 
 
 def auto_splits(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1) -> int:
     """The split count of :func:`choose`."""
     return choose(m, n, reduction, sms, groups)[1]
+
+
+def _streamk_iterations(problem: Any, bn: int) -> int:
+    """StreamK's iterations of ``problem`` with tile width ``bn``: every tile's k tiles."""
+    n = problem.in_channels * math.prod(problem.filter_size)
+    return problem.groups * -(-problem.out_channels // BM) * -(-n // bn) * -(-_reduction(problem) // BK)
+
+
+def streamk_workspace(plan: Plan) -> tuple[int, int]:
+    """Bytes of StreamK's f32 partials (a ``128 x bn`` tile a workgroup) and of its i32 flags (one a consumer
+    warpgroup of a workgroup)."""
+    w, t = plan.streamk.workgroups, plan.tile
+    return w * t.m * t.n * 4, w * t.subgroups_m * 4
 
 
 def flops(problem: Any) -> int:
