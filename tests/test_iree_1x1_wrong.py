@@ -81,3 +81,13 @@ def test_iree_still_gives_the_reproducer_its_mma_sync_config():
     configured = "".join(body for name, body in files.items() if name.startswith("configured"))
     assert "mma_kind = #iree_gpu.mma_layout<NV_MMA_SYNC_F32_16x8x16_F16>" in configured
     assert "promote_operands = [0, 1]" in configured and "matmul_like_16x16x6272" in configured
+
+
+def test_no_shipped_database_entry_is_a_known_wrong_iree_form():
+    import convbw_mlir
+
+    for path in (Path(convbw_mlir.__file__).parent / "tuning").glob("*.json"):
+        db = TuningDB.load(path)
+        for entry in db.entries.values():
+            problem = ConvBwdWeightProblem.from_dict(entry["problem"])
+            assert known_wrong(problem, db.target, entry["variant"]["form"]) is None, (path.name, entry["name"])
