@@ -21,7 +21,7 @@ from convbw_mlir.build.compile import build_op
 from convbw_mlir.build.contenders import build_form
 from convbw_mlir.build.iree import CompileError
 from convbw_mlir.dispatch.cache import KernelCache
-from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, request_key, variant_request
+from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, known_wrong, request_key, variant_request
 from convbw_mlir.limits import check_limits
 from convbw_mlir.plan import check_plan
 from convbw_mlir.policies import sm90
@@ -46,6 +46,7 @@ def compile_variant(problem: ConvBwdWeightProblem, target: Target | str, variant
 
     Raises:
         CompileError: a pass or IREE failed, or the form has no IR for this problem.
+        ValueError: an IREE form known to compute a wrong dW for this problem (naming the form).
     """
     tgt = resolve(target)
     if variant.form == "convbw":
@@ -53,6 +54,9 @@ def compile_variant(problem: ConvBwdWeightProblem, target: Target | str, variant
         if variant.plan is not None:
             check_plan(problem, variant.plan)
         return build_op(problem, tgt, variant.plan, extra_flags, output_arg=output_arg)
+    wrong = known_wrong(problem, tgt, variant.form)
+    if wrong is not None:
+        raise ValueError(wrong)
     return build_form(problem, tgt, variant.form, extra_flags, output_arg=output_arg)
 
 

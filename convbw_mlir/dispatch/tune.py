@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, check_header
-from convbw_mlir.dispatch.variants import IREE_FORMS, Variant
+from convbw_mlir.dispatch.variants import IREE_FORMS, Variant, known_wrong
 from convbw_mlir.measure.pool import DEVICES_HELP, parse_devices, resolve_devices
 from convbw_mlir.problem import ConvBwdWeightProblem
 
@@ -365,13 +365,19 @@ def device_noise(results: dict[str, Any]) -> float | None:
     return statistics.median(diffs) if diffs else None
 
 
-def _decide(row: dict[str, Any], noise_level: float | None = None) -> dict[str, Any]:
+def _decide(row: dict[str, Any], noise_level: float | None = None, target: str | None = None) -> dict[str, Any]:
     """The winner of one problem's results, its noise and whether the top two swapped places in pass 2.
+
+    With ``target``, an IREE form :func:`convbw_mlir.dispatch.variants.known_wrong` names never wins, even
+    where its sampled check passed (a check samples dW; the rule holds for the whole class).
 
     Each kernel's time is the mean of its passes (pass 2 re-times the top two and the heuristic's plan).
     The fastest replaces the heuristic's plan only when faster by more than ``max(MIN_GAIN, noise_level)``.
     """
     c = row["contenders"]
+    if target is not None:
+        problem = ConvBwdWeightProblem.from_dict(row["problem"])
+        c = {n: r for n, r in c.items() if not known_wrong(problem, target, n)}
     p2 = {n: r for n, r in (row.get("pass2") or {}).items() if r.get("status") == "ok" and n in c}
     m = _metric(c, p2)
     ranked = _ranked(c, m)
@@ -408,7 +414,7 @@ def build_database(results: dict[str, Any], device: str | None = None) -> Tuning
         try:
             if row.get("held_out"):
                 continue
-            d = _decide(row, level)
+            d = _decide(row, level, results["target"])
             if d["winner"] is None:
                 continue
             name = d["winner"]
@@ -461,7 +467,7 @@ def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
     flips = noisy = 0
     level = device_noise(results)
     for row in results["problems"]:
-        d = _decide(row, level)
+        d = _decide(row, level, results["target"])
         if d["winner"] is None:
             lines.append(f"| {row['name']} | | none correct | | | | | | | |")
             continue
@@ -501,7 +507,7 @@ def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
         lines.append(f"| {row['name']} | {split} | {shown} | {t * 1e6:.1f} | {f(vs_h)} | {f(vs_i)} | {f(vs_d)} "
                      f"| {noise} | {flip} | {path} |")  # fmt: skip
     gm = lambda xs: statistics.geometric_mean(xs) if xs else float("nan")  # noqa: E731
-    metrics = [_decide(row, level).get("metric") for row in results["problems"]]
+    metrics = [_decide(row, level, results["target"]).get("metric") for row in results["problems"]]
     lines += [
         "",
         f"times: GPU kernel time a call by CUPTI on {metrics.count('kernel_s')} problems, the call's time through "

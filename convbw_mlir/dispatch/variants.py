@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convbw_mlir.loops import Split
-from convbw_mlir.plan import Plan, PlanError, Strategy, decide, pick_intrinsic
+from convbw_mlir.plan import Plan, PlanError, Strategy, decide, one_tap_window, pick_intrinsic
 from convbw_mlir.policies import sm90
 from convbw_mlir.policies.amd import FORCE_FORM_ENV
 from convbw_mlir.problem import ConvBwdWeightProblem
@@ -42,6 +42,7 @@ __all__ = [
     "Variant",
     "candidates",
     "heuristic",
+    "known_wrong",
     "product_version",
     "request_key",
     "variant_key",
@@ -53,6 +54,19 @@ IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
 OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
            "strategy", "merge_groups")  # fmt: skip
+
+
+def known_wrong(problem: ConvBwdWeightProblem, target: Target | str, form: str) -> str | None:
+    """Why IREE 3.13 computes a wrong dW for ``problem`` in ``form`` on ``target``, or None where it is not
+    known to: every IREE form (direct, torch, fusilli) of a 1x1 on NVIDIA (sm_80 and sm_90a code; the host's
+    is right), found again on 2026-11-26 (docs/decisions.md#iree-1x1-wrong). Our own form is never refused here.
+    """
+    if form not in IREE_FORMS or resolve(target).family != "nvidia" or one_tap_window(problem) is None:
+        return None
+    return (f"form: {form} of a 1x1 on {resolve(target).name}: IREE 3.13's CUDA codegen computes a wrong dW "
+            "(docs/decisions.md#iree-1x1-wrong)")  # fmt: skip
+
+
 # Split factors the grid tries (absolute, so that a winner transfers to a neighbour as it is)
 K_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -265,7 +279,8 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
 def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: int = 6,
                iree: bool = True) -> list[Variant]:  # fmt: skip
     """The valid variants of ``problem`` on ``target``: the heuristic's first, IREE's forms (with
-    ``iree``; the torch form only where it exists: 2-D, G=1, no epilogue), then up to ``max_plans`` further plans.
+    ``iree``; the torch form only where it exists: 2-D, G=1, no epilogue; none :func:`known_wrong`), then up to
+    ``max_plans`` further plans.
 
     Raises:
         ValueError: unknown target.
@@ -275,7 +290,9 @@ def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: i
     out = [base]
     if iree and target.is_gpu:
         torch_form = problem.rank == 2 and problem.groups == 1 and problem.epilogue is None
-        out += [Variant(f) for f in IREE_FORMS if f != "iree_torch" or torch_form]
+        out += [
+            Variant(f) for f in IREE_FORMS if (f != "iree_torch" or torch_form) and not known_wrong(problem, target, f)
+        ]
     seen = {base}
     plans = 0
     for opts in _grid(problem, target, base.plan):
