@@ -105,12 +105,19 @@ def _sum_splits(partials: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | N
     def total(p: ir.Value, acc: ir.Value) -> ir.Value:
         return arith_d.addf(p, acc)
 
+    return _finish(total, out, epilogue, d)
+
+
+def _finish(total: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | None = None) -> ir.Value:
+    """``[G, M, N]`` f32 sums -> dW's type, with the problem's ``epilogue`` (``alpha * sum + beta * D``) in f32."""
+    shape = list(ir.RankedTensorType(total.type).shape)
+    f32 = ir.F32Type.get()
     if out == f32 and epilogue is None:
         return total
     ins = [total] if d is None else [total, d]
     ident = ir.AffineMap.get_identity(3)
 
-    @generic(ins, [tensor_d.EmptyOp(shape[1:], out).result], [ident] * (len(ins) + 1), [PARALLEL] * 3)
+    @generic(ins, [tensor_d.EmptyOp(shape, out).result], [ident] * (len(ins) + 1), [PARALLEL] * 3)
     def rounded(v: ir.Value, *rest: ir.Value) -> ir.Value:
         if epilogue is not None:
             if epilogue.alpha != 1.0:
@@ -179,8 +186,9 @@ def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
     t, rank = plan.tile, problem.rank
     g = from_problem(problem, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch,
                      plan.streamk.workgroups if plan.streamk else 0)  # fmt: skip
-    out = element_type(problem.dw_dtype)
-    entry = conv_entry(g, element_type(problem.dtype), out, name)
+    out, ep = element_type(problem.dw_dtype), problem.epilogue
+    # an epilogue rides the second pass: the split's sum, or (unsplit) one pass from the kernel's f32 result
+    entry = conv_entry(g, element_type(problem.dtype), out if ep is None else ir.F32Type.get(), name)
     # dy [N, *out, G, K] -> [N * prod(out), G K]; x [N, *spatial, G, C] -> [N, *spatial, G C]
     flat = reassociation([list(range(rank + 1)), [rank + 1, rank + 2]])
     dy_t = ir.RankedTensorType.get(ir.MemRefType(entry.bindings[0]).shape, element_type(problem.dtype))
@@ -201,7 +209,15 @@ def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
         result = build_dispatch(entry, lambda blk, mems: build_conv_body(blk, mems, g), [dy, x, maps],
                                    ir.RankedTensorType.get(c.shape, c.element_type), top)  # fmt: skip
     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return _sum_splits(result, out) if plan.k_batch > 1 else result
+    d = None
+    if ep is not None and ep.reads_d:  # D in dW's order, [G, K, Y X C]
+        d_t = ir.RankedTensorType(op.operands[2].type)
+        groups = reassociation([[0], [1], [2, *range(3, 3 + rank)]])
+        d_shape = [problem.groups, problem.out_channels, math.prod(d_t.shape[2:])]
+        d = tensor_d.CollapseShapeOp(ir.RankedTensorType.get(d_shape, d_t.element_type), op.operands[2], groups).result
+    if plan.k_batch > 1:
+        return _sum_splits(result, out, ep, d)
+    return result if ep is None else _finish(result, out, ep, d)
 
 
 def _k_major(value: ir.Value, stride: tuple[int, ...], rows: int) -> ir.Value:

@@ -16,7 +16,7 @@ from convbw_mlir.cuda_launch import Launch, TensorMap, encode_tensor_map
 from convbw_mlir.dispatch.variants import Variant, variant_key
 from convbw_mlir.plan import Plan, PlanError, check_plan, decide
 from convbw_mlir.policies import sm90
-from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.problem import ConvBwdWeightProblem, Epilogue
 
 RESNET_3X3 = "2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1"  # ResNet-50 stage 3's 3x3 at N=256
 TINY = "2 1 8 64 64 3 3 8 8 1 1 1 1 1 1 1 1"
@@ -467,3 +467,33 @@ def test_the_isa_report_counts_sm90a_wgmma_written_as_inline_ptx():
     ll = f"define void @k(ptr %a) {{\n{asm}\n{asm}\n  ret void\n}}\n"
     (kernel,) = parse_nvptx_ll(ll)
     assert kernel.mma == {"wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16": 2}
+
+
+# -- epilogues: carried by the second pass (the split's sum, or one rounding pass of the kernel's f32 result) -----
+@pytest.mark.parametrize(
+    ("epilogue", "k_batch"),
+    [(Epilogue("scale", 0.5), 1), (Epilogue("scale", 0.5), 2), (Epilogue("bilinear", 2.0, 0.5, d_dtype="f32"), 1),
+     (Epilogue("accumulate"), 2)],
+)  # fmt: skip
+def test_sm90a_kernel_takes_an_epilogue_into_its_second_pass(epilogue, k_batch):
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    p = _problem("2 1 8 64 64 3 3 16 16 1 1 1 1 1 1 1 1").with_(epilogue=epilogue)
+    plan = decide(p, "sm_90a", strategy="explicit", k_batch=k_batch)
+    assert sm90.is_sm90(plan) and plan.k_batch == k_batch
+    op = build_op(p, get_target("sm_90a"), plan, output_arg=True)
+    kernel, finish = op.launch.dispatches  # the kernel, then the sum or the rounding pass with the epilogue
+    assert op.launch.refused is None and len(op.launch.tensor_maps) == 2
+    assert len(finish.bindings) == (3 if epilogue.reads_d else 2)  # f32 sums (and D) in, dW out
+    assert "mulf" in op.stages["linalg"] or epilogue.alpha == 1.0
+
+
+def test_sm90a_plan_with_an_epilogue_never_takes_streamk():
+    big = _problem("2 1 64 2376 256 3 3 100 100 1 1 1 1 1 1 1 1")  # RetinaNet's head: StreamK by the rule
+    assert decide(big, "sm_90a").streamk is not None
+    with_scale = big.with_(epilogue=Epilogue("scale", 0.5))
+    plan = decide(with_scale, "sm_90a")
+    assert sm90.is_sm90(plan) and plan.streamk is None
+    with pytest.raises(PlanError, match="streamk: with the scale epilogue"):
+        decide(with_scale, "sm_90a", strategy="explicit", streamk="auto")

@@ -92,8 +92,6 @@ def _problem_refusals(problem: Any) -> list[str]:
         why.append(f"in_channels: {problem.in_channels} (a group's: a multiple of 64, an im2col box of 64 channels)")
     if problem.out_channels % 8:
         why.append(f"out_channels: {problem.out_channels} (a group's: a multiple of 8, dy's 16-byte TMA rows)")
-    if problem.epilogue is not None:
-        why.append(f"epilogue: {problem.epilogue.kind} (the sm_90a kernel writes dW plain)")
     return why
 
 
@@ -119,6 +117,9 @@ def _plan_refusals(problem: Any, plan: Plan) -> list[str]:
         why.append("plan: wavespec or depthwise (the sm_90a kernel has neither)")
     if plan.streamk is not None:
         sk, total = plan.streamk, _streamk_iterations(problem, t.n)
+        if problem.epilogue is not None:
+            why.append(f"streamk: with the {problem.epilogue.kind} epilogue (the sm_90a StreamK kernel writes dW "
+                       "plain; a split carries the epilogue in its sum)")  # fmt: skip
         if sk.fixup != "linear":
             why.append(f"streamk-fixup: {sk.fixup} (the sm_90a kernel's fixup is linear)")
         if plan.split is not None:
@@ -202,7 +203,8 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     if widths[0] not in (*TILE_COST, *NARROW_COST):
         names = ", ".join(map(str, (*TILE_COST, *NARROW_COST)))
         raise PlanError(f"tile-n: {widths[0]} (the sm_90a kernel's bn: one of {names})")
-    bn, splits, streamk = choose(m, n, reduction, tgt.compute_units, problem.groups, widths)
+    # an epilogue rides the second pass (the split's sum, or one rounding pass): StreamK writes dW itself
+    bn, splits, streamk = choose(m, n, reduction, tgt.compute_units, problem.groups, widths, problem.epilogue is None)
     if opts.streamk is not None:  # StreamK asked: on the target's SMs (auto) or that many workgroups
         splits, streamk = 1, tgt.compute_units if opts.streamk == "auto" else opts.streamk
     if _is_int(opts.k_batch):
@@ -274,12 +276,12 @@ def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups
 
 
 def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1,
-           widths: list[int] | None = None) -> tuple[int, int, int]:  # fmt: skip
+           widths: list[int] | None = None, streamk: bool = True) -> tuple[int, int, int]:  # fmt: skip
     """``(bn, splits, streamk)`` of least estimated time (the tile's rows: :func:`consumers_for`): the tile width
     (of ``widths``, default :func:`widths_for`) and either
     a split count by :func:`cost` (each slice at least 8 k tiles, CK's k_batch rule of thumb re-weighed for
     whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by :func:`cost_streamk` (splits 1);
-    on a tie the wider tile, then the split, then the fewer splits."""
+    on a tie the wider tile, then the split, then the fewer splits (``streamk`` False: splits only)."""
     ktiles = -(-reduction // BK)
     widths = widths or widths_for(n)
     narrow = m <= 64 or n <= 64  # a narrow tile's few tiles: splits up to one wave
@@ -292,7 +294,7 @@ def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1,
     options = [(cost(m, n, reduction, bn, s, sms, groups), bn, s, 0) for bn in widths
                for s in range(1, most(bn) + 1)
                if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles]  # fmt: skip
-    for bn in widths if not narrow else []:
+    for bn in widths if streamk and not narrow else []:
         us = cost_streamk(m, n, reduction, bn, sms, groups)
         if us is not None:
             options.append((us, bn, 1, min(sms, groups * -(-m // BM) * -(-n // bn) * ktiles)))
