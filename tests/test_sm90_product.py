@@ -497,3 +497,17 @@ def test_sm90a_plan_with_an_epilogue_never_takes_streamk():
     assert sm90.is_sm90(plan) and plan.streamk is None
     with pytest.raises(PlanError, match="streamk: with the scale epilogue"):
         decide(with_scale, "sm_90a", strategy="explicit", streamk="auto")
+
+
+def test_bench_manifest_carries_the_sm90a_kernels_launch_for_the_runner(tmp_path):
+    """``convbw bench --target sm_90a``: our contender is the direct launch's (IREE's runtime refuses it)."""
+    from convbw_mlir.build.contenders import compile_contenders
+
+    records = compile_contenders(
+        _problem(TINY), "tiny", "sm_90a", tmp_path, ("convbw", "convbw:strategy=explicit,k_batch=2")
+    )
+    for rec in records.values():
+        assert rec["ok"] and rec["launch"], rec
+        launch = Launch.from_files(lambda name, rec=rec: (tmp_path / rec["launch"] / name).read_bytes())
+        assert len(launch.tensor_maps) == 2 and len(launch.arg_bytes) == 3
+    assert records["convbw:strategy=explicit,k_batch=2"]["config"]["k_batch"] == 2

@@ -194,6 +194,31 @@ def _add_unit(value: Any, pos: int, full_shape: tuple[int, ...]) -> Any:
     return tensor_d.ExpandShapeOp(out_t, value, reassociation(groups), [], list(full_shape)).result
 
 
+def _convbw_options(contender: str) -> dict[str, Any]:
+    """``convbw:k_batch=8,gemm=mma``: our pipeline's options (variants for tuning runs)."""
+    options = dict(kv.split("=", 1) for kv in contender.partition(":")[2].split(",") if kv)
+    return {k: int(v) if v.isdigit() else v for k, v in options.items()}
+
+
+def _direct_contender(problem: ConvBwdWeightProblem, contender: str, target: str, folder: Path,
+                      path: str) -> dict[str, Any] | None:  # fmt: skip
+    """Our kernel where only the direct launch runs it (sm_90a: TMA maps): built with an output argument, its
+    schedule written beside the vmfb (``<path>.launch/``, :class:`convbw_mlir.measure.run.DirectKernel`);
+    None where the plan's kernel reads no maps (IREE's runtime runs it)."""
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    op = build_op(problem, get_target(target), output_arg=True, **_convbw_options(contender))
+    if op.launch is None or not op.launch.tensor_maps:
+        return None
+    (folder / path).write_bytes(op.vmfb)
+    launch = folder / f"{path.removesuffix('.vmfb')}.launch"
+    launch.mkdir(exist_ok=True)
+    for name, data in op.launch.files().items():
+        (launch / name).write_bytes(data)
+    return {"ok": True, "vmfb": path, "flags": [], "launch": launch.name, "config": _config_of(op.stages["linalg"])}
+
+
 def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) -> tuple[str | None, list[str]]:
     """(linalg IR text or None if the contender has no form for this problem, extra IREE flags)."""
     from convbw_mlir.build.compile import lowered_text, run_pipeline
@@ -202,10 +227,7 @@ def build_contender(problem: ConvBwdWeightProblem, contender: str, target: str) 
     from convbw_mlir.pipelines import for_target
 
     if contender == "convbw" or contender.startswith("convbw:"):
-        # "convbw:k_batch=8,gemm=mma": our pipeline with options (variants for tuning runs)
-        options = dict(kv.split("=", 1) for kv in contender.partition(":")[2].split(",") if kv)
-        options = {k: int(v) if v.isdigit() else v for k, v in options.items()}
-        return lowered_text(problem, for_target(target, **options)), []
+        return lowered_text(problem, for_target(target, **_convbw_options(contender))), []
     with new_context() as ctx, ir.Location.unknown():
         if contender == "reference":
             module = reference_module(problem)
@@ -258,6 +280,11 @@ def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, fol
                 records[contender] = {"ok": False, "error": "no such form for this problem"}
                 continue
             path = f"{key}.{contender.replace(':', '.').replace(',', '.').replace('=', '')}.vmfb"
+            direct = _direct_contender(problem, contender, target, folder, path) if (
+                contender.startswith("convbw") and get_target(target).wgmma_n) else None  # fmt: skip
+            if direct is not None:
+                records[contender] = direct
+                continue
             rec: dict[str, Any] = {"ok": True, "vmfb": path, "flags": flags}
             if gpu and (
                 contender.startswith("convbw") or contender == "reference"
