@@ -52,6 +52,12 @@ _EXPLICIT_ALTERNATIVES = ("strategy=explicit&k_batch=4", "strategy=explicit&stre
                           "strategy=explicit&producers=2", "strategy=explicit&tile_m=64&tile_n=64")  # fmt: skip
 
 
+# The sm_90a kernel's other choices (profile ``hopper``): splits, StreamK, narrow and wide tiles, the sm_80 kernel.
+_HOPPER_ALTERNATIVES = ("strategy=explicit&k_batch=2", "strategy=explicit&k_batch=3", "strategy=explicit&streamk=auto",
+                        "strategy=explicit&streamk=4", "strategy=explicit&tile_n=128", "strategy=explicit&tile_n=256",
+                        "strategy=explicit&tile_m=128", "strategy=codegen")  # fmt: skip
+
+
 def _channels(r: random.Random, cls: str) -> tuple[int, int, int]:
     """(G, C, K) of a problem of class ``cls``."""
     if cls == "dense":
@@ -132,6 +138,31 @@ def explicit_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
         return "explicit", p
 
 
+def hopper_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
+    """(class, a problem the sm_90a kernel takes or nearly does): 1- to 3-D, f16/bf16, C a multiple of 64, any K
+    a multiple of 8, layouts 2, 4 and 0, sometimes an epilogue (its second pass)."""
+    from convbw_mlir.problem import Epilogue
+
+    while True:
+        rank = r.choices((1, 2, 3), (2, 5, 2))[0]
+        size = r.randint(*{1: (8, 96), 2: (4, 24), 3: (3, 8)}[rank])
+        f = r.choice((1, 3, 3, 5) if rank < 3 else (1, 3))
+        dtype = r.choice(("f16", "f16", "bf16"))
+        ep = r.choice((None, None, None, Epilogue("scale", 0.5), Epilogue("bilinear", 2.0, 0.5)))
+        try:
+            p = ConvBwdWeightProblem(
+                groups=r.choice((1, 1, 1, 2)), batch=r.choice((1, 2, 4, 8, 16)), in_channels=r.choice((64, 128)),
+                out_channels=r.choice((8, 24, 64, 128, 200)), input_size=(size,) * rank, filter_size=(f,) * rank,
+                stride=r.choice((1, 1, 2)), dilation=r.choice((1, 1, 2)), pad_low=r.randint(0, f // 2 + 1),
+                pad_high=r.randint(0, f // 2 + 1), dtype=dtype, dw_dtype=r.choice((dtype, "f32")),
+                layout=r.choice((_LAYOUTS[0], _LAYOUTS[0], _LAYOUTS[0], _LAYOUTS[4], _LAYOUTS[1])), epilogue=ep,
+            )  # fmt: skip
+        except ValueError:
+            continue
+        if p.flops <= 4e9:
+            return "hopper", p
+
+
 def _contender(options: dict[str, Any]) -> str:
     return "convbw:" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "convbw"
 
@@ -140,10 +171,11 @@ def _contender(options: dict[str, Any]) -> str:
 def _compile_entries(entries: list[dict], target: str, folder: str) -> list[dict]:
     """Compile the contenders of ``entries`` in this process (a child of :func:`compile_all`)."""
     from convbw_mlir.build.compile import lowered_text
-    from convbw_mlir.build.contenders import build_contender
+    from convbw_mlir.build.contenders import build_contender, direct_contender
     from convbw_mlir.build.iree import CompileError, compile_module
     from convbw_mlir.pipelines import for_target
     from convbw_mlir.plan import decide
+    from convbw_mlir.policies import sm90
 
     for entry in entries:
         problem = ConvBwdWeightProblem.from_dict(entry["problem"])
@@ -158,20 +190,30 @@ def _compile_entries(entries: list[dict], target: str, folder: str) -> list[dict
                     entry["contenders"][name] = {"ok": True, "vmfb": path, "flags": [], "config": {"strategy": name}}
                     continue
                 plan = decide(problem, target, **options)
+                if sm90.is_sm90(plan):  # TMA maps: the runner launches it directly (its schedule beside the vmfb)
+                    rec = direct_contender(problem, options, target, Path(folder), path)
+                    if rec is not None:
+                        entry["contenders"][name] = rec | {"config": _config(plan)}
+                        continue
                 vmfb = compile_module(lowered_text(problem, for_target(target, **options)), target)
             except (CompileError, ValueError) as e:
                 first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
                 entry["contenders"][name] = {"ok": False, "error": first}
                 continue
             (Path(folder) / path).write_bytes(vmfb)
-            split = plan.split
-            config = {
-                "strategy": plan.strategy.value + ("+tile" if plan.simt or plan.tile else ""),
-                "k_batch": split.k_batch if split else 1,
-                "split": f"{split.dim}x{split.k_batch}" if split else "-",
-            }
-            entry["contenders"][name] = {"ok": True, "vmfb": path, "flags": [], "config": config}
+            entry["contenders"][name] = {"ok": True, "vmfb": path, "flags": [], "config": _config(plan)}
     return entries
+
+
+def _config(plan: Any) -> dict[str, Any]:
+    """What the report groups results by: the plan's strategy (``+wgmma``: the sm_90a kernel) and split."""
+    from convbw_mlir.policies import sm90
+
+    split = plan.split
+    kind = "+wgmma" if sm90.is_sm90(plan) else "+tile" if plan.simt or plan.tile else ""
+    return {"strategy": plan.strategy.value + kind + ("+streamk" if plan.streamk else ""),
+            "k_batch": split.k_batch if split else 1,
+            "split": f"{split.dim}x{split.k_batch}" if split else "-"}  # fmt: skip
 
 
 def _chunk_child(spec_path: str) -> int:
@@ -211,9 +253,9 @@ def _compile_chunk(entries: list[dict], target: str, folder: Path) -> list[dict]
 def plan_entries(count: int, seed: int, alternative_share: float, profile: str = "any") -> list[dict]:
     """``count`` random problems, each with the plan's choice and, for a share, one other choice."""
     entries = []
-    draw, alternatives = (
-        (explicit_problem, _EXPLICIT_ALTERNATIVES) if profile == "explicit" else (random_problem, _ALTERNATIVES)
-    )
+    profiles = {"explicit": (explicit_problem, _EXPLICIT_ALTERNATIVES),
+                "hopper": (hopper_problem, _HOPPER_ALTERNATIVES)}  # fmt: skip
+    draw, alternatives = profiles.get(profile, (random_problem, _ALTERNATIVES))
     prefix = "fuzz" if profile == "any" else profile
     for i in range(count):
         r = random.Random(seed * 1_000_003 + i)
@@ -425,9 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument(
         "--profile",
-        choices=["any", "explicit"],
+        choices=["any", "explicit", "hopper"],
         default="any",
-        help="explicit: problems and choices of the explicit kernels",
+        help="explicit: problems and choices of the explicit kernels; hopper: of the sm_90a kernel (--target sm_90a)",
     )
     c.add_argument("--alternatives", type=float, default=0.5, help="share of problems with one other plan choice")
     c.add_argument(

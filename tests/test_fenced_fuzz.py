@@ -62,3 +62,20 @@ def test_a_recheck_takes_each_failing_problem_once_and_ours_only_leaves_irees_fo
     got = fuzz.recheck_entries([m for m, _ in runs], [r for _, r in runs], (), ours_only=True)
     assert len(got) == 3 and len({e["key"] for e in got}) == 3  # problem 1 once; the same name renamed
     assert all(list(e["options"]) == ["convbw"] for e in got)
+
+
+def test_the_hopper_profile_draws_the_sm90a_kernels_problems_and_ships_their_launch(fuzz, tmp_path):
+    from convbw_mlir.plan import decide
+    from convbw_mlir.policies import sm90
+
+    entries = fuzz.plan_entries(30, 5, 1.0, "hopper")
+    problems = [fuzz.ConvBwdWeightProblem.from_dict(e["problem"]) for e in entries]
+    taken = [p for p in problems if sm90.is_sm90(decide(p, "sm_90a"))]
+    assert len(taken) >= 15 and {p.rank for p in taken} >= {1, 2, 3}
+    assert any(p.epilogue is not None for p in taken) and any(p.layout != problems[0].layout for p in taken)
+    first = next(e for e, p in zip(entries, problems) if sm90.is_sm90(decide(p, "sm_90a")) and p.rank == 2)
+    (done,) = fuzz._compile_entries([dict(first, options={"convbw": {}})], "sm_90a", str(tmp_path))
+    rec = done["contenders"]["convbw"]
+    assert (
+        rec["config"]["strategy"].startswith("explicit+wgmma") and (tmp_path / rec["launch"] / "launch.json").is_file()
+    )

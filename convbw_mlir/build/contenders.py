@@ -29,7 +29,15 @@ from convbw_mlir.files import atomic_directory
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target
 
-__all__ = ["CONTENDERS", "FUSILLI_FLAGS", "build_contender", "build_form", "compile_contenders", "write_artifacts"]
+__all__ = [
+    "CONTENDERS",
+    "FUSILLI_FLAGS",
+    "build_contender",
+    "direct_contender",
+    "build_form",
+    "compile_contenders",
+    "write_artifacts",
+]
 
 FUSILLI_FLAGS = [
     "--iree-opt-level=O3",
@@ -200,15 +208,16 @@ def _convbw_options(contender: str) -> dict[str, Any]:
     return {k: int(v) if v.isdigit() else v for k, v in options.items()}
 
 
-def _direct_contender(problem: ConvBwdWeightProblem, contender: str, target: str, folder: Path,
-                      path: str) -> dict[str, Any] | None:  # fmt: skip
-    """Our kernel where only the direct launch runs it (sm_90a: TMA maps): built with an output argument, its
-    schedule written beside the vmfb (``<path>.launch/``, :class:`convbw_mlir.measure.run.DirectKernel`);
-    None where the plan's kernel reads no maps (IREE's runtime runs it)."""
+def direct_contender(problem: ConvBwdWeightProblem, options: dict[str, Any], target: str, folder: Path,
+                     path: str) -> dict[str, Any] | None:  # fmt: skip
+    """Our kernel (the pipeline's ``options``) where only the direct launch runs it (sm_90a: TMA maps): built
+    with an output argument, its schedule written beside the vmfb (``<path>.launch/``,
+    :class:`convbw_mlir.measure.run.DirectKernel`); None where the plan's kernel reads no maps (IREE's runtime
+    runs it)."""
     from convbw_mlir.build.compile import build_op
     from convbw_mlir.targets import get_target
 
-    op = build_op(problem, get_target(target), output_arg=True, **_convbw_options(contender))
+    op = build_op(problem, get_target(target), output_arg=True, **options)
     if op.launch is None or not op.launch.tensor_maps:
         return None
     (folder / path).write_bytes(op.vmfb)
@@ -280,7 +289,7 @@ def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, fol
                 records[contender] = {"ok": False, "error": "no such form for this problem"}
                 continue
             path = f"{key}.{contender.replace(':', '.').replace(',', '.').replace('=', '')}.vmfb"
-            direct = _direct_contender(problem, contender, target, folder, path) if (
+            direct = direct_contender(problem, _convbw_options(contender), target, folder, path) if (
                 contender.startswith("convbw") and get_target(target).wgmma_n) else None  # fmt: skip
             if direct is not None:
                 records[contender] = direct
