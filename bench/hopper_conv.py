@@ -79,16 +79,18 @@ def ranked_problems() -> dict[str, Any]:
     return out
 
 
-def compile_ranked(folder: Path, only: list[str] | None) -> None:
+def compile_ranked(folder: Path, only: list[str] | None, every: bool = False) -> None:
     """Per problem: cuDNN's entry, our sm_80 plan's vmfb (``compile_op(p, "sm_80")``: its explicit kernel in layout
-    2, the plan's own choice in layout 4) and the product's sm_90a artifact (``product_<problem>/``)."""
+    2, the plan's own choice in layout 4) and the product's sm_90a artifact (``product_<problem>/``); ``every``
+    (``--product``): the suite's, the held-out and the ranked layers, all through the product."""
     from convbw_mlir import compile_op
     from convbw_mlir.build.iree import CompileError
     from convbw_mlir.plan import PlanError
 
     folder.mkdir(parents=True, exist_ok=True)
     entries, refused = [], {}
-    for name, p in ranked_problems().items():
+    chosen = {**problems(), **held_out(), **ranked_problems()} if every else ranked_problems()
+    for name, p in chosen.items():
         if only and not any(o in name for o in only):
             continue
         t0 = time.time()
@@ -535,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--variants", action="store_true", help="also the split and tile variants of VARIANTS")
     c.add_argument("--no-sm80", dest="sm80", action="store_false", help="skip our sm_80 kernel")
     c.add_argument("--ranks", action="store_true", help="the 1-D and 3-D layers of RANKED instead, through the product")
+    c.add_argument("--product", action="store_true", help="the suite's, held-out and RANKED layers through the product")
     c.add_argument("--streamk", action="store_true", help="also StreamK variants (STREAMK) of every problem")
     c.add_argument("--narrow", action="store_true", help="--variants from VARIANTS_NARROW (run 3)")
     c.add_argument("--fused", action="store_true", help="also the rule's split with its stage 2 in the kernel")
@@ -548,8 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("names", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "compile":
-        if a.ranks:
-            compile_ranked(a.dir, a.only)
+        if a.ranks or a.product:
+            compile_ranked(a.dir, a.only, a.product)
         else:
             compile_all(a.dir, a.only, a.variants, a.sm80, a.streamk, a.narrow, a.fused)
         return 0
