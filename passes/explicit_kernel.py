@@ -433,27 +433,18 @@ class ExplicitKernel(ConvbwPass):
                 )
             from convbw_mlir.policies import sm90, sm90_fp8
 
-            if sm90_fp8.is_fp8(plan):  # the K-major copies and the TN GEMM: dW [K, C] expands into dW's layout
+            fp8 = sm90_fp8.is_fp8(plan)
+            if fp8 or sm90.is_sm90(plan):  # TMA kernels: their dispatch reads maps the direct launch encodes
                 name = f"convbw_explicit_{count}"
                 with op.location, ir.InsertionPoint(op):
                     top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
-                    result = _fp8_dispatch(op, problem, plan, name, top)
-                    split_at = problem.dims("dw").index("K") + 1
-                    groups = reassociation([list(range(split_at)), list(range(split_at, len(problem.dw_shape)))])
-                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
-                                                list(problem.dw_shape)).result  # fmt: skip
-                _mark_tensor_maps(module, name)
-                count += 1
-                op.results[0].replace_all_uses_with(dw)
-                op.erase()
-                continue
-            if sm90.is_sm90(plan):
-                name = f"convbw_explicit_{count}"
-                with op.location, ir.InsertionPoint(op):
-                    top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
-                    result = _sm90_dispatch(op, problem, plan, name, top)
-                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
-                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
+                    result = (_fp8_dispatch if fp8 else _sm90_dispatch)(op, problem, plan, name, top)
+                    if fp8:  # the TN GEMM's dW [K, C] expands into dW's layout
+                        split_at = problem.dims("dw").index("K") + 1
+                        dims = [list(range(split_at)), list(range(split_at, len(problem.dw_shape)))]
+                    else:
+                        dims = [[0], [1], [2, *range(3, 3 + problem.rank)]]
+                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, reassociation(dims), [],
                                                 list(problem.dw_shape)).result  # fmt: skip
                 _mark_tensor_maps(module, name)
                 count += 1
