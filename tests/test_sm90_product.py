@@ -511,3 +511,16 @@ def test_bench_manifest_carries_the_sm90a_kernels_launch_for_the_runner(tmp_path
         launch = Launch.from_files(lambda name, rec=rec: (tmp_path / rec["launch"] / name).read_bytes())
         assert len(launch.tensor_maps) == 2 and len(launch.arg_bytes) == 3
     assert records["convbw:strategy=explicit,k_batch=2"]["config"]["k_batch"] == 2
+
+
+@pytest.mark.parametrize("line", ["1 1 4 64 128 3 89 2 1 0 2", "3 1 2 64 64 3 3 3 4 6 6 1 1 1 1 1 1 1 1 1 1 1 1"])
+def test_streamk_builds_at_rank_1_and_3(line):
+    """Its x binding is x at its own rank (found by the fenced fuzz: a 1-D StreamK plan did not compile)."""
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.targets import get_target
+
+    p = _problem(line)
+    plan = decide(p, "sm_90a", strategy="explicit", streamk=4)
+    assert sm90.is_sm90(plan) and plan.streamk is not None
+    op = build_op(p, get_target("sm_90a"), plan, output_arg=True)
+    assert op.launch.refused is None and len(op.launch.tensor_maps) == 2

@@ -268,6 +268,11 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
     Y X C]`` (or its f32 partials ``[splits, G, K, Y X C]``); StreamK: grid (workgroups), partials and flags
     ``[workgroups, consumers]`` (i32) before dW."""
     c_shape = [g.groups, g.k, g.columns] if g.splits == 1 else [g.splits, g.groups, g.k, g.columns]
+    inputs = (
+        ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
+        ir.MemRefType.get([g.n, *g.spatial, g.groups * g.c], elem),  # x at its own rank
+        ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+    )
     if g.fused:  # partials and counters written, then dW
         return _WritableEntry(
             executable=name,
@@ -276,9 +281,7 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
             workgroup_size=(g.tiling.threads, 1, 1),
             subgroup_size=32,
             bindings=(
-                ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
-                ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
-                ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+                *inputs,
                 ir.MemRefType.get(c_shape, ir.F32Type.get()),
                 ir.MemRefType.get([g.counters], ir.IntegerType.get_signless(32)),
                 ir.MemRefType.get([g.groups, g.k, g.columns], out),
@@ -293,9 +296,7 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
             workgroup_size=(g.tiling.threads, 1, 1),
             subgroup_size=32,
             bindings=(
-                ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
-                ir.MemRefType.get([g.n, g.h, g.w, g.groups * g.c], elem),
-                ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+                *inputs,
                 ir.MemRefType.get(g.sk_partials, f32),
                 ir.MemRefType.get([g.streamk, g.tiling.consumers], i32),
                 ir.MemRefType.get(c_shape, out),
@@ -308,9 +309,7 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
         workgroup_size=(g.tiling.threads, 1, 1),
         subgroup_size=32,
         bindings=(
-            ir.MemRefType.get([g.reduction, g.groups * g.k], elem),
-            ir.MemRefType.get([g.n, *g.spatial, g.groups * g.c], elem),
-            ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
+            *inputs,
             ir.MemRefType.get(c_shape, out if g.splits == 1 else ir.F32Type.get()),
         ),
     )
