@@ -375,8 +375,8 @@ def _run_shard(folder: Path, shard: int, shards: int, timeout_s: float) -> dict:
     manifest["problems"] = manifest["problems"][shard::shards]
     for entry in manifest["problems"]:
         for rec in entry["contenders"].values():
-            if rec.get("ok"):
-                rec["vmfb"] = str(folder / rec["vmfb"])  # absolute: the shard's manifest lives elsewhere
+            if rec.get("ok"):  # absolute: the shard's manifest lives elsewhere (a direct launch's folder too)
+                rec.update({k: str(folder / rec[k]) for k in ("vmfb", "launch") if rec.get(k)})
     with tempfile.TemporaryDirectory(prefix=f"convbw-shard{shard}-") as tmp:
         (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
         out = Path(tmp) / "results.json"
