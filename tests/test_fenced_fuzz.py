@@ -79,3 +79,14 @@ def test_the_hopper_profile_draws_the_sm90a_kernels_problems_and_ships_their_lau
     assert (
         rec["config"]["strategy"].startswith("explicit+wgmma") and (tmp_path / rec["launch"] / "launch.json").is_file()
     )
+    (tmp_path / "manifest.json").write_text(json.dumps({"target": "sm_90a", "problems": [done]}))
+    staged = []  # a shard runs from a folder of its own: the launch must be found from there
+
+    def child(cmd, **_):
+        folder = Path(cmd[-1].split("run_manifest(")[1].split(",")[0].strip("'"))
+        staged.append(json.loads((folder / "manifest.json").read_text()))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fuzz.subprocess, "run", child)
+        fuzz._run_shard(tmp_path, 0, 1, 10)
+    assert (Path(staged[0]["problems"][0]["contenders"]["convbw"]["launch"]) / "launch.json").is_file()
