@@ -273,46 +273,18 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
         ir.MemRefType.get([g.n, *g.spatial, g.groups * g.c], elem),  # x at its own rank
         ir.MemRefType.get([256], ir.IntegerType.get_signless(8)),
     )
+    f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
+    entry, written = KernelEntry, (ir.MemRefType.get(c_shape, out if g.splits == 1 else f32),)
     if g.fused:  # partials and counters written, then dW
-        return _WritableEntry(
-            executable=name,
-            function=name,
-            grid=g.grid,
-            workgroup_size=(g.tiling.threads, 1, 1),
-            subgroup_size=32,
-            bindings=(
-                *inputs,
-                ir.MemRefType.get(c_shape, ir.F32Type.get()),
-                ir.MemRefType.get([g.counters], ir.IntegerType.get_signless(32)),
-                ir.MemRefType.get([g.groups, g.k, g.columns], out),
-            ),
-        )
-    if g.streamk:
-        f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
-        return _WritableEntry(
-            executable=name,
-            function=name,
-            grid=g.grid,
-            workgroup_size=(g.tiling.threads, 1, 1),
-            subgroup_size=32,
-            bindings=(
-                *inputs,
-                ir.MemRefType.get(g.sk_partials, f32),
-                ir.MemRefType.get([g.streamk, g.tiling.consumers], i32),
-                ir.MemRefType.get(c_shape, out),
-            ),
-        )
-    return KernelEntry(
-        executable=name,
-        function=name,
-        grid=g.grid,
-        workgroup_size=(g.tiling.threads, 1, 1),
-        subgroup_size=32,
-        bindings=(
-            *inputs,
-            ir.MemRefType.get(c_shape, out if g.splits == 1 else ir.F32Type.get()),
-        ),
-    )
+        entry = _WritableEntry
+        written = (ir.MemRefType.get(c_shape, f32), ir.MemRefType.get([g.counters], i32),
+                   ir.MemRefType.get([g.groups, g.k, g.columns], out))  # fmt: skip
+    elif g.streamk:  # partials and flags written, then dW
+        entry = _WritableEntry
+        written = (ir.MemRefType.get(g.sk_partials, f32), ir.MemRefType.get([g.streamk, g.tiling.consumers], i32),
+                   ir.MemRefType.get(c_shape, out))  # fmt: skip
+    return entry(executable=name, function=name, grid=g.grid, workgroup_size=(g.tiling.threads, 1, 1),
+                 subgroup_size=32, bindings=(*inputs, *written))  # fmt: skip
 
 
 def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, first: ir.Value,
