@@ -441,9 +441,11 @@ class CudaLauncher:
         if cur.value != self._ctx:
             _check(self._lib, self._lib.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
-    def __call__(self, pointers: tuple[int, ...], stream: int) -> None:
+    def __call__(self, pointers: tuple[int, ...], stream: int, maps_stream: int | None = None) -> None:
         """Queue the schedule on ``stream``: ``pointers`` are the arguments' device addresses and the
         transient workspace's (of at least ``launch.transient`` bytes; anything where there is none).
+        ``maps_stream``: the stream whose tensor maps for these addresses the kernels may read (a CUDA graph
+        captured on a side stream and replayed on that one: no copy of the maps in the graph).
 
         Raises:
             CudaError: a launch failed (the message names the kernel).
@@ -451,18 +453,20 @@ class CudaLauncher:
         lib = self._lib
         with self._lock:
             self._bind()
-            self._queue(lib, pointers, stream)
+            self._queue(lib, pointers, stream, stream if maps_stream is None else maps_stream)
 
-    def _maps_for(self, index: int, payload: Any, stream: int) -> int:
+    def _maps_for(self, index: int, payload: Any, stream: int, maps_stream: int) -> int:
         """The device address of step ``index``'s tensor maps for the addresses its payload binds: encoded
         once per address tuple and stream into pinned memory and copied to a device slot on ``stream`` (stream
         order: a CUDA graph captures the copy too; a slot copied on another stream could be read before its
         copy lands); slots are never reused, so a recorded graph stays right."""
         _, maps = self._maps[index]
-        key = (index, stream, *(payload[m.binding] for m in maps))
-        found = self._encoded.get(key)
-        if found is not None:
-            return found
+        addresses = tuple(payload[m.binding] for m in maps)
+        for s in dict.fromkeys((maps_stream, stream)):
+            found = self._encoded.get((index, s, *addresses))
+            if found is not None:
+                return found
+        key = (index, stream, *addresses)
         lib, n = self._lib, len(self._encoded)
         if n % _MAPS_SLAB == 0:
             dev, host = ctypes.c_uint64(), ctypes.c_void_p()
@@ -479,14 +483,14 @@ class CudaLauncher:
         self._encoded[key] = dev + offset
         return dev + offset
 
-    def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int) -> None:
+    def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int, maps_stream: int) -> None:
         for index, step in enumerate(self._plan):
             if step[0] == "k":
                 _, func, dims, payload, params, binds, name = step
                 for i, (which, off) in enumerate(binds):
                     payload[i] = pointers[which] + off
                 if index in self._maps:
-                    payload[self._maps[index][0]] = self._maps_for(index, payload, stream)
+                    payload[self._maps[index][0]] = self._maps_for(index, payload, stream, maps_stream)
                 rc = lib.cuLaunchKernel(func, *dims, stream, params, None)
                 if rc:
                     _check(lib, rc, f"cuLaunchKernel({name})")

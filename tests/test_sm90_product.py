@@ -457,6 +457,9 @@ def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_addre
     assert lib.launches[0][:2] == [dy, x] and lib.launches[0][3] == dw
     launcher((x, dy, dw, ws), 6)  # the same memory on another stream: its own slot, copied in that stream's order
     assert lib.copies[-1][2] == 6 and lib.launches[-1][2] == 0xD0000200
+    copies = len(lib.copies)  # a graph captured on stream 7 and replayed on 5 reads stream 5's slot: no copy in it
+    launcher((x, dy, dw, ws), 7, maps_stream=5)
+    assert len(lib.copies) == copies and lib.launches[-1][2] == 0xD0000000
 
 
 def test_the_isa_report_counts_sm90a_wgmma_written_as_inline_ptx():

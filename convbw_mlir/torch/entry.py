@@ -419,7 +419,7 @@ class _DirectCall:
         self._seen: dict[tuple, None] = {}
         self._side: torch.cuda.Stream | None = None
 
-    def _record(self, ptrs: tuple[int, ...]) -> torch.cuda.CUDAGraph | None:
+    def _record(self, ptrs: tuple[int, ...], stream: int) -> torch.cuda.CUDAGraph | None:
         """The schedule on ``ptrs`` captured as a CUDA graph (nothing runs); None where capture fails (then
         this kernel stops using graphs, warning once)."""
         try:
@@ -429,7 +429,7 @@ class _DirectCall:
             with torch.cuda.stream(self._side):
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
-                    self.launcher(ptrs, self._side.cuda_stream)
+                    self.launcher(ptrs, self._side.cuda_stream, maps_stream=stream)  # replayed on ``stream``
                 finally:
                     graph.capture_end()
             return graph
@@ -459,7 +459,7 @@ class _DirectCall:
             key = (stream, ptrs)
             graph = self._graphs.get(key)
             if graph is None and key in self._seen and len(self._graphs) < _MAX_GRAPHS:
-                graph = self._record(ptrs)
+                graph = self._record(ptrs, stream)
                 if graph is not None:
                     self._graphs[key] = graph
             if graph is not None:
