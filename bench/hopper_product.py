@@ -26,12 +26,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-# (name, ckProfiler problem, dtype): a ResNet-50 3x3 (split-K), a ResNet-50 1x1, a strided bf16 3x3, 64-channel groups
+# (name, ckProfiler problem, dtype): a ResNet-50 3x3 (split-K), a ResNet-50 1x1, a strided bf16 3x3, 64-channel groups,
+# StreamK and narrow tiles (the rule's since 2026-11-26)
 PROBLEMS = [
     ("resnet50_3x3_256_n256_14", "2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1", "f16"),
     ("resnet50_1x1_256to1024_n256_14", "2 1 256 1024 256 1 1 14 14 1 1 1 1 0 0 0 0", "f16"),
     ("strided_3x3_128to256_n64_56_bf16", "2 1 64 256 128 3 3 56 56 2 2 1 1 1 1 1 1", "bf16"),
     ("grouped_3x3_g2x64_n32_28", "2 2 32 64 64 3 3 28 28 1 1 1 1 1 1 1 1", "f16"),
+    ("retina_k2376_100_streamk", "2 1 2 2376 256 3 3 100 100 1 1 1 1 1 1 1 1", "f16"),  # StreamK by the rule
+    ("resnet50_1x1_64to64_n128_56_narrow", "2 1 128 64 64 1 1 56 56 1 1 1 1 0 0 0 0", "bf16"),  # 64 x 64 tiles
 ]
 FENCE = 1 << 20  # NaN elements after x and dy
 REPS = 50
