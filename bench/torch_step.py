@@ -1,7 +1,7 @@
 """A ResNet-50 stage's bf16 training step, torch's weight gradients against ours (issue 24's torch goal).
 
-    .venv/bin/python bench/torch_step.py compile ART --stage layer3 --batch 128   # here: the kernels an H100/H200
-                                                                                # asks for (sm_90a where it takes)
+    CONVBW_ARTIFACTS=ART .venv/bin/python bench/torch_step.py compile --stage layer3 --batch 128   # here: the
+                                                  # kernels an H100/H200 asks for (sm_90a where it takes), into ART
     CONVBW_ARTIFACTS=ART python3 bench/torch_step.py run --out OUT --stage layer3 --batch 128     # on the GPU
 
 ``run`` starts one process per part:
