@@ -154,18 +154,22 @@ def part_paired(ns: argparse.Namespace) -> dict:
         model = ex.build(model_name, 10).cuda().to(memory_format=cl)
         return model, torch.optim.SGD(model.parameters(), lr=ns.lr, momentum=0.9)
 
-    saved: dict = {}  # decisions kept per filter, so that no step decides anew
+    saved: dict = {}  # decisions kept per kind of switch, so that no step decides anew
+
+    def _same(mode: str) -> str:  # modes whose switch decides alike
+        return mode if mode in ("floor", "subset", "bench") else "ours"
+
     current = [None]
     filters = {"floor": lambda sig: False, "subset": _faster_layers}
 
     def switch(mode: str | None) -> None:
         if mode is None:
             if current[0] is not None:
-                saved.setdefault(filters.get(current[0]), {}).update(sw._DECISIONS)
+                saved.setdefault(_same(current[0]), {}).update(sw._DECISIONS)
             ct.disable()
-        else:
-            ct.enable(layers=filters.get(mode))
-            sw._DECISIONS.update(saved.get(filters.get(mode), {}))
+        else:  # "bench": enable(benchmark=True), each problem timed against cuDNN once, the faster kept
+            ct.enable(layers=filters.get(mode), benchmark=mode == "bench")
+            sw._DECISIONS.update(saved.get(_same(mode), {}))
         current[0] = mode
 
     def step(model, opt, i: int) -> tuple[float, float, float]:  # noqa: ANN001

@@ -150,3 +150,36 @@ def test_loaded_kernels_says_which_kernel_family_and_path_each_problem_took():
     rows = [r for r in ct.loaded_kernels() if r["problem"] == problem.name]
     assert rows and rows[0]["target"] == "host" and rows[0]["path"] == "iree"
     assert rows[0]["family"] in ("sm_80", "IREE")  # the host plan: the explicit kernel is NVIDIA's
+
+
+@pytest.mark.parametrize(("ours_s", "theirs_s", "want"), [(2.0, 1.0, "torch"), (1.0, 2.0, "ours"), (1.0, 1.0, "ours")])
+def test_benchmark_keeps_the_faster_weight_gradient_timed_once_per_problem(ours_s, theirs_s, want, monkeypatch):
+    from convbw_mlir.torch import switch as sw
+
+    timed = []  # the calls _time was given: ours first, then torch's, once per problem
+
+    def fake_time(call, device):
+        call()  # each side really runs (warm-up), then the given time
+        timed.append(device.type)
+        return ours_s if len(timed) % 2 else theirs_s
+
+    monkeypatch.setattr(sw, "_time", fake_time)
+    conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    ct.enable(benchmark=True)
+    for _ in range(3):
+        conv.weight.grad = None
+        conv(x).square().sum().backward()
+    assert len(timed) == 2  # decided once, kept for the process
+    expected = {"ours": 3} if want == "ours" else {"torch: slower than torch's (benchmark)": 3}
+    assert ct.stats() == expected
+    ct.disable()
+    reference = conv.weight.grad.clone()
+    conv.weight.grad = None
+    conv(x).square().sum().backward()
+    torch.testing.assert_close(reference, conv.weight.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_benchmark_is_a_bool():
+    with pytest.raises(TypeError, match="benchmark: expected True or False, got 'yes'"):
+        ct.enable(benchmark="yes")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -94,6 +95,11 @@ class _Config:
     min_flops: int
     dtypes: frozenset
     layers: Callable[[Any], bool] | None
+    benchmark: bool = False
+
+
+# calls timed per side when ``enable(benchmark=True)`` weighs our dW against torch's (after two warm-up calls each)
+BENCHMARK_CALLS = 10
 
 
 _STATE: dict[str, Any] = {"lib": None, "config": None, "originals": {}}
@@ -139,6 +145,7 @@ def enable(
     min_flops: int = 0,
     dtypes: Iterable[torch.dtype] = (torch.float16, torch.bfloat16, torch.float32),
     layers: Any = None,
+    benchmark: bool = False,
 ) -> None:
     """Route the weight gradient of every convolution torch computes to our kernels (until :func:`disable`).
 
@@ -152,6 +159,10 @@ def enable(
         layers: None (all), convolution modules (or modules holding them; a problem qualifies when its
             weight shape, stride, padding, dilation and groups are one of theirs), or a callable taking
             that tuple and returning whether to take it.
+        benchmark: time our dW against torch's own the first time each problem comes (as
+            ``torch.backends.cudnn.benchmark`` picks an algorithm: :data:`BENCHMARK_CALLS` calls each after a
+            warm-up, CUDA events on a GPU, the host clock on the CPU) and keep the faster for the process
+            (``stats()`` counts the others as ``torch: slower than torch's (benchmark)``).
 
     Raises:
         TypeError / ValueError: naming the argument.
@@ -164,7 +175,9 @@ def enable(
         raise TypeError(
             f"dtypes: expected a non-empty subset of float16, bfloat16, float32, got {sorted(map(str, dtypes))}"
         )
-    config = _Config(min_flops, dtypes, _layer_filter(layers))
+    if not isinstance(benchmark, bool):
+        raise TypeError(f"benchmark: expected True or False, got {benchmark!r}")
+    config = _Config(min_flops, dtypes, _layer_filter(layers), benchmark)
     if not hasattr(torch.library, "get_kernel"):
         raise RuntimeError(
             f"convbw_mlir.torch.enable needs torch >= 2.9 (torch.library.get_kernel); this is {torch.__version__}"
@@ -325,11 +338,17 @@ def _override(original: Any) -> Callable:
         key = (x.shape, x.stride(), go.stride(), x.dtype, x.device, w.shape, tuple(stride), tuple(padding),
                tuple(dilation), transposed, tuple(output_padding), groups, _deterministic())  # fmt: skip
         decision = _DECISIONS.get(key)
+        aligned = not (x.is_cuda and (x.data_ptr() | go.data_ptr()) & 15)
         if decision is None:
             if len(_DECISIONS) > 4096:  # a bound for programs that see endless shapes
                 _DECISIONS.clear()
-            decision = _DECISIONS[key] = _decide(go, x, w, conf, config)
-        if decision[0] == "ours" and x.is_cuda and (x.data_ptr() | go.data_ptr()) & 15:
+            decision = _decide(go, x, w, conf, config)
+            if decision[0] == "ours" and config.benchmark and aligned and not _capturing(x):
+                decision = _benchmarked(decision, lambda: _our_weight_grad(decision, x, w, go, conf),
+                                        lambda: original.call_boxed(keyset, *args[:-1], [False, True, False]),
+                                        x.device)  # fmt: skip
+            _DECISIONS[key] = decision
+        if decision[0] == "ours" and not aligned:
             decision = ("torch", "data not 16-byte aligned")  # the direct launch's pointers are aligned
         if decision[0] != "ours":
             _STATS[f"torch: {decision[1]}"] += 1
@@ -337,19 +356,56 @@ def _override(original: Any) -> Callable:
         dx = db = None
         if mask[0] or mask[2]:  # torch's kernel for the rest, asked not to compute dW
             dx, _, db = original.call_boxed(keyset, *args[:-1], [mask[0], False, mask[2]])
-        _, _, copy_x, go_format, dw_strides, direct = decision
-        if copy_x:
-            x = x.contiguous()
-        if go_format is not None:
-            go = go.contiguous(memory_format=go_format)
         if _profiling():  # a named range, so torch.profiler tells our dW from torch's (examples/torch_enable.py)
             with torch.profiler.record_function("convbw::conv_weight"):
-                dw = _weight_grad(direct, x, w, go, stride, padding, dilation, groups)
+                dw = _our_weight_grad(decision, x, w, go, conf)
         else:
-            dw = _weight_grad(direct, x, w, go, stride, padding, dilation, groups)
-        if dw_strides is not None:  # torch's layout for dW (e.g. channels-last weights, contiguous x): a copy
-            dw = torch.empty_strided(dw.shape, dw_strides, dtype=dw.dtype, device=dw.device).copy_(dw)
+            dw = _our_weight_grad(decision, x, w, go, conf)
         _STATS["ours"] += 1
         return dx, dw, db
 
     return convolution_backward
+
+
+def _our_weight_grad(decision: tuple, x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, conf: tuple) -> Any:
+    """Our dW under ``decision`` ("ours"): x and dy copied where it says, dW in torch's strides where they differ."""
+    stride, padding, dilation, _, _, groups = conf
+    _, _, copy_x, go_format, dw_strides, direct = decision
+    if copy_x:
+        x = x.contiguous()
+    if go_format is not None:
+        go = go.contiguous(memory_format=go_format)
+    dw = _weight_grad(direct, x, w, go, stride, padding, dilation, groups)
+    if dw_strides is not None:  # torch's layout for dW (e.g. channels-last weights, contiguous x): a copy
+        dw = torch.empty_strided(dw.shape, dw_strides, dtype=dw.dtype, device=dw.device).copy_(dw)
+    return dw
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on x's device's current stream (no timing then)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _time(call: Callable[[], Any], device: torch.device) -> float:
+    """Seconds of :data:`BENCHMARK_CALLS` calls of ``call`` after two warm-up ones (compiles, CUDA graphs,
+    cuDNN's own algorithm search): CUDA events on a GPU (queue time included: a host-bound call costs so much)."""
+    call(), call()
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(BENCHMARK_CALLS):
+            call()
+        return time.perf_counter() - start
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(BENCHMARK_CALLS):
+        call()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3
+
+
+def _benchmarked(decision: tuple, ours: Callable[[], Any], theirs: Callable[[], Any], device: torch.device) -> tuple:
+    """``decision`` where our dW takes no longer than torch's own (:func:`_time`), else torch's."""
+    if _time(ours, device) <= _time(theirs, device):
+        return decision
+    return ("torch", "slower than torch's (benchmark)")
