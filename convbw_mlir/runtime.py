@@ -25,6 +25,7 @@ __all__ = [
     "aligned_empty",
     "available_memory",
     "check_inputs",
+    "fenced_host",
     "check_memory",
     "format_bytes",
     "numpy_dtype",
@@ -198,6 +199,13 @@ def check_inputs(problem: Any, x: Any, dy: Any, driver: str | None = None) -> tu
 FENCE_BYTES = 1 << 20
 
 
+def fenced_host(array: np.ndarray, slack_bytes: int = FENCE_BYTES) -> np.ndarray:
+    """``array`` flattened, followed by at least ``slack_bytes`` of NaN (what a fenced device buffer holds)."""
+    flat = np.full(array.size + -(-slack_bytes // array.itemsize), np.nan, dtype=array.dtype)
+    flat[: array.size] = array.ravel()
+    return flat
+
+
 @dataclass
 class Kernel:
     """A vmfb loaded on one device; ``__call__`` takes host or device arrays and returns a device array."""
@@ -226,8 +234,7 @@ class Kernel:
         past the end of its input picks NaN up (finite garbage times a padding zero would hide it)."""
         import iree.runtime as rt
 
-        flat = np.full(array.size + -(-slack_bytes // array.itemsize), np.nan, dtype=array.dtype)
-        flat[: array.size] = array.ravel()
+        flat = fenced_host(array, slack_bytes)
         name = next((n for n in _HAL_ELEMENT_TYPES if numpy_dtype(n) == array.dtype), None)
         if name is None:
             raise TypeError(f"array: dtype {array.dtype} is none of {', '.join(_HAL_ELEMENT_TYPES)}")

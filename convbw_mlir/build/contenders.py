@@ -208,6 +208,22 @@ def _convbw_options(contender: str) -> dict[str, Any]:
     return {k: int(v) if v.isdigit() else v for k, v in options.items()}
 
 
+def _reads_maps(problem: ConvBwdWeightProblem, target: str, options: dict[str, Any]) -> bool:
+    """Whether our plan's kernel reads TMA tensor maps (sm_90a's wgmma and fp8 kernels): decided before any
+    compile, so a plan IREE's runtime runs is compiled once."""
+    from convbw_mlir.plan import PlanError, decide
+    from convbw_mlir.policies import sm90, sm90_fp8
+    from convbw_mlir.targets import get_target
+
+    if not get_target(target).wgmma_n:
+        return False
+    try:
+        plan = decide(problem, target, **options)
+    except (PlanError, ValueError):
+        return False  # the compile below says why, as for any target
+    return sm90.is_sm90(plan) or sm90_fp8.is_fp8(plan)
+
+
 def direct_contender(problem: ConvBwdWeightProblem, options: dict[str, Any], target: str, folder: Path,
                      path: str) -> dict[str, Any] | None:  # fmt: skip
     """Our kernel (the pipeline's ``options``) where only the direct launch runs it (sm_90a: TMA maps): built
@@ -289,8 +305,10 @@ def compile_contenders(problem: ConvBwdWeightProblem, key: str, target: str, fol
                 records[contender] = {"ok": False, "error": "no such form for this problem"}
                 continue
             path = f"{key}.{contender.replace(':', '.').replace(',', '.').replace('=', '')}.vmfb"
-            direct = direct_contender(problem, _convbw_options(contender), target, folder, path) if (
-                contender.startswith("convbw") and get_target(target).wgmma_n) else None  # fmt: skip
+            ours = _convbw_options(contender) if contender.startswith("convbw") else None
+            direct = None
+            if ours is not None and _reads_maps(problem, target, ours):  # run by the direct launch
+                direct = direct_contender(problem, ours, target, folder, path)
             if direct is not None:
                 records[contender] = direct
                 continue

@@ -44,7 +44,7 @@ import numpy as np
 
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.reference import accumulation_error, random_inputs, reference, rounded_sum_error, sample_reference
-from convbw_mlir.runtime import FENCE_BYTES, Kernel, time_calls
+from convbw_mlir.runtime import FENCE_BYTES, Kernel, fenced_host, time_calls
 
 __all__ = ["DirectKernel", "error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
 
@@ -355,9 +355,7 @@ class DirectKernel:
 
     def to_device_fenced(self, array: np.ndarray, slack_bytes: int = FENCE_BYTES) -> Any:
         """``array``'s bytes on the device followed by NaN, as ``Kernel.to_device_fenced``."""
-        flat = np.full(array.size + -(-slack_bytes // array.itemsize), np.nan, dtype=array.dtype)
-        flat[: array.size] = array.ravel()
-        return self.torch.from_numpy(flat.view(np.uint8)).to(f"cuda:{self.index}")
+        return self.torch.from_numpy(fenced_host(array, slack_bytes).view(np.uint8)).to(f"cuda:{self.index}")
 
     def __call__(self, x: Any, dy: Any) -> DirectKernel:
         stream = self.torch.cuda.current_stream(self.index).cuda_stream
