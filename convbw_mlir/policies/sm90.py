@@ -33,25 +33,18 @@ SMS = 132  # H100 SXM's SMs; one workgroup an SM (4 stages of 48 KiB)
 # ~3 TB/s, the sum's dispatch hidden; a workgroup pays ~8 k tiles of fill, barrier set-up and epilogue.
 KTILE_US = 0.67
 TILE_COST = {256: 1.0, 192: 0.87, 128: 0.6}  # a k tile's time by bn, relative to bn = 256
-# Narrow tiles, only where the 128 x 128+ tile would compute past the problem (bench/results/
-# h200_2026-11-26_hopper_perf, run 2, three held-out layers): one consumer warpgroup (64-row tiles) where
-# K <= 64 (the second one's rows all lie past K): 143.6 us against 258.4 (3x3), 129.1-137.6 against 162.1 (1x1);
-# 64-column tiles where Y X C <= 64: 126.8 against 152.8. Such a problem fills one wave with splits (up to
-# SMs / tiles; 32 splits left half the SMs idle: 169.9 us); a one-consumer k tile at 0.6 of the two-consumer
-# one (3x3 K = 64, bn 256: 0.59), a 64-column one at 0.35 (not timed compute-bound: it only weighs splits there).
+# Narrow tiles only where the 128 x 128+ tile would compute past the problem: one consumer warpgroup (64-row
+# tiles) where K <= 64, 64-column tiles where Y X C <= 64, splits up to one wave; their k tile's cost relative
+# to the two-consumer one (fitted: docs/explicit-kernels.md "Measured: StreamK and the rule", h200 hopper_perf run 2)
 NARROW_COST = {64: 0.35}
 ONE_CONSUMER = 0.6
 BYTES_PER_US = 3.0e6
 SUM_US = 0.0
 FILL_TILES = 8
 MAX_SPLITS = 32
-# StreamK (bench/results/h200_2026-11-26_hopper_perf, run 1: both StreamK widths on 21 layers beside the split
-# rule): the same k tile and fill, each workgroup ceil(tiles x k tiles / SMs) of them, plus every workgroup's
-# 128 x bn f32 partial out and back at the partials' rate (bn 256: within 5% of 5 of the 6 timings where tiles >=
-# SMs / 2, retina_k2376_50 8% under; bn 192: 3-12% either way);
-# where a tile spans more workgroups its finisher adds many partials one after another (large_3x3_256: 18
-# tiles, 1.14x the split's time; streamk_3x3_128: 5 tiles, 4.9x), which the model leaves out, so those are not
-# offered.
+# StreamK: the split model's k tile and fill plus each workgroup's f32 partial out and back; offered only where
+# the tiles are at least half the SMs (with fewer, a tile's finisher adds many partials in turn, which the model
+# leaves out: up to 4.9x slower; docs/explicit-kernels.md "Measured: StreamK and the rule")
 STREAMK_MIN_TILES = 0.5  # tiles a workgroup at least
 STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
 WGMMA = "NV_WGMMA_F32_64x{n}x16_{t}"  # the plan's name of the kernel's instruction (the tile marks the kernel)
