@@ -26,6 +26,16 @@ integers and arrays. As the PTX ISA has them:
 - roles: the producer and the consumers fork at the kernel's role ``scf.if`` and run interleaved, each
   until it blocks on an mbarrier or a barrier; the producer runs first, so a missing *empty* wait lets it
   overwrite a stage still unread (a wrong result) and a missing *full* wait reads NaN.
+- races (:class:`Race`): the threads of a role run in step here, so a missing ``bar.sync`` changes no value;
+  happens-before is checked instead, order-free: a vector clock a thread over every workgroup of the launch.
+  ``bar.sync`` (``nvvm.barrier``: per id, its thread count; ``gpu.barrier``: the workgroup) and the cluster
+  barrier join the clocks of the threads they meet; ``membar.gl`` (``nvvm.memory.barrier``) is cumulative: it
+  releases what its thread knows so far and acquires what its earlier integer atomics read; an integer
+  ``atomic_rmw`` (a flag, a counter) publishes its thread's last fence and reads what earlier ones published.
+  A plain global load or store (partials, dW) must follow the last other thread's store to that element,
+  a store also the last other thread's load; an mbarrier's every use by another thread must follow its
+  ``mbarrier.init``. f32 ``atomic_rmw`` adds (split-K) and TMA / wgmma traffic are not checked here (the
+  mbarrier phases above order them).
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from convbw_mlir.ir_imports import ir
 
 FP8 = {"e4m3": np.dtype(ml_dtypes.float8_e4m3fn), "e5m2": np.dtype(ml_dtypes.float8_e5m2)}  # wgmma type: codes
 
-__all__ = ["Deadlock", "d_fragment", "im2col_map", "run_conv", "run_gemm", "tensor_map"]
+__all__ = ["Deadlock", "Race", "d_fragment", "im2col_map", "run_conv", "run_gemm", "tensor_map"]
 
 SHARED_BASE = 80  # 16-aligned, not 1024-aligned: the kernel must round its tiles up itself
 CLUSTER = 1 << 36  # a shared::cluster address (mapa): CLUSTER | rank << 32 | shared address
@@ -89,6 +99,35 @@ def _swizzle128(address: np.ndarray) -> np.ndarray:
     return address ^ (((address >> 7) & 7) << 4)
 
 
+class Race(AssertionError):
+    """An access no barrier, fence or flag orders after the other thread's conflicting access (or after its
+    mbarrier's init)."""
+
+
+class _Clocks:
+    """Happens-before over one launch: workgroup ids, and per global binding the last plain store and load of
+    each element (workgroup, thread, that thread's clock) and what each integer atomic published."""
+
+    def __init__(self) -> None:
+        self.stores: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # id(binding) -> wg, thread, clock
+        self.loads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.released: dict[tuple[int, int], dict[int, np.ndarray]] = {}  # (id(binding), element) -> wg -> clocks
+        self.block_ids: list[tuple[int, int, int]] = []
+
+    def next_id(self, block_id: tuple[int, int, int]) -> int:
+        self.block_ids.append(block_id)
+        return len(self.block_ids) - 1
+
+    def record(self, table: dict, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if id(mem) not in table:
+            table[id(mem)] = (
+                np.full(mem.size, -1, np.int64),
+                np.zeros(mem.size, np.int64),
+                np.zeros(mem.size, np.int64),
+            )
+        return table[id(mem)]
+
+
 class _Pending:
     """A wgmma's accumulators before ``wgmma.wait_group`` retires its group: read then, not at issue."""
 
@@ -99,6 +138,7 @@ class _Pending:
 class _Barrier:
     def __init__(self, count: int) -> None:
         self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+        self.init = (-1, -1, 0)  # workgroup, thread and clock of its mbarrier.init
 
     def settle(self) -> None:
         if self.pending == 0 and self.tx == 0:
@@ -109,8 +149,15 @@ class _Barrier:
 class _Hopper(_Block):
     """A workgroup running the sm_90a kernel."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, clocks: _Clocks | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.clocks = clocks or _Clocks()
+        self.wid = self.clocks.next_id(self.block_id)
+        # what each thread knows of each workgroup's threads ([threads, threads] clocks), what it released by
+        # its last fence, and what its integer atomics read that its next fence acquires
+        self.know: dict[int, np.ndarray] = {self.wid: np.eye(self.t, dtype=np.int64)}
+        self.fenced: dict[int, np.ndarray] = {}
+        self.acquired: dict[int, np.ndarray] = {}
         self.shared: np.ndarray | None = None  # element values by byte address - SHARED_BASE
         self.barriers: dict[int, _Barrier] = {}
         self.ops = 0  # ops run: a round of the scheduler that runs none is a deadlock
@@ -139,16 +186,111 @@ class _Hopper(_Block):
 
     def _barrier(self, address: int) -> _Barrier:
         """The mbarrier at a shared address, or at a cluster address (``mapa``) of any workgroup of the cluster."""
-        if address & CLUSTER:
-            peer = self.peers[(address >> 32) & 0xF]
-            assert not peer.finished, "an arrival on the barrier of a workgroup that has exited"
-            return peer.barriers[address & 0xFFFFFFFF]
-        return self.barriers[address]
+        peer = self.peers[(address >> 32) & 0xF] if address & CLUSTER else self
+        assert not peer.finished, "an arrival on the barrier of a workgroup that has exited"
+        if address & 0xFFFFFFFF not in peer.barriers:  # the peer has not run its init yet: nothing waited for it
+            raise Race(f"workgroup {self.block_id} uses the mbarrier at {address & 0xFFFFFFFF} of workgroup "
+                       f"{peer.block_id} before its mbarrier.init, with no barrier after the init")  # fmt: skip
+        return peer.barriers[address & 0xFFFFFFFF]
 
     def _uniform(self, v: ir.Value, group: _Group) -> int:
         vals = np.broadcast_to(np.asarray(self.get(v), np.int64), (self.t,))[self._active(group)]
         assert (vals == vals[0]).all(), f"emulator: {v} differs across the threads that use it"
         return int(vals[0])
+
+    # -- happens-before ------------------------------------------------------------------------------
+    def _table(self, table: dict[int, np.ndarray], wid: int) -> np.ndarray:
+        if wid not in table:
+            table[wid] = np.zeros((self.t, self.t), np.int64)
+        return table[wid]
+
+    def _tick(self, ts: np.ndarray) -> None:
+        """After a release: the threads' later accesses are not covered by what they released."""
+        self.know[self.wid][ts, ts] += 1
+
+    def _meet(self, ts: np.ndarray) -> None:
+        """``bar.sync`` of the threads ``ts`` of this workgroup: each knows (and has released) what any knew."""
+        for table in (self.know, self.fenced):
+            for m in table.values():
+                m[ts] = m[ts].max(0)
+        self._tick(ts)
+
+    def _fence(self, ts: np.ndarray) -> None:
+        """``membar.gl``: acquire what the threads' integer atomics read, release all they know."""
+        for wid, m in self.acquired.items():
+            k = self._table(self.know, wid)
+            k[ts] = np.maximum(k[ts], m[ts])
+        for wid, m in self.know.items():
+            self._table(self.fenced, wid)[ts] = m[ts]
+        self._tick(ts)
+
+    def _atomic(self, mem: np.ndarray, flat: np.ndarray, ts: np.ndarray) -> None:
+        """Integer ``atomic_rmw``s, thread by thread: read what earlier ones published, publish the last fence."""
+        for e, th in zip(flat.tolist(), ts.tolist()):
+            published = self.clocks.released.setdefault((id(mem), e), {})
+            for wid, v in published.items():
+                m = self._table(self.acquired, wid)
+                m[th] = np.maximum(m[th], v)
+            for wid, m in self.fenced.items():
+                published[wid] = np.maximum(published[wid], m[th]) if wid in published else m[th].copy()
+
+    def _seen(self, wid: np.ndarray, th: np.ndarray, readers: np.ndarray) -> np.ndarray:
+        """The clock each reader (a thread of this workgroup) knows of thread ``th`` of workgroup ``wid``."""
+        out = np.zeros(len(th), np.int64)
+        for w in np.unique(wid).tolist():
+            at = wid == w
+            if w in self.know:
+                out[at] = self.know[w][readers[at], th[at]]
+        return out
+
+    def _ordered(self, mem: np.ndarray, flat: np.ndarray, ts: np.ndarray, store: bool) -> None:
+        """A plain global access of the threads ``ts`` (``flat``: [threads, elements]) after the last other
+        thread's store to each element (a store: also after its last other load); then recorded."""
+        readers = np.broadcast_to(ts[:, None], flat.shape).ravel()
+        flat = flat.ravel()
+        for kind, table in (("stored", self.clocks.stores), ("loaded", self.clocks.loads))[: 1 + store]:
+            wid, th, clock = (a[flat] for a in self.clocks.record(table, mem))
+            other = (wid >= 0) & ~((wid == self.wid) & (th == readers))
+            bad = other & (self._seen(wid, th, readers) < clock)
+            if bad.any():
+                i = int(np.argmax(bad))
+                which = next((b for b, arr in self.bindings.items() if arr is mem), "?")
+                at = tuple(int(v) for v in np.unravel_index(flat[i], mem.shape))
+                theirs = self.clocks.block_ids[wid[i]]
+                raise Race(f"thread {readers[i]} of workgroup {self.block_id} {'stores' if store else 'loads'} "
+                           f"element {at} of binding {which} that thread {th[i]} of workgroup {theirs} {kind} with "
+                           "no barrier, fence or flag ordering the two")  # fmt: skip
+        wid, th, clock = self.clocks.record(self.clocks.stores if store else self.clocks.loads, mem)
+        wid[flat], th[flat], clock[flat] = self.wid, readers, self.know[self.wid][readers, readers]
+
+    def _initialized(self, bar: _Barrier, ts: np.ndarray, what: str) -> None:
+        """Every other thread using an mbarrier knows its init (a barrier after ``mbarrier.init``)."""
+        wid, th, clock = bar.init
+        ts = ts[~((wid == self.wid) & (ts == th))]
+        seen = self._seen(np.full(len(ts), wid), np.full(len(ts), th), ts)
+        if (seen < clock).any():
+            raise Race(f"thread {ts[np.argmax(seen < clock)]} of workgroup {self.block_id} {what} an mbarrier that "
+                       f"thread {th} of workgroup {self.clocks.block_ids[wid]} initialized, with no barrier after the "
+                       "init")  # fmt: skip
+
+    def _global_access(self, op: ir.Operation, group: _Group) -> None:
+        """The race check of a plain load or store, or an integer atomic, on a global binding."""
+        name, ins = op.name, list(op.operands)
+        at = {"memref.load": 0, "vector.load": 0, "vector.store": 1, "memref.store": 1, "memref.atomic_rmw": 1}[name]
+        mem = self.get(ins[at])
+        if not isinstance(mem, np.ndarray):
+            return
+        if name == "memref.atomic_rmw" and ir.IntegerAttr(op.attributes["kind"]).value != 1:
+            return  # f32 adds (split-K into C): they commute; only integer flags and counters order anything
+        ts = np.flatnonzero(self._active(group))
+        idx = [self.idx(v)[ts] for v in ins[at + 1 :]]
+        flat = np.ravel_multi_index(tuple(idx), mem.shape)
+        if name == "memref.atomic_rmw":
+            self._atomic(mem, flat, ts)
+            return
+        vec = op.results[0].type if name == "vector.load" else ins[0].type if name == "vector.store" else None
+        n = ir.VectorType(vec).shape[-1] if vec is not None else 1
+        self._ordered(mem, flat[:, None] + np.arange(n), ts, store=at == 1)
 
     # -- ops -----------------------------------------------------------------------------------------
     def step(self, op: ir.Operation, group: _Group):  # noqa: C901 - one branch an op
@@ -192,9 +334,12 @@ class _Hopper(_Block):
             address = self._uniform(ins[0], group)
             assert self._active(group).sum() == 1, "mbarrier.init by more than one thread"
             self.barriers[address] = _Barrier(self._uniform(ins[1], group))
+            th = int(np.flatnonzero(self._active(group))[0])
+            self.barriers[address].init = (self.wid, th, int(self.know[self.wid][th, th]))
             return None
         if name in ("nvvm.mbarrier.arrive", "nvvm.mbarrier.arrive.expect_tx"):
             bar = self._barrier(self._uniform(ins[0], group))
+            self._initialized(bar, np.flatnonzero(self._active(group)), "arrives on")
             arrivals = int(self._active(group).sum())
             if name.endswith("expect_tx"):
                 bar.tx += arrivals * self._uniform(ins[1], group)
@@ -206,6 +351,7 @@ class _Hopper(_Block):
             return None
         if name == "nvvm.mbarrier.try_wait.parity":
             address, parity = self._uniform(ins[0], group), self._uniform(ins[1], group)
+            self._initialized(self._barrier(address), np.flatnonzero(self._active(group)), "waits on")
             while self.barriers[address].phase == parity:  # the phase of that parity has not completed
                 yield ("spin", address, 0, 0)
             return None
@@ -249,6 +395,13 @@ class _Hopper(_Block):
         if name == "nvvm.cluster.arrive":
             cb = self.cluster_barrier
             group.cluster_phase = cb["phase"]
+            ts = np.flatnonzero(self._active(group))
+            released = cb.setdefault("clocks", {}).setdefault(cb["phase"], ({}, {}))  # what its waiters learn
+            for table, into in zip((self.know, self.fenced), released):
+                for wid, m in table.items():
+                    v = m[ts].max(0)
+                    into[wid] = np.maximum(into[wid], v) if wid in into else v
+            self._tick(ts)
             cb["arrived"] += int(self._active(group).sum())
             if cb["arrived"] == cb["expected"]:
                 cb["arrived"], cb["phase"] = 0, cb["phase"] + 1
@@ -257,6 +410,11 @@ class _Hopper(_Block):
             assert getattr(group, "cluster_phase", None) is not None, "barrier.cluster.wait without its arrive"
             while self.cluster_barrier["phase"] == group.cluster_phase:
                 yield ("spin", "cluster", 0, 0)
+            ts = np.flatnonzero(self._active(group))
+            for table, released in zip((self.know, self.fenced), self.cluster_barrier["clocks"][group.cluster_phase]):
+                for wid, v in released.items():
+                    m = self._table(table, wid)
+                    m[ts] = np.maximum(m[ts], v)
             group.cluster_phase = None
             return None
         if name == "scf.while":  # a flag wait (StreamK): spin, letting the other workgroups run, until it holds
@@ -280,7 +438,17 @@ class _Hopper(_Block):
             count = self._uniform(view.numberOfThreads, group)
             for bid in np.unique(ids):
                 assert (ids == bid).sum() == count, f"bar.sync {bid} reached by {(ids == bid).sum()} of {count}"
+                self._meet(np.flatnonzero(active)[ids == bid])
             return None
+        if name == "gpu.barrier":  # bar.sync 0 of the whole workgroup (outside the roles)
+            self._meet(np.flatnonzero(self._active(group)))
+        if name == "nvvm.memory.barrier":
+            self._fence(np.flatnonzero(self._active(group)))
+            return None
+        if name in ("memref.load", "vector.load", "vector.store", "memref.store", "memref.atomic_rmw"):
+            out = yield from super().step(op, group)  # the access first: its bounds are checked there
+            self._global_access(op, group)
+            return out
         out = yield from super().step(op, group)
         return out
 
@@ -295,6 +463,8 @@ class _Hopper(_Block):
         mask = self._uniform(ins[at], group) if seg[5] else 1 << self.rank
         for rank in range(len(self.peers)):
             if mask >> rank & 1:
+                bar_at = self._barrier(CLUSTER | rank << 32 | bar)
+                self._initialized(bar_at, np.flatnonzero(self._active(group)), "completes")
                 if offsets:
                     self.peers[rank]._land_im2col(dst, tmap, coords, offsets, bar)
                 else:
@@ -478,12 +648,15 @@ def run_gemm(module: ir.Module, a: np.ndarray, b: np.ndarray, box: tuple[int, in
     extra = [] if scales is None else [np.asarray(scales, np.float32)]
     bindings = dict(enumerate([a, b, maps, *extra, c]))
     body = func.regions[0].blocks[0]
+    clocks = _Clocks()
     attrs = func.attributes
     size = list(ir.DenseI32ArrayAttr(attrs["nvvm.cluster_dim"]))[0] if "nvvm.cluster_dim" in attrs else 1
     for z in range(grid[2]):
         for y in range(grid[1]):
             for x0 in range(0, grid[0], size):
-                _run_cluster([_Hopper(threads, (x, y, z), bindings, "then") for x in range(x0, x0 + size)], body)
+                _run_cluster(
+                    [_Hopper(threads, (x, y, z), bindings, "then", clocks=clocks) for x in range(x0, x0 + size)], body
+                )
     return c
 
 
@@ -507,10 +680,13 @@ def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dty
     shape = (g.groups, g.k, g.columns) if g.splits == 1 else (g.splits, g.groups, g.k, g.columns)
     c = np.full(shape, np.nan, out_dtype if g.splits == 1 else np.float32)
     body = func.regions[0].blocks[0]
+    clocks = _Clocks()
     if g.streamk:  # every workgroup at once (a persistent grid), the last first: a missing wait reads NaN
         flags = np.zeros((g.streamk, g.tiling.consumers), np.int32)
         bindings = dict(enumerate([dy, x, maps, np.full(g.sk_partials, np.nan, np.float32), flags, c]))
-        _run_cluster([_Hopper(threads, (w, 0, 0), bindings, "then") for w in reversed(range(grid[0]))], body)
+        _run_cluster(
+            [_Hopper(threads, (w, 0, 0), bindings, "then", clocks=clocks) for w in reversed(range(grid[0]))], body
+        )
         assert not flags.any(), f"StreamK's flags left raised: {flags.tolist()}"
         return c
     if g.fused:  # workgroups one after another, the last split first: whoever arrives last sums
@@ -521,14 +697,14 @@ def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dty
         for z in reversed(range(grid[2])):
             for y in range(grid[1]):
                 for xx in range(grid[0]):
-                    _run_cluster([_Hopper(threads, (xx, y, z), bindings, "then")], body)
+                    _run_cluster([_Hopper(threads, (xx, y, z), bindings, "then", clocks=clocks)], body)
         assert not counters.any(), "the fused split's counters left raised"
         return c
     bindings = dict(enumerate([dy, x, maps, c]))
     for z in range(grid[2]):
         for y in range(grid[1]):
             for xx in range(grid[0]):
-                _run_cluster([_Hopper(threads, (xx, y, z), bindings, "then")], body)
+                _run_cluster([_Hopper(threads, (xx, y, z), bindings, "then", clocks=clocks)], body)
     return c
 
 
@@ -548,6 +724,7 @@ def _run_cluster(blocks: list[_Hopper], body: ir.Block) -> None:
                     kind, bid, count, arrived = next(gen)
                 except StopIteration:
                     done[i] = blocks[i].finished = True
+                    blocks[i].know, blocks[i].fenced, blocks[i].acquired = {}, {}, {}  # its accesses are recorded
                     break
                 if kind == "spin":
                     break
