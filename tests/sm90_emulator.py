@@ -30,7 +30,8 @@ integers and arrays. As the PTX ISA has them:
   happens-before is checked instead, order-free: a vector clock a thread over every workgroup of the launch.
   ``bar.sync`` (``nvvm.barrier``: per id, its thread count; ``gpu.barrier``: the workgroup) and the cluster
   barrier join the clocks of the threads they meet; ``membar.gl`` (``nvvm.memory.barrier``) is cumulative: it
-  releases what its thread knows so far and acquires what its earlier integer atomics read; an integer
+  releases what its thread knows so far and acquires what its earlier integer atomics read; an mbarrier's
+  arrivals release to the wait that sees their phase complete; an integer
   ``atomic_rmw`` (a flag, a counter) publishes its thread's last fence and reads what earlier ones published.
   A plain global load or store (partials, dW) must follow the last other thread's store to that element,
   a store also the last other thread's load; an mbarrier's every use by another thread must follow its
@@ -139,11 +140,14 @@ class _Barrier:
     def __init__(self, count: int) -> None:
         self.count, self.pending, self.tx, self.phase = count, count, 0, 0
         self.init = (-1, -1, 0)  # workgroup, thread and clock of its mbarrier.init
+        self.arrived: dict[int, np.ndarray] = {}  # what the arrivals of this phase knew (wg -> clocks)
+        self.completed: dict[int, np.ndarray] = {}  # ... of the last completed phase: what a wait acquires
 
     def settle(self) -> None:
         if self.pending == 0 and self.tx == 0:
             self.phase ^= 1
             self.pending = self.count
+            self.completed, self.arrived = self.arrived, {}
 
 
 class _Hopper(_Block):
@@ -345,6 +349,11 @@ class _Hopper(_Block):
                 bar.tx += arrivals * self._uniform(ins[1], group)
             bar.pending -= arrivals
             assert bar.pending >= 0, "more arrivals than the mbarrier's count in one phase"
+            ts = np.flatnonzero(self._active(group))
+            for wid, m in self.know.items():  # an arrive releases (PTX: .release by default)
+                v = m[ts].max(0)
+                bar.arrived[wid] = np.maximum(bar.arrived[wid], v) if wid in bar.arrived else v
+            self._tick(ts)
             bar.settle()
             for r in res:
                 self.env[r] = np.int64(0)
@@ -354,6 +363,10 @@ class _Hopper(_Block):
             self._initialized(self._barrier(address), np.flatnonzero(self._active(group)), "waits on")
             while self.barriers[address].phase == parity:  # the phase of that parity has not completed
                 yield ("spin", address, 0, 0)
+            ts = np.flatnonzero(self._active(group))
+            for wid, v in self.barriers[address].completed.items():  # and a passed wait acquires
+                m = self._table(self.know, wid)
+                m[ts] = np.maximum(m[ts], v)
             return None
         if name == "nvvm.cp.async.bulk.tensor.shared.cluster.global":
             self._tma(op, ins, group)
