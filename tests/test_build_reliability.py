@@ -1,0 +1,49 @@
+"""What a hostile new user still broke in the build, cache, artifact and CLI paths (issue 42, items 1, 2, 4, 5
+and 9): each test fails on the code before its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from convbw_mlir import compile_op
+from convbw_mlir.cli import main
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+TINY = ConvBwdWeightProblem.from_ck("1 1 2 4 4 3 8 1 1 0 0")  # compiles for the host in under a second
+TINY_CK = "1 1 2 4 4 3 8 1 1 0 0"
+
+
+# -- item 1: a cache hit's plan has its costs -------------------------------------------------------------
+def test_cache_hit_plan_has_the_workspace_and_determinism_of_the_miss(tmp_path):
+    miss = compile_op(TINY, "host", cache=tmp_path / "cache")
+    hit = compile_op(TINY, "host", cache=tmp_path / "cache")
+    assert miss.plan.workspace_bytes is not None and miss.plan.deterministic is not None
+    assert (hit.plan.workspace_bytes, hit.plan.deterministic) == (miss.plan.workspace_bytes, miss.plan.deterministic)
+
+
+def test_convbw_run_prints_its_plan_line_on_a_cache_hit(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CONVBW_CACHE_DIR", str(tmp_path / "cache"))
+    lines = []
+    for _ in range(2):  # a miss, then a hit
+        assert main(["run", "--ck", TINY_CK, "--reps", "1"]) == 0
+        lines.append([ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("plan:")])
+    assert len(lines[0]) == 1 and lines[1] == lines[0]
+
+
+# -- item 5: a cache folder that cannot be created is a warning and an uncached compile --------------------
+def test_cache_folder_that_cannot_be_created_warns_and_compiles_uncached(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a user's file\n")
+    root = blocker / "cache"  # fails as root too: no folder can be made under a regular file
+    with pytest.warns(UserWarning, match=rf"cache: cannot create {root}: Not a directory \(compiling without"):
+        op = compile_op(TINY, "host", cache=root)
+    assert op.vmfb and op.plan is not None
+    assert blocker.read_text() == "a user's file\n" and sorted(tmp_path.iterdir()) == [blocker]
+
+
+def test_convbw_run_with_a_cache_dir_that_cannot_be_created_warns_and_runs(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("CONVBW_CACHE_DIR", str(blocker / "cache"))
+    with pytest.warns(UserWarning, match=r"cache: cannot create .*: Not a directory \(compiling without the cache\)"):
+        assert main(["run", "--ck", TINY_CK, "--reps", "1"]) == 0
