@@ -3,11 +3,20 @@ and 9): each test fails on the code before its fix."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+import warnings
+
+import numpy as np
 import pytest
+from conftest import compiled_op
 
 from convbw_mlir import compile_op
+from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.cli import main
 from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.reference import random_inputs
 
 TINY = ConvBwdWeightProblem.from_ck("1 1 2 4 4 3 8 1 1 0 0")  # compiles for the host in under a second
 TINY_CK = "1 1 2 4 4 3 8 1 1 0 0"
@@ -47,3 +56,43 @@ def test_convbw_run_with_a_cache_dir_that_cannot_be_created_warns_and_runs(tmp_p
     monkeypatch.setenv("CONVBW_CACHE_DIR", str(blocker / "cache"))
     with pytest.warns(UserWarning, match=r"cache: cannot create .*: Not a directory \(compiling without the cache\)"):
         assert main(["run", "--ck", TINY_CK, "--reps", "1"]) == 0
+
+
+# -- item 2: a corrupted saved artifact is one error naming the file, never a crash ------------------------
+def _saved(tmp_path):
+    d = tmp_path / "art"
+    compiled_op(TINY).save(d)
+    return d, d / json.loads((d / "op.json").read_text())["files"]
+
+
+@pytest.mark.parametrize("name", ["kernel.vmfb", "linalg.mlir"])
+def test_load_refuses_an_artifact_file_with_flipped_bytes_naming_it(tmp_path, name):
+    d, version = _saved(tmp_path)
+    raw = bytearray((version / name).read_bytes())
+    for i in range(len(raw) // 3, len(raw) // 3 + 4):  # a few bytes inside, the size unchanged
+        raw[i] ^= 0xA5
+    (version / name).write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=rf"^artifact: {re.escape(str(version / name))}: its sha256 differs from"):
+        CompiledOp.load(d)
+
+
+def test_a_saved_artifact_records_the_sha256_of_each_file_and_loads_and_runs(tmp_path):
+    d, version = _saved(tmp_path)
+    recorded = json.loads((d / "op.json").read_text())["sha256"]
+    on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in version.iterdir() if p.name != "op.json"}
+    assert recorded == on_disk and json.loads((version / "op.json").read_text())["sha256"] == recorded
+    x, dy = random_inputs(TINY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(CompiledOp.load(d).run(x, dy), compiled_op(TINY).run(x, dy))
+
+
+def test_an_artifact_saved_before_hashes_loads_unchecked_with_a_warning(tmp_path):
+    d, version = _saved(tmp_path)
+    for index in (d / "op.json", version / "op.json"):
+        meta = json.loads(index.read_text())
+        del meta["sha256"]
+        index.write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match=r"op.json records no file hashes .*: loaded unchecked; save it again"):
+        op = CompiledOp.load(d)
+    assert op.vmfb == compiled_op(TINY).vmfb
