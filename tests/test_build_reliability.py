@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -96,3 +99,31 @@ def test_an_artifact_saved_before_hashes_loads_unchecked_with_a_warning(tmp_path
     with pytest.warns(UserWarning, match=r"op.json records no file hashes .*: loaded unchecked; save it again"):
         op = CompiledOp.load(d)
     assert op.vmfb == compiled_op(TINY).vmfb
+
+
+# -- item 4: an IREE flag value that aborts LLVM never ends the caller ---------------------------------------
+def test_a_flag_value_that_aborts_iree_is_a_compile_error_and_the_caller_lives(tmp_path):
+    script = textwrap.dedent(f"""
+        from convbw_mlir import compile_op
+        from convbw_mlir.build.iree import CompileError
+        from convbw_mlir.problem import ConvBwdWeightProblem
+
+        p = ConvBwdWeightProblem.from_ck("{TINY_CK}")
+        for cache in (False, {str(tmp_path / "cache")!r}):
+            try:
+                compile_op(p, "host", extra_flags=["--iree-llvmcpu-target-cpu=nonexistentcpu"], cache=cache)
+            except CompileError as e:
+                print("CompileError:", str(e).splitlines()[0])
+        print("alive")
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    lines = res.stdout.splitlines()
+    assert res.returncode == 0 and lines[-1] == "alive", res.stderr[-2000:]
+    assert len(lines) == 3 and all(re.match(r"CompileError: IREE crashed \(.*\) compiling .* LLVM ERROR", ln)
+                                   for ln in lines[:2]), lines  # fmt: skip
+
+
+def test_extra_flags_that_are_not_a_list_of_strings_are_refused_naming_the_field():
+    for bad in ("--iree-opt-level=O3", [1], 5):
+        with pytest.raises(TypeError, match=r"^extra_flags: expected a list of IREE flags \(strings\), got "):
+            compile_op(TINY, "host", extra_flags=bad, cache=False)
