@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,3 +131,43 @@ def test_extra_flags_that_are_not_a_list_of_strings_are_refused_naming_the_field
     for bad in ("--iree-opt-level=O3", [1], 5):
         with pytest.raises(TypeError, match=r"^extra_flags: expected a list of IREE flags \(strings\), got "):
             compile_op(TINY, "host", extra_flags=bad, cache=False)
+
+
+# -- item 9: signals and messages ---------------------------------------------------------------------------
+def _compile_then_signal(tmp_path, sig, group: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``convbw compile`` of a problem not in its (fresh) cache, ``sig`` sent once its compile child starts (to the
+    process group with ``group``, as a terminal's Ctrl-C); returns the result and the temporaries left."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "CONVBW_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "convbw_mlir", "compile", "--ck", TINY_CK, "-o", str(tmp_path / "out.mlir")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(tmp.glob("convbw-isolate-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    children = [p.name for p in tmp.glob("convbw-isolate-*")]
+    assert children, "the compile child never started"
+    os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    alive = [p for p in Path("/proc").glob("[0-9]*") if _cmdline_has(p, children[0])]
+    assert not alive, "the compile child outlived the command"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), [p.name for p in tmp.iterdir()]
+
+
+def _cmdline_has(proc: Path, text: str) -> bool:
+    try:
+        return text in (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def test_sigterm_during_convbw_compile_removes_its_temporaries_and_says_so_in_one_line(tmp_path):
+    res, left = _compile_then_signal(tmp_path, signal.SIGTERM, group=False)
+    assert (res.returncode, res.stderr, left) == (143, "convbw: terminated\n", [])
+    assert not (tmp_path / "out.mlir").exists()
+
+
+def test_ctrl_c_during_convbw_compile_is_one_line_and_exit_130(tmp_path):
+    res, left = _compile_then_signal(tmp_path, signal.SIGINT, group=True)
+    assert (res.returncode, res.stderr, left) == (130, "convbw: interrupted\n", [])
