@@ -22,7 +22,8 @@ from conftest import compiled_op
 from convbw_mlir import compile_op
 from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.cli import main
-from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.plan import Plan, PlanError, decide
+from convbw_mlir.problem import ConvBwdWeightProblem, Epilogue
 from convbw_mlir.reference import random_inputs
 
 TINY = ConvBwdWeightProblem.from_ck("1 1 2 4 4 3 8 1 1 0 0")  # compiles for the host in under a second
@@ -171,3 +172,49 @@ def test_sigterm_during_convbw_compile_removes_its_temporaries_and_says_so_in_on
 def test_ctrl_c_during_convbw_compile_is_one_line_and_exit_130(tmp_path):
     res, left = _compile_then_signal(tmp_path, signal.SIGINT, group=True)
     assert (res.returncode, res.stderr, left) == (130, "convbw: interrupted\n", [])
+
+
+MMA = ConvBwdWeightProblem.from_ck("2 1 64 64 64 3 3 28 28 1 1 1 1 1 1 1 1")  # our tile on sm_80
+
+
+@pytest.mark.parametrize("option", ["stages", "tile_m", "k_batch", "streamk", "merge_groups"])
+def test_an_option_past_the_int_range_is_refused_naming_it_not_a_bad_cast(option):
+    options = {option: 99999999999999999999}
+    if option in ("streamk", "merge_groups"):
+        options["strategy"] = "explicit"
+    name = option.replace("_", "-")
+    with pytest.raises(PlanError, match=rf"^{name}: 99999999999999999999 is past 2147483647 \(2\*\*31 - 1\)"):
+        decide(MMA, "sm_80", **options)
+
+
+def test_a_stored_plan_with_a_field_past_the_int_range_is_refused_naming_it():
+    data = decide(MMA, "sm_80", strategy="codegen").to_dict()
+    data["tile"]["stages"] = 2**63
+    with pytest.raises(PlanError, match=r"^plan\.tile\.stages: 9223372036854775808 is past 2147483647"):
+        Plan.from_dict(data)
+
+
+@pytest.mark.parametrize("target", ["host", "sm_80"])
+def test_an_unknown_option_names_the_target_and_the_known_options_not_a_target_repr(target):
+    with pytest.raises(ValueError) as e:
+        compile_op(TINY, target, cache=False, bogus=1)
+    message = str(e.value)
+    assert message.startswith(f"options: bogus taken by no pass of the {target} pipeline; known: ")
+    assert "Target(" not in message and "k_batch, " in message and "tile_m" in message
+
+
+def test_fp8_with_too_little_workspace_names_the_bytes_it_needs_not_an_option_never_given():
+    fp8 = ConvBwdWeightProblem(groups=1, batch=8, in_channels=64, out_channels=64, input_size=(14, 14),
+                               filter_size=(1, 1), dtype="e4m3", dy_dtype="e5m2", layout="channels_last")  # fmt: skip
+    least = decide(fp8, "sm_90a").workspace_bytes
+    with pytest.raises(ValueError, match=r"^max_workspace_bytes: 10: every plan of .* needs more \(the least: (\d+) "):
+        compile_op(fp8, "sm_90a", cache=False, max_workspace_bytes=10)
+    assert least > 10
+
+
+@pytest.mark.parametrize("options", [{}, {"strategy": "explicit"}])
+@pytest.mark.parametrize(("target", "layout"), [("sm_80", 2), ("sm_80", 4), ("sm_90a", 2), ("gfx942", 4)])
+def test_streamk_with_an_epilogue_names_the_epilogue_as_the_reason(options, target, layout):
+    p = MMA.with_(layout=layout, epilogue=Epilogue("scale", 0.5))
+    with pytest.raises(PlanError, match=r"^streamk: 'auto' with the scale epilogue \(StreamK writes dW plain"):
+        decide(p, target, streamk="auto", **options)
