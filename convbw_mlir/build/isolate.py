@@ -91,14 +91,14 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
             raise ValueError(f"fn: {fn.__qualname__} is defined in an interactive session; a child cannot import it")
         module = spec.name if spec is not None else f"{SCRIPT_PREFIX}{Path(script).resolve()}"
     payload = pickle.dumps(((module, fn.__qualname__), args, kwargs))
-    # A private folder: removed whole at the end, so that a child outliving its caller cannot leave a result file.
-    folder = Path(tempfile.mkdtemp(prefix="convbw-isolate-"))
-    result = folder / "result.pickle"
-    proc = None
+    # A private folder, removed whole at the end: a child outliving its caller cannot leave a result file there.
+    folder: Path | None = None
+    proc: subprocess.Popen | None = None
     try:
-        cmd = [sys.executable, "-m", "convbw_mlir.build.isolate", str(result)]
         try:
-            with _signals_held():  # a Ctrl-C or SIGTERM now is raised below, where the child can be killed
+            with _signals_held():  # a Ctrl-C or SIGTERM now comes once folder and proc are known (below)
+                folder = Path(tempfile.mkdtemp(prefix="convbw-isolate-"))
+                cmd = [sys.executable, "-m", "convbw_mlir.build.isolate", str(folder / "result.pickle")]
                 proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             _, raw_err = proc.communicate(payload, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -111,6 +111,7 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
                 proc.kill()
                 proc.wait()
             raise
+        result = folder / "result.pickle"
         err = raw_err.decode(errors="replace")
         if proc.returncode != 0 or not result.is_file() or result.stat().st_size == 0:
             tail = _last_line(err)
@@ -118,7 +119,8 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
             raise CompilerCrash(message, proc.returncode, err)
         status, value = pickle.loads(result.read_bytes())
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     if status == "error":
         raise value
     return value
