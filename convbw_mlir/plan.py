@@ -98,7 +98,16 @@ def decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | N
         PlanError: an unknown target or override, a value out of range, a tile the target cannot run,
             or a tile given for a problem whose strategy takes none.
     """
+    _check_streamk_epilogue(problem, overrides.get("streamk"))
     return plan_properties(problem, _decide(problem, target, split, **overrides))
+
+
+def _check_streamk_epilogue(problem: ConvBwdWeightProblem, streamk: Any) -> None:
+    """StreamK with an epilogue: refused for that reason first, on any strategy and target (every StreamK kernel
+    writes dW plain), rather than for a missing ``strategy`` or the layout the user would then fix in vain."""
+    if problem.epilogue is not None and (streamk == "auto" or (_is_int(streamk) and streamk >= 1)):
+        raise PlanError(f"streamk: {streamk!r} with the {problem.epilogue.kind} epilogue (StreamK writes dW plain; "
+                        "a split carries the epilogue in its sum)")  # fmt: skip
 
 
 def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | None = None, **overrides: Any) -> Plan:

@@ -32,6 +32,11 @@ __all__ = [
 ]
 
 
+# The largest integer an option or a plan field takes: the IR holds them as integer attributes (a value past
+# int64 was a std::bad_cast inside MLIR), and 2**31 - 1 is far past any real tile, stage, split or grid size.
+MAX_INT = 2**31 - 1
+
+
 class PlanError(ValueError):
     """An override the plan cannot take; the message names the option and its value."""
 
@@ -257,6 +262,8 @@ def _part(name: str, kind: type, data: Any) -> Any:
         value = data[field_name]
         if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise PlanError(f"{where}: expected an integer >= 1, got {value!r}")
+        if f.type == "int":
+            _at_most(where, value)
         if f.type == "bool" and not isinstance(value, bool):
             raise PlanError(f"{where}: expected true or false, got {value!r}")
         if f.type == "str" and not (isinstance(value, str) and value):
@@ -348,6 +355,8 @@ class Overrides:
         kb = self.k_batch
         if not (kb in ("auto", "rows") or (_is_int(kb) and kb >= 1)):
             raise PlanError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
+        for name in ("k_batch", *self._TILE, "streamk", "merge_groups"):
+            _at_most(_spelled(name), getattr(self, name))
         if self.plan_for is not None:
             _target(self.plan_for, "plan-for")
         for name in self._TILE:
@@ -390,6 +399,12 @@ class Overrides:
         """The tile overrides given, by :class:`Tile` field (``m``, ``n``, ``k``, ``subgroups_m`` ...)."""
         key = {"tile_m": "m", "tile_n": "n", "tile_k": "k"}
         return {key.get(n, n): getattr(self, n) for n in self._TILE if getattr(self, n) is not None}
+
+
+def _at_most(name: str, value: Any) -> None:
+    """Refuse an integer past :data:`MAX_INT` (naming ``name``); anything else is checked by the caller."""
+    if _is_int(value) and value > MAX_INT:
+        raise PlanError(f"{name}: {value} is past {MAX_INT} (2**31 - 1), the largest a plan takes")
 
 
 def _is_int(value: Any) -> bool:

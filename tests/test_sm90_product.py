@@ -498,7 +498,7 @@ def test_sm90a_plan_with_an_epilogue_never_takes_streamk():
     with_scale = big.with_(epilogue=Epilogue("scale", 0.5))
     plan = decide(with_scale, "sm_90a")
     assert sm90.is_sm90(plan) and plan.streamk is None
-    with pytest.raises(PlanError, match="streamk: with the scale epilogue"):
+    with pytest.raises(PlanError, match="streamk: 'auto' with the scale epilogue"):
         decide(with_scale, "sm_90a", strategy="explicit", streamk="auto")
 
 

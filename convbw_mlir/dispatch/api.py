@@ -41,12 +41,15 @@ def compile_op(
     Args:
         problem: the problem.
         target: ``host``, an AMD ``gfx*`` or an NVIDIA ``sm_*`` name (see :data:`convbw_mlir.targets.TARGETS`).
-        extra_flags: more IREE compiler flags.
+        extra_flags: more IREE compiler flags. A compile with any runs in a child process, as with ``isolate``:
+            IREE ends the process that compiles on some flag values (``LLVM ERROR``), and no check of ours knows
+            every flag's values.
         plan: a plan to carry out as it is (e.g. one a tuner stored, or its dictionary) instead of
             deciding one; it must be for ``target`` and takes no ``options``.
         isolate: compile in a child process (:mod:`convbw_mlir.build.isolate`), so that an IREE crash raises
-            :class:`CompileError` here instead of ending this process (a cache hit starts no child).
-        timeout: with ``isolate``, seconds before the child is killed (None: no limit).
+            :class:`CompileError` here instead of ending this process (a cache hit starts no child); always
+            so with ``extra_flags``.
+        timeout: with ``isolate`` (or ``extra_flags``), seconds before the child is killed (None: no limit).
         output_arg: give the function a third argument, the buffer dW is written into
             (``{iree.abi.output = 0}``): the caller owns the output (:class:`convbw_mlir.runtime.PreparedCall`).
             Cached apart from the same kernel without it.
@@ -64,12 +67,19 @@ def compile_op(
     Raises:
         ValueError: unknown target or option; no plan meets ``deterministic`` / ``max_workspace_bytes``, or
             the given plan or options do not (naming the request, the value and what the plan needs).
-        TypeError: a request of the wrong type.
-        CompileError: a pass or IREE failed; with ``isolate``, also IREE crashed or timed out
+        TypeError: a request of the wrong type, ``extra_flags`` not a list of strings.
+        CompileError: a pass or IREE failed; with ``isolate`` or ``extra_flags``, also IREE crashed or timed out
             (:class:`convbw_mlir.build.isolate.CompilerCrash`).
     """
+    if extra_flags is not None and (
+        isinstance(extra_flags, str) or not all(isinstance(f, str) for f in _iterable(extra_flags))
+    ):
+        raise TypeError(f"extra_flags: expected a list of IREE flags (strings), got {extra_flags!r:.80}")
+    # a bad flag value makes IREE abort the compiling process: the user's flags are tried in a child
+    isolate = isolate or bool(extra_flags)
     if timeout is not None and not isolate:
-        raise ValueError("timeout: applies to isolate=True compiles only")
+        raise ValueError("timeout: applies to isolate=True compiles (and those with extra_flags) only")
+    extra_flags = list(extra_flags) if extra_flags else None
     tgt = resolve(target)  # the one lookup: the Target goes down from here (a bad name fails before a child)
     check_limits(problem, tgt)
     if isinstance(plan, dict):  # a stored plan's plain data (as Plan.to_dict writes it)
@@ -112,6 +122,13 @@ def compile_op(
                          timeout=timeout)  # fmt: skip
     op.selection = selection
     return op
+
+
+def _iterable(value: Any) -> list[Any]:
+    try:
+        return list(value)
+    except TypeError:
+        return [None]  # not iterable: refused as not a list of strings
 
 
 def _decided(problem: ConvBwdWeightProblem, tgt: Target, options: dict[str, Any]) -> Plan:
