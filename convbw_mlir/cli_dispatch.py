@@ -217,5 +217,6 @@ def add_dispatch_commands(sub: Any) -> None:
     add_request_arguments(sel)
     sel.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
     sel.add_argument("--device", default=None, help="device name: only its database")
-    sel.add_argument("--db", action="append", help="another database file to consult")
+    sel.add_argument("--db", action="append",
+                     help="a database file consulted first, over yours and the shipped ones (repeatable)")  # fmt: skip
     sel.set_defaults(func=_cmd_select)
