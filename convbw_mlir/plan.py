@@ -131,10 +131,10 @@ def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | 
     work = effective_problem(problem, opts.reduction_innermost)
     gemm = work is not problem
     given_split = split
+    if opts.strategy == Strategy.EXPLICIT:  # its split counts k tiles, not images: not plan_split_k's
+        return _explicit(problem, tgt, opts)
     if split is None:
         split = plan_split_k(work, planner, opts.k_batch)
-    if opts.strategy == Strategy.EXPLICIT:
-        return _explicit(problem, tgt, opts)
     base = Plan(tgt.name, Strategy.IREE, gemm, opts.reduction_innermost and gemm, split)
     if not tgt.is_gpu:
         return _no_tile(base, opts, "IREE's CPU codegen")
@@ -621,11 +621,24 @@ def uses_matrix_cores(problem: ConvBwdWeightProblem, target: Target) -> bool:
 def plan_split_k(problem: ConvBwdWeightProblem, target: Target, k_batch: int | str) -> Split | None:
     """The split for ``k_batch``: ``rows`` (:func:`plan_rows_split`), a number of batch splits
     (:func:`plan_split`), or ``auto``: on a GPU the rows split for problems too thin for matrix cores
-    whose threads hold a dW row and whose partials pay, else the even batch split of :func:`auto_k_batch`."""
+    whose threads hold a dW row and whose partials pay, else the even batch split of :func:`auto_k_batch`.
+
+    Raises:
+        PlanError: a number of splits the batch's whole images cannot make (naming it and the nearest that work).
+    """
     if k_batch == "rows":
         return plan_rows_split(problem)
-    if k_batch != "auto":
-        return plan_split(problem, k_batch)
+    if k_batch != "auto":  # asked for: carried out as asked or refused, never replaced by another count
+        split = plan_split(problem, k_batch)
+        got, n = (split.k_batch if split else 1), problem.batch
+        if got != k_batch:
+            fits = lambda k: math.ceil(n / math.ceil(n / k)) == k  # noqa: E731
+            below = next(k for k in range(min(k_batch, n), 0, -1) if fits(k))
+            above = next((k for k in range(k_batch + 1, n + 1) if fits(k)), None)
+            near = " or ".join(str(k) for k in (below, above) if k is not None)
+            raise PlanError(f"k-batch: {k_batch} (a batch of {n} in splits of whole images is {got} "
+                            f"split{'s' * (got != 1)}, not {k_batch}; the nearest that work: {near})")  # fmt: skip
+        return split
     if target.is_gpu and not uses_matrix_cores(problem, target) and simt_threads_fit(problem):
         rows = plan_rows_split(problem)
         if rows is not None and rows_split_pays(problem, rows):

@@ -43,7 +43,14 @@ import numpy as np
 
 from convbw_mlir.measure import gpu_lock
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.reference import accumulation_error, random_inputs, reference, rounded_sum_error, sample_reference
+from convbw_mlir.reference import (
+    accumulation_error,
+    random_inputs,
+    reference,
+    rounded_sum_error,
+    rounding_floor,
+    sample_reference,
+)
 from convbw_mlir.runtime import FENCE_BYTES, Kernel, fenced_host, time_calls
 
 __all__ = ["DirectKernel", "error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
@@ -82,7 +89,8 @@ def _stats(samples: list[float]) -> dict[str, float]:
 # Accuracy: float64 on a sample of dW entries, errors in RMS units and ulps, tolerances (docs/tolerances.md)
 
 
-def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma: bool = True) -> float:
+def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma: bool = True,
+                  rms: float | None = None) -> float:  # fmt: skip
     """Largest ``max|got - exact| / rms(exact)`` a correct kernel with f32 accumulation may show.
 
     One rounding of dW to ``dw_dtype`` (at most u * peak RMS, ``peak`` = max|dW| / rms) plus the f32
@@ -91,13 +99,15 @@ def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma
     of NVIDIA tensor cores"), a bias that grows like u * n / sqrt(3) RMS over a chain of n = L / MMA_K updates;
     without (round to nearest, a serial sum: the GPU reference) it is u * sqrt(L (1 + 2 peak^2) / 18) at the
     largest entry (:func:`convbw_mlir.reference.rounded_sum_error`). Derivation: docs/tolerances.md.
+    With ``rms`` (dW's RMS), plus :func:`convbw_mlir.reference.rounding_floor` in RMS units: what rounding to
+    a subnormal or to zero costs whatever the value (a small epilogue scale puts f16 dW there).
     """
     if dw_dtype not in _FORMAT:
         raise ValueError(f"dw_dtype: unknown element type {dw_dtype!r}; known: {', '.join(_FORMAT)}")
     mant, _ = _FORMAT[dw_dtype]
     length = problem.gemm[3]
     acc = accumulation_error(length, True) if mma else rounded_sum_error(length, peak)
-    return 2.0 ** -(mant + 1) * peak + acc
+    return 2.0 ** -(mant + 1) * peak + acc + (rounding_floor(dw_dtype) / rms if rms else 0.0)
 
 
 def _ulp(magnitude: np.ndarray, dtype: str) -> np.ndarray:
@@ -277,7 +287,7 @@ class _Problem:
             full = error_stats(got, self.want, dw_dtype)
             res["error_rms_full"] = full["error_rms"]
             peak = max(peak, full["peak"])
-        tol = res["tolerance_rms"] = tolerance_rms(p, dw_dtype, peak, mma)
+        tol = res["tolerance_rms"] = tolerance_rms(p, dw_dtype, peak, mma, self.rms)
         # (error, its tolerance, flat index, exact value, what it was compared with) of each failed check
         failed = []
         if sample["error_rms"] > tol:
