@@ -43,7 +43,7 @@ from convbw_mlir.plan_data import (
     _spelled,
     _target,
 )
-from convbw_mlir.policies import depthwise, sm80, sm90_fp8
+from convbw_mlir.policies import depthwise, sm80, sm90_fp8, switches
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target
 
@@ -131,7 +131,7 @@ def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | 
         return _no_tile(base, opts, "IREE's CPU codegen")
     codegen = _gpu_strategy(base, work, tgt, opts)
     if opts == Overrides() and given_split is None and depthwise.takes_by_default(problem, tgt):
-        return depthwise.plan(problem, tgt, opts)  # the policy's one switch (depthwise.BY_DEFAULT)
+        return depthwise.plan(problem, tgt, opts)  # behind switches.DEPTHWISE_BY_DEFAULT
     if opts.strategy is None and opts == Overrides() and given_split is None and _explicit_wins(problem, tgt, codegen):
         try:
             return _explicit(problem, tgt, opts)
@@ -200,11 +200,12 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
     """Whether the plan's own choice is the explicit kernel: the target's kernel family takes the problem
     by default (:func:`convbw_mlir.policies.sm80.takes_by_default`: where it was the fastest correct kernel
     when measured) and it is not too thin for matrix cores (codegen's choice is not SIMT), or it is, one group at a
-    time, and the kernel's rule merges its groups (:func:`convbw_mlir.policies.sm80.merge_rule`, behind its switch)."""
+    time, and the kernel's rule merges its groups (:func:`convbw_mlir.policies.sm80.merge_rule`, behind its switch
+    :data:`~convbw_mlir.policies.switches.MERGE_BY_DEFAULT`)."""
     policy = policies.for_target(tgt)
     # thin groups too thin for matrix cores one at a time fill them merged (docs/decisions.md#thin-groups)
     nvidia = policy is sm80 or policy is policies.sm90  # sm_90a's policy hands thin groups to the sm_80 kernel
-    thin_merged = nvidia and sm80.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
+    thin_merged = nvidia and switches.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
     return (
         policy is not None and (codegen.strategy != Strategy.SIMT or thin_merged) and policy.takes_by_default(problem)
     )

@@ -42,10 +42,11 @@ from convbw_mlir.plan_data import (
     WaveSpecPlan,
     _is_int,
 )
+from convbw_mlir.policies import switches
 from convbw_mlir.policies.split import check, explicit_split, split_refusals
 from convbw_mlir.targets import Target
 
-__all__ = ["INTRINSIC", "INTRINSICS", "MERGE_BY_DEFAULT", "SHARED_MEMORY_CAP", "ConvGeometry", "FoldedWindow",
+__all__ = ["INTRINSIC", "INTRINSICS", "SHARED_MEMORY_CAP", "ConvGeometry", "FoldedWindow",
            "GemmShape", "GemmTiling", "auto_splits", "choose_folded_tiling", "folded_problems", "folded_window",
            "gemm_shape", "merge_rule", "merged", "plan", "refusals", "takes_by_default", "tiling",
            "unsupported"]  # fmt: skip
@@ -590,10 +591,7 @@ def _wavespec_refusals(plan: Plan, problem: Any, tiling_ok: bool) -> list[str]:
 
 
 # -- merged groups (thin groups: several groups in one implicit GEMM, a block-diagonal store) -----------------
-# The plan's single switch: whether decide() without options merges thin groups by the rule (merge_rule; with
-# strategy=explicit the rule applies either way). On since the NaN-fenced H200 run (docs/decisions.md#thin-groups):
-# merged 1.2-3.1x one group a GEMM and 1.9x the depthwise kernel's grouped form at 4 channels, on all six layers.
-MERGE_BY_DEFAULT = True
+# Thin groups: the rule (merge_rule) and its switch, policies/switches.py: MERGE_BY_DEFAULT.
 MERGE_MAX_CHANNELS = 16  # thin groups: at most this many in and out channels a group (ResNeXt, RegNet: 4-16)
 MERGE_ROWS = 64  # out channels (M) the rule fills: the smallest tiling's bm (TILINGS)
 
@@ -632,7 +630,8 @@ def merge_rule(problem: Any, tgt: Target) -> int:
     """Groups the rule merges (1: none): thin groups (2 to :data:`MERGE_MAX_CHANNELS` channels a group, even C)
     in layout 2, the most groups whose out channels fit :data:`MERGE_ROWS` (and divide G), where the cost model
     (:func:`tiling_cost`, each with its own tiling) prices the merged GEMM below one group a GEMM. The plan takes
-    it with strategy=explicit, and without options where :data:`MERGE_BY_DEFAULT` is on."""
+    it with strategy=explicit, and without options where the switch
+    :data:`~convbw_mlir.policies.switches.MERGE_BY_DEFAULT` is on."""
     c, k = problem.in_channels, problem.out_channels
     thin = 2 <= min(c, k) and max(c, k) <= MERGE_MAX_CHANNELS and c % 2 == 0
     if not (thin and is_channels_last(problem) and tgt.family == "nvidia"):
@@ -665,4 +664,4 @@ def _merge_groups(problem: Any, tgt: Target, opts: Any) -> int:
         return opts.merge_groups
     if opts.streamk is not None or opts.producers is not None:
         return 1
-    return merge_rule(problem, tgt) if opts.strategy == Strategy.EXPLICIT.value or MERGE_BY_DEFAULT else 1
+    return merge_rule(problem, tgt) if opts.strategy == Strategy.EXPLICIT.value or switches.MERGE_BY_DEFAULT else 1
