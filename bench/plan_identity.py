@@ -16,6 +16,7 @@ included) and takes hours on two cores; this takes minutes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -88,9 +89,14 @@ def _selected(problem: Any, target: str) -> Any:
     return {"variant": sel.variant.name, "path": sel.path, "why": sel.why, "plan": _plan_record(sel.variant.plan)}
 
 
-def dump(out: Path, ir: int) -> int:
+def _lowered(problem: Any, target: str) -> str:
     from convbw_mlir.build.compile import lowered_text
     from convbw_mlir.pipelines import for_target
+
+    return lowered_text(problem, for_target(target))
+
+
+def dump(out: Path, ir: int) -> int:
     from convbw_mlir.plan import decide
     from convbw_mlir.targets import TARGETS
 
@@ -104,14 +110,14 @@ def dump(out: Path, ir: int) -> int:
         for stem, problem, opts in cases:
             for i, target in enumerate(TARGETS):
                 row: dict[str, Any] = {"case": f"{stem}.{target}"}
-                row["decide"] = _plan_record(_or_error(lambda: decide(problem, target, **opts)))
+                row["decide"] = _plan_record(_or_error(functools.partial(decide, problem, target, **opts)))
                 if not opts:
-                    row["select"] = _or_error(lambda: _selected(problem, target))
+                    row["select"] = _or_error(functools.partial(_selected, problem, target))
                 f.write(json.dumps(row, sort_keys=True) + "\n")
                 count += 1
                 # the IR sample: each sampled problem on one target, the targets in turn
                 if stem in sample and i == hash_index(stem, len(TARGETS)):
-                    text = _or_error(lambda: lowered_text(problem, for_target(TARGETS[target])))
+                    text = _or_error(functools.partial(_lowered, problem, target))
                     (out / "ir" / f"{stem}.{target}.mlir").write_text(text)
     print(f"{count} cases x targets, {len(list((out / 'ir').iterdir()))} lowered IR files in {out}")
     return 0

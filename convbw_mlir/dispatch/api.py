@@ -6,6 +6,7 @@ choice) and taken from the kernel cache or built (:mod:`convbw_mlir.build`) on a
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from convbw_mlir.build.artifact import CompiledOp
@@ -111,6 +112,8 @@ def compile_op(
     op, _ = cached_build(problem, tgt, variant, cache, extra_flags, output_arg=output_arg, isolate=isolate,
                          timeout=timeout)  # fmt: skip
     op.selection = selection
+    if variant.plan is not None and op.plan == variant.plan and op.plan.decision is None:  # a cached kernel's plan
+        op.plan = replace(op.plan, decision=variant.plan.decision)
     return op
 
 
