@@ -89,3 +89,5 @@ def test_op_plan_names_its_rule_built_or_from_the_kernel_cache(compiled):
     assert compiled(CONV, "host").plan.decision.rule == "host"  # built (or shared) in this session
     assert compile_op(CONV, "host").plan.decision.rule == "host"  # the kernel cache's copy: its plan from plain data
     assert compile_op(CONV, "host", cache=False, k_batch=2).plan.decision.options == (("k_batch", 2),)
+    given = compile_op(CONV, "host", plan=decide(CONV, "host").to_dict()).plan.decision  # the cache's kernel again
+    assert given.rule == "given" and "as given" in given.reason

@@ -16,7 +16,7 @@ from convbw_mlir.dispatch.cache import KernelCache
 from convbw_mlir.dispatch.select import check_requests, select
 from convbw_mlir.dispatch.variants import Variant
 from convbw_mlir.limits import check_limits
-from convbw_mlir.plan import Plan, PlanError, check_plan, decide, plan_properties
+from convbw_mlir.plan import Decision, Plan, PlanError, check_plan, decide, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
@@ -82,6 +82,9 @@ def compile_op(
         raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
     if plan is not None:
         check_plan(problem, plan)
+        if plan.decision is None:  # no rule made it: op.plan says where it came from
+            plan = replace(plan, decision=Decision("given", "carried out as given (compile_op plan=...): a stored or "
+                                                   "hand-written plan, checked, not decided"))  # fmt: skip
     check_requests(deterministic, max_workspace_bytes)
     wants = {"deterministic": deterministic, "max_workspace_bytes": max_workspace_bytes}
     constrained = deterministic or max_workspace_bytes is not None
