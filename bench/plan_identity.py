@@ -5,7 +5,7 @@ plan); besides, the same problems of the small suites in every layout, as fp8, a
 take the plan's other rules (strategy, layout4, k-batch, merge-groups); and the lowered IR (the target's
 pipeline, no IREE compile) of a sample across targets.
 
-    python bench/plan_identity.py dump DIR [--ir 50]   # DIR/plans.jsonl, DIR/ir/<stem>.mlir
+    python bench/plan_identity.py dump DIR [--ir 50] [--vmfb 12]  # DIR/plans.jsonl, DIR/ir/<stem>.mlir, .vmfb.sha256
     python bench/plan_identity.py compare BEFORE AFTER  # counts; exit code 1 if anything differs
 
 ``select`` reads no user tuning folder (``$CONVBW_CACHE_DIR`` is pointed at an empty one), only the shipped
@@ -96,7 +96,15 @@ def _lowered(problem: Any, target: str) -> str:
     return lowered_text(problem, for_target(target))
 
 
-def dump(out: Path, ir: int) -> int:
+def _vmfb_digest(problem: Any, target: str) -> str:
+    import hashlib
+
+    from convbw_mlir import compile_op
+
+    return hashlib.sha256(compile_op(problem, target, cache=False).vmfb).hexdigest()
+
+
+def dump(out: Path, ir: int, vmfb: int = 0) -> int:
     from convbw_mlir.plan import decide
     from convbw_mlir.targets import TARGETS
 
@@ -119,6 +127,9 @@ def dump(out: Path, ir: int) -> int:
                 if stem in sample and i == hash_index(stem, len(TARGETS)):
                     text = _or_error(functools.partial(_lowered, problem, target))
                     (out / "ir" / f"{stem}.{target}.mlir").write_text(text)
+                    if target != "host" and len(list((out / "ir").glob("*.vmfb.sha256"))) < vmfb:
+                        digest = _or_error(functools.partial(_vmfb_digest, problem, target))
+                        (out / "ir" / f"{stem}.{target}.vmfb.sha256").write_text(digest)
     print(f"{count} cases x targets, {len(list((out / 'ir').iterdir()))} lowered IR files in {out}")
     return 0
 
@@ -140,10 +151,13 @@ def compare(before: Path, after: Path) -> int:
         for case in differ[:20]:
             print(f"  differs: {kind} {case}")
         bad += len(differ)
-    files = sorted((before / "ir").iterdir())
+    files = sorted((before / "ir").iterdir())  # the lowered IR and the sampled programs' digests
     differ_ir = [f.name for f in files if not (after / "ir" / f.name).exists()
                  or (after / "ir" / f.name).read_text() != f.read_text()]  # fmt: skip
-    print(f"     ir: {len(files) - len(differ_ir)} of {len(files)} identical")
+    for kind in (".mlir", ".sha256"):
+        n = sum(1 for f in files if f.name.endswith(kind))
+        bad = sum(1 for name in differ_ir if name.endswith(kind))
+        print(f"{'ir' if kind == '.mlir' else 'vmfb':>7}: {n - bad} of {n} identical")
     for name in differ_ir[:20]:
         print(f"  differs: ir {name}")
     extra = sorted(set(new) - {r["case"] for r in old})
@@ -158,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("dump")
     d.add_argument("out", type=Path)
     d.add_argument("--ir", type=int, default=50, help="lowered IR of this many problems (0: none)")
+    d.add_argument("--vmfb", type=int, default=0, help="and the .vmfb (its sha256) of this many of them on GPU "
+                   "targets (IREE compiles: seconds each)")  # fmt: skip
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
@@ -165,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "dump":
         with tempfile.TemporaryDirectory() as empty:
             os.environ["CONVBW_CACHE_DIR"] = empty  # no user database: the shipped ones only
-            return dump(args.out, args.ir)
+            return dump(args.out, args.ir, args.vmfb)
     return compare(args.before, args.after)
 
 
