@@ -129,6 +129,8 @@ def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | 
             plan = rule.make(ask)
             if plan is not None:
                 return replace(plan, decision=ask.decision(rule, plan))
+            if all(name != rule.name for name, _ in ask.declined):  # it applied, yet made none: say so
+                ask.declined.append((rule.name, ""))
     raise AssertionError("plan: no rule applied (the last, codegen, always does)")  # pragma: no cover
 
 
@@ -184,7 +186,7 @@ class _Ask:
             if plan.strategy == Strategy.MMA:
                 notes.append(f"mma: our tile {plan.tile.m}x{plan.tile.n}x{plan.tile.k} ({plan.tile.intrinsic})")
             notes += [f"split-K: {plan.split.k_batch} over {plan.split.dim}"] if plan.split is not None else []
-        notes += [f"{name} declined: {why}" for name, why in self.declined]
+        notes += [f"{name} declined" + (f": {why}" if why else "") for name, why in self.declined]
         options = tuple((k, v) for k, v in self.overrides.items() if v != getattr(Overrides(), k))
         return Decision(rule.name, rule.reason, "; ".join(notes), options, then)
 
@@ -246,7 +248,7 @@ RULES: tuple[Rule, ...] = (
          "asked for: layout 4's implicit GEMM without a gather (x's windows by cp.async, each tap's shift in "
          "shared memory)",
          lambda a: a.opts.layout4 == "fold", lambda a: _layout4(a.problem, a.tgt, a.given_split, a.opts, a.overrides)),
-    Rule("layout4-as-layout2", "a layout-4 or layout-0 problem (or layout4 asked for) on NVIDIA",
+    Rule("layout4-as-layout2", "a layout-4 or layout-0 problem, or layout4 asked for (declines off NVIDIA)",
          "computed in layout 2 between transposes where the plan there is one of our channels-last kernels "
          "(docs/decisions.md#layout4), and layout 0 always (IREE's own forms of it were wrong)",
          lambda a: a.opts.layout4 is not None or a.problem.layout in CHANNELS_FIRST,

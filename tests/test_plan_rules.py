@@ -43,6 +43,8 @@ def test_each_path_of_the_plan_is_named_by_its_rule():
                                                                                   ("k_batch", 2))  # fmt: skip
     four = decide(CONV.with_(layout="NGCHW/GKCYX/NGKHW"), "sm_80").decision
     assert (four.rule, four.then.rule) == ("layout4-as-layout2", "explicit-by-default")
+    off_nvidia = decide(CONV.with_(layout="NGCHW/GKCYX/NGKHW"), "gfx942").decision
+    assert off_nvidia.rule == "codegen" and "layout4-as-layout2 declined" in off_nvidia.detail
 
 
 def test_a_switch_turned_off_hands_the_problem_to_the_next_rule(monkeypatch):
