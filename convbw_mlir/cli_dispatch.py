@@ -177,6 +177,9 @@ def _cmd_select(args: argparse.Namespace) -> int:
         plan = sel.variant.plan
         print(f"plan: {json.dumps(plan.to_dict())}")
         print(f"workspace: {plan.workspace_bytes} bytes, {'' if plan.deterministic else 'not '}deterministic")
+        print("\n".join(plan.decision.lines() if plan.decision is not None else ["rule: none recorded"]))
+    else:
+        print(f"rule: none (IREE's own form {sel.variant.name}, no plan of ours: chosen by path {sel.path})")
     print(f"select took {dt * 1e3:.3f} ms")
     return 0
 

@@ -180,6 +180,11 @@ class Target:
     def is_gpu(self) -> bool:
         return self.family != "cpu"
 
+    @property
+    def registers_per_cu(self) -> int:
+        """32-bit registers a CU/SM holds: ``register_file`` a SIMD lane x lanes x SIMDs (sm_80: 65,536)."""
+        return self.register_file * self.subgroup_size * self.simds_per_cu
+
     def intrinsic(self, dtype: str, name: str) -> Intrinsic | None:
         """The matrix instruction ``name`` for inputs of ``dtype``, or None if this target has none such."""
         return next((i for i in self.intrinsics.get(dtype, ()) if i.name == name), None)

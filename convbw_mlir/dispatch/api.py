@@ -6,6 +6,7 @@ choice) and taken from the kernel cache or built (:mod:`convbw_mlir.build`) on a
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from convbw_mlir.build.artifact import CompiledOp
@@ -15,7 +16,7 @@ from convbw_mlir.dispatch.cache import KernelCache
 from convbw_mlir.dispatch.select import check_requests, select
 from convbw_mlir.dispatch.variants import Variant
 from convbw_mlir.limits import check_limits
-from convbw_mlir.plan import Plan, PlanError, check_plan, decide, plan_properties
+from convbw_mlir.plan import Decision, Plan, PlanError, check_plan, decide, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
@@ -91,6 +92,9 @@ def compile_op(
         raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
     if plan is not None:
         check_plan(problem, plan)
+        if plan.decision is None:  # no rule made it: op.plan says where it came from
+            plan = replace(plan, decision=Decision("given", "carried out as given (compile_op plan=...): a stored or "
+                                                   "hand-written plan, checked, not decided"))  # fmt: skip
     check_requests(deterministic, max_workspace_bytes)
     wants = {"deterministic": deterministic, "max_workspace_bytes": max_workspace_bytes}
     constrained = deterministic or max_workspace_bytes is not None
@@ -121,6 +125,8 @@ def compile_op(
     op, _ = cached_build(problem, tgt, variant, cache, extra_flags, output_arg=output_arg, isolate=isolate,
                          timeout=timeout)  # fmt: skip
     op.selection = selection
+    if variant.plan is not None and op.plan == variant.plan and op.plan.decision is None:  # a cached kernel's plan
+        op.plan = replace(op.plan, decision=variant.plan.decision)
     return op
 
 

@@ -42,7 +42,7 @@ from typing import Any
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, db_file_name, problem_key
 from convbw_mlir.dispatch.learned import TreeSelector, selector_file_name
 from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, heuristic, known_wrong
-from convbw_mlir.plan import PlanError, check_plan, decide, plan_properties, satisfies
+from convbw_mlir.plan import Decision, PlanError, check_plan, decide, plan_properties, satisfies
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
@@ -256,7 +256,9 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
                 except ValueError as e:  # a tuned plan this version knows to be unsafe: never replayed
                     warnings.warn(f"tuning database {db.device}: {entry['name']}: {e}; decided anew", stacklevel=2)
                     break
-                variant = replace(variant, plan=plan_properties(problem, variant.plan))
+                tuned = Decision("tuned", "a tuning database's entry for exactly this problem: measured fastest and "
+                                 f"verified on {db.device}", f"entry {entry['name']}", variant.options)  # fmt: skip
+                variant = replace(variant, plan=replace(plan_properties(problem, variant.plan), decision=tuned))
                 if not variant.options:  # the heuristic's plan when it was tuned: named as what it is now
                     variant = replace(variant, label="tuned")
             if not variant_satisfies(problem, variant, **wants):
