@@ -6,8 +6,8 @@ the target table did not list, and select and compile_op raised on them).
 ``select``, the plan, its variant and its check run for every problem; the IR is built once a kernel shape
 (:func:`kernel_shape`): problems whose plan and kernel-shaping fields coincide build IR that differs only in its
 sizes, so building one of them stands for the rest (4,938 builds of 21,360 plans; one shared MLIR context a target,
-as a build's passes run). All 21,360 built one by one passed too (2026-12-06: 19 minutes on this machine, too long for CI).
-Marked ``zoo_plans``: ``make test`` runs it (67 s of CPU measured); ``-m "not zoo_plans"`` leaves it out.
+as a build's passes run). All 21,360 built one by one passed too (2026-12-06: 19 minutes on this machine, too long
+for CI). Marked ``zoo_plans``: ``make test`` runs it (67 s of CPU measured); ``-m "not zoo_plans"`` leaves it out.
 """
 
 from __future__ import annotations
