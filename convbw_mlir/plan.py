@@ -567,7 +567,10 @@ def relayout(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem:
     layout 1 (GNHWC, the group outermost) and layout 3's convolutions (NGCHW) become layout 2 (NHWGC), with
     the same dW and D. IREE 3.13's CUDA codegen read past the end of x or dy at the last group of layout 1 in
     every form, and computed two layout-3 convolutions wrongly in every form (docs/decisions.md#relayout);
-    layout 2 is the explicit kernel's and the layout the fenced fuzz found right."""
+    layout 2 is the explicit kernel's and the layout the fenced fuzz found right. A G-less layout is its grouped
+    twin first (:meth:`~convbw_mlir.problem.ConvBwdWeightProblem.grouped`: the same bytes, so the same plan)."""
+    if not problem.is_fp8:  # the fp8 GEMM reads channels-last x and dy as they lie
+        problem = problem.grouped()
     name = problem.layout_family.name
     if name == RELAYOUT[0] or (name == RELAYOUT[1] and as_gemm(problem) is None):
         return problem.with_(layout=LAYOUT_2)

@@ -303,10 +303,11 @@ _SM90A_INFO = (
     "max_thread_count_per_workgroup = 1024, max_workgroup_memory_bytes = 232448, "
     "max_workgroup_counts = [2147483647, 65535, 65535]>>"
 )
-# The sm_90a conv kernel's wgmma shapes (policies/sm90.py TILE_COST), after mma.sync: IREE's codegen plans
-# take the first (mma.sync); only our kernel's plans name these (its tile marks the kernel).
+# The sm_90a conv kernel's wgmma shapes, every tile width its rule may choose (policies/sm90.py TILE_COST and
+# NARROW_COST; tests/test_sm90_product.py holds the two together), after mma.sync: IREE's codegen plans take
+# the first (mma.sync); only our kernel's plans name these (its tile marks the kernel).
 _SM90A_INTRINSICS = {
-    t: (*_SM80[t], *_mma("NV_WGMMA_F32", t, ((64, n, 16) for n in (128, 192, 256)),
+    t: (*_SM80[t], *_mma("NV_WGMMA_F32", t, ((64, n, 16) for n in (64, 128, 192, 256)),
                          "wgmma.mma_async.sync.aligned.m{m}n{n}k{k}.f32." + t))
     for t in ("f16", "bf16")
 }  # fmt: skip
