@@ -102,14 +102,51 @@ class _Config:
 BENCHMARK_CALLS = 10
 
 
-_STATE: dict[str, Any] = {"lib": None, "config": None, "originals": {}}
-# argument signature -> ("ours" | "torch", why, copy x?, dy's memory format to copy it into or None, dW's
-# strides to copy it into or None, the direct kernel and dW's layout or None): the format checks cost ~13 µs
-# each, a dictionary lookup ~0.1
-_DECISIONS: dict[tuple, tuple] = {}
+@dataclass(frozen=True)
+class _Active:
+    """The settings of one ``enable()`` and the decisions made under them, replaced whole (never cleared in
+    place): a backward running in another thread while ``enable()`` changes the settings stores its decision in
+    the record it read, never in the new one. decisions: argument signature -> decision (the format checks
+    cost ~13 µs each, a dictionary lookup ~0.1)."""
+
+    config: _Config
+    decisions: dict[tuple, tuple]
+
+
+# lib: the override, registered by the first enable() and never removed (a kernel deregistered while another
+# thread dispatches through it is freed under that thread: a torch internal assert, issue 42); active: None
+# while off (the override is then a pass-through to torch's kernel)
+_STATE: dict[str, Any] = {"lib": None, "active": None}
 _STATS: Counter = Counter()
 _SWITCH_LOCK = threading.Lock()
 _KEYS = ("CPU", "CUDA")  # ROCm builds of torch use the CUDA key too; other devices are not overridden
+
+
+_CONV = torch.nn.modules.conv._ConvNd
+# what enable(dtypes=...) takes: torch's dtypes, their names as torch spells them, and ours
+_DTYPE_NAMES = {name: d for d, ours in ct._DTYPES.items() for name in (str(d).removeprefix("torch."), ours)}
+
+
+def _dtype_set(dtypes: Any) -> frozenset:
+    """``dtypes`` (one dtype or name, or several) as a set of torch dtypes.
+
+    Raises:
+        TypeError: naming ``dtypes`` and the value that is none of float16, bfloat16, float32.
+    """
+    values = [dtypes] if isinstance(dtypes, str | torch.dtype) else dtypes
+    try:
+        values = list(values)
+    except TypeError:
+        raise TypeError(f"dtypes: expected a dtype or several of float16, bfloat16, float32, got {dtypes!r}") from None
+    if not values:
+        raise TypeError("dtypes: expected a non-empty subset of float16, bfloat16, float32, got none")
+    out = set()
+    for v in values:
+        d = _DTYPE_NAMES.get(v.removeprefix("torch.")) if isinstance(v, str) else v
+        if not isinstance(d, torch.dtype) or d not in ct._DTYPES:
+            raise TypeError(f"dtypes: expected a non-empty subset of float16, bfloat16, float32, got {v!r}")
+        out.add(d)
+    return frozenset(out)
 
 
 def _layer_filter(layers: Any) -> Callable[[Any], bool] | None:
@@ -118,21 +155,29 @@ def _layer_filter(layers: Any) -> Callable[[Any], bool] | None:
     Raises:
         TypeError: naming ``layers`` and what it got.
     """
-    if layers is None or callable(layers):
-        return layers
-    if isinstance(layers, torch.nn.Module):
+    if isinstance(layers, torch.nn.Module):  # before callable(): a module is callable too
         layers = [layers]
+    elif layers is None or callable(layers):
+        return layers
     try:
         mods = list(layers)
     except TypeError:
         raise TypeError(f"layers: expected None, a callable or convolution modules, got {layers!r}") from None
+    if not mods:
+        raise ValueError("layers: expected convolution modules (or modules holding them), got none")
     signatures = set()
     for m in mods:
-        if isinstance(m, torch.nn.Module) and not isinstance(m, torch.nn.modules.conv._ConvNd):
-            mods.extend(c for c in m.modules() if isinstance(c, torch.nn.modules.conv._ConvNd))
+        if isinstance(m, torch.nn.Module) and not isinstance(m, _CONV):
+            # a module holding no convolution would send every weight gradient to torch without a word
+            held = [c for c in m.modules() if isinstance(c, _CONV) and not c.transposed]
+            if not held:
+                raise TypeError(f"layers: {type(m).__name__} is not a convolution and holds none")
+            mods.extend(held)
             continue
-        if not isinstance(m, torch.nn.modules.conv._ConvNd):
+        if not isinstance(m, _CONV):
             raise TypeError(f"layers: expected convolution modules, got {type(m).__name__}")
+        if m.transposed:
+            raise TypeError(f"layers: {type(m).__name__}: a transposed convolution's weight gradient stays torch's")
         if isinstance(m.padding, str):  # "same"/"valid": the pads aten sees
             low, _ = ct._pads(m.padding, len(m.kernel_size), tuple(m.kernel_size), tuple(m.dilation))
         else:
@@ -155,8 +200,9 @@ def enable(
 
     Args:
         min_flops: only problems of at least this many multiply-adds x 2 (smaller ones stay torch's).
-        dtypes: the dtypes to take (a subset of float16, bfloat16, float32).
-        layers: None (all), convolution modules (or modules holding them; a problem qualifies when its
+        dtypes: the dtypes to take: one or several of float16, bfloat16, float32 (torch dtypes or their names,
+            ``"float16"`` or ``"f16"``).
+        layers: None (all), convolution modules (or modules holding some; a problem qualifies when its
             weight shape, stride, padding, dilation and groups are one of theirs), or a callable taking
             that tuple and returning whether to take it.
         benchmark: time our dW against torch's own the first time each problem comes (as
@@ -170,11 +216,7 @@ def enable(
     """
     if isinstance(min_flops, bool) or not isinstance(min_flops, int) or min_flops < 0:
         raise ValueError(f"min_flops: expected an int >= 0, got {min_flops!r}")
-    dtypes = frozenset(dtypes)
-    if not dtypes or any(d not in ct._DTYPES for d in dtypes):
-        raise TypeError(
-            f"dtypes: expected a non-empty subset of float16, bfloat16, float32, got {sorted(map(str, dtypes))}"
-        )
+    dtypes = _dtype_set(dtypes)
     if not isinstance(benchmark, bool):
         raise TypeError(f"benchmark: expected True or False, got {benchmark!r}")
     config = _Config(min_flops, dtypes, _layer_filter(layers), benchmark)
@@ -183,46 +225,48 @@ def enable(
             f"convbw_mlir.torch.enable needs torch >= 2.9 (torch.library.get_kernel); this is {torch.__version__}"
         )
     with _SWITCH_LOCK:
-        _DECISIONS.clear()
-        _STATE["config"] = config
-        if _STATE["lib"] is None:
-            op = torch.ops.aten.convolution_backward.default
-            originals = {key: torch.library.get_kernel(op, key) for key in _KEYS}
-            lib = torch.library.Library("aten", "IMPL")
-            with warnings.catch_warnings():  # torch says once that a kernel (CUDA's) is overridden: we mean it
-                warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
-                for key in _KEYS:
-                    lib.impl("convolution_backward", _override(originals[key]), key, with_keyset=True)
-            _STATE["lib"], _STATE["originals"] = lib, originals
+        _register()
+        _STATE["active"] = _Active(config, {})
+
+
+def _register() -> None:
+    """The override on every key of :data:`_KEYS`, once per process (under the switch's lock)."""
+    if _STATE["lib"] is not None:
+        return
+    op = torch.ops.aten.convolution_backward.default
+    originals = {key: torch.library.get_kernel(op, key) for key in _KEYS}
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # torch says once that a kernel (CUDA's) is overridden: we mean it
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+        for key in _KEYS:
+            lib.impl("convolution_backward", _override(originals[key]), key, with_keyset=True)
+    _STATE["lib"] = lib
 
 
 def disable() -> None:
-    """Give ``aten::convolution_backward`` back to torch (nothing of ours is left registered)."""
+    """Give every weight gradient back to torch's own kernel (bit for bit), from any thread.
+
+    The override stays registered as a pass-through (the mechanism's floor a call, docs/torch.md#the-switch):
+    removing a kernel while another thread's backward dispatches through it frees it under that thread.
+    """
     with _SWITCH_LOCK:
-        if _STATE["lib"] is not None:
-            _STATE["lib"]._destroy()
-        _STATE.update(lib=None, config=None, originals={})
-        _DECISIONS.clear()
+        _STATE["active"] = None
 
 
 def is_enabled() -> bool:
-    return _STATE["lib"] is not None
+    return _STATE["active"] is not None
 
 
 @contextlib.contextmanager
 def enabled(**settings: Any) -> Iterator[None]:
     """:func:`enable` for a ``with`` block; the switch's earlier state (on with its settings, or off) after."""
-    before = _STATE["config"]
+    before = _STATE["active"]
     enable(**settings)
     try:
         yield
     finally:
-        if before is None:
-            disable()
-        else:
-            with _SWITCH_LOCK:
-                _STATE["config"] = before
-                _DECISIONS.clear()
+        with _SWITCH_LOCK:
+            _STATE["active"] = before
 
 
 def stats() -> dict[str, int]:
@@ -331,23 +375,26 @@ def _override(original: Any) -> Callable:
     @torch.compiler.disable  # called by the dispatcher under compiled code: never traced
     def convolution_backward(keyset, *args):  # noqa: ANN001, ANN002, ANN202
         go, x, w, _, stride, padding, dilation, transposed, output_padding, groups, mask = args
-        config = _STATE["config"]
-        if not mask[1] or config is None:
+        active = _STATE["active"]  # read once: another thread may switch it meanwhile
+        if not mask[1] or active is None:
             return original.call_boxed(keyset, *args)
+        config, decisions = active.config, active.decisions
         conf = (stride, padding, dilation, transposed, output_padding, groups)
-        key = (x.shape, x.stride(), go.stride(), x.dtype, x.device, w.shape, tuple(stride), tuple(padding),
-               tuple(dilation), transposed, tuple(output_padding), groups, _deterministic())  # fmt: skip
-        decision = _DECISIONS.get(key)
+        # everything the decision depends on: dW's strides follow the weight's too (torch's meta kernel)
+        key = (x.shape, x.stride(), go.shape, go.stride(), x.dtype, go.dtype, x.device, w.shape, w.stride(),
+               tuple(stride), tuple(padding), tuple(dilation), transposed, tuple(output_padding), groups,
+               _deterministic())  # fmt: skip
+        decision = decisions.get(key)
         aligned = not (x.is_cuda and (x.data_ptr() | go.data_ptr()) & 15)
         if decision is None:
-            if len(_DECISIONS) > 4096:  # a bound for programs that see endless shapes
-                _DECISIONS.clear()
+            if len(decisions) > 4096:  # a bound for programs that see endless shapes
+                decisions.clear()
             decision = _decide(go, x, w, conf, config)
             if decision[0] == "ours" and config.benchmark and aligned and not _capturing(x):
                 decision = _benchmarked(decision, lambda: _our_weight_grad(decision, x, w, go, conf),
                                         lambda: original.call_boxed(keyset, *args[:-1], [False, True, False]),
                                         x.device)  # fmt: skip
-            _DECISIONS[key] = decision
+            decisions[key] = decision
         if decision[0] == "ours" and not aligned:
             decision = ("torch", "data not 16-byte aligned")  # the direct launch's pointers are aligned
         if decision[0] != "ours":
