@@ -496,7 +496,7 @@ def test_the_overhead_benchs_stub_stands_in_for_the_kernel_in_every_row(monkeypa
 
     monkeypatch.setattr(ct, "conv_weight", kernel)
     monkeypatch.setattr(ct_entry, "conv_weight", kernel)
-    monkeypatch.setattr(ct_entry, "_kernel_for", lambda problem, device: None)  # nothing compiled
+    monkeypatch.setattr(ct_entry, "kernel_for", lambda problem, device: None)  # nothing compiled
     monkeypatch.setattr(ct_entry, "_PROBLEMS", {})  # so no later test meets that kernel
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     bench = importlib.import_module("torch_switch_overhead")
