@@ -143,6 +143,16 @@ def test_a_remembered_decision_gives_each_weight_format_its_own_dw_strides(first
     assert ct.stats() == {"ours": 2}
 
 
+def test_a_remembered_decision_is_not_reused_for_a_weight_of_another_dtype():
+    # the memo's key held x's dtype only: a float16 weight after a float32 one took our float32 decision
+    x, dy = _x(), torch.randn(2, 8, 6, 6)
+    ct.enable()
+    for w in (torch.randn(8, 4, 3, 3), torch.randn(8, 4, 3, 3, dtype=torch.float16)):
+        args = [dy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False]]
+        torch.ops.aten.convolution_backward.default(*args)
+    assert ct.stats() == {"ours": 1, "torch: mixed dtypes": 1}
+
+
 def test_enabled_restores_the_state_before_it():
     model, x = _model(), _x()
     with ct.enabled():

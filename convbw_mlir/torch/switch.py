@@ -305,8 +305,10 @@ def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, con
     stride, padding, dilation, transposed, output_padding, groups = args
     if transposed:
         return Decision(False, "transposed convolution")
-    if x.dtype not in config.dtypes or go.dtype != x.dtype:
+    if x.dtype not in config.dtypes:
         return Decision(False, f"dtype {x.dtype}")
+    if go.dtype != x.dtype or w.dtype != x.dtype:  # torch's kernel decides what these give (or refuses them)
+        return Decision(False, "mixed dtypes")
     if not 3 <= x.dim() <= 5:
         return Decision(False, f"{x.dim() - 2}-d convolution")
     flops = 2 * go.numel() * w.numel() // max(w.shape[0], 1)
@@ -402,7 +404,7 @@ def _override(original: Any) -> Callable:
         config, decisions = active.config, active.decisions
         conf = (stride, padding, dilation, transposed, output_padding, groups)
         # everything the decision depends on: dW's strides follow the weight's too (torch's meta kernel)
-        key = (x.shape, x.stride(), go.shape, go.stride(), x.dtype, go.dtype, x.device, w.shape, w.stride(),
+        key = (x.shape, x.stride(), go.shape, go.stride(), x.dtype, go.dtype, w.dtype, x.device, w.shape, w.stride(),
                tuple(stride), tuple(padding), tuple(dilation), transposed, tuple(output_padding), groups,
                _deterministic())  # fmt: skip
         decision = decisions.get(key)
