@@ -107,10 +107,10 @@ def run_one(root: Path, entry: dict) -> dict:
     torch.cuda.synchronize()
     got = ct.conv2d_weight(x, w, dy, **kw)
     torch.cuda.synchronize()
-    kernel = te._KERNELS[(problem, rec["target"], torch.cuda.current_device(), False)]
+    kernel = te.kernel_of(problem, x.device)
     rec["direct"] = type(kernel).__name__
     rec["tensor_maps"] = len(getattr(getattr(kernel, "launcher", None), "launch", None).tensor_maps)
-    rec["plan"] = te._PLANS[(problem, rec["target"], torch.cuda.current_device(), False)][0].to_dict()
+    rec["plan"] = te.plan_of(problem, x.device)[0].to_dict()
     want = torch.nn.grad.conv2d_weight(x.double(), w, dy.double(), **kw)
     try:
         rec["max_error"] = assert_close(problem, got.double().cpu().numpy(), want.cpu().numpy(), matrix_cores=True)

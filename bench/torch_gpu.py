@@ -269,7 +269,8 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
     import torch
 
     from convbw_mlir.build.artifact import CompiledOp
-    from convbw_mlir.torch import _kernel_for, conv_weight, problem_for, target_for
+    from convbw_mlir.torch import conv_weight, problem_for, target_for
+    from convbw_mlir.torch.entry import kernel_for
 
     sync = _sync
     rec = {}
@@ -299,7 +300,7 @@ def _time_one(root: Path, p) -> dict:  # noqa: ANN001
             t_rb.append(time.perf_counter() - t0)
         rec["invoker"]["single_to_host_us"] = 1e6 * statistics.median(t_rb)
     prob, _ = problem_for(x, wsize, dy, **kw)
-    kernel = _kernel_for(prob, x.device)
+    kernel = kernel_for(prob, x.device)
     out_t = torch.empty([wsize[i] for i in perm], device=DEVICE, dtype=x.dtype).permute(
         [perm.index(i) for i in range(x.dim())]
     )
@@ -343,7 +344,8 @@ def _time_direct(p) -> dict:  # noqa: ANN001
     prepared tensors, and a CUDA graph of one entry-point call replayed; cuDNN in the same process."""
     import torch
 
-    from convbw_mlir.torch import _DirectCall, _kernel_for, conv_weight, problem_for
+    from convbw_mlir.torch import conv_weight, problem_for
+    from convbw_mlir.torch.entry import DirectCall, kernel_for
 
     rec = {}
     x, wsize, dy = _torch_inputs(p, "channels_last")
@@ -359,9 +361,9 @@ def _time_direct(p) -> dict:  # noqa: ANN001
     rec["cudnn"] = _timed(cudnn, _sync) | _kernel_us(cudnn)
     rec["entry"] = _timed(entry, _sync) | _kernel_us(entry)
     prob, _ = problem_for(x, wsize, dy, **kw)
-    kernel = _kernel_for(prob, x.device)
+    kernel = kernel_for(prob, x.device)
     rec["kernel_type"] = type(kernel).__name__
-    if not isinstance(kernel, _DirectCall):
+    if not isinstance(kernel, DirectCall):
         return rec
     perm = (0, *range(2, x.dim()), 1)
     out_t = torch.empty([wsize[i] for i in perm], device=DEVICE, dtype=x.dtype)
@@ -370,7 +372,7 @@ def _time_direct(p) -> dict:  # noqa: ANN001
 
     kernel(x, dy, out_t)  # makes the workspace of this stream
     stream = torch.cuda.current_stream().cuda_stream
-    ptrs = (x.data_ptr(), dy.data_ptr(), out_t.data_ptr(), ct_entry._WORKSPACE[(kernel.index, stream)].data_ptr())
+    ptrs = (x.data_ptr(), dy.data_ptr(), out_t.data_ptr(), ct_entry.workspace(kernel.index, stream).data_ptr())
 
     def launcher():  # noqa: ANN202 - the dispatches alone: no lookup, no allocation, no graph
         kernel.launcher(ptrs, stream)
@@ -404,7 +406,7 @@ def _time_direct(p) -> dict:  # noqa: ANN001
 
 
 def _cuda_bindings_launcher(kernel, x, dy, out_t):  # noqa: ANN001, ANN202
-    """``kernel``'s launches (a ``_DirectCall``) as cuda-bindings' ``driver.cuLaunchKernel`` calls, with the
+    """``kernel``'s launches (a ``DirectCall``) as cuda-bindings' ``driver.cuLaunchKernel`` calls, with the
     launcher's own function handles and parameter arrays."""
     import torch
     from cuda.bindings import driver
@@ -414,7 +416,7 @@ def _cuda_bindings_launcher(kernel, x, dy, out_t):  # noqa: ANN001, ANN202
     launcher = kernel.launcher
     assert all(step[0] == "k" for step in launcher._plan), "transfers: not timed here"
     funcs = [driver.CUfunction(step[1]) for step in launcher._plan]
-    ws = ct_entry._WORKSPACE[(kernel.index, ct_entry._raw_stream(kernel.index))]
+    ws = ct_entry.workspace(kernel.index, ct_entry.current_stream_handle(kernel.index))
 
     def launch() -> None:
         stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -437,13 +439,13 @@ def _host_parts(x, wsize, dy, kw: dict, out_t) -> dict:  # noqa: ANN001
 
     from convbw_mlir.torch import entry as ct_entry
 
-    memo = ct_entry._problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], False)
-    kernel, layout = memo[6], memo[7]
+    memo = ct_entry.problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], False)
+    kernel, layout = memo.kernel, memo.out_layout
     parts = {
-        "problem_memo": lambda: ct_entry._problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"],
+        "problem_memo": lambda: ct_entry.problem_memo(x, wsize, dy, kw["stride"], kw["padding"], kw["dilation"],
                                                  kw["groups"], False),
         "empty_strided": lambda: torch.empty_strided(*layout, dtype=x.dtype, device=x.device),
-        "current_stream": lambda: ct_entry._raw_stream(x.device.index),
+        "current_stream": lambda: ct_entry.current_stream_handle(x.device.index),
         "direct_call": lambda: kernel(x, dy, out_t),  # after the second call: a graph replay
     }  # fmt: skip
     out = {}
@@ -504,7 +506,8 @@ def smoke(out: Path) -> None:
     import torch
 
     from convbw_mlir.reference import tolerance
-    from convbw_mlir.torch import _kernel_for, conv_weight, problem_for
+    from convbw_mlir.torch import conv_weight, problem_for
+    from convbw_mlir.torch.entry import kernel_for
 
     rec = {
         "torch": torch.__version__,
@@ -530,7 +533,7 @@ def smoke(out: Path) -> None:
         conv_weight(x2, wsize, dy, **kw)
         got3 = conv_weight(x2, wsize, dy, **kw)
         _sync()
-        kernel = type(_kernel_for(problem_for(x, wsize, dy, **kw)[0], x.device)).__name__
+        kernel = type(kernel_for(problem_for(x, wsize, dy, **kw)[0], x.device)).__name__
         rec["problems"].append({"name": name, "kernel": kernel, "error": _error(p, got, want),
                                 "error_stream": _error(p, got2, want), "error_graph": _error(p, got3, 2 * want),
                                 "tolerance": tolerance(p)[0]})  # fmt: skip
@@ -591,7 +594,8 @@ def diag(root: Path, names: list[str], out_path: Path) -> None:
     import torch
 
     from convbw_mlir.build.artifact import CompiledOp
-    from convbw_mlir.torch import _kernel_for, problem_for
+    from convbw_mlir.torch import problem_for
+    from convbw_mlir.torch.entry import kernel_for
 
     recs = []
     for name, p in suite_problems():
@@ -605,7 +609,7 @@ def diag(root: Path, names: list[str], out_path: Path) -> None:
             perm = (0, *range(2, x.dim()), 1)
             inv = [perm.index(i) for i in range(x.dim())]
             prob, _ = problem_for(x, wsize, dy, **kw)
-            kernel = _kernel_for(prob, x.device)
+            kernel = kernel_for(prob, x.device)
             torch.cuda.synchronize()
             for fill, pause in (("zeros", 0.0), ("nan", 0.0), ("nan", 0.5), ("zeros", 0.5)):
                 out = torch.full([wsize[i] for i in perm], 0.0 if fill == "zeros" else float("nan"),

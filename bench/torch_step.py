@@ -165,11 +165,11 @@ def part_paired(ns: argparse.Namespace) -> dict:
     def switch(mode: str | None) -> None:
         if mode is None:
             if current[0] is not None:
-                saved.setdefault(_same(current[0]), {}).update(sw._DECISIONS)
+                saved.setdefault(_same(current[0]), {}).update(sw.decisions())
             ct.disable()
         else:  # "bench": enable(benchmark=True), each problem timed against cuDNN once, the faster kept
             ct.enable(layers=filters.get(mode), benchmark=mode == "bench")
-            sw._DECISIONS.update(saved.get(_same(mode), {}))
+            sw.decisions().update(saved.get(_same(mode), {}))
         current[0] = mode
 
     def step(model, opt, i: int) -> tuple[float, float, float]:  # noqa: ANN001
@@ -201,16 +201,16 @@ def part_paired(ns: argparse.Namespace) -> dict:
             switch(mode)
             if mode == "stub":
                 sw._weight_grad = stub
-            graphs = {k: v.use_graphs for k, v in te._KERNELS.items() if type(v) is te._DirectCall}
+            graphs = {k: k.use_graphs for k in te.direct_calls()}
             if mode == "nographs":
                 for k in graphs:
-                    te._KERNELS[k].use_graphs = False
+                    k.use_graphs = False
             try:
                 o = step(om, oopt, i)
             finally:
                 sw._weight_grad = real_weight_grad
                 for k, v in graphs.items():
-                    te._KERNELS[k].use_graphs = v
+                    k.use_graphs = v
                 switch(None)
             rows.append((t, o))
         warm = rows[ns.warmup :]
@@ -393,16 +393,16 @@ def _host_row(sig: dict) -> dict:
     ct.disable()
     kw = {"stride": sig["stride"], "padding": sig["padding"], "dilation": sig["dilation"], "groups": sig["groups"]}
     row["conv_weight"] = timed(lambda: ct.conv_weight(x, sig["w"], dy, **kw))
-    kernel = te._KERNELS[(problem, ct.target_for(x.device, problem)[0], torch.cuda.current_device(), False)]
+    kernel = te.kernel_of(problem, x.device)
     out = ct.conv_weight(x, sig["w"], dy, **kw)
     row["empty_strided"] = timed(lambda: torch.empty_strided(out.shape, out.stride(), dtype=bf, device="cuda"))
-    if type(kernel) is te._DirectCall:
+    if type(kernel) is te.DirectCall:
         row["direct_call_graph"] = timed(lambda: kernel(x, dy, out))
         kernel.use_graphs = False
         row["direct_call_launches"] = timed(lambda: kernel(x, dy, out))
         kernel.use_graphs = True
         stream = torch.cuda.current_stream().cuda_stream
-        ws = te._WORKSPACE[(kernel.index, stream)]
+        ws = te.workspace(kernel.index, stream)
         ptrs = (x.data_ptr(), dy.data_ptr(), out.data_ptr(), ws.data_ptr())
         row["launcher_alone"] = timed(lambda: kernel.launcher(ptrs, stream))
     return row

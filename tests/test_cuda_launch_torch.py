@@ -21,19 +21,19 @@ class _Op:  # what _call_for reads of a CompiledOp
 def test_forced_direct_launch_of_a_refused_schedule_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ct.LAUNCH_ENV, "direct")
     with pytest.raises(RuntimeError, match=r"CONVBW_CUDA_LAUNCH=direct: .* cannot be launched directly: hal.x"):
-        ct_entry._call_for(_Op(Launch(refused="hal.x is not supported")), "cuda", 0)
+        ct_entry.call_for(_Op(Launch(refused="hal.x is not supported")), "cuda", 0)
 
 
 def test_forced_direct_launch_of_an_artifact_without_schedule_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ct.LAUNCH_ENV, "direct")
     with pytest.raises(RuntimeError, match="has no launch schedule"):
-        ct_entry._call_for(_Op(None), "cuda", 0)
+        ct_entry.call_for(_Op(None), "cuda", 0)
 
 
 def test_unknown_launch_mode_is_an_error_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ct.LAUNCH_ENV, "fast")
     with pytest.raises(ValueError, match="CONVBW_CUDA_LAUNCH: expected auto, direct or iree, got 'fast'"):
-        ct_entry._call_for(_Op(None), "cuda", 0)
+        ct_entry.call_for(_Op(None), "cuda", 0)
 
 
 def test_cpu_kernels_run_through_iree_whatever_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,7 +42,7 @@ def test_cpu_kernels_run_through_iree_whatever_the_mode(monkeypatch: pytest.Monk
 
     monkeypatch.setenv(ct.LAUNCH_ENV, "direct")  # the direct launch is CUDA's; the CPU has IREE's runtime only
     op = compile_op(P, "host", output_arg=True)
-    assert type(ct_entry._call_for(op, "local-task", None)) is PreparedCall
+    assert type(ct_entry.call_for(op, "local-task", None)) is PreparedCall
 
 
 @pytest.mark.parametrize("fmt", ["contiguous", "channels_last"])
@@ -66,8 +66,8 @@ def test_direct_branch_hands_the_kernel_the_callers_tensors_and_returns_its_outp
         if tuple(out.shape) == (16, 4, 3, 3):  # the accumulate case is checked by what it is handed
             out.copy_(torch.nn.grad.conv2d_weight(xi, (16, 4, 3, 3), dyi, padding=1, groups=2))
 
-    monkeypatch.setattr(ct_entry._DirectCall, "__call__", kernel)
-    monkeypatch.setattr(ct_entry, "_kernel_for", lambda problem, device: object.__new__(ct_entry._DirectCall))
+    monkeypatch.setattr(ct_entry.DirectCall, "__call__", kernel)
+    monkeypatch.setattr(ct_entry, "kernel_for", lambda problem, device: object.__new__(ct_entry.DirectCall))
     monkeypatch.setattr(ct_entry, "_PROBLEMS", {})
     got = ct.conv2d_weight(x, (16, 4, 3, 3), dy, padding=1, groups=2)
     ((xp, dyp, out),) = handed

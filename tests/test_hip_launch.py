@@ -242,5 +242,5 @@ def test_the_torch_entry_launches_a_hip_kernel_through_the_hip_launcher(monkeypa
     (step,) = launch.steps
     fake = _FakeHip(read_code_object(launch.ptx[0]).kernels[step.kernel].args)
     monkeypatch.setattr(hip_launch, "_libhip", lambda: fake)
-    call = ct_entry._call_for(op, "hip", 0)
+    call = ct_entry.call_for(op, "hip", 0)
     assert isinstance(call.launcher, HipLauncher) and fake.loaded == launch.ptx

@@ -127,6 +127,32 @@ def test_dw_comes_back_with_the_strides_torchs_kernel_gives_it(x_fmt, w_fmt):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "first, then", [(CONTIGUOUS, CL), (CL, CONTIGUOUS)], ids=["contiguous-then-cl", "cl-then-contiguous"]
+)
+def test_a_remembered_decision_gives_each_weight_format_its_own_dw_strides(first, then):
+    # issue 42 item 7: the memo keyed on x and dy only, so the second weight's dW came in the first one's strides
+    x, dy = _x(), torch.randn(2, 8, 6, 6)
+    ct.enable()
+    for w_fmt in (first, then):
+        w = torch.randn(8, 4, 3, 3).contiguous(memory_format=w_fmt)
+        args = [dy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False]]
+        want = torch.ops.aten.convolution_backward.default(*(a.to("meta") for a in args[:3]), *args[3:])[1]
+        got = torch.ops.aten.convolution_backward.default(*args)[1]
+        assert got.stride() == want.stride(), w_fmt
+    assert ct.stats() == {"ours": 2}
+
+
+def test_a_remembered_decision_is_not_reused_for_a_weight_of_another_dtype():
+    # the memo's key held x's dtype only: a float16 weight after a float32 one took our float32 decision
+    x, dy = _x(), torch.randn(2, 8, 6, 6)
+    ct.enable()
+    for w in (torch.randn(8, 4, 3, 3), torch.randn(8, 4, 3, 3, dtype=torch.float16)):
+        args = [dy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False]]
+        torch.ops.aten.convolution_backward.default(*args)
+    assert ct.stats() == {"ours": 1, "torch: mixed dtypes": 1}
+
+
 def test_enabled_restores_the_state_before_it():
     model, x = _model(), _x()
     with ct.enabled():
@@ -215,17 +241,99 @@ def test_min_flops_dtypes_and_layers_choose_what_is_ours():
     [
         (dict(min_flops=-1), ValueError, r"^min_flops: expected an int >= 0, got -1"),
         (dict(min_flops=1.5), ValueError, r"^min_flops: expected an int >= 0, got 1.5"),
-        (dict(dtypes=[torch.float64]), TypeError, r"^dtypes: expected a non-empty subset .* got \['torch.float64'\]"),
+        (dict(dtypes=[torch.float64]), TypeError, r"^dtypes: expected a non-empty subset .* got torch.float64$"),
         (dict(dtypes=[]), TypeError, r"^dtypes: expected a non-empty subset"),
+        (dict(dtypes="float64"), TypeError, r"^dtypes: expected a non-empty subset .* got 'float64'$"),
+        (dict(dtypes=[torch.float16, "half-ish"]), TypeError, r"^dtypes: .* got 'half-ish'$"),
+        (dict(dtypes=[[torch.float16]]), TypeError, r"^dtypes: .* got \[torch.float16\]$"),
+        (dict(dtypes=16), TypeError, r"^dtypes: expected a dtype or several .* got 16$"),
         (dict(layers=3), TypeError, r"^layers: expected None, a callable or convolution modules, got 3"),
-        (dict(layers=[torch.nn.ReLU(), "conv"]), TypeError, r"^layers: expected convolution modules, got str"),
+        (dict(layers=[torch.nn.Conv2d(1, 1, 1), "conv"]), TypeError, r"^layers: expected convolution modules, got str"),
+        (dict(layers=[torch.nn.ReLU()]), TypeError, r"^layers: ReLU is not a convolution and holds none$"),
+        (dict(layers=torch.nn.Sequential(torch.nn.Linear(2, 2))), TypeError, r"^layers: Sequential is not a conv"),
+        (dict(layers=[]), ValueError, r"^layers: expected convolution modules .* got none$"),
+        (dict(layers=[torch.nn.ConvTranspose2d(1, 1, 1)]), TypeError, r"^layers: ConvTranspose2d: a transposed"),
     ],
-    ids=["min-flops-negative", "min-flops-float", "dtype", "no-dtypes", "layers-int", "layers-str"],
-)
+    ids=["min-flops-negative", "min-flops-float", "dtype", "no-dtypes", "dtype-name", "dtype-name-in-list",
+         "dtype-list-in-list", "dtypes-int", "layers-int", "layers-str", "layers-relu", "layers-no-conv-inside",
+         "layers-empty", "layers-transposed"],
+)  # fmt: skip
 def test_bad_settings_are_one_error_naming_the_field_and_leave_the_switch_off(settings, error, message):
     with pytest.raises(error, match=message):
         ct.enable(**settings)
     assert not ct.is_enabled()
+
+
+@pytest.mark.parametrize("dtypes", ["float32", torch.float32, "f32", "torch.float32", ("float16", torch.float32)])
+def test_dtypes_takes_one_dtype_or_its_name_as_well_as_several(dtypes):
+    # issue 42 item 7: enable(dtypes="float16") took the string's letters and refused naming them
+    model, x = _model(), _x()
+    ct.enable(dtypes=dtypes)
+    _grads(model, x)
+    assert ct.stats() == {"ours": 2}
+
+
+def test_enable_and_disable_from_another_thread_never_break_a_backward_running_meanwhile():
+    # issue 42 item 7: disable() removed the override while a backward dispatched through it: a torch internal
+    # assert (SafePyObject) in the training thread within a few hundred toggles
+    import threading
+
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    errors, done = [], threading.Event()
+
+    def toggle():
+        try:
+            while not done.is_set():
+                ct.enable(layers=[model[2]])
+                ct.enable()
+                ct.disable()
+        except Exception as e:
+            errors.append(e)
+
+    interval, threads = sys.getswitchinterval(), torch.get_num_threads()
+    sys.setswitchinterval(1e-5)  # the threads interleave often (5 ms by default): a few steps find the race
+    torch.set_num_threads(1)  # torch's own small kernels: ~0.1 ms a call, not ~9 on two busy cores
+    toggler = threading.Thread(target=toggle)
+    toggler.start()
+    try:
+        for _ in range(200):
+            _close(_grads(model, x), want)
+    finally:
+        done.set()
+        toggler.join()
+        sys.setswitchinterval(interval)
+        torch.set_num_threads(threads)
+    assert not errors
+    assert ct.stats().get("ours", 0) > 0  # the switch was on for some of them
+
+
+def test_settings_another_thread_changes_while_a_decision_is_made_rule_the_next_call(monkeypatch):
+    # the memo was cleared in place: a decision made under the old settings landed in the new settings' memo
+    import threading
+
+    x, dy, w = _x(), torch.randn(2, 8, 6, 6), torch.randn(8, 4, 3, 3)
+    args = [dy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False]]
+    inside, switched, decide = threading.Event(), threading.Event(), torch_ops._decide
+
+    def held_decide(*a):  # the first decision waits for the other thread's enable()
+        inside.set()
+        switched.wait(30)
+        return decide(*a)
+
+    def switch():
+        inside.wait(30)
+        ct.enable(min_flops=1 << 60)
+        switched.set()
+
+    monkeypatch.setattr(torch_ops, "_decide", held_decide)
+    ct.enable()
+    other = threading.Thread(target=switch)
+    other.start()
+    torch.ops.aten.convolution_backward.default(*args)  # decided under enable(): ours
+    other.join()
+    torch.ops.aten.convolution_backward.default(*args)
+    assert ct.stats() == {"ours": 1, "torch: below min_flops": 1}
 
 
 def test_a_torch_without_get_kernel_is_one_error_naming_the_version_needed(monkeypatch):
@@ -398,7 +506,7 @@ def test_the_overhead_benchs_stub_stands_in_for_the_kernel_in_every_row(monkeypa
 
     monkeypatch.setattr(ct, "conv_weight", kernel)
     monkeypatch.setattr(ct_entry, "conv_weight", kernel)
-    monkeypatch.setattr(ct_entry, "_kernel_for", lambda problem, device: None)  # nothing compiled
+    monkeypatch.setattr(ct_entry, "kernel_for", lambda problem, device: None)  # nothing compiled
     monkeypatch.setattr(ct_entry, "_PROBLEMS", {})  # so no later test meets that kernel
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     bench = importlib.import_module("torch_switch_overhead")

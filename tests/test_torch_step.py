@@ -34,10 +34,10 @@ def _example():
 def test_the_switch_calls_a_direct_kernel_itself_without_the_entry_points_per_call_memo(monkeypatch):
     # a training step is host-bound at ResNet-50 layer3's sizes: conv_weight's argument memo (~5-10 µs a call) is
     # paid once, when the decision is made, not per weight gradient
-    kernel = object.__new__(ct_entry._DirectCall)  # a direct launch whose kernel writes 7s (no GPU here)
+    kernel = object.__new__(ct_entry.DirectCall)  # a direct launch whose kernel writes 7s (no GPU here)
     launched = []
-    monkeypatch.setattr(ct_entry._DirectCall, "__call__", lambda self, x, dy, out: launched.append(1) or out.fill_(7))
-    monkeypatch.setattr(ct_entry, "_kernel_for", lambda problem, device: kernel)
+    monkeypatch.setattr(ct_entry.DirectCall, "__call__", lambda self, x, dy, out: launched.append(1) or out.fill_(7))
+    monkeypatch.setattr(ct_entry, "kernel_for", lambda problem, device: kernel)
     monkeypatch.setattr(ct_entry, "_PROBLEMS", {})  # so no other test meets this kernel
     entry_calls = []
     real = ct_entry.conv_weight

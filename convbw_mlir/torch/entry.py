@@ -5,6 +5,12 @@
 - :class:`ConvWeightGrad`: an autograd function whose backward takes dW from our kernel (input and bias
   gradients stay torch's), and :func:`convert_model`, which switches a model's ``Conv{1,2,3}d`` layers to it.
 
+- for the switch (``switch.py``) and bench/ (not re-exported by ``convbw_mlir.torch``): :func:`problem_memo`
+  (its :class:`ProblemMemo`), :func:`kernel_for` / :func:`kernel_of` / :func:`plan_of`, :class:`DirectCall`
+  (:func:`direct_calls`, :func:`workspace`, :func:`current_stream_handle`), the format helpers
+  (:func:`memory_formats`, :func:`dense_order`, :func:`torch_memory_format`, :func:`torch_pads`, :data:`DTYPES`),
+  :func:`warn_once` and :func:`forget_kernels`.
+
 Tensors are passed to IREE through DLPack (no copy) and dW is written straight into a tensor torch
 allocated (the kernel's ``{iree.abi.output = 0}`` argument). On CUDA the kernels are launched straight
 on torch's current stream (:mod:`convbw_mlir.cuda_launch`; ``CONVBW_CUDA_LAUNCH=iree`` forces IREE's
@@ -20,6 +26,7 @@ import os
 import threading
 import types
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +41,39 @@ from convbw_mlir.problem import ConvBwdWeightProblem, Epilogue
 from convbw_mlir.runtime import PreparedCall
 
 __all__ = [
+    "DTYPES",
     "ConvWeightGrad",
+    "DirectCall",
+    "ProblemMemo",
     "artifact_dir",
+    "call_for",
     "conv1d_weight",
     "conv2d_weight",
     "conv3d_weight",
+    "conv_forward",
     "conv_weight",
     "convert_model",
     "cuda_target",
+    "current_stream_handle",
+    "dense_order",
+    "direct_calls",
+    "forget_kernels",
     "kernel_family",
+    "kernel_for",
+    "kernel_of",
     "loaded_kernels",
+    "memory_formats",
+    "plan_of",
     "problem_for",
+    "problem_memo",
     "target_for",
+    "torch_memory_format",
+    "torch_pads",
+    "warn_once",
+    "workspace",
 ]
 
-_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 # Dense orders a tensor may be in: torch's contiguous (N, C, *spatial) and channels-last (N, *spatial, C).
 # Contiguous maps to ckProfiler layout 4 (NGCHW/GKCYX/NGKHW), channels-last to layout 2 (NHWGC/GKYXC/NHWGK).
 _FORMATS = {"contiguous": 4, "channels_last": 2}
@@ -62,14 +87,14 @@ GRAPHS_ENV = "CONVBW_CUDA_GRAPHS"
 _MAX_GRAPHS = 64  # per kernel; graphs are never destroyed while the process runs (a replay may be in flight)
 
 
-def _order(fmt: str, ndim: int) -> tuple[int, ...]:
+def dense_order(fmt: str, ndim: int) -> tuple[int, ...]:
     """The permutation of a tensor's dimensions that is C-contiguous in memory format ``fmt``."""
     return tuple(range(ndim)) if fmt == "contiguous" else (0, *range(2, ndim), 1)
 
 
-def _formats(t: torch.Tensor) -> list[str]:
+def memory_formats(t: torch.Tensor) -> list[str]:
     """The memory formats ``t`` is dense in (both where size-1 dimensions make them coincide)."""
-    return [f for f in _FORMATS if t.permute(_order(f, t.dim())).is_contiguous()]
+    return [f for f in _FORMATS if t.permute(dense_order(f, t.dim())).is_contiguous()]
 
 
 def _tuple(name: str, value: Any, rank: int, minimum: int | None = None) -> tuple[int, ...]:
@@ -88,7 +113,7 @@ def _tuple(name: str, value: Any, rank: int, minimum: int | None = None) -> tupl
     return out
 
 
-def _pads(padding: Any, rank: int, filter_size: tuple[int, ...], dilation: tuple[int, ...]) -> tuple:
+def torch_pads(padding: Any, rank: int, filter_size: tuple[int, ...], dilation: tuple[int, ...]) -> tuple:
     """(pad_low, pad_high) from torch's ``padding`` (ints, or ``"valid"``/``"same"`` as Conv layers hold)."""
     if padding == "valid":
         return (0,) * rank, (0,) * rank
@@ -173,7 +198,7 @@ def problem_for(
     rank = input.dim() - 2
     if rank not in (1, 2, 3):
         raise ValueError(f"input: expected 3 to 5 dimensions (N, C, *spatial), got shape {tuple(input.shape)}")
-    if input.dtype not in _DTYPES:
+    if input.dtype not in DTYPES:
         raise TypeError(f"input: expected dtype float16, bfloat16 or float32, got {input.dtype}")
     if grad_output.dtype != input.dtype:
         raise TypeError(f"grad_output: expected dtype {input.dtype} (the input's), got {grad_output.dtype}")
@@ -196,7 +221,7 @@ def problem_for(
     if wsize[1] != c_total // groups:
         raise ValueError(f"weight_size: expected C/groups = {c_total // groups} at index 1, got {wsize}")
     stride_t, dilation_t = _tuple("stride", stride, rank, 1), _tuple("dilation", dilation, rank, 1)
-    low, high = _pads(padding, rank, wsize[2:], dilation_t)
+    low, high = torch_pads(padding, rank, wsize[2:], dilation_t)
     out_size = [
         (i + lo + hi - d * (f - 1) - 1) // st + 1
         for i, lo, hi, d, f, st in zip(input.shape[2:], low, high, dilation_t, wsize[2:], stride_t)
@@ -204,7 +229,7 @@ def problem_for(
     if tuple(grad_output.shape) != (n, k_total, *out_size):
         want = (int(n), k_total, *out_size)
         raise ValueError(f"grad_output: expected shape {want} for these sizes, got {tuple(grad_output.shape)}")
-    x_formats, dy_formats = _formats(input), _formats(grad_output)
+    x_formats, dy_formats = memory_formats(input), memory_formats(grad_output)
     if not x_formats:
         raise ValueError(f"input: expected a contiguous or channels-last tensor, got strides {input.stride()}")
     common = [f for f in x_formats if f in dy_formats]
@@ -224,19 +249,37 @@ def problem_for(
         dilation=dilation_t,
         pad_low=low,
         pad_high=high,
-        dtype=_DTYPES[input.dtype],
+        dtype=DTYPES[input.dtype],
         layout=_FORMATS[fmt],
     )
     return problem, fmt
 
 
-_PROBLEMS: dict[tuple, tuple] = {}
+@dataclass(frozen=True, slots=True)
+class ProblemMemo:
+    """What :func:`problem_memo` remembers of one argument signature: all a call needs besides the tensors."""
+
+    problem: ConvBwdWeightProblem
+    fmt: str  # the memory format x and dy are dense in: "contiguous" or "channels_last"
+    x_shape: list[int]  # x, dy and dW as the kernel sees them (the problem's layout)
+    dy_shape: list[int]
+    dw_shape: list[int]
+    order: tuple[int, ...]  # the permutation of torch's dimensions that is dense in ``fmt``
+    kernel: PreparedCall | DirectCall
+    out_layout: tuple[tuple[int, ...], tuple[int, ...]]  # dW's torch size and strides, dense in ``fmt``
 
 
-def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, groups, accumulate=False):  # noqa: ANN001, ANN202
-    """(problem, format, x/dy/dW shapes, permutation, kernel) of these arguments, remembered per argument
+_PROBLEMS: dict[tuple, ProblemMemo] = {}
+
+
+def problem_memo(input, weight_size, grad_output, stride, padding, dilation, groups, accumulate=False) -> ProblemMemo:  # noqa: ANN001, E501
+    """The :class:`ProblemMemo` of these arguments (as :func:`conv_weight` takes them), remembered per argument
     signature: building a problem and its shapes costs ~110 µs (its checks); a training step asks for the same
-    few again and again (docs/torch.md)."""
+    few again and again (docs/torch.md).
+
+    Raises:
+        TypeError / ValueError: as :func:`problem_for`; RuntimeError: as :func:`kernel_for`.
+    """
     try:
         key = (
             input.shape, input.stride(), input.dtype, input.device, grad_output.shape, grad_output.stride(),
@@ -251,9 +294,8 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
         problem, fmt = problem_for(input, weight_size, grad_output, stride, padding, dilation, groups)
         if accumulate:  # dW += x * dy, fused in the kernel's write (docs/epilogues.md)
             problem = problem.with_(epilogue=Epilogue("accumulate"))
-        shapes = [list(problem.x_shape), list(problem.dy_shape), list(problem.dw_shape)]
-        kernel = _kernel_for(problem, input.device)
-        order = _order(fmt, input.dim())
+        kernel = kernel_for(problem, input.device)
+        order = dense_order(fmt, input.dim())
         # dW's size and strides in the input's format: one empty_strided per call, no permutes
         dense = [int(weight_size[i]) for i in order]
         dense_strides = [math.prod(dense[j + 1 :]) for j in range(len(dense))]
@@ -261,7 +303,8 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
             tuple(int(s) for s in weight_size),
             tuple(dense_strides[order.index(i)] for i in range(len(order))),
         )
-        found = (problem, fmt, *shapes, order, kernel, out_layout)
+        shapes = list(problem.x_shape), list(problem.dy_shape), list(problem.dw_shape)
+        found = ProblemMemo(problem, fmt, *shapes, order, kernel, out_layout)
         if len(_PROBLEMS) > 4096:  # a bound for programs that see endless shapes
             _PROBLEMS.clear()
         _PROBLEMS[key] = found
@@ -269,7 +312,7 @@ def _problem_memo(input, weight_size, grad_output, stride, padding, dilation, gr
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-_KERNELS: dict[tuple, PreparedCall | _DirectCall] = {}
+_KERNELS: dict[tuple, PreparedCall | DirectCall] = {}
 _PLANS: dict[tuple, tuple] = {}  # the same key -> (plan, IREE flags) of the kernel: torch_ops' deterministic check
 _LOCK = threading.Lock()
 atexit.register(_KERNELS.clear)  # release IREE's objects before the interpreter tears its bindings down
@@ -282,7 +325,7 @@ def artifact_dir(problem: ConvBwdWeightProblem, target: str) -> Path | None:
     return Path(root) / target / problem.name if root else None
 
 
-def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> PreparedCall | _DirectCall:
+def kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> PreparedCall | DirectCall:
     """The prepared kernel of ``problem`` on ``device``: loaded once per process.
 
     Looks in :func:`artifact_dir` first (a machine without the IREE compiler), else takes the
@@ -324,9 +367,37 @@ def _kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> Prepared
             op = compile_op(problem, target, isolate=True, output_arg=output_arg, deterministic=deterministic)
             if folder is not None:
                 op.save(folder)
-        _KERNELS[key] = _call_for(op, driver, index)
+        _KERNELS[key] = call_for(op, driver, index)
         _PLANS[key] = (op.plan, tuple(op.flags))
         return _KERNELS[key]
+
+
+def kernel_of(problem: ConvBwdWeightProblem, device: torch.device) -> PreparedCall | DirectCall | None:
+    """The kernel :func:`kernel_for` loaded for ``problem`` on ``device`` (under the current deterministic
+    mode), or None where none is loaded yet; never compiles."""
+    target, _, index = target_for(device, problem)
+    return _KERNELS.get((problem, target, index, torch.are_deterministic_algorithms_enabled()))
+
+
+def plan_of(problem: ConvBwdWeightProblem, device: torch.device) -> tuple[Any, tuple[str, ...]]:
+    """(plan, IREE flags) of the kernel loaded as :func:`kernel_of`'s; (None, ()) where none is loaded or its
+    artifact has no plan (the switch's deterministic check)."""
+    target, _, index = target_for(device, problem)
+    return _PLANS.get((problem, target, index, torch.are_deterministic_algorithms_enabled()), (None, ()))
+
+
+def direct_calls() -> list[DirectCall]:
+    """Every direct launch this process has loaded (bench/torch_step.py turns their CUDA graphs off and on)."""
+    with _LOCK:
+        return [k for k in _KERNELS.values() if type(k) is DirectCall]
+
+
+def forget_kernels() -> None:
+    """Forget every loaded kernel and remembered problem, as a new process would (the artifacts folder stays)."""
+    with _LOCK:
+        _KERNELS.clear()
+        _PLANS.clear()
+        _PROBLEMS.clear()
 
 
 def kernel_family(plan: Any) -> str:
@@ -355,8 +426,8 @@ def loaded_kernels() -> list[dict[str, Any]]:
             problem, target = key[:2]
             plan = _PLANS.get(key, (None,))[0]
             row = {"problem": problem.name, "target": target, "family": kernel_family(plan),
-                   "path": "direct" if type(kernel) is _DirectCall else "iree"}  # fmt: skip
-            if type(kernel) is _DirectCall:
+                   "path": "direct" if type(kernel) is DirectCall else "iree"}  # fmt: skip
+            if type(kernel) is DirectCall:
                 launcher = kernel.launcher
                 row |= {"launches": len(launcher.launch.steps), "kernels": sorted(launcher.launch.exports),
                         "graphs": len(kernel._graphs), "maps_encoded": len(getattr(launcher, "_encoded", ())),
@@ -366,8 +437,8 @@ def loaded_kernels() -> list[dict[str, Any]]:
 
 
 # -- the direct CUDA launch (convbw_mlir/cuda_launch.py) ---------------------------------------------
-def _call_for(op: Any, driver: str, index: int | None) -> Any:
-    """How ``op`` runs: a :class:`_DirectCall` on CUDA or ROCm (HIP) where its launch schedule allows, else IREE's
+def call_for(op: Any, driver: str, index: int | None) -> Any:
+    """How ``op`` runs: a :class:`DirectCall` on CUDA or ROCm (HIP) where its launch schedule allows, else IREE's
     runtime.
 
     Raises:
@@ -381,7 +452,7 @@ def _call_for(op: Any, driver: str, index: int | None) -> Any:
         launch = getattr(op, "launch", None)
         why = "its artifact has no launch schedule (compiled before it existed)" if launch is None else launch.refused
         if why is None:
-            return _DirectCall(launch, index, driver, op.target)
+            return DirectCall(launch, index, driver, op.target)
         if mode == "direct":
             raise RuntimeError(f"{LAUNCH_ENV}=direct: {op.problem.name} cannot be launched directly: {why}")
         warnings.warn(
@@ -395,7 +466,17 @@ _WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> tran
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle without a Stream object
 
 
-class _DirectCall:
+def current_stream_handle(index: int) -> int:
+    """The raw handle of torch's current stream on GPU ``index`` (what a direct launch queues on)."""
+    return _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
+
+
+def workspace(index: int, stream: int) -> torch.Tensor | None:
+    """The transient workspace the direct launches keep for GPU ``index`` and ``stream``; None before a first call."""
+    return _WORKSPACE.get((index, stream))
+
+
+class DirectCall:
     """A kernel's schedule launched on torch's current stream (:class:`convbw_mlir.cuda_launch.CudaLauncher`):
     no IREE runtime, no host wait; the transient workspace is a torch tensor kept per device and stream.
 
@@ -509,10 +590,9 @@ def conv_weight(
         TypeError / ValueError: naming the argument (dtype, device, shape, memory format).
         RuntimeError: no kernel for the problem (see :func:`artifact_dir`).
     """
-    problem, fmt, x_shape, dy_shape, dw_shape, order, kernel, out_layout = _problem_memo(
-        input, weight_size, grad_output, stride, padding, dilation, groups, accumulate_into is not None
-    )
-    if type(kernel) is _DirectCall:  # on torch's stream: no imports, no waits
+    memo = problem_memo(input, weight_size, grad_output, stride, padding, dilation, groups, accumulate_into is not None)
+    problem, fmt, order, kernel, out_layout = memo.problem, memo.fmt, memo.order, memo.kernel, memo.out_layout
+    if type(kernel) is DirectCall:  # on torch's stream: no imports, no waits
         if accumulate_into is not None:
             kernel(input, grad_output, _accumulator(accumulate_into, input, out_layout[0], order, fmt))
             return accumulate_into
@@ -529,10 +609,10 @@ def conv_weight(
     x = _host_aligned(input.detach().permute(order))
     dy = _host_aligned(grad_output.detach().permute(order))
     args = kernel.prepare(
-        kernel.import_dlpack(x, x_shape, problem.dtype, "input"),
-        kernel.import_dlpack(dy, dy_shape, problem.dtype, "grad_output"),
+        kernel.import_dlpack(x, memo.x_shape, problem.dtype, "input"),
+        kernel.import_dlpack(dy, memo.dy_shape, problem.dtype, "grad_output"),
         kernel.import_dlpack(
-            out_dense, dw_shape, problem.dw_dtype, "output" if accumulate_into is None else "accumulate_into"
+            out_dense, memo.dw_shape, problem.dw_dtype, "output" if accumulate_into is None else "accumulate_into"
         ),
     )
     if input.device.type == "cuda":
@@ -611,17 +691,17 @@ class ConvWeightGrad(torch.autograd.Function):
         rank = input.dim() - 2
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = grad_b = grad_w = None
-        if need_w and input.dtype not in _DTYPES:  # e.g. a float64 model: torch's dW, said once per dtype
-            _warn_once(f"convert_model: {input.dtype} is not a type of ours (float16, bfloat16, float32): "
+        if need_w and input.dtype not in DTYPES:  # e.g. a float64 model: torch's dW, said once per dtype
+            warn_once(f"convert_model: {input.dtype} is not a type of ours (float16, bfloat16, float32): "
                        "the weight gradient is torch's")  # fmt: skip
             need_w = False
             grad_w = _torch_weight_grad(input, weight, grad_output, ctx.conf)
-        if need_w and not _formats(input):  # a strided view torch's conv took: our kernel reads a dense copy
-            _warn_once(f"convert_model: input of shape {tuple(input.shape)} and strides {input.stride()} is neither "
+        if need_w and not memory_formats(input):  # a strided view torch's conv took: our kernel reads a dense copy
+            warn_once(f"convert_model: input of shape {tuple(input.shape)} and strides {input.stride()} is neither "
                        "contiguous nor channels-last: the weight gradient reads a contiguous copy")  # fmt: skip
             input = input.contiguous()
         if need_x or (need_b and has_bias):
-            low, high = _pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank))
+            low, high = torch_pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank))
             if low != high:
                 raise ValueError(f"padding: {padding!r} pads unevenly; torch's input gradient takes even pads")
             grad_x, _, grad_b = torch.ops.aten.convolution_backward(
@@ -630,10 +710,10 @@ class ConvWeightGrad(torch.autograd.Function):
                 False, [0] * rank, groups, [need_x, False, bool(need_b and has_bias)],
             )  # fmt: skip
         if need_w:
-            if not grad_output.permute(_order(_formats(input)[0], input.dim())).is_contiguous():
+            if not grad_output.permute(dense_order(memory_formats(input)[0], input.dim())).is_contiguous():
                 # cuDNN may hand a differently laid out gradient; our kernel reads the input's format
-                grad_output = grad_output.contiguous(memory_format=_memory_format(input))
-            low, high = _pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank, 1))
+                grad_output = grad_output.contiguous(memory_format=torch_memory_format(input))
+            low, high = torch_pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank, 1))
             # the registered op where torch.compile traces (no graph break); eager calls skip its ~40 µs of
             # custom-op dispatch (docs/torch.md#the-switch)
             if low == high and torch.compiler.is_compiling():
@@ -649,7 +729,7 @@ class ConvWeightGrad(torch.autograd.Function):
 _WARNED: set[str] = set()
 
 
-def _warn_once(message: str) -> None:
+def warn_once(message: str) -> None:
     """A warning the backward pass gives once per process and message, not once per step."""
     if message not in _WARNED:
         _WARNED.add(message)
@@ -660,20 +740,20 @@ def _torch_weight_grad(input: torch.Tensor, weight: torch.Tensor, grad_output: t
     """torch's own dW (``aten.convolution_backward``) for what our kernels do not take."""
     stride, padding, dilation, groups, _ = conf
     rank = input.dim() - 2
-    low, _high = _pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank))
+    low, _high = torch_pads(padding, rank, tuple(weight.shape[2:]), _tuple("dilation", dilation, rank))
     return torch.ops.aten.convolution_backward(
         grad_output, input, weight, None, _tuple("stride", stride, rank), list(low),
         _tuple("dilation", dilation, rank), False, [0] * rank, groups, [False, True, False],
     )[1]  # fmt: skip
 
 
-def _memory_format(t: torch.Tensor) -> torch.memory_format:
-    if _formats(t)[0] == "contiguous" or t.dim() == 3:
+def torch_memory_format(t: torch.Tensor) -> torch.memory_format:
+    if memory_formats(t)[0] == "contiguous" or t.dim() == 3:
         return torch.contiguous_format
     return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
 
 
-def _conv_forward(self, input, weight, bias):  # noqa: ANN001, ANN202
+def conv_forward(self, input, weight, bias):  # noqa: ANN001, ANN202
     """``ConvNd._conv_forward`` through :class:`ConvWeightGrad` (zero padding only)."""
     return ConvWeightGrad.apply(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
@@ -693,7 +773,7 @@ def convert_model(model: torch.nn.Module) -> list[str]:
         if not isinstance(layer, torch.nn.Conv1d | torch.nn.Conv2d | torch.nn.Conv3d):
             continue
         rank = layer.weight.dim() - 2
-        low, high = _pads(layer.padding, rank, tuple(layer.kernel_size), tuple(layer.dilation))
+        low, high = torch_pads(layer.padding, rank, tuple(layer.kernel_size), tuple(layer.dilation))
         why = None
         if layer.padding_mode != "zeros":
             why = f"padding_mode={layer.padding_mode!r}"
@@ -702,6 +782,6 @@ def convert_model(model: torch.nn.Module) -> list[str]:
         if why:
             warnings.warn(f"convert_model: {name or type(layer).__name__} left to torch: {why}", stacklevel=2)
             continue
-        layer._conv_forward = types.MethodType(_conv_forward, layer)
+        layer._conv_forward = types.MethodType(conv_forward, layer)
         done.append(name)
     return done

@@ -28,13 +28,13 @@ import torch
 
 from convbw_mlir.torch import entry as ct
 
-__all__ = ["disable", "enable", "enabled", "is_enabled", "plan_is_deterministic", "stats"]
+__all__ = ["Decision", "decisions", "disable", "enable", "enabled", "is_enabled", "plan_is_deterministic", "stats"]
 
 
 # -- the custom op -----------------------------------------------------------------------------------
 def _out_strides(weight_size: list[int], fmt: str) -> list[int]:
     """dW's strides dense in memory format ``fmt`` (the input's): what the kernel writes, no reordering."""
-    order = ct._order(fmt, len(weight_size))
+    order = ct.dense_order(fmt, len(weight_size))
     dense = [weight_size[i] for i in order]
     dense_strides = [math.prod(dense[j + 1 :]) for j in range(len(dense))]
     return [dense_strides[order.index(i)] for i in range(len(order))]
@@ -43,7 +43,7 @@ def _out_strides(weight_size: list[int], fmt: str) -> list[int]:
 def _kernel_inputs(x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x and dy as the kernel reads them: x dense (else a contiguous copy), dy in x's memory format (else a
     copy: inductor, cuDNN and views choose layouts of their own). The fake implementation takes the same."""
-    if not ct._formats(x):
+    if not ct.memory_formats(x):
         x = x.contiguous()
     fmt = _copy_format(dy, x)
     return x, (dy if fmt is None else dy.contiguous(memory_format=fmt))
@@ -72,7 +72,7 @@ def conv_weight_op(
 @conv_weight_op.register_fake
 def _conv_weight_fake(input, grad_output, weight_size, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
     x, _ = _kernel_inputs(input, grad_output)
-    return input.new_empty_strided(list(weight_size), _out_strides(list(weight_size), ct._formats(x)[0]))
+    return input.new_empty_strided(list(weight_size), _out_strides(list(weight_size), ct.memory_formats(x)[0]))
 
 
 # -- which plans are deterministic --------------------------------------------------------------------
@@ -102,14 +102,66 @@ class _Config:
 BENCHMARK_CALLS = 10
 
 
-_STATE: dict[str, Any] = {"lib": None, "config": None, "originals": {}}
-# argument signature -> ("ours" | "torch", why, copy x?, dy's memory format to copy it into or None, dW's
-# strides to copy it into or None, the direct kernel and dW's layout or None): the format checks cost ~13 µs
-# each, a dictionary lookup ~0.1
-_DECISIONS: dict[tuple, tuple] = {}
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the override does with the weight gradient of one argument signature (made once, remembered)."""
+
+    ours: bool
+    why: str = ""  # torch's: the reason stats() counts it under ("torch: <why>")
+    copy_x: bool = False  # x is dense in neither format: our kernel reads a contiguous copy
+    dy_format: torch.memory_format | None = None  # dy copied into x's format first, where it is not in it
+    dw_strides: tuple[int, ...] | None = None  # dW copied into torch's strides, where ours (x's format) differ
+    direct: tuple[Any, tuple] | None = None  # (kernel, dW's (size, strides)): launched straight on x and dy
+
+
+_UNALIGNED = Decision(False, "data not 16-byte aligned")  # the direct launch's pointers are aligned
+
+
+@dataclass(frozen=True)
+class _Active:
+    """The settings of one ``enable()`` and the decisions made under them, replaced whole (never cleared in
+    place): a backward running in another thread while ``enable()`` changes the settings stores its decision in
+    the record it read, never in the new one. decisions: argument signature -> decision (the format checks
+    cost ~13 µs each, a dictionary lookup ~0.1)."""
+
+    config: _Config
+    decisions: dict[tuple, Decision]
+
+
+# lib: the override, registered by the first enable() and never removed (a kernel deregistered while another
+# thread dispatches through it is freed under that thread: a torch internal assert, issue 42); active: None
+# while off (the override is then a pass-through to torch's kernel)
+_STATE: dict[str, Any] = {"lib": None, "active": None}
 _STATS: Counter = Counter()
 _SWITCH_LOCK = threading.Lock()
 _KEYS = ("CPU", "CUDA")  # ROCm builds of torch use the CUDA key too; other devices are not overridden
+
+
+_CONV = torch.nn.modules.conv._ConvNd
+# what enable(dtypes=...) takes: torch's dtypes, their names as torch spells them, and ours
+_DTYPE_NAMES = {name: d for d, ours in ct.DTYPES.items() for name in (str(d).removeprefix("torch."), ours)}
+
+
+def _dtype_set(dtypes: Any) -> frozenset:
+    """``dtypes`` (one dtype or name, or several) as a set of torch dtypes.
+
+    Raises:
+        TypeError: naming ``dtypes`` and the value that is none of float16, bfloat16, float32.
+    """
+    values = [dtypes] if isinstance(dtypes, str | torch.dtype) else dtypes
+    try:
+        values = list(values)
+    except TypeError:
+        raise TypeError(f"dtypes: expected a dtype or several of float16, bfloat16, float32, got {dtypes!r}") from None
+    if not values:
+        raise TypeError("dtypes: expected a non-empty subset of float16, bfloat16, float32, got none")
+    out = set()
+    for v in values:
+        d = _DTYPE_NAMES.get(v.removeprefix("torch.")) if isinstance(v, str) else v
+        if not isinstance(d, torch.dtype) or d not in ct.DTYPES:
+            raise TypeError(f"dtypes: expected a non-empty subset of float16, bfloat16, float32, got {v!r}")
+        out.add(d)
+    return frozenset(out)
 
 
 def _layer_filter(layers: Any) -> Callable[[Any], bool] | None:
@@ -118,23 +170,31 @@ def _layer_filter(layers: Any) -> Callable[[Any], bool] | None:
     Raises:
         TypeError: naming ``layers`` and what it got.
     """
-    if layers is None or callable(layers):
-        return layers
-    if isinstance(layers, torch.nn.Module):
+    if isinstance(layers, torch.nn.Module):  # before callable(): a module is callable too
         layers = [layers]
+    elif layers is None or callable(layers):
+        return layers
     try:
         mods = list(layers)
     except TypeError:
         raise TypeError(f"layers: expected None, a callable or convolution modules, got {layers!r}") from None
+    if not mods:
+        raise ValueError("layers: expected convolution modules (or modules holding them), got none")
     signatures = set()
     for m in mods:
-        if isinstance(m, torch.nn.Module) and not isinstance(m, torch.nn.modules.conv._ConvNd):
-            mods.extend(c for c in m.modules() if isinstance(c, torch.nn.modules.conv._ConvNd))
+        if isinstance(m, torch.nn.Module) and not isinstance(m, _CONV):
+            # a module holding no convolution would send every weight gradient to torch without a word
+            held = [c for c in m.modules() if isinstance(c, _CONV) and not c.transposed]
+            if not held:
+                raise TypeError(f"layers: {type(m).__name__} is not a convolution and holds none")
+            mods.extend(held)
             continue
-        if not isinstance(m, torch.nn.modules.conv._ConvNd):
+        if not isinstance(m, _CONV):
             raise TypeError(f"layers: expected convolution modules, got {type(m).__name__}")
+        if m.transposed:
+            raise TypeError(f"layers: {type(m).__name__}: a transposed convolution's weight gradient stays torch's")
         if isinstance(m.padding, str):  # "same"/"valid": the pads aten sees
-            low, _ = ct._pads(m.padding, len(m.kernel_size), tuple(m.kernel_size), tuple(m.dilation))
+            low, _ = ct.torch_pads(m.padding, len(m.kernel_size), tuple(m.kernel_size), tuple(m.dilation))
         else:
             low = tuple(m.padding)
         signatures.add((tuple(m.weight.shape), tuple(m.stride), low, tuple(m.dilation), m.groups))
@@ -155,8 +215,9 @@ def enable(
 
     Args:
         min_flops: only problems of at least this many multiply-adds x 2 (smaller ones stay torch's).
-        dtypes: the dtypes to take (a subset of float16, bfloat16, float32).
-        layers: None (all), convolution modules (or modules holding them; a problem qualifies when its
+        dtypes: the dtypes to take: one or several of float16, bfloat16, float32 (torch dtypes or their names,
+            ``"float16"`` or ``"f16"``).
+        layers: None (all), convolution modules (or modules holding some; a problem qualifies when its
             weight shape, stride, padding, dilation and groups are one of theirs), or a callable taking
             that tuple and returning whether to take it.
         benchmark: time our dW against torch's own the first time each problem comes (as
@@ -170,11 +231,7 @@ def enable(
     """
     if isinstance(min_flops, bool) or not isinstance(min_flops, int) or min_flops < 0:
         raise ValueError(f"min_flops: expected an int >= 0, got {min_flops!r}")
-    dtypes = frozenset(dtypes)
-    if not dtypes or any(d not in ct._DTYPES for d in dtypes):
-        raise TypeError(
-            f"dtypes: expected a non-empty subset of float16, bfloat16, float32, got {sorted(map(str, dtypes))}"
-        )
+    dtypes = _dtype_set(dtypes)
     if not isinstance(benchmark, bool):
         raise TypeError(f"benchmark: expected True or False, got {benchmark!r}")
     config = _Config(min_flops, dtypes, _layer_filter(layers), benchmark)
@@ -183,46 +240,48 @@ def enable(
             f"convbw_mlir.torch.enable needs torch >= 2.9 (torch.library.get_kernel); this is {torch.__version__}"
         )
     with _SWITCH_LOCK:
-        _DECISIONS.clear()
-        _STATE["config"] = config
-        if _STATE["lib"] is None:
-            op = torch.ops.aten.convolution_backward.default
-            originals = {key: torch.library.get_kernel(op, key) for key in _KEYS}
-            lib = torch.library.Library("aten", "IMPL")
-            with warnings.catch_warnings():  # torch says once that a kernel (CUDA's) is overridden: we mean it
-                warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
-                for key in _KEYS:
-                    lib.impl("convolution_backward", _override(originals[key]), key, with_keyset=True)
-            _STATE["lib"], _STATE["originals"] = lib, originals
+        _register()
+        _STATE["active"] = _Active(config, {})
+
+
+def _register() -> None:
+    """The override on every key of :data:`_KEYS`, once per process (under the switch's lock)."""
+    if _STATE["lib"] is not None:
+        return
+    op = torch.ops.aten.convolution_backward.default
+    originals = {key: torch.library.get_kernel(op, key) for key in _KEYS}
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # torch says once that a kernel (CUDA's) is overridden: we mean it
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+        for key in _KEYS:
+            lib.impl("convolution_backward", _override(originals[key]), key, with_keyset=True)
+    _STATE["lib"] = lib
 
 
 def disable() -> None:
-    """Give ``aten::convolution_backward`` back to torch (nothing of ours is left registered)."""
+    """Give every weight gradient back to torch's own kernel (bit for bit), from any thread.
+
+    The override stays registered as a pass-through (the mechanism's floor a call, docs/torch.md#the-switch):
+    removing a kernel while another thread's backward dispatches through it frees it under that thread.
+    """
     with _SWITCH_LOCK:
-        if _STATE["lib"] is not None:
-            _STATE["lib"]._destroy()
-        _STATE.update(lib=None, config=None, originals={})
-        _DECISIONS.clear()
+        _STATE["active"] = None
 
 
 def is_enabled() -> bool:
-    return _STATE["lib"] is not None
+    return _STATE["active"] is not None
 
 
 @contextlib.contextmanager
 def enabled(**settings: Any) -> Iterator[None]:
     """:func:`enable` for a ``with`` block; the switch's earlier state (on with its settings, or off) after."""
-    before = _STATE["config"]
+    before = _STATE["active"]
     enable(**settings)
     try:
         yield
     finally:
-        if before is None:
-            disable()
-        else:
-            with _SWITCH_LOCK:
-                _STATE["config"] = before
-                _DECISIONS.clear()
+        with _SWITCH_LOCK:
+            _STATE["active"] = before
 
 
 def stats() -> dict[str, int]:
@@ -230,50 +289,59 @@ def stats() -> dict[str, int]:
     return dict(_STATS)
 
 
+def decisions() -> dict[tuple, Decision]:
+    """The decisions remembered under the current settings, live (a detached empty dict while off):
+    bench/torch_step.py keeps them across its modes, so that no timed step decides anew."""
+    active = _STATE["active"]
+    return {} if active is None else active.decisions
+
+
 def reset_stats() -> None:
     _STATS.clear()
 
 
-def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, config: _Config) -> tuple:
-    """("ours" | "torch", why, copy x?, dy's format to copy it into or None, dW's strides to copy it into or
-    None) for these convolution_backward arguments (memoized by the caller)."""
+def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, config: _Config) -> Decision:
+    """The :class:`Decision` for these convolution_backward arguments (memoized by the caller)."""
     stride, padding, dilation, transposed, output_padding, groups = args
     if transposed:
-        return "torch", "transposed convolution", False, None, None
-    if x.dtype not in config.dtypes or go.dtype != x.dtype:
-        return "torch", f"dtype {x.dtype}", False, None, None
+        return Decision(False, "transposed convolution")
+    if x.dtype not in config.dtypes:
+        return Decision(False, f"dtype {x.dtype}")
+    if go.dtype != x.dtype or w.dtype != x.dtype:  # torch's kernel decides what these give (or refuses them)
+        return Decision(False, "mixed dtypes")
     if not 3 <= x.dim() <= 5:
-        return "torch", f"{x.dim() - 2}-d convolution", False, None, None
+        return Decision(False, f"{x.dim() - 2}-d convolution")
     flops = 2 * go.numel() * w.numel() // max(w.shape[0], 1)
     if flops < config.min_flops:
-        return "torch", "below min_flops", False, None, None
+        return Decision(False, "below min_flops")
     if config.layers is not None and not config.layers(
         (tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), int(groups))
     ):
-        return "torch", "not in layers", False, None, None
-    if not ct._formats(x):
-        ct._warn_once(f"convbw_mlir.torch.enable: input of shape {tuple(x.shape)} and strides {x.stride()} is "
+        return Decision(False, "not in layers")
+    if not ct.memory_formats(x):
+        ct.warn_once(f"convbw_mlir.torch.enable: input of shape {tuple(x.shape)} and strides {x.stride()} is "
                       "neither contiguous nor channels-last: the weight gradient reads a contiguous copy")  # fmt: skip
     xd = _dense(x)
     try:
-        memo = ct._problem_memo(
+        memo = ct.problem_memo(
             xd, list(w.shape), _like(go, xd), list(stride), list(padding), list(dilation), int(groups)
         )
     except Exception as e:  # no kernel (compile error, no compiler): torch's, said once per problem
-        ct._warn_once(f"convbw_mlir.torch.enable: weight gradient left to torch: {type(e).__name__}: {e}")
-        return "torch", "no kernel", False, None, None
+        ct.warn_once(f"convbw_mlir.torch.enable: weight gradient left to torch: {type(e).__name__}: {e}")
+        return Decision(False, "no kernel")
     if _deterministic():
         plan, flags = _plan_of(xd, w, _like(go, xd), args)
         if not plan_is_deterministic(plan, flags):
-            ct._warn_once("convbw_mlir.torch.enable: torch.use_deterministic_algorithms(True) and our kernel's "
+            ct.warn_once("convbw_mlir.torch.enable: torch.use_deterministic_algorithms(True) and our kernel's "
                           "plan is not known to be deterministic: the weight gradient is torch's")  # fmt: skip
-            return "torch", "not deterministic", False, None, None
+            return Decision(False, "not deterministic")
     go_format = _copy_format(go, xd)
-    kernel, out_layout = memo[6], memo[7]
     # a direct launch on the tensors as they come: the override calls the kernel itself, not conv_weight, whose
     # argument memo costs ~5-10 µs a call more (a training step's host time, docs/torch.md#a-training-step)
-    direct = (kernel, out_layout) if type(kernel) is ct._DirectCall and xd is x and go_format is None else None
-    return "ours", "", xd is not x, go_format, _torch_dw_strides(go, x, w, args, xd), direct
+    direct = None
+    if type(memo.kernel) is ct.DirectCall and xd is x and go_format is None:
+        direct = (memo.kernel, memo.out_layout)
+    return Decision(True, "", xd is not x, go_format, _torch_dw_strides(go, x, w, args, xd), direct)
 
 
 def _torch_dw_strides(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, xd: torch.Tensor) -> Any:
@@ -281,7 +349,7 @@ def _torch_dw_strides(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: 
     (dense in x's format) differ in a dimension longer than 1; else None."""
     meta = [t.to("meta") for t in (go, x, w)]
     want = aten_convolution_backward(*meta, None, *args, [False, True, False])[1].stride()
-    ours = _out_strides(list(w.shape), ct._formats(xd)[0])
+    ours = _out_strides(list(w.shape), ct.memory_formats(xd)[0])
     same = all(a == b or size == 1 for a, b, size in zip(want, ours, w.shape))
     return None if same else tuple(want)
 
@@ -290,7 +358,7 @@ aten_convolution_backward = torch.ops.aten.convolution_backward.default
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:
-    return x if ct._formats(x) else x.contiguous()
+    return x if ct.memory_formats(x) else x.contiguous()
 
 
 def _like(go: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -301,14 +369,13 @@ def _like(go: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _copy_format(go: torch.Tensor, x: torch.Tensor) -> torch.memory_format | None:
     """The memory format dy must be copied into to match dense ``x``; None where it does already."""
-    return None if ct._formats(x)[0] in ct._formats(go) else ct._memory_format(x)
+    return None if ct.memory_formats(x)[0] in ct.memory_formats(go) else ct.torch_memory_format(x)
 
 
 def _plan_of(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, args: tuple) -> Any:
     stride, padding, dilation, _, _, groups = args
-    problem = ct._problem_memo(x, list(w.shape), go, list(stride), list(padding), list(dilation), int(groups))[0]
-    target, _, index = ct.target_for(x.device, problem)
-    return ct._PLANS.get((problem, target, index, _deterministic()), (None, ()))
+    problem = ct.problem_memo(x, list(w.shape), go, list(stride), list(padding), list(dilation), int(groups)).problem
+    return ct.plan_of(problem, x.device)
 
 
 _deterministic = torch._C._get_deterministic_algorithms  # torch.are_deterministic_algorithms_enabled's own call
@@ -331,27 +398,30 @@ def _override(original: Any) -> Callable:
     @torch.compiler.disable  # called by the dispatcher under compiled code: never traced
     def convolution_backward(keyset, *args):  # noqa: ANN001, ANN002, ANN202
         go, x, w, _, stride, padding, dilation, transposed, output_padding, groups, mask = args
-        config = _STATE["config"]
-        if not mask[1] or config is None:
+        active = _STATE["active"]  # read once: another thread may switch it meanwhile
+        if not mask[1] or active is None:
             return original.call_boxed(keyset, *args)
+        config, decisions = active.config, active.decisions
         conf = (stride, padding, dilation, transposed, output_padding, groups)
-        key = (x.shape, x.stride(), go.stride(), x.dtype, x.device, w.shape, tuple(stride), tuple(padding),
-               tuple(dilation), transposed, tuple(output_padding), groups, _deterministic())  # fmt: skip
-        decision = _DECISIONS.get(key)
+        # everything the decision depends on: dW's strides follow the weight's too (torch's meta kernel)
+        key = (x.shape, x.stride(), go.shape, go.stride(), x.dtype, go.dtype, w.dtype, x.device, w.shape, w.stride(),
+               tuple(stride), tuple(padding), tuple(dilation), transposed, tuple(output_padding), groups,
+               _deterministic())  # fmt: skip
+        decision = decisions.get(key)
         aligned = not (x.is_cuda and (x.data_ptr() | go.data_ptr()) & 15)
         if decision is None:
-            if len(_DECISIONS) > 4096:  # a bound for programs that see endless shapes
-                _DECISIONS.clear()
+            if len(decisions) > 4096:  # a bound for programs that see endless shapes
+                decisions.clear()
             decision = _decide(go, x, w, conf, config)
-            if decision[0] == "ours" and config.benchmark and aligned and not _capturing(x):
+            if decision.ours and config.benchmark and aligned and not _capturing(x):
                 decision = _benchmarked(decision, lambda: _our_weight_grad(decision, x, w, go, conf),
                                         lambda: original.call_boxed(keyset, *args[:-1], [False, True, False]),
                                         x.device)  # fmt: skip
-            _DECISIONS[key] = decision
-        if decision[0] == "ours" and not aligned:
-            decision = ("torch", "data not 16-byte aligned")  # the direct launch's pointers are aligned
-        if decision[0] != "ours":
-            _STATS[f"torch: {decision[1]}"] += 1
+            decisions[key] = decision
+        if decision.ours and not aligned:
+            decision = _UNALIGNED
+        if not decision.ours:
+            _STATS[f"torch: {decision.why}"] += 1
             return original.call_boxed(keyset, *args)
         dx = db = None
         if mask[0] or mask[2]:  # torch's kernel for the rest, asked not to compute dW
@@ -367,17 +437,16 @@ def _override(original: Any) -> Callable:
     return convolution_backward
 
 
-def _our_weight_grad(decision: tuple, x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, conf: tuple) -> Any:
+def _our_weight_grad(decision: Decision, x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, conf: tuple) -> Any:
     """Our dW under ``decision`` ("ours"): x and dy copied where it says, dW in torch's strides where they differ."""
     stride, padding, dilation, _, _, groups = conf
-    _, _, copy_x, go_format, dw_strides, direct = decision
-    if copy_x:
+    if decision.copy_x:
         x = x.contiguous()
-    if go_format is not None:
-        go = go.contiguous(memory_format=go_format)
-    dw = _weight_grad(direct, x, w, go, stride, padding, dilation, groups)
-    if dw_strides is not None:  # torch's layout for dW (e.g. channels-last weights, contiguous x): a copy
-        dw = torch.empty_strided(dw.shape, dw_strides, dtype=dw.dtype, device=dw.device).copy_(dw)
+    if decision.dy_format is not None:
+        go = go.contiguous(memory_format=decision.dy_format)
+    dw = _weight_grad(decision.direct, x, w, go, stride, padding, dilation, groups)
+    if decision.dw_strides is not None:  # torch's layout for dW (e.g. channels-last weights, contiguous x): a copy
+        dw = torch.empty_strided(dw.shape, decision.dw_strides, dtype=dw.dtype, device=dw.device).copy_(dw)
     return dw
 
 
@@ -406,8 +475,10 @@ def _time(call: Callable[[], Any], device: torch.device) -> float:
     return begin.elapsed_time(end) / 1e3
 
 
-def _benchmarked(decision: tuple, ours: Callable[[], Any], theirs: Callable[[], Any], device: torch.device) -> tuple:
+def _benchmarked(
+    decision: Decision, ours: Callable[[], Any], theirs: Callable[[], Any], device: torch.device
+) -> Decision:
     """``decision`` where our dW takes no longer than torch's own (:func:`_time`), else torch's."""
     if _time(ours, device) <= _time(theirs, device):
         return decision
-    return ("torch", "slower than torch's (benchmark)")
+    return Decision(False, "slower than torch's (benchmark)")
