@@ -79,9 +79,9 @@ def main() -> int:
     device, dtype = torch.device("cuda"), torch.bfloat16
     torch.backends.cudnn.benchmark = False
     clock = Clock()
-    clock.wrap(entry, "_problem_memo", "entry._problem_memo")
-    clock.wrap(entry._DirectCall, "__call__", "entry._DirectCall.__call__")
-    clock.wrap(entry._DirectCall, "_record", "entry._DirectCall._record (graph capture)")
+    clock.wrap(entry, "problem_memo", "entry.problem_memo")
+    clock.wrap(entry.DirectCall, "__call__", "entry.DirectCall.__call__")
+    clock.wrap(entry.DirectCall, "_record", "entry.DirectCall._record (graph capture)")
     clock.wrap(cuda_launch.CudaLauncher, "__call__", "cuda_launch.CudaLauncher.__call__")
     clock.wrap(cuda_launch.CudaLauncher, "_maps_for", "cuda_launch._maps_for (tensor maps)")
     clock.wrap(cuda_launch, "encode_tensor_map", "cuda_launch.encode_tensor_map")

@@ -180,7 +180,7 @@ def part(ns: argparse.Namespace) -> dict:
             torch.compiler.cudagraph_mark_step_begin()
         if side in saved:  # outside the timed window: turning the switch on clears its decisions; put them back
             ct.enable(benchmark=side == "ours_bench")
-            sw._DECISIONS.update(saved[side])
+            sw.decisions().update(saved[side])
         torch.backends.cudnn.benchmark = side == "torch2"  # torch's spread: its own other algorithms
         try:
             torch.cuda.synchronize()
@@ -194,7 +194,7 @@ def part(ns: argparse.Namespace) -> dict:
             took = time.perf_counter() - start
         finally:
             if side in saved:
-                saved[side].update(sw._DECISIONS)
+                saved[side].update(sw.decisions())
                 ct.disable()
         return took, queued, loss.item()
 
