@@ -1,0 +1,137 @@
+// RUN: %convbw-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(convbw-raise{remarks=true})'
+// RUN: %convbw-opt %s --split-input-file --pass-pipeline='builtin.module(convbw-raise)' | FileCheck %s
+
+// Hand-written generics: a weight gradient in layout 2 (NHWGC/GKYXC/NHWGK) with dy as the first operand and
+// a stride, one whose x is padded with a non-zero value (not folded: x is read padded), and near misses.
+
+// CHECK-LABEL: func.func @layout2_dy_first
+// CHECK-NOT: linalg.generic
+// CHECK: "convbw.conv_bwd_weight"(%arg0, %arg1) {dilations = array<i64: 1, 1>, groups = 2 : i64, layout = "NHWGC/GKYXC/NHWGK", pad_high = array<i64: 0, 0>, pad_low = array<i64: 0, 0>, strides = array<i64: 2, 2>} : (tensor<2x9x9x2x4xf32>, tensor<2x4x4x2x8xf32>) -> tensor<2x8x3x3x4xf32>
+// CHECK-NOT: linalg.generic
+// (g, k, y, x, c | n, ho, wo)
+func.func @layout2_dy_first(%x: tensor<2x9x9x2x4xf32>, %dy: tensor<2x4x4x2x8xf32>) -> tensor<2x8x3x3x4xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<2x8x3x3x4xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<2x8x3x3x4xf32>) -> tensor<2x8x3x3x4xf32>
+  %dw = linalg.generic {indexing_maps = [
+      affine_map<(g, k, y, x, c, n, ho, wo) -> (n, ho, wo, g, k)>,
+      affine_map<(g, k, y, x, c, n, ho, wo) -> (n, ho * 2 + y, wo * 2 + x, g, c)>,
+      affine_map<(g, k, y, x, c, n, ho, wo) -> (g, k, y, x, c)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}
+      ins(%dy, %x : tensor<2x4x4x2x8xf32>, tensor<2x9x9x2x4xf32>) outs(%acc : tensor<2x8x3x3x4xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %b, %a : f32
+    %s = arith.addf %o, %p : f32
+    linalg.yield %s : f32
+  } -> tensor<2x8x3x3x4xf32>
+  return %dw : tensor<2x8x3x3x4xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @pad_of_one
+// CHECK: %[[P:.*]] = tensor.pad
+// CHECK: "convbw.conv_bwd_weight"(%[[P]], %arg1) {{.*}}layout = "NHWC/KYXC/NHWK", pad_high = array<i64: 0>, pad_low = array<i64: 0>{{.*}} : (tensor<1x6x3xf16>, tensor<1x4x5xf16>) -> tensor<5x3x3xf32>
+func.func @pad_of_one(%x: tensor<1x4x3xf16>, %dy: tensor<1x4x5xf16>) -> tensor<5x3x3xf32> {
+  %zero = arith.constant 0.0 : f32
+  %one = arith.constant 1.0 : f16
+  %xp = tensor.pad %x low[0, 1, 0] high[0, 1, 0] {
+  ^bb0(%i: index, %j: index, %k: index):
+    tensor.yield %one : f16
+  } : tensor<1x4x3xf16> to tensor<1x6x3xf16>
+  %e = tensor.empty() : tensor<5x3x3xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<5x3x3xf32>) -> tensor<5x3x3xf32>
+  %dw = linalg.generic {indexing_maps = [
+      affine_map<(k, x, c, n, w) -> (n, w + x, c)>,
+      affine_map<(k, x, c, n, w) -> (n, w, k)>,
+      affine_map<(k, x, c, n, w) -> (k, x, c)>],
+      iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]}
+      ins(%xp, %dy : tensor<1x6x3xf16>, tensor<1x4x5xf16>) outs(%acc : tensor<5x3x3xf32>) {
+  ^bb0(%a: f16, %b: f16, %o: f32):
+    %a32 = arith.extf %a : f16 to f32
+    %b32 = arith.extf %b : f16 to f32
+    %p = arith.mulf %a32, %b32 : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<5x3x3xf32>
+  return %dw : tensor<5x3x3xf32>
+}
+
+// -----
+
+// A forward convolution, y[n, k, ho, wo] = sum x[n, c, ho + y, wo + x] * w[k, c, y, x]: left alone.
+// CHECK-LABEL: func.func @forward_conv
+// CHECK-NOT: convbw.conv_bwd_weight
+func.func @forward_conv(%x: tensor<2x4x8x8xf32>, %w: tensor<6x4x3x3xf32>) -> tensor<2x6x6x6xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<2x6x6x6xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<2x6x6x6xf32>) -> tensor<2x6x6x6xf32>
+  // expected-remark @+1 {{not raised: x/dW/dy read as CNHW/CKYX/KNHW, not a weight-gradient layout}}
+  %y = linalg.generic {indexing_maps = [
+      affine_map<(n, k, ho, wo, c, y, x) -> (n, c, ho + y, wo + x)>,
+      affine_map<(n, k, ho, wo, c, y, x) -> (k, c, y, x)>,
+      affine_map<(n, k, ho, wo, c, y, x) -> (n, k, ho, wo)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}
+      ins(%x, %w : tensor<2x4x8x8xf32>, tensor<6x4x3x3xf32>) outs(%acc : tensor<2x6x6x6xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %a, %b : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<2x6x6x6xf32>
+  return %y : tensor<2x6x6x6xf32>
+}
+
+// -----
+
+// A matmul has no window.
+// CHECK-LABEL: func.func @matmul
+// CHECK-NOT: convbw.conv_bwd_weight
+func.func @matmul(%a: tensor<4x8xf32>, %b: tensor<8x5xf32>) -> tensor<4x5xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<4x5xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<4x5xf32>) -> tensor<4x5xf32>
+  // expected-remark @+1 {{not raised: no input reads a sliding window (a plain contraction)}}
+  %c = linalg.generic {indexing_maps = [affine_map<(i, j, r) -> (i, r)>, affine_map<(i, j, r) -> (r, j)>,
+                                        affine_map<(i, j, r) -> (i, j)>],
+      iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%a, %b : tensor<4x8xf32>, tensor<8x5xf32>) outs(%acc : tensor<4x5xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %p = arith.mulf %x, %y : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<4x5xf32>
+  return %c : tensor<4x5xf32>
+}
+
+// -----
+
+// A weight gradient accumulated onto the caller's tensor, and a max-pool-like window: left alone.
+// CHECK-LABEL: func.func @not_zero_filled
+// CHECK-NOT: convbw.conv_bwd_weight
+func.func @not_zero_filled(%x: tensor<1x6x3xf32>, %dy: tensor<1x4x5xf32>, %d: tensor<5x3x3xf32>) -> (tensor<5x3x3xf32>, tensor<5x3x3xf32>) {
+  // expected-remark @+1 {{not raised: accumulates onto a tensor that is not zero-filled}}
+  %dw = linalg.generic {indexing_maps = [
+      affine_map<(k, x, c, n, w) -> (n, w + x, c)>,
+      affine_map<(k, x, c, n, w) -> (n, w, k)>,
+      affine_map<(k, x, c, n, w) -> (k, x, c)>],
+      iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]}
+      ins(%x, %dy : tensor<1x6x3xf32>, tensor<1x4x5xf32>) outs(%d : tensor<5x3x3xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %a, %b : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<5x3x3xf32>
+  // expected-remark @+1 {{not raised: the body is not a multiply-accumulate (arith.mulf, arith.maximumf, linalg.yield)}}
+  %m = linalg.generic {indexing_maps = [
+      affine_map<(k, x, c, n, w) -> (n, w + x, c)>,
+      affine_map<(k, x, c, n, w) -> (n, w, k)>,
+      affine_map<(k, x, c, n, w) -> (k, x, c)>],
+      iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]}
+      ins(%x, %dy : tensor<1x6x3xf32>, tensor<1x4x5xf32>) outs(%d : tensor<5x3x3xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %a, %b : f32
+    %s = arith.maximumf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<5x3x3xf32>
+  return %dw, %m : tensor<5x3x3xf32>, tensor<5x3x3xf32>
+}

@@ -1,0 +1,331 @@
+"""convbw-raise{remarks=false}: find each weight-gradient convolution written in linalg and replace it by
+``convbw.conv_bwd_weight``; everything else stays as it is.
+
+    %xp = tensor.pad %x low[0, 0, 0, 1, 1] high[0, 0, 0, 1, 1] { yield 0.0 }      (folded into the pads)
+    %z  = linalg.fill ins(0.0) outs(tensor.empty)                                 (the zero accumulator)
+    %dw = linalg.generic {maps: x (n, g, c, y*dil + o*stride, ...), dy (n, g, k, o...), dW (g, k, c, y...);
+                          body: [extf], mulf, addf} ins(%xp, %dy) outs(%z)
+    %h  = linalg.generic {truncf} ins(%dw)                                        (folded into dW's type)
+  ->
+    %h  = convbw.conv_bwd_weight(%x, %dy) {layout = "NGCHW/GKCYX/NGKHW", strides, dilations, pads, groups}
+
+This is the form IREE's torch input conversion gives ``aten.convolution_backward``'s weight gradient
+(DESIGN.md "what a frontend's weight gradient looks like in linalg"), and any generic whose maps and body are
+a grouped weight gradient in one of our layouts (:data:`convbw_mlir.problem.LAYOUTS`). The match is
+structural: the loops' roles come from where each loop appears (n and the output positions reduced, g/k/c and
+the filter taps parallel, each tap added to its output position in x's map with the dilation and stride as
+coefficients), and the layout from the order of the maps' results. A contraction that is not one (a forward
+convolution or a data gradient reads its operands in an order none of our layouts has; a plain matmul has no
+window) is left alone, and with ``remarks=true`` a remark at its location says why. Named convolution ops
+are not matched: IREE's input conversion writes the weight gradient as a generic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from convbw_mlir.dialects import convbw
+from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
+
+from convbw_mlir.ir_imports import ir
+from convbw_mlir.problem import LAYOUTS, ConvBwdWeightProblem
+
+__all__ = ["Match", "NotRaised", "RaisePass", "match_generic"]
+
+_TYPES = {"f16": "f16", "bf16": "bf16", "f32": "f32"}  # MLIR element type -> ours (the types frontends write)
+
+
+class NotRaised(Exception):
+    """A contraction that is not a weight gradient we take; the message says why (the remark)."""
+
+
+@dataclass(frozen=True)
+class Match:
+    """A raised generic: the problem, the operands it reads (x before its pad) and the ops it replaces."""
+
+    problem: ConvBwdWeightProblem
+    x: ir.Value
+    dy: ir.Value
+    replaced: ir.Operation  # the op whose result the convbw op's result replaces (the generic or its truncf)
+
+
+def _linear(expr: ir.AffineExpr) -> tuple[dict[int, int], int] | None:
+    """``expr`` as ({dim: coefficient}, constant), or None if it is not a linear form of dims."""
+    if isinstance(expr, ir.AffineDimExpr):
+        return {expr.position: 1}, 0
+    if isinstance(expr, ir.AffineConstantExpr):
+        return {}, expr.value
+    if isinstance(expr, ir.AffineAddExpr):
+        add = expr
+        lhs, rhs = _linear(add.lhs), _linear(add.rhs)
+        if lhs is None or rhs is None:
+            return None
+        terms = dict(lhs[0])
+        for d, c in rhs[0].items():
+            terms[d] = terms.get(d, 0) + c
+        return terms, lhs[1] + rhs[1]
+    if isinstance(expr, ir.AffineMulExpr):
+        mul = expr
+        lhs, rhs = _linear(mul.lhs), _linear(mul.rhs)
+        if lhs is None or rhs is None:
+            return None
+        if not lhs[0]:
+            lhs, rhs = rhs, lhs
+        if rhs[0]:
+            return None  # a product of two dims
+        return {d: c * rhs[1] for d, c in lhs[0].items()}, lhs[1] * rhs[1]
+    return None
+
+
+def _is_zero_constant(value: ir.Value) -> bool:
+    """Whether ``value`` is an ``arith.constant`` 0.0 (scalar) or a dense splat of zeros."""
+    owner = value.owner
+    if not isinstance(owner, ir.OpView) and not isinstance(owner, ir.Operation):
+        return False
+    op = owner.operation
+    if op.name != "arith.constant":
+        return False
+    attr = op.attributes["value"]
+    if isinstance(attr, ir.FloatAttr):
+        return attr.value == 0.0
+    if isinstance(attr, ir.DenseFPElementsAttr):
+        dense = attr
+        return dense.is_splat and dense.get_splat_value().value == 0.0
+    return False
+
+
+def _defining(value: ir.Value, name: str) -> ir.Operation | None:
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if owner.operation.name == name else None
+
+
+def _body_types(op: ir.Operation) -> str:
+    """Check the body is ``[extf a], [extf b], mulf, addf out, yield``; return the inputs' element type."""
+    block = op.regions[0].blocks[0]
+    a, b, out = block.arguments
+    ops = list(block.operations)
+    names = [o.operation.name for o in ops]
+    extended: dict[ir.Value, ir.Value] = {}
+    for o in ops[:-3]:
+        if o.operation.name != "arith.extf" or o.operands[0] not in (a, b):
+            raise NotRaised(f"the body is not a multiply-accumulate ({', '.join(names)})")
+        extended[o.results[0]] = o.operands[0]
+    if names[-3:] != ["arith.mulf", "arith.addf", "linalg.yield"]:
+        raise NotRaised(f"the body is not a multiply-accumulate ({', '.join(names)})")
+    mul, add, yld = ops[-3], ops[-2], ops[-1]
+    if {extended.get(v, v) for v in mul.operands} != {a, b} or len(list(mul.operands)) != 2:
+        raise NotRaised("the body's product does not multiply the two inputs")
+    if set(add.operands) != {mul.results[0], out} or yld.operands[0] != add.results[0]:
+        raise NotRaised("the body does not accumulate the product into the output")
+    ta, tb, tout = (str(v.type) for v in (a, b, out))
+    if ta != tb or ta not in _TYPES:
+        raise NotRaised(f"inputs of types {ta} and {tb}: a weight gradient reads x and dy of one type (f16, bf16, f32)")
+    if tout not in ("f32", ta):
+        raise NotRaised(f"accumulates in {tout}, neither f32 nor the inputs' type {ta}")
+    return ta
+
+
+def _truncf_user(result: ir.Value, dtype: str) -> ir.Operation | None:
+    """The elementwise generic that truncates ``result`` (f32) to ``dtype``, where that is its one use."""
+    uses = list(result.uses)
+    if dtype == "f32" or len(uses) != 1:
+        return None
+    user = uses[0].owner.operation
+    if user.name != "linalg.generic" or len(user.operands) != 2 or user.operands[0] != result:
+        return None
+    maps = [m.value for m in user.attributes["indexing_maps"]]
+    if not all(m.is_permutation and m == ir.AffineMap.get_identity(m.n_dims) for m in maps):
+        return None
+    body = [o.operation for o in user.regions[0].blocks[0].operations]
+    if [o.name for o in body] != ["arith.truncf", "linalg.yield"] or str(body[0].results[0].type) != dtype:
+        return None
+    return user
+
+
+def match_generic(op: ir.Operation) -> Match:
+    """The weight gradient ``op`` (a ``linalg.generic``) computes.
+
+    Raises:
+        NotRaised: a contraction that is not one we take, saying why.
+    """
+    if len(op.operands) != 3 or len(op.results) != 1:
+        raise NotRaised(f"takes {len(op.operands) - 1} inputs and gives {len(op.results)} results, not x, dy -> dW")
+    maps = [m.value for m in op.attributes["indexing_maps"]]
+    iterators = [str(t) for t in op.attributes["iterator_types"]]
+    reduction = {i for i, t in enumerate(iterators) if "reduction" in t}
+    if not reduction:
+        raise NotRaised("no reduction loop")
+    dtype = _body_types(op)
+    out_map = maps[2]
+    if not out_map.is_projected_permutation:
+        raise NotRaised("the output map is not a projection of the loops")
+    out_dims = [e.position for e in out_map.results]
+    if set(out_dims) != set(range(out_map.n_dims)) - reduction:
+        raise NotRaised("the output is not indexed by exactly the parallel loops")
+    forms = [[_linear(e) for e in m.results] for m in maps[:2]]
+    if any(f is None for fs in forms for f in fs):
+        raise NotRaised("an input map is not linear in the loops")
+    windowed = [i for i in (0, 1) if any(len(t) > 1 or any(c != 1 for c in t.values()) for t, _ in forms[i])]
+    if len(windowed) != 1:
+        why = "no input reads a sliding window (a plain contraction)" if not windowed else "both inputs read windows"
+        raise NotRaised(why)
+    xi = windowed[0]
+    dyi = 1 - xi
+    if not maps[dyi].is_projected_permutation:
+        raise NotRaised("dy's map is not a projection of the loops")
+    dy_dims = [e.position for e in maps[dyi].results]
+    x_plain, pairs = [], []  # pairs: (filter loop, dilation, output loop, stride) in x's order
+    for terms, const in forms[xi]:
+        if const:
+            raise NotRaised(f"x's map adds a constant offset {const}")
+        if len(terms) == 1 and list(terms.values()) == [1]:
+            x_plain.append(next(iter(terms)))
+            continue
+        par = [(d, c) for d, c in terms.items() if d not in reduction]
+        red = [(d, c) for d, c in terms.items() if d in reduction]
+        if len(par) != 1 or len(red) != 1 or par[0][1] <= 0 or red[0][1] <= 0:
+            raise NotRaised(
+                "an x index is not one filter tap times the dilation plus one output position times the stride"
+            )
+        pairs.append((par[0][0], par[0][1], red[0][0], red[0][1]))
+    rank = len(pairs)
+    if rank not in (1, 2, 3):
+        raise NotRaised(f"{rank} window dimensions (a convolution has 1 to 3)")
+    filters, outputs = [p[0] for p in pairs], [p[2] for p in pairs]
+    roles: dict[int, str] = {}
+    for i, f in enumerate(filters):
+        roles[f] = "ZYX"[3 - rank + i]
+    for i, o in enumerate(outputs):
+        roles[o] = "DHW"[3 - rank + i]
+    for d in range(out_map.n_dims):
+        if d in roles:
+            if d in x_plain or (d in filters and d in dy_dims) or (d in outputs and d not in dy_dims):
+                raise NotRaised(f"loop d{d} of the window is read as a plain index too")
+            continue
+        in_x, in_dy, in_out = d in x_plain, d in dy_dims, d in out_dims
+        role = {(True, True, False): "N", (True, True, True): "G", (False, True, True): "K",
+                (True, False, True): "C"}.get((in_x, in_dy, in_out))  # fmt: skip
+        if role is None:
+            raise NotRaised(f"loop d{d} is not a batch, group, channel or window loop of a weight gradient")
+        if role in roles.values():
+            raise NotRaised(f"two loops play the role {role}")
+        roles[d] = role
+    for role in "NKC":
+        if role not in roles.values():
+            raise NotRaised(f"no loop plays the role {role}")
+    window_of = {o: "DHW"[3 - rank + i] for i, o in enumerate(outputs)}
+    x_letters = []
+    spatial = iter("DHW"[3 - rank :])
+    for terms, _ in forms[xi]:
+        x_letters.append(roles[next(iter(terms))] if len(terms) == 1 and list(terms.values()) == [1] else next(spatial))
+    x_name = "".join(x_letters)
+    dy_name = "".join(roles[d] if d not in window_of else window_of[d] for d in dy_dims)
+    w_name = "".join(roles[d] for d in out_dims)
+    name = f"{x_name}/{w_name}/{dy_name}"
+    if not any(layout.spelled(rank) == name for layout in LAYOUTS.values()):
+        raise NotRaised(f"x/dW/dy read as {name}, not a weight-gradient layout (a forward convolution or a data "
+                        "gradient reads this way)")  # fmt: skip
+    return _problem(op, maps, xi, dyi, roles, pairs, name, dtype)
+
+
+def _problem(op, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # noqa: ANN001 - match_generic's locals
+    x, dy = op.operands[xi], op.operands[dyi]
+    init = op.operands[2]
+    fill = _defining(init, "linalg.fill")
+    if not (fill is not None and _is_zero_constant(fill.operands[0])) and not _is_zero_constant(init):
+        raise NotRaised("accumulates onto a tensor that is not zero-filled")
+    rank = len(pairs)
+    pad_low, pad_high = [0] * rank, [0] * rank
+    pad = _defining(x, "tensor.pad")
+    x_shape = list(x.type.shape)
+    spatial_at = [i for i, e in enumerate(maps[xi].results) if not isinstance(e, ir.AffineDimExpr)]
+    if pad is not None and len(pad.operands) == 1:
+        low, high = (list(pad.attributes[a]) for a in ("static_low", "static_high"))
+        yielded = pad.regions[0].blocks[0].operations[0].operands[0]
+        plain_padded = any(low[i] or high[i] for i in range(len(low)) if i not in spatial_at)
+        if _is_zero_constant(yielded) and not plain_padded and min(low + high) >= 0:
+            pad_low = [low[i] for i in spatial_at]
+            pad_high = [high[i] for i in spatial_at]
+            x = pad.operands[0]
+            x_shape = list(x.type.shape)
+    dy_shape = list(dy.type.shape)
+    w_shape = list(op.results[0].type.shape)
+    size = {}
+    for shape, m in ((x_shape, maps[xi]), (dy_shape, maps[dyi]), (w_shape, maps[2])):
+        for extent, e in zip(shape, m.results):
+            if isinstance(e, ir.AffineDimExpr):
+                size[roles[e.position]] = extent
+    input_size = [x_shape[i] for i in spatial_at]
+    filters = [size[roles[f]] for f, _, _, _ in pairs]
+    for i, (_, dil, o, stride) in enumerate(pairs):
+        out = size[roles[o]]
+        span = dil * (filters[i] - 1) + 1
+        total = input_size[i] + pad_low[i] + pad_high[i]
+        excess = total - ((out - 1) * stride + span) - (stride - 1)  # rows past the last window
+        if excess > 0:
+            if excess > pad_high[i]:
+                raise NotRaised(f"x holds {excess - pad_high[i]} more elements along {name.split('/')[0]}'s "
+                                f"window {i} than the windows read")  # fmt: skip
+            pad_high[i] -= excess
+    out_type = str(op.results[0].type.element_type)
+    replaced = op
+    trunc = _truncf_user(op.results[0], dtype) if out_type == "f32" else None
+    if trunc is not None:
+        replaced, out_type = trunc, dtype
+    try:
+        problem = ConvBwdWeightProblem(
+            groups=size.get("G", 1), batch=size["N"], in_channels=size["C"], out_channels=size["K"],
+            input_size=input_size, filter_size=filters, stride=[p[3] for p in pairs],
+            dilation=[p[1] for p in pairs], pad_low=pad_low, pad_high=pad_high, dtype=dtype,
+            dw_dtype=out_type, layout=name,
+        )  # fmt: skip
+    except (ValueError, TypeError) as e:
+        raise NotRaised(f"not a valid problem: {e}") from None
+    if problem.output_size != tuple(size[roles[p[2]]] for p in pairs):
+        raise NotRaised(f"dy's window sizes {[size[roles[p[2]]] for p in pairs]} are not the convolution's "
+                        f"output {list(problem.output_size)}")  # fmt: skip
+    return Match(problem, x, dy, replaced)
+
+
+@register
+class RaisePass(ConvbwPass):
+    argument = "convbw-raise"
+    description = (
+        "Replace each linalg.generic that computes a grouped convolution's weight gradient (as IREE's torch input "
+        "conversion writes it, or any layout of ours; a zero tensor.pad of x folded into the pads, a truncf into "
+        "dW's type) by convbw.conv_bwd_weight; leave everything else untouched."
+    )
+
+    @dataclass
+    class Options:
+        remarks: bool = option(False, "emit a remark at each contraction left alone, saying why")
+
+    def run(self, module: ir.Operation) -> None:
+        ctx = module.context
+        if self.options.remarks and not ctx.remarks_enabled:  # printed as MLIR remark diagnostics
+            ctx.enable_remarks(missed_filter=self.argument)
+        for op in collect_ops(module, "linalg.generic"):
+            try:
+                match = match_generic(op)
+            except NotRaised as e:
+                if self.options.remarks and _is_contraction(op):
+                    op.location.emit_remark(ir.RemarkKind.MISSED, "not-raised", category=self.argument,
+                                            message=f"not raised: {e}")  # fmt: skip
+                continue
+            self._replace(op, match)
+
+    def _replace(self, op: ir.Operation, match: Match) -> None:
+        with ir.InsertionPoint(match.replaced), op.location:
+            new = convbw.build_op(match.problem, match.x, match.dy, op.location)
+        match.replaced.results[0].replace_all_uses_with(new.results[0])
+        dead = [match.replaced, *([op] if match.replaced != op else [])]
+        for o in dead:  # the truncf first: it uses the generic
+            o.erase()
+
+
+def _is_contraction(op: ir.Operation) -> bool:
+    """A generic with a reduction loop and two inputs: what a remark is worth giving for."""
+    iterators = [str(t) for t in op.attributes["iterator_types"]]
+    return len(op.operands) == 3 and any("reduction" in t for t in iterators)
