@@ -144,15 +144,40 @@ def _truncf_user(result: ir.Value, dtype: str) -> ir.Operation | None:
     return user
 
 
+def _through_transpose(value: ir.Value, read: ir.AffineMap) -> tuple[ir.Value, ir.AffineMap]:
+    """``(source, map)`` where ``value`` is a ``linalg.transpose`` of source: the generic's reads of the
+    transposed tensor as reads of its source (the copy only relayouts); else ``(value, read)``."""
+    transpose = _defining(value, "linalg.transpose")
+    if transpose is None:
+        return value, read
+    perm = list(transpose.attributes["permutation"])  # result dim i is source dim perm[i]
+    results = [None] * len(perm)
+    for i, j in enumerate(perm):
+        results[j] = read.results[i]
+    return transpose.operands[0], ir.AffineMap.get(read.n_dims, read.n_symbols, results)
+
+
 def match_generic(op: ir.Operation) -> Match:
-    """The weight gradient ``op`` (a ``linalg.generic``) computes.
+    """The weight gradient ``op`` (a ``linalg.generic``) computes, reading x and dy through the
+    ``linalg.transpose`` ops that produce them where that gives one of our layouts.
 
     Raises:
-        NotRaised: a contraction that is not one we take, saying why.
+        NotRaised: a contraction that is not one we take, saying why (as written, transposes not folded).
     """
     if len(op.operands) != 3 or len(op.results) != 1:
         raise NotRaised(f"takes {len(op.operands) - 1} inputs and gives {len(op.results)} results, not x, dy -> dW")
     maps = [m.value for m in op.attributes["indexing_maps"]]
+    values = list(op.operands)
+    folded = [_through_transpose(values[i], maps[i]) for i in (0, 1)]
+    if any(v != values[i] for i, (v, _) in enumerate(folded)):
+        try:
+            return _match(op, [v for v, _ in folded] + values[2:], [m for _, m in folded] + maps[2:])
+        except NotRaised:
+            pass  # the transposed tensors may be the layout: match the generic as written
+    return _match(op, values, maps)
+
+
+def _match(op: ir.Operation, values: list[ir.Value], maps: list[ir.AffineMap]) -> Match:
     iterators = [str(t) for t in op.attributes["iterator_types"]]
     reduction = {i for i, t in enumerate(iterators) if "reduction" in t}
     if not reduction:
@@ -227,12 +252,12 @@ def match_generic(op: ir.Operation) -> Match:
     if not any(layout.spelled(rank) == name for layout in LAYOUTS.values()):
         raise NotRaised(f"x/dW/dy read as {name}, not a weight-gradient layout (a forward convolution or a data "
                         "gradient reads this way)")  # fmt: skip
-    return _problem(op, maps, xi, dyi, roles, pairs, name, dtype)
+    return _problem(op, values, maps, xi, dyi, roles, pairs, name, dtype)
 
 
-def _problem(op, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # noqa: ANN001 - match_generic's locals
-    x, dy = op.operands[xi], op.operands[dyi]
-    init = op.operands[2]
+def _problem(op, values, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # noqa: ANN001 - _match's locals
+    x, dy = values[xi], values[dyi]
+    init = values[2]
     fill = _defining(init, "linalg.fill")
     if not (fill is not None and _is_zero_constant(fill.operands[0])) and not _is_zero_constant(init):
         raise NotRaised("accumulates onto a tensor that is not zero-filled")

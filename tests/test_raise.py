@@ -74,3 +74,25 @@ def test_the_whole_module_example_raises_every_weight_gradient_and_matches_autog
     out = capsys.readouterr().out
     assert "raised 4 weight gradients:" in out  # 3x3, grouped strided, depthwise, 1x1: all ours
     assert worst < 1e-4, out
+
+
+def test_hand_written_linalg_read_through_transposes_compiles_whole_and_matches_float64():
+    """A plain func.func module (no IREE input phase: every phase runs) whose x and dy are channels-last
+    transposed to NCHW: raised as the NHWC problem, the transposes folded."""
+    torch = pytest.importorskip("torch", reason="the float64 reference is torch's convolution_backward")
+    chunk = (ROOT / "lit" / "passes" / "raise_generic.mlir").read_text().split("// -----")[-2]
+    text = "\n".join(line for line in chunk.splitlines() if not line.lstrip().startswith("//"))
+    compiled = compile_module(text, "host")
+    assert [r.problem.layout for r in compiled.raised] == ["NHWC/KYXC/NHWK"]
+    rng = np.random.default_rng(1)
+    x, dy = rng.standard_normal((1, 6, 6, 3)).astype(np.float32), rng.standard_normal((1, 4, 4, 5)).astype(np.float32)
+    import iree.runtime as rt
+
+    context = rt.SystemContext(config=rt.Config("local-task"))
+    context.add_vm_module(rt.VmModule.copy_buffer(context.instance, compiled.vmfb))
+    got = np.asarray(context.modules.module["through_transposes"](x, dy).to_host())
+    nchw = [torch.from_numpy(a).double().permute(0, 3, 1, 2) for a in (dy, x)]
+    want = torch.ops.aten.convolution_backward(*nchw, torch.zeros(5, 3, 3, 3, dtype=torch.float64), None, [1, 1],
+                                               [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])[1]  # fmt: skip
+    want = want.permute(0, 2, 3, 1).numpy()
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5

@@ -174,7 +174,10 @@ def compile_module(
     tgt = resolve(target)
     linalg = input_phase(source, tgt, isolate)
     lowered, raised, remarks = _lower(linalg, tgt, use_database)
-    flags = [*(extra_flags or []), "--compile-from=input"]
+    # IREE's input phase also wrapped the functions for its ABI (iree.abi.stub): resume after it; a module
+    # of plain func.func (hand-written linalg) takes every phase
+    from_input = ["--compile-from=input"] if "iree.abi.stub" in lowered else []
+    flags = [*(extra_flags or []), *from_input]
     if isolate:
         from convbw_mlir.build.isolate import call
 

@@ -135,3 +135,59 @@ func.func @not_zero_filled(%x: tensor<1x6x3xf32>, %dy: tensor<1x4x5xf32>, %d: te
   } -> tensor<5x3x3xf32>
   return %dw, %m : tensor<5x3x3xf32>, tensor<5x3x3xf32>
 }
+
+// -----
+
+// x and dy transposed from channels-last to NCHW before a generic writing dW as KYXC: as written the
+// operands read NCHW/KYXC/NKHW, no layout of ours; read through the transposes, NHWC/KYXC/NHWK.
+// CHECK-LABEL: func.func @through_transposes
+// CHECK-NOT: linalg.generic
+// CHECK: "convbw.conv_bwd_weight"(%arg0, %arg1) {{.*}}layout = "NHWC/KYXC/NHWK", pad_high = array<i64: 0, 0>, pad_low = array<i64: 0, 0>, strides = array<i64: 1, 1>} : (tensor<1x6x6x3xf32>, tensor<1x4x4x5xf32>) -> tensor<5x3x3x3xf32>
+// CHECK-NOT: linalg.generic
+func.func @through_transposes(%x: tensor<1x6x6x3xf32>, %dy: tensor<1x4x4x5xf32>) -> tensor<5x3x3x3xf32> {
+  %zero = arith.constant 0.0 : f32
+  %xe = tensor.empty() : tensor<1x3x6x6xf32>
+  %xt = linalg.transpose ins(%x : tensor<1x6x6x3xf32>) outs(%xe : tensor<1x3x6x6xf32>) permutation = [0, 3, 1, 2]
+  %de = tensor.empty() : tensor<1x5x4x4xf32>
+  %dt = linalg.transpose ins(%dy : tensor<1x4x4x5xf32>) outs(%de : tensor<1x5x4x4xf32>) permutation = [0, 3, 1, 2]
+  %e = tensor.empty() : tensor<5x3x3x3xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<5x3x3x3xf32>) -> tensor<5x3x3x3xf32>
+  %dw = linalg.generic {indexing_maps = [
+      affine_map<(k, y, x, c, n, h, w) -> (n, c, h + y, w + x)>,
+      affine_map<(k, y, x, c, n, h, w) -> (n, k, h, w)>,
+      affine_map<(k, y, x, c, n, h, w) -> (k, y, x, c)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}
+      ins(%xt, %dt : tensor<1x3x6x6xf32>, tensor<1x5x4x4xf32>) outs(%acc : tensor<5x3x3x3xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %a, %b : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<5x3x3x3xf32>
+  return %dw : tensor<5x3x3x3xf32>
+}
+
+// -----
+
+// Only x transposed, to the NCHW the rest reads: folding it would mix layouts, so the transpose stays.
+// CHECK-LABEL: func.func @transpose_kept
+// CHECK: %[[XT:.*]] = linalg.transpose
+// CHECK: "convbw.conv_bwd_weight"(%[[XT]], %arg1) {{.*}}layout = "NCHW/KCYX/NKHW"{{.*}} : (tensor<1x3x6x6xf32>, tensor<1x5x4x4xf32>) -> tensor<5x3x3x3xf32>
+func.func @transpose_kept(%x: tensor<1x6x6x3xf32>, %dy: tensor<1x5x4x4xf32>) -> tensor<5x3x3x3xf32> {
+  %zero = arith.constant 0.0 : f32
+  %xe = tensor.empty() : tensor<1x3x6x6xf32>
+  %xt = linalg.transpose ins(%x : tensor<1x6x6x3xf32>) outs(%xe : tensor<1x3x6x6xf32>) permutation = [0, 3, 1, 2]
+  %e = tensor.empty() : tensor<5x3x3x3xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<5x3x3x3xf32>) -> tensor<5x3x3x3xf32>
+  %dw = linalg.generic {indexing_maps = [
+      affine_map<(k, c, y, x, n, h, w) -> (n, c, h + y, w + x)>,
+      affine_map<(k, c, y, x, n, h, w) -> (n, k, h, w)>,
+      affine_map<(k, c, y, x, n, h, w) -> (k, c, y, x)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}
+      ins(%xt, %dy : tensor<1x3x6x6xf32>, tensor<1x5x4x4xf32>) outs(%acc : tensor<5x3x3x3xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %a, %b : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<5x3x3x3xf32>
+  return %dw : tensor<5x3x3x3xf32>
+}
