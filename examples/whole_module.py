@@ -1,6 +1,6 @@
 """A whole training step through IREE with our weight gradients: torch.export -> one vmfb -> run -> check.
 
-A small conv net (3x3, grouped and strided 3x3, depthwise 3x3, 1x1) and its loss are exported with their
+A small conv net (3x3 and batch norm, grouped and strided 3x3, depthwise 3x3, 1x1) and its loss are exported with their
 backward (``torch.export`` and ``_export_forward_backward``: forward and backward in one graph), compiled whole
 by :func:`convbw_mlir.dispatch.module.compile_module` (IREE's input phase, ``convbw-raise`` and our pipeline on
 each weight gradient, IREE for the rest), run on the host, and each weight gradient checked against torch's
@@ -24,7 +24,8 @@ import numpy as np
 
 
 class Net(nn.Module):
-    """3x3 (4 -> 8), grouped 3x3 stride 2 (G=2), depthwise 3x3 (G=8), 1x1 (8 -> 16); loss: mean of squares."""
+    """3x3 (4 -> 8) and batch norm (batch statistics: no running ones to update, which a joint export cannot
+    return), grouped 3x3 stride 2 (G=2), depthwise 3x3 (G=8), 1x1 (8 -> 16); loss: mean of squares."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -34,10 +35,11 @@ class Net(nn.Module):
             nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False),
             nn.Conv2d(8, 16, 1, bias=False),
         ])  # fmt: skip
+        self.norm = nn.BatchNorm2d(8, affine=False, track_running_stats=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for i, conv in enumerate(self.convs):
-            x = conv(x) if i == len(self.convs) - 1 else torch.relu(conv(x))
+            x = conv(x) if i == len(self.convs) - 1 else torch.relu(self.norm(conv(x)) if i == 0 else conv(x))
         return (x * x).mean()
 
 

@@ -165,7 +165,8 @@ def match_generic(op: ir.Operation) -> Match:
         NotRaised: a contraction that is not one we take, saying why (as written, transposes not folded).
     """
     if len(op.operands) != 3 or len(op.results) != 1:
-        raise NotRaised(f"takes {len(op.operands) - 1} inputs and gives {len(op.results)} results, not x, dy -> dW")
+        inputs = len(op.operands) - len(op.results)
+        raise NotRaised(f"takes {inputs} inputs and gives {len(op.results)} results, not x, dy -> dW")
     maps = [m.value for m in op.attributes["indexing_maps"]]
     values = list(op.operands)
     folded = [_through_transpose(values[i], maps[i]) for i in (0, 1)]

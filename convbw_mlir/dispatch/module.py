@@ -59,10 +59,28 @@ class CompiledModule:
     lowered_ir: str
 
 
+def _decomposed(program: Any) -> Any:
+    """``program`` in the ops IREE 3.13's torch input conversion legalizes: torch.export's default table, and
+    batch norm (forward, eval and backward) and ``squeeze.dims`` decomposed, which it refuses
+    ("failed to legalize operation 'torch.operator'": ``_native_batch_norm_legit_no_training``, ``squeeze.dims``)."""
+    import torch
+    from torch._decomp import get_decompositions
+    from torch.export import default_decompositions
+
+    aten = torch.ops.aten
+    table = default_decompositions()
+    table.update(get_decompositions([
+        aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+        aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward, aten.squeeze.dims,
+    ]))  # fmt: skip
+    return program.run_decompositions(table)
+
+
 def _torch_ir(program: Any) -> str:
     """The torch-dialect IR of an ``ExportedProgram`` (iree.compiler.extras.fx_importer, in iree-base-compiler)."""
     from iree.compiler.extras.fx_importer import FxImporter
 
+    program = _decomposed(program)
     importer = FxImporter()
     importer.import_frozen_program(program)
     return str(importer.module)
