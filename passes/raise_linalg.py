@@ -17,7 +17,7 @@ the filter taps parallel, each tap added to its output position in x's map with 
 coefficients), and the layout from the order of the maps' results. A contraction that is not one (a forward
 convolution or a data gradient reads its operands in an order none of our layouts has; a plain matmul has no
 window) is left alone, and with ``remarks=true`` a remark at its location says why. Named convolution ops
-are not matched: IREE's input conversion writes the weight gradient as a generic.
+are not matched: IREE's input conversion writes the weight gradient as a generic (docs/decisions.md#raise).
 """
 
 from __future__ import annotations
