@@ -220,6 +220,8 @@ def _match(op: ir.Operation, values: list[ir.Value], maps: list[ir.AffineMap]) -
     if rank not in (1, 2, 3):
         raise NotRaised(f"{rank} window dimensions (a convolution has 1 to 3)")
     filters, outputs = [p[0] for p in pairs], [p[2] for p in pairs]
+    if len(set(filters)) != rank or len(set(outputs)) != rank:
+        raise NotRaised("a filter tap or output position loop indexes two window dimensions of x")
     roles: dict[int, str] = {}
     for i, f in enumerate(filters):
         roles[f] = "ZYX"[3 - rank + i]
@@ -269,9 +271,10 @@ def _problem(op, values, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # 
     spatial_at = [i for i, e in enumerate(maps[xi].results) if not isinstance(e, ir.AffineDimExpr)]
     if pad is not None and len(pad.operands) == 1:
         low, high = (list(pad.attributes[a]) for a in ("static_low", "static_high"))
-        yielded = pad.regions[0].blocks[0].operations[0].operands[0]
+        body = [o.operation for o in pad.regions[0].blocks[0].operations]
+        zero_pad = len(body) == 1 and body[0].name == "tensor.yield" and _is_zero_constant(body[0].operands[0])
         plain_padded = any(low[i] or high[i] for i in range(len(low)) if i not in spatial_at)
-        if _is_zero_constant(yielded) and not plain_padded and min(low + high) >= 0:
+        if zero_pad and not plain_padded:
             pad_low = [low[i] for i in spatial_at]
             pad_high = [high[i] for i in spatial_at]
             x = pad.operands[0]

@@ -191,3 +191,56 @@ func.func @transpose_kept(%x: tensor<1x6x6x3xf32>, %dy: tensor<1x5x4x4xf32>) -> 
   } -> tensor<5x3x3x3xf32>
   return %dw : tensor<5x3x3x3xf32>
 }
+
+// -----
+
+// A pad whose value is computed in its region is not a zero pad: x is read padded, the op's pads are 0.
+// CHECK-LABEL: func.func @computed_pad_value
+// CHECK: %[[P:.*]] = tensor.pad
+// CHECK: "convbw.conv_bwd_weight"(%[[P]], %arg1) {{.*}}pad_high = array<i64: 0>, pad_low = array<i64: 0>{{.*}} : (tensor<1x6x3xf32>, tensor<1x4x5xf32>)
+func.func @computed_pad_value(%x: tensor<1x4x3xf32>, %dy: tensor<1x4x5xf32>, %v: f32) -> tensor<5x3x3xf32> {
+  %zero = arith.constant 0.0 : f32
+  %xp = tensor.pad %x low[0, 1, 0] high[0, 1, 0] {
+  ^bb0(%i: index, %j: index, %k: index):
+    %w = arith.mulf %zero, %v : f32
+    tensor.yield %w : f32
+  } : tensor<1x4x3xf32> to tensor<1x6x3xf32>
+  %e = tensor.empty() : tensor<5x3x3xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<5x3x3xf32>) -> tensor<5x3x3xf32>
+  %dw = linalg.generic {indexing_maps = [
+      affine_map<(k, x, c, n, w) -> (n, w + x, c)>,
+      affine_map<(k, x, c, n, w) -> (n, w, k)>,
+      affine_map<(k, x, c, n, w) -> (k, x, c)>],
+      iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]}
+      ins(%xp, %dy : tensor<1x6x3xf32>, tensor<1x4x5xf32>) outs(%acc : tensor<5x3x3xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %a, %b : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<5x3x3xf32>
+  return %dw : tensor<5x3x3xf32>
+}
+
+// -----
+
+// One tap loop in both window dimensions (a diagonal filter) is no convolution of ours.
+// CHECK-LABEL: func.func @diagonal_taps
+// CHECK-NOT: convbw.conv_bwd_weight
+func.func @diagonal_taps(%x: tensor<1x2x6x6xf32>, %dy: tensor<1x3x4x4xf32>) -> tensor<3x2x3xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<3x2x3xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<3x2x3xf32>) -> tensor<3x2x3xf32>
+  // expected-remark @+1 {{not raised: a filter tap or output position loop indexes two window dimensions of x}}
+  %dw = linalg.generic {indexing_maps = [
+      affine_map<(k, c, t, n, h, w) -> (n, c, h + t, w + t)>,
+      affine_map<(k, c, t, n, h, w) -> (n, k, h, w)>,
+      affine_map<(k, c, t, n, h, w) -> (k, c, t)>],
+      iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}
+      ins(%x, %dy : tensor<1x2x6x6xf32>, tensor<1x3x4x4xf32>) outs(%acc : tensor<3x2x3xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %a, %b : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<3x2x3xf32>
+  return %dw : tensor<3x2x3xf32>
+}
