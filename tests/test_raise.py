@@ -96,3 +96,18 @@ def test_hand_written_linalg_read_through_transposes_compiles_whole_and_matches_
                                                [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])[1]  # fmt: skip
     want = want.permute(0, 2, 3, 1).numpy()
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+
+@pytest.mark.parametrize(("target", "intrinsic"), [("gfx942", "v_mfma_f32_16x16x16_f16"),
+                                                   ("gfx1100", "v_wmma_f32_16x16x16_f16"),
+                                                   ("gfx1200", "v_wmma_f32_16x16x16_f16")])  # fmt: skip
+def test_the_route_compiles_for_amd_and_the_isa_has_the_matrix_instructions(target, intrinsic):
+    """IREE's input-phase IR of a 64-channel f16 weight gradient through the route for an AMD target (no device
+    here): our lowered contraction in the module IREE compiles, MFMA/WMMA in the ISA."""
+    from convbw_mlir.build.iree import executable_intermediates
+    from convbw_mlir.build.isolate import call
+
+    compiled = compile_module((INPUTS / "dense_c64_f16.mlir").read_text(), target, isolate=True)
+    assert len(compiled.raised) == 1 and "convbw.contraction" in compiled.lowered_ir
+    isa = call(executable_intermediates, compiled.lowered_ir, target, ["--compile-from=input"], what=target).isa
+    assert intrinsic in isa
