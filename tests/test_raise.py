@@ -111,3 +111,21 @@ def test_the_route_compiles_for_amd_and_the_isa_has_the_matrix_instructions(targ
     assert len(compiled.raised) == 1 and "convbw.contraction" in compiled.lowered_ir
     isa = call(executable_intermediates, compiled.lowered_ir, target, ["--compile-from=input"], what=target).isa
     assert intrinsic in isa
+
+
+def test_a_weight_gradient_planned_for_the_hopper_kernel_is_refused_in_a_whole_module_on_sm90a():
+    """sm_90a plans a layout-4 f16 grouped convolution with 64 channels a group for the Hopper kernel, whose TMA
+    tensor maps need our direct launch; a whole module runs through IREE's runtime: one error, before IREE runs."""
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.passes import build_pass_manager, parse_pipeline
+
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    problem = ConvBwdWeightProblem.from_ck("2 2 4 64 64 3 3 8 8 1 1 1 1 1 1 1 1", layout=4)
+    with new_context() as ctx:
+        module = convbw.build_module(problem)
+        build_pass_manager(parse_pipeline("convbw-lower-to-linalg,canonicalize,cse"), ctx).run(module.operation)
+        text = str(module)  # our own linalg of it: raised back to one op, then planned for sm_90a
+    with pytest.raises(ValueError, match="target sm_90a: .* is planned for the Hopper kernel, whose TMA tensor maps"):
+        compile_module(text, "sm_90a")

@@ -140,6 +140,9 @@ def _lower(text: str, tgt: Target, use_database: bool) -> tuple[str, list[Raised
         handle = ctx.attach_diagnostic_handler(on_diagnostic)
         try:
             module = ir.Module.parse(text)
+            attrs = module.operation.attributes
+            if tgt.target_info and "hal.device.targets" not in attrs:  # a chip IREE has no flag for (sm_90a)
+                attrs["hal.device.targets"] = ir.Attribute.parse(tgt.device_targets())
             build_pass_manager(parse_pipeline("convbw-raise{remarks=true}"), ctx).run(module.operation)
             raised = []
             for op in collect_ops(module.operation, convbw.OP_NAME):
@@ -151,13 +154,31 @@ def _lower(text: str, tgt: Target, use_database: bool) -> tuple[str, list[Raised
                     raised.append(RaisedConv(problem, selection.variant.name, f"{selection.path}: {selection.why}"))
                 else:
                     raised.append(RaisedConv(problem, "convbw", "heuristic"))
-            build_pass_manager(for_target(tgt), ctx).run(module.operation)
+            pipeline = for_target(tgt)
+            assert pipeline[0].argument == "convbw-plan"  # each op's plan first: checked before any kernel is built
+            build_pass_manager(pipeline[:1], ctx).run(module.operation)
+            for op in collect_ops(module.operation, convbw.OP_NAME):
+                _refuse_tensor_maps(convbw.problem_of(op), convbw.plan_of(op), tgt)
+            build_pass_manager(pipeline[1:], ctx).run(module.operation)
             return str(module), raised, remarks
         except ir.MLIRError as e:
             lines = errors + [f"{d.location}: {d.message}" for d in e.error_diagnostics]
             raise CompileError("\n".join(lines) or str(e)) from None
         finally:
             handle.detach()
+
+
+def _refuse_tensor_maps(problem: ConvBwdWeightProblem, plan: Any, tgt: Target) -> None:
+    """Refuse a plan whose kernel reads TMA tensor maps: IREE's runtime, which runs a whole module, cannot pass
+    them (:func:`convbw_mlir.runtime.refuse_tensor_maps` says the same of a single kernel's module)."""
+    from convbw_mlir.policies import sm90, sm90_fp8
+
+    if plan is not None and (sm90.is_sm90(plan) or sm90_fp8.is_fp8(plan)):
+        raise ValueError(
+            f"target {tgt.name}: {problem.name} is planned for the Hopper kernel, whose TMA tensor maps IREE's "
+            "runtime cannot pass, and a whole module runs through IREE's runtime; compile the module for sm_80 "
+            "(its PTX runs on H100/H200), or run that weight gradient through convbw_mlir.torch's direct launch"
+        )
 
 
 def compile_module(
@@ -184,7 +205,8 @@ def compile_module(
 
     Raises:
         TypeError: ``source`` of another kind.
-        ValueError: an unknown target.
+        ValueError: an unknown target; on sm_90a, a weight gradient planned for the Hopper kernel (its TMA
+            tensor maps need our direct launch, which a module IREE's runtime runs cannot have).
         CompileError: the importer, a pass or IREE failed (with its diagnostics).
     """
     if timeout is not None and not isolate:
