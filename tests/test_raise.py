@@ -29,6 +29,8 @@ def _run(vmfb: bytes, *args: np.ndarray) -> np.ndarray:
 CASES = {
     "grouped_strided_dilated_f32": ((2, 8, 8, 8), (12, 4, 3, 3), (2, 1), (1, 1), (1, 2), 2, np.float32, 1e-5),
     "dense_f16": ((2, 4, 8, 8), (6, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, np.float16, 1e-2),
+    "conv1d_grouped_f32": ((2, 8, 9), (12, 4, 3), (2,), (0,), (1,), 2, np.float32, 1e-5),
+    "conv3d_f32": ((1, 2, 4, 5, 6), (3, 2, 1, 2, 3), (1, 1, 1), (0, 1, 0), (1, 1, 1), 1, np.float32, 1e-5),
 }
 
 
@@ -44,12 +46,12 @@ def test_raised_input_ir_gives_the_dw_of_iree_alone_and_of_float64(name):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(x_shape).astype(dtype)
     w = np.zeros(w_shape, dtype)
-    out = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), None, stride, pad,
-                                     dilation, groups)  # fmt: skip
+    conv = getattr(torch.nn.functional, f"conv{len(stride)}d")
+    out = conv(torch.from_numpy(x).double(), torch.from_numpy(w).double(), None, stride, pad, dilation, groups)
     dy = rng.standard_normal(tuple(out.shape)).astype(dtype)
     want = torch.ops.aten.convolution_backward(
         torch.from_numpy(dy).double(), torch.from_numpy(x).double(), torch.from_numpy(w).double(), None,
-        list(stride), list(pad), list(dilation), False, [0, 0], groups, [False, True, False],
+        list(stride), list(pad), list(dilation), False, [0] * len(stride), groups, [False, True, False],
     )[1].numpy()  # fmt: skip
     got, iree_alone = (_run(v, x, dy, w).astype(np.float64) for v in (ours.vmfb, theirs))
     scale = np.abs(want).max()
