@@ -16,8 +16,10 @@ structural: the loops' roles come from where each loop appears (n and the output
 the filter taps parallel, each tap added to its output position in x's map with the dilation and stride as
 coefficients), and the layout from the order of the maps' results. A contraction that is not one (a forward
 convolution or a data gradient reads its operands in an order none of our layouts has; a plain matmul has no
-window) is left alone, and with ``remarks=true`` a remark at its location says why. Named convolution ops
-are not matched: IREE's input conversion writes the weight gradient as a generic (docs/decisions.md#raise).
+window) is left alone, and with ``remarks=true`` a remark at its location says why. A named convolution op
+(``linalg.conv_*``, ``linalg.depthwise_conv_*``) is matched through its generalization, made on a copy: a weight
+gradient written as a forward convolution of transposed x and dy (N and C swapped, the stride as the dilation),
+between transposes, is raised; IREE's input conversion writes generics (docs/decisions.md#raise).
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from dataclasses import dataclass
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, option, register
 
-from convbw_mlir.ir_imports import ir
+from convbw_mlir.ir_imports import func_d, ir, passmanager
 from convbw_mlir.problem import LAYOUTS, ConvBwdWeightProblem
 
 __all__ = ["Match", "NotRaised", "RaisePass", "match_generic"]
 
+_FOLDED = ("tensor.pad", "linalg.transpose", "linalg.fill")  # producers a raise may leave unused
+_NAMED_CONVS = ("linalg.conv_", "linalg.depthwise_conv_")  # named ops matched through their generalization
 _TYPES = {"f16": "f16", "bf16": "bf16", "f32": "f32"}  # MLIR element type -> ours (the types frontends write)
 
 
@@ -41,12 +45,13 @@ class NotRaised(Exception):
 
 @dataclass(frozen=True)
 class Match:
-    """A raised generic: the problem, the operands it reads (x before its pad) and the ops it replaces."""
+    """A raised contraction: the problem, the operands it reads (x before its pad and transpose) and the ops it
+    replaces, users first: the first one's result is dW (the contraction, or the transpose and truncf after it)."""
 
     problem: ConvBwdWeightProblem
     x: ir.Value
     dy: ir.Value
-    replaced: ir.Operation  # the op whose result the convbw op's result replaces (the generic or its truncf)
+    chain: tuple[ir.Operation, ...]
 
 
 def _linear(expr: ir.AffineExpr) -> tuple[dict[int, int], int] | None:
@@ -157,33 +162,60 @@ def _through_transpose(value: ir.Value, read: ir.AffineMap) -> tuple[ir.Value, i
     return transpose.operands[0], ir.AffineMap.get(read.n_dims, read.n_symbols, results)
 
 
-def match_generic(op: ir.Operation) -> Match:
-    """The weight gradient ``op`` (a ``linalg.generic``) computes, reading x and dy through the
-    ``linalg.transpose`` ops that produce them where that gives one of our layouts.
+def _into_transpose(op: ir.Operation, write: ir.AffineMap) -> tuple[ir.Operation, ir.AffineMap] | None:
+    """``(transpose, map)`` where ``op``'s one use is a ``linalg.transpose``: the contraction's writes as writes
+    of the transposed tensor; else None."""
+    uses = list(op.results[0].uses)
+    if len(uses) != 1 or uses[0].owner.operation.name != "linalg.transpose" or uses[0].operand_number != 0:
+        return None
+    transpose = uses[0].owner.operation
+    perm = list(transpose.attributes["permutation"])  # result dim i is the contraction's dim perm[i]
+    return transpose, ir.AffineMap.get(write.n_dims, write.n_symbols, [write.results[j] for j in perm])
+
+
+def match_generic(op: ir.Operation, structure: ir.Operation | None = None) -> Match:
+    """The weight gradient ``op`` computes, reading x and dy through the ``linalg.transpose`` ops that produce
+    them and writing dW through the one that transposes its result, where that gives one of our layouts.
+
+    Args:
+        op: a ``linalg.generic``, or a named convolution op.
+        structure: the ``linalg.generic`` that describes a named ``op`` (its generalization); None for a generic.
 
     Raises:
         NotRaised: a contraction that is not one we take, saying why (as written, transposes not folded).
     """
+    structure = structure or op
     if len(op.operands) != 3 or len(op.results) != 1:
         inputs = len(op.operands) - len(op.results)
         raise NotRaised(f"takes {inputs} inputs and gives {len(op.results)} results, not x, dy -> dW")
-    maps = [m.value for m in op.attributes["indexing_maps"]]
+    maps = [m.value for m in structure.attributes["indexing_maps"]]
     values = list(op.operands)
-    folded = [_through_transpose(values[i], maps[i]) for i in (0, 1)]
-    if any(v != values[i] for i, (v, _) in enumerate(folded)):
+    read = [_through_transpose(values[i], maps[i]) for i in (0, 1)]
+    ins = ([v for v, _ in read], [m for _, m in read]) if any(v != values[i] for i, (v, _) in enumerate(read)) else None
+    written = _into_transpose(op, maps[2])
+    tries = []  # most folded first: each folded transpose is a copy fewer; as written last
+    for in_fold in (ins, None) if ins else (None,):
+        for out_fold in (written, None) if written else (None,):
+            tries.append((in_fold, out_fold))
+    for in_fold, out_fold in tries:
+        in_values, in_maps = in_fold if in_fold else (values[:2], maps[:2])
+        out_op, out_map = out_fold if out_fold else (op, maps[2])
         try:
-            return _match(op, [v for v, _ in folded] + values[2:], [m for _, m in folded] + maps[2:])
+            return _match(structure, out_op, [*in_values, values[2]], [*in_maps, out_map], op)
         except NotRaised:
-            pass  # the transposed tensors may be the layout: match the generic as written
-    return _match(op, values, maps)
+            if (in_fold, out_fold) == tries[-1]:
+                raise
+    raise AssertionError("unreachable")  # the last try raises
 
 
-def _match(op: ir.Operation, values: list[ir.Value], maps: list[ir.AffineMap]) -> Match:
-    iterators = [str(t) for t in op.attributes["iterator_types"]]
+def _match(structure: ir.Operation, out_op: ir.Operation, values: list[ir.Value], maps: list[ir.AffineMap],
+           op: ir.Operation) -> Match:  # fmt: skip
+    """``structure``'s loops and body, with ``values`` read through ``maps``; dW is ``out_op``'s result."""
+    iterators = [str(t) for t in structure.attributes["iterator_types"]]
     reduction = {i for i, t in enumerate(iterators) if "reduction" in t}
     if not reduction:
         raise NotRaised("no reduction loop")
-    dtype = _body_types(op)
+    dtype = _body_types(structure)
     out_map = maps[2]
     if not out_map.is_projected_permutation:
         raise NotRaised("the output map is not a projection of the loops")
@@ -255,10 +287,10 @@ def _match(op: ir.Operation, values: list[ir.Value], maps: list[ir.AffineMap]) -
     if not any(layout.spelled(rank) == name for layout in LAYOUTS.values()):
         raise NotRaised(f"x/dW/dy read as {name}, not a weight-gradient layout (a forward convolution or a data "
                         "gradient reads this way)")  # fmt: skip
-    return _problem(op, values, maps, xi, dyi, roles, pairs, name, dtype)
+    return _problem(op, out_op, values, maps, xi, dyi, roles, pairs, name, dtype)
 
 
-def _problem(op, values, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # noqa: ANN001 - _match's locals
+def _problem(op, out_op, values, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # noqa: ANN001 - _match's
     x, dy = values[xi], values[dyi]
     init = values[2]
     fill = _defining(init, "linalg.fill")
@@ -280,7 +312,7 @@ def _problem(op, values, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # 
             x = pad.operands[0]
             x_shape = list(x.type.shape)
     dy_shape = list(dy.type.shape)
-    w_shape = list(op.results[0].type.shape)
+    w_shape = list(out_op.results[0].type.shape)
     size = {}
     for shape, m in ((x_shape, maps[xi]), (dy_shape, maps[dyi]), (w_shape, maps[2])):
         for extent, e in zip(shape, m.results):
@@ -298,11 +330,11 @@ def _problem(op, values, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # 
                 raise NotRaised(f"x holds {excess - pad_high[i]} more elements along {name.split('/')[0]}'s "
                                 f"window {i} than the windows read")  # fmt: skip
             pad_high[i] -= excess
-    out_type = str(op.results[0].type.element_type)
-    replaced = op
-    trunc = _truncf_user(op.results[0], dtype) if out_type == "f32" else None
+    out_type = str(out_op.results[0].type.element_type)
+    chain = (out_op, op) if out_op != op else (op,)
+    trunc = _truncf_user(out_op.results[0], dtype) if out_type == "f32" else None
     if trunc is not None:
-        replaced, out_type = trunc, dtype
+        chain, out_type = (trunc, *chain), dtype
     try:
         problem = ConvBwdWeightProblem(
             groups=size.get("G", 1), batch=size["N"], in_channels=size["C"], out_channels=size["K"],
@@ -315,16 +347,17 @@ def _problem(op, values, maps, xi, dyi, roles, pairs, name, dtype) -> Match:  # 
     if problem.output_size != tuple(size[roles[p[2]]] for p in pairs):
         raise NotRaised(f"dy's window sizes {[size[roles[p[2]]] for p in pairs]} are not the convolution's "
                         f"output {list(problem.output_size)}")  # fmt: skip
-    return Match(problem, x, dy, replaced)
+    return Match(problem, x, dy, chain)
 
 
 @register
 class RaisePass(ConvbwPass):
     argument = "convbw-raise"
     description = (
-        "Replace each linalg.generic that computes a grouped convolution's weight gradient (as IREE's torch input "
-        "conversion writes it, or any layout of ours; a zero tensor.pad of x folded into the pads, a truncf into "
-        "dW's type) by convbw.conv_bwd_weight; leave everything else untouched."
+        "Replace each linalg.generic or named convolution op that computes a grouped convolution's weight gradient "
+        "(as IREE's torch input conversion writes it, or any layout of ours; a zero tensor.pad of x folded into the "
+        "pads, relayout transposes and a truncf into dW's type) by convbw.conv_bwd_weight; leave everything else "
+        "untouched."
     )
 
     @dataclass
@@ -335,26 +368,73 @@ class RaisePass(ConvbwPass):
         ctx = module.context
         if self.options.remarks and not ctx.remarks_enabled:  # printed as MLIR remark diagnostics
             ctx.enable_remarks(missed_filter=self.argument)
-        for op in collect_ops(module, "linalg.generic"):
+        for op in _candidates(module):
+            structure = None
             try:
-                match = match_generic(op)
+                if op.name != "linalg.generic":
+                    scratch, structure = _generalized(op)
+                match = match_generic(op, structure)
             except NotRaised as e:
-                if self.options.remarks and _is_contraction(op):
+                if self.options.remarks and _is_contraction(structure or op):
                     op.location.emit_remark(ir.RemarkKind.MISSED, "not-raised", category=self.argument,
                                             message=f"not raised: {e}")  # fmt: skip
                 continue
             self._replace(op, match)
 
     def _replace(self, op: ir.Operation, match: Match) -> None:
-        with ir.InsertionPoint(match.replaced), op.location:
+        dw = match.chain[0]
+        with ir.InsertionPoint(dw), op.location:
             new = convbw.build_op(match.problem, match.x, match.dy, op.location)
-        match.replaced.results[0].replace_all_uses_with(new.results[0])
-        dead = [match.replaced, *([op] if match.replaced != op else [])]
-        for o in dead:  # the truncf first: it uses the generic
+        dw.results[0].replace_all_uses_with(new.results[0])
+        producers: list[ir.Operation] = []
+        for found in (_defining(v, name) for v in op.operands for name in _FOLDED):
+            if found is not None and not any(found == p for p in producers):  # one op may feed two operands
+                producers.append(found)
+        for o in match.chain:  # users first: the truncf, the transpose, then the contraction
             o.erase()
+        for producer in producers:  # what the match folded (pad, transposes, the zero fill), where now unused
+            if not any(True for _ in producer.results[0].uses):
+                producer.erase()
+
+
+def _candidates(module: ir.Operation) -> list[ir.Operation]:
+    """The generics and named convolution ops of ``module``, in pre-order."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        name = op.name
+        if name == "linalg.generic" or name.startswith(_NAMED_CONVS):
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def _generalized(op: ir.Operation) -> tuple[ir.Module, ir.Operation]:
+    """A scratch module holding ``op``'s generalization (``linalg-generalize-named-ops`` on a copy): its maps and
+    body say what the named op computes; the module must outlive the generic. ``op`` is not touched."""
+    scratch = ir.Module.create(op.location)
+    with ir.InsertionPoint(scratch.body), op.location:
+        types = [v.type for v in op.operands]
+        fn = func_d.FuncOp("scratch", ir.FunctionType.get(types, [r.type for r in op.results]))
+        block = fn.add_entry_block()
+        with ir.InsertionPoint(block):
+            copy = op.clone()
+            for i, arg in enumerate(block.arguments):
+                copy.operands[i] = arg
+            func_d.ReturnOp(list(copy.results))
+    try:
+        passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(scratch.operation)
+    except ir.MLIRError as e:
+        raise NotRaised(f"{op.name} does not generalize: {e}") from None
+    generics = collect_ops(scratch.operation, "linalg.generic")
+    if len(generics) != 1:
+        raise NotRaised(f"{op.name} generalizes to {len(generics)} generics")
+    return scratch, generics[0]
 
 
 def _is_contraction(op: ir.Operation) -> bool:
-    """A generic with a reduction loop and two inputs: what a remark is worth giving for."""
+    """A generic (or a named op's generalization) with a reduction loop and two inputs: worth a remark."""
     iterators = [str(t) for t in op.attributes["iterator_types"]]
     return len(op.operands) == 3 and any("reduction" in t for t in iterators)

@@ -82,7 +82,8 @@ def test_hand_written_linalg_read_through_transposes_compiles_whole_and_matches_
     """A plain func.func module (no IREE input phase: every phase runs) whose x and dy are channels-last
     transposed to NCHW: raised as the NHWC problem, the transposes folded."""
     torch = pytest.importorskip("torch", reason="the float64 reference is torch's convolution_backward")
-    chunk = (ROOT / "lit" / "passes" / "raise_generic.mlir").read_text().split("// -----")[-2]
+    chunks = (ROOT / "lit" / "passes" / "raise_generic.mlir").read_text().split("// -----")
+    chunk = next(c for c in chunks if "func.func @through_transposes" in c)
     text = "\n".join(line for line in chunk.splitlines() if not line.lstrip().startswith("//"))
     compiled = compile_module(text, "host")
     assert [r.problem.layout for r in compiled.raised] == ["NHWC/KYXC/NHWK"]
@@ -131,3 +132,26 @@ def test_a_weight_gradient_planned_for_the_hopper_kernel_is_refused_in_a_whole_m
         text = str(module)  # our own linalg of it: raised back to one op, then planned for sm_90a
     with pytest.raises(ValueError, match="target sm_90a: .* is planned for the Hopper kernel, whose TMA tensor maps"):
         compile_module(text, "sm_90a")
+
+
+def test_a_named_forward_convolution_of_transposed_operands_is_raised_and_gives_float64s_dw():
+    """linalg.conv_2d_nchw_fchw on x^T and dy^T (the stride 2 as its dilation), its CKYX result transposed to KCYX:
+    raised through its generalization as the NCHW problem with stride 2, compiled whole, against float64."""
+    torch = pytest.importorskip("torch", reason="the float64 reference is torch's convolution_backward")
+    chunks = (ROOT / "lit" / "passes" / "raise_generic.mlir").read_text().split("// -----")
+    chunk = next(c for c in chunks if "func.func @named_conv_between_transposes" in c)
+    text = "\n".join(line for line in chunk.splitlines() if not line.lstrip().startswith("//"))
+    compiled = compile_module(text, "host")
+    assert [(r.problem.layout, r.problem.stride) for r in compiled.raised] == [("NCHW/KCYX/NKHW", (2, 2))]
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal((2, 4, 9, 9)).astype(np.float32), rng.standard_normal((2, 6, 4, 4)).astype(np.float32)
+    import iree.runtime as rt
+
+    context = rt.SystemContext(config=rt.Config("local-task"))
+    context.add_vm_module(rt.VmModule.copy_buffer(context.instance, compiled.vmfb))
+    got = np.asarray(context.modules.module["named_conv_between_transposes"](x, dy).to_host())
+    want = torch.ops.aten.convolution_backward(
+        torch.from_numpy(dy).double(), torch.from_numpy(x).double(), torch.zeros(6, 4, 3, 3, dtype=torch.float64),
+        None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False],
+    )[1].numpy()  # fmt: skip
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5

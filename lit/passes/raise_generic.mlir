@@ -244,3 +244,44 @@ func.func @diagonal_taps(%x: tensor<1x2x6x6xf32>, %dy: tensor<1x3x4x4xf32>) -> t
   } -> tensor<3x2x3xf32>
   return %dw : tensor<3x2x3xf32>
 }
+
+// -----
+
+// A weight gradient written as a named forward convolution of transposed x and dy (N and C swapped, the
+// stride 2 as the convolution's dilation), its result transposed from CKYX to KCYX: matched through the op's
+// generalization, all three transposes folded.
+// CHECK-LABEL: func.func @named_conv_between_transposes
+// CHECK-NOT: linalg.conv_2d_nchw_fchw
+// CHECK-NOT: linalg.transpose
+// CHECK: %[[DW:.*]] = "convbw.conv_bwd_weight"(%arg0, %arg1) {dilations = array<i64: 1, 1>, groups = 1 : i64, layout = "NCHW/KCYX/NKHW", pad_high = array<i64: 0, 0>, pad_low = array<i64: 0, 0>, strides = array<i64: 2, 2>} : (tensor<2x4x9x9xf32>, tensor<2x6x4x4xf32>) -> tensor<6x4x3x3xf32>
+// CHECK-NOT: linalg.transpose
+// CHECK: return %[[DW]]
+func.func @named_conv_between_transposes(%x: tensor<2x4x9x9xf32>, %dy: tensor<2x6x4x4xf32>) -> tensor<6x4x3x3xf32> {
+  %zero = arith.constant 0.0 : f32
+  %xe = tensor.empty() : tensor<4x2x9x9xf32>
+  %xt = linalg.transpose ins(%x : tensor<2x4x9x9xf32>) outs(%xe : tensor<4x2x9x9xf32>) permutation = [1, 0, 2, 3]
+  %de = tensor.empty() : tensor<6x2x4x4xf32>
+  %dt = linalg.transpose ins(%dy : tensor<2x6x4x4xf32>) outs(%de : tensor<6x2x4x4xf32>) permutation = [1, 0, 2, 3]
+  %e = tensor.empty() : tensor<4x6x3x3xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<4x6x3x3xf32>) -> tensor<4x6x3x3xf32>
+  %ckyx = linalg.conv_2d_nchw_fchw {dilations = dense<2> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%xt, %dt : tensor<4x2x9x9xf32>, tensor<6x2x4x4xf32>) outs(%acc : tensor<4x6x3x3xf32>) -> tensor<4x6x3x3xf32>
+  %we = tensor.empty() : tensor<6x4x3x3xf32>
+  %dw = linalg.transpose ins(%ckyx : tensor<4x6x3x3xf32>) outs(%we : tensor<6x4x3x3xf32>) permutation = [1, 0, 2, 3]
+  return %dw : tensor<6x4x3x3xf32>
+}
+
+// -----
+
+// A named forward convolution is left alone, with the reason.
+// CHECK-LABEL: func.func @named_forward_conv
+// CHECK: linalg.conv_2d_nhwc_hwcf
+func.func @named_forward_conv(%x: tensor<1x8x8x4xf32>, %w: tensor<3x3x4x6xf32>) -> tensor<1x6x6x6xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x6x6x6xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<1x6x6x6xf32>) -> tensor<1x6x6x6xf32>
+  // expected-remark @+1 {{not raised: x/dW/dy read as CHWN/CYXK/HWNK, not a weight-gradient layout}}
+  %y = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%x, %w : tensor<1x8x8x4xf32>, tensor<3x3x4x6xf32>) outs(%acc : tensor<1x6x6x6xf32>) -> tensor<1x6x6x6xf32>
+  return %y : tensor<1x6x6x6xf32>
+}
