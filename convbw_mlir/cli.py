@@ -4,6 +4,7 @@
     convbw run --ck "2 1 4 64 64 3 3 56 56 1 1 1 1 1 1 1 1" --target host --type f16
     convbw run -g 2 -n 4 -c 8 -k 16 --input 14x14 --filter 3x3 --pad 1
     convbw compile --ck "..." --target gfx942 --emit linalg -o out.mlir
+    convbw module step.pt2 --target host -o step.vmfb     (a whole module: torch.export.save'd or .mlir)
 
 Errors are one line on stderr and exit code 1. The IREE compile runs in a child process
 (:mod:`convbw_mlir.build.isolate`), so that an IREE crash is reported as such.
@@ -123,6 +124,37 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
+def _cmd_module(args: argparse.Namespace) -> int:
+    """A whole module (a saved ExportedProgram, torch IR or input-phase linalg) to one vmfb, ours on each dW."""
+    from pathlib import Path
+
+    from convbw_mlir.dispatch.module import compile_module
+
+    path = Path(args.input)
+    if not path.is_file():
+        raise ValueError(f"input: {args.input} is not a file")
+    if args.emit == "vmfb" and args.output == "-" and sys.stdout.isatty():
+        raise ValueError("-o: refusing to write a vmfb to a terminal; give -o FILE")
+    if path.suffix == ".pt2":
+        try:
+            import torch
+        except ImportError:
+            raise ValueError(f"input: {args.input} is a torch program; reading it needs torch") from None
+        source = torch.export.load(str(path))
+    else:
+        source = path.read_text()
+    compiled = compile_module(source, args.target, isolate=True)
+    for r in compiled.raised:
+        print(f"raised: {r.problem.name} ({r.variant})", file=sys.stderr)
+    for line in compiled.not_raised:
+        print(f"left to IREE: {line}", file=sys.stderr)
+    data = {"vmfb": compiled.vmfb, "input": compiled.input_ir, "lowered": compiled.lowered_ir}[args.emit]
+    write_output(args.output, data)
+    print(f"{len(compiled.raised)} weight gradients ours, {len(compiled.not_raised)} contractions IREE's"
+          + (f"; wrote {args.output}" if args.output != "-" else ""), file=sys.stderr)  # fmt: skip
+    return 0
+
+
 def _positive_list(text: str) -> list[int]:
     """``32,64`` -> [32, 64]: integers >= 1."""
     try:
@@ -219,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     probs.add_argument("--batch", type=_positive_list, default=[32], help="batch sizes, e.g. 32,64 (default 32)")
     probs.add_argument("-o", "--output", default="-", help="suite .tsv to write, - for stdout")
     probs.set_defaults(func=_cmd_problems)
+
+    mod = sub.add_parser("module", help="compile a whole module (training step) with ours on each weight gradient")
+    mod.add_argument("input", help="a torch.export.save'd program (.pt2), torch IR or IREE input-phase linalg (.mlir)")
+    mod.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET")
+    mod.add_argument("--emit", choices=["vmfb", "input", "lowered"], default="vmfb",
+                     help="the vmfb, the linalg of IREE's input phase, or that module after our passes")  # fmt: skip
+    mod.add_argument("-o", "--output", default="-", help="output file, - for stdout")
+    mod.set_defaults(func=_cmd_module)
 
     add_dispatch_commands(sub)
     return parser

@@ -9,6 +9,7 @@ from convbw_mlir.passes import (  # noqa: F401  (each module registers its pass)
     lower_to_linalg,
     map_mma,
     plan,
+    raise_linalg,
     relayout,
     split_k,
     tile,

@@ -13,7 +13,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NO_TORCH = "import runpy, sys; sys.modules['torch'] = None; runpy.run_path(sys.argv[1], run_name='__main__')"
 
 
-@pytest.mark.parametrize("name", ["torch_quickstart.py", "torch_training.py", "torch_enable.py"])
+@pytest.mark.parametrize("name", ["torch_quickstart.py", "torch_training.py", "torch_enable.py", "whole_module.py"])
 def test_a_torch_example_without_torch_says_how_to_install_it(name):
     r = subprocess.run([sys.executable, "-c", NO_TORCH, str(EXAMPLES / name)], capture_output=True, text=True)
     assert r.returncode == 1

@@ -1,0 +1,36 @@
+// conv3d_f32: bench/raise_inputs.py (torch 2.13.0+cpu)
+#map = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7, d8) -> (d5, d1, d2 + d6, d3 + d7, d4 + d8)>
+#map1 = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7, d8) -> (d5, d0, d6, d7, d8)>
+#map2 = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7, d8) -> (d0, d1, d2, d3, d4)>
+module {
+  util.func public @main$async(%arg0: !hal.buffer_view, %arg1: !hal.buffer_view, %arg2: !hal.buffer_view, %arg3: !hal.fence, %arg4: !hal.fence) -> !hal.buffer_view attributes {inlining_policy = #util.inline.never, iree.abi.model = "coarse-fences", iree.abi.stub} {
+    %cst = arith.constant 0.000000e+00 : f32
+    %0 = hal.tensor.import wait(%arg3) => %arg0 : !hal.buffer_view -> tensor<1x2x4x5x6xf32>
+    %1 = hal.tensor.import wait(%arg3) => %arg1 : !hal.buffer_view -> tensor<1x3x4x6x4xf32>
+    %padded = tensor.pad %0 low[0, 0, 0, 1, 0] high[0, 0, 0, 1, 0] {
+    ^bb0(%arg5: index, %arg6: index, %arg7: index, %arg8: index, %arg9: index):
+      tensor.yield %cst : f32
+    } : tensor<1x2x4x5x6xf32> to tensor<1x2x4x7x6xf32>
+    %2 = tensor.empty() : tensor<3x2x1x2x3xf32>
+    %3 = linalg.fill ins(%cst : f32) outs(%2 : tensor<3x2x1x2x3xf32>) -> tensor<3x2x1x2x3xf32>
+    %4 = linalg.generic {indexing_maps = [#map, #map1, #map2], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction", "reduction"]} ins(%padded, %1 : tensor<1x2x4x7x6xf32>, tensor<1x3x4x6x4xf32>) outs(%3 : tensor<3x2x1x2x3xf32>) {
+    ^bb0(%in: f32, %in_0: f32, %out: f32):
+      %7 = arith.mulf %in, %in_0 : f32
+      %8 = arith.addf %7, %out : f32
+      linalg.yield %8 : f32
+    } -> tensor<3x2x1x2x3xf32>
+    %5 = hal.tensor.barrier join(%4 : tensor<3x2x1x2x3xf32>) => %arg4 : !hal.fence
+    %6 = hal.tensor.export %5 : tensor<3x2x1x2x3xf32> -> !hal.buffer_view
+    util.return %6 : !hal.buffer_view
+  }
+  util.func public @main(%arg0: !hal.buffer_view, %arg1: !hal.buffer_view, %arg2: !hal.buffer_view) -> !hal.buffer_view attributes {iree.abi.stub} {
+    %0 = util.null : !hal.fence
+    %c-1_i32 = arith.constant -1 : i32
+    %c0 = arith.constant 0 : index
+    %device_0 = hal.devices.get %c0 : !hal.device
+    %fence = hal.fence.create device(%device_0 : !hal.device) flags("None") : !hal.fence
+    %1 = util.call @main$async(%arg0, %arg1, %arg2, %0, %fence) : (!hal.buffer_view, !hal.buffer_view, !hal.buffer_view, !hal.fence, !hal.fence) -> !hal.buffer_view
+    %status = hal.fence.await until([%fence]) timeout_millis(%c-1_i32) flags("None") : i32
+    util.return %1 : !hal.buffer_view
+  }
+}

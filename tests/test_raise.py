@@ -1,0 +1,157 @@
+"""convbw-raise and the whole-module route on the host: IREE's input-phase IR raised and lowered by our pipeline
+gives the dW IREE gives alone and float64 gives; a whole training step compiles to one vmfb whose weight
+gradients are torch autograd's."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convbw_mlir.build.iree import compile_module as iree_compile
+from convbw_mlir.dispatch.module import compile_module
+
+ROOT = Path(__file__).resolve().parent.parent
+INPUTS = ROOT / "lit" / "passes" / "Inputs" / "raise"
+
+
+def _run(vmfb: bytes, *args: np.ndarray) -> np.ndarray:
+    import iree.runtime as rt
+
+    context = rt.SystemContext(config=rt.Config("local-task"))
+    context.add_vm_module(rt.VmModule.copy_buffer(context.instance, vmfb))
+    return np.asarray(context.modules.module["main"](*args).to_host())
+
+
+# file, (N, C total, H...), (K total, C per group, F...), stride, pad, dilation, groups, dtype, tolerance
+CASES = {
+    "grouped_strided_dilated_f32": ((2, 8, 8, 8), (12, 4, 3, 3), (2, 1), (1, 1), (1, 2), 2, np.float32, 1e-5),
+    "dense_f16": ((2, 4, 8, 8), (6, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, np.float16, 1e-2),
+    "conv1d_grouped_f32": ((2, 8, 9), (12, 4, 3), (2,), (0,), (1,), 2, np.float32, 1e-5),
+    "conv3d_f32": ((1, 2, 4, 5, 6), (3, 2, 1, 2, 3), (1, 1, 1), (0, 1, 0), (1, 1, 1), 1, np.float32, 1e-5),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_raised_input_ir_gives_the_dw_of_iree_alone_and_of_float64(name):
+    torch = pytest.importorskip("torch", reason="the float64 reference is torch's convolution_backward")
+    x_shape, w_shape, stride, pad, dilation, groups, dtype, tol = CASES[name]
+    text = (INPUTS / f"{name}.mlir").read_text()
+    ours = compile_module(text, "host")
+    assert [r.problem.groups for r in ours.raised] == [groups]  # the route did raise it: ours computed dW
+    assert '"convbw.conv_bwd_weight"' not in ours.lowered_ir  # lowered by our pipeline before IREE
+    theirs = iree_compile(text, "host", ["--compile-from=input"])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = np.zeros(w_shape, dtype)
+    conv = getattr(torch.nn.functional, f"conv{len(stride)}d")
+    out = conv(torch.from_numpy(x).double(), torch.from_numpy(w).double(), None, stride, pad, dilation, groups)
+    dy = rng.standard_normal(tuple(out.shape)).astype(dtype)
+    want = torch.ops.aten.convolution_backward(
+        torch.from_numpy(dy).double(), torch.from_numpy(x).double(), torch.from_numpy(w).double(), None,
+        list(stride), list(pad), list(dilation), False, [0] * len(stride), groups, [False, True, False],
+    )[1].numpy()  # fmt: skip
+    got, iree_alone = (_run(v, x, dy, w).astype(np.float64) for v in (ours.vmfb, theirs))
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() / scale < tol
+    assert np.abs(iree_alone - want).max() / scale < tol
+
+
+def test_compile_module_refuses_a_source_that_is_neither_a_program_nor_mlir():
+    with pytest.raises(TypeError, match="source: expected a torch.export.ExportedProgram or MLIR text, got int"):
+        compile_module(42, "host")
+
+
+def test_compile_module_names_an_unknown_target_before_compiling():
+    with pytest.raises(ValueError, match="nope"):
+        compile_module("module {}", "nope")
+
+
+def test_the_whole_module_example_raises_every_weight_gradient_and_matches_autograd(capsys):
+    pytest.importorskip("torch", reason="the example exports a torch training step")
+    example = runpy.run_path(str(ROOT / "examples" / "whole_module.py"), run_name="example")
+    worst = example["main"]([])
+    out = capsys.readouterr().out
+    assert "raised 4 weight gradients:" in out  # 3x3, grouped strided, depthwise, 1x1: all ours
+    assert worst < 1e-4, out
+
+
+def test_hand_written_linalg_read_through_transposes_compiles_whole_and_matches_float64():
+    """A plain func.func module (no IREE input phase: every phase runs) whose x and dy are channels-last
+    transposed to NCHW: raised as the NHWC problem, the transposes folded."""
+    torch = pytest.importorskip("torch", reason="the float64 reference is torch's convolution_backward")
+    chunks = (ROOT / "lit" / "passes" / "raise_generic.mlir").read_text().split("// -----")
+    chunk = next(c for c in chunks if "func.func @through_transposes" in c)
+    text = "\n".join(line for line in chunk.splitlines() if not line.lstrip().startswith("//"))
+    compiled = compile_module(text, "host")
+    assert [r.problem.layout for r in compiled.raised] == ["NHWC/KYXC/NHWK"]
+    rng = np.random.default_rng(1)
+    x, dy = rng.standard_normal((1, 6, 6, 3)).astype(np.float32), rng.standard_normal((1, 4, 4, 5)).astype(np.float32)
+    import iree.runtime as rt
+
+    context = rt.SystemContext(config=rt.Config("local-task"))
+    context.add_vm_module(rt.VmModule.copy_buffer(context.instance, compiled.vmfb))
+    got = np.asarray(context.modules.module["through_transposes"](x, dy).to_host())
+    nchw = [torch.from_numpy(a).double().permute(0, 3, 1, 2) for a in (dy, x)]
+    want = torch.ops.aten.convolution_backward(*nchw, torch.zeros(5, 3, 3, 3, dtype=torch.float64), None, [1, 1],
+                                               [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])[1]  # fmt: skip
+    want = want.permute(0, 2, 3, 1).numpy()
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+
+@pytest.mark.parametrize(("target", "intrinsic"), [("gfx942", "v_mfma_f32_16x16x16_f16"),
+                                                   ("gfx1100", "v_wmma_f32_16x16x16_f16"),
+                                                   ("gfx1200", "v_wmma_f32_16x16x16_f16")])  # fmt: skip
+def test_the_route_compiles_for_amd_and_the_isa_has_the_matrix_instructions(target, intrinsic):
+    """IREE's input-phase IR of a 64-channel f16 weight gradient through the route for an AMD target (no device
+    here): our lowered contraction in the module IREE compiles, MFMA/WMMA in the ISA."""
+    from convbw_mlir.build.iree import executable_intermediates
+    from convbw_mlir.build.isolate import call
+
+    compiled = compile_module((INPUTS / "dense_c64_f16.mlir").read_text(), target, isolate=True)
+    assert len(compiled.raised) == 1 and "convbw.contraction" in compiled.lowered_ir
+    isa = call(executable_intermediates, compiled.lowered_ir, target, ["--compile-from=input"], what=target).isa
+    assert intrinsic in isa
+
+
+def test_a_weight_gradient_planned_for_the_hopper_kernel_is_refused_in_a_whole_module_on_sm90a():
+    """sm_90a plans a layout-4 f16 grouped convolution with 64 channels a group for the Hopper kernel, whose TMA
+    tensor maps need our direct launch; a whole module runs through IREE's runtime: one error, before IREE runs."""
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.passes import build_pass_manager, parse_pipeline
+
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    problem = ConvBwdWeightProblem.from_ck("2 2 4 64 64 3 3 8 8 1 1 1 1 1 1 1 1", layout=4)
+    with new_context() as ctx:
+        module = convbw.build_module(problem)
+        build_pass_manager(parse_pipeline("convbw-lower-to-linalg,canonicalize,cse"), ctx).run(module.operation)
+        text = str(module)  # our own linalg of it: raised back to one op, then planned for sm_90a
+    with pytest.raises(ValueError, match="target sm_90a: .* is planned for the Hopper kernel, whose TMA tensor maps"):
+        compile_module(text, "sm_90a")
+
+
+def test_a_named_forward_convolution_of_transposed_operands_is_raised_and_gives_float64s_dw():
+    """linalg.conv_2d_nchw_fchw on x^T and dy^T (the stride 2 as its dilation), its CKYX result transposed to KCYX:
+    raised through its generalization as the NCHW problem with stride 2, compiled whole, against float64."""
+    torch = pytest.importorskip("torch", reason="the float64 reference is torch's convolution_backward")
+    chunks = (ROOT / "lit" / "passes" / "raise_generic.mlir").read_text().split("// -----")
+    chunk = next(c for c in chunks if "func.func @named_conv_between_transposes" in c)
+    text = "\n".join(line for line in chunk.splitlines() if not line.lstrip().startswith("//"))
+    compiled = compile_module(text, "host")
+    assert [(r.problem.layout, r.problem.stride) for r in compiled.raised] == [("NCHW/KCYX/NKHW", (2, 2))]
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal((2, 4, 9, 9)).astype(np.float32), rng.standard_normal((2, 6, 4, 4)).astype(np.float32)
+    import iree.runtime as rt
+
+    context = rt.SystemContext(config=rt.Config("local-task"))
+    context.add_vm_module(rt.VmModule.copy_buffer(context.instance, compiled.vmfb))
+    got = np.asarray(context.modules.module["named_conv_between_transposes"](x, dy).to_host())
+    want = torch.ops.aten.convolution_backward(
+        torch.from_numpy(dy).double(), torch.from_numpy(x).double(), torch.zeros(6, 4, 3, 3, dtype=torch.float64),
+        None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False],
+    )[1].numpy()  # fmt: skip
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
