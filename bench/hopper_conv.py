@@ -195,7 +195,7 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
-    from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
+    from convbw_mlir.kernels.conv_sm90 import conv_module
 
     g = geometry(p, splits, bn, persistent, streamk, consumers, fused)
     with new_context(), ir.Location.unknown():
@@ -209,7 +209,7 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
     tag = _variant(g.splits, g.tiling.bn, persistent, streamk, consumers) + ("_fused" if fused else "")
     stem = f"sm90_{name}" if splits is None else f"sm90_{tag}_{name}"
     (folder / f"{stem}.ptx").write_bytes(ptx)
-    lower, upper = im2col_corners(g)
+    lower, upper = g.corners()
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
             "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
             "ptx": f"{stem}.ptx", "streamk": g.streamk, "partials": g.sk_partials if g.streamk else None,

@@ -131,7 +131,7 @@ def test_sm90a_plan_takes_streamk_where_the_rule_finds_it_faster_and_refuses_wha
 
 # -- the schedule's record and the launcher's encoding ----------------------------------------------------------
 def test_tensor_map_record_describes_the_kernel_bindings_as_the_kernel_reads_them():
-    from convbw_mlir.kernels.conv_sm90 import ConvSm90, im2col_corners
+    from convbw_mlir.kernels.conv_sm90 import ConvSm90
 
     p = _problem("2 2 3 64 128 3 3 9 11 2 2 2 1 2 1 1 0")  # groups, strides, dilations, uneven pads
     dy, x = sm90.tensor_maps(p, "k0")
@@ -146,7 +146,7 @@ def test_tensor_map_record_describes_the_kernel_bindings_as_the_kernel_reads_the
     )
     assert (x["binding"], x["slot"], x["mode"], x["dims"]) == (1, 1, "im2col", [256, w, h, 3])
     assert x["strides"] == [512, 512 * w, 512 * w * h] and x["element_strides"] == [1, 2, 2, 1]
-    assert (tuple(x["lower"]), tuple(x["upper"])) == im2col_corners(g)
+    assert (tuple(x["lower"]), tuple(x["upper"])) == g.corners()
     assert {m["maps_binding"] for m in (dy, x)} == {2}
 
 

@@ -45,6 +45,7 @@ from typing import Any
 from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, vector
 
+from convbw_mlir.cuda_launch import im2col_corners
 from convbw_mlir.kernels.entry import KernelEntry
 from convbw_mlir.kernels.gemm_sm90 import (
     SWIZZLE_BYTES,
@@ -59,8 +60,7 @@ from convbw_mlir.kernels.gemm_sm90 import (
 )
 from convbw_mlir.kernels.ir import Ints, Pipeline, for_, gpu_fence, if_, while_
 
-__all__ = ["BOX", "ConvSm90", "build_streamk_dispatch", "conv_entry", "conv_module", "descriptor_mn", "from_problem",
-           "im2col_corners"]  # fmt: skip
+__all__ = ["BOX", "ConvSm90", "build_streamk_dispatch", "conv_entry", "conv_module", "descriptor_mn", "from_problem"]
 
 BOX = 64  # channels of one TMA box: a 128-byte swizzled row of 16-bit elements
 ATOM_ROWS = 8  # reduction rows of one 1024-byte swizzle atom
@@ -159,6 +159,10 @@ class ConvSm90:
     def reduction(self) -> int:
         return self.n * math.prod(self.out)
 
+    def corners(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """x's im2col bounding box per image, innermost first (:func:`convbw_mlir.cuda_launch.im2col_corners`)."""
+        return im2col_corners(self.spatial, self.out, self.stride, self.pad)
+
     @property
     def columns(self) -> int:
         """dW's columns ``Y X C`` (``Z Y X C``, ``X C``: the GEMM's N)."""
@@ -213,17 +217,6 @@ class ConvSm90:
     @property
     def flops(self) -> int:
         return 2 * self.k * self.columns * self.reduction
-
-
-def im2col_corners(g: ConvSm90) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The im2col map's bounding box per image, one value a spatial dim innermost first (``(w, h)``; ``(w,)``;
-    ``(w, h, d)``: cuTensorMapEncodeIm2col's pixelBoxLowerCorner / UpperCorner): from ``-p`` to ``dim - 1 + p -
-    (F - 1) d``, so that walking it at the stride visits exactly the output's positions."""
-    inner = list(zip(g.spatial, g.out, g.stride, g.pad))[::-1]
-    lower = tuple(-p for _, _, _, p in inner)
-    # the last output position's pixel, (o - 1) s - p, is the box's upper end, dim - 1 + upper
-    upper = tuple((o - 1) * s - p - (size - 1) for size, o, s, p in inner)
-    return lower, upper
 
 
 def from_problem(problem: Any, tiling: Sm90Tiling | None = None, splits: int = 1, streamk: int = 0) -> ConvSm90:
