@@ -204,6 +204,43 @@ def test_launcher_encodes_a_3d_problems_x_as_a_5d_im2col_map_with_three_corners(
                             [-1, -1, -1], [-2, -2, -1], 64, 64, [1, 2, 2, 1, 1], (0, 3, 3, 0))  # fmt: skip
 
 
+class _Tensor:
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def test_bench_hopper_conv_encodes_its_maps_by_the_launchers_encoder():
+    """bench/hopper_conv.py's maps are the product's: the same driver calls as the launcher's for the same problem."""
+    from conftest import bench_script
+
+    from convbw_mlir.kernels.conv_sm90 import from_problem
+
+    p = _problem(RESNET_3X3)
+    lower, upper = from_problem(p).corners()
+    e = {"dtype": "f16", "images": 256, "input_size": [14, 14], "output_size": [14, 14], "in_channels": 256,
+         "out_channels": 256, "stride": [1, 1], "lower": list(lower), "upper": list(upper)}  # fmt: skip
+    bench, product = _FakeDriver(), _FakeDriver()
+    maps = bench_script("hopper_conv")._encode_maps(bench, e, _Tensor(0x1000), _Tensor(0x2000))
+    assert maps == bytes([7]) * 128 + bytes([9]) * 128
+    for m, address in zip((TensorMap(**m) for m in sm90.tensor_maps(p, "k0")), (0x1000, 0x2000)):
+        encode_tensor_map(product, m, address)
+    assert bench.calls == product.calls
+
+
+def test_bench_hopper_gemm_encodes_its_maps_by_the_launchers_encoder():
+    from conftest import bench_script
+
+    e = {"dtype": "bf16", "m": 256, "n": 128, "k": 512, "tiling": {"bm": 128, "bn": 64, "cluster": 2}}
+    lib = _FakeDriver()
+    bench_script("hopper_gemm")._encode_maps(lib, _Tensor(0x1000), _Tensor(0x2000), e)
+    # A then B: {K, rows}, one 128-byte row by bm (B: bn / cluster, multicast), 128-byte swizzle
+    assert lib.calls == [("tiled", 9, 2, 0x1000, [512, 256], [1024], [64, 128], [1, 1], (0, 3, 3, 0)),
+                         ("tiled", 9, 2, 0x2000, [512, 128], [1024], [64, 32], [1, 1], (0, 3, 3, 0))]  # fmt: skip
+
+
 # -- compiled: the artifact and the IREE runtime's refusal ------------------------------------------------------
 @pytest.fixture(scope="module")
 def sm90_op():
