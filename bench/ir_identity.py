@@ -53,7 +53,7 @@ _SAMPLE_FORMS: tuple[tuple[str, dict, tuple[str, ...], int], ...] = (
     ("wavespec", {"strategy": "explicit", "producers": 2}, ("sm_80",), 2),
     ("fold", {"strategy": "explicit", "layout4": "fold"}, ("sm_80",), 4),
     ("split", {"strategy": "explicit", "k_batch": 4}, ("sm_80", "sm_90a", "gfx942"), 2),
-    ("narrow", {"strategy": "explicit", "tile_n": 32}, ("sm_80",), 2),
+    ("narrow", {"strategy": "explicit", "tile_n": 64}, ("sm_80", "sm_90a"), 2),
     ("nomerge", {"strategy": "explicit", "merge_groups": 1}, ("sm_80",), 2),
 )
 _SAMPLE_SUITES = ("seeds", "models", "ck_test_grouped_convnd_bwd_weight", "classes")

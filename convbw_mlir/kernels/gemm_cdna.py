@@ -9,7 +9,7 @@ or the split-K partials ``[splits, G, K, C*Y*X]`` f32.
 The AMD pipeline of the issue: global -> registers -> LDS, double-buffered: tile kt+1 is loaded into
 registers while tile kt's matrix instructions run, then stored to the other LDS buffer before the
 barrier. LDS is a static ``memref.alloc`` in workgroup space (IREE launches HIP kernels with no dynamic
-LDS: ../shared/DESIGN.md), rows padded by 8 elements. Each wave computes ``wm x wn`` in 16x16 tiles.
+LDS: docs/iree-facts.md "AMD: static LDS"), rows padded by 8 elements. Each wave computes ``wm x wn`` in 16x16 tiles.
 Ragged M, N and reduction are zero-filled on load and masked on store.
 
 Layout 2 (NHWGC/GKYXC/NHWGK, ``shape.channels_last``, CK's and MIOpen's default for grouped bwd-weight):

@@ -5,7 +5,7 @@
 gathered from x ``[N, G, C, H, W]`` at the convolution's coordinates, C = dW ``[G, K, C*Y*X]`` (or the
 split-K partials), f16 or bf16 in (``mma.sync`` of that type), f32 accumulate, f32 or the input type out.
 
-The recipe (../shared/DESIGN.md "Kernels built by our own passes": 392 TFLOP/s on the H100 for the
+The recipe (docs/iree-facts.md "The 392 TFLOP/s sm_80 recipe": 392 TFLOP/s on the H100 for the
 hand-written kernel it describes): a workgroup tile of ``bm x bn`` with reduction step ``bk``;
 ``stages`` shared-memory stages filled by ``cp.async`` (16-byte ``.cg`` where aligned), rows padded to
 ``bk + 8`` elements so that ``ldmatrix``'s eight row addresses fall in distinct banks; warps of
