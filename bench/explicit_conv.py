@@ -20,7 +20,8 @@ explicit kernel refuses with its PlanError.
 ``run`` runs ours and the product's kernel one child process per problem (a CUDA fault poisons a
 process) and cuDNN (``torch.nn.grad.conv{1,2,3}d_weight``, channels_last, ``cudnn.benchmark``) in one
 child. Children start ``--jobs`` at a time so that their set-up (torch, IREE, the PTX JIT, CUPTI)
-overlaps, but each takes an exclusive GPU lock for its checks and timing: no two time at once. Each
+overlaps; each takes the GPU's machine-wide lock (``harness.device_lock``): shared for its GPU work (context,
+copies, reference, check), alone for its timing and cuDNN's algorithm search: nothing overlaps a timing. Each
 result is checked against a float64 reference on the GPU (cached per problem), then timed by CUPTI
 (torch.profiler): ``single`` = median kernel time a call over calls 10 ms apart, ``sustained`` =
 kernel time a call over a back-to-back stream. Past ``--budget`` seconds nothing new starts and
@@ -54,7 +55,6 @@ place of both of ours and the product's, a few small problems) and ``EXPLICIT_CO
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import statistics
@@ -62,7 +62,6 @@ import sys
 import tempfile
 import time
 import zlib
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -298,17 +297,6 @@ def _scratch(folder: Path) -> Path:
     return path
 
 
-@contextmanager
-def _gpu_lock(folder: Path):
-    """Exclusive use of the GPU among the run's children (set-up overlaps; checks and timing do not)."""
-    with open(_scratch(folder) / "gpu.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _layout4(e: dict) -> bool:
     """Whether the entry is in layout 4 (NGCHW/GKCYX/NGKHW: torch's contiguous NCHW), else layout 2."""
     return e.get("layout") == 4
@@ -413,11 +401,14 @@ def _launch_facts(trace: Path) -> dict[str, Any]:
 
 
 def _measure(e: dict, folder: Path, x: Any, dy: Any, torch: Any) -> dict[str, Any]:
-    """Check one contender against float64 and time it (the caller holds the GPU lock)."""
+    """Check one contender against float64 and time it (the caller holds the GPU's shared turn)."""
     rec: dict[str, Any] = {"name": e["name"], "kind": e["kind"], "problem": e["problem"], "flops": e["flops"]}
     call, as_torch, sync = _contender(e, folder, x, dy, torch)
     exact = _reference(e, x, dy, folder, torch).cpu()
-    got = as_torch(call()).cpu().double()
+    with harness.device_lock().timing():  # cuDNN's first call searches its algorithms by timing them
+        r = call()
+        sync(r)
+    got = as_torch(r).cpu().double()
     rec.update(harness.check(got, exact, e["dw_dtype"], torch, rms=False))
     del got, exact
     # The single calls and the back-to-back stream in one session, told apart by the pauses (harness.calls).
@@ -439,8 +430,8 @@ def run_children(folder: Path, names: list[str]) -> None:
     """The child: set-up outside the GPU lock, then each contender checked and timed under it."""
     import torch
 
-    if DEVICE == "cuda":  # CUPTI's first start costs seconds: pay it before taking the lock
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+    if DEVICE == "cuda":  # CUPTI's first start costs seconds: pay it before timing (a context, a kernel: shared)
+        with harness.device_lock().shared(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
             torch.zeros(1, device="cuda").add_(1)
             torch.cuda.synchronize()
     entries = {e["name"]: e for e in harness.load_manifest(folder)["entries"]}
@@ -449,7 +440,7 @@ def run_children(folder: Path, names: list[str]) -> None:
         t0 = time.time()
         try:
             x, dy = _inputs(e, torch)
-            with _gpu_lock(folder):  # the copies to the device too: no traffic beside another's timing
+            with harness.device_lock().shared():  # the copies to the device too: never beside another's timing
                 x, dy = x.to(DEVICE), dy.to(DEVICE)
                 rec = _measure(e, folder, x, dy, torch)
             del x, dy
@@ -458,7 +449,8 @@ def run_children(folder: Path, names: list[str]) -> None:
         rec["child_s"] = round(time.time() - t0, 2)
         print(json.dumps(rec), flush=True)
         if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+            with harness.device_lock().shared():  # freeing device memory is GPU work too
+                torch.cuda.empty_cache()
 
 
 # -- run side: the parent -------------------------------------------------------------------------------

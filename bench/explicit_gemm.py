@@ -267,28 +267,29 @@ def run_one(folder: Path, name: str) -> dict[str, Any]:
     if entry["form"] == "conv" and entry["flops"] < 1e10 and DEVICE == "cuda":  # numerics-only checks
         return rec
     sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
-    for _ in range(5):
-        r = call()
-    result(r) if entry["kind"] not in TORCH_KINDS else sync()
-    activities = harness.activities(torch, DEVICE)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "single.json"
-        with torch.profiler.profile(activities=activities) as prof:
-            for _ in range(SINGLE_REPS):
-                r = call()
+    with harness.device_lock().timing():  # alone on the GPU: no other process's work beside the timed calls
+        for _ in range(5):
+            r = call()
+        result(r) if entry["kind"] not in TORCH_KINDS else sync()
+        activities = harness.activities(torch, DEVICE)
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / "single.json"
+            with torch.profiler.profile(activities=activities) as prof:
+                for _ in range(SINGLE_REPS):
+                    r = call()
+                    r.to_host() if entry["kind"] not in TORCH_KINDS else sync()
+                    time.sleep(0.02)  # a pause: the clock recovers between calls
+            prof.export_chrome_trace(str(trace))
+            single = kernel_events(trace)
+            trace = Path(tmp) / "sustained.json"
+            t0 = time.perf_counter()
+            with torch.profiler.profile(activities=activities) as prof:
+                for _ in range(SUSTAINED_CALLS):
+                    r = call()
                 r.to_host() if entry["kind"] not in TORCH_KINDS else sync()
-                time.sleep(0.02)  # a pause: the clock recovers between calls
-        prof.export_chrome_trace(str(trace))
-        single = kernel_events(trace)
-        trace = Path(tmp) / "sustained.json"
-        t0 = time.perf_counter()
-        with torch.profiler.profile(activities=activities) as prof:
-            for _ in range(SUSTAINED_CALLS):
-                r = call()
-            r.to_host() if entry["kind"] not in TORCH_KINDS else sync()
-        wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
-        prof.export_chrome_trace(str(trace))
-        sustained = kernel_events(trace)
+            wall = (time.perf_counter() - t0) / SUSTAINED_CALLS
+            prof.export_chrome_trace(str(trace))
+            sustained = kernel_events(trace)
     rec["kernels"] = sorted({n for _, _, n in single})[:4]
     rec["kernels_per_call"] = len(single) / SINGLE_REPS
     # Per call: the kernels of a call are contiguous; with one kernel a call, the durations themselves.

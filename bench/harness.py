@@ -116,10 +116,27 @@ def main(ap: Parser, argv: list[str] | None, *, compile: Callable[[Any], None], 
 
 
 def exit_child() -> NoReturn:
-    """A child's end: its output flushed, then ``os._exit`` (IREE's objects in KEEP are never freed)."""
+    """A child's end: its output flushed, then ``os._exit`` (IREE's objects in KEEP are never freed), once
+    the parent holds the GPU's shared turn (:func:`run_batches`): the exit frees device memory."""
+    from convbw_mlir.measure import gpu_lock
+
     sys.stdout.flush()
     sys.stderr.flush()
+    gpu_lock.exit_turn(lambda: print(EXIT_LINE, flush=True))
     os._exit(0)
+
+
+# What a child prints last where its parent reaps it under the GPU's shared turn (convbw_mlir.measure.gpu_lock).
+EXIT_LINE = json.dumps({"event": "exit"})
+
+
+def device_lock() -> Any:
+    """The machine-wide lock of the GPU the scripts run on (torch's and IREE's device 0 of the visible ones):
+    ``.timing()`` around a timed region (and cuDNN's algorithm search), ``.shared()`` around other GPU work
+    (convbw_mlir.measure.gpu_lock). A CPU rehearsal takes it too (a file, no device)."""
+    from convbw_mlir.measure import gpu_lock
+
+    return gpu_lock.for_device("cuda", 0)
 
 
 # -- files -------------------------------------------------------------------------------------------
@@ -228,7 +245,8 @@ def run_batches(script: str, folder: Path, out: Path, batches: list[list[str]], 
     """Run each batch of contender names (manifest entries of ``folder``) in a child of its own
     (``script run-one FOLDER NAMES...``: a CUDA fault poisons a process), in order, ``jobs`` at once; past
     ``budget`` s (from ``start``) none starts and running ones are stopped; a child running past
-    ``child_limit`` s is stopped (a hung kernel would hold the GPU for the rest). The children's output
+    ``child_limit`` s is stopped (a hung kernel would hold the GPU for the rest). A child that ends by
+    :func:`exit_child` is reaped under the GPU's shared turn (:func:`device_lock`). The children's output
     goes to ``OUT/logs``. Returns a row per name: the child's, or ``lost(name)`` marked crashed or skipped;
     ``seconds``: a key under which each row gets its child's wall time. ``OUT/rows.json`` is rewritten
     after each child."""
@@ -241,6 +259,8 @@ def run_batches(script: str, folder: Path, out: Path, batches: list[list[str]], 
 
     def harvest(proc: subprocess.Popen, names: list[str], t0: float, why: str | None) -> None:
         proc.wait()
+        if proc.stdin:
+            proc.stdin.close()
         stem = logs / names[0].replace(":", "_")
         stdout, stderr = (stem.with_suffix(s).read_text(errors="replace") for s in (".out", ".err"))
         got = json_rows(stdout)
@@ -261,6 +281,10 @@ def run_batches(script: str, folder: Path, out: Path, batches: list[list[str]], 
         late = time.time() - start > budget
         for item in list(running):
             proc, names, t0 = item
+            if proc.poll() is None and _announced_exit(logs / names[0].replace(":", "_")):
+                from convbw_mlir.measure import gpu_lock
+
+                gpu_lock.reap(proc, device_lock())
             hung = child_limit is not None and time.time() - t0 > child_limit
             if proc.poll() is not None or late or hung:
                 if proc.poll() is None:
@@ -278,11 +302,23 @@ def run_batches(script: str, folder: Path, out: Path, batches: list[list[str]], 
             names = pending.pop(0)
             cmd = [sys.executable, script, "run-one", str(folder), *names]
             stem = logs / names[0].replace(":", "_")  # files, not pipes: a chatty child never blocks on them
+            env = {**os.environ, "CONVBW_GPU_EXIT_TURN": "1"}  # gpu_lock.EXIT_TURN_ENV: exit_child waits for us
             with open(stem.with_suffix(".out"), "w") as o, open(stem.with_suffix(".err"), "w") as e:
-                proc = subprocess.Popen(cmd, stdout=o, stderr=e, text=True)
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=o, stderr=e, text=True, env=env)
             running.append((proc, names, time.time()))
         time.sleep(0.2)
     return rows
+
+
+def _announced_exit(stem: Path) -> bool:
+    """Whether the child writing ``stem.out`` printed :data:`EXIT_LINE` last (it waits for its reaping)."""
+    out = stem.with_suffix(".out")
+    try:
+        with open(out, "rb") as f:
+            f.seek(max(0, out.stat().st_size - len(EXIT_LINE) - 2))
+            return f.read().decode(errors="replace").rstrip().endswith(EXIT_LINE)
+    except OSError:
+        return False
 
 
 # -- run side: a child -------------------------------------------------------------------------------
@@ -340,22 +376,24 @@ def profile_calls(call: Callable[[], Any], done: Callable[[Any], Any], torch: An
                   stream: int, read: Callable[[Path], Any], settle: float = 0.0) -> tuple[Any, float]:  # fmt: skip
     """Three calls to warm up, then one profiler session (its start and stop cost more than the calls):
     ``singles`` calls 10 ms apart, each waited for (``done``), then, ``settle`` s later, ``stream`` calls
-    back to back. Returns ``read(trace)`` of the session's chrome trace and the stream's wall s a call."""
-    for _ in range(3):
-        r = call()
-    done(r)
+    back to back, all holding the GPU alone (:func:`device_lock`). Returns ``read(trace)`` of the session's
+    chrome trace and the stream's wall s a call."""
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
-        with torch.profiler.profile(activities=kinds) as prof:
-            for _ in range(singles):
-                done(call())
-                time.sleep(0.01)  # a pause: the clocks recover between calls
-            time.sleep(settle)
-            t0 = time.perf_counter()
-            for _ in range(stream):
+        with device_lock().timing():
+            for _ in range(3):
                 r = call()
             done(r)
-            wall = (time.perf_counter() - t0) / stream
+            with torch.profiler.profile(activities=kinds) as prof:
+                for _ in range(singles):
+                    done(call())
+                    time.sleep(0.01)  # a pause: the clocks recover between calls
+                time.sleep(settle)
+                t0 = time.perf_counter()
+                for _ in range(stream):
+                    r = call()
+                done(r)
+                wall = (time.perf_counter() - t0) / stream
         prof.export_chrome_trace(str(trace))
         return read(trace), wall
 

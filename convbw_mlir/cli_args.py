@@ -189,8 +189,37 @@ def _problem_from_args(args: argparse.Namespace) -> ConvBwdWeightProblem:
     )
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread like KeyboardInterrupt, so that cleanups run (a child compile is
+    killed, its temporary files removed) instead of the process ending where it stands."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
+
+
 def run_cli(prog: str, build: Callable[[], argparse.ArgumentParser], argv: list[str] | None) -> int:
-    """Parse and dispatch; every error a user can cause becomes one line on stderr and exit code 1."""
+    """Parse and dispatch; every error a user can cause becomes one line on stderr and exit code 1; Ctrl-C is
+    one line and exit code 130, SIGTERM one line and 143 (128 + the signal), after the cleanups ran."""
+    import signal
+    import threading
+
+    handles_term = threading.current_thread() is threading.main_thread()  # signal.signal works there only
+    previous = signal.signal(signal.SIGTERM, _terminate) if handles_term else None
+    try:
+        return _run_cli(prog, build, argv)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except _Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if handles_term:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _run_cli(prog: str, build: Callable[[], argparse.ArgumentParser], argv: list[str] | None) -> int:
     from convbw_mlir.reference import ToleranceError
     from convbw_mlir.runtime import DeviceError
 

@@ -96,7 +96,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     check_output(args.out)  # before the build: a folder of the user's is refused, not replaced
     from convbw_mlir.dispatch.engine import check_engine
 
-    check_engine(args.engine, args.address)  # before the problems are read: one line, nothing built
+    check_engine(args.engine, args.address, args.workers)  # before the problems are read: one line, nothing built
     problems = _problems(args)
     devices = None
     if not args.compile_only:  # the devices the timing half will use, checked before the build
@@ -177,6 +177,9 @@ def _cmd_select(args: argparse.Namespace) -> int:
         plan = sel.variant.plan
         print(f"plan: {json.dumps(plan.to_dict())}")
         print(f"workspace: {plan.workspace_bytes} bytes, {'' if plan.deterministic else 'not '}deterministic")
+        print("\n".join(plan.decision.lines() if plan.decision is not None else ["rule: none recorded"]))
+    else:
+        print(f"rule: none (IREE's own form {sel.variant.name}, no plan of ours: chosen by path {sel.path})")
     print(f"select took {dt * 1e3:.3f} ms")
     return 0
 
@@ -192,7 +195,7 @@ def add_dispatch_commands(sub: Any) -> None:
     tune.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
     tune.add_argument("--types", default="f16", help="comma-separated element types")
     tune.add_argument("--filter", default="", help="only problems whose name contains this")
-    tune.add_argument("--workers", type=int, default=2, help="parallel compile processes (default 2)")
+    tune.add_argument("--workers", type=int_at_least(1), default=2, help="parallel compile processes (default 2)")
     tune.add_argument("--engine", default="local", choices=["local", "ray"],
                       help="where the compiles run: here (local, the default) or as Ray tasks (ray: pip install "
                            "'convbw-mlir[ray]'; a local Ray of --workers CPUs unless --address)")  # fmt: skip
@@ -217,5 +220,6 @@ def add_dispatch_commands(sub: Any) -> None:
     add_request_arguments(sel)
     sel.add_argument("--target", default="sm_80", choices=list(TARGETS), metavar="TARGET")
     sel.add_argument("--device", default=None, help="device name: only its database")
-    sel.add_argument("--db", action="append", help="another database file to consult")
+    sel.add_argument("--db", action="append",
+                     help="a database file consulted first, over yours and the shipped ones (repeatable)")  # fmt: skip
     sel.set_defaults(func=_cmd_select)

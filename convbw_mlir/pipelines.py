@@ -41,6 +41,7 @@ def for_target(target: Target | str, **options: Any) -> list[PipelineElement]:
         stages += [("convbw-tile", {}), ("convbw-map-mma", {})]
     stages += ["canonicalize", "cse"]
     used: set[str] = set()
+    known: set[str] = set()
     elements = []
     for stage in stages:
         if isinstance(stage, str):
@@ -51,12 +52,14 @@ def for_target(target: Target | str, **options: Any) -> list[PipelineElement]:
             raise PipelineError(f"pipeline: {argument} is not registered")
         cls = PASSES[argument]
         names = {f.name for f in cls.option_fields()}
+        known |= names - fixed.keys()
         mine = {k: v for k, v in options.items() if k in names}
         used |= mine.keys()
         elements.append(PipelineElement(argument, cls(**{**fixed, **mine})))
     unknown = set(options) - used
     if unknown:
-        raise PipelineError(f"options: {', '.join(sorted(unknown))} taken by no pass of the {target} pipeline")
+        raise PipelineError(f"options: {', '.join(sorted(unknown))} taken by no pass of the {tgt.name} pipeline; "
+                            f"known: {', '.join(sorted(known))}")  # fmt: skip
     return elements
 
 

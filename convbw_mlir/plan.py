@@ -22,8 +22,11 @@ This module imports without the IREE compiler. Each measured rule links its data
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-from dataclasses import fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from convbw_mlir import policies
@@ -31,6 +34,7 @@ from convbw_mlir.loops import Contraction, Split, check_split, input_pads
 from convbw_mlir.plan_data import (
     LAYOUT4_FORMS,
     STRATEGY_OPTIONS,
+    Decision,
     Overrides,
     Plan,
     PlanError,
@@ -43,17 +47,20 @@ from convbw_mlir.plan_data import (
     _spelled,
     _target,
 )
-from convbw_mlir.policies import depthwise, sm80, sm90_fp8
+from convbw_mlir.policies import depthwise, sm80, sm90_fp8, switches
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target
 
 # The plan's data types are plan_data's; they are named here too, where users look for them.
 __all__ = [
     "LAYOUT4_FORMS",
+    "RULES",
     "STRATEGY_OPTIONS",
+    "Decision",
     "Overrides",
     "Plan",
     "PlanError",
+    "Rule",
     "SimtTile",
     "Split",
     "Strategy",
@@ -80,6 +87,9 @@ __all__ = [
 ]
 
 
+log = logging.getLogger("convbw_mlir.plan")  # decide's rule and reason for each plan, at DEBUG
+
+
 # -- the one entry ------------------------------------------------------------------------------------
 def decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | None = None, **overrides: Any) -> Plan:
     """Every decision for ``problem`` on ``target``.
@@ -92,16 +102,29 @@ def decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | N
 
     Returns:
         the plan, its :attr:`~Plan.workspace_bytes` and :attr:`~Plan.deterministic` filled
-        (:func:`plan_properties`).
+        (:func:`plan_properties`), and its :attr:`~Plan.decision`: the rule of :data:`RULES` that made it and
+        why (also logged at DEBUG by the logger ``convbw_mlir.plan``).
 
     Raises:
         PlanError: an unknown target or override, a value out of range, a tile the target cannot run,
             or a tile given for a problem whose strategy takes none.
     """
-    return plan_properties(problem, _decide(problem, target, split, **overrides))
+    _check_streamk_epilogue(problem, overrides.get("streamk"))
+    plan = plan_properties(problem, _decide(problem, target, split, **overrides))
+    log.debug("%s on %s: %s", problem.name, plan.target, plan.decision)
+    return plan
+
+
+def _check_streamk_epilogue(problem: ConvBwdWeightProblem, streamk: Any) -> None:
+    """StreamK with an epilogue: refused for that reason first, on any strategy and target (every StreamK kernel
+    writes dW plain), rather than for a missing ``strategy`` or the layout the user would then fix in vain."""
+    if problem.epilogue is not None and (streamk == "auto" or (_is_int(streamk) and streamk >= 1)):
+        raise PlanError(f"streamk: {streamk!r} with the {problem.epilogue.kind} epilogue (StreamK writes dW plain; "
+                        "a split carries the epilogue in its sum)")  # fmt: skip
 
 
 def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | None = None, **overrides: Any) -> Plan:
+    """The plan of the first rule of :data:`RULES` that applies and makes one, its :class:`Decision` recorded."""
     tgt = _target(target, "target")
     try:
         opts = Overrides(**overrides)
@@ -109,35 +132,180 @@ def _decide(problem: ConvBwdWeightProblem, target: Target | str, split: Split | 
         known = ", ".join(_spelled(f.name) for f in fields(Overrides))
         unknown = ", ".join(_spelled(k) for k in overrides if k not in {f.name for f in fields(Overrides)})
         raise PlanError(f"options: unknown {unknown}; known: {known}") from None
-    if problem.is_fp8:  # one path: the sm_90a fp8 GEMM; every other target refuses fp8 by name
-        if split is not None:
-            raise PlanError(f"split: {split.k_batch} (an fp8 op arrives unsplit: the fp8 GEMM splits it itself)")
-        return sm90_fp8.plan(problem, tgt, opts)
-    problem = relayout(problem)  # the problem the passes compute (convbw-relayout)
-    if opts.layout4 is not None or problem.layout in CHANNELS_FIRST:
-        chosen = _layout4(problem, tgt, split, opts, overrides)
-        if chosen is not None:
-            return chosen
-    planner = _target(opts.plan_for, "plan-for") if opts.plan_for else tgt
-    work = effective_problem(problem, opts.reduction_innermost)
-    gemm = work is not problem
-    given_split = split
-    if split is None:
-        split = plan_split_k(work, planner, opts.k_batch)
-    if opts.strategy == Strategy.EXPLICIT:
-        return _explicit(problem, tgt, opts)
-    base = Plan(tgt.name, Strategy.IREE, gemm, opts.reduction_innermost and gemm, split)
-    if not tgt.is_gpu:
-        return _no_tile(base, opts, "IREE's CPU codegen")
-    codegen = _gpu_strategy(base, work, tgt, opts)
-    if opts == Overrides() and given_split is None and depthwise.takes_by_default(problem, tgt):
-        return depthwise.plan(problem, tgt, opts)  # the policy's one switch (depthwise.BY_DEFAULT)
-    if opts.strategy is None and opts == Overrides() and given_split is None and _explicit_wins(problem, tgt, codegen):
-        try:
-            return _explicit(problem, tgt, opts)
-        except PlanError:  # e.g. no tiling fits the target's shared memory: IREE's codegen then
-            pass
-    return codegen
+    ask = _Ask(problem, tgt, split, opts, overrides)
+    for rule in RULES:
+        if rule.applies(ask):
+            plan = rule.make(ask)
+            if plan is not None:
+                return replace(plan, decision=ask.decision(rule, plan))
+            if all(name != rule.name for name, _ in ask.declined):  # it applied, yet made none: say so
+                ask.declined.append((rule.name, ""))
+    raise AssertionError("plan: no rule applied (the last, codegen, always does)")  # pragma: no cover
+
+
+# -- the rules, in order -------------------------------------------------------------------------------
+class _Ask:
+    """One decision's inputs and what its rules share, each computed once and only when a rule needs it, in
+    the order the rules ask (so a refusal of an option comes from the same step it always came from)."""
+
+    def __init__(self, problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, opts: Overrides,
+                 overrides: dict[str, Any]) -> None:  # fmt: skip
+        self.given, self.tgt, self.given_split, self.opts, self.overrides = problem, tgt, split, opts, overrides
+        self.declined: list[tuple[str, str]] = []  # rules that applied and made no plan, and why
+
+    @functools.cached_property
+    def problem(self) -> ConvBwdWeightProblem:
+        """The problem the passes compute (``convbw-relayout``)."""
+        return relayout(self.given)
+
+    @functools.cached_property
+    def plain(self) -> bool:
+        """No options and no split given: the plan's own choice."""
+        return self.opts == Overrides() and self.given_split is None
+
+    @functools.cached_property
+    def work(self) -> ConvBwdWeightProblem:
+        return effective_problem(self.problem, self.opts.reduction_innermost)
+
+    @functools.cached_property
+    def split(self) -> Split | None:
+        """The split given, else the plan's (on the target ``plan-for`` names, if given)."""
+        planner = _target(self.opts.plan_for, "plan-for") if self.opts.plan_for else self.tgt
+        work = self.work
+        return self.given_split if self.given_split is not None else plan_split_k(work, planner, self.opts.k_batch)
+
+    @functools.cached_property
+    def base(self) -> Plan:
+        """IREE's own codegen of the GEMM form and split decided."""
+        gemm = self.work is not self.problem
+        return Plan(self.tgt.name, Strategy.IREE, gemm, self.opts.reduction_innermost and gemm, self.split)
+
+    @functools.cached_property
+    def codegen(self) -> Plan:
+        """The codegen plan (strategy mma, simt or iree) of a GPU target."""
+        return _gpu_strategy(self.base, self.work, self.tgt, self.opts)
+
+    def decision(self, rule: Rule, plan: Plan) -> Decision:
+        """The record of ``rule`` making ``plan`` (a rule that decided again in another form: that decision after)."""
+        inner = plan.decision
+        then = inner if inner is not None and inner.rule != _NOTE else None
+        notes = [inner.detail] if inner is not None and inner.rule == _NOTE else []
+        if then is None:  # what the plan is (a rule that decided again: its decision says)
+            notes += [_kernel_of(plan)] if plan.strategy == Strategy.EXPLICIT else []
+            if plan.strategy == Strategy.MMA:
+                notes.append(f"mma: our tile {plan.tile.m}x{plan.tile.n}x{plan.tile.k} ({plan.tile.intrinsic})")
+            notes += [f"split-K: {plan.split.k_batch} over {plan.split.dim}"] if plan.split is not None else []
+        notes += [f"{name} declined" + (f": {why}" if why else "") for name, why in self.declined]
+        options = tuple((k, v) for k, v in self.overrides.items() if v != getattr(Overrides(), k))
+        return Decision(rule.name, rule.reason, "; ".join(notes), options, then)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the plan: where it applies, the plan it makes there, and why (:data:`RULES`).
+
+    Attributes:
+        name: short and stable (``convbw select`` prints it; tests and docs name it).
+        when: where it applies, in words (``applies`` is the test).
+        reason: one line: why this plan there (the measurement or the fact behind it, with its docs link).
+        applies: whether the rule applies to a decision (cheap; no refusal raised).
+        make: the plan; None where the rule declines after all (the next rule is asked), a PlanError where an
+            option asked for cannot be carried out.
+    """
+
+    name: str
+    when: str
+    reason: str
+    applies: Callable[[_Ask], bool]
+    make: Callable[[_Ask], Plan | None]
+
+
+def _fp8(a: _Ask) -> Plan:
+    if a.given_split is not None:
+        raise PlanError(f"split: {a.given_split.k_batch} (an fp8 op arrives unsplit: the fp8 GEMM splits it itself)")
+    return sm90_fp8.plan(a.given, a.tgt, a.opts)
+
+
+def _asked_explicit(a: _Ask) -> Plan:
+    if a.opts.plan_for:  # its refusal first, as ever; the split is the kernel's own (k tiles, not images)
+        _target(a.opts.plan_for, "plan-for")
+    return _explicit(a.problem, a.tgt, a.opts)
+
+
+def _depthwise_by_default(a: _Ask) -> Plan:
+    a.codegen  # noqa: B018 - decided first, as ever: a refusal there comes before this rule
+    return depthwise.plan(a.problem, a.tgt, a.opts)
+
+
+def _explicit_by_default(a: _Ask) -> Plan | None:
+    try:
+        return _explicit(a.problem, a.tgt, a.opts)
+    except PlanError as e:  # e.g. no tiling fits the target's shared memory: IREE's codegen then
+        a.declined.append(("explicit-by-default", str(e)))
+        return None
+
+
+#: The plan's rules, in order: the first that applies and makes a plan decides (:func:`decide`). The order is the
+#: semantics: fp8 before everything (one kernel computes it), the layout-4 forms before the strategy (they decide
+#: in layout 2 by these same rules), what is asked for before the plan's own choices, the switches' kernels
+#: (policies/switches.py) before codegen.
+RULES: tuple[Rule, ...] = (
+    Rule("fp8", "x and dy in an fp8 type",
+         "one kernel computes fp8: the sm_90a fp8 GEMM; every other target refuses fp8 by name "
+         "(docs/explicit-kernels.md, fp8)",
+         lambda a: a.given.is_fp8, _fp8),
+    Rule("layout4-fold", "asked for: layout4=fold",
+         "asked for: layout 4's implicit GEMM without a gather (x's windows by cp.async, each tap's shift in "
+         "shared memory)",
+         lambda a: a.opts.layout4 == "fold", lambda a: _layout4(a.problem, a.tgt, a.given_split, a.opts, a.overrides)),
+    Rule("layout4-as-layout2", "a layout-4 or layout-0 problem, or layout4 asked for (declines off NVIDIA)",
+         "computed in layout 2 between transposes where the plan there is one of our channels-last kernels "
+         "(docs/decisions.md#layout4), and layout 0 always (IREE's own forms of it were wrong)",
+         lambda a: a.opts.layout4 is not None or a.problem.layout in CHANNELS_FIRST,
+         lambda a: _layout4(a.problem, a.tgt, a.given_split, a.opts, a.overrides)),
+    Rule("explicit-asked", "asked for: strategy=explicit",
+         "asked for: the target's kernel of ours (on NVIDIA the depthwise kernel for depthwise problems and thin "
+         "groups the implicit GEMM refuses; on sm_90a the wgmma kernel where it takes the problem, else sm_80's)",
+         lambda a: a.opts.strategy == Strategy.EXPLICIT, _asked_explicit),
+    Rule("host", "a CPU target",
+         "IREE's own LLVM CPU codegen: no kernel or tile of ours for the host",
+         lambda a: not a.tgt.is_gpu, lambda a: _no_tile(a.base, a.opts, "IREE's CPU codegen")),
+    Rule("depthwise-by-default", "no options; NVIDIA; a depthwise problem or groups of at most GROUPED_BY_DEFAULT "
+         "channels the implicit GEMM does not merge; switch DEPTHWISE_BY_DEFAULT",
+         "the depthwise kernel: its wide form 1.11x cuDNN in geomean over 20 layers, its grouped form 2.2x SIMT "
+         "on 4-channel groups (docs/decisions.md#depthwise-by-default, #thin-groups)",
+         lambda a: a.plain and depthwise.takes_by_default(a.problem, a.tgt), _depthwise_by_default),
+    Rule("explicit-by-default", "no options; the target's kernel takes the problem by default, and it is not too "
+         "thin for matrix cores or its thin groups merge (switch MERGE_BY_DEFAULT)",
+         "our kernel where it was measured the fastest correct one for the problem's class "
+         "(docs/decisions.md#explicit-by-default, #thin-groups)",
+         lambda a: a.opts.strategy is None and a.plain and _explicit_wins(a.problem, a.tgt, a.codegen),
+         _explicit_by_default),
+    Rule("codegen", "everything else",
+         "IREE compiles it by our plan: a matrix-core tile, SIMT where too thin for matrix cores, or IREE's own "
+         "configuration, split-K by the occupancy rule (docs/decisions.md#strategy-choice)",
+         lambda a: True, lambda a: a.codegen),
+)  # fmt: skip
+
+_NOTE = ""  # a Decision of no rule: a note the codegen plan carries up to its rule (why IREE's own config)
+
+
+def _kernel_of(plan: Plan) -> str:
+    """Which kernel of ours an explicit plan is, in words."""
+    from convbw_mlir.policies import sm90
+
+    if plan.depthwise is not None:
+        return "the depthwise kernel"
+    if sm90_fp8.is_fp8(plan):
+        return "the sm_90a fp8 GEMM"
+    if sm90.is_sm90(plan):
+        return "the sm_90a wgmma kernel"
+    if plan.target_info.family != "nvidia":
+        return f"the {plan.target_info.family.upper()} kernel"
+    kernel = "the sm_80 implicit GEMM" + (" (folded)" if plan.folded else "")
+    if plan.target_info.wgmma_n:
+        kernel += " (the sm_90a kernel does not take the problem)"
+    return kernel + (f", {plan.merge.groups} groups merged" if plan.merge is not None else "")
 
 
 def _layout4(problem: ConvBwdWeightProblem, tgt: Target, split: Split | None, opts: Overrides,
@@ -200,11 +368,12 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
     """Whether the plan's own choice is the explicit kernel: the target's kernel family takes the problem
     by default (:func:`convbw_mlir.policies.sm80.takes_by_default`: where it was the fastest correct kernel
     when measured) and it is not too thin for matrix cores (codegen's choice is not SIMT), or it is, one group at a
-    time, and the kernel's rule merges its groups (:func:`convbw_mlir.policies.sm80.merge_rule`, behind its switch)."""
+    time, and the kernel's rule merges its groups (:func:`convbw_mlir.policies.sm80.merge_rule`, behind its switch
+    :data:`~convbw_mlir.policies.switches.MERGE_BY_DEFAULT`)."""
     policy = policies.for_target(tgt)
     # thin groups too thin for matrix cores one at a time fill them merged (docs/decisions.md#thin-groups)
     nvidia = policy is sm80 or policy is policies.sm90  # sm_90a's policy hands thin groups to the sm_80 kernel
-    thin_merged = nvidia and sm80.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
+    thin_merged = nvidia and switches.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
     return (
         policy is not None and (codegen.strategy != Strategy.SIMT or thin_merged) and policy.takes_by_default(problem)
     )
@@ -319,11 +488,12 @@ def _gpu_tile(plan: Plan, work: ConvBwdWeightProblem, tgt: Target, opts: Overrid
 
 
 def _no_tile(plan: Plan, opts: Overrides, why: str) -> Plan:
-    """``plan`` as it is; a tile override would be dropped silently, so it is refused instead."""
+    """``plan`` as it is, ``why`` noted for its rule's :class:`Decision`; a tile override would be dropped
+    silently, so it is refused instead."""
     if opts.tile:
         name = _spelled(next(n for n in Overrides._TILE if getattr(opts, n) is not None))
         raise PlanError(f"{name}: strategy {plan.strategy.value} takes no tile here ({why})")
-    return plan
+    return replace(plan, decision=Decision(_NOTE, "", f"{plan.strategy.value}: {why}"))
 
 
 def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
@@ -397,7 +567,10 @@ def relayout(problem: ConvBwdWeightProblem) -> ConvBwdWeightProblem:
     layout 1 (GNHWC, the group outermost) and layout 3's convolutions (NGCHW) become layout 2 (NHWGC), with
     the same dW and D. IREE 3.13's CUDA codegen read past the end of x or dy at the last group of layout 1 in
     every form, and computed two layout-3 convolutions wrongly in every form (docs/decisions.md#relayout);
-    layout 2 is the explicit kernel's and the layout the fenced fuzz found right."""
+    layout 2 is the explicit kernel's and the layout the fenced fuzz found right. A G-less layout is its grouped
+    twin first (:meth:`~convbw_mlir.problem.ConvBwdWeightProblem.grouped`: the same bytes, so the same plan)."""
+    if not problem.is_fp8:  # the fp8 GEMM reads channels-last x and dy as they lie
+        problem = problem.grouped()
     name = problem.layout_family.name
     if name == RELAYOUT[0] or (name == RELAYOUT[1] and as_gemm(problem) is None):
         return problem.with_(layout=LAYOUT_2)
@@ -612,11 +785,24 @@ def uses_matrix_cores(problem: ConvBwdWeightProblem, target: Target) -> bool:
 def plan_split_k(problem: ConvBwdWeightProblem, target: Target, k_batch: int | str) -> Split | None:
     """The split for ``k_batch``: ``rows`` (:func:`plan_rows_split`), a number of batch splits
     (:func:`plan_split`), or ``auto``: on a GPU the rows split for problems too thin for matrix cores
-    whose threads hold a dW row and whose partials pay, else the even batch split of :func:`auto_k_batch`."""
+    whose threads hold a dW row and whose partials pay, else the even batch split of :func:`auto_k_batch`.
+
+    Raises:
+        PlanError: a number of splits the batch's whole images cannot make (naming it and the nearest that work).
+    """
     if k_batch == "rows":
         return plan_rows_split(problem)
-    if k_batch != "auto":
-        return plan_split(problem, k_batch)
+    if k_batch != "auto":  # asked for: carried out as asked or refused, never replaced by another count
+        split = plan_split(problem, k_batch)
+        got, n = (split.k_batch if split else 1), problem.batch
+        if got != k_batch:
+            fits = lambda k: math.ceil(n / math.ceil(n / k)) == k  # noqa: E731
+            below = next(k for k in range(min(k_batch, n), 0, -1) if fits(k))
+            above = next((k for k in range(k_batch + 1, n + 1) if fits(k)), None)
+            near = " or ".join(str(k) for k in (below, above) if k is not None)
+            raise PlanError(f"k-batch: {k_batch} (a batch of {n} in splits of whole images is {got} "
+                            f"split{'s' * (got != 1)}, not {k_batch}; the nearest that work: {near})")  # fmt: skip
+        return split
     if target.is_gpu and not uses_matrix_cores(problem, target) and simt_threads_fit(problem):
         rows = plan_rows_split(problem)
         if rows is not None and rows_split_pays(problem, rows):

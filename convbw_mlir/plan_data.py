@@ -17,6 +17,7 @@ from convbw_mlir.targets import Target, get_target
 __all__ = [
     "LAYOUT4_FORMS",
     "STRATEGY_OPTIONS",
+    "Decision",
     "DepthwisePlan",
     "MergePlan",
     "STREAMK_FIXUPS",
@@ -30,6 +31,11 @@ __all__ = [
     "Tile",
     "WaveSpecPlan",
 ]
+
+
+# The largest integer an option or a plan field takes: the IR holds them as integer attributes (a value past
+# int64 was a std::bad_cast inside MLIR), and 2**31 - 1 is far past any real tile, stage, split or grid size.
+MAX_INT = 2**31 - 1
 
 
 class PlanError(ValueError):
@@ -128,6 +134,47 @@ class MergePlan:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """Why a plan is what it is: the rule of :data:`convbw_mlir.plan.RULES` that made it, or where it came from
+    (``tuned``: a tuning database's entry). Not part of the plan's identity (:attr:`Plan.decision`).
+
+    Attributes:
+        rule: the rule's name.
+        reason: the rule's one-line reason (the same for every problem it applies to).
+        detail: what the rule found for this problem (which kernel, a refusal that made an earlier rule decline).
+        options: the overrides the plan was decided with ((name, value) pairs; empty: none, the plan's own choice).
+        then: the decision of the problem a rule decided again in another form (a layout-4 problem in layout 2).
+    """
+
+    rule: str
+    reason: str
+    detail: str = ""
+    options: tuple[tuple[str, Any], ...] = ()
+    then: Decision | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.rule} ({self.reason})"
+        if self.detail:
+            text += f"; {self.detail}"
+        if self.options:
+            text += "; options " + ", ".join(f"{k}={v}" for k, v in self.options)
+        return text + (f" -> {self.then}" if self.then is not None else "")
+
+    def lines(self) -> list[str]:
+        """``rule: a -> b``, then a ``why:`` line a rule (reason; what it found) and the ``options:`` line."""
+        chain = [self]
+        while chain[-1].then is not None:
+            chain.append(chain[-1].then)
+        out = ["rule: " + " -> ".join(d.rule for d in chain)]
+        out += [f"why: {d.rule}: {d.reason}" + (f"; {d.detail}" if d.detail else "") for d in chain]
+        options = ", ".join(f"{k}={v}" for k, v in self.options) or "none (the plan's own choice)"
+        return out + [f"options: {options}"]
+
+    def __repr__(self) -> str:
+        return f"<{self.rule}{' -> ' + self.then.rule if self.then is not None else ''}: {self.reason}>"
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one problem is computed on one target. Frozen and hashable: a tuner's unit.
 
@@ -150,11 +197,14 @@ class Plan:
         workspace_bytes: device memory the kernel takes beyond x, dy, dW and D (split-K partials, StreamK
             partials and flags, IREE's padded copies of x and dy): :func:`convbw_mlir.plan.plan_properties`.
         deterministic: whether dW is bitwise the same run after run (every sum in a fixed order).
+        decision: the rule that made the plan and its reason (:class:`Decision`; :func:`convbw_mlir.plan.decide`
+            fills it, ``select`` for a database's entry), None on a plan read from its plain data.
 
-    The last two are properties of the plan for its problem, not choices: :func:`convbw_mlir.plan.decide`,
-    :func:`convbw_mlir.plan.plan_properties`, ``compile_op`` and ``CompiledOp.load`` fill them; they are
-    not part of the plan's identity (equality, hash, :meth:`to_dict`), and None on a plan read from its
-    plain data alone (no problem to size them by).
+    ``workspace_bytes`` and ``deterministic`` are properties of the plan for its problem, not choices:
+    :func:`convbw_mlir.plan.decide`, :func:`convbw_mlir.plan.plan_properties`, ``compile_op`` and
+    ``CompiledOp.load`` fill them; ``decision`` is its history. None of the three is part of the plan's identity
+    (equality, hash, :meth:`to_dict`: cache keys and tuning databases), and each is None on a plan read from its
+    plain data alone (no problem to size them by, no rule that made it).
     """
 
     target: str
@@ -172,6 +222,7 @@ class Plan:
     merge: MergePlan | None = None
     workspace_bytes: int | None = field(default=None, compare=False, repr=False)
     deterministic: bool | None = field(default=None, compare=False, repr=False)
+    decision: Decision | None = field(default=None, compare=False)
 
     @property
     def target_info(self) -> Target:
@@ -257,6 +308,8 @@ def _part(name: str, kind: type, data: Any) -> Any:
         value = data[field_name]
         if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise PlanError(f"{where}: expected an integer >= 1, got {value!r}")
+        if f.type == "int":
+            _at_most(where, value)
         if f.type == "bool" and not isinstance(value, bool):
             raise PlanError(f"{where}: expected true or false, got {value!r}")
         if f.type == "str" and not (isinstance(value, str) and value):
@@ -348,6 +401,8 @@ class Overrides:
         kb = self.k_batch
         if not (kb in ("auto", "rows") or (_is_int(kb) and kb >= 1)):
             raise PlanError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
+        for name in ("k_batch", *self._TILE, "streamk", "merge_groups"):
+            _at_most(_spelled(name), getattr(self, name))
         if self.plan_for is not None:
             _target(self.plan_for, "plan-for")
         for name in self._TILE:
@@ -390,6 +445,12 @@ class Overrides:
         """The tile overrides given, by :class:`Tile` field (``m``, ``n``, ``k``, ``subgroups_m`` ...)."""
         key = {"tile_m": "m", "tile_n": "n", "tile_k": "k"}
         return {key.get(n, n): getattr(self, n) for n in self._TILE if getattr(self, n) is not None}
+
+
+def _at_most(name: str, value: Any) -> None:
+    """Refuse an integer past :data:`MAX_INT` (naming ``name``); anything else is checked by the caller."""
+    if _is_int(value) and value > MAX_INT:
+        raise PlanError(f"{name}: {value} is past {MAX_INT} (2**31 - 1), the largest a plan takes")
 
 
 def _is_int(value: Any) -> bool:

@@ -28,6 +28,7 @@ __all__ = [
     "EPILOGUES",
     "FP8_DTYPES",
     "FP8_DW_DTYPES",
+    "GROUPED_TWIN",
     "INT64_MAX",
     "K_MAJOR",
     "LAYOUTS",
@@ -106,6 +107,9 @@ DEFAULT_LAYOUT = "NHWGC/GKYXC/NHWGK"
 #: copies an fp8 recipe's quantize step writes beside its casts (8-bit wgmma takes K-major operands only).
 #: Not in LAYOUTS, the families every kernel takes: only the fp8 GEMM reads it (docs/explicit-kernels.md).
 K_MAJOR = Layout("CNHW", "KYXC", "KNHW", None, False)
+#: The grouped family whose bytes each G-less family's are (G = 1 is a unit dimension, inserted in place):
+#: PyTorch's contiguous format is layout 4's, channels-last layout 2's (:meth:`ConvBwdWeightProblem.grouped`).
+GROUPED_TWIN = {"NCHW/KCYX/NKHW": "NGCHW/GKCYX/NGKHW", "NHWC/KYXC/NHWK": "NHWGC/GKYXC/NHWGK"}
 _LAYOUT_ALIASES = {"torch": "NCHW/KCYX/NKHW", "channels_last": "NHWC/KYXC/NHWK", "default": DEFAULT_LAYOUT,
                    "k_major": K_MAJOR.name}  # fmt: skip
 
@@ -586,6 +590,12 @@ class ConvBwdWeightProblem:
             f"_f{j(self.filter_size)}_i{j(self.input_size)}_s{j(self.stride)}_d{j(self.dilation)}"
             f"_p{j(self.pad_low)}_{j(self.pad_high)}_{types}_{lay}{epilogue}"
         )
+
+    def grouped(self) -> ConvBwdWeightProblem:
+        """This problem in the grouped layout whose bytes its G-less layout's are (:data:`GROUPED_TWIN`: x, dy,
+        dW and D each gain a unit G, nothing moves); itself in a grouped layout (or the fp8-only K-major one)."""
+        twin = GROUPED_TWIN.get(self.layout)
+        return self if twin is None else self.with_(layout=twin)
 
     def with_(self, **changes: Any) -> ConvBwdWeightProblem:
         """A copy with some fields changed (validated again)."""

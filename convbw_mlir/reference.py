@@ -21,6 +21,7 @@ __all__ = [
     "fp8_bound",
     "random_inputs",
     "reference",
+    "rounding_floor",
     "reference_bytes",
     "sample_indices",
     "sample_reference",
@@ -32,6 +33,10 @@ __all__ = [
 # Unit roundoff of each element type: the rounding of inputs is shared with the reference (it sees the
 # same rounded values), so what differs is the rounding of dW itself and the f32 accumulation order.
 _EPS = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24}
+# Smallest subnormal of each type (IEEE 754; bf16 has f32's exponents): below the normal range a rounding
+# errs by up to half of it whatever the value, so a relative bound alone fails a correctly rounded result
+# there (an f16 dW scaled by 1e-8 is all subnormals and zeros).
+_TINY = {"f16": 2.0**-24, "bf16": 2.0**-133, "f32": 2.0**-149}
 
 # Elements drawn or gathered at a time: bounds the float32 scratch of the large-array paths (32 MiB).
 _CHUNK = 1 << 23
@@ -147,6 +152,13 @@ def rounded_sum_error(length: int, peak: float) -> float:
     return K_SIGMA * _EPS["f32"] * math.sqrt(length * (1 + 2 * peak**2) / 18 + 1 / 3)
 
 
+def rounding_floor(dw_dtype: str) -> float:
+    """The absolute error a correctly rounded dW entry may have at any magnitude: half the smallest subnormal
+    of ``dw_dtype``, plus f32's for the epilogue's f32 product (``alpha * acc``) rounded before it. Above
+    the normal range's bottom it is below the relative bound's own slack; below it, it is all there is."""
+    return (_TINY[dw_dtype] + _TINY["f32"]) / 2
+
+
 def tolerance(problem: ConvBwdWeightProblem, matrix_cores: bool = False) -> tuple[float, float]:
     """(rtol, atol) for comparing a kernel's dW with :func:`reference`.
 
@@ -167,21 +179,32 @@ class ToleranceError(AssertionError):
 def assert_close(problem: ConvBwdWeightProblem, got: np.ndarray, want: np.ndarray, matrix_cores: bool = False) -> float:
     """Check ``got`` against the float64 reference ``want``; return the max error relative to scale.
 
-    The error of each entry is ``|got - want| / (|want| + scale)`` where ``scale`` is the RMS of
-    ``want``: entries near zero (cancellation) are judged against the typical magnitude, not against 0.
+    The error of each entry is ``(|got - want| - floor) / (|want| + scale)`` (0 where negative): ``scale``
+    is the RMS of ``want``, so entries near zero (cancellation) are judged against the typical magnitude, not
+    against 0; ``floor`` (:func:`rounding_floor`) is what rounding to dW's type may cost at any magnitude, so
+    a result whose entries are subnormal or zero (a small epilogue scale: the bound is relative, and the
+    epilogue's alpha and beta scale ``want`` and its RMS alike) passes where correctly rounded, and no more.
     ``matrix_cores``: the kernel may accumulate with matrix instructions (:func:`tolerance`).
 
     Raises:
-        ToleranceError: shape mismatch or an error above :func:`tolerance`, naming the worst entry.
+        ToleranceError: shape mismatch, a non-finite entry (saying where the exact value is beyond dW's
+            range: an epilogue's alpha or beta overflowing its type) or an error above :func:`tolerance`,
+            naming the worst entry.
     """
+    from convbw_mlir.problem import DTYPE_MAX
+
     got = np.asarray(got).astype(np.float64)
     if got.shape != want.shape:
         raise ToleranceError(f"shape: got {got.shape}, expected {want.shape}")
     if not np.all(np.isfinite(got)):
-        bad = np.argwhere(~np.isfinite(got))[0]
-        raise ToleranceError(f"dw: non-finite value {got[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(got))[0])
+        top = DTYPE_MAX[problem.dw_dtype]
+        beyond = f"; the exact value {want[bad]:.6g} is beyond {problem.dw_dtype}'s range (largest {top:g})"
+        raise ToleranceError(
+            f"dw: non-finite value {got[bad]} at index {bad}" + (beyond if abs(want[bad]) > top else "")
+        )
     scale = float(np.sqrt(np.mean(want**2))) or 1.0
-    err = np.abs(got - want) / (np.abs(want) + scale)
+    err = np.maximum(np.abs(got - want) - rounding_floor(problem.dw_dtype), 0.0) / (np.abs(want) + scale)
     worst = float(err.max()) if err.size else 0.0
     rtol, _ = tolerance(problem, matrix_cores)
     if worst > rtol:

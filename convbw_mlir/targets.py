@@ -180,6 +180,11 @@ class Target:
     def is_gpu(self) -> bool:
         return self.family != "cpu"
 
+    @property
+    def registers_per_cu(self) -> int:
+        """32-bit registers a CU/SM holds: ``register_file`` a SIMD lane x lanes x SIMDs (sm_80: 65,536)."""
+        return self.register_file * self.subgroup_size * self.simds_per_cu
+
     def intrinsic(self, dtype: str, name: str) -> Intrinsic | None:
         """The matrix instruction ``name`` for inputs of ``dtype``, or None if this target has none such."""
         return next((i for i in self.intrinsics.get(dtype, ()) if i.name == name), None)
@@ -298,10 +303,11 @@ _SM90A_INFO = (
     "max_thread_count_per_workgroup = 1024, max_workgroup_memory_bytes = 232448, "
     "max_workgroup_counts = [2147483647, 65535, 65535]>>"
 )
-# The sm_90a conv kernel's wgmma shapes (policies/sm90.py TILE_COST), after mma.sync: IREE's codegen plans
-# take the first (mma.sync); only our kernel's plans name these (its tile marks the kernel).
+# The sm_90a conv kernel's wgmma shapes, every tile width its rule may choose (policies/sm90.py TILE_COST and
+# NARROW_COST; tests/test_sm90_product.py holds the two together), after mma.sync: IREE's codegen plans take
+# the first (mma.sync); only our kernel's plans name these (its tile marks the kernel).
 _SM90A_INTRINSICS = {
-    t: (*_SM80[t], *_mma("NV_WGMMA_F32", t, ((64, n, 16) for n in (128, 192, 256)),
+    t: (*_SM80[t], *_mma("NV_WGMMA_F32", t, ((64, n, 16) for n in (64, 128, 192, 256)),
                          "wgmma.mma_async.sync.aligned.m{m}n{n}k{k}.f32." + t))
     for t in ("f16", "bf16")
 }  # fmt: skip

@@ -11,6 +11,10 @@ A layout-4 op (NGCHW/GKCYX/NGKHW) whose plan is ``channels_last`` (the plan's la
 docs/decisions.md#layout4) becomes the layout-2 op the same way, D transposed to GKYXC before it and dW
 transposed back to GKCYX after it, so the channels-last kernels compute it.
 
+A G-less op (PyTorch's NCHW/KCYX/NKHW or NHWC/KYXC/NHWK, G = 1) is first its grouped twin's (layout 4 or 2) by
+reshapes alone: x, dy and D gain a unit G (``tensor.expand_shape``), dW loses it (``tensor.collapse_shape``);
+the same bytes take the same plan and no copy.
+
 IREE 3.13's CUDA codegen read past the end of x or dy at the last group of layout 1 in every form it
 was given, and computed two layout-3 convolutions wrongly in every form (docs/decisions.md#relayout);
 layout 2 is the explicit kernel's and the layout the fenced fuzz found right. Which ops it rewrites is
@@ -23,17 +27,31 @@ from __future__ import annotations
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
 
-from convbw_mlir.builders import transpose
-from convbw_mlir.ir_imports import ir, util_d
+from convbw_mlir.builders import reassociation, transpose, unit_groups
+from convbw_mlir.ir_imports import ir, tensor_d, util_d
 from convbw_mlir.plan import PlanError, computed_problem, relayout
 
 __all__ = ["Relayout"]
 
 
 def _to(value: ir.Value, src: tuple[str, ...], dst: tuple[str, ...]) -> ir.Value:
-    """``value`` (dimensions ``src``) transposed to the order ``dst``, behind an optimization barrier."""
+    """``value`` (dimensions ``src``) transposed to the order ``dst``, behind an optimization barrier (``value``
+    itself where the orders agree)."""
+    if src == dst:
+        return value
     moved = transpose(value, [src.index(d) for d in dst])
     return util_d.OptimizationBarrierOp([moved.type], [moved]).results[0]
+
+
+def _unit_g(value: ir.Value, dims: tuple[str, ...], shape: tuple[int, ...], collapse: bool = False) -> ir.Value:
+    """``value`` with its unit G (``dims``/``shape``: the grouped twin's) inserted, or with ``collapse`` removed:
+    a reshape, no copy."""
+    groups = reassociation(unit_groups([d != "G" for d in dims]))
+    etype = ir.RankedTensorType(value.type).element_type
+    if collapse:
+        flat = ir.RankedTensorType.get([s for d, s in zip(dims, shape) if d != "G"], etype)
+        return tensor_d.CollapseShapeOp(flat, value, groups).result
+    return tensor_d.ExpandShapeOp(ir.RankedTensorType.get(list(shape), etype), value, groups, [], list(shape)).result
 
 
 @register
@@ -59,14 +77,20 @@ class Relayout(ConvbwPass):
             attrs = op.attributes
             plan_attr = attrs[convbw.PLAN_ATTR] if convbw.PLAN_ATTR in attrs else None
             d = op.operands[2] if len(op.operands) > 2 else None  # in dW's layout
-            w, w_target = problem.dims("dw"), target.dims("dw")
+            twin = problem.grouped()  # a G-less problem's grouped twin (the same bytes), else itself
+            operands = [op.operands[0], op.operands[1], d]
+            w, w_target = twin.dims("dw"), target.dims("dw")
             with ir.InsertionPoint(op), op.location:
-                x = _to(op.operands[0], problem.dims("x"), target.dims("x"))
-                dy = _to(op.operands[1], problem.dims("dy"), target.dims("dy"))
-                if d is not None and w != w_target:
-                    d = _to(d, w, w_target)
+                if twin != problem:  # x, dy and D gain their unit G
+                    operands = [v if v is None else _unit_g(v, twin.dims(t), twin.shape(t))
+                                for v, t in zip(operands, ("x", "dy", "dw"))]  # fmt: skip
+                x = _to(operands[0], twin.dims("x"), target.dims("x"))
+                dy = _to(operands[1], twin.dims("dy"), target.dims("dy"))
+                d = operands[2] if operands[2] is None else _to(operands[2], w, w_target)
                 new = convbw.build_op(target, x, dy, op.location, convbw.split_of(op), plan_attr, d).result
                 if w != w_target:  # layout 4: dW back to GKCYX (never a split op: plan._layout4)
                     new = transpose(new, [w_target.index(dim) for dim in w])
+                if twin != problem:  # dW loses its unit G
+                    new = _unit_g(new, w, twin.shape("dw"), collapse=True)
             op.results[0].replace_all_uses_with(new)
             op.erase()

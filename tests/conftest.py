@@ -20,10 +20,15 @@ _CACHE: dict = {}
 # one, never the user's ~/.cache (convbw_mlir/dispatch/cache.py).
 SESSION_CACHE = tempfile.mkdtemp(prefix="convbw-test-cache-")
 os.environ["CONVBW_CACHE_DIR"] = SESSION_CACHE
+# The runner's device locks are machine-wide (convbw_mlir/measure/gpu_lock.py): a session's stand-in devices
+# get their own, so that test runs side by side never wait on each other's (hanging) kernels.
+SESSION_LOCKS = tempfile.mkdtemp(prefix="convbw-test-gpu-locks-")
+os.environ["CONVBW_GPU_LOCK_DIR"] = SESSION_LOCKS
 
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)  # ~14 MB of kernels a run otherwise left in the temp folder
+    shutil.rmtree(SESSION_LOCKS, ignore_errors=True)
 
 
 def compiled_op(problem: ConvBwdWeightProblem, target: str = "host", **options):

@@ -396,7 +396,11 @@ def cases(draw: st.DrawFn) -> Case:
     """About one example in six invalid (refusal expected), the rest valid problems with options."""
     if draw(st.integers(0, 5)) == 0:
         return draw(invalid_case())
-    return Case(tuple(draw(valid_fields()).items()), tuple(draw(valid_options()).items()))
+    case = Case(tuple(draw(valid_fields()).items()), tuple(draw(valid_options()).items()))
+    k, n = case.opts.get("k_batch"), case.kwargs["batch"]
+    if isinstance(k, int) and math.ceil(n / math.ceil(n / k)) != k:  # splits of whole images cannot make k of them
+        return Case(case.fields, case.options, ("k-batch",), "k_batch_split")
+    return case
 
 
 # -- outcomes ----------------------------------------------------------------------------------------

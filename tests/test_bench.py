@@ -220,6 +220,24 @@ def test_errors_are_in_rms_units_and_ulps_of_the_type():
         tolerance_rms(DENSE, "f64", 1.0)
 
 
+def test_tolerance_of_a_tiny_epilogue_scale_passes_a_correctly_rounded_f16_dw_and_not_twice_it():
+    from convbw_mlir.problem import Epilogue
+    from convbw_mlir.reference import random_inputs, reference
+
+    # alpha 1e-8: an f16 dW of subnormals and zeros, as a correct kernel rounds it (issue 42)
+    p = ConvBwdWeightProblem(2, 4, 8, 8, (8, 8), (3, 3), pad_low=1, pad_high=1, dtype="f16",
+                             epilogue=Epilogue("scale", 1e-8))  # fmt: skip
+    x, dy = random_inputs(p)
+    exact = reference(p, x, dy)
+    rms = float(np.sqrt(np.mean(exact**2)))
+    rounded = (np.float32(1e-8) * reference(p.plain, x, dy).astype(np.float32)).astype(np.float16)
+    s = error_stats(rounded, exact, "f16", rms)
+    assert s["error_rms"] <= tolerance_rms(p, "f16", s["peak"], rms=rms)
+    assert s["error_rms"] > tolerance_rms(p, "f16", s["peak"])  # the relative bound alone failed it
+    wrong = error_stats((2 * exact).astype(np.float16), exact, "f16", rms)
+    assert wrong["error_rms"] > tolerance_rms(p, "f16", wrong["peak"], rms=rms)
+
+
 def _truncating_dot(products: np.ndarray, k: int) -> np.ndarray:
     """Rows of ``products`` summed as a tensor core does: k exact products a step into an f32 truncated to zero."""
     acc = np.zeros(products.shape[0])

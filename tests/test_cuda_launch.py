@@ -220,8 +220,9 @@ def test_strided_1x1_schedule_reads_both_memoized_command_buffers_across_the_cop
     # A strided 1x1 through IREE's codegen: the copy of x at the stride and the GEMM are two memoized command
     # buffers (two initializers, which have no symbol name), the copy's result held by util.optimization_barrier
     # between them. ResNet-50's stride-2 downsamples fell back to IREE's runtime on this (torch_enable results).
+    # (The torch layout's own plan is layout 4's, our kernel on channels-last copies: codegen asked for here.)
     problem = ConvBwdWeightProblem.from_ck("2 1 4 64 32 1 1 14 14 2 2 1 1 0 0 0 0", layout="torch")
-    op = compiled_op(problem, "sm_80", output_arg=True)
+    op = compiled_op(problem, "sm_80", output_arg=True, strategy="codegen")
     assert op.plan.strategy == "iree" and op.plan.gemm
     launch = op.launch
     assert launch.refused is None, launch.refused

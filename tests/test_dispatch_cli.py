@@ -88,6 +88,9 @@ def test_tune_help_says_kernels_are_code():
     assert "native code" in r.stdout and "trusted source" in r.stdout
 
 
+OTHER = "2d_g1_n256_c64_k64_f3x3_i56x56_s1x1_d1x1_p1x1_1x1_f16_l2"
+
+
 def _database(tmp_path, **change):
     from convbw_mlir.dispatch import TuningDB, candidates
     from convbw_mlir.dispatch.build import iree_version
@@ -118,8 +121,13 @@ def _database(tmp_path, **change):
             lambda d: d | {"entries": [{k: v for k, v in d["entries"][0].items() if k != "name"}]},
             "--import: tuning database {f}: entries[0]: missing field 'name'",
         ),  # fmt: skip
+        (  # the name of another problem (a shipped one): the entry is not what it says (issue 42)
+            lambda d: d | {"entries": [{**d["entries"][0], "name": OTHER}]},
+            f"--import: tuning database {{f}}: entries[0] ({OTHER}): name: '{OTHER}' is not the name of the "
+            "entry's problem, '2d_g1_n4_c8_k8_f3x3_i8x8_s1x1_d1x1_p1x1_1x1_f16_l2'",
+        ),  # fmt: skip
     ],
-    ids=["empty-object", "garbage", "a-list", "traversal", "median-not-a-number", "no-name"],
+    ids=["empty-object", "garbage", "a-list", "traversal", "median-not-a-number", "no-name", "another-problems-name"],
 )
 def test_importing_a_bad_file_is_one_line_naming_it_and_writes_nothing(content, message, tmp_path, capsys):
     bad = tmp_path / "bad.json"

@@ -66,6 +66,10 @@ BAD_ENTRIES = [
         dict(variant={"form": "convbw", "plan": {"target": "sm_80", "strategy": "iree"}}),
         "variant: a plan for sm_80, in a database for host",
     ),  # fmt: skip
+    (  # a name that is not its problem's (issue 42: taken as it was)
+        dict(name="2d_g1_n256_c64_k64_f3x3_i56x56_s1x1_d1x1_p1x1_1x1_f16_l2"),
+        "name: '2d_g1_n256_c64_k64_f3x3_i56x56_s1x1_d1x1_p1x1_1x1_f16_l2' is not the name of the entry's problem",
+    ),  # fmt: skip
 ]
 
 

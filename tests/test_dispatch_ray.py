@@ -3,6 +3,7 @@ crash isolation kept inside the task, the output folder the same bytes as the lo
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -165,3 +166,88 @@ def test_a_cache_sent_to_another_machine_makes_its_folder_there(tmp_path):
     one = TINY[0][1]
     r = build_one(one, "host", Variant("convbw", decide(one, "host")), pickle.loads(sent), None)
     assert r.ok and (tmp_path / "cache" / "CACHEDIR.TAG").is_file() and any((tmp_path / "cache" / "entries").iterdir())
+
+
+ONE_SEED = ["tune", "--suite", "seeds", "--filter", "streamk_3x3_512_n2_7", "--target", "host", "--compile-only"]
+
+
+def test_an_unreachable_address_is_one_error_naming_it_within_seconds(tmp_path):
+    import subprocess
+    import time
+
+    out = tmp_path / "out"
+    argv = [*ONE_SEED, "--engine", "ray", "--address", "127.0.0.1:1", "--out", str(out)]
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "convbw_mlir", *argv], capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 30  # Ray's own retries take ~12 minutes
+    assert done.returncode == 1, done.stderr
+    assert "error: address: '127.0.0.1:1': cannot connect to a Ray cluster: Connection refused" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def _serve_once(reply: bytes):
+    """A loopback port that accepts one connection and answers ``reply`` (or nothing): not a Ray cluster."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        conn, _ = server.accept()
+        with conn, contextlib.suppress(OSError):
+            if reply:
+                conn.sendall(reply)
+            while conn.recv(64):  # until the client gives up
+                pass
+
+    threading.Thread(target=answer, daemon=True).start()
+    return server, f"127.0.0.1:{server.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [(b"", "no answer within 0.5 s"), (b"HTTP/1.1 400 Bad Request\r\n\r\n", "it answered, but not as a Ray cluster")],
+)
+def test_a_port_that_is_not_ray_is_refused_within_the_connect_timeout(reply, why):
+    import time
+
+    from convbw_mlir.dispatch.engine import probe_ray_address
+
+    server, address = _serve_once(reply)
+    with server:
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=f"address: '{address}': cannot connect to a Ray cluster: {why}"):
+            probe_ray_address(address, timeout=0.5)
+        assert time.monotonic() - t0 < 5
+
+
+def test_a_running_ray_cluster_passes_the_connect_check():
+    from convbw_mlir.dispatch.engine import probe_ray_address, session
+
+    with session("ray", 1):
+        gcs = ray.get_runtime_context().gcs_address
+        probe_ray_address(gcs, timeout=5)
+        probe_ray_address(f"ray://{gcs}", timeout=5)  # the same port check for a Ray Client address
+
+
+@pytest.mark.parametrize("workers", ["0", "-1"])
+def test_cli_workers_below_one_is_one_error_naming_it_before_ray_starts(monkeypatch, tmp_path, capsys, workers):
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init called"))
+    out = tmp_path / "out"
+    argv = [*ONE_SEED, "--engine", "ray", "--workers", workers, "--out", str(out)]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == f"convbw: error: convbw tune: argument --workers: must be >= 1, got {workers}\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 2.0])
+def test_api_workers_below_one_is_refused_before_ray_starts(monkeypatch, tmp_path, workers):
+    from convbw_mlir.dispatch.engine import session
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init called"))
+    match = f"workers: expected a positive integer, got {workers!r}"
+    with pytest.raises(ValueError, match=match):
+        compile_candidates(TINY, "host", tmp_path / "out", max_workers=workers, engine="ray", log=lambda _: None)
+    with pytest.raises(ValueError, match=match), session("ray", workers):
+        pass
+    assert not (tmp_path / "out").exists()

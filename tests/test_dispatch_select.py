@@ -135,3 +135,40 @@ def test_a_tuned_plan_known_to_be_unsafe_is_not_replayed():
     with pytest.warns(UserWarning, match="read past x and dy"):
         sel = select(p, "sm_80", dbs=[db])
     assert sel.path != "exact" and sel.variant.plan == decide(p, "sm_80")  # decided anew
+
+
+def _users(p: ConvBwdWeightProblem, iree: str | None = None) -> TuningDB:
+    """A user's database for ``p`` on sm_80 whose winner is not the shipped one's: IREE's codegen of our tile."""
+    from convbw_mlir.dispatch.build import iree_version
+    from convbw_mlir.plan import decide
+
+    db = TuningDB("my-gpu", "sm_80", iree or iree_version())
+    db.add(p, Variant("convbw", decide(p, "sm_80", strategy="codegen"), (("strategy", "codegen"),)), median_s=1e-4)
+    return db
+
+
+def test_a_users_database_overlays_the_shipped_one_where_both_have_the_problem(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVBW_CACHE_DIR", str(tmp_path))
+    shipped = select(TUNED, "sm_80")
+    assert shipped.path == "exact" and "NVIDIA H100" in shipped.why
+    _users(TUNED).save(tmp_path / "tuning" / db_file_name("my-gpu", "sm_80"))
+    assert [d.device for d in databases("sm_80")] == ["my-gpu", "NVIDIA H100 80GB HBM3"]
+    mine = select(TUNED, "sm_80")  # the shipped entry served it before (issue 42)
+    assert mine.path == "exact" and mine.why.startswith("tuned on my-gpu") and mine.variant != shipped.variant
+
+
+def test_select_db_file_overlays_the_others_and_is_refused_by_name_where_unusable(tmp_path, capsys, monkeypatch):
+    from convbw_mlir.cli import main
+
+    monkeypatch.setenv("CONVBW_CACHE_DIR", str(tmp_path / "cache"))
+    mine = _users(TUNED).save(tmp_path / "mine.json")
+    assert main(["select", "--ck", TUNED.to_ck(), "--target", "sm_80", "--db", str(mine)]) == 0
+    assert "path: exact (tuned on my-gpu" in capsys.readouterr().out  # not the shipped H100 entry
+    # another target's or IREE version's file, asked for by name, was passed over silently
+    for target, db, why in [
+        ("gfx942", mine, f"{mine} is a database for target sm_80, not gfx942"),
+        ("sm_80", _users(TUNED, "3.12.0").save(tmp_path / "old.json"), "old.json was measured with IREE 3.12.0, this "),
+    ]:
+        assert main(["select", "--ck", TUNED.to_ck(), "--target", target, "--db", str(db)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("convbw: error: --db: ") and why in err and err.count("\n") == 1, err

@@ -127,9 +127,9 @@ def test_where_the_plan_chose_the_explicit_kernel_iree_codegen_and_its_grid_are_
 
 
 def test_where_the_plan_merges_thin_groups_one_group_a_gemm_is_a_rival(monkeypatch):
-    from convbw_mlir.policies import sm80
+    from convbw_mlir.policies import switches
 
-    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", True)
+    monkeypatch.setattr(switches, "MERGE_BY_DEFAULT", True)
     found = candidates(RESNEXT, "sm_80")
     assert found[0].plan.merge is not None
     one = decide(RESNEXT, "sm_80", strategy="explicit", merge_groups=1)

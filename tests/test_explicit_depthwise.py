@@ -12,7 +12,7 @@ import pytest
 from sm80_emulator import module_error
 
 from convbw_mlir.plan import Plan, PlanError, Strategy, check_plan, decide
-from convbw_mlir.policies import depthwise
+from convbw_mlir.policies import depthwise, switches
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 from convbw_mlir.targets import get_target
 
@@ -74,7 +74,7 @@ def test_thin_groups_keep_the_implicit_gemm_and_reach_the_grouped_form_only_by_a
     assert odd.depthwise is None and odd.tile is not None
     even = decide(THIN["c4_k4_3x3_vector4"], "sm_80", strategy="explicit")
     assert even.depthwise is None and even.tile is not None
-    monkeypatch.setattr(depthwise, "BY_DEFAULT", True)  # the switch is the depthwise form's alone (measured)
+    monkeypatch.setattr(switches, "DEPTHWISE_BY_DEFAULT", True)  # the switch is the depthwise form's alone (measured)
     assert decide(THIN["c3_k5_stride2_vector1"], "sm_80").depthwise is None
 
 
@@ -137,11 +137,11 @@ def test_a_hand_written_depthwise_plan_is_refused_naming_the_field(problem, numb
 
 def test_the_plan_chooses_the_depthwise_kernel_by_itself_exactly_when_its_switch_is_on(monkeypatch):
     p = CASES["3x3_pad"]
-    monkeypatch.setattr(depthwise, "BY_DEFAULT", True)
+    monkeypatch.setattr(switches, "DEPTHWISE_BY_DEFAULT", True)
     assert decide(p, "sm_80").depthwise is not None
     assert decide(p, "sm_80", strategy="codegen").depthwise is None  # codegen asked: codegen
     assert decide(p, "host").depthwise is None  # NVIDIA only
     four = decide(p.with_(layout=4), "sm_80")  # layout 4: the same kernel between transposes (decisions.md#layout4)
     assert four.depthwise is not None and four.channels_last
-    monkeypatch.setattr(depthwise, "BY_DEFAULT", False)
+    monkeypatch.setattr(switches, "DEPTHWISE_BY_DEFAULT", False)
     assert decide(p, "sm_80").strategy == Strategy.SIMT

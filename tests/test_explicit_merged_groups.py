@@ -15,7 +15,7 @@ from sm80_emulator import module_error
 from convbw_mlir.dispatch.variants import Variant, variant_key
 from convbw_mlir.plan import Plan, PlanError, check_plan, decide
 from convbw_mlir.plan_data import MergePlan, Strategy
-from convbw_mlir.policies import sm80
+from convbw_mlir.policies import sm80, switches
 from convbw_mlir.problem import ConvBwdWeightProblem as P
 from convbw_mlir.problem import Epilogue
 from convbw_mlir.targets import get_target
@@ -171,7 +171,7 @@ def test_4_channel_groups_take_the_merged_gemm_and_odd_ones_the_grouped_depthwis
     assert chosen.depthwise is None and chosen.merge == MergePlan(16)
     odd = decide(P.from_ck("2 32 32 3 3 3 3 56 56 1 1 1 1 1 1 1 1"), "sm_80")  # odd C: the rule does not merge
     assert odd.depthwise is not None and odd.merge is None
-    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", False)
+    monkeypatch.setattr(switches, "MERGE_BY_DEFAULT", False)
     assert decide(p, "sm_80").depthwise is not None  # the switch off: the grouped form, as before
     assert decide(p, "sm_80", strategy="explicit").merge == MergePlan(16)  # asked for, the merged GEMM
     assert decide(p, "sm_80", strategy="explicit", merge_groups=1).merge is None  # one group a GEMM stays reachable
@@ -180,7 +180,7 @@ def test_4_channel_groups_take_the_merged_gemm_and_odd_ones_the_grouped_depthwis
 def test_the_switch_merges_the_groups_the_plan_gave_the_explicit_kernel_one_at_a_time(monkeypatch):
     p = P.from_ck("2 32 32 8 8 3 3 56 56 1 1 1 1 1 1 1 1")
     assert decide(p, "sm_80").merge == MergePlan(8)
-    monkeypatch.setattr(sm80, "MERGE_BY_DEFAULT", False)
+    monkeypatch.setattr(switches, "MERGE_BY_DEFAULT", False)
     one = decide(p, "sm_80")
     assert one.strategy == Strategy.EXPLICIT and one.merge is None
 

@@ -4,6 +4,7 @@ the plan travels through the IR as data that round-trips and replays."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -171,6 +172,28 @@ def test_numpy_integers_are_taken_as_overrides_and_numpy_floats_and_bools_are_no
         decide(DENSE, "gfx942", k_batch=np.float64(2.0))
     with pytest.raises(PlanError, match="tile-m"):
         decide(DENSE, "gfx942", tile_m=np.bool_(True))
+
+
+@pytest.mark.parametrize(
+    ("target", "ck", "k_batch", "message"),
+    [
+        ("host", "2 1 8 16 16 3 3 8 8 1 1 1 1 1 1 1 1", 5, "a batch of 8 in splits of whole images is 4 splits"),
+        ("host", "2 1 8 16 16 1 1 8 8 1 1 1 1 0 0 0 0", 64, "is 8 splits, not 64; the nearest that work: 8"),
+        ("sm_80", "2 32 8 1 1 3 3 14 14 1 1 1 1 1 1 1 1", 7, "is 4 splits, not 7; the nearest that work: 4 or 8"),
+        ("gfx942", "2 1 1 64 64 3 3 14 14 1 1 1 1 1 1 1 1", 2, "a batch of 1 in splits of whole images is 1 split"),
+    ],
+)
+def test_a_k_batch_the_batch_cannot_make_is_refused_naming_it_not_replaced(target, ck, k_batch, message):
+    # it was silently planned with another count (issue 42): 5 splits of 8 images as 4, 64 as 8, 2 of 1 as none
+    with pytest.raises(PlanError, match=re.escape(f"k-batch: {k_batch} (") + ".*" + re.escape(message)):
+        decide(ConvBwdWeightProblem.from_ck(ck), target, k_batch=k_batch)
+
+
+def test_a_k_batch_the_batch_can_make_is_honoured_and_the_explicit_kernels_count_k_tiles():
+    five = ConvBwdWeightProblem.from_ck("2 1 5 16 16 3 3 8 8 1 1 1 1 1 1 1 1")
+    assert decide(five, "host", k_batch=3).split == Split("n", 3, 2)  # 5 images in 3 splits of 2, the last padded
+    two = ConvBwdWeightProblem.from_ck("2 1 2 64 64 3 3 14 14 1 1 1 1 1 1 1 1")
+    assert decide(two, "sm_80", strategy="explicit", k_batch=3).k_batch == 3  # k tiles, not images: not refused
 
 
 @pytest.mark.parametrize(

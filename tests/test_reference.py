@@ -66,6 +66,41 @@ def test_assert_close_rejects_a_single_wrong_entry():
         assert_close(p, want[0], want)
 
 
+@pytest.mark.parametrize("alpha", [1e-6, 1e-8, 1e-9, 1e-12])
+def test_a_correctly_rounded_result_of_a_tiny_epilogue_scale_passes_and_a_wrong_one_fails(alpha):
+    from convbw_mlir.problem import Epilogue
+
+    # f16 dW: alpha 1e-6 puts it below f16's normal range (6.1e-5), 1e-8 at its smallest subnormals, 1e-9 rounds
+    # it to zeros; the f32-accumulated result times alpha, rounded once to f16, is what a correct kernel gives
+    p = ConvBwdWeightProblem(2, 4, 8, 8, (8, 8), (3, 3), pad_low=1, pad_high=1, dtype="f16",
+                             epilogue=Epilogue("scale", alpha))  # fmt: skip
+    x, dy = random_inputs(p)
+    want = reference(p, x, dy)
+    rounded = (np.float32(alpha) * reference(p.plain, x, dy).astype(np.float32)).astype(np.float16)
+    assert assert_close(p, rounded, want) == 0.0  # within half a subnormal: nothing left of the error
+    if alpha >= 1e-8:  # where f16 can still tell (1e-9 rounds even twice the result to zeros)
+        with pytest.raises(ToleranceError, match="dw: max error"):
+            assert_close(p, (2 * want).astype(np.float16), want)
+        with pytest.raises(ToleranceError, match="dw: max error"):
+            assert_close(p, np.zeros_like(rounded), want)
+    shifted = want.copy()  # one entry off by one f16 subnormal more than rounding allows
+    shifted[1, 2, 0, 1, 3] += 1.5 * 2.0**-24 * np.sign(shifted[1, 2, 0, 1, 3])
+    with pytest.raises(ToleranceError, match=r"index \(1, 2, 0, 1, 3\)"):
+        assert_close(p, shifted, want)
+
+
+def test_a_result_that_overflows_dws_type_says_the_exact_value_is_beyond_its_range():
+    from convbw_mlir.problem import Epilogue
+
+    p = ConvBwdWeightProblem(1, 2, 8, 8, (6, 6), (3, 3), dtype="f16", epilogue=Epilogue("scale", 1e4))
+    x, dy = random_inputs(p)
+    want = reference(p, x, dy)
+    with np.errstate(over="ignore"):
+        got = want.astype(np.float16)
+    with pytest.raises(ToleranceError, match=r"non-finite value -?inf at index .*beyond f16's range \(largest 65504\)"):
+        assert_close(p, got, want)
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("rank", [1, 2, 3])
 def test_sample_reference_equals_the_full_reference_at_every_dw_index(layout, rank):

@@ -13,10 +13,12 @@ import pytest
 
 from convbw_mlir import policies
 from convbw_mlir.cuda_launch import Launch, TensorMap, encode_tensor_map
+from convbw_mlir.dispatch.select import select
 from convbw_mlir.dispatch.variants import Variant, variant_key
 from convbw_mlir.plan import Plan, PlanError, check_plan, decide
 from convbw_mlir.policies import sm90
 from convbw_mlir.problem import ConvBwdWeightProblem, Epilogue
+from convbw_mlir.targets import get_target
 
 RESNET_3X3 = "2 1 256 256 256 3 3 14 14 1 1 1 1 1 1 1 1"  # ResNet-50 stage 3's 3x3 at N=256
 TINY = "2 1 8 64 64 3 3 8 8 1 1 1 1 1 1 1 1"
@@ -95,6 +97,54 @@ def test_sm90a_plan_takes_64_row_tiles_where_k_is_64_and_64_column_tiles_where_y
     assert (c64.tile.m, c64.tile.subgroups_m, c64.tile.n, c64.k_batch) == (128, 2, 64, 66)
     check_plan(_problem(RESNET_3X3), decide(_problem(RESNET_3X3), "sm_90a"))  # K = 256: 128-row tiles as before
     assert decide(_problem(RESNET_3X3), "sm_90a").tile.m == 128
+
+
+RESNET50_1X1_64 = "2 1 64 64 64 1 1 56 56 1 1 1 1 0 0 0 0"  # ResNet-50 layer 1's 64 -> 64 1x1 at batch 64 (issue 37)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_every_tile_width_the_sm90a_rule_chooses_is_a_wgmma_shape_of_the_target_table(dtype):
+    """The table lists the kernel's shapes by hand: the 64-column tiles came to the rule without their line there."""
+    widths = (*sm90.TILE_COST, *sm90.NARROW_COST)
+    table = get_target("sm_90a")
+    missing = [bn for bn in widths if table.intrinsic(dtype, sm90.WGMMA.format(n=bn, t=dtype.upper())) is None]
+    assert not missing, f"the sm_90a rule's tile widths {missing} have no {dtype} wgmma in the target table"
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_sm90a_selects_a_valid_64_column_wgmma_variant_for_resnet50s_64_to_64_1x1(dtype):
+    p = ConvBwdWeightProblem.from_ck(RESNET50_1X1_64, dtype=dtype)
+    chosen = select(p, "sm_90a", dbs=[], selector=False).variant  # raised "does not run on sm_90a" before
+    assert chosen.plan.tile.intrinsic == f"NV_WGMMA_F32_64x64x16_{dtype.upper()}"
+    assert (chosen.plan.tile.m, chosen.plan.tile.n) == (64, 64)  # K = 64: one consumer; Y X C = 64: narrow
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_narrow_sm90a_plans_kernel_built_by_the_pass_matches_float64_under_emulation(dtype):
+    """The plan's 64 x 64 tile (one consumer warpgroup) and its split, as convbw-explicit-kernel builds them."""
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+    from sm90_emulator import run_conv
+
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.kernels.conv_sm90 import from_problem
+    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
+    from convbw_mlir.reference import random_inputs, reference
+
+    p = ConvBwdWeightProblem(1, 4, 64, 64, (16, 16), (1, 1), dtype=dtype, dw_dtype="f32", layout=2)
+    plan = decide(p, "sm_90a")
+    Variant("convbw", plan)
+    assert (plan.tile.m, plan.tile.n, plan.k_batch) == (64, 64, 2), plan
+    g = from_problem(p, Sm90Tiling(bn=plan.tile.n, consumers=plan.tile.subgroups_m, stages=plan.tile.stages),
+                     plan.k_batch)  # fmt: skip
+    x, dy = random_inputs(p, seed=1)
+    with new_context():
+        module = convbw.build_module(p, plan)
+        ExplicitKernel().run(module.operation)
+        partials = run_conv(module, dy.reshape(g.reduction, -1), x.reshape(*x.shape[:-2], -1), g)
+    want = reference(p, x, dy)
+    got = partials.sum(0).reshape(want.shape)
+    assert not np.isnan(got).any() and np.abs(got - want).max() / np.abs(want).max() < 1e-6
 
 
 def test_sm90a_plan_takes_k_batch_and_tile_n_and_refuses_a_split_past_the_k_tiles():
@@ -535,7 +585,7 @@ def test_sm90a_plan_with_an_epilogue_never_takes_streamk():
     with_scale = big.with_(epilogue=Epilogue("scale", 0.5))
     plan = decide(with_scale, "sm_90a")
     assert sm90.is_sm90(plan) and plan.streamk is None
-    with pytest.raises(PlanError, match="streamk: with the scale epilogue"):
+    with pytest.raises(PlanError, match="streamk: 'auto' with the scale epilogue"):
         decide(with_scale, "sm_90a", strategy="explicit", streamk="auto")
 
 

@@ -6,11 +6,13 @@ partial sum), and the explicit-GEMM rewrite of 1x1 problems.
 """
 
 import dataclasses
+import math
 
 import pytest
 from test_numerics_cpu import MATRIX, P, check
 
 from convbw_mlir.plan import (
+    PlanError,
     auto_k_batch,
     choose_simt_tile,
     choose_tile,
@@ -34,8 +36,13 @@ SPLIT_CASES = [
 
 @pytest.mark.parametrize("k_batch", [1, 2, 3, 7])
 @pytest.mark.parametrize("name", SPLIT_CASES)
-def test_split_k_factors_match_reference(compiled, name, k_batch):
-    check(compiled, MATRIX[name], k_batch=k_batch)
+def test_split_k_factors_match_reference_or_are_refused_naming_k_batch(compiled, name, k_batch):
+    p = MATRIX[name]
+    if math.ceil(p.batch / math.ceil(p.batch / k_batch)) != k_batch:  # whole images cannot make k_batch splits
+        with pytest.raises(PlanError, match=rf"^k-batch: {k_batch} \(a batch of {p.batch} in splits of whole images"):
+            compiled(p, "host", k_batch=k_batch)
+        return
+    check(compiled, p, k_batch=k_batch)
 
 
 @pytest.mark.parametrize("name", SPLIT_CASES)
@@ -97,11 +104,13 @@ def test_uneven_batch_splits_pad_and_drop_no_work(compiled, p):
     assert "k_batch = 3" in compiled(p, "host", k_batch=3).stages["linalg"]
 
 
-def test_a_batch_of_one_is_not_split(compiled):
+def test_a_batch_of_one_is_not_split_and_asking_for_splits_is_refused_naming_k_batch(compiled):
     p = P(1, 1, 4, 6, (13, 9), (3, 3), pad_low=1, pad_high=1)
-    assert plan_split(p, 7) is None
-    check(compiled, p, k_batch=7)
-    assert "k_batch = 1" in compiled(p, "host", k_batch=7).stages["linalg"]
+    assert plan_split(p, 7) is None  # at most 7: the planner's own (automatic) splits take it so
+    # asked for, 7 splits are not replaced by 1 (issue 42): the one error names the option and what works
+    message = r"^k-batch: 7 \(a batch of 1 in splits of whole images is 1 split, not 7; the nearest that work: 1\)$"
+    with pytest.raises(PlanError, match=message):
+        compiled(p, "host", k_batch=7)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,11 @@ level (the ISA report compiles again, in :mod:`convbw_mlir.build.iree`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,9 +127,9 @@ class CompiledOp:
     def save(self, directory: str | os.PathLike) -> Path:
         """Save into the artifact folder ``directory`` (created if missing); returns ``directory``.
 
-        The folder holds ``op.json`` (the problem, target, pipeline and flags, and ``files``: the name of
-        a ``v-<32 hex>`` subfolder) and that subfolder, which holds ``kernel.vmfb``, one ``<stage>.mlir``
-        per stage and its own ``op.json`` (it loads on its own too).
+        The folder holds ``op.json`` (the problem, target, pipeline and flags, ``sha256``: each file's hash,
+        and ``files``: the name of a ``v-<32 hex>`` subfolder) and that subfolder, which holds ``kernel.vmfb``,
+        one ``<stage>.mlir`` per stage and its own ``op.json`` (it loads on its own too).
 
         Promises:
             - Save writes and removes only its own files; a folder holding anything else (or an
@@ -150,11 +153,14 @@ class CompiledOp:
         }
         if self.plan is not None:
             meta["plan"] = self.plan.to_dict()
-        files = {"kernel.vmfb": bytes(self.vmfb), "op.json": _json_bytes(meta)}
+        files = {"kernel.vmfb": bytes(self.vmfb)}
         files |= {f"{stage}.mlir": text.encode() for stage, text in self.stages.items()}
         if self.launch is not None:  # launch.json + PTX beside the vmfb (docs/torch.md)
             files |= self.launch.files()
             meta["launch"] = True
+        # checked at load: a corrupt vmfb crashes the runtime that executes it, so it is refused first
+        meta["sha256"] = {name: hashlib.sha256(raw).hexdigest() for name, raw in files.items()}
+        files["op.json"] = _json_bytes(meta)
         write_versioned(
             directory,
             files,
@@ -171,10 +177,12 @@ class CompiledOp:
 
         An artifact is native code that :meth:`run` executes: load only artifacts from a trusted source.
         A load concurrent with saves into the same folder returns one complete artifact, never a mix.
+        Every file is checked against the sha256 ``op.json`` records (a corrupt ``kernel.vmfb`` would crash
+        the runtime); an artifact saved before hashes were recorded loads unchecked, with a warning.
 
         Raises:
             FileNotFoundError: ``directory`` holds no ``op.json``, or a file of the artifact is missing.
-            ValueError: a malformed artifact folder.
+            ValueError: a malformed artifact folder, or a file whose hash is not the one recorded (naming it).
         """
         directory = Path(directory)
         meta_path = directory / "op.json"
@@ -198,25 +206,54 @@ class CompiledOp:
                     f"artifact: {directory / 'op.json'}: files: expected v-<32 hex>, got {meta['files']!r}"
                 )
             folder = directory / meta["files"]
+        read = _checked_reader(directory / "op.json", folder, meta.get("sha256", _UNRECORDED))
         problem = ConvBwdWeightProblem.from_dict(meta["problem"])
         plan = Plan.from_dict(meta["plan"]) if meta.get("plan") else None
         return cls(
             problem=problem,
             target=meta["target"],
-            stages={s: (folder / f"{s}.mlir").read_text() for s in meta["stages"]},
-            vmfb=(folder / "kernel.vmfb").read_bytes(),
+            stages={s: read(f"{s}.mlir").decode() for s in meta["stages"]},
+            vmfb=read("kernel.vmfb"),
             pipeline=meta["pipeline"],
             flags=list(meta["flags"]),
             iree_version=meta.get("iree_version", ""),
             plan=plan_properties(problem, plan) if plan is not None else None,  # sized for the problem, not stored
-            launch=_load_launch(folder) if meta.get("launch") else None,
+            launch=_load_launch(read) if meta.get("launch") else None,
         )
 
 
-def _load_launch(folder: Path) -> Any:
+_UNRECORDED = object()  # an op.json without ``sha256``: saved before hashes were recorded
+
+
+def _checked_reader(index: Path, folder: Path, digests: Any) -> Callable[[str], bytes]:
+    """A reader of the artifact's files in ``folder`` that refuses a file whose sha256 is not the one ``index``
+    records (or that it does not record); an artifact without hashes is read unchecked, warned once.
+
+    Raises:
+        ValueError: ``digests`` is not a dictionary of hex strings (naming ``index``).
+    """
+    if digests is _UNRECORDED:
+        warnings.warn(f"artifact: {index} records no file hashes (saved before they were checked): loaded "
+                      "unchecked; save it again to add them", stacklevel=6)  # fmt: skip
+        return lambda name: (folder / name).read_bytes()
+    if not (isinstance(digests, dict) and all(isinstance(v, str) for v in digests.values())):
+        raise ValueError(f"artifact: {index}: sha256: expected a dictionary of file names to hex digests")
+
+    def read(name: str) -> bytes:
+        raw = (folder / name).read_bytes()
+        if digests.get(name) != hashlib.sha256(raw).hexdigest():
+            why = "is not recorded in" if name not in digests else "differs from the one recorded in"
+            raise ValueError(f"artifact: {folder / name}: its sha256 {why} {index} (a corrupt or altered "
+                             "file): not loaded")  # fmt: skip
+        return raw
+
+    return read
+
+
+def _load_launch(read: Callable[[str], bytes]) -> Any:
     from convbw_mlir.cuda_launch import Launch
 
-    return Launch.from_files(lambda name: (folder / name).read_bytes())
+    return Launch.from_files(read)
 
 
 def _device_index(device: Any) -> int | None:

@@ -5,11 +5,12 @@ process: the convbw op, the target's pipeline (:mod:`convbw_mlir.pipelines`), IR
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from typing import Any
 
 from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.build.iree import CompileError, compile_module, iree_version
-from convbw_mlir.plan import Plan, plan_properties
+from convbw_mlir.plan import Overrides, Plan, decide, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target
 
@@ -34,6 +35,7 @@ def build_op(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None = 
     from convbw_mlir.pipelines import for_target
 
     pipeline = for_target(target, **options)
+    given = plan
     with new_context() as ctx:
         module = convbw.build_module(problem, plan)
         stages = {"convbw": str(module)}
@@ -45,6 +47,7 @@ def build_op(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None = 
         plan = _plan_carried_out(module)
         mapped = _tensor_maps_kernel(module)
     plan = plan_properties(problem, plan) if plan is not None else None  # its workspace and determinism
+    plan = _with_decision(problem, target, plan, given, options)
     vmfb, launch = _compile_vmfb(bytecode, target, extra_flags)
     if mapped is not None and launch is not None and launch.refused is None:  # what the direct launch encodes
         from convbw_mlir.cuda_launch import TensorMap
@@ -65,6 +68,21 @@ def build_op(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None = 
         plan=plan,
         launch=launch,
     )
+
+
+def _with_decision(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None, given: Plan | None,
+                   options: dict[str, Any]) -> Plan | None:  # fmt: skip
+    """The plan carried out (read back from the IR: no :attr:`~Plan.decision`) with the rule that made it: the
+    given plan's, else the plan pass's own decision (decided again: cheap, pure)."""
+    if plan is None:
+        return None
+    if given is None:
+        names = {f.name for f in fields(Overrides)}
+        try:
+            given = decide(problem, target, **{k: v for k, v in options.items() if k in names})
+        except ValueError:  # the pass decided, so this does not happen; the plan then goes without its rule
+            return plan
+    return replace(plan, decision=given.decision) if plan == given else plan
 
 
 def run_pipeline(module: Any, pipeline: list, context: Any = None) -> None:

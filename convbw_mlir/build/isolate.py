@@ -12,16 +12,20 @@ file; a child killed by a signal, or past its time limit, becomes :class:`Compil
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,27 +91,78 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
             raise ValueError(f"fn: {fn.__qualname__} is defined in an interactive session; a child cannot import it")
         module = spec.name if spec is not None else f"{SCRIPT_PREFIX}{Path(script).resolve()}"
     payload = pickle.dumps(((module, fn.__qualname__), args, kwargs))
-    fd, result_path = tempfile.mkstemp(prefix="convbw-isolate-", suffix=".pickle")
-    os.close(fd)
-    result = Path(result_path)
+    # A private folder, removed whole at the end: a child outliving its caller cannot leave a result file there.
+    folder: Path | None = None
+    proc: subprocess.Popen | None = None
     try:
-        cmd = [sys.executable, "-m", "convbw_mlir.build.isolate", result_path]
         try:
-            res = subprocess.run(cmd, input=payload, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            err = (e.stderr or b"").decode(errors="replace")
+            with _signals_held():  # a Ctrl-C or SIGTERM now comes once folder and proc are known (below)
+                folder = Path(tempfile.mkdtemp(prefix="convbw-isolate-"))
+                cmd = [sys.executable, "-m", "convbw_mlir.build.isolate", str(folder / "result.pickle")]
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            _, raw_err = proc.communicate(payload, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, raw_err = proc.communicate()
+            err = (raw_err or b"").decode(errors="replace")
             raise CompilerCrash(f"IREE timed out after {timeout:g} s compiling {what}", None, err) from None
-        err = res.stderr.decode(errors="replace")
-        if res.returncode != 0 or result.stat().st_size == 0:
+        except BaseException:  # Ctrl-C, SIGTERM (the CLIs raise it), anything: the child goes with us
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+            raise
+        result = folder / "result.pickle"
+        err = raw_err.decode(errors="replace")
+        if proc.returncode != 0 or not result.is_file() or result.stat().st_size == 0:
             tail = _last_line(err)
-            message = f"IREE crashed ({_how(res.returncode)}) compiling {what}" + (f": {tail}" if tail else "")
-            raise CompilerCrash(message, res.returncode, err)
+            message = f"IREE crashed ({_how(proc.returncode)}) compiling {what}" + (f": {tail}" if tail else "")
+            raise CompilerCrash(message, proc.returncode, err)
         status, value = pickle.loads(result.read_bytes())
     finally:
-        result.unlink(missing_ok=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     if status == "error":
         raise value
     return value
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while the child starts, then deliver them: raised inside ``Popen`` they would end
+    the caller with the child started and its handle lost (an orphan compile writing into a removed folder).
+    Python runs signal handlers in the main thread only; elsewhere nothing is held (the child watches its parent)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, Any]] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append((signum, frame))) for s in _HELD}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for signum, frame in caught[:1]:  # as if it came now
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
+def _exit_with_parent(interval_s: float = 1.0) -> None:
+    """End this child when its parent is gone (killed, or ended without waiting): no orphan compile goes on."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="convbw-isolate-parent-watch").start()
 
 
 # A function of a script run as ``python path/script.py`` (the benchmarks in bench/): the child loads the
@@ -128,6 +183,7 @@ def _import(module: str) -> Any:
 
 
 def _child(result_path: str) -> None:
+    _exit_with_parent()
     (module, qualname), args, kwargs = pickle.loads(sys.stdin.buffer.read())
     try:
         fn = functools.reduce(getattr, qualname.split("."), _import(module))

@@ -6,6 +6,7 @@ choice) and taken from the kernel cache or built (:mod:`convbw_mlir.build`) on a
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from convbw_mlir.build.artifact import CompiledOp
@@ -15,7 +16,7 @@ from convbw_mlir.dispatch.cache import KernelCache
 from convbw_mlir.dispatch.select import check_requests, select
 from convbw_mlir.dispatch.variants import Variant
 from convbw_mlir.limits import check_limits
-from convbw_mlir.plan import Plan, PlanError, check_plan, decide, plan_properties
+from convbw_mlir.plan import Decision, Plan, PlanError, check_plan, decide, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
@@ -41,12 +42,15 @@ def compile_op(
     Args:
         problem: the problem.
         target: ``host``, an AMD ``gfx*`` or an NVIDIA ``sm_*`` name (see :data:`convbw_mlir.targets.TARGETS`).
-        extra_flags: more IREE compiler flags.
+        extra_flags: more IREE compiler flags. A compile with any runs in a child process, as with ``isolate``:
+            IREE ends the process that compiles on some flag values (``LLVM ERROR``), and no check of ours knows
+            every flag's values.
         plan: a plan to carry out as it is (e.g. one a tuner stored, or its dictionary) instead of
             deciding one; it must be for ``target`` and takes no ``options``.
         isolate: compile in a child process (:mod:`convbw_mlir.build.isolate`), so that an IREE crash raises
-            :class:`CompileError` here instead of ending this process (a cache hit starts no child).
-        timeout: with ``isolate``, seconds before the child is killed (None: no limit).
+            :class:`CompileError` here instead of ending this process (a cache hit starts no child); always
+            so with ``extra_flags``.
+        timeout: with ``isolate`` (or ``extra_flags``), seconds before the child is killed (None: no limit).
         output_arg: give the function a third argument, the buffer dW is written into
             (``{iree.abi.output = 0}``): the caller owns the output (:class:`convbw_mlir.runtime.PreparedCall`).
             Cached apart from the same kernel without it.
@@ -64,12 +68,19 @@ def compile_op(
     Raises:
         ValueError: unknown target or option; no plan meets ``deterministic`` / ``max_workspace_bytes``, or
             the given plan or options do not (naming the request, the value and what the plan needs).
-        TypeError: a request of the wrong type.
-        CompileError: a pass or IREE failed; with ``isolate``, also IREE crashed or timed out
+        TypeError: a request of the wrong type, ``extra_flags`` not a list of strings.
+        CompileError: a pass or IREE failed; with ``isolate`` or ``extra_flags``, also IREE crashed or timed out
             (:class:`convbw_mlir.build.isolate.CompilerCrash`).
     """
+    if extra_flags is not None and (
+        isinstance(extra_flags, str) or not all(isinstance(f, str) for f in _iterable(extra_flags))
+    ):
+        raise TypeError(f"extra_flags: expected a list of IREE flags (strings), got {extra_flags!r:.80}")
+    # a bad flag value makes IREE abort the compiling process: the user's flags are tried in a child
+    isolate = isolate or bool(extra_flags)
     if timeout is not None and not isolate:
-        raise ValueError("timeout: applies to isolate=True compiles only")
+        raise ValueError("timeout: applies to isolate=True compiles (and those with extra_flags) only")
+    extra_flags = list(extra_flags) if extra_flags else None
     tgt = resolve(target)  # the one lookup: the Target goes down from here (a bad name fails before a child)
     check_limits(problem, tgt)
     if isinstance(plan, dict):  # a stored plan's plain data (as Plan.to_dict writes it)
@@ -81,6 +92,9 @@ def compile_op(
         raise PlanError(f"plan: a given plan is carried out as it is, for its own target; here {why}")
     if plan is not None:
         check_plan(problem, plan)
+        if plan.decision is None:  # no rule made it: op.plan says where it came from
+            plan = replace(plan, decision=Decision("given", "carried out as given (compile_op plan=...): a stored or "
+                                                   "hand-written plan, checked, not decided"))  # fmt: skip
     check_requests(deterministic, max_workspace_bytes)
     wants = {"deterministic": deterministic, "max_workspace_bytes": max_workspace_bytes}
     constrained = deterministic or max_workspace_bytes is not None
@@ -111,7 +125,16 @@ def compile_op(
     op, _ = cached_build(problem, tgt, variant, cache, extra_flags, output_arg=output_arg, isolate=isolate,
                          timeout=timeout)  # fmt: skip
     op.selection = selection
+    if variant.plan is not None and op.plan == variant.plan and op.plan.decision is None:  # a cached kernel's plan
+        op.plan = replace(op.plan, decision=variant.plan.decision)
     return op
+
+
+def _iterable(value: Any) -> list[Any]:
+    try:
+        return list(value)
+    except TypeError:
+        return [None]  # not iterable: refused as not a list of strings
 
 
 def _decided(problem: ConvBwdWeightProblem, tgt: Target, options: dict[str, Any]) -> Plan:

@@ -65,7 +65,9 @@ def cached_build(problem: ConvBwdWeightProblem, target: Target | str, variant: V
                  output_arg: bool = False, isolate: bool = False,
                  timeout: float | None = None) -> tuple[CompiledOp, bool]:  # fmt: skip
     """``(op, hit)``: ``variant`` from the cache ``cache_root`` (a :class:`KernelCache`, its folder, or None:
-    the user's), compiled on a miss (in a child process with ``isolate``: an IREE crash is a CompileError here)."""
+    the user's), compiled on a miss (in a child process with ``isolate`` or ``extra_flags``: an IREE crash, or
+    the abort a bad flag value causes, is a CompileError here)."""
+    isolate = isolate or bool(extra_flags)  # IREE ends the compiling process on some flag values
     tgt = resolve(target)
     kc = cache_root if isinstance(cache_root, KernelCache) else KernelCache(cache_root)
     request = variant_request(problem, tgt, variant, iree_version(), extra_flags, output_arg=output_arg)

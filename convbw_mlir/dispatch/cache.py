@@ -51,7 +51,7 @@ from typing import Any
 
 from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.files import claim_folder
-from convbw_mlir.plan import Plan
+from convbw_mlir.plan import Plan, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = ["CacheError", "CacheInfo", "CacheTrustError", "KernelCache", "default_cache_dir"]
@@ -300,15 +300,17 @@ class KernelCache:
                 if len(raw) != size or _sha256(raw) != digest:
                     raise ValueError(f"{name}: {len(raw)} bytes, expected {size} (or its sha256 differs)")
                 files[name] = raw
+            problem = ConvBwdWeightProblem.from_dict(meta["problem"])
             op = CompiledOp(
-                problem=ConvBwdWeightProblem.from_dict(meta["problem"]),
+                problem=problem,
                 target=meta["target"],
                 stages={s: files[f"{s}.mlir"].decode() for s in meta["stages"]},
                 vmfb=files["kernel.vmfb"],
                 pipeline=meta["pipeline"],
                 flags=list(meta["flags"]),
                 iree_version=meta["iree_version"],
-                plan=Plan.from_dict(meta["plan"]) if meta["plan"] else None,
+                # its workspace and determinism are sized for the problem, not stored (as CompiledOp.load)
+                plan=plan_properties(problem, Plan.from_dict(meta["plan"])) if meta["plan"] else None,
                 launch=_launch(files) if meta["launch"] else None,  # the direct CUDA or HIP launch
             )
             if json.loads(json.dumps(op.problem.to_dict())) != meta["problem"]:
@@ -400,15 +402,15 @@ class KernelCache:
         """``(op, hit)``: the cached op, or ``build()``'s result stored under ``key``. Processes building
         one key at once compile it once: the others wait on its lock and read the entry.
 
-        A cache that cannot be written (a full disk, a read-only folder) is a warning: the op is returned,
-        uncached.
+        A cache that cannot be made or written (a root under a file or a read-only folder, a full disk) is a
+        warning: the op is returned, uncached.
 
         Raises:
-            CacheError: the root cannot be made (CacheTrustError: it is not private to the user).
+            CacheTrustError: the root is not private to the user.
             ValueError: the root is a file or a folder that is not this cache.
         """
-        self._setup()
         try:
+            self._setup()  # a root that cannot be made (under a file, a read-only folder): compiled uncached
             op = self.get(key)
             if op is not None:
                 return op, True

@@ -11,9 +11,9 @@ silently. Files are written atomically. A database names no files: it holds plan
 
 Checked at parse (:data:`ENTRY_FIELDS`): the header's fields (``device`` a name, ``target`` one of the
 target table's, which is all a file name is made of), and each entry's: its problem and variant parse
-(a plan for the database's target), its times are positive finite numbers, its other fields have their
-types. A reader (:func:`convbw_mlir.dispatch.select.databases`) ignores a bad entry with a warning naming
-the file and the entry; ``convbw tune --import`` refuses the whole file.
+(a plan for the database's target), its name is its problem's name, its times are positive finite numbers,
+its other fields have their types. A reader (:func:`convbw_mlir.dispatch.select.databases`) ignores a bad
+entry with a warning naming the file and the entry; ``convbw tune --import`` refuses the whole file.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ def check_entry(entry: Any, target: str) -> tuple[ConvBwdWeightProblem, Variant]
     """An entry's problem and variant, after checking every field of :data:`ENTRY_FIELDS`.
 
     Raises:
-        ValueError: the first bad field, named with its value (a plan for another target too).
+        ValueError: the first bad field, named with its value (a plan for another target, a name that is
+            not its problem's, too).
     """
     if not isinstance(entry, dict):
         raise ValueError(f"expected an object, got {entry!r}")
@@ -144,7 +145,10 @@ def check_entry(entry: Any, target: str) -> tuple[ConvBwdWeightProblem, Variant]
     variant = Variant.from_dict(entry["variant"])
     if variant.plan is not None and variant.plan.target != target:
         raise ValueError(f"variant: a plan for {variant.plan.target}, in a database for {target}")
-    return ConvBwdWeightProblem.from_dict(entry["problem"]), variant
+    problem = ConvBwdWeightProblem.from_dict(entry["problem"])
+    if entry["name"] != problem.name:  # a database names each entry by its problem: one that disagrees is not it
+        raise ValueError(f"name: {entry['name']!r} is not the name of the entry's problem, {problem.name!r}")
+    return problem, variant
 
 
 def check_header(data: dict[str, Any], source: str) -> tuple[str, str, str, str]:

@@ -12,26 +12,40 @@ a cluster fills the same output folder, with the same bytes, as one on this mach
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+import struct
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
-__all__ = ["ENGINES", "EngineError", "check_engine", "run_tasks", "session", "worker_name"]
+__all__ = ["CONNECT_TIMEOUT_S", "ENGINES", "EngineError", "check_engine", "probe_ray_address", "run_tasks", "session",
+           "worker_name"]  # fmt: skip
 
 ENGINES = ("local", "ray")
 RAY_EXTRA = "pip install 'convbw-mlir[ray]'"
+# Seconds a Ray address has to answer before the build gives up: ray.init's own retries take ~12 min (20 tries
+# of 35 s in Ray 2.60) on an address where nothing answers, which reads as a hang.
+CONNECT_TIMEOUT_S = 10.0
+# What an HTTP/2 client sends first (RFC 9113 3.4): the preface and an empty SETTINGS frame. Ray's GCS and its
+# client server speak gRPC, so a Ray address answers with a SETTINGS frame of its own; a port of anything else
+# (Ray's dashboard, another service) does not, and ray.init would retry it as long as an unreachable one.
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + struct.pack(">I", 0)[1:] + b"\x04\x00" + struct.pack(">I", 0)
 
 
 class EngineError(RuntimeError):
     """A task the engine lost (a Ray worker that died, a node that left); the message names the task."""
 
 
-def check_engine(engine: str, address: str | None = None) -> None:
-    """Refuse an unknown engine, an address without Ray, or Ray where it is not installed.
+def check_engine(engine: str, address: str | None = None, workers: Any = 1) -> None:
+    """Refuse an unknown engine, an address without Ray, a worker count below 1, or Ray where it is not
+    installed: before anything starts (a Ray session, a build).
 
     Raises:
         ValueError: naming the field and the value.
     """
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers: expected a positive integer, got {workers!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
     if address is not None and engine != "ray":
@@ -60,12 +74,11 @@ def run_tasks(fn: Callable[..., Any], jobs: list[tuple], engine: str = "local", 
         address: the Ray cluster to join (``ray.init(address=...)``), for engine ray only.
 
     Raises:
-        ValueError: a bad engine, address or worker count (:func:`check_engine`).
+        ValueError: a bad engine, address or worker count (:func:`check_engine`), or no Ray cluster
+            answering at ``address`` within :data:`CONNECT_TIMEOUT_S` (:func:`probe_ray_address`).
         Exception: whatever ``fn`` raised (engine local).
     """
-    check_engine(engine, address)
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ValueError(f"workers: expected a positive integer, got {workers!r}")
+    check_engine(engine, address, workers)
     if engine == "local":
         with ThreadPoolExecutor(workers) as pool:
             futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
@@ -108,8 +121,13 @@ def _ray_tasks(fn: Callable[..., Any], jobs: list[tuple]) -> Iterator[tuple]:
 def session(engine: str, workers: int = 2, address: str | None = None) -> Iterator[None]:
     """For engine ray, a Ray session around several :func:`run_tasks` calls (Ray starts in ~5 s here):
     the caller's if Ray is already initialised, else one started here (on ``address``, or a local Ray of
-    ``workers`` CPUs) and shut down after. Nothing for engine local."""
-    check_engine(engine, address)
+    ``workers`` CPUs) and shut down after. Nothing for engine local.
+
+    Raises:
+        ValueError: a bad engine, address or worker count, or no Ray cluster answering at ``address`` within
+            :data:`CONNECT_TIMEOUT_S` (:func:`probe_ray_address`), before Ray is started.
+    """
+    check_engine(engine, address, workers)
     if engine != "ray":
         yield
         return
@@ -119,10 +137,71 @@ def session(engine: str, workers: int = 2, address: str | None = None) -> Iterat
         yield
         return
     if address is not None:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        probe_ray_address(address)
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError) as e:  # e.g. auto with no cluster running here
+            raise ValueError(f"address: {address!r}: cannot connect to a Ray cluster: {_first_line(e)}") from None
     else:  # no dashboard: its extra processes would take CPUs from the compiles
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """The (host, port) Ray connects to for ``address`` (``host:port``, ``ray://host:port``, ``[v6]:port``, or
+    ``auto`` as Ray resolves it); None where Ray finds no address itself (``auto`` with no cluster: ray.init
+    says so at once)."""
+    if address == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            address = canonicalize_bootstrap_address(address) or ""
+        except Exception:  # no cluster found, or Ray's private helper moved: ray.init reports it
+            return None
+    text = address.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"address: expected a Ray address (host:port, ray://host:port or auto), got {address!r}")
+    return host, int(port)
+
+
+def probe_ray_address(address: str, timeout: float | None = None) -> None:
+    """Check that a Ray cluster answers at ``address`` within ``timeout`` seconds (default
+    :data:`CONNECT_TIMEOUT_S`): a TCP connection, then an HTTP/2 SETTINGS frame in reply to a client's
+    preface (Ray's GCS and its client server are gRPC servers). With ``RAY_USE_TLS`` set only the connection
+    is checked (the preface would have to go through TLS).
+
+    Raises:
+        ValueError: naming ``address``, its value and what failed (refused, no answer, not a Ray port).
+    """
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+    where = _host_port(address)
+    if where is None:
+        return
+    why = None
+    try:
+        with socket.create_connection(where, timeout=timeout) as s:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("0", "", "false"):
+                s.sendall(_H2_HELLO)
+                head = b""
+                while len(head) < 9:
+                    chunk = s.recv(9 - len(head))
+                    if not chunk:
+                        break
+                    head += chunk
+                if len(head) < 9 or head[3] != 0x04:  # the frame's type byte: SETTINGS
+                    why = "it answered, but not as a Ray cluster (no gRPC server there: give the GCS port, e.g. 6379)"
+    except TimeoutError:
+        why = f"no answer within {timeout:g} s"
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+    if why is not None:
+        raise ValueError(f"address: {address!r}: cannot connect to a Ray cluster: {why}")

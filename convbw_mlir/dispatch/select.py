@@ -23,9 +23,10 @@ Distance between problems of one element type, rank and layout family: the sum o
 GEMM view's M, N, K and groups, plus 2 where the filter differs and 1 where the strides differ. Beyond
 :data:`NEAREST_MAX` (a factor 2 in one size) no neighbour is near enough.
 
-Databases: the ones shipped in the package (``convbw_mlir/tuning/*.json``) and the user's
-(``<cache>/tuning/*.json``, where ``convbw tune --import`` puts them), for the target; with ``device``,
-only that device's.
+Databases: the user's (``<cache>/tuning/*.json``, where ``convbw tune --import`` puts them) and the ones shipped
+in the package (``convbw_mlir/tuning/*.json``), for the target; with ``device``, only that device's. The user's
+overlay the shipped ones: the first database holding a problem's entry serves it, files named to
+:func:`databases` (``convbw select --db FILE``) first, then the user's, then the shipped.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, db_file_name, problem_key
 from convbw_mlir.dispatch.learned import TreeSelector, selector_file_name
 from convbw_mlir.dispatch.variants import Variant, candidates, dist_version, heuristic, known_wrong
-from convbw_mlir.plan import PlanError, check_plan, decide, plan_properties, satisfies
+from convbw_mlir.plan import Decision, PlanError, check_plan, decide, plan_properties, satisfies
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
@@ -98,32 +99,37 @@ def _load(path: Path, iree: str) -> TuningDB | None:
 
 
 def databases(target: str, device: str | None = None, extra: list[str | os.PathLike] | None = None) -> list[TuningDB]:
-    """The usable databases for ``target`` (and ``device``): shipped, the user's, then ``extra``.
+    """The usable databases for ``target`` (and ``device``), in the order :func:`select` consults them:
+    ``extra`` (as given), the user's, then the shipped ones; a database earlier in it overlays a later one.
 
     A malformed file found in a database folder is ignored with a warning, a bad entry left out with one.
 
     Raises:
-        ValueError: a file of ``extra`` that cannot be read or is not a database (naming it).
+        ValueError: a file of ``extra`` that cannot be read, is not a database, or is for another target or
+            IREE version (naming it): asked for by name, it is used or refused, never passed over.
     """
+    iree = _version()
     for p in extra or []:  # asked for by name: an error, not a warning
         try:
-            TuningDB.load(p)
+            db = TuningDB.load(p)
         except OSError as e:
             raise ValueError(f"--db: cannot read {p}: {e.strerror or e}") from None
         except DatabaseError as e:
             raise ValueError(f"--db: {e}") from None
+        if db.target != target:
+            raise ValueError(f"--db: {p} is a database for target {db.target}, not {target}")
+        if db.iree_version != iree:
+            raise ValueError(f"--db: {p} was measured with IREE {db.iree_version}, this is {iree}")
     from convbw_mlir.dispatch.cache import default_cache_dir
 
-    iree = _version()
-    folders: list[Any] = [SHIPPED, default_cache_dir() / "tuning"]
-    paths: list[Path] = []
+    folders: list[Any] = [default_cache_dir() / "tuning", SHIPPED]  # the user's overlay the shipped
+    paths: list[Path] = [Path(p) for p in extra or []]
     suffix = f".{target}.json"
     for folder in folders:
         names = [n for n in _listing(folder) if n.endswith(suffix) and n != selector_file_name(target)]
         if device is not None:
             names = [n for n in names if n == db_file_name(device, target)]
         paths += [Path(str(folder / n)) for n in names]
-    paths += [Path(p) for p in extra or []]
     out = []
     for p in paths:
         db = _load(p, iree)
@@ -250,7 +256,9 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
                 except ValueError as e:  # a tuned plan this version knows to be unsafe: never replayed
                     warnings.warn(f"tuning database {db.device}: {entry['name']}: {e}; decided anew", stacklevel=2)
                     break
-                variant = replace(variant, plan=plan_properties(problem, variant.plan))
+                tuned = Decision("tuned", "a tuning database's entry for exactly this problem: measured fastest and "
+                                 f"verified on {db.device}", f"entry {entry['name']}", variant.options)  # fmt: skip
+                variant = replace(variant, plan=replace(plan_properties(problem, variant.plan), decision=tuned))
                 if not variant.options:  # the heuristic's plan when it was tuned: named as what it is now
                     variant = replace(variant, label="tuned")
             if not variant_satisfies(problem, variant, **wants):

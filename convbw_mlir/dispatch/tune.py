@@ -88,7 +88,8 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
     local Ray of ``max_workers`` CPUs or the cluster at ``address``); the folder's content is the same.
 
     Raises:
-        ValueError: an unknown engine, an address without Ray, Ray not installed (before any build).
+        ValueError: an unknown engine, an address without Ray, Ray not installed, ``max_workers`` below 1, no
+            Ray cluster answering at ``address`` (before any build, and before Ray starts).
     """
     from importlib.metadata import version
 
@@ -96,7 +97,7 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
     from convbw_mlir.dispatch.engine import check_engine, run_tasks, session
     from convbw_mlir.files import atomic_directory
 
-    check_engine(engine, address)
+    check_engine(engine, address, max_workers)
     reg = Registry(target, cache)
     per_problem = []
     for _name, problem, _ in problems:

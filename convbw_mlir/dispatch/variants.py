@@ -246,7 +246,10 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
             base.merge is not None
         ):  # merged thin groups: one group a GEMM is a rival too (docs/decisions.md#thin-groups)
             yield {"strategy": "explicit", "merge_groups": 1}
-        base = decide(problem, target, strategy="codegen")
+        try:
+            base = decide(problem, target, strategy="codegen")
+        except PlanError:  # no codegen plan (fp8: the fp8 GEMM only): the grid below has nothing to vary
+            return
     mma = pick_intrinsic(problem, tgt) is not None
     grouped = problem.groups > 1
     kb = base.k_batch

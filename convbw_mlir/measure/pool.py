@@ -22,10 +22,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from convbw_mlir.measure.gpu_lock import VISIBLE
+
 __all__ = ["DEVICES_HELP", "Device", "deal", "parse_devices", "resolve_devices", "visible_gpus"]
 
 # The variable that hides every other GPU from a process and its children, per IREE driver.
-_VISIBLE = {"cuda": "CUDA_VISIBLE_DEVICES", "hip": "HIP_VISIBLE_DEVICES"}
+_VISIBLE = VISIBLE
 _SMI = {"cuda": ["nvidia-smi", "-L"], "hip": ["rocm-smi", "--showuniqueid"]}
 _SMI_LINE = {"cuda": re.compile(r"^GPU \d+:"), "hip": re.compile(r"^GPU\[(\d+)\]")}
 

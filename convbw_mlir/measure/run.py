@@ -16,15 +16,15 @@ batches of calls each ended by reading the result back, at least 20 batches and 
 A contender whose child dies, hangs, or raises a device fault is recorded as ``crashed`` with its message;
 the problem's other contenders then run in a fresh child. With several GPUs (``--devices``, default every
 visible one) one worker per GPU takes the next problem (:mod:`convbw_mlir.measure.pool`); ``--jobs N`` puts N
-workers on each GPU, whose CPU work overlaps while their GPU steps take turns (:func:`gpu_lock`). Writes JSON, a
-markdown table and a PNG plot next to ``--out``.
+workers on each GPU, whose CPU work overlaps. Every GPU step takes the device's machine-wide lock
+(:mod:`convbw_mlir.measure.gpu_lock`): a timing (and cuDNN's algorithm search) holds the device alone; other GPU
+work (context creation, copies, references, checks, a child's exit) shares it, never beside a timing; the CPU
+work between holds nothing. Writes JSON, a markdown table and a PNG plot next to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import math
 import os
@@ -35,15 +35,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from convbw_mlir.measure import gpu_lock
 from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.reference import accumulation_error, random_inputs, reference, rounded_sum_error, sample_reference
+from convbw_mlir.reference import (
+    accumulation_error,
+    random_inputs,
+    reference,
+    rounded_sum_error,
+    rounding_floor,
+    sample_reference,
+)
 from convbw_mlir.runtime import FENCE_BYTES, Kernel, fenced_host, time_calls
 
 __all__ = ["DirectKernel", "error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
@@ -57,8 +64,6 @@ SAMPLE_SEED = 11
 STEP_TIMEOUT_S = 600
 # Exit status of a child that stopped after a failed contender, so the problem's next one gets a fresh process.
 _RESTART = 3
-# Where several measuring workers share a GPU (``jobs``), the file whose lock a child holds while it uses the GPU.
-GPU_LOCK_ENV = "CONVBW_GPU_LOCK"
 # Device faults: after one the process's context is unusable. IREE reports CUDA errors as ABORTED; on the H100
 # (2026-11-23) a faulting kernel surfaced as "ABORTED; CUDA error 'CUDA_ERROR_ILLEGAL_ADDRESS'" at the result's
 # fence, or as a bare "ABORTED; ... hal.device.queue.dealloca" where the dealloca met the failed queue first.
@@ -84,7 +89,8 @@ def _stats(samples: list[float]) -> dict[str, float]:
 # Accuracy: float64 on a sample of dW entries, errors in RMS units and ulps, tolerances (docs/tolerances.md)
 
 
-def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma: bool = True) -> float:
+def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma: bool = True,
+                  rms: float | None = None) -> float:  # fmt: skip
     """Largest ``max|got - exact| / rms(exact)`` a correct kernel with f32 accumulation may show.
 
     One rounding of dW to ``dw_dtype`` (at most u * peak RMS, ``peak`` = max|dW| / rms) plus the f32
@@ -93,13 +99,15 @@ def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma
     of NVIDIA tensor cores"), a bias that grows like u * n / sqrt(3) RMS over a chain of n = L / MMA_K updates;
     without (round to nearest, a serial sum: the GPU reference) it is u * sqrt(L (1 + 2 peak^2) / 18) at the
     largest entry (:func:`convbw_mlir.reference.rounded_sum_error`). Derivation: docs/tolerances.md.
+    With ``rms`` (dW's RMS), plus :func:`convbw_mlir.reference.rounding_floor` in RMS units: what rounding to
+    a subnormal or to zero costs whatever the value (a small epilogue scale puts f16 dW there).
     """
     if dw_dtype not in _FORMAT:
         raise ValueError(f"dw_dtype: unknown element type {dw_dtype!r}; known: {', '.join(_FORMAT)}")
     mant, _ = _FORMAT[dw_dtype]
     length = problem.gemm[3]
     acc = accumulation_error(length, True) if mma else rounded_sum_error(length, peak)
-    return 2.0 ** -(mant + 1) * peak + acc
+    return 2.0 ** -(mant + 1) * peak + acc + (rounding_floor(dw_dtype) / rms if rms else 0.0)
 
 
 def _ulp(magnitude: np.ndarray, dtype: str) -> np.ndarray:
@@ -279,7 +287,7 @@ class _Problem:
             full = error_stats(got, self.want, dw_dtype)
             res["error_rms_full"] = full["error_rms"]
             peak = max(peak, full["peak"])
-        tol = res["tolerance_rms"] = tolerance_rms(p, dw_dtype, peak, mma)
+        tol = res["tolerance_rms"] = tolerance_rms(p, dw_dtype, peak, mma, self.rms)
         # (error, its tolerance, flat index, exact value, what it was compared with) of each failed check
         failed = []
         if sample["error_rms"] > tol:
@@ -300,12 +308,18 @@ class _Problem:
         return res
 
 
+def _lock(driver: str, device: int | None) -> gpu_lock.DeviceLock:
+    """The machine-wide lock of the device this process runs on (:mod:`convbw_mlir.measure.gpu_lock`)."""
+    return gpu_lock.for_device(driver, device or 0)
+
+
 def _run_reference(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None) -> dict[str, Any]:
     """Run the GPU reference and check it; where it holds and numpy's is out of reach, it is ``prob.want``."""
     if not rec.get("ok"):
         checked = "numpy" if prob.want is not None else f"float64 sample ({len(prob.indices)} entries) only"
         return {"reference_error": rec.get("error", "no kernel"), "reference_checked": checked}
-    gpu = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device).run(prob.x, prob.dy)
+    with _lock(driver, device).shared():
+        gpu = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device).run(prob.x, prob.dy)
     # its ISA is checked at compile time: without matrix instructions it rounds to nearest
     check = prob.check(gpu, "f32", mma=bool(rec.get("mma_count", 1)))
     check["entries"] = len(prob.indices)
@@ -370,20 +384,24 @@ def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device:
                    timed: bool = True) -> dict[str, Any]:  # fmt: skip
     if not rec.get("ok"):
         return {"status": "no kernel", "error": rec.get("error", "")}
-    if rec.get("launch"):  # TMA tensor maps: the direct launch runs it, not IREE's runtime
-        if driver != "cuda":
-            return {"status": "n/a", "error": f"driver: {driver} (the kernel runs by the direct CUDA launch)"}
-        kernel: Any = DirectKernel(folder / rec["launch"], prob.p, device)
-    else:
-        kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
-    # NaN after x and dy: a kernel reading past them is WRONG here, not only where memory holds NaN later
-    xd, dyd = kernel.to_device_fenced(prob.x), kernel.to_device_fenced(prob.dy)
-    res = prob.check(np.asarray(kernel(xd, dyd).to_host()), prob.p.dw_dtype)
+    if rec.get("launch") and driver != "cuda":  # TMA tensor maps: the direct launch runs it, not IREE's runtime
+        return {"status": "n/a", "error": f"driver: {driver} (the kernel runs by the direct CUDA launch)"}
+    lock = _lock(driver, device)
+    with lock.shared():  # loading, copies and the checked call: GPU work, never beside another's timing
+        if rec.get("launch"):
+            kernel: Any = DirectKernel(folder / rec["launch"], prob.p, device)
+        else:
+            kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
+        # NaN after x and dy: a kernel reading past them is WRONG here, not only where memory holds NaN later
+        xd, dyd = kernel.to_device_fenced(prob.x), kernel.to_device_fenced(prob.dy)
+        got = np.asarray(kernel(xd, dyd).to_host())
+    res = prob.check(got, prob.p.dw_dtype)  # numpy: the CPU's work, holding nothing
     if res["status"] != "ok" and "non-finite" in res.get("error", ""):
         res["error"] += " (x and dy are followed by NaN: the kernel reads past the end of its inputs)"
     if res["status"] == "ok" and timed:
-        res |= _stats(time_calls(kernel, xd, dyd))
-        res |= _gpu_time(lambda: kernel(xd, dyd), lambda r: r.to_host(), driver)
+        with lock.timing():
+            res |= _stats(time_calls(kernel, xd, dyd))
+            res |= _gpu_time(lambda: kernel(xd, dyd), lambda r: r.to_host(), driver)
     return res
 
 
@@ -393,11 +411,18 @@ def _run_cudnn(prob: _Problem, torch_: Torch | None) -> dict[str, Any]:
     why = torch_.supports(prob.p)
     if why:
         return {"status": "n/a", "error": why}
-    call, to_ours = torch_.prepare(prob.p, prob.x, prob.dy)
-    res = prob.check(to_ours(call()), prob.p.dw_dtype)
+    lock = _lock("cuda", None)  # torch's device 0: the one this child is pinned to, or the driver's first
+    with lock.shared():
+        call, to_ours = torch_.prepare(prob.p, prob.x, prob.dy)
+        with lock.timing():  # the first call searches cuDNN's algorithms by timing them: it holds the device alone
+            dw = call()
+            torch_.sync()
+        got = to_ours(dw)
+    res = prob.check(got, prob.p.dw_dtype)
     if res["status"] == "ok":
-        res |= _stats(time_calls(call, sync=torch_.sync))
-        res |= _gpu_time(call, lambda _: torch_.sync(), "cuda")
+        with lock.timing():
+            res |= _stats(time_calls(call, sync=torch_.sync))
+            res |= _gpu_time(call, lambda _: torch_.sync(), "cuda")
     return res
 
 
@@ -421,22 +446,6 @@ def _gpu_time(call: Any, sync: Any, driver: str) -> dict[str, Any]:
         return {"kernel_time_error": _first_line(e)}
 
 
-@contextlib.contextmanager
-def gpu_lock() -> Iterator[None]:
-    """Hold the device alone while inside (the lock file named by ``$CONVBW_GPU_LOCK``, where set): workers
-    sharing a GPU overlap their set-up and float64 references, never their kernels or timings."""
-    path = os.environ.get(GPU_LOCK_ENV)
-    if not path:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _child(spec: dict) -> int:
     """Run the contenders ``spec["names"]`` of one problem, writing one JSON event a line to ``spec["events"]``.
 
@@ -452,20 +461,20 @@ def _child(spec: dict) -> int:
         events.flush()
         os.fsync(events.fileno())
 
-    torch_ = _torch() if spec["use_torch"] and driver == "cuda" else None
+    with _lock(driver, device).shared():  # torch's CUDA context: allocation on the device
+        torch_ = _torch() if spec["use_torch"] and driver == "cuda" else None
     emit(event="device", name=torch_.name if torch_ else driver)
     prob = _Problem(ConvBwdWeightProblem.from_dict(entry["problem"]), state, spec["numpy_max_flops"])
     contenders = entry["contenders"]
     for name in spec["names"]:
         emit(event="start", name=name)
-        try:
-            with gpu_lock():
-                if name == "reference":
-                    res = _run_reference(folder, prob, contenders.get("reference", {}), driver, device)
-                elif name == "cudnn":
-                    res = _run_cudnn(prob, torch_)
-                else:
-                    res = _run_contender(folder, prob, contenders[name], driver, device, not spec.get("check_only"))
+        try:  # each takes the device's lock for its GPU steps (shared) and its timing (alone)
+            if name == "reference":
+                res = _run_reference(folder, prob, contenders.get("reference", {}), driver, device)
+            elif name == "cudnn":
+                res = _run_cudnn(prob, torch_)
+            else:
+                res = _run_contender(folder, prob, contenders[name], driver, device, not spec.get("check_only"))
             if name == "reference":
                 prob.save()
         except Exception as e:  # noqa: BLE001 - recorded; the next contender runs in a fresh process
@@ -496,13 +505,21 @@ def _death(rc: int | None, stderr: str, timeout_s: float) -> str:
     return f"{how}: {fault[:240]}" if fault else how
 
 
-def _wait(child: subprocess.Popen, events: Path, timeout_s: float) -> int | None:
-    """The child's exit status, or None where it wrote no event for ``timeout_s`` (then it is killed)."""
+def _append_event(path: str, event: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def _wait(child: subprocess.Popen, events: Path, timeout_s: float, lock: gpu_lock.DeviceLock) -> int | None:
+    """The child's exit status, or None where it wrote no event for ``timeout_s`` (then it is killed). A child
+    that announces its exit (``exit`` event) is let go and reaped under ``lock``'s shared turn."""
     last_size, deadline = -1, time.monotonic() + timeout_s
     while (rc := child.poll()) is None:
         size = events.stat().st_size if events.exists() else 0
         if size != last_size:  # each contender's start and result is an event: progress
             last_size, deadline = size, time.monotonic() + timeout_s
+            if size and events.read_text().endswith('{"event": "exit"}\n'):
+                return gpu_lock.reap(child, lock)
         elif time.monotonic() > deadline:
             child.kill()
             child.wait()
@@ -518,7 +535,8 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
     ``options``: driver, device, use_torch, numpy_max_flops, as the children take them; ``env``: what
     the children's environment adds (the device they are pinned to, :mod:`convbw_mlir.measure.pool`).
     """
-    child_env = {**os.environ, **env} if env else None
+    child_env = {**os.environ, **(env or {}), gpu_lock.EXIT_TURN_ENV: "1"}
+    lock = gpu_lock.for_device(options["driver"], options["device"] or 0, child_env)
     names = ["reference", *(n for n in entry["contenders"] if n != "reference")]
     if options["use_torch"] and options["driver"] == "cuda":
         names.append("cudnn")
@@ -535,7 +553,8 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
             (Path(tmp) / "spec.json").write_text(json.dumps(spec))
             cmd = [sys.executable, "-m", "convbw_mlir.measure.run", "--child", str(Path(tmp) / "spec.json")]
             with open(err_path, "w") as err:
-                rc = _wait(subprocess.Popen(cmd, stdout=err, stderr=err, env=child_env), ev_path, timeout_s)
+                child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=err, stderr=err, env=child_env)
+                rc = _wait(child, ev_path, timeout_s, lock)
             pending, done = None, False
             for line in ev_path.read_text().splitlines() if ev_path.exists() else []:
                 ev = json.loads(line)
@@ -606,8 +625,8 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     instead (what :class:`convbw_mlir.measure.pool.Device` holds: they see only their device).
 
     ``jobs``: measuring workers a device, problems dealt to whichever is free: their process start, inputs and
-    float64 references (seconds of CPU a problem) overlap, while each step that uses the GPU (a contender's
-    check and timing, the reference, cuDNN) holds the device alone (:func:`gpu_lock`), so timings are as with one.
+    float64 references (seconds of CPU a problem) overlap; every GPU step takes the device's machine-wide lock
+    (:mod:`convbw_mlir.measure.gpu_lock`), a timing alone, so timings are as with one.
 
     Raises:
         ValueError: a device that is not visible, or none visible for a GPU driver, or ``jobs`` below 1
@@ -633,10 +652,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
         "date": time.strftime("%Y-%m-%d"),
         "problems": [],
     }
-    if jobs > 1:  # several workers a device, one lock file a device, removed with the run
-        locks = tempfile.TemporaryDirectory(prefix="convbw-gpu-lock-")
-        slots = [replace(d, env={**d.env, GPU_LOCK_ENV: os.path.join(locks.name, f"{d.label}.lock")})
-                 for d in slots for _ in range(jobs)]  # fmt: skip
+    slots = [d for d in slots for _ in range(jobs)]  # several workers a device: its lock orders their GPU steps
     pinned = devices is not None or bool(env)  # the children see only their device: the driver's first
     options = {"driver": driver, "device": None if pinned else device, "use_torch": use_torch,
                "numpy_max_flops": numpy_max_flops, "check_only": check_only}  # fmt: skip
@@ -700,9 +716,12 @@ def _line(row: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:  # a child of _run_problem
-        code = _child(json.loads(Path(argv[1]).read_text()))
+        spec = json.loads(Path(argv[1]).read_text())
+        code = _child(spec)
         sys.stdout.flush()
         sys.stderr.flush()
+        # the exit frees our device memory: the parent reaps us under the device's shared turn (_wait)
+        gpu_lock.exit_turn(lambda: _append_event(spec["events"], {"event": "exit"}))
         os._exit(code)  # no teardown: after a device fault, releasing the device can hang or abort
     ap = argparse.ArgumentParser(prog="python -m convbw_mlir.measure.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("folder")

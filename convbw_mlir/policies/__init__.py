@@ -8,22 +8,47 @@ the kernels' builders read their tiling from the same module (``tiling``).
     amd    AMD: MFMA (CDNA) and WMMA (RDNA 3 and 4) forms
     depthwise  NVIDIA: the depthwise kernel (and its grouped form for thin groups); the plan asks it before
            sm80 for the problems it takes (``convbw_mlir.plan``)
+    switches   the plan's ``*_BY_DEFAULT`` switches, in one table
+
+What :func:`for_target` returns is a :class:`KernelPolicy` (each family's module is one).
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Any, Protocol
 
+from convbw_mlir.plan_data import Overrides, Plan
 from convbw_mlir.policies import amd, sm80, sm90
 from convbw_mlir.targets import Target
 
-__all__ = ["FAMILIES", "for_target"]
-
-# Target family -> the policy module of the kernels written for it.
-FAMILIES: dict[str, ModuleType] = {"nvidia": sm80, "cdna": amd, "rdna": amd}
+__all__ = ["FAMILIES", "KernelPolicy", "for_target"]
 
 
-def for_target(target: Target) -> ModuleType | None:
+class KernelPolicy(Protocol):
+    """What the plan asks a family of our kernels (:mod:`~convbw_mlir.policies.sm80`, ``sm90``, ``amd``)."""
+
+    def takes_by_default(self, problem: Any) -> bool:
+        """Whether the plan may choose the kernel by itself (where it was measured the fastest correct one)."""
+        ...
+
+    def plan(self, problem: Any, tgt: Target, opts: Overrides) -> Plan:
+        """The kernel's plan for ``problem`` with ``opts``; PlanError where it cannot carry them out."""
+        ...
+
+    def refusals(self, problem: Any, plan: Plan) -> list[str]:
+        """Why the kernel cannot carry ``plan`` out ("field: value" lines; empty: it can)."""
+        ...
+
+    def tiling(self, plan: Plan) -> Any:
+        """The kernel tiling a plan's tile stands for."""
+        ...
+
+
+# Target family -> the policy of the kernels written for it.
+FAMILIES: dict[str, KernelPolicy] = {"nvidia": sm80, "cdna": amd, "rdna": amd}
+
+
+def for_target(target: Target) -> KernelPolicy | None:
     """The policy of the explicit kernels written for ``target``'s family, or None (no kernel of ours there);
     a target with wgmma (sm_90a) asks :mod:`~convbw_mlir.policies.sm90` first."""
     return sm90 if target.wgmma_n else FAMILIES.get(target.family)

@@ -24,20 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from convbw_mlir.plan_data import DepthwisePlan, Overrides, Plan, PlanError, Strategy
+from convbw_mlir.policies import switches
 from convbw_mlir.policies.sm80 import ConvGeometry, is_channels_last
 from convbw_mlir.targets import Target
 
-__all__ = ["BY_DEFAULT", "GROUPED_BY_DEFAULT", "DepthwiseKernel", "is_depthwise", "kernel", "plan", "refusals", "takes",
+__all__ = ["DepthwiseKernel", "is_depthwise", "kernel", "plan", "refusals", "takes",
            "takes_by_default"]  # fmt: skip
 
-# The plan's single switch: whether it chooses this kernel by itself for the problems it takes by default
-# (depthwise; groups of at most GROUPED_BY_DEFAULT channels). On since the merged revision passed the NaN-fenced
-# GPU check: its wide form 1.11x cuDNN in geomean over 20 layers (docs/decisions.md#depthwise-by-default).
-BY_DEFAULT = True
-# The widest group (in and out channels) the grouped form takes by default where the implicit GEMM does not merge the
-# groups (odd channels): on ResNeXt-50's 4-channel groups it was 2.2x the SIMT plan and 2.5x the implicit GEMM one
-# group at a time; merged, the implicit GEMM was 1.9x faster still (docs/decisions.md#thin-groups).
-GROUPED_BY_DEFAULT = 4
 
 DTYPES = ("f16", "bf16")
 VECTOR = 8  # channels a thread reads at once: 16 bytes of f16 (a divisor of G where 8 is not)
@@ -200,17 +193,19 @@ def takes(problem: Any) -> list[str]:
 
 
 def takes_by_default(problem: Any, target: Target) -> bool:
-    """Whether the plan chooses this kernel by itself: the switch :data:`BY_DEFAULT` is on, the target is
-    NVIDIA's and the kernel takes the problem, a depthwise one or groups of at most :data:`GROUPED_BY_DEFAULT`
-    in and out channels (where the grouped form was measured faster than the implicit GEMM and SIMT)."""
+    """Whether the plan chooses this kernel by itself: the switch
+    :data:`~convbw_mlir.policies.switches.DEPTHWISE_BY_DEFAULT` is on, the target is NVIDIA's and the kernel
+    takes the problem, a depthwise one or groups of at most
+    :data:`~convbw_mlir.policies.switches.GROUPED_BY_DEFAULT` in and out channels (where the grouped form was
+    measured faster than the implicit GEMM and SIMT)."""
     from convbw_mlir.policies import sm80
 
     # groups the implicit GEMM merges into one matrix tile go there (1.9x this form at 4 channels a group)
     narrow = is_depthwise(problem) or (
-        max(problem.in_channels, problem.out_channels) <= GROUPED_BY_DEFAULT
-        and not (sm80.MERGE_BY_DEFAULT and sm80.merge_rule(problem, target) > 1)
+        max(problem.in_channels, problem.out_channels) <= switches.GROUPED_BY_DEFAULT
+        and not (switches.MERGE_BY_DEFAULT and sm80.merge_rule(problem, target) > 1)
     )
-    return BY_DEFAULT and target.family == "nvidia" and narrow and not takes(problem)
+    return switches.DEPTHWISE_BY_DEFAULT and target.family == "nvidia" and narrow and not takes(problem)
 
 
 def _geometry(problem: Any) -> ConvGeometry:

@@ -42,10 +42,11 @@ from convbw_mlir.plan_data import (
     WaveSpecPlan,
     _is_int,
 )
+from convbw_mlir.policies import switches
 from convbw_mlir.policies.split import check, explicit_split, split_refusals
-from convbw_mlir.targets import Target
+from convbw_mlir.targets import TARGETS, Target
 
-__all__ = ["INTRINSIC", "INTRINSICS", "MERGE_BY_DEFAULT", "SHARED_MEMORY_CAP", "ConvGeometry", "FoldedWindow",
+__all__ = ["COST", "INTRINSIC", "INTRINSICS", "SHARED_MEMORY_CAP", "ConvGeometry", "CostModel", "FoldedWindow",
            "GemmShape", "GemmTiling", "auto_splits", "choose_folded_tiling", "folded_problems", "folded_window",
            "gemm_shape", "merge_rule", "merged", "plan", "refusals", "takes_by_default", "tiling",
            "unsupported"]  # fmt: skip
@@ -56,7 +57,7 @@ INTRINSICS = {"f16": INTRINSIC, "bf16": "NV_MMA_SYNC_F32_16x8x16_BF16"}
 
 # The sm_80 target's shared-memory limit (an A100's 163 KiB): IREE refuses a kernel above it
 # (../shared/DESIGN.md: "a 4-stage 128x256x64 (216 KiB) is refused").
-SHARED_MEMORY_CAP = 166_912
+SHARED_MEMORY_CAP = TARGETS["sm_80"].lds_bytes
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 COPY_ELEMENTS = 8  # f16 elements in one 16-byte cp.async
@@ -243,20 +244,28 @@ def resident_blocks(shape: GemmShape, t: GemmTiling, shared_cap: int = SHARED_ME
     return max(1, min(SM_REGISTERS // (t.threads * registers_per_thread(t)), shared_cap // shared))
 
 
-# The tiling rule's machine model (A100 whitepaper figures, the sm_80 target's own part): per SM and clock,
-# 1024 dense f16 FMA on the tensor cores (an m16n8k16 mma.sync: 2 clocks) and 128 bytes of shared memory;
-# 65,536 registers; the 406 TFLOP/s GEMM (docs/explicit-kernels.md) ran 8 warps an SM.
-SM_REGISTERS = 65_536
-SM_SHARED_BYTES_PER_CLOCK = 128
-SM_FMA_PER_CLOCK = 1024
-FULL_WARPS = 8  # resident warps an SM below which latency is no longer hidden (the measured GEMM's 8)
-DEVICE_BYTES_PER_CLOCK = 1400  # ~2 TB/s of HBM at the 1.41 GHz SM clock: split-K partials' traffic
-LAUNCH_CLOCKS = 4000  # ~3 us: the split-K sum's own dispatch
-FILL_TILES = 2  # k tiles of pipeline fill and epilogue a workgroup pays on top of its own
-# Clocks of one register-path round (8 element loads, their shared store) in a workgroup, latency-bound: fitted on
-# the H100 (bench/results/h100_2026-11-25_depthwise_default/first_layers_main.md): ResNet-50's conv1 took about
-# 8,000 clocks a k tile in 128x256 tiles (8 rounds a thread), about 4,000 in 64x64 ones (4 rounds).
-REGISTER_ROUND_CLOCKS = 1000
+SM_REGISTERS = TARGETS["sm_80"].registers_per_cu  # an SM's register file (the target table's)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The tiling rule's model of an SM (:func:`tiling_cost`), one record: the A100 whitepaper's rates the model
+    assumes (per SM and clock: 1024 dense f16 FMA on the tensor cores, an m16n8k16 mma.sync in 2 clocks; 128 bytes
+    of shared memory), the measured GEMM's occupancy (406 TFLOP/s at 8 warps an SM: docs/explicit-kernels.md), and
+    the register path's round, fitted on the H100 (``fitted_on``: ResNet-50's conv1 took about 8,000 clocks a k
+    tile in 128x256 tiles, 8 rounds a thread, about 4,000 in 64x64 ones, 4 rounds)."""
+
+    fma_per_clock: int = 1024
+    shared_bytes_per_clock: int = 128
+    full_warps: int = 8  # resident warps an SM below which latency is no longer hidden (the measured GEMM's 8)
+    device_bytes_per_clock: int = 1400  # ~2 TB/s of HBM at the 1.41 GHz SM clock: split-K partials' traffic
+    launch_clocks: int = 4000  # ~3 us: the split-K sum's own dispatch
+    fill_tiles: int = 2  # k tiles of pipeline fill and epilogue a workgroup pays on top of its own
+    register_round_clocks: int = 1000  # one register-path round (8 element loads, their shared store), latency-bound
+    fitted_on: str = "bench/results/h100_2026-11-25_depthwise_default/first_layers_main.md"
+
+
+COST = CostModel()
 
 # Candidates of the rule, largest first: (bm, bn, wm, wn); bk 64, 3 stages (fewer where the cap needs).
 TILINGS = ((128, 256, 64, 64), (128, 128, 64, 64), (64, 128, 32, 64), (128, 64, 64, 32), (64, 64, 32, 32))
@@ -274,26 +283,26 @@ def tiling_cost(shape: GemmShape, t: GemmTiling, compute_units: int, shared_cap:
     """Estimated SM clocks of ``shape`` with ``t`` (split as :func:`auto_splits` says; ``shape.splits`` ignored).
 
     Work units (tiles x splits) run in waves of ``compute_units x resident blocks``; a unit takes its k
-    tiles plus :data:`FILL_TILES`, each at the tensor rate slowed by shared-memory bandwidth (ldmatrix of
+    tiles plus :attr:`CostModel.fill_tiles`, each at the tensor rate slowed by shared-memory bandwidth (ldmatrix of
     every warp plus the copies in, per k tile) and by too few resident warps; split-K adds its partials'
     round trip through memory and a second dispatch. Padding (M or N not a multiple of the tile) is
     paid in full: that is what favours 64-row tiles for K <= 64. The register path (odd K or C) is
-    latency-bound: a k tile takes at least :func:`register_rounds` x :data:`REGISTER_ROUND_CLOCKS` however
+    latency-bound: a k tile takes at least :func:`register_rounds` x :attr:`CostModel.register_round_clocks` however
     few resident workgroups share the SM.
     """
     splits = auto_splits(shape, t, compute_units, shared_cap=shared_cap)
     tiles = shape.groups * -(-shape.m // t.bm) * -(-shape.n // t.bn)
     ktiles = -(-math.ceil(shape.reduction / t.bk) // splits)
     resident = resident_blocks(shape, t, shared_cap)
-    mma = t.bm * t.bn * t.bk / SM_FMA_PER_CLOCK
-    smem = (t.warps * (t.wm + t.wn) * 2 * t.bk + (t.bm + t.bn) * t.bk * 2) / SM_SHARED_BYTES_PER_CLOCK
-    busy = min(1.0, mma / smem) * min(1.0, resident * t.warps / FULL_WARPS)
+    mma = t.bm * t.bn * t.bk / COST.fma_per_clock
+    smem = (t.warps * (t.wm + t.wn) * 2 * t.bk + (t.bm + t.bn) * t.bk * 2) / COST.shared_bytes_per_clock
+    busy = min(1.0, mma / smem) * min(1.0, resident * t.warps / COST.full_warps)
     waves = -(-tiles * splits // (compute_units * resident))
     # a k tile of the SM's resident workgroups: their matrix work shares the SM; register-path latency overlaps
-    per_ktile = max(resident * mma / busy, register_rounds(shape, t) * REGISTER_ROUND_CLOCKS)
-    clocks = waves * (ktiles + FILL_TILES) * per_ktile
+    per_ktile = max(resident * mma / busy, register_rounds(shape, t) * COST.register_round_clocks)
+    clocks = waves * (ktiles + COST.fill_tiles) * per_ktile
     if splits > 1:
-        clocks += 2 * splits * shape.groups * shape.m * shape.n * 4 / DEVICE_BYTES_PER_CLOCK + LAUNCH_CLOCKS
+        clocks += 2 * splits * shape.groups * shape.m * shape.n * 4 / COST.device_bytes_per_clock + COST.launch_clocks
     return clocks
 
 
@@ -420,7 +429,6 @@ def choose_folded_tiling(shape: GemmShape, compute_units: int, shared_cap: int =
 
 # -- wave specialization (kernels/wavespec_sm80.py): which tilings take producer warps -----------------------
 PRODUCERS = WAVESPEC_PRODUCERS  # producer warps a workgroup: CK's wavelet ratios 4:2 and 4:4 with 4 consumer warps
-REGISTERS = 65_536  # an SM's register file; sm_80 cannot give producers fewer registers than consumers
 MAX_BARRIER_ID = 15  # named barriers 0 .. 15; 0 is the whole workgroup's (bar.sync 0, gpu.barrier)
 
 
@@ -444,9 +452,9 @@ def wavespec_problems(shape: GemmShape, t: GemmTiling, producers: int) -> list[s
         why.append("layout: wave specialization is written for layout 2 (NHWGC/GKYXC/NHWGK)")
     regs = registers_per_thread(t)
     need = wavespec_threads(t, producers) * regs
-    if need > REGISTERS:
+    if need > SM_REGISTERS:  # sm_80 cannot give producers fewer registers than consumers
         why.append(f"producers: {producers} with the {t.bm}x{t.bn} tiling's {t.warps} warps: "
-                   f"{t.warps + producers} warps x 32 x ~{regs} registers = {need} > {REGISTERS} (sm_80 has "
+                   f"{t.warps + producers} warps x 32 x ~{regs} registers = {need} > {SM_REGISTERS} (sm_80 has "
                    "no setmaxnreg: producers get the consumers' registers; take a 4-warp tiling, e.g. "
                    "tile-n=128)")  # fmt: skip
     if wavespec_threads(t, producers) > 1024:
@@ -590,10 +598,7 @@ def _wavespec_refusals(plan: Plan, problem: Any, tiling_ok: bool) -> list[str]:
 
 
 # -- merged groups (thin groups: several groups in one implicit GEMM, a block-diagonal store) -----------------
-# The plan's single switch: whether decide() without options merges thin groups by the rule (merge_rule; with
-# strategy=explicit the rule applies either way). On since the NaN-fenced H200 run (docs/decisions.md#thin-groups):
-# merged 1.2-3.1x one group a GEMM and 1.9x the depthwise kernel's grouped form at 4 channels, on all six layers.
-MERGE_BY_DEFAULT = True
+# Thin groups: the rule (merge_rule) and its switch, policies/switches.py: MERGE_BY_DEFAULT.
 MERGE_MAX_CHANNELS = 16  # thin groups: at most this many in and out channels a group (ResNeXt, RegNet: 4-16)
 MERGE_ROWS = 64  # out channels (M) the rule fills: the smallest tiling's bm (TILINGS)
 
@@ -632,7 +637,8 @@ def merge_rule(problem: Any, tgt: Target) -> int:
     """Groups the rule merges (1: none): thin groups (2 to :data:`MERGE_MAX_CHANNELS` channels a group, even C)
     in layout 2, the most groups whose out channels fit :data:`MERGE_ROWS` (and divide G), where the cost model
     (:func:`tiling_cost`, each with its own tiling) prices the merged GEMM below one group a GEMM. The plan takes
-    it with strategy=explicit, and without options where :data:`MERGE_BY_DEFAULT` is on."""
+    it with strategy=explicit, and without options where the switch
+    :data:`~convbw_mlir.policies.switches.MERGE_BY_DEFAULT` is on."""
     c, k = problem.in_channels, problem.out_channels
     thin = 2 <= min(c, k) and max(c, k) <= MERGE_MAX_CHANNELS and c % 2 == 0
     if not (thin and is_channels_last(problem) and tgt.family == "nvidia"):
@@ -665,4 +671,4 @@ def _merge_groups(problem: Any, tgt: Target, opts: Any) -> int:
         return opts.merge_groups
     if opts.streamk is not None or opts.producers is not None:
         return 1
-    return merge_rule(problem, tgt) if opts.strategy == Strategy.EXPLICIT.value or MERGE_BY_DEFAULT else 1
+    return merge_rule(problem, tgt) if opts.strategy == Strategy.EXPLICIT.value or switches.MERGE_BY_DEFAULT else 1

@@ -11,7 +11,7 @@ encodes with ``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col`` (docs/expl
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from convbw_mlir.cuda_launch import im2col_corners
@@ -19,34 +19,48 @@ from convbw_mlir.loops import Split
 from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, StreamKPlan, Tile, _is_int
 from convbw_mlir.policies import sm80
 from convbw_mlir.policies.split import EXPLICIT_SPLIT, check, split_refusals
-from convbw_mlir.targets import Target
+from convbw_mlir.targets import TARGETS, Target
 
-__all__ = ["BK", "BM", "BN", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "auto_splits", "choose", "cost", "cost_streamk",
-           "flops", "is_sm90", "plan", "refusals", "streamk_workspace", "takes", "takes_by_default",
-           "tensor_maps", "unsupported"]  # fmt: skip
+__all__ = ["BK", "BM", "BN", "COST", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "CostModel", "auto_splits", "choose",
+           "cost", "cost_streamk", "flops", "is_sm90", "plan", "refusals", "streamk_workspace", "takes",
+           "takes_by_default", "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
-SMS = 132  # H100 SXM's SMs; one workgroup an SM (4 stages of 48 KiB)
-# The rule's model, fitted (least squares on log time) to 33 timings of the rule's choices and of other
-# splits and tile widths on an H100 (bench/results/h100_2026-11-26_hopper_conv, runs 1 and 2; within ~10%
-# but for the narrowest tiles): a 128x256x64 k tile takes 0.67 us an SM (large_3x3_256_n64_56: 786 TFLOP/s);
-# a narrower tile 0.87 (bn 192) or 0.6 (bn 128) of that; a split's f32 partials go out and back in at
-# ~3 TB/s, the sum's dispatch hidden; a workgroup pays ~8 k tiles of fill, barrier set-up and epilogue.
-KTILE_US = 0.67
-TILE_COST = {256: 1.0, 192: 0.87, 128: 0.6}  # a k tile's time by bn, relative to bn = 256
-# Narrow tiles only where the 128 x 128+ tile would compute past the problem: one consumer warpgroup (64-row
-# tiles) where K <= 64, 64-column tiles where Y X C <= 64, splits up to one wave; their k tile's cost relative
-# to the two-consumer one (fitted: docs/explicit-kernels.md "Measured: StreamK and the rule", h200 hopper_perf run 2)
-NARROW_COST = {64: 0.35}
-ONE_CONSUMER = 0.6
-BYTES_PER_US = 3.0e6
-SUM_US = 0.0
-FILL_TILES = 8
+SMS = TARGETS["sm_90a"].compute_units  # the rule's default grid (H100 SXM); one workgroup an SM (4 stages of 48 KiB)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The rule's model (:func:`cost`, :func:`cost_streamk`), one record, fitted (least squares on log time) to 33
+    timings of the rule's choices and of other splits and tile widths on an H100 (``fitted_on[0]``, runs 1 and 2;
+    within ~10% but for the narrowest tiles): a 128x256x64 k tile takes ``ktile_us`` an SM (large_3x3_256_n64_56:
+    786 TFLOP/s), a narrower tile ``tile_cost`` of that; a split's f32 partials go out and back in at
+    ``bytes_per_us``, the sum's dispatch hidden; a workgroup pays ``fill_tiles`` k tiles of fill, barrier set-up and
+    epilogue. The narrow tiles' costs (one consumer warpgroup where K <= 64, 64 columns where Y X C <= 64) were
+    fitted on the H200 (``fitted_on[1]``, run 2; docs/explicit-kernels.md "Measured: StreamK and the rule")."""
+
+    ktile_us: float = 0.67
+    tile_cost: dict[int, float] = field(default_factory=lambda: {256: 1.0, 192: 0.87, 128: 0.6})  # by bn, of 256's
+    narrow_cost: dict[int, float] = field(default_factory=lambda: {64: 0.35})
+    one_consumer: float = 0.6
+    bytes_per_us: float = 3.0e6
+    sum_us: float = 0.0
+    fill_tiles: int = 8
+    # StreamK is offered only where the tiles are at least this many a workgroup (with fewer, a tile's finisher
+    # adds many partials in turn, which the model leaves out: up to 4.9x slower)
+    streamk_min_tiles: float = 0.5
+    fitted_on: tuple[str, ...] = (
+        "bench/results/h100_2026-11-26_hopper_conv",
+        "bench/results/h200_2026-11-26_hopper_perf",
+    )
+
+
+COST = CostModel()
+# The tile widths the rule weighs (and the kernel takes): the model's (wide, then the narrow ones where the
+# 128 x 128+ tile would compute past the problem: splits up to one wave there)
+TILE_COST = COST.tile_cost
+NARROW_COST = COST.narrow_cost
 MAX_SPLITS = 32
-# StreamK: the split model's k tile and fill plus each workgroup's f32 partial out and back; offered only where
-# the tiles are at least half the SMs (with fewer, a tile's finisher adds many partials in turn, which the model
-# leaves out: up to 4.9x slower; docs/explicit-kernels.md "Measured: StreamK and the rule")
-STREAMK_MIN_TILES = 0.5  # tiles a workgroup at least
 STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
 WGMMA = "NV_WGMMA_F32_64x{n}x16_{t}"  # the plan's name of the kernel's instruction (the tile marks the kernel)
 MAPS_BYTES = 256  # the maps binding: dy's CUtensorMap, then x's (128 bytes each)
@@ -249,20 +263,20 @@ def cost(m: int, n: int, reduction: int, bn: int, splits: int, sms: int = SMS, g
     tiles = groups * -(-m // rows) * -(-n // bn)
     ktiles = -(-reduction // BK)
     waves = -(-tiles * splits // sms)
-    rate = {**TILE_COST, **NARROW_COST}[bn] * (ONE_CONSUMER if rows == 64 else 1.0)
-    us = waves * (-(-ktiles // splits) + FILL_TILES) * KTILE_US * rate
-    return us + (2 * splits * groups * m * n * 4 / BYTES_PER_US + SUM_US if splits > 1 else 0.0)
+    rate = {**COST.tile_cost, **COST.narrow_cost}[bn] * (COST.one_consumer if rows == 64 else 1.0)
+    us = waves * (-(-ktiles // splits) + COST.fill_tiles) * COST.ktile_us * rate
+    return us + (2 * splits * groups * m * n * 4 / COST.bytes_per_us + COST.sum_us if splits > 1 else 0.0)
 
 
 def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups: int = 1) -> float | None:
     """Estimated us of StreamK on ``sms`` workgroups (each an even share of every tile's k tiles, plus the fill,
     plus each workgroup's f32 partial out and back), or None where the tiles are too few for it
-    (:data:`STREAMK_MIN_TILES` a workgroup)."""
+    (:attr:`CostModel.streamk_min_tiles` a workgroup)."""
     tiles = groups * -(-m // BM) * -(-n // bn)
-    if tiles < STREAMK_MIN_TILES * sms:
+    if tiles < COST.streamk_min_tiles * sms:
         return None
     share = -(-tiles * -(-reduction // BK) // sms)
-    return (share + FILL_TILES) * KTILE_US * TILE_COST[bn] + 2 * sms * BM * bn * 4 / BYTES_PER_US
+    return (share + COST.fill_tiles) * COST.ktile_us * COST.tile_cost[bn] + 2 * sms * BM * bn * 4 / COST.bytes_per_us
 
 
 def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1,

@@ -22,14 +22,14 @@ from typing import Any
 from convbw_mlir.loops import Split
 from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, Tile, _is_int
 from convbw_mlir.policies.split import EXPLICIT_SPLIT
-from convbw_mlir.targets import Target
+from convbw_mlir.targets import TARGETS, Target
 
 __all__ = ["BK", "MAPS_BYTES", "SMS", "STAGES", "choose", "is_fp8", "padded_reduction", "plan", "refusals",
            "target_refusal", "tensor_maps", "workspace_bytes"]  # fmt: skip
 
 BK = 128  # one 128-byte swizzled row of 8-bit elements a k tile (wgmma k32 x 4)
 STAGES = 6  # bench/results/h200_2026-11-26_hopper_fp8: 128x128, 6 stages, promote (1.80x our f16 wgrad)
-SMS = 132  # H100 SXM / H200's SMs: the split fills one wave
+SMS = TARGETS["sm_90a"].compute_units  # H100 SXM / H200's SMs (the target table's): the split fills one wave
 MAX_SPLITS = 32
 MIN_KTILES = 8  # k tiles a split at least (CK's k_batch rule of thumb, as policies/sm90.py)
 MAPS_BYTES = 256  # A's (dy^T) CUtensorMap, then B's (x^T)

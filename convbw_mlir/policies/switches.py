@@ -1,0 +1,36 @@
+"""The plan's switches, in one table: whether ``decide`` without options chooses a kernel of ours by itself
+where it was measured the fastest correct one (each switch names its measurement). The rules that read them
+are in :data:`convbw_mlir.plan.RULES`; the policies read them from here, at call time (a test may flip one).
+
+With every switch off, the plan's own choices are its codegen's (and the sm_80 kernel's by its class rule,
+``policies.sm80.takes_by_default``); ``strategy=explicit`` and ``merge-groups`` reach the kernels either way.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEPTHWISE_BY_DEFAULT", "GROUPED_BY_DEFAULT", "MERGE_BY_DEFAULT", "SWITCHES", "current"]
+
+# The depthwise kernel (and its grouped form) for the problems it takes by default: depthwise, and groups of at
+# most GROUPED_BY_DEFAULT channels. On since the merged revision passed the NaN-fenced GPU check: its wide form
+# 1.11x cuDNN in geomean over 20 layers (docs/decisions.md#depthwise-by-default).
+DEPTHWISE_BY_DEFAULT = True
+# The widest group (in and out channels) the grouped form takes by default where the implicit GEMM does not merge
+# the groups (odd channels): on ResNeXt-50's 4-channel groups it was 2.2x the SIMT plan and 2.5x the implicit GEMM
+# one group at a time; merged, the implicit GEMM was 1.9x faster still (docs/decisions.md#thin-groups).
+GROUPED_BY_DEFAULT = 4
+# Thin groups merged into one implicit GEMM by the rule (policies.sm80.merge_rule; with strategy=explicit the rule
+# applies either way). On since the NaN-fenced H200 run (docs/decisions.md#thin-groups): merged 1.2-3.1x one group
+# a GEMM and 1.9x the depthwise kernel's grouped form at 4 channels, on all six layers.
+MERGE_BY_DEFAULT = True
+
+# name -> what it switches (for ``convbw select`` and the docs; the values are the module's names above)
+SWITCHES: dict[str, str] = {
+    "DEPTHWISE_BY_DEFAULT": "the depthwise kernel for depthwise problems and thin groups on NVIDIA",
+    "GROUPED_BY_DEFAULT": "the widest group (channels) the depthwise kernel's grouped form takes by default",
+    "MERGE_BY_DEFAULT": "thin groups merged into one implicit GEMM on NVIDIA",
+}
+
+
+def current() -> dict[str, bool | int]:
+    """Each switch's value now (a test may have flipped one)."""
+    return {name: globals()[name] for name in SWITCHES}
