@@ -29,7 +29,6 @@ timed as explicit_conv.py does (``single``: median kernel time of calls 10 ms ap
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import statistics
@@ -195,7 +194,7 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
     from convbw_mlir.build.cuda_schedule import read_cuda_executable
     from convbw_mlir.build.iree import compile_module
     from convbw_mlir.ir_imports import ir, new_context
-    from convbw_mlir.kernels.conv_sm90 import conv_module, im2col_corners
+    from convbw_mlir.kernels.conv_sm90 import conv_module
 
     g = geometry(p, splits, bn, persistent, streamk, consumers, fused)
     with new_context(), ir.Location.unknown():
@@ -209,7 +208,7 @@ def compile_sm90(p: Any, folder: Path, name: str, splits: int | None = None, bn:
     tag = _variant(g.splits, g.tiling.bn, persistent, streamk, consumers) + ("_fused" if fused else "")
     stem = f"sm90_{name}" if splits is None else f"sm90_{tag}_{name}"
     (folder / f"{stem}.ptx").write_bytes(ptx)
-    lower, upper = im2col_corners(g)
+    lower, upper = g.corners()
     return {"kernel": export.name, "grid": list(g.grid), "block": list(export.block), "shared": export.shared_memory,
             "splits": g.splits, "bn": g.tiling.bn, "persistent": persistent, "lower": list(lower), "upper": list(upper),
             "ptx": f"{stem}.ptx", "streamk": g.streamk, "partials": g.sk_partials if g.streamk else None,
@@ -276,31 +275,21 @@ def compile_all(folder: Path, only: list[str] | None, variants: bool = False, sm
 # -- run side: a child ---------------------------------------------------------------------------------
 def _encode_maps(lib: Any, e: dict, dy: Any, x: Any) -> bytes:
     """dy's tiled map (2-D {K, N Ho Wo}, box {64, 64}) and x's im2col map ({C, W, H, N}, the bounding box
-    corners of conv_sm90.im2col_corners, 64 channels x 64 pixels, traversal strides = the conv's), 128-byte
-    swizzle, L2 promotion 256 B, out of bounds read as zero (cuda.h)."""
-    u32, u64, i32 = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+    corners of ConvSm90.corners, 64 channels x 64 pixels, traversal strides = the conv's), 128-byte swizzle,
+    L2 promotion 256 B, out of bounds read as zero, by the product's encoder (``cuda_launch.encode_tensor_map``)."""
+    from convbw_mlir.cuda_launch import TensorMap, encode_tensor_map
+
     dtype = {"f16": 6, "bf16": 9}[e["dtype"]]  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16
     n, (h, w), c, k = e["images"], e["input_size"], e["in_channels"], e["out_channels"]
     rows = n * math.prod(e["output_size"])
-    maps = []
-    for _ in range(2):
-        raw = (ctypes.c_uint8 * 192)()  # CUtensorMap is alignas(64): an aligned 128 bytes inside
-        maps.append((raw, (ctypes.c_uint8 * 128).from_buffer(raw, -ctypes.addressof(raw) % 64)))
-    tiled = lib.cuTensorMapEncodeTiled
-    tiled.restype = ctypes.c_int
-    rc = tiled(maps[0][1], dtype, 2, ctypes.c_void_p(dy.data_ptr()), (u64 * 2)(k, rows), (u64 * 1)(k * 2),
-               (u32 * 2)(64, 64), (u32 * 2)(1, 1), 0, 3, 3, 0)  # fmt: skip
-    if rc:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: CUDA error {rc}")
-    im2col = lib.cuTensorMapEncodeIm2col
-    im2col.restype = ctypes.c_int
     sh, sw = e["stride"]
-    rc = im2col(maps[1][1], dtype, 4, ctypes.c_void_p(x.data_ptr()), (u64 * 4)(c, w, h, n),
-                (u64 * 3)(c * 2, w * c * 2, h * w * c * 2), (i32 * 2)(*e["lower"]), (i32 * 2)(*e["upper"]), 64, 64,
-                (u32 * 4)(1, sw, sh, 1), 0, 3, 3, 0)  # fmt: skip
-    if rc:
-        raise RuntimeError(f"cuTensorMapEncodeIm2col: CUDA error {rc}")
-    return bytes(maps[0][1]) + bytes(maps[1][1])
+    common = {"kernel": "conv_sm90", "maps_binding": 2, "dtype": dtype}
+    dy_map = TensorMap(binding=0, slot=0, mode="tiled", dims=(k, rows), strides=(k * 2,), box=(64, 64),
+                       element_strides=(1, 1), **common)  # fmt: skip
+    x_map = TensorMap(binding=1, slot=1, mode="im2col", dims=(c, w, h, n), strides=(2 * c, 2 * w * c, 2 * h * w * c),
+                      box=(64, 64), element_strides=(1, sw, sh, 1), lower=e["lower"], upper=e["upper"],
+                      **common)  # fmt: skip
+    return encode_tensor_map(lib, dy_map, dy.data_ptr()) + encode_tensor_map(lib, x_map, x.data_ptr())
 
 
 def _fenced(t: Any, torch: Any) -> Any:

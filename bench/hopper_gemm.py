@@ -18,7 +18,6 @@ B, poisons C with NaN, launches, checks every element against a float64 product 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import subprocess
@@ -106,28 +105,21 @@ def compile_all(folder: Path) -> None:
 
 # -- run side ----------------------------------------------------------------------------------------
 def _encode_maps(lib: Any, a: Any, b: Any, e: dict) -> bytes:
-    """A's and B's CUtensorMap (cuda.h ``cuTensorMapEncodeTiled``): 2-D {K, rows}, box {one 128-byte row:
-    64 16-bit or 128 8-bit elements, bm | bn}, 128-byte swizzle, L2 promotion 256 B; 256 bytes, A's first."""
-    fn = lib.cuTensorMapEncodeTiled
-    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
-    fn.restype = ctypes.c_int
+    """A's and B's CUtensorMap by the product's encoder (``cuda_launch.encode_tensor_map``): 2-D {K, rows}, box
+    {one 128-byte row: 64 16-bit or 128 8-bit elements, bm | bn}, 128-byte swizzle, L2 promotion 256 B; 256
+    bytes, A's first."""
+    from convbw_mlir.cuda_launch import TensorMap, encode_tensor_map
+
     # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 / _BFLOAT16 / _UINT8 (fp8: TMA moves bytes)
     dtype, size = {"f16": (6, 2), "bf16": (9, 2), "f8E4M3FN": (0, 1), "f8E5M2": (0, 1)}[e["dtype"]]
-    out = b""
     half = e["tiling"]["cluster"]  # in a cluster each workgroup loads 1/cluster of B (multicast)
-    for tensor, rows, box in ((a, e["m"], e["tiling"]["bm"]), (b, e["n"], e["tiling"]["bn"] // half)):
-        raw = (ctypes.c_uint8 * 192)()  # CUtensorMap is alignas(64): an aligned 128 bytes inside
-        at = -ctypes.addressof(raw) % 64
-        tmap = (ctypes.c_uint8 * 128).from_buffer(raw, at)
-        dims = (u64 * 2)(e["k"], rows)
-        strides = (u64 * 1)(e["k"] * size)
-        boxes = (u32 * 2)(128 // size, box)
-        elems = (u32 * 2)(1, 1)
-        rc = fn(tmap, dtype, 2, ctypes.c_void_p(tensor.data_ptr()), dims, strides, boxes, elems,
-                0, 3, 3, 0)  # interleave none, swizzle 128B, L2 promotion 256B, OOB fill none  # fmt: skip
-        if rc:
-            raise RuntimeError(f"cuTensorMapEncodeTiled: CUDA error {rc}")
-        out += bytes(tmap)
+    operands = ((a, e["m"], e["tiling"]["bm"]), (b, e["n"], e["tiling"]["bn"] // half))
+    out = b""
+    for slot, (tensor, rows, box) in enumerate(operands):
+        m = TensorMap(kernel=e.get("kernel", "gemm_sm90"), binding=slot, maps_binding=2, slot=slot, mode="tiled",
+                      dtype=dtype, dims=(e["k"], rows), strides=(e["k"] * size,), box=(128 // size, box),
+                      element_strides=(1, 1))  # fmt: skip
+        out += encode_tensor_map(lib, m, tensor.data_ptr())
     return out
 
 

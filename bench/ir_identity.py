@@ -4,6 +4,13 @@ and what ``select`` chooses.
 
     python bench/ir_identity.py dump DIR [--jobs 2]   # DIR/<suite>.<name>.<dtype>.<target>.{mlir,vmfb,select}
     python bench/ir_identity.py compare BEFORE AFTER  # byte-identical, bytes IREE itself varies masked
+    python bench/ir_identity.py dump DIR --sample --no-vmfb  # a kernel-family sample, our passes' IR only
+
+``--sample`` takes, instead of every suite problem x type x target, a sample that reaches every explicit
+kernel family (sm_80 GEMM, merged, folded, StreamK, wave-specialized, depthwise; sm_90a GEMM/conv, StreamK,
+fp8; CDNA and RDNA through gfx942/gfx1100/gfx1200) by the pipeline options that ask for them.
+``--no-vmfb`` writes every stage of our pipeline's IR (``CompiledOp.stages``) without the IREE compile: for a
+GPU target the ``.vmfb`` is IREE's deterministic function of that IR, so identical IR is an identical program.
 
 IREE's host (llvm-cpu) program is not reproducible run to run: its embedded ELF carries a few bytes of
 uninitialized memory (a pointer's value; the zip entry's CRC follows them). ``dump`` compiles each host
@@ -31,6 +38,91 @@ def _jobs() -> list[tuple[str, str, str, str]]:
 
     return [(suite, name, dtype, target) for dtype in DTYPES for suite in SUITES
             for name, _ in load_suite(suite, dtype=dtype) for target in TARGETS]  # fmt: skip
+
+
+# the pipeline options that reach each explicit kernel family (docs/explicit-kernels.md), the targets they take
+# and the layout they are asked for in (2: channels last; 4: NGCHW, the sm_80 StreamK and folded kernels')
+_SAMPLE_FORMS: tuple[tuple[str, dict, tuple[str, ...], int], ...] = (
+    ("default", {}, ("sm_80", "sm_90a", "gfx942", "gfx1100", "gfx1200"), 2),
+    ("explicit", {"strategy": "explicit"}, ("sm_80", "sm_90a", "gfx942", "gfx1100", "gfx1200"), 2),
+    ("l4", {}, ("sm_80", "sm_90a", "gfx942"), 4),
+    ("l4explicit", {"strategy": "explicit", "layout4": "gather"}, ("sm_80", "gfx942", "gfx1100"), 4),
+    ("streamk", {"strategy": "explicit", "streamk": "auto"}, ("sm_90a",), 2),
+    ("streamk4", {"strategy": "explicit", "streamk": "auto", "layout4": "gather"}, ("sm_80",), 4),
+    ("tree", {"strategy": "explicit", "streamk": 64, "streamk_fixup": "tree", "layout4": "gather"}, ("sm_80",), 4),
+    ("wavespec", {"strategy": "explicit", "producers": 2}, ("sm_80",), 2),
+    ("fold", {"strategy": "explicit", "layout4": "fold"}, ("sm_80",), 4),
+    ("split", {"strategy": "explicit", "k_batch": 4}, ("sm_80", "sm_90a", "gfx942"), 2),
+    ("narrow", {"strategy": "explicit", "tile_n": 64}, ("sm_80", "sm_90a"), 2),
+    ("nomerge", {"strategy": "explicit", "merge_groups": 1}, ("sm_80",), 2),
+)
+_SAMPLE_SUITES = ("seeds", "models", "ck_test_grouped_convnd_bwd_weight", "classes")
+
+
+def _sample_jobs() -> list[tuple[str, str, str, str, str]]:
+    """(suite, name, dtype, target, form): each form x target over every ``step``-th suite problem (rotated by
+    form, so the forms see different problems), f16 and bf16 alternating, and the fp8 problems."""
+    from convbw_mlir.suites import load_suite
+
+    problems = [(suite, name) for suite in _SAMPLE_SUITES for name, _ in load_suite(suite)]
+    out = []
+    for f, (form, _, targets, _) in enumerate(_SAMPLE_FORMS):
+        step = 2 if form in ("default", "explicit") else 4
+        for i, (suite, name) in enumerate(problems[f % step :: step]):
+            for j, target in enumerate(targets):
+                out.append((suite, name, ("f16", "bf16")[(i + j) % 2], target, form))
+    out += [("fp8", name, "fp8", "sm_90a", form) for name in _FP8 for form in ("default", "split")]
+    return out
+
+
+# fp8 problems (tests/test_fp8_plan.py): the sm_90a fp8 GEMM's K-major copies, strided and split
+_FP8 = {
+    "resnet_1x1": dict(groups=1, batch=256, in_channels=1024, out_channels=256, input_size=(14, 14),
+                       filter_size=(1, 1), dtype="e4m3", dy_dtype="e5m2"),
+    "strided_1x1": dict(groups=1, batch=2, in_channels=128, out_channels=64, input_size=(16, 12), filter_size=(1, 1),
+                        stride=2, dtype="e5m2", dy_dtype="e4m3"),
+}  # fmt: skip
+
+
+def _problem(suite: str, name: str, dtype: str, layout: int = 2):
+    import dataclasses
+
+    from convbw_mlir.problem import ConvBwdWeightProblem
+    from convbw_mlir.suites import load_suite
+
+    if suite == "fp8":
+        return ConvBwdWeightProblem(**_FP8[name])
+    problem = dict(load_suite(suite, dtype=dtype))[name]
+    return problem if problem.layout == layout else dataclasses.replace(problem, layout=layout)
+
+
+def _stages(problem, target: str, options: dict) -> str:
+    """Every stage of our pipeline's IR (what ``compile_op(...).stages`` holds), without IREE's compile."""
+    from convbw_mlir.dialects import convbw
+
+    from convbw_mlir.build.compile import run_pipeline
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.limits import check_limits
+    from convbw_mlir.pipelines import for_target
+    from convbw_mlir.targets import resolve
+
+    try:
+        check_limits(problem, resolve(target))
+        pipeline = for_target(target, **options)
+        with new_context() as ctx:
+            module = convbw.build_module(problem, None)
+            text = f"// stage convbw\n{module}"
+            run_pipeline(module, pipeline, ctx)
+            return f"{text}// stage linalg\n{module}"
+    except Exception as e:  # a refusal is part of the record, compared like the IR
+        return f"ERROR {type(e).__name__}: {e}"
+
+
+def _dump_sample_one(out: Path, job: tuple[str, str, str, str, str]) -> None:
+    suite, name, dtype, target, form = job
+    options, layout = next((o, lay) for f, o, _, lay in _SAMPLE_FORMS if f == form)
+    text = _stages(_problem(suite, name, dtype, layout), target, options)
+    (out / f"{suite}.{name}.{dtype}.{target}.{form}.mlir").write_text(text)
 
 
 def _compile(problem, target: str) -> tuple[str, bytes]:
@@ -64,11 +156,15 @@ def _dump_one(out: Path, job: tuple[str, str, str, str]) -> None:
     (out / f"{stem}.select").write_text(chosen)
 
 
-def dump(out: Path, jobs: int) -> int:
+def dump(out: Path, jobs: int, sample: bool = False, vmfb: bool = True) -> int:
+    if sample and vmfb:
+        raise ValueError("--sample: dumps our passes' IR only; give --no-vmfb too")
+    if not vmfb and not sample:
+        raise ValueError("--no-vmfb: with --sample only")
     out.mkdir(parents=True, exist_ok=True)
-    todo = _jobs()
+    todo, one = (_sample_jobs(), _dump_sample_one) if sample else (_jobs(), _dump_one)
     with ProcessPoolExecutor(jobs) as pool:
-        for done, _ in enumerate(pool.map(_dump_one, [out] * len(todo), todo, chunksize=4), 1):
+        for done, _ in enumerate(pool.map(one, [out] * len(todo), todo, chunksize=4), 1):
             if done % 100 == 0:
                 print(f"{done}/{len(todo)}", flush=True)
     print(f"{len(todo)} problems x targets in {out}")
@@ -135,13 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("dump")
     d.add_argument("out", type=Path)
     d.add_argument("--jobs", type=int, default=2)
+    d.add_argument("--sample", action="store_true", help="the kernel-family sample instead of every suite problem")
+    d.add_argument("--no-vmfb", action="store_true", help="our passes' IR only, without IREE's compile")
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
     cmp_.add_argument("--strip-plans", action="store_true")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
-        return dump(args.out, args.jobs)
+        return dump(args.out, args.jobs, args.sample, not args.no_vmfb)
     return compare(args.before, args.after, args.strip_plans)
 
 

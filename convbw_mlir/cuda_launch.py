@@ -280,6 +280,19 @@ def check_ptx_targets(ptx: list[bytes], capability: tuple[int, int]) -> None:
                              f"{major}.{minor} cannot run; compile for sm_80 (or the device's own target)")  # fmt: skip
 
 
+def im2col_corners(spatial: tuple[int, ...], out: tuple[int, ...], stride: tuple[int, ...],
+                   pad: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """x's im2col bounding box per image (cuTensorMapEncodeIm2col's pixelBoxLowerCorner / UpperCorner), one value
+    a spatial dim innermost first (``(w, h)``; ``(w,)``; ``(w, h, d)``), from x's ``spatial`` sizes, dy's ``out``
+    sizes, the ``stride`` and the low ``pad`` (each outermost first): from ``-p`` to ``dim - 1 + p - (F - 1) d``,
+    so that walking it at the stride visits exactly the output's positions."""
+    inner = list(zip(spatial, out, stride, pad))[::-1]
+    lower = tuple(-p for _, _, _, p in inner)
+    # the last output position's pixel, (o - 1) s - p, is the box's upper end, dim - 1 + upper
+    upper = tuple((o - 1) * s - p - (size - 1) for size, o, s, p in inner)
+    return lower, upper
+
+
 # -- running it: the CUDA driver API through ctypes ------------------------------------------------
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the driver's error."""

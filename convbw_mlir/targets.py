@@ -292,9 +292,9 @@ RUNS_SM80 = {
 
 
 # sm_90a (Hopper's arch-specific PTX: wgmma, setmaxnreg): IREE 3.13 has no flag value for it, but takes
-# this target written out by hand (../shared/DESIGN.md "IREE 3.13 facts"): sm_80's fields, PTX 8.0, and
-# Hopper's 227 KiB of shared memory a block (CUDA guide, cc 9.0). H100 SXM datasheet: 132 SMs, 989.4
-# TFLOP/s dense f16/bf16 (wgmma), 3.35 TB/s. wgmma N: 8..256 in steps of 8 (PTX ISA "wgmma.mma_async").
+# this target written out by hand (docs/iree-facts.md "sm_90a: a target written out by hand"): sm_80's fields,
+# PTX 8.0, and Hopper's 227 KiB of shared memory a block (CUDA guide, cc 9.0). H100 SXM datasheet: 132 SMs,
+# 989.4 TFLOP/s dense f16/bf16 (wgmma), 3.35 TB/s. wgmma N: 8..256 in steps of 8 (PTX ISA "wgmma.mma_async").
 _SM90A_INFO = (
     '#iree_gpu.target<arch = "sm_90a", features = "+ptx80", wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, '
     "storage = b64|b32|b16|b8, subgroup = shuffle|arithmetic, dot = dp4xi8toi32, mma = [<NV_MMA_SYNC_F32_16x8x16_F16>, "

@@ -40,7 +40,10 @@ right after ``convbw-plan``, so the later passes never see the op.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from convbw_mlir.dialects import convbw
 from convbw_mlir.passes.framework import ConvbwPass, collect_ops, register
@@ -50,7 +53,7 @@ from convbw_mlir.ir_imports import arith_d, element_type, ir, linalg_d, tensor_d
 from convbw_mlir.plan import PlanError, Strategy, check_plan, computed_problem, explicit_tiling
 from convbw_mlir.runtime import TENSOR_MAPS_KEY
 
-__all__ = ["TENSOR_MAPS_KEY", "ExplicitKernel", "carried_plan"]
+__all__ = ["KINDS", "TENSOR_MAPS_KEY", "ExplicitKernel", "Kind", "carried_plan"]
 
 ENTRY = "gemm"
 # The plan an explicit kernel carried out rides on its flow.dispatch (no contraction records it).
@@ -141,7 +144,7 @@ def _merge_channels(value: ir.Value) -> ir.Value:
     return tensor_d.CollapseShapeOp(ir.RankedTensorType.get(merged, t.element_type), value, groups).result
 
 
-def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, subgroup: int, top: ir.InsertionPoint) -> ir.Value:
+def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
     """The depthwise kernel's dispatch on ``op``'s operands and its stage 2: dW in its own shape."""
     from convbw_mlir.kernels import depthwise_sm80
     from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
@@ -156,7 +159,7 @@ def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, subgroup: in
         function=ENTRY,
         grid=depthwise_sm80.grid(k),
         workgroup_size=(k.threads, 1, 1),
-        subgroup_size=subgroup,
+        subgroup_size=plan.target_info.subgroup_size,
         bindings=(
             ir.MemRefType.get(list(ir.RankedTensorType(dy.type).shape), f16),
             ir.MemRefType.get(list(ir.RankedTensorType(x.type).shape), f16),
@@ -403,6 +406,131 @@ def _wavespec_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, prod
     wavespec_sm80.build_kernel_body(block, *memrefs, shape, tiling, producers)
 
 
+def _gemm_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
+    """The implicit-GEMM kernels' dispatch (``convbw_mlir.kernels.gemm_sm80``, its fused, folded, StreamK and
+    wave-specialized forms; ``gemm_cdna`` / ``gemm_rdna`` on AMD) and a split's stage 2: dW as ``[G, K, taps * C]``."""
+    from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
+    from convbw_mlir.policies.sm80 import gemm_shape, wavespec_threads
+
+    shape, t = gemm_shape(problem, plan.k_batch), explicit_tiling(plan)
+    family = plan.target_info.family
+    kernels = _kernel_module(family)
+    f16 = element_type(problem.dtype)
+    out = element_type(problem.dw_dtype)
+    f32 = ir.F32Type.get()
+    a_shape = [shape.images, shape.groups, shape.m, shape.hw]
+    b_shape = [shape.images, shape.groups, shape.n, shape.hw]
+    if shape.channels_last:
+        a_shape = [shape.reduction, shape.groups, shape.m]
+        b_shape = [shape.reduction, shape.groups, shape.n]
+    if shape.conv is not None:  # gathered from x as it is
+        b_shape = list(ir.RankedTensorType(op.operands[0].type).shape)
+    if plan.folded:  # x's planes flattened: its windows are runs of the plane
+        b_shape = [*b_shape[:3], shape.conv and math.prod(shape.conv.in_size)]
+    c_shape = [shape.groups, shape.m, shape.n]
+    c_shape, c_type = ([shape.splits, *c_shape], f32) if shape.splits > 1 else (c_shape, out)
+    ep = problem.epilogue
+    fused = ep is not None and shape.splits == 1  # a split applies it in its sum
+    d_type = [ir.MemRefType.get([shape.groups, shape.m, shape.n], element_type(ep.d_dtype))] if (
+        fused and ep.reads_d) else []  # fmt: skip
+    bindings = (
+        ir.MemRefType.get(a_shape, f16),
+        ir.MemRefType.get(b_shape, f16),
+        *d_type,
+        ir.MemRefType.get(c_shape, c_type),
+    )
+    body, threads = partial(_body, shape=shape, tiling=t, family=family), t.threads
+    if fused:  # the epilogue in the kernel's store: kernels/gemm_sm80.py Fused
+        body = partial(_fused_body, shape=shape, tiling=t, alpha=ep.alpha, beta=ep.beta)
+    if plan.folded:  # layout 4 without a gather: kernels/gemm_sm80.py build_folded_kernel_body
+        body = partial(_folded_body, shape=shape, tiling=t)
+        if fused:
+            body = partial(body, alpha=ep.alpha, beta=ep.beta)
+    if plan.wavespec is not None:  # producer warps beside the tiling's: kernels/wavespec_sm80.py
+        producers = plan.wavespec.producers
+        threads = wavespec_threads(t, producers)
+        body = partial(_wavespec_body, shape=shape, tiling=t, producers=producers)
+    entry = KernelEntry(
+        executable=name,
+        function=ENTRY,
+        grid=kernels.grid(shape, t),
+        workgroup_size=(threads, 1, 1),
+        subgroup_size=plan.target_info.subgroup_size,
+        bindings=bindings,
+    )
+    collapse = _collapse_reduction if shape.channels_last else _collapse_spatial
+    dy = collapse(op.operands[1], problem.rank)
+    x = op.operands[0] if shape.conv is not None and not plan.folded else collapse(op.operands[0], problem.rank)
+    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
+    d = None
+    if ep is not None and ep.reads_d:  # D in dW's order, as the GEMM's [G, M, N]
+        d_t = ir.RankedTensorType(op.operands[2].type)
+        flat = ir.RankedTensorType.get([shape.groups, shape.m, shape.n], d_t.element_type)
+        d = tensor_d.CollapseShapeOp(flat, op.operands[2], groups).result
+    result_t = ir.RankedTensorType.get(c_shape, c_type)
+    with ir.Location.unknown():  # the kernel's ops need no location of the problem
+        if plan.streamk is not None:  # a persistent grid and its workspace: kernels/streamk_sm80.py
+            from convbw_mlir.kernels import streamk_sm80
+
+            result = streamk_sm80.build_dispatch(
+                entry.executable, ENTRY, dy, x, shape, t, plan.streamk, out, entry.subgroup_size, top
+            )
+        else:
+            operands = [dy, x] if not fused or d is None else [dy, x, d]
+            result = build_dispatch(entry, body, operands, result_t, top)
+    result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+    return _sum_splits(result, out, ep, d) if shape.splits > 1 else result
+
+
+def _expand_groups(problem, result: ir.Value) -> ir.Value:
+    """``[G, K, taps * C]`` -> dW's own shape (GKYXC or GKCYX: the taps and channels split out)."""
+    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
+    return tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [], list(problem.dw_shape)).result
+
+
+def _expand_k_c(problem, result: ir.Value) -> ir.Value:
+    """The fp8 TN GEMM's ``[K, C]`` -> dW's own shape."""
+    split_at = problem.dims("dw").index("K") + 1
+    dims = [list(range(split_at)), list(range(split_at, len(problem.dw_shape)))]
+    return tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, reassociation(dims), [],
+                                  list(problem.dw_shape)).result  # fmt: skip
+
+
+def _is_fp8(plan) -> bool:
+    from convbw_mlir.policies import sm90_fp8
+
+    return sm90_fp8.is_fp8(plan)
+
+
+def _is_sm90(plan) -> bool:
+    from convbw_mlir.policies import sm90
+
+    return sm90.is_sm90(plan)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of explicit plan: which plans it ``takes``, the dispatch it ``build``s (on the op's operands, at
+    the op; the executable at ``top``) and how its result ``expand``s into dW; ``tensor_maps``: its kernel reads
+    CUtensorMaps the direct launch encodes (the entry function's reflection says so)."""
+
+    name: str
+    takes: Callable[[Any], bool]
+    build: Callable[[ir.Operation, Any, Any, str, ir.InsertionPoint], ir.Value]
+    expand: Callable[[Any, ir.Value], ir.Value]
+    tensor_maps: bool = False
+
+
+# The plan kinds, first match wins (the TMA kernels first: an fp8 or wgmma plan may also carry a split).
+KINDS: tuple[Kind, ...] = (
+    Kind("fp8", _is_fp8, _fp8_dispatch, _expand_k_c, tensor_maps=True),
+    Kind("sm90", _is_sm90, _sm90_dispatch, _expand_groups, tensor_maps=True),
+    Kind("depthwise", lambda plan: plan.depthwise is not None, _depthwise_dispatch, _expand_groups),
+    Kind("merged", lambda plan: plan.merge is not None, _merged_dispatch, _expand_groups),
+    Kind("gemm", lambda plan: True, _gemm_dispatch, _expand_groups),
+)
+
+
 @register
 class ExplicitKernel(ConvbwPass):
     argument = "convbw-explicit-kernel"
@@ -412,9 +540,6 @@ class ExplicitKernel(ConvbwPass):
     )
 
     def run(self, module: ir.Operation) -> None:
-        from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
-        from convbw_mlir.policies.sm80 import gemm_shape, wavespec_threads
-
         count = 0
         for op in collect_ops(module, convbw.OP_NAME):
             plan = convbw.plan_of(op)
@@ -431,127 +556,13 @@ class ExplicitKernel(ConvbwPass):
                 raise self.fail(
                     op, f"a {problem.layout} op whose plan computes it in layout 2: run convbw-relayout first"
                 )
-            from convbw_mlir.policies import sm90, sm90_fp8
-
-            fp8 = sm90_fp8.is_fp8(plan)
-            if fp8 or sm90.is_sm90(plan):  # TMA kernels: their dispatch reads maps the direct launch encodes
-                name = f"convbw_explicit_{count}"
-                with op.location, ir.InsertionPoint(op):
-                    top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
-                    result = (_fp8_dispatch if fp8 else _sm90_dispatch)(op, problem, plan, name, top)
-                    if fp8:  # the TN GEMM's dW [K, C] expands into dW's layout
-                        split_at = problem.dims("dw").index("K") + 1
-                        dims = [list(range(split_at)), list(range(split_at, len(problem.dw_shape)))]
-                    else:
-                        dims = [[0], [1], [2, *range(3, 3 + problem.rank)]]
-                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, reassociation(dims), [],
-                                                list(problem.dw_shape)).result  # fmt: skip
-                _mark_tensor_maps(module, name)
-                count += 1
-                op.results[0].replace_all_uses_with(dw)
-                op.erase()
-                continue
-            if plan.depthwise is not None:
-                with op.location, ir.InsertionPoint(op):
-                    top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
-                    result = _depthwise_dispatch(op, problem, plan, f"convbw_explicit_{count}",
-                                                 plan.target_info.subgroup_size, top)  # fmt: skip
-                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
-                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
-                                                list(problem.dw_shape)).result  # fmt: skip
-                count += 1
-                op.results[0].replace_all_uses_with(dw)
-                op.erase()
-                continue
-            if plan.merge is not None:  # several thin groups a GEMM: kernels/gemm_sm80.py build_merged_kernel_body
-                with op.location, ir.InsertionPoint(op):
-                    top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
-                    result = _merged_dispatch(op, problem, plan, f"convbw_explicit_{count}", top)
-                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
-                    dw = tensor_d.ExpandShapeOp(convbw.tensor_type(problem, "dw"), result, groups, [],
-                                                list(problem.dw_shape)).result  # fmt: skip
-                count += 1
-                op.results[0].replace_all_uses_with(dw)
-                op.erase()
-                continue
-            with op.location:
-                shape, t = gemm_shape(problem, plan.k_batch), explicit_tiling(plan)
-                family = plan.target_info.family
-                kernels = _kernel_module(family)
-                f16 = element_type(problem.dtype)
-                out = element_type(problem.dw_dtype)
-                f32 = ir.F32Type.get()
-                a_shape = [shape.images, shape.groups, shape.m, shape.hw]
-                b_shape = [shape.images, shape.groups, shape.n, shape.hw]
-                if shape.channels_last:
-                    a_shape = [shape.reduction, shape.groups, shape.m]
-                    b_shape = [shape.reduction, shape.groups, shape.n]
-                if shape.conv is not None:  # gathered from x as it is
-                    b_shape = list(ir.RankedTensorType(op.operands[0].type).shape)
-                if plan.folded:  # x's planes flattened: its windows are runs of the plane
-                    b_shape = [*b_shape[:3], shape.conv and math.prod(shape.conv.in_size)]
-                c_shape = [shape.groups, shape.m, shape.n]
-                c_shape, c_type = ([shape.splits, *c_shape], f32) if shape.splits > 1 else (c_shape, out)
-                ep = problem.epilogue
-                fused = ep is not None and shape.splits == 1  # a split applies it in its sum
-                d_type = [ir.MemRefType.get([shape.groups, shape.m, shape.n], element_type(ep.d_dtype))] if (
-                    fused and ep.reads_d) else []  # fmt: skip
-                bindings = (
-                    ir.MemRefType.get(a_shape, f16),
-                    ir.MemRefType.get(b_shape, f16),
-                    *d_type,
-                    ir.MemRefType.get(c_shape, c_type),
-                )
-                body, threads = partial(_body, shape=shape, tiling=t, family=family), t.threads
-                if fused:  # the epilogue in the kernel's store: kernels/gemm_sm80.py Fused
-                    body = partial(_fused_body, shape=shape, tiling=t, alpha=ep.alpha, beta=ep.beta)
-                if plan.folded:  # layout 4 without a gather: kernels/gemm_sm80.py build_folded_kernel_body
-                    body = partial(_folded_body, shape=shape, tiling=t)
-                    if fused:
-                        body = partial(body, alpha=ep.alpha, beta=ep.beta)
-                if plan.wavespec is not None:  # producer warps beside the tiling's: kernels/wavespec_sm80.py
-                    producers = plan.wavespec.producers
-                    threads = wavespec_threads(t, producers)
-                    body = partial(_wavespec_body, shape=shape, tiling=t, producers=producers)
-                entry = KernelEntry(
-                    executable=f"convbw_explicit_{count}",
-                    function=ENTRY,
-                    grid=kernels.grid(shape, t),
-                    workgroup_size=(threads, 1, 1),
-                    subgroup_size=plan.target_info.subgroup_size,
-                    bindings=bindings,
-                )
-                count += 1
+            kind = next(k for k in KINDS if k.takes(plan))
+            name = f"convbw_explicit_{count}"
+            with op.location, ir.InsertionPoint(op):
                 top = ir.InsertionPoint.at_block_begin(module.regions[0].blocks[0])
-                with ir.InsertionPoint(op):
-                    collapse = _collapse_reduction if shape.channels_last else _collapse_spatial
-                    dy = collapse(op.operands[1], problem.rank)
-                    x = (
-                        op.operands[0]
-                        if shape.conv is not None and not plan.folded
-                        else collapse(op.operands[0], problem.rank)
-                    )
-                    groups = reassociation([[0], [1], [2, *range(3, 3 + problem.rank)]])
-                    d = None
-                    if ep is not None and ep.reads_d:  # D in dW's order, as the GEMM's [G, M, N]
-                        d_t = ir.RankedTensorType(op.operands[2].type)
-                        flat = ir.RankedTensorType.get([shape.groups, shape.m, shape.n], d_t.element_type)
-                        d = tensor_d.CollapseShapeOp(flat, op.operands[2], groups).result
-                    result_t = ir.RankedTensorType.get(c_shape, c_type)
-                    with ir.Location.unknown():  # the kernel's ops need no location of the problem
-                        if plan.streamk is not None:  # a persistent grid and its workspace: kernels/streamk_sm80.py
-                            from convbw_mlir.kernels import streamk_sm80
-
-                            result = streamk_sm80.build_dispatch(
-                                entry.executable, ENTRY, dy, x, shape, t, plan.streamk, out, entry.subgroup_size, top
-                            )
-                        else:
-                            operands = [dy, x] if not fused or d is None else [dy, x, d]
-                            result = build_dispatch(entry, body, operands, result_t, top)
-                    result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-                    if shape.splits > 1:
-                        result = _sum_splits(result, out, ep, d)
-                    dw_t = convbw.tensor_type(problem, "dw")
-                    dw = tensor_d.ExpandShapeOp(dw_t, result, groups, [], list(problem.dw_shape)).result
+                dw = kind.expand(problem, kind.build(op, problem, plan, name, top))
+            if kind.tensor_maps:
+                _mark_tensor_maps(module, name)
+            count += 1
             op.results[0].replace_all_uses_with(dw)
             op.erase()

@@ -678,14 +678,14 @@ def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dty
     ``convbw_mlir.kernels.conv_sm90.ConvSm90``; dy ``[N Ho Wo, G K]``, x ``[N, *spatial, G C]``)."""
     from sm80_emulator import _workgroup, collect_funcs
 
-    from convbw_mlir.kernels.conv_sm90 import BOX, im2col_corners
+    from convbw_mlir.kernels.conv_sm90 import BOX
 
     g = geometry
     exe = next(o.operation for o in module.body.operations if o.operation.name == "hal.executable.source")
     export = next(o for o in _walk(exe) if o.name == "hal.executable.export")
     (func,) = collect_funcs(exe)
     grid, threads = _workgroup(export)
-    lower, upper = im2col_corners(g)
+    lower, upper = g.corners()
     maps = np.concatenate([
         tensor_map(0, g.reduction, g.groups * g.k, g.tiling.bk, BOX),
         im2col_map(1, x.shape, lower, upper, g.stride[::-1], g.tiling.bk, BOX),

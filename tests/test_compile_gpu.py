@@ -2,7 +2,8 @@
 
 Running these kernels is the GPU-run issue's business; here we prove that what the lowering emits is
 accepted by IREE 3.13's rocm (CDNA, RDNA) and cuda backends, with x first, dy second and dW with the
-filter channel innermost (DESIGN.md: dy first fails on every GPU target).
+filter channel innermost (docs/iree-facts.md "The linalg form IREE's GPU codegen takes": dy first fails
+on every GPU target).
 """
 
 import pytest

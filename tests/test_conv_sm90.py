@@ -9,7 +9,7 @@ import pytest
 from sm90_emulator import run_conv
 
 from convbw_mlir.ir_imports import ir, new_context
-from convbw_mlir.kernels.conv_sm90 import ConvSm90, conv_module, descriptor_mn, im2col_corners
+from convbw_mlir.kernels.conv_sm90 import ConvSm90, conv_module, descriptor_mn
 from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
 from convbw_mlir.problem import numpy_dtype
 
@@ -199,7 +199,7 @@ def test_bf16_conv_weight_gradient_with_bf16_output_matches_float64():
 def test_im2col_box_spans_exactly_the_output_positions():
     # walking [lower, dim - 1 + upper] at the stride visits Ho x Wo positions, whatever the padding
     g = ConvSm90(n=1, h=56, w=56, c=64, k=64, fy=3, fx=3, ho=28, wo=28, stride=(2, 2), pad=(1, 1))
-    (lw, lh), (uw, uh) = im2col_corners(g)
+    (lw, lh), (uw, uh) = g.corners()
     assert len(range(lw, g.w + uw, 2)) == g.wo and len(range(lh, g.h + uh, 2)) == g.ho
 
 
@@ -207,7 +207,7 @@ def test_im2col_box_of_a_3d_convolution_spans_the_output_in_every_dim():
     # innermost first: (w, h, d); each walked at its stride visits the output's positions
     g = ConvSm90(n=1, d=8, h=28, w=27, c=64, k=64, fz=3, fy=3, fx=3, do=4, ho=14, wo=14, stride=(2, 2, 2),
                  dilation=(1, 1, 1), pad=(1, 1, 1))  # fmt: skip
-    lower, upper = im2col_corners(g)
+    lower, upper = g.corners()
     assert lower == (-1, -1, -1) and len(upper) == 3
     for lo, up, size, s, o in zip(lower, upper, g.spatial[::-1], g.stride[::-1], g.out[::-1]):
         assert len(range(lo, size + up, s)) == o

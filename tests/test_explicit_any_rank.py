@@ -12,6 +12,7 @@ import pytest
 from sm80_emulator import _Block, _Group, module_error
 
 from convbw_mlir.kernels import gemm_sm80
+from convbw_mlir.kernels.ir import Ix
 from convbw_mlir.plan import PlanError, decide
 from convbw_mlir.policies import amd
 from convbw_mlir.policies.sm80 import gemm_shape, takes_by_default
@@ -82,7 +83,7 @@ def test_gather_address_map_of_any_rank_matches_the_convolutions_index_formula(p
             with ir.InsertionPoint(entry):
                 g, row, r = entry.arguments
                 op = gemm_sm80._Operand(None, None, None, 0, shape.n, 1, gather=True)
-                idx, ok = gemm_sm80._element_address(gemm_sm80._Ix(entry), shape, op, g, row, r, [])
+                idx, ok = gemm_sm80._element_address(Ix(entry), shape, op, g, row, r, [])
                 func.ReturnOp([])
         emu = _Block(len(rows), (0, 0, 0), {})
         emu.env.update({g: np.int64(0), row: rows, r: red})

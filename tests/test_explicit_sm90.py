@@ -11,7 +11,9 @@ from sm90_emulator import Deadlock, d_fragment, run_gemm
 
 from convbw_mlir.ir_imports import ir, new_context
 from convbw_mlir.kernels import gemm_sm90
+from convbw_mlir.kernels import ir as kir
 from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling, accumulator_coords, descriptor, gemm_module
+from convbw_mlir.kernels.ir import Pipeline
 from convbw_mlir.targets import get_target
 
 
@@ -91,13 +93,13 @@ def test_a_producer_that_skips_the_empty_wait_is_caught(monkeypatch):
 def test_waits_on_the_wrong_parity_read_stages_before_their_tma_landed(monkeypatch):
     """Every wait one phase off: the consumers pass full[s] before the producer filled it (a fresh
     barrier passes parity 1) and multiply NaN shared memory."""
-    real = gemm_sm90._stage_and_phase
+    real = Pipeline.stage_and_phase
 
-    def flipped(b, t, kt):
-        s, phase = real(b, t, kt)
-        return s, gemm_sm90.arith.xori(phase, b.c(1))
+    def flipped(self, kt):
+        s, phase = real(self, kt)
+        return s, gemm_sm90.arith.xori(phase, self.b.c(1))
 
-    monkeypatch.setattr(gemm_sm90, "_stage_and_phase", flipped)
+    monkeypatch.setattr(Pipeline, "stage_and_phase", flipped)
     c, _ = emulated(128, 16, 256, Sm90Tiling(bn=16, stages=2))
     assert np.isnan(c).all()
 
@@ -177,15 +179,15 @@ def test_cluster_pair_without_multicast_never_fills_its_b_tiles(monkeypatch):
 def test_cluster_pair_must_meet_before_exit(monkeypatch):
     """Without the closing cluster barrier a workgroup can exit while its peer still arrives on its
     empty barriers (the emulator runs rank 0 first, so its peer's last releases come after it left)."""
-    real = gemm_sm90._sync
+    real = kir.sync
     calls = []
 
-    def first_only(t):
-        calls.append(t)
+    def first_only(cluster):
+        calls.append(cluster)
         if len(calls) == 1:
-            real(t)
+            real(cluster)
 
-    monkeypatch.setattr(gemm_sm90, "_sync", first_only)
+    monkeypatch.setattr(kir, "sync", first_only)
     with pytest.raises(AssertionError, match="workgroup that has exited"):
         emulated(512, 32, 192, Sm90Tiling(bn=16, stages=2, cluster=2))
 

@@ -201,10 +201,10 @@ def test_folded_layout4_matches_float64_under_emulation(problem, options):
 def test_folded_form_masks_the_taps_that_wrap_into_the_next_row(monkeypatch):
     """The flattened shift of a tap left of the image reads the previous row's last element: without the
     column masks the result is wrong (so the check can fail)."""
-    from convbw_mlir.kernels import gemm_sm80
+    from convbw_mlir.kernels.ir import Ix
 
     p = l4(1, 2, 8, 16, (6, 6), (3, 3), pad_low=1, pad_high=1)
-    real_lt = gemm_sm80._Ix.lt
+    real_lt = Ix.lt
     calls = {"n": 0}
 
     def lt(self, a, b):  # the column bounds are compared against the row's width 6: make them always true
@@ -218,7 +218,7 @@ def test_folded_form_masks_the_taps_that_wrap_into_the_next_row(monkeypatch):
         calls["n"] += 1
         return arith_d.constant(ir.IntegerType.get_signless(1), 1)
 
-    monkeypatch.setattr(gemm_sm80._Ix, "lt", lt)
+    monkeypatch.setattr(Ix, "lt", lt)
     error = emulated_error(p, decide(p, "sm_80", layout4="fold"))
     assert calls["n"] and error > 0.05
 

@@ -181,7 +181,7 @@ def test_sm90a_plan_takes_streamk_where_the_rule_finds_it_faster_and_refuses_wha
 
 # -- the schedule's record and the launcher's encoding ----------------------------------------------------------
 def test_tensor_map_record_describes_the_kernel_bindings_as_the_kernel_reads_them():
-    from convbw_mlir.kernels.conv_sm90 import ConvSm90, im2col_corners
+    from convbw_mlir.kernels.conv_sm90 import ConvSm90
 
     p = _problem("2 2 3 64 128 3 3 9 11 2 2 2 1 2 1 1 0")  # groups, strides, dilations, uneven pads
     dy, x = sm90.tensor_maps(p, "k0")
@@ -196,7 +196,7 @@ def test_tensor_map_record_describes_the_kernel_bindings_as_the_kernel_reads_the
     )
     assert (x["binding"], x["slot"], x["mode"], x["dims"]) == (1, 1, "im2col", [256, w, h, 3])
     assert x["strides"] == [512, 512 * w, 512 * w * h] and x["element_strides"] == [1, 2, 2, 1]
-    assert (tuple(x["lower"]), tuple(x["upper"])) == im2col_corners(g)
+    assert (tuple(x["lower"]), tuple(x["upper"])) == g.corners()
     assert {m["maps_binding"] for m in (dy, x)} == {2}
 
 
@@ -252,6 +252,43 @@ def test_launcher_encodes_a_3d_problems_x_as_a_5d_im2col_map_with_three_corners(
     # (c, w, h, d, n); corners and strides innermost first: w and h strided by 2, d by 1
     assert lib.calls[0] == ("im2col", 6, 5, 0x2000, [64, 6, 6, 4, 2], [128, 128 * 6, 128 * 36, 128 * 144],
                             [-1, -1, -1], [-2, -2, -1], 64, 64, [1, 2, 2, 1, 1], (0, 3, 3, 0))  # fmt: skip
+
+
+class _Tensor:
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def test_bench_hopper_conv_encodes_its_maps_by_the_launchers_encoder():
+    """bench/hopper_conv.py's maps are the product's: the same driver calls as the launcher's for the same problem."""
+    from conftest import bench_script
+
+    from convbw_mlir.kernels.conv_sm90 import from_problem
+
+    p = _problem(RESNET_3X3)
+    lower, upper = from_problem(p).corners()
+    e = {"dtype": "f16", "images": 256, "input_size": [14, 14], "output_size": [14, 14], "in_channels": 256,
+         "out_channels": 256, "stride": [1, 1], "lower": list(lower), "upper": list(upper)}  # fmt: skip
+    bench, product = _FakeDriver(), _FakeDriver()
+    maps = bench_script("hopper_conv")._encode_maps(bench, e, _Tensor(0x1000), _Tensor(0x2000))
+    assert maps == bytes([7]) * 128 + bytes([9]) * 128
+    for m, address in zip((TensorMap(**m) for m in sm90.tensor_maps(p, "k0")), (0x1000, 0x2000)):
+        encode_tensor_map(product, m, address)
+    assert bench.calls == product.calls
+
+
+def test_bench_hopper_gemm_encodes_its_maps_by_the_launchers_encoder():
+    from conftest import bench_script
+
+    e = {"dtype": "bf16", "m": 256, "n": 128, "k": 512, "tiling": {"bm": 128, "bn": 64, "cluster": 2}}
+    lib = _FakeDriver()
+    bench_script("hopper_gemm")._encode_maps(lib, _Tensor(0x1000), _Tensor(0x2000), e)
+    # A then B: {K, rows}, one 128-byte row by bm (B: bn / cluster, multicast), 128-byte swizzle
+    assert lib.calls == [("tiled", 9, 2, 0x1000, [512, 256], [1024], [64, 128], [1, 1], (0, 3, 3, 0)),
+                         ("tiled", 9, 2, 0x2000, [512, 128], [1024], [64, 32], [1, 1], (0, 3, 3, 0))]  # fmt: skip
 
 
 # -- compiled: the artifact and the IREE runtime's refusal ------------------------------------------------------

@@ -13,7 +13,8 @@ from test_conv_sm90 import _error
 from test_conv_sm90 import emulated as conv_emulated
 from test_explicit_sm90 import emulated as gemm_emulated
 
-from convbw_mlir.kernels import conv_sm90, gemm_sm90
+from convbw_mlir.kernels import conv_sm90
+from convbw_mlir.kernels import ir as kir
 from convbw_mlir.kernels.conv_sm90 import ConvSm90
 from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
 
@@ -71,7 +72,7 @@ def test_streamk_seam_without_either_named_barrier_races_on_the_partials(monkeyp
     ],
 )
 def test_streamk_seam_without_its_flag_fences_races_on_the_partials(monkeypatch, skip, note):
-    made = without_call(monkeypatch, conv_sm90, "_gpu_fence", skip)
+    made = without_call(monkeypatch, conv_sm90, "gpu_fence", skip)
     with pytest.raises(Race, match="of binding 3 .* stored with no barrier, fence or flag"):
         conv_emulated(STREAMK)
     assert len(made) == 3, note
@@ -85,14 +86,14 @@ def test_streamk_seam_without_its_flag_fences_races_on_the_partials(monkeypatch,
     ],
 )
 def test_fused_split_without_its_counter_fences_races_on_the_partials(monkeypatch, skip, note):
-    made = without_call(monkeypatch, conv_sm90, "_gpu_fence", skip)
+    made = without_call(monkeypatch, conv_sm90, "gpu_fence", skip)
     with pytest.raises(Race, match="of binding 3 .* stored with no barrier, fence or flag"):
         conv_emulated(FUSED)
     assert len(made) == 2, note
 
 
 def test_conv_without_the_barrier_after_mbarrier_init_races_on_the_ring(monkeypatch):
-    made = without_call(monkeypatch, gemm_sm90, "_sync", 0)
+    made = without_call(monkeypatch, kir, "sync", 0)
     with pytest.raises(Race, match="waits on an mbarrier that thread 0 .* initialized, with no barrier after"):
         conv_emulated(PLAIN)
     assert len(made) == 1
@@ -101,7 +102,7 @@ def test_conv_without_the_barrier_after_mbarrier_init_races_on_the_ring(monkeypa
 @pytest.mark.parametrize(("cluster", "m"), [(1, 128), (2, 512)])
 def test_gemm_without_the_barrier_after_mbarrier_init_races_on_the_ring(monkeypatch, cluster, m):
     # cluster 2: the cluster barrier also lets the peer's multicast TMA and arrivals reach initialized barriers
-    made = without_call(monkeypatch, gemm_sm90, "_sync", 0)
+    made = without_call(monkeypatch, kir, "sync", 0)
     with pytest.raises(Race, match="mbarrier .*with no barrier after the init"):
         gemm_emulated(m, 32, 192, Sm90Tiling(bn=16, stages=2, cluster=cluster))
     assert len(made) == cluster  # cluster 2 also closes with one

@@ -43,29 +43,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
+from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, vector
 
+from convbw_mlir.cuda_launch import im2col_corners
 from convbw_mlir.kernels.entry import KernelEntry
 from convbw_mlir.kernels.gemm_sm90 import (
-    _B,
     SWIZZLE_BYTES,
-    WAIT_TICKS,
     WARPGROUP,
     WGMMA_K,
     WGMMA_M,
     Sm90Tiling,
-    _acc_type,
-    _global_ptr,
-    _init_barriers,
-    _release,
-    _shared_base,
-    _stage_addresses,
-    _stage_and_phase,
-    _zero_acc,
+    acc_type,
+    global_ptr,
+    shared_base,
+    zero_acc,
 )
+from convbw_mlir.kernels.ir import Ints, Pipeline, for_, gpu_fence, if_, while_
 
-__all__ = ["BOX", "ConvSm90", "build_streamk_dispatch", "conv_entry", "conv_module", "descriptor_mn", "from_problem",
-           "im2col_corners"]  # fmt: skip
+__all__ = ["BOX", "ConvSm90", "build_streamk_dispatch", "conv_entry", "conv_module", "descriptor_mn", "from_problem"]
 
 BOX = 64  # channels of one TMA box: a 128-byte swizzled row of 16-bit elements
 ATOM_ROWS = 8  # reduction rows of one 1024-byte swizzle atom
@@ -164,6 +159,10 @@ class ConvSm90:
     def reduction(self) -> int:
         return self.n * math.prod(self.out)
 
+    def corners(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """x's im2col bounding box per image, innermost first (:func:`convbw_mlir.cuda_launch.im2col_corners`)."""
+        return im2col_corners(self.spatial, self.out, self.stride, self.pad)
+
     @property
     def columns(self) -> int:
         """dW's columns ``Y X C`` (``Z Y X C``, ``X C``: the GEMM's N)."""
@@ -218,17 +217,6 @@ class ConvSm90:
     @property
     def flops(self) -> int:
         return 2 * self.k * self.columns * self.reduction
-
-
-def im2col_corners(g: ConvSm90) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The im2col map's bounding box per image, one value a spatial dim innermost first (``(w, h)``; ``(w,)``;
-    ``(w, h, d)``: cuTensorMapEncodeIm2col's pixelBoxLowerCorner / UpperCorner): from ``-p`` to ``dim - 1 + p -
-    (F - 1) d``, so that walking it at the stride visits exactly the output's positions."""
-    inner = list(zip(g.spatial, g.out, g.stride, g.pad))[::-1]
-    lower = tuple(-p for _, _, _, p in inner)
-    # the last output position's pixel, (o - 1) s - p, is the box's upper end, dim - 1 + upper
-    upper = tuple((o - 1) * s - p - (size - 1) for size, o, s, p in inner)
-    return lower, upper
 
 
 def from_problem(problem: Any, tiling: Sm90Tiling | None = None, splits: int = 1, streamk: int = 0) -> ConvSm90:
@@ -287,14 +275,14 @@ def conv_entry(g: ConvSm90, elem: ir.Type, out: ir.Type, name: str = "conv_sm90"
                  subgroup_size=32, bindings=(*inputs, *written))  # fmt: skip
 
 
-def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, first: ir.Value,
+def _producer(b: Ints, g: ConvSm90, pipe: Pipeline, maps: ir.Value, m0: ir.Value, n0: ir.Value, first: ir.Value,
               count: ir.Value, ring: ir.Value, group: ir.Value) -> None:  # fmt: skip
     """One thread's loop over the split's k tiles ``first .. first + count - 1``: wait for the slot's
     empty phase, announce the bytes, then per consumer a 64 x 64 dy box and per 64 columns an im2col box
     of x (its tap's offsets, one a spatial dim, from the 64 output positions of the k tile). ``ring``: the
     workgroup's k tiles before this unit's (index; a persistent workgroup's ring runs on across its units)."""
     t = g.tiling
-    map_dy, map_x = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
+    map_dy, map_x = global_ptr(b, maps, 0), global_ptr(b, maps, 128)
     cluster = ir.Type.parse("!llvm.ptr<7>")
     i16 = ir.IntegerType.get_signless(16)
     mode = ir.Attribute.parse("#nvvm.tma_load_mode<im2col>")
@@ -306,14 +294,11 @@ def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, 
         # the tap's im2col offsets, innermost dim first: its filter position times the dilation
         at = _digits(b, arith.divui(col, b.c(g.c)), g.filter)
         taps.append((c0, [arith.trunci(i16, arith.muli(f, b.c(dil))) for f, dil in zip(at, g.dilation[::-1])]))
-    loop = scf.ForOp(arith.constant(b.index, 0), arith.index_cast(b.index, count), arith.constant(b.index, 1))
-    with ir.InsertionPoint(loop.body):
-        i = loop.induction_variable
-        s, phase = _stage_and_phase(b, t, arith.addi(ring, i))
-        a, bb, full, empty = _stage_addresses(b, t, base, s)
-        nvvm.mbarrier_try_wait_parity(b.ptr(empty, 3), arith.xori(phase, b.c(1)), b.c(WAIT_TICKS))
-        full_p = b.ptr(full, 3)
-        nvvm.mbarrier_arrive_expect_tx(full_p, b.c(t.a_bytes + t.b_bytes))
+    with for_(arith.constant(b.index, 0), arith.index_cast(b.index, count), arith.constant(b.index, 1)) as loop:
+        i = loop.iv
+        slot = pipe.acquire(arith.addi(ring, i))
+        a, bb = slot.a, slot.b
+        full_p = pipe.commit(slot)
         r0 = arith.muli(arith.addi(first, arith.index_cast(b.i32, i)), b.c(t.bk))
         for cons in range(t.consumers):
             dst = llvm.addrspacecast(cluster, b.ptr(arith.addi(a, b.c(cons * WGMMA_M * SWIZZLE_BYTES)), 3))
@@ -327,10 +312,9 @@ def _producer(b: _B, g: ConvSm90, base: ir.Value, maps: ir.Value, m0: ir.Value, 
         for j, (c0, offsets) in enumerate(taps):
             dst = llvm.addrspacecast(cluster, b.ptr(arith.addi(bb, b.c(j * t.bk * SWIZZLE_BYTES)), 3))
             nvvm.cp_async_bulk_tensor_shared_cluster_global(dst, map_x, [c0, *pixel, img], full_p, offsets, mode=mode)
-        scf.YieldOp([])
 
 
-def _digits(b: _B, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
+def _digits(b: Ints, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
     """``value`` (i32, below ``prod(sizes)``) as its mixed-radix digits over ``sizes`` (outermost first),
     innermost first (a tap's filter position, an output position)."""
     out = []
@@ -340,7 +324,7 @@ def _digits(b: _B, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
     return out
 
 
-def _wgmma(b: _B, g: ConvSm90, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value, elem: str) -> ir.Value:
+def _wgmma(b: Ints, g: ConvSm90, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value, elem: str) -> ir.Value:
     """The consumer's k tile: ``bk / 16`` wgmma m64n{bn}k16, both operands MN-major (A ``col``, B ``row``:
     the transpose bits), each k16 step two swizzle atoms (2048 bytes) further down the reduction rows."""
     t = g.tiling
@@ -355,7 +339,7 @@ def _wgmma(b: _B, g: ConvSm90, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows:
     for kk in range(t.bk // WGMMA_K):
         step = b.c(kk * 2 * ATOM_ROWS * SWIZZLE_BYTES // 16, b.i64)
         acc = nvvm.wgmma_mma_async(
-            _acc_type(t), acc, arith.addi(da, step), arith.addi(db, step),
+            acc_type(t), acc, arith.addi(da, step), arith.addi(db, step),
             attr(f"#nvvm.shape<m = 64, n = {t.bn}, k = 16>"), attr(f"#nvvm.wgmma_type<{elem}>"),
             attr(f"#nvvm.wgmma_type<{elem}>"), attr("#nvvm.wgmma_type<f32>"), attr("#nvvm.wgmma_scale_out<one>"),
             attr("#nvvm.wgmma_scale_in<one>"), attr("#nvvm.wgmma_scale_in<one>"),
@@ -364,33 +348,28 @@ def _wgmma(b: _B, g: ConvSm90, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows:
     return acc
 
 
-def _consumer(b: _B, g: ConvSm90, base: ir.Value, a_rows: ir.Value, count: ir.Value, elem: str,
+def _consumer(b: Ints, g: ConvSm90, pipe: Pipeline, a_rows: ir.Value, count: ir.Value, elem: str,
               ring: ir.Value) -> ir.Value:  # fmt: skip
     """Warpgroup loop over the split's k tiles, one wgmma group in flight (gemm_sm90's), ``count`` at run
     time (the last split is shorter); returns the accumulators, its last stage released."""
     t = g.tiling
     n = arith.index_cast(b.index, count)
-    loop = scf.ForOp(arith.constant(b.index, 0), n, arith.constant(b.index, 1), [_zero_acc(b, t)])
-    with ir.InsertionPoint(loop.body):
-        i = loop.induction_variable
-        s, phase = _stage_and_phase(b, t, arith.addi(ring, i))
-        a, bb, full, _ = _stage_addresses(b, t, base, s)
-        nvvm.mbarrier_try_wait_parity(b.ptr(full, 3), phase, b.c(WAIT_TICKS))
+    with for_(arith.constant(b.index, 0), n, arith.constant(b.index, 1), [zero_acc(b, t)]) as loop:
+        i = loop.iv
+        slot = pipe.wait(arith.addi(ring, i))
         nvvm.wgmma_fence_aligned()
-        acc = _wgmma(b, g, loop.inner_iter_args[0], a, bb, a_rows, elem)
+        acc = _wgmma(b, g, loop.args[0], slot.a, slot.b, a_rows, elem)
         nvvm.wgmma_commit_group_sync_aligned()
         nvvm.wgmma_wait_group_sync_aligned(1)  # k tile i - 1's group is done: its slot can be refilled
-        prev = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, i, arith.constant(b.index, 0)))
-        with ir.InsertionPoint(prev.then_block):
-            _release(b, t, base, arith.subi(arith.addi(ring, i), arith.constant(b.index, 1)))
-            scf.YieldOp([])
-        scf.YieldOp([acc])
+        with if_(arith.cmpi(arith.CmpIPredicate.ugt, i, arith.constant(b.index, 0))):
+            pipe.release(arith.subi(arith.addi(ring, i), arith.constant(b.index, 1)))
+        loop.yield_(acc)
     nvvm.wgmma_wait_group_sync_aligned(0)
-    _release(b, t, base, arith.subi(arith.addi(ring, n), arith.constant(b.index, 1)))
+    pipe.release(arith.subi(arith.addi(ring, n), arith.constant(b.index, 1)))
     return loop.results[0]
 
 
-def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
+def _epilogue(b: Ints, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
               split: ir.Value | None, group: ir.Value, pair_of=None) -> None:  # fmt: skip
     """Each accumulator pair to dW (or to its split's partials), per 64-column box only where the box lies
     inside ``Y X C`` (whole boxes: ``C % 64 == 0``); ``pair_of(row, column)``: the f32 pair to store there
@@ -408,12 +387,10 @@ def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, ro
     col = arith.addi(n0, arith.muli(arith.remui(lane, k(4)), k(2)))
     per_box = BOX // 2  # accumulators of one 64-column box
     for j in range(t.bn // BOX):
-        inside = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, arith.addi(n0, k(BOX * j)), k(g.columns)))
-        with ir.InsertionPoint(inside.then_block):
+        with if_(arith.cmpi(arith.CmpIPredicate.ult, arith.addi(n0, k(BOX * j)), k(g.columns))):
             for half in (0, 1):  # rows ``row`` and ``row + 8``: each inside K or not (K % 8 == 0 only)
                 r = arith.addi(row, k(8 * half))
-                below = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, r, k(g.k)))
-                with ir.InsertionPoint(below.then_block):
+                with if_(arith.cmpi(arith.CmpIPredicate.ult, r, k(g.k))):
                     for v in range(per_box * j + 2 * half, per_box * (j + 1), 4):
                         cc = arith.addi(col, k(8 * (v // 4)))
                         if pair_of is None:
@@ -424,8 +401,6 @@ def _epilogue(b: _B, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, ro
                         if out != f32:
                             vec = arith.truncf(ir.VectorType.get([2], out), vec)
                         vector.store(vec, c, [group, r, cc] if split is None else [split, group, r, cc])
-                    scf.YieldOp([])
-            scf.YieldOp([])
 
 
 def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> None:
@@ -442,46 +417,39 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
     if elem not in ("f16", "bf16"):
         raise ValueError(f"dtype: {elem!r}: the sm_90a kernel takes f16 or bf16")
     t = g.tiling
-    b = _B()
+    b = Ints()
     idx = b.index
     tid = gpu.thread_id(gpu.Dimension.x)
     wg = arith.divui(tid, arith.constant(idx, WARPGROUP))
-    base = _shared_base(b, t)
-    _init_barriers(b, t, base, tid)
+    pipe = Pipeline(b, t, shared_base(b, t))
+    pipe.init(tid)
     # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
-    role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
-    with ir.InsertionPoint(role.then_block):
+    with if_(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), else_=True) as role:
         if t.producer_regs:
             nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
-        one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
-        with ir.InsertionPoint(one.then_block):
+        with if_(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0))):
             for (m0, n0, _, group, first, count), ring, _ in _units(b, g):
                 m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
-                _producer(b, g, base, maps, m32, n32, first, count, ring, arith.index_cast(b.i32, group))
-            scf.YieldOp([])
-        scf.YieldOp([])
-    with ir.InsertionPoint(role.else_block):
+                _producer(b, g, pipe, maps, m32, n32, first, count, ring, arith.index_cast(b.i32, group))
+    with role.otherwise():
         if t.consumer_regs:
             nvvm.setmaxregister(t.consumer_regs, ir.Attribute.parse("#nvvm.action<increase>"))
         consumer = arith.subi(wg, arith.constant(idx, 1))
         wtid = arith.remui(tid, arith.constant(idx, WARPGROUP))
         a_rows = arith.index_cast(b.i32, arith.muli(consumer, arith.constant(idx, WGMMA_M * SWIZZLE_BYTES)))
         for (m0, n0, split, group, _, count), ring, sk in _units(b, g):
-            acc = _consumer(b, g, base, a_rows, count, elem, ring)
+            acc = _consumer(b, g, pipe, a_rows, count, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
-            mine = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k)))
-            with ir.InsertionPoint(mine.then_block):
+            with if_(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k))):
                 if g.fused:
                     _fused_split(b, g, c, partials, flags, acc, wtid, consumer, row0, m0, n0, split, group)
                 elif sk is None:
                     _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
                 else:
                     _streamk_seam(b, g, c, partials, flags, acc, wtid, consumer, row0, n0, group, sk)
-                scf.YieldOp([])
-        scf.YieldOp([])
 
 
-def _unit(b: _B, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, z: ir.Value) -> tuple[ir.Value, ...]:
+def _unit(b: Ints, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, z: ir.Value) -> tuple[ir.Value, ...]:
     """(first row, first column, split, group (index), first k tile, k tiles (i32)) of a work unit (index
     ids; ``z``: group x splits + split)."""
     idx, t = b.index, g.tiling
@@ -492,7 +460,7 @@ def _unit(b: _B, g: ConvSm90, n_tile: ir.Value, m_tile: ir.Value, z: ir.Value) -
     return m0, arith.muli(n_tile, arith.constant(idx, t.bn)), split, group, first, count
 
 
-def _units(b: _B, g: ConvSm90):
+def _units(b: Ints, g: ConvSm90):
     """The workgroup's work units, each with the k tiles of its ring before it (index) and StreamK's seam
     (or None): its block ids, or (persistent) a loop over units ``id, id + persistent, ...`` (column tile
     fastest, then row tile, then split, then group; one iteration yielded inside the ``scf.for``, the ring
@@ -510,16 +478,15 @@ def _units(b: _B, g: ConvSm90):
         yield _unit(b, g, *ids), c(0), None
         return
     n_tiles, m_tiles = g.tiles
-    loop = scf.ForOp(gpu.block_id(gpu.Dimension.x), c(g.units), c(g.tiling.persistent), [c(0)])
-    with ir.InsertionPoint(loop.body):
-        u, ring = loop.induction_variable, loop.inner_iter_args[0]
+    with for_(gpu.block_id(gpu.Dimension.x), c(g.units), c(g.tiling.persistent), [c(0)]) as loop:
+        u, ring = loop.iv, loop.args[0]
         tile, z = arith.remui(u, c(n_tiles * m_tiles)), arith.divui(u, c(n_tiles * m_tiles))
         unit = _unit(b, g, arith.remui(tile, c(n_tiles)), arith.divui(tile, c(n_tiles)), z)
         yield unit, ring, None
-        scf.YieldOp([arith.addi(ring, arith.index_cast(idx, unit[5]))])
+        loop.yield_(arith.addi(ring, arith.index_cast(idx, unit[5])))
 
 
-def _fused_split(b: _B, g: ConvSm90, c: ir.Value, partials: ir.Value, counters: ir.Value, acc: ir.Value,
+def _fused_split(b: Ints, g: ConvSm90, c: ir.Value, partials: ir.Value, counters: ir.Value, acc: ir.Value,
                  wtid: ir.Value, consumer: ir.Value, row0: ir.Value, m0: ir.Value, n0: ir.Value, split: ir.Value,
                  group: ir.Value) -> None:  # fmt: skip
     """The split's second stage in the kernel, one thread at a time (its fragment's places are the same in
@@ -533,30 +500,27 @@ def _fused_split(b: _B, g: ConvSm90, c: ir.Value, partials: ir.Value, counters: 
         return arith.constant(idx, v)
 
     _epilogue(b, g, partials, acc, wtid, row0, n0, split, group)
-    _gpu_fence()
+    gpu_fence()
     n_tiles, m_tiles = g.tiles
     tile = arith.addi(arith.muli(arith.addi(arith.muli(group, k(m_tiles)), arith.divui(m0, k(g.tiling.bm))),
                                  k(n_tiles)), arith.divui(n0, k(g.tiling.bn)))  # fmt: skip
     at = arith.addi(arith.muli(arith.addi(arith.muli(tile, k(g.tiling.consumers)), consumer), k(WARPGROUP)), wtid)
     seen = memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(1), counters, [at])
-    last = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, seen, b.c(g.splits - 1)))
-    with ir.InsertionPoint(last.then_block):
-        _gpu_fence()
+    with if_(arith.cmpi(arith.CmpIPredicate.eq, seen, b.c(g.splits - 1))):
+        gpu_fence()
 
         def pair_of(r: ir.Value, cc: ir.Value) -> ir.Value:
             zero = arith.constant(v2, ir.DenseElementsAttr.get_splat(v2, ir.FloatAttr.get(f32, 0.0)))
-            each = scf.ForOp(k(0), k(g.splits), k(1), [zero])
-            with ir.InsertionPoint(each.body):
-                part = vector.load(v2, partials, [each.induction_variable, group, r, cc])
-                scf.YieldOp([arith.addf(each.inner_iter_args[0], part)])
+            with for_(k(0), k(g.splits), k(1), [zero]) as each:
+                part = vector.load(v2, partials, [each.iv, group, r, cc])
+                each.yield_(arith.addf(each.args[0], part))
             return each.results[0]
 
         _epilogue(b, g, c, acc, wtid, row0, n0, None, group, pair_of)
         memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(-g.splits), counters, [at])  # zero for the next launch
-        scf.YieldOp([])
 
 
-def _streamk_units(b: _B, g: ConvSm90):
+def _streamk_units(b: Ints, g: ConvSm90):
     """StreamK's segments of this workgroup's range ``[w T / W, (w + 1) T / W)``, its last tile first (so a
     contributor's partial, the range's last segment, is stored before its first segment waits on others):
     the unit (split 0, first k tile and count inside the tile) and the seam ``(hi, first contributor, w)``,
@@ -572,10 +536,9 @@ def _streamk_units(b: _B, g: ConvSm90):
     begin = arith.divui(arith.muli(w, c(total)), c(wgs))
     end = arith.divui(arith.muli(arith.addi(w, c(1)), c(total)), c(wgs))
     last = arith.divui(arith.subi(end, c(1)), c(iters))
-    loop = scf.ForOp(c(0), arith.subi(arith.addi(last, c(1)), arith.divui(begin, c(iters))), c(1), [c(0)])
-    with ir.InsertionPoint(loop.body):
-        ring = loop.inner_iter_args[0]
-        tile = arith.subi(last, loop.induction_variable)
+    with for_(c(0), arith.subi(arith.addi(last, c(1)), arith.divui(begin, c(iters))), c(1), [c(0)]) as loop:
+        ring = loop.args[0]
+        tile = arith.subi(last, loop.iv)
         start = arith.muli(tile, c(iters))
         lo = arith.subi(arith.maxui(begin, start), start)
         hi = arith.subi(arith.minui(end, arith.addi(start, c(iters))), start)
@@ -587,15 +550,10 @@ def _streamk_units(b: _B, g: ConvSm90):
         unit = (arith.muli(m_tile, c(g.tiling.bm)), arith.muli(n_tile, c(g.tiling.bn)), c(0), group,
                 arith.index_cast(b.i32, lo), count)  # fmt: skip
         yield unit, ring, (hi, first_w, w)
-        scf.YieldOp([arith.addi(ring, arith.index_cast(idx, count))])
+        loop.yield_(arith.addi(ring, arith.index_cast(idx, count)))
 
 
-def _gpu_fence() -> None:
-    """``membar.gl``: this thread's global writes seen device-wide before what follows (and its reads after)."""
-    nvvm.MembarOp(ir.Attribute.parse("#nvvm.mem_scope<gpu>"))
-
-
-def _streamk_seam(b: _B, g: ConvSm90, c: ir.Value, partials: ir.Value, flags: ir.Value, acc: ir.Value,
+def _streamk_seam(b: Ints, g: ConvSm90, c: ir.Value, partials: ir.Value, flags: ir.Value, acc: ir.Value,
                   wtid: ir.Value, consumer: ir.Value, row0: ir.Value, n0: ir.Value, group: ir.Value,
                   seam: tuple[ir.Value, ir.Value, ir.Value]) -> None:  # fmt: skip
     """A StreamK segment's end for one consumer warpgroup: the finisher (``hi`` = the tile's last k tile)
@@ -615,53 +573,39 @@ def _streamk_seam(b: _B, g: ConvSm90, c: ir.Value, partials: ir.Value, flags: ir
     def sync() -> None:
         nvvm.barrier(barrier_id=bar_id, number_of_threads=b.c(WARPGROUP), aligned=True)
 
-    finishes = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, hi, k(g.ktiles)), has_else=True)
-    with ir.InsertionPoint(finishes.then_block):
-        others = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, first_w, w), [acc.type], has_else=True)
-        with ir.InsertionPoint(others.then_block):
-            one = scf.IfOp(leader)
-            with ir.InsertionPoint(one.then_block):
-                each = scf.ForOp(first_w, w, k(1))
-                with ir.InsertionPoint(each.body):
-                    at = [each.induction_variable, consumer]
-                    spin = scf.WhileOp([], [])
-                    with ir.InsertionPoint(spin.before.blocks.append()):
+    with if_(arith.cmpi(arith.CmpIPredicate.eq, hi, k(g.ktiles)), else_=True) as finishes:
+        with if_(arith.cmpi(arith.CmpIPredicate.ult, first_w, w), [acc.type]) as others:
+            with if_(leader):
+                with for_(first_w, w, k(1)) as each:  # the leader waits for each contributor's flag
+                    at = [each.iv, consumer]
+                    with while_() as spin:
                         seen = memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(0), flags, at)
-                        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.eq, seen, b.c(0)), [])
-                    with ir.InsertionPoint(spin.after.blocks.append()):
-                        scf.YieldOp([])
+                        spin.again_if(arith.cmpi(arith.CmpIPredicate.eq, seen, b.c(0)))
                     memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(-1), flags, at)  # back to zero for the next launch
-                    scf.YieldOp([])
-                _gpu_fence()
-                scf.YieldOp([])
+                gpu_fence()
             sync()
-            _gpu_fence()
-            add = scf.ForOp(first_w, w, k(1), [acc])
-            with ir.InsertionPoint(add.body):
-                total = add.inner_iter_args[0]
+            gpu_fence()
+            with for_(first_w, w, k(1), [acc]) as add:  # the contributors' partials, in workgroup order
+                total = add.args[0]
                 for j in range(g.tiling.bn // 8):
-                    part = vector.load(v4, partials, [add.induction_variable, consumer, k(j), wtid, k(0)])
+                    part = vector.load(v4, partials, [add.iv, consumer, k(j), wtid, k(0)])
                     for e in range(4):
                         pos = ir.DenseI64ArrayAttr.get([4 * j + e])
                         mine = llvm.extractvalue(f32, total, pos)
                         total = llvm.insertvalue(total, arith.addf(mine, vector.extract(part, [], [e])), pos)
-                scf.YieldOp([total])
-            scf.YieldOp([add.results[0]])
-        with ir.InsertionPoint(others.else_block):
-            scf.YieldOp([acc])
+                add.yield_(total)
+            others.yield_(add.results[0])
+        with others.otherwise():
+            others.yield_(acc)
         _epilogue(b, g, c, others.results[0], wtid, row0, n0, None, group)
-        scf.YieldOp([])
-    with ir.InsertionPoint(finishes.else_block):
+    with finishes.otherwise():  # a contributor: its partial out, then its flag
         for j in range(g.tiling.bn // 8):
             vals = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([4 * j + e])) for e in range(4)]
             vector.store(vector.from_elements(v4, vals), partials, [w, consumer, k(j), wtid, k(0)])
-        _gpu_fence()
+        gpu_fence()
         sync()  # every thread's partial is out before the leader raises the flag
-        one = scf.IfOp(leader)
-        with ir.InsertionPoint(one.then_block):
+        with if_(leader):
             memref.atomic_rmw(arith.AtomicRMWKind.addi, b.c(1), flags, [w, consumer])
-            scf.YieldOp([])
-        scf.YieldOp([])
 
 
 def conv_module(g: ConvSm90, dtype: str = "f16", out: str = "f32") -> ir.Module:

@@ -23,29 +23,23 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, math, memref, scf, vector
 
-from convbw_mlir.kernels import gemm_sm80
+from convbw_mlir.kernels.ir import Ix, all_of
 from convbw_mlir.policies.depthwise import DepthwiseKernel
 
 __all__ = ["build_kernel_body", "grid"]
 
 
-class _Ix(gemm_sm80._Ix):
+class _Ix(Ix):
     """The implicit GEMM's index arithmetic, with products and quotients by 1 folded (many sizes here are 1)."""
 
-    def v(self, x: ir.Value | int) -> ir.Value:
-        return self._v(x)
-
     def mul(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        return self._v(a) if isinstance(b, int) and b == 1 else super().mul(a, b)
+        return self.v(a) if isinstance(b, int) and b == 1 else super().mul(a, b)
 
     def div(self, a: ir.Value, b: int) -> ir.Value:
         return a if b == 1 else super().div(a, b)
 
     def rem(self, a: ir.Value, b: int) -> ir.Value:
         return self.c(0) if b == 1 else super().rem(a, b)
-
-
-_all = gemm_sm80._all
 
 
 def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
@@ -148,7 +142,7 @@ def _interior(ix: _Ix, k: DepthwiseKernel, row_ok: list[ir.Value], x_ok: list[ir
         conds.append(ix.lt(-1, base))
     if k.reach >= conv.in_size[-1]:
         conds.append(ix.lt(ix.add(base, k.offsets[-1]), conv.in_size[-1]))
-    return _all(conds)
+    return all_of(conds)
 
 
 def _step(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, row_ok: list[ir.Value],
@@ -169,9 +163,9 @@ def _step(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, r
             ok.append(ix.lt(wo, wo_size))
             wo = arith.minsi(wo, ix.c(wo_size - 1))
         if k.paired:
-            dys.append(_load(ix, dy, [image, *outs, wo, th.dg], _all(ok), k.vector, f32))
+            dys.append(_load(ix, dy, [image, *outs, wo, th.dg], all_of(ok), k.vector, f32))
         else:  # one out channel's value, broadcast over the in-channel vector
-            one = _load(ix, dy, [image, *outs, wo, th.dg], _all(ok), 1, f32)
+            one = _load(ix, dy, [image, *outs, wo, th.dg], all_of(ok), 1, f32)
             dys.append(one if k.vector == 1 else vector.broadcast(ir.VectorType.get([k.vector], f32), one))
     base = _first_x(ix, k, th, wo0)
     xs = {}
@@ -185,7 +179,7 @@ def _step(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, r
             ok.append(ix.lt(-1, at))
         if k.reach >= w_size:
             ok.append(ix.lt(at, w_size))
-        xs[off] = _load(ix, x, [image, *x_outer, ix.clamp(at, w_size - 1), th.g], _all(ok), k.vector, f32)
+        xs[off] = _load(ix, x, [image, *x_outer, ix.clamp(at, w_size - 1), th.g], all_of(ok), k.vector, f32)
     acc = list(acc)  # the caller's list stays the step's inputs (both branches of an interior check take it)
     for t in range(k.taps):
         for u in range(k.unroll):
@@ -276,7 +270,7 @@ def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Valu
         conds = [] if exact else [ix.lt(e, size)]
         if k.runs * k.taps != k.inner:
             conds.append(ix.lt(inner, k.inner))
-        cond = _all(conds)
+        cond = all_of(conds)
         if cond is None:
             vector.store(total, ws, [chunk, g, out, col])
             continue

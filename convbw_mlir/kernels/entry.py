@@ -1,6 +1,6 @@
 """The IREE 3.13 entry for a kernel our passes write: a ``hal.executable.source`` and its ``flow.dispatch``.
 
-IREE compiles such a dispatch as written (../shared/DESIGN.md "Kernels built by our own passes"): the
+IREE compiles such a dispatch as written (docs/iree-facts.md "The explicit kernel's entry"): the
 func's ``translation_info`` names ``#iree_codegen.no_pipeline`` (no tiling, no distribution, only the
 lowering to NVVM/ROCDL and LLVM) and carries ``workgroup_size`` (IREE overwrites the export's with it);
 the export's ``count`` region returns the grid; operands arrive through

@@ -9,7 +9,7 @@ or the split-K partials ``[splits, G, K, C*Y*X]`` f32.
 The AMD pipeline of the issue: global -> registers -> LDS, double-buffered: tile kt+1 is loaded into
 registers while tile kt's matrix instructions run, then stored to the other LDS buffer before the
 barrier. LDS is a static ``memref.alloc`` in workgroup space (IREE launches HIP kernels with no dynamic
-LDS: ../shared/DESIGN.md), rows padded by 8 elements. Each wave computes ``wm x wn`` in 16x16 tiles.
+LDS: docs/iree-facts.md "AMD: static LDS"), rows padded by 8 elements. Each wave computes ``wm x wn`` in 16x16 tiles.
 Ragged M, N and reduction are zero-filled on load and masked on store.
 
 Layout 2 (NHWGC/GKYXC/NHWGK, ``shape.channels_last``, CK's and MIOpen's default for grouped bwd-weight):
@@ -38,7 +38,8 @@ from dataclasses import dataclass, replace
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, memref, scf, vector
 
-from convbw_mlir.kernels.gemm_sm80 import _all, _element_address, _gather_coords, _Ix, _Operand, _unravel
+from convbw_mlir.kernels.gemm_sm80 import _element_address, _gather_coords, _Operand, _unravel
+from convbw_mlir.kernels.ir import Ix, all_of
 from convbw_mlir.policies.amd import AMD_FORMS, AMD_LOAD, CDNA_INTRINSIC, CdnaTiling
 from convbw_mlir.policies.sm80 import GemmShape
 
@@ -97,7 +98,7 @@ def _zero(vec: ir.Type) -> ir.Value:
                                                                                      0.0)))  # fmt: skip
 
 
-def _global_load(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
+def _global_load(ix: Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
                  valid: ir.Value | None, elem: ir.Type) -> list[tuple[ir.Value, int, int]]:  # fmt: skip
     """This thread's share of k tile ``ktile`` of ``op`` into registers: ``(vector, pass, column offset)``.
 
@@ -143,7 +144,7 @@ def _global_load(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir
     return out
 
 
-def _lds_store(ix: _Ix, t: CdnaTiling, lds: ir.Value, stage: ir.Value, tid: ir.Value,
+def _lds_store(ix: Ix, t: CdnaTiling, lds: ir.Value, stage: ir.Value, tid: ir.Value,
                values: list[tuple[ir.Value, int, int]]) -> None:  # fmt: skip
     """The registers :func:`_global_load` filled, into LDS buffer ``stage`` (the same thread's places)."""
     chunks = t.bk // AMD_LOAD
@@ -153,21 +154,21 @@ def _lds_store(ix: _Ix, t: CdnaTiling, lds: ir.Value, stage: ir.Value, tid: ir.V
         vector.store(v, lds, [stage, ix.add(row, i * per_pass), ix.add(col, off)])
 
 
-def _cl_address(ix: _Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Value, r: ir.Value,
+def _cl_address(ix: Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Value, r: ir.Value,
                 valid: list[ir.Value]) -> tuple[list[ir.Value], ir.Value | None]:  # fmt: skip
     """Layout 2: indices of the vector of channels at (``row``, ``r``) of ``op``, clamped inside its memref,
     and whether it is real. dy and a plain x are ``[r, g, row]``; a gathered x is ``[N, H, W, G, C]`` at
     ``(ho * s + y * d - p, wo * s + x * d - p)`` with ``row = (y * X + x) * C + c`` (dW's GKYXC order)."""
     if not op.gather:
-        return [r, g, row], _all(valid)
+        return [r, g, row], all_of(valid)
     conv = shape.conv
     c, tap = ix.rem(row, shape.channels), ix.div(row, shape.channels)
     image, pos = ix.div(r, shape.hw), ix.rem(r, shape.hw)
     coords, valid = _gather_coords(ix, conv, _unravel(ix, pos, conv.out_size), _unravel(ix, tap, conv.filter), valid)
-    return [image, *coords, g, c], _all(valid)
+    return [image, *coords, g, c], all_of(valid)
 
 
-def _global_load_cl(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir.Value, g: ir.Value,
+def _global_load_cl(ix: Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid: ir.Value, g: ir.Value,
                     ktile: ir.Value, valid: ir.Value | None, elem: ir.Type) -> list[tuple[ir.Value, ...]]:  # fmt: skip
     """Layout 2: this thread's vectors of ``op.vector`` channels (16 bytes where 8 divide K or C) of k tile
     ``ktile``: ``(vector, its first row in the tile, its r in the tile)``. Vector ``q = tid + pass x threads``
@@ -196,7 +197,7 @@ def _global_load_cl(ix: _Ix, t: CdnaTiling, shape: GemmShape, op: _Operand, tid:
     return out
 
 
-def _lds_store_cl(ix: _Ix, lds: ir.Value, stage: ir.Value, values: list[tuple[ir.Value, ...]]) -> None:
+def _lds_store_cl(ix: Ix, lds: ir.Value, stage: ir.Value, values: list[tuple[ir.Value, ...]]) -> None:
     """Layout 2: :func:`_global_load_cl`'s vectors into LDS transposed, one element a row (the fragments
     read k-contiguous rows in both layouts, so the transpose happens once, here, not in every wave)."""
     for x, lrow, lr in values:
@@ -207,7 +208,7 @@ def _lds_store_cl(ix: _Ix, lds: ir.Value, stage: ir.Value, values: list[tuple[ir
 def build_amd_kernel(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: CdnaTiling,
                      form: MatrixForm) -> None:  # fmt: skip
     """Emit the kernel into ``entry`` with the matrix instruction ``form``; operands as in the module doc."""
-    ix = _Ix(entry)
+    ix = Ix(entry)
     elem, f32 = ir.MemRefType(a.type).element_type, ir.F32Type.get()  # f16 or bf16
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
@@ -281,7 +282,7 @@ def build_amd_kernel(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sha
               list(loop.results), out)  # fmt: skip
 
 
-def _epilogue(ix: _Ix, t: CdnaTiling, shape: GemmShape, form: MatrixForm, c: ir.Value, where: list[ir.Value],
+def _epilogue(ix: Ix, t: CdnaTiling, shape: GemmShape, form: MatrixForm, c: ir.Value, where: list[ir.Value],
               row0: ir.Value, col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type) -> None:  # fmt: skip
     """Store the accumulators element by element (rows past M, columns past N are not stored)."""
     f32 = ir.F32Type.get()
@@ -298,7 +299,7 @@ def _epilogue(ix: _Ix, t: CdnaTiling, shape: GemmShape, form: MatrixForm, c: ir.
                 if out != f32:
                     v = arith.truncf(out, v)
                 r = ix.add(row, i * TILE + e * form.acc_row[1])
-                cond = _all(([ix.lt(r, shape.m)] if shape.m % t.bm else []) + col_ok)
+                cond = all_of(([ix.lt(r, shape.m)] if shape.m % t.bm else []) + col_ok)
                 if cond is None:
                     memref.store(v, c, [*where, r, cc])
                     continue

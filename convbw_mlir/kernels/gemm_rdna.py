@@ -13,8 +13,9 @@ form differs, and RDNA 3 and RDNA 4 each have their own (IREE's IREEGPUAttrs.cpp
 
 Which form a target takes is its table entry's intrinsic (``convbw_mlir.targets``: gfx1100/gfx1151
 ``WMMAR3_*``, gfx1200/gfx1201 ``WMMAR4_*``), recorded in the plan's tile. The RDNA 3 form on gfx1200
-aborts LLVM ("Cannot select": ../shared/DESIGN.md); :data:`FORCE_FORM_ENV` forces a form whatever the
-plan says, for the test that an LLVM abort costs one compile (``isolate=True``) and not the caller.
+aborts LLVM ("Cannot select": docs/iree-facts.md "AMD: static LDS, and the gfx12 WMMA form");
+:data:`FORCE_FORM_ENV` forces a form whatever the plan says, for the test that an LLVM abort costs one compile
+(``isolate=True``) and not the caller.
 
 No AMD GPU exists here: these kernels are compiled and their ISA checked (v_wmma, no scratch), never run.
 """

@@ -5,7 +5,7 @@
 gathered from x ``[N, G, C, H, W]`` at the convolution's coordinates, C = dW ``[G, K, C*Y*X]`` (or the
 split-K partials), f16 or bf16 in (``mma.sync`` of that type), f32 accumulate, f32 or the input type out.
 
-The recipe (../shared/DESIGN.md "Kernels built by our own passes": 392 TFLOP/s on the H100 for the
+The recipe (docs/iree-facts.md "The 392 TFLOP/s sm_80 recipe": 392 TFLOP/s on the H100 for the
 hand-written kernel it describes): a workgroup tile of ``bm x bn`` with reduction step ``bk``;
 ``stages`` shared-memory stages filled by ``cp.async`` (16-byte ``.cg`` where aligned), rows padded to
 ``bk + 8`` elements so that ``ldmatrix``'s eight row addresses fall in distinct banks; warps of
@@ -45,66 +45,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, gpu, memref, nvvm, scf, vector
+from iree.compiler.dialects import arith, gpu, memref, nvvm, vector
 
 from convbw_mlir.kernels import nvgpu
+from convbw_mlir.kernels.ir import Ix, all_of, for_, if_
 from convbw_mlir.policies.sm80 import COPY_ELEMENTS as COPY
 from convbw_mlir.policies.sm80 import MMA_K, MMA_M, MMA_N, ROW_PAD, WARP, FoldedWindow, GemmShape, GemmTiling
 
 __all__ = ["Fused", "Merged", "build_folded_kernel_body", "build_kernel_body", "build_merged_kernel_body", "grid"]
-
-
-class _Ix:
-    """Index arithmetic with constants hoisted to the function's entry block (so loops reuse them)."""
-
-    def __init__(self, entry: ir.Block) -> None:
-        self.entry = entry
-        self.consts: dict[int, ir.Value] = {}
-        self.t = ir.IndexType.get()
-
-    def c(self, value: int) -> ir.Value:
-        if value not in self.consts:
-            with ir.InsertionPoint.at_block_begin(self.entry):
-                self.consts[value] = arith.constant(self.t, value)
-        return self.consts[value]
-
-    def _v(self, x: ir.Value | int) -> ir.Value:
-        return self.c(x) if isinstance(x, int) else x
-
-    def add(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        if isinstance(b, int) and b == 0:
-            return self._v(a)
-        return arith.addi(self._v(a), self._v(b))
-
-    def mul(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        return arith.muli(self._v(a), self._v(b))
-
-    def div(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        return arith.divui(self._v(a), self._v(b))
-
-    def rem(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        return arith.remui(self._v(a), self._v(b))
-
-    def sub(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        if isinstance(b, int) and b == 0:
-            return self._v(a)
-        return arith.subi(self._v(a), self._v(b))
-
-    def lt(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        """Signed ``a < b`` (convolution coordinates go negative in the padding)."""
-        return arith.cmpi(arith.CmpIPredicate.slt, self._v(a), self._v(b))
-
-    def clamp(self, a: ir.Value, hi: int) -> ir.Value:
-        """``a`` clamped to ``[0, hi]``: an address that stays inside its buffer even where nothing is read."""
-        return arith.minsi(arith.maxsi(a, self.c(0)), self.c(hi))
-
-
-def _all(conds: list[ir.Value]) -> ir.Value | None:
-    """The conjunction of ``conds`` (None: no condition, always true)."""
-    out = None
-    for c in conds:
-        out = c if out is None else arith.andi(out, c)
-    return out
 
 
 @dataclass
@@ -121,7 +69,7 @@ class _Operand:
     gather: bool = False
 
 
-def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
+def _unravel(ix: Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
     """Row-major coordinates of ``value`` in a box of ``sizes`` (any rank; the outermost is not reduced:
     ``value`` is inside the box)."""
     coords, inner = [], 1
@@ -132,7 +80,7 @@ def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]
     return coords[::-1]
 
 
-def _gather_coords(ix: _Ix, conv, outs: list[ir.Value], taps: list[ir.Value],
+def _gather_coords(ix: Ix, conv, outs: list[ir.Value], taps: list[ir.Value],
                    valid: list[ir.Value]) -> tuple[list[ir.Value], list[ir.Value]]:  # fmt: skip
     """x's spatial indices ``o * s + f * d - p`` per dimension (output position ``outs``, filter tap
     ``taps``), clamped inside the image, and ``valid`` with the bounds that padding can break."""
@@ -149,7 +97,7 @@ def _gather_coords(ix: _Ix, conv, outs: list[ir.Value], taps: list[ir.Value],
     return coords, valid
 
 
-def _element_address(ix: _Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Value, r: ir.Value,
+def _element_address(ix: Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: ir.Value, r: ir.Value,
                      valid: list[ir.Value]) -> tuple[list[ir.Value], ir.Value | None]:  # fmt: skip
     """Indices of element (row, r) of ``op`` in its global memref, clamped inside it, and whether it is real.
 
@@ -160,14 +108,14 @@ def _element_address(ix: _Ix, shape: GemmShape, op: _Operand, g: ir.Value, row: 
     image = ix.div(r, shape.hw)
     pos = ix.rem(r, shape.hw)
     if not op.gather:
-        return [image, g, row, pos], _all(valid)
+        return [image, g, row, pos], all_of(valid)
     conv = shape.conv
     c, tap = ix.div(row, conv.taps), ix.rem(row, conv.taps)
     coords, valid = _gather_coords(ix, conv, _unravel(ix, pos, conv.out_size), _unravel(ix, tap, conv.filter), valid)
-    return [image, g, c, *coords], _all(valid)
+    return [image, g, c, *coords], all_of(valid)
 
 
-def _copy_tile(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value, stage: ir.Value,
+def _copy_tile(ix: Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value, stage: ir.Value,
                valid: ir.Value | None, shape: GemmShape) -> None:  # fmt: skip
     """This thread's share of k tile ``ktile`` of ``op`` into shared-memory ``stage``.
 
@@ -215,7 +163,7 @@ def _copy_tile(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value,
         vector.store(vec, op.smem, [stage, r_row, col])
 
 
-def _copy_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
+def _copy_tile_cl(ix: Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
                   stage: ir.Value, valid: ir.Value | None, shape: GemmShape) -> None:  # fmt: skip
     """Channels-last: this thread's ``cp.async`` copies (16 bytes; 8 or 4 where 8 does not divide K or C)
     of k tile ``ktile`` of ``op`` into shared ``[stage, r, row]`` (reduction-major). A thread keeps its
@@ -255,12 +203,12 @@ def _copy_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
             image, pos = ix.div(r, shape.hw), ix.rem(r, shape.hw)
             coords, ok = _gather_coords(ix, conv, _unravel(ix, pos, conv.out_size), taps, ok)
             idx = [image, *coords, g, c]
-        cond = _all(ok)
+        cond = all_of(ok)
         count = ix.c(v) if cond is None else arith.select(cond, ix.c(v), ix.c(0))
         nvgpu.async_copy(op.smem, [stage, r_local, col], op.glob, idx, v, count, bypass_l1=v == COPY)
 
 
-def _load_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
+def _load_tile_cl(ix: Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, ktile: ir.Value,
                   stage: ir.Value, valid: ir.Value | None, shape: GemmShape) -> None:  # fmt: skip
     """Channels-last with odd K or C (rows 2-byte aligned only): the register path. A thread loads
     :data:`COPY` consecutive elements of one reduction index (masked element loads, zero where a copy
@@ -307,7 +255,7 @@ def _load_tile_cl(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
             else:
                 idx = [r, g, channel]
             x = memref.load(op.glob, idx)
-            cond = _all(ok)
+            cond = all_of(ok)
             values.append(x if cond is None else arith.select(cond, x, zero))
         vec = vector.from_elements(ir.VectorType.get([COPY], elem), values)
         vector.store(vec, op.smem, [stage, r_local, col])
@@ -333,7 +281,7 @@ class _Lanes:
     trans: bool = False  # channels-last: shared tiles are [k, m] and [k, n]; rows are k, columns m or n
 
 
-def _lanes(ix: _Ix, lane: ir.Value, trans: bool) -> _Lanes:
+def _lanes(ix: Ix, lane: ir.Value, trans: bool) -> _Lanes:
     """Each lane's ``ldmatrix.x4`` row: lanes 8q..8q+7 address matrix q's 8 rows.
 
     Plain (rows m or n, k contiguous): A's matrices (m 0-7, k 0), (m 8-15, k 0), (m 0-7, k 8), (m 8-15, k 8).
@@ -355,7 +303,7 @@ def _lanes(ix: _Ix, lane: ir.Value, trans: bool) -> _Lanes:
                   trans=True)  # fmt: skip
 
 
-def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_smem: ir.Value, stage: ir.Value,
+def _load_fragments(ix: Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_smem: ir.Value, stage: ir.Value,
                     warp_m: ir.Value, warp_n: ir.Value, step: int, f16: ir.Type,
                     skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
     """The warp's A and B fragments of k16 step ``step``: ``wm/16`` A x4 loads, ``wn/16`` B x4 loads (``skip``:
@@ -374,12 +322,11 @@ def _load_fragments(ix: _Ix, t: GemmTiling, lanes: _Lanes, a_smem: ir.Value, b_s
                 frags.append(nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True))
                 continue
             frag = ir.VectorType.get([4, 2], f16)
-            branch = scf.IfOp(cond, [frag], has_else=True)
-            with ir.InsertionPoint(branch.then_block):
-                scf.YieldOp([nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True)])
-            with ir.InsertionPoint(branch.else_block):
+            with if_(cond, [frag]) as branch:
+                branch.yield_(nvgpu.ldmatrix(b_smem, [stage, b_k, n], 4, f16, transpose=True))
+            with branch.otherwise():
                 zero = ir.DenseElementsAttr.get_splat(frag, ir.FloatAttr.get(f16, 0.0))
-                scf.YieldOp([arith.constant(frag, zero)])
+                branch.yield_(arith.constant(frag, zero))
             frags.append(branch.results[0])
         return frags
     a_col = ix.add(lanes.a_col, k)
@@ -410,16 +357,15 @@ def _warp_mma(t: GemmTiling, frags: list[ir.Value], acc: list[ir.Value], f16: ir
             if cond is None:
                 out.append(nvgpu.mma_sync(a[i], bs[j], acc[k]))
                 continue
-            branch = scf.IfOp(cond, [acc[k].type], has_else=True)
-            with ir.InsertionPoint(branch.then_block):
-                scf.YieldOp([nvgpu.mma_sync(a[i], bs[j], acc[k])])
-            with ir.InsertionPoint(branch.else_block):
-                scf.YieldOp([acc[k]])
+            with if_(cond, [acc[k].type]) as branch:
+                branch.yield_(nvgpu.mma_sync(a[i], bs[j], acc[k]))
+            with branch.otherwise():
+                branch.yield_(acc[k])
             out.append(branch.results[0])
     return out
 
 
-def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand, lanes: _Lanes, tid: ir.Value,
+def _mainloop(ix: Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand, lanes: _Lanes, tid: ir.Value,
               g: ir.Value, base: ir.Value, warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value],
               f16: ir.Type, skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
     """The software pipeline over this split's k tiles (``base`` is its first); returns the accumulators.
@@ -455,7 +401,7 @@ def _mainloop(ix: _Ix, t: GemmTiling, shape: GemmShape, a: _Operand, b: _Operand
     return _pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, per_split, issue, skip)
 
 
-def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value, warp_n: ir.Value,
+def _pipeline(ix: Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value, warp_n: ir.Value,
               acc: list[ir.Value], f16: ir.Type, count: int | ir.Value,
               issue: Callable[[int | ir.Value, ir.Value], None],
               skip: _Skip | None = None) -> list[ir.Value]:  # fmt: skip
@@ -468,11 +414,9 @@ def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, w
     nvvm.cp_async_wait_group(t.stages - 2)
     gpu.barrier()
     first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16, skip)
-    loop = scf.ForOp(ix.c(0), ix._v(count), ix.c(1), [*acc, *first])
-    with ir.InsertionPoint(loop.body):
-        kt = loop.induction_variable
-        args = list(loop.inner_iter_args)
-        acc, cur = args[: len(acc)], args[len(acc) :]
+    with for_(ix.c(0), ix.v(count), ix.c(1), [*acc, *first]) as loop:
+        kt = loop.iv
+        acc, cur = loop.args[: len(acc)], loop.args[len(acc) :]
         stage = ix.rem(kt, t.stages)
         for s in range(steps):
             if s == 0:
@@ -488,9 +432,9 @@ def _pipeline(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, w
                 nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16, skip)
             acc = _warp_mma(t, cur, acc, f16, skip)
             cur = nxt
-        scf.YieldOp([*acc, *cur])
+        loop.yield_(*acc, *cur)
     nvvm.cp_async_wait_group(0)  # no copy may outlive the kernel's shared memory
-    return list(loop.results)[: len(acc)]
+    return loop.results[: len(acc)]
 
 
 @dataclass(frozen=True)
@@ -508,10 +452,8 @@ def _store(value: Callable[[], ir.Value], c: ir.Value, indices: list[ir.Value], 
     if cond is None:
         vector.store(value(), c, indices)
         return
-    branch = scf.IfOp(cond)
-    with ir.InsertionPoint(branch.then_block):
+    with if_(cond):
         vector.store(value(), c, indices)
-        scf.YieldOp([])
 
 
 def _finish(acc: ir.Value, out: ir.Type, fused: Fused | None, d_at: list[ir.Value]) -> ir.Value:
@@ -536,7 +478,7 @@ def _finish(acc: ir.Value, out: ir.Type, fused: Fused | None, d_at: list[ir.Valu
     return acc if out == f32 else arith.truncf(ir.VectorType.get(vt.shape, out), acc)
 
 
-def _epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, c: ir.Value, where: list[ir.Value], row0: ir.Value,
+def _epilogue(ix: Ix, t: GemmTiling, shape: GemmShape, c: ir.Value, where: list[ir.Value], row0: ir.Value,
               col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type,
               fused: Fused | None = None) -> None:  # fmt: skip
     """Store the accumulators: lane l holds rows l/4 and l/4 + 8, columns 2(l%4) .. +1 of each 16x8 tile.
@@ -560,16 +502,16 @@ def _epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, c: ir.Value, where: list
                 if not odd_n:
                     at = [*where, r, cc]
                     _store(lambda p=pair, at=at: _finish(p, out, fused, at), c, at,
-                           _all(row_ok + ([ix.lt(cc, shape.n)] if ragged_n else [])))  # fmt: skip
+                           all_of(row_ok + ([ix.lt(cc, shape.n)] if ragged_n else [])))  # fmt: skip
                     continue
                 for e in range(2):
                     one = vector.extract_strided_slice(f32x1, pair, [e], [1], [1])
                     at = [*where, r, ix.add(cc, e)]
                     _store(lambda p=one, at=at: _finish(p, out, fused, at), c, at,
-                           _all([*row_ok, ix.lt(at[-1], shape.n)]))  # fmt: skip
+                           all_of([*row_ok, ix.lt(at[-1], shape.n)]))  # fmt: skip
 
 
-def _threads(ix: _Ix, t: GemmTiling) -> tuple[ir.Value, ...]:
+def _threads(ix: Ix, t: GemmTiling) -> tuple[ir.Value, ...]:
     """(thread id, lane, warp, the warp tile's first row and column in the workgroup tile)."""
     tid = gpu.thread_id(gpu.Dimension.x)
     lane = ix.rem(tid, WARP)
@@ -580,7 +522,7 @@ def _threads(ix: _Ix, t: GemmTiling) -> tuple[ir.Value, ...]:
     return tid, lane, warp, warp_m, warp_n
 
 
-def _workgroup(ix: _Ix, t: GemmTiling, shape: GemmShape) -> tuple[Any, ...]:
+def _workgroup(ix: Ix, t: GemmTiling, shape: GemmShape) -> tuple[Any, ...]:
     """(the workgroup tile's first row and column of dW, its group, where its results go: ``[group]`` or
     ``[split, group]``, its split's first k tile), from the grid of :func:`grid`."""
     block_n = ix.mul(gpu.block_id(gpu.Dimension.x), t.bn)
@@ -597,7 +539,7 @@ def _workgroup(ix: _Ix, t: GemmTiling, shape: GemmShape) -> tuple[Any, ...]:
 
 def _begin(entry: ir.Block, a: ir.Value, c: ir.Value, t: GemmTiling) -> _Body:
     """What every kernel body starts from (:func:`build_kernel_body`, the merged and the folded ones)."""
-    ix = _Ix(entry)
+    ix = Ix(entry)
     tid, lane, _, warp_m, warp_n = _threads(ix, t)
     f32x2x2 = ir.VectorType.get([2, 2], ir.F32Type.get())
     zero = arith.constant(f32x2x2, ir.DenseElementsAttr.get_splat(f32x2x2, ir.FloatAttr.get_f32(0.0)))
@@ -610,7 +552,7 @@ def _begin(entry: ir.Block, a: ir.Value, c: ir.Value, t: GemmTiling) -> _Body:
 class _Body:
     """A kernel body's start: index helper, input and output element types, this thread's ids, zero accumulators."""
 
-    ix: _Ix
+    ix: Ix
     elem: ir.Type
     out: ir.Type
     tid: ir.Value
@@ -670,7 +612,7 @@ class Merged:
     skip: bool = False  # skip the mma.sync tiles (and B loads) whose rows and columns share no group
 
 
-def _diagonal_tiles(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, row0: ir.Value,
+def _diagonal_tiles(ix: Ix, t: GemmTiling, shape: GemmShape, merge: Merged, row0: ir.Value,
                     col0: ir.Value) -> _Skip:  # fmt: skip
     """Per accumulator of the warp (its tile's first row ``row0`` and column ``col0``): whether its 16x8 block
     meets the block diagonal, i.e. its rows' groups ``[r / K, (r + 15) / K]`` and its columns' groups
@@ -700,7 +642,7 @@ def _diagonal_tiles(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, row
     return _Skip(needed, loads)
 
 
-def _merged_epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, c: ir.Value, where: list[ir.Value],
+def _merged_epilogue(ix: Ix, t: GemmTiling, shape: GemmShape, merge: Merged, c: ir.Value, where: list[ir.Value],
                      row0: ir.Value, col0: ir.Value, lane: ir.Value, acc: list[ir.Value], out: ir.Type,
                      fused: Fused | None = None) -> None:  # fmt: skip
     """:func:`_epilogue` of a merged GEMM: entry (r, j) is dW[g * m + r // K, r % K, tap * C + c % C] where its
@@ -730,10 +672,10 @@ def _merged_epilogue(ix: _Ix, t: GemmTiling, shape: GemmShape, merge: Merged, c:
                     diagonal = _on_diagonal(ix, cm, cg, group)
                     at = [*where[:-1], ix.add(first_group, group), k, ix.add(ix.mul(tap, cg), ix.rem(cm, cg))]
                     ok = [*row_ok, *([ix.lt(cc, shape.n)] if ragged_n else []), diagonal]
-                    _store(lambda p=part, at=at: _finish(p, out, fused, at), c, at, _all(ok))
+                    _store(lambda p=part, at=at: _finish(p, out, fused, at), c, at, all_of(ok))
 
 
-def _on_diagonal(ix: _Ix, channel: ir.Value, in_channels: int, group: ir.Value) -> ir.Value:
+def _on_diagonal(ix: Ix, channel: ir.Value, in_channels: int, group: ir.Value) -> ir.Value:
     """Whether merged column ``channel`` (within its tap) is an in channel of the row's ``group``."""
     return arith.cmpi(arith.CmpIPredicate.eq, ix.div(channel, in_channels), group)
 
@@ -757,7 +699,7 @@ def build_merged_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Va
 
 
 # -- layout 4 without a gather: x's windows by cp.async, the taps' shifts applied in shared memory -------------
-def _copy_a_image(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, image: ir.Value,
+def _copy_a_image(ix: Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Value, image: ir.Value,
                   pos0: ir.Value, stage: ir.Value, valid: ir.Value | None, hw: int) -> None:  # fmt: skip
     """dy's k tile of one image (positions ``pos0 .. pos0 + bk``, zero past the plane) by ``cp.async``."""
     v = op.vector
@@ -776,12 +718,12 @@ def _copy_a_image(ix: _Ix, t: GemmTiling, op: _Operand, tid: ir.Value, g: ir.Val
         if op.extent % op.rows:
             ok.append(ix.lt(grow, op.extent))
             grow = arith.minsi(grow, ix.c(op.extent - 1))
-        cond = _all(ok)
+        cond = all_of(ok)
         count = ix.c(v) if cond is None else arith.select(cond, ix.c(v), ix.c(0))
         nvgpu.async_copy(op.smem, [stage, r_row, col], op.glob, [image, g, grow, pos], v, count, bypass_l1=v == COPY)
 
 
-def _copy_windows(ix: _Ix, t: GemmTiling, w: FoldedWindow, x: ir.Value, w_smem: ir.Value, tid: ir.Value,
+def _copy_windows(ix: Ix, t: GemmTiling, w: FoldedWindow, x: ir.Value, w_smem: ir.Value, tid: ir.Value,
                   g: ir.Value, c_first: ir.Value, image: ir.Value, pos0: ir.Value, stage: ir.Value,
                   valid: ir.Value | None, channels: int, hw_in: int) -> None:  # fmt: skip
     """x's windows of the tile: per channel from ``c_first``, ``w.length`` elements of the plane from
@@ -801,11 +743,11 @@ def _copy_windows(ix: _Ix, t: GemmTiling, w: FoldedWindow, x: ir.Value, w_smem: 
         flat = ix.add(ix.add(pos0, start), ix.mul(k, v))
         ok += [ix.lt(c, channels), ix.lt(ix.c(-1), flat), ix.lt(flat, hw_in)]
         idx = [image, g, arith.minsi(c, ix.c(channels - 1)), ix.clamp(flat, hw_in - v)]
-        count = arith.select(_all(ok), ix.c(v), ix.c(0))
+        count = arith.select(all_of(ok), ix.c(v), ix.c(0))
         nvgpu.async_copy(w_smem, [stage, ch, ix.mul(k, v)], x, idx, v, count, bypass_l1=v == COPY)
 
 
-def _expand_windows(ix: _Ix, t: GemmTiling, shape: GemmShape, w: FoldedWindow, w_smem: ir.Value,
+def _expand_windows(ix: Ix, t: GemmTiling, shape: GemmShape, w: FoldedWindow, w_smem: ir.Value,
                     b_smem: ir.Value, tid: ir.Value, block_n: ir.Value, c_first: ir.Value, pos0: ir.Value,
                     stage: ir.Value) -> None:  # fmt: skip
     """B's k tile from the windows: row ``j = (c, tap)``, column ``pos`` is window ``c`` at ``pos + shift(tap)``,
@@ -855,11 +797,11 @@ def _expand_windows(ix: _Ix, t: GemmTiling, shape: GemmShape, w: FoldedWindow, w
                 at = arith.addi(o, off)
                 ok += [ix.lt(ix.c(-1), at), ix.lt(at, size)]
             x = memref.load(w_smem, [stage, c_local, arith.addi(column, shift)])
-            values.append(arith.select(_all(ok), x, zero))
+            values.append(arith.select(all_of(ok), x, zero))
         vector.store(vector.from_elements(ir.VectorType.get([COPY], elem), values), b_smem, [stage, jl, col])
 
 
-def _pipeline_folded(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value,
+def _pipeline_folded(ix: Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Operand, warp_m: ir.Value,
                      warp_n: ir.Value, acc: list[ir.Value], f16: ir.Type, count: int,
                      issue: Callable[[int | ir.Value, ir.Value], None],
                      expand: Callable[[int | ir.Value, ir.Value], None]) -> list[ir.Value]:  # fmt: skip
@@ -874,11 +816,9 @@ def _pipeline_folded(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Ope
     expand(0, ix.c(0))
     gpu.barrier()
     first = _load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
-    loop = scf.ForOp(ix.c(0), ix._v(count), ix.c(1), [*acc, *first])
-    with ir.InsertionPoint(loop.body):
-        kt = loop.induction_variable
-        args = list(loop.inner_iter_args)
-        acc, cur = args[: len(acc)], args[len(acc) :]
+    with for_(ix.c(0), ix.v(count), ix.c(1), [*acc, *first]) as loop:
+        kt = loop.iv
+        acc, cur = loop.args[: len(acc)], loop.args[len(acc) :]
         stage = ix.rem(kt, t.stages)
         for s in range(steps):
             if s == 0:
@@ -896,9 +836,9 @@ def _pipeline_folded(ix: _Ix, t: GemmTiling, lanes: _Lanes, a: _Operand, b: _Ope
                 nxt = _load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
             acc = _warp_mma(t, cur, acc, f16)
             cur = nxt
-        scf.YieldOp([*acc, *cur])
+        loop.yield_(*acc, *cur)
     nvvm.cp_async_wait_group(0)
-    return list(loop.results)[: len(acc)]
+    return loop.results[: len(acc)]
 
 
 def build_folded_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape,

@@ -33,18 +33,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
+from iree.compiler.dialects import arith, gpu, llvm, memref, nvvm, vector
 
 from convbw_mlir.kernels.entry import KernelEntry
+from convbw_mlir.kernels.ir import Ints, Pipeline, for_, if_
 
 __all__ = [
     "FP8_TYPES",
+    "SWIZZLE_BYTES",
+    "WARPGROUP",
+    "WGMMA_K",
+    "WGMMA_M",
     "Sm90Tiling",
+    "acc_type",
     "accumulator_coords",
     "build_gemm_body",
     "descriptor",
     "gemm_entry",
     "gemm_module",
+    "global_ptr",
+    "shared_base",
+    "zero_acc",
 ]
 
 WARPGROUP = 128
@@ -55,7 +64,6 @@ STEP_BYTES = 32  # one wgmma's K along a row: k16 of 16-bit, k32 of 8-bit elemen
 WGMMA_TYPES = {"f16": "f16", "bf16": "bf16", "f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
 FP8_TYPES = ("f8E4M3FN", "f8E5M2")
 ATOM_BYTES = 8 * SWIZZLE_BYTES  # 8 rows: the 128-byte swizzle pattern's period, and the descriptor's stride
-WAIT_TICKS = 0x989680  # mbarrier.try_wait's suspend-time hint (CUTLASS's value)
 
 
 @dataclass(frozen=True)
@@ -195,39 +203,19 @@ def gemm_entry(m: int, n: int, k: int, t: Sm90Tiling, elem: ir.Type, out: ir.Typ
     )
 
 
-class _B:
-    """i32/i64/index arithmetic and pointer casts, constants made where used (LLVM hoists them)."""
-
-    def __init__(self) -> None:
-        self.i1 = ir.IntegerType.get_signless(1)
-        self.i32 = ir.IntegerType.get_signless(32)
-        self.i64 = ir.IntegerType.get_signless(64)
-        self.index = ir.IndexType.get()
-
-    def c(self, v: int, t: ir.Type | None = None) -> ir.Value:
-        return arith.constant(t or self.i32, v)
-
-    def ptr(self, address: ir.Value, space: int) -> ir.Value:
-        """An ``!llvm.ptr<space>`` from an i32 shared-memory address or an i64 global one."""
-        return llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>" if space else "!llvm.ptr"), address)
-
-    def eq(self, a: ir.Value, b: ir.Value) -> ir.Value:
-        return arith.cmpi(arith.CmpIPredicate.eq, a, b)
-
-
-def _acc_type(t: Sm90Tiling) -> ir.Type:
+def acc_type(t: Sm90Tiling) -> ir.Type:
     return ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (t.bn // 2)) + ")>")
 
 
-def _zero_acc(b: _B, t: Sm90Tiling) -> ir.Value:
-    acc = llvm.mlir_undef(_acc_type(t))
+def zero_acc(b: Ints, t: Sm90Tiling) -> ir.Value:
+    acc = llvm.mlir_undef(acc_type(t))
     zero = arith.constant(ir.F32Type.get(), 0.0)
     for v in range(t.bn // 2):
         acc = llvm.insertvalue(acc, zero, ir.DenseI64ArrayAttr.get([v]))
     return acc
 
 
-def _shared_base(b: _B, t: Sm90Tiling) -> ir.Value:
+def shared_base(b: Ints, t: Sm90Tiling) -> ir.Value:
     """The i32 shared address of the kernel's dynamic shared memory, rounded up to 1024 (the swizzle atom:
     TMA and the descriptors address swizzled rows relative to it)."""
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
@@ -236,66 +224,22 @@ def _shared_base(b: _B, t: Sm90Tiling) -> ir.Value:
     return arith.andi(arith.addi(raw, b.c(ATOM_BYTES - 1)), b.c(-ATOM_BYTES))
 
 
-def _global_ptr(b: _B, buf: ir.Value, offset: int) -> ir.Value:
+def global_ptr(b: Ints, buf: ir.Value, offset: int) -> ir.Value:
     raw = arith.index_cast(b.i64, memref.extract_aligned_pointer_as_index(buf))
     return b.ptr(arith.addi(raw, b.c(offset, b.i64)) if offset else raw, 0)
 
 
-def _stage_addresses(b: _B, t: Sm90Tiling, base: ir.Value, stage: ir.Value) -> tuple[ir.Value, ...]:
-    """(A tile, B tile, full barrier, empty barrier) shared addresses of ring slot ``stage`` (i32)."""
-    a = arith.addi(base, arith.muli(stage, b.c(t.a_bytes)))
-    bb = arith.addi(base, arith.addi(b.c(t.stages * t.a_bytes), arith.muli(stage, b.c(t.b_bytes))))
-    full = arith.addi(base, arith.addi(b.c(t.barriers), arith.muli(stage, b.c(8))))
-    empty = arith.addi(full, b.c(8 * t.stages))
-    return a, bb, full, empty
-
-
-def _init_barriers(b: _B, t: Sm90Tiling, base: ir.Value, tid: ir.Value) -> None:
-    """Thread 0: full[s] waits for one arrival (the producer's, with the TMA bytes), empty[s] for every
-    consumer thread; then all threads meet, so no one waits on an uninitialised barrier."""
-    first = scf.IfOp(b.eq(tid, b.c(0, b.index)))
-    with ir.InsertionPoint(first.then_block):
-        for s in range(t.stages):
-            full = arith.addi(base, b.c(t.barriers + 8 * s))
-            nvvm.mbarrier_init(b.ptr(full, 3), b.c(1))
-            empty = arith.addi(base, b.c(t.barriers + 8 * (t.stages + s)))
-            nvvm.mbarrier_init(b.ptr(empty, 3), b.c(t.empty_count))
-        if t.cluster > 1:  # the peer's TMA and arrivals reach these barriers: initialised before either runs
-            nvvm.fence_mbarrier_init()
-        scf.YieldOp([])
-    _sync(t)
-
-
-def _sync(t: Sm90Tiling) -> None:
-    """The workgroup's barrier; in a cluster, the cluster's (it orders the peer's accesses too)."""
-    if t.cluster == 1:
-        gpu.barrier()
-        return
-    nvvm.cluster_arrive()
-    nvvm.cluster_wait()
-
-
-def _stage_and_phase(b: _B, t: Sm90Tiling, kt: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """Ring slot ``kt % stages`` and the parity of its round ``(kt / stages) % 2`` (i32; ``kt`` counts the
-    workgroup's k tiles over all its output tiles)."""
-    k32 = arith.index_cast(b.i32, kt)
-    return arith.remui(k32, b.c(t.stages)), arith.andi(arith.divui(k32, b.c(t.stages)), b.c(1))
-
-
-def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value, n0: ir.Value, ktiles: int,
+def _producer(b: Ints, t: Sm90Tiling, pipe: Pipeline, maps: ir.Value, m0: ir.Value, n0: ir.Value, ktiles: int,
               ring: ir.Value, rank: ir.Value | None, k_first: ir.Value) -> None:  # fmt: skip
-    """One thread's loop: wait until slot ``s`` is empty (parity of the previous round: a fresh barrier
-    passes parity 1), announce the bytes, load A's and B's k tile into it by TMA. ``ring``: the
-    workgroup's k tiles before this output tile's; ``k_first``: its split's first k tile (i32)."""
-    map_a, map_b = _global_ptr(b, maps, 0), _global_ptr(b, maps, 128)
-    loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1))
-    with ir.InsertionPoint(loop.body):
-        kt = loop.induction_variable
-        s, phase = _stage_and_phase(b, t, arith.addi(ring, kt))
-        a, bb, full, empty = _stage_addresses(b, t, base, s)
-        nvvm.mbarrier_try_wait_parity(b.ptr(empty, 3), arith.xori(phase, b.c(1)), b.c(WAIT_TICKS))
-        full_p = b.ptr(full, 3)
-        nvvm.mbarrier_arrive_expect_tx(full_p, b.c(t.a_bytes + t.b_bytes))
+    """One thread's loop: acquire each k tile's slot, commit its bytes, load A's and B's k tile into it by
+    TMA. ``ring``: the workgroup's k tiles before this output tile's; ``k_first``: its split's first k tile
+    (i32)."""
+    map_a, map_b = global_ptr(b, maps, 0), global_ptr(b, maps, 128)
+    with for_(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1)) as loop:
+        kt = loop.iv
+        slot = pipe.acquire(arith.addi(ring, kt))
+        a, bb = slot.a, slot.b
+        full_p = pipe.commit(slot)
         k0 = arith.muli(arith.addi(arith.index_cast(b.i32, kt), k_first), b.c(t.bk))
         cluster = ir.Type.parse("!llvm.ptr<7>")
         dst_a = llvm.addrspacecast(cluster, b.ptr(a, 3))
@@ -309,10 +253,9 @@ def _producer(b: _B, t: Sm90Tiling, base: ir.Value, maps: ir.Value, m0: ir.Value
             row = arith.addi(n0, arith.muli(rank, b.c(half)))
             both = arith.constant(ir.IntegerType.get_signless(16), 3)
             nvvm.cp_async_bulk_tensor_shared_cluster_global(dst_b, map_b, [k0, row], full_p, [], multicast_mask=both)
-        scf.YieldOp([])
 
 
-def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value,
+def _wgmma(b: Ints, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_rows: ir.Value,
            elem: tuple[str, str], fresh: bool = False) -> ir.Value:  # fmt: skip
     """The consumer's k tile: four wgmma m64n{bn}k16 (k32 for 8-bit types) on descriptors of its 64 rows of
     A and of B, each step 32 bytes further along the swizzled rows (``elem``: A's and B's wgmma types;
@@ -329,7 +272,7 @@ def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_row
     for k in range(SWIZZLE_BYTES // STEP_BYTES):
         step = b.c(k * STEP_BYTES // 16, b.i64)  # 32 bytes, in the descriptor's 16-byte units
         acc = nvvm.wgmma_mma_async(
-            _acc_type(t), acc, arith.addi(da, step), arith.addi(db, step),
+            acc_type(t), acc, arith.addi(da, step), arith.addi(db, step),
             attr(f"#nvvm.shape<m = 64, n = {t.bn}, k = {wk}>"), attr(f"#nvvm.wgmma_type<{elem[0]}>"),
             attr(f"#nvvm.wgmma_type<{elem[1]}>"), attr("#nvvm.wgmma_type<f32>"),
             attr(f"#nvvm.wgmma_scale_out<{'zero' if fresh and k == 0 else 'one'}>"),
@@ -339,38 +282,33 @@ def _wgmma(b: _B, t: Sm90Tiling, acc: ir.Value, a: ir.Value, bb: ir.Value, a_row
     return acc
 
 
-def _consumer(b: _B, t: Sm90Tiling, base: ir.Value, a_rows: ir.Value, ktiles: int, elem: tuple[str, str],
+def _consumer(b: Ints, t: Sm90Tiling, pipe: Pipeline, a_rows: ir.Value, ktiles: int, elem: tuple[str, str],
               ring: ir.Value) -> ir.Value:  # fmt: skip
     """Warpgroup loop over k tiles with one wgmma group in flight (``a_rows``: byte offset of its 64 rows
     in an A tile; ``ring`` as :func:`_producer`'s); returns the accumulators once all its wgmmas are done
     and its last stage released. ``promote``: each k tile's group waited for, its partial added into the
     f32 accumulators (carried beside it)."""
-    loop = scf.ForOp(arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1),
-                     [_zero_acc(b, t)] * (2 if t.promote else 1))  # fmt: skip
-    with ir.InsertionPoint(loop.body):
-        kt = loop.induction_variable
-        s, phase = _stage_and_phase(b, t, arith.addi(ring, kt))
-        a, bb, full, _ = _stage_addresses(b, t, base, s)
-        nvvm.mbarrier_try_wait_parity(b.ptr(full, 3), phase, b.c(WAIT_TICKS))
+    bounds = arith.constant(b.index, 0), arith.constant(b.index, ktiles), arith.constant(b.index, 1)
+    with for_(*bounds, [zero_acc(b, t)] * (2 if t.promote else 1)) as loop:
+        kt = loop.iv
+        slot = pipe.wait(arith.addi(ring, kt))
         nvvm.wgmma_fence_aligned()
-        acc = _wgmma(b, t, loop.inner_iter_args[-1], a, bb, a_rows, elem, fresh=t.promote)
+        acc = _wgmma(b, t, loop.args[-1], slot.a, slot.b, a_rows, elem, fresh=t.promote)
         nvvm.wgmma_commit_group_sync_aligned()
         if t.promote:  # this k tile's partial, once done, into the f32 accumulators; its stage released
             nvvm.wgmma_wait_group_sync_aligned(0)
-            _release(b, t, base, arith.addi(ring, kt))
-            scf.YieldOp([_add_acc(t, loop.inner_iter_args[0], acc), acc])
+            pipe.release(arith.addi(ring, kt))
+            loop.yield_(_add_acc(t, loop.args[0], acc), acc)
+        else:  # one group in flight: release the previous k tile's stage
+            nvvm.wgmma_wait_group_sync_aligned(1)  # k tile kt - 1's group is done: its slot can be refilled
+            k32 = arith.index_cast(b.i32, kt)
+            with if_(arith.cmpi(arith.CmpIPredicate.ugt, k32, b.c(0))):
+                pipe.release(arith.subi(arith.addi(ring, kt), arith.constant(b.index, 1)))
+            loop.yield_(acc)
     if t.promote:
         return loop.results[0]
-    with ir.InsertionPoint(loop.body):  # one group in flight: release the previous k tile's stage
-        nvvm.wgmma_wait_group_sync_aligned(1)  # k tile kt - 1's group is done: its slot can be refilled
-        k32 = arith.index_cast(b.i32, kt)
-        prev = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ugt, k32, b.c(0)))
-        with ir.InsertionPoint(prev.then_block):
-            _release(b, t, base, arith.subi(arith.addi(ring, kt), arith.constant(b.index, 1)))
-            scf.YieldOp([])
-        scf.YieldOp([acc])
     nvvm.wgmma_wait_group_sync_aligned(0)
-    _release(b, t, base, arith.addi(ring, arith.constant(b.index, ktiles - 1)))
+    pipe.release(arith.addi(ring, arith.constant(b.index, ktiles - 1)))
     return loop.results[0]
 
 
@@ -384,24 +322,7 @@ def _add_acc(t: Sm90Tiling, total: ir.Value, part: ir.Value) -> ir.Value:
     return total
 
 
-def _release(b: _B, t: Sm90Tiling, base: ir.Value, kt: ir.Value) -> None:
-    """Every consumer thread arrives on empty[kt % stages]: its wgmmas have read that stage. In a cluster,
-    lane 0 of each consumer warp arrives on that barrier of both workgroups (both producers write it)."""
-    s, _ = _stage_and_phase(b, t, kt)
-    *_, empty = _stage_addresses(b, t, base, s)
-    if t.cluster == 1:
-        nvvm.mbarrier_arrive(b.ptr(empty, 3), results=[b.i64])
-        return
-    lane = arith.remui(gpu.thread_id(gpu.Dimension.x), arith.constant(b.index, 32))
-    first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, lane, arith.constant(b.index, 0)))
-    with ir.InsertionPoint(first.then_block):
-        for peer in range(t.cluster):
-            remote = nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), b.ptr(empty, 3), b.c(peer))
-            nvvm.MBarrierArriveOp(remote, results=[], scope=ir.Attribute.parse("#nvvm.mem_scope<cluster>"))
-        scf.YieldOp([])
-
-
-def _epilogue(b: _B, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
+def _epilogue(b: Ints, t: Sm90Tiling, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
               scale: ir.Value | None = None) -> None:  # fmt: skip
     """Each accumulator pair (columns 2 (lane % 4), +1 of an n8 chunk) to C, times ``scale`` (an f32, fp8's
     ``scale_a * scale_b``) if given, converted to C's type; a 3-D C (partials) takes it in split z's slice."""
@@ -460,32 +381,28 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
     for name, size, tile in (("m", m, t.bm), ("n", n, t.bn), ("k", k, t.bk)):
         if size % tile:
             raise ValueError(f"{name}: {size} is not a multiple of the tile's {tile}")
-    b = _B()
+    b = Ints()
     idx = b.index
     if t.cluster > 1:  # IREE carries it to PTX: .explicitcluster .reqnctapercluster 2, 1, 1
         entry.owner.attributes["nvvm.cluster_dim"] = ir.DenseI32ArrayAttr.get([t.cluster, 1, 1])
     tid = gpu.thread_id(gpu.Dimension.x)
     wg = arith.divui(tid, arith.constant(idx, WARPGROUP))
-    base = _shared_base(b, t)
-    _init_barriers(b, t, base, tid)
+    pipe = Pipeline(b, t, shared_base(b, t))
+    pipe.init(tid)
     rank = nvvm.read_ptx_sreg_cluster_ctarank() if t.cluster > 1 else None
     if (k // t.bk) % t.splits:
         raise ValueError(f"splits: {t.splits} does not divide the {k // t.bk} k tiles")
     ktiles = k // t.bk // t.splits
     k_first = arith.muli(arith.index_cast(b.i32, gpu.block_id(gpu.Dimension.z)), b.c(ktiles))
     # setmaxnreg acts only where each warpgroup's role is one branch of a single if/else (HOPPER.md)
-    role = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), has_else=True)
-    with ir.InsertionPoint(role.then_block):
+    with if_(arith.cmpi(arith.CmpIPredicate.eq, wg, arith.constant(idx, 0)), else_=True) as role:
         if t.producer_regs:
             nvvm.setmaxregister(t.producer_regs, ir.Attribute.parse("#nvvm.action<decrease>"))
-        one = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0)))
-        with ir.InsertionPoint(one.then_block):
+        with if_(arith.cmpi(arith.CmpIPredicate.eq, tid, arith.constant(idx, 0))):
             for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
                 m32, n32 = arith.index_cast(b.i32, m0), arith.index_cast(b.i32, n0)
-                _producer(b, t, base, maps, m32, n32, ktiles, ring, rank, k_first)
-            scf.YieldOp([])
-        scf.YieldOp([])
-    with ir.InsertionPoint(role.else_block):
+                _producer(b, t, pipe, maps, m32, n32, ktiles, ring, rank, k_first)
+    with role.otherwise():
         if t.consumer_regs:
             nvvm.setmaxregister(t.consumer_regs, ir.Attribute.parse("#nvvm.action<increase>"))
         consumer = arith.subi(wg, arith.constant(idx, 1))
@@ -498,15 +415,13 @@ def build_gemm_body(entry: ir.Block, bindings: list[ir.Value], k: int, t: Sm90Ti
         elif scale is not None and scale != 1.0:  # the product's: the problem's epilogue alpha
             factor = arith.constant(ir.F32Type.get(), scale)
         for m0, n0, ring in _tiles(b, t, m, n, ktiles, rank):
-            acc = _consumer(b, t, base, a_rows, ktiles, elem, ring)
+            acc = _consumer(b, t, pipe, a_rows, ktiles, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
             _epilogue(b, t, c, acc, wtid, row0, n0, factor)
-        scf.YieldOp([])
-    if t.cluster > 1:  # no workgroup leaves while its peer may still arrive on its barriers
-        _sync(t)
+    pipe.close()
 
 
-def _tiles(b: _B, t: Sm90Tiling, m: int, n: int, ktiles: int, rank: ir.Value | None):
+def _tiles(b: Ints, t: Sm90Tiling, m: int, n: int, ktiles: int, rank: ir.Value | None):
     """The workgroup's output tiles, as (first row, first column, k tiles of the ring before it): its block
     ids, or (persistent) a loop over tiles ``id, id + persistent, ...``, N fastest (one iteration yielded
     inside the ``scf.for``). In a cluster the pair walks pair tiles (M tiles ``2i, 2i + 1`` of one N tile)
@@ -525,14 +440,12 @@ def _tiles(b: _B, t: Sm90Tiling, m: int, n: int, ktiles: int, rank: ir.Value | N
         return
     first = arith.divui(gpu.block_id(gpu.Dimension.x), c(pair))
     total, n_tiles = (m // t.bm // pair) * (n // t.bn), n // t.bn
-    loop = scf.ForOp(first, c(total), c(t.persistent // pair))
-    with ir.InsertionPoint(loop.body):
-        tile = loop.induction_variable
+    with for_(first, c(total), c(t.persistent // pair)) as loop:
+        tile = loop.iv
         done = arith.divui(arith.subi(tile, first), c(t.persistent // pair))
         m_tile = arith.addi(arith.muli(arith.divui(tile, c(n_tiles)), c(pair)), mine)
         n0 = arith.muli(arith.remui(tile, c(n_tiles)), c(t.bn))
         yield arith.muli(m_tile, c(t.bm)), n0, arith.muli(done, c(ktiles))
-        scf.YieldOp([])
 
 
 def gemm_module(m: int, n: int, k: int, t: Sm90Tiling, dtype: str = "f16", out: str = "f32",

@@ -1,7 +1,7 @@
 """The ``nvgpu`` ops the sm_80 kernels use, created generically.
 
 IREE 3.13's bindings have no ``nvgpu`` Python module, and its parser rejects these ops' custom forms
-with attributes ("expected 'mmaShape'", ../shared/DESIGN.md): each op here is an
+with attributes ("expected 'mmaShape'", docs/iree-facts.md): each op here is an
 ``ir.Operation.create`` in the generic form, its properties given as inherent attributes.
 """
 

@@ -12,7 +12,7 @@ workgroups ``owner(tile_begin) .. w-1``, adds their partials (linear fixup) and 
 only ever waits on lower-numbered ones, which the hardware starts first: no deadlock even past one wave.
 
 The building blocks are :mod:`convbw_mlir.kernels.gemm_sm80`'s, imported as they are (``_copy_tile``,
-``_load_fragments``, ``_warp_mma``, ``_epilogue``, ``_Ix``, ``_Operand``, ``_Lanes``) and its pipeline
+``_load_fragments``, ``_warp_mma``, ``_epilogue``, ``_Operand``, ``_Lanes``) and its pipeline
 (``_pipeline``), which :func:`_segment_mainloop` runs over a segment's dynamic first tile and count.
 Synchronization: ``memref.atomic_rmw`` (``addi``; LLVM's ``atomicrmw acq_rel``) on the flags,
 ``nvvm.membar`` at gpu scope (``membar.gl``) before a flag is set and after it is seen, ``gpu.barrier``
@@ -28,10 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, flow, gpu, linalg, memref, nvvm, scf, tensor, vector
+from iree.compiler.dialects import arith, flow, gpu, linalg, memref, nvvm, tensor, vector
 
 from convbw_mlir.kernels import gemm_sm80 as g80
 from convbw_mlir.kernels.entry import KernelEntry, _build_executable
+from convbw_mlir.kernels.ir import Ix, for_, gpu_fence, if_, while_
 from convbw_mlir.policies.sm80 import MMA_M, MMA_N, GemmShape, GemmTiling
 
 __all__ = ["StreamK", "build_dispatch", "build_kernel_body"]
@@ -68,7 +69,7 @@ class StreamK:
         return sum(self.owner(t * self.iters) != self.owner((t + 1) * self.iters - 1) for t in range(self.tiles))
 
 
-def _segment_mainloop(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: g80._Operand,
+def _segment_mainloop(ix: Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: g80._Operand,
                       lanes: g80._Lanes, tid: ir.Value, g: ir.Value, base: ir.Value, count: ir.Value,
                       warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value],
                       f16: ir.Type) -> list[ir.Value]:  # fmt: skip
@@ -78,7 +79,7 @@ def _segment_mainloop(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Oper
 
     def issue(local: int | ir.Value, stage: ir.Value) -> None:
         valid = ix.lt(local, count)
-        tile = ix.add(base, arith.minsi(ix._v(local), last))  # in bounds even where nothing is read
+        tile = ix.add(base, arith.minsi(ix.v(local), last))  # in bounds even where nothing is read
         for op in (a, b):
             g80._copy_tile(ix, t, op, tid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
@@ -86,85 +87,59 @@ def _segment_mainloop(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Oper
     return g80._pipeline(ix, t, lanes, a, b, warp_m, warp_n, acc, f16, count, issue)
 
 
-def _if(cond: ir.Value, results: list[ir.Value] | None = None):
-    """An ``scf.if`` (with an else when it yields ``results``' types)."""
-    types = [v.type for v in results] if results else []
-    return scf.IfOp(cond, types, has_else=bool(results))
-
-
-def _gpu_scope_fence() -> None:
-    """``membar.gl`` (CUDA's ``__threadfence``): this thread's writes are seen device-wide before what follows."""
-    nvvm.MembarOp(ir.Attribute.parse("#nvvm.mem_scope<gpu>"))
-
-
-def _store_partial(ix: g80._Ix, partials: ir.Value, flags: ir.Value, w: ir.Value, tid: ir.Value,
+def _store_partial(ix: Ix, partials: ir.Value, flags: ir.Value, w: ir.Value, tid: ir.Value,
                    acc: list[ir.Value]) -> None:  # fmt: skip
     """A contributor's side: its accumulators to ``partials[w]``, then ``flags[w] += 1`` (release)."""
     v4 = ir.VectorType.get([4], ir.F32Type.get())
     for j, frag in enumerate(acc):
         vector.store(vector.shape_cast(v4, frag), partials, [w, ix.c(j), tid, ix.c(0)])
-    _gpu_scope_fence()
+    gpu_fence()
     gpu.barrier()  # every thread's partial is out before thread 0 raises the flag
-    leader = arith.cmpi(arith.CmpIPredicate.eq, tid, ix.c(0))
-    branch = _if(leader)
-    with ir.InsertionPoint(branch.then_block):
+    with if_(arith.cmpi(arith.CmpIPredicate.eq, tid, ix.c(0))):
         one = arith.constant(ir.IntegerType.get_signless(32), 1)
         memref.atomic_rmw(arith.AtomicRMWKind.addi, one, flags, [w])
-        scf.YieldOp([])
 
 
-def _wait_flag(ix: g80._Ix, flags: ir.Value, tid: ir.Value, lo: ir.Value, hi: ir.Value) -> None:
+def _wait_flag(ix: Ix, flags: ir.Value, tid: ir.Value, lo: ir.Value, hi: ir.Value) -> None:
     """Thread 0 spins until ``flags[lo .. hi-1]`` are all set (an atomic read each, then ``membar.gl``:
     acquire), then a barrier: what thread 0 saw orders every thread's reads after it (CUTLASS's ``wait_eq``)."""
     i32 = ir.IntegerType.get_signless(32)
-    branch = _if(arith.cmpi(arith.CmpIPredicate.eq, tid, ix.c(0)))
-    with ir.InsertionPoint(branch.then_block):
-        each = scf.ForOp(lo, hi, ix.c(1))
-        with ir.InsertionPoint(each.body):
-            spin = scf.WhileOp([], [])
-            with ir.InsertionPoint(spin.before.blocks.append()):
-                seen = memref.atomic_rmw(arith.AtomicRMWKind.addi, arith.constant(i32, 0), flags,
-                                         [each.induction_variable])  # fmt: skip
-                scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.eq, seen, arith.constant(i32, 0)), [])
-            with ir.InsertionPoint(spin.after.blocks.append()):
-                scf.YieldOp([])
-            scf.YieldOp([])
-        _gpu_scope_fence()
-        scf.YieldOp([])
+    with if_(arith.cmpi(arith.CmpIPredicate.eq, tid, ix.c(0))):
+        with for_(lo, hi, ix.c(1)) as each, while_() as spin:
+            seen = memref.atomic_rmw(arith.AtomicRMWKind.addi, arith.constant(i32, 0), flags, [each.iv])
+            spin.again_if(arith.cmpi(arith.CmpIPredicate.eq, seen, arith.constant(i32, 0)))
+        gpu_fence()
     gpu.barrier()
-    _gpu_scope_fence()
+    gpu_fence()
 
 
-def _add_partials(ix: g80._Ix, partials: ir.Value, lo: ir.Value, hi: ir.Value, tid: ir.Value,
+def _add_partials(ix: Ix, partials: ir.Value, lo: ir.Value, hi: ir.Value, tid: ir.Value,
                   acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
     """``acc`` plus ``partials[lo .. hi-1]`` of this thread's fragments (16-byte loads, in workgroup order)."""
     v4 = ir.VectorType.get([4], ir.F32Type.get())
-    add = scf.ForOp(lo, hi, ix.c(1), acc)
-    with ir.InsertionPoint(add.body):
-        src = add.induction_variable
+    with for_(lo, hi, ix.c(1), acc) as add:
         out = []
-        for j, frag in enumerate(add.inner_iter_args):
-            p = vector.load(v4, partials, [src, ix.c(j), tid, ix.c(0)])
+        for j, frag in enumerate(add.args):
+            p = vector.load(v4, partials, [add.iv, ix.c(j), tid, ix.c(0)])
             out.append(arith.addf(frag, vector.shape_cast(frag.type, p)))
-        scf.YieldOp(out)
-    return list(add.results)
+        add.yield_(*out)
+    return add.results
 
 
-def _linear_fixup(ix: g80._Ix, partials: ir.Value, flags: ir.Value, first: ir.Value, w: ir.Value, rank: ir.Value,
+def _linear_fixup(ix: Ix, partials: ir.Value, flags: ir.Value, first: ir.Value, w: ir.Value, rank: ir.Value,
                   tid: ir.Value, acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
     """Linear: the finisher (``rank`` 0) waits for all of ``first .. w-1`` and adds their partials; the
     other contributors add nothing (their partial is their own segment)."""
     others = arith.cmpi(arith.CmpIPredicate.ult, first, w)  # a tile of one workgroup needs no fixup
-    fin = _if(arith.andi(arith.cmpi(arith.CmpIPredicate.eq, rank, ix.c(0)), others), acc)
-    with ir.InsertionPoint(fin.then_block):
+    with if_(arith.andi(arith.cmpi(arith.CmpIPredicate.eq, rank, ix.c(0)), others), [v.type for v in acc]) as fin:
         _wait_flag(ix, flags, tid, first, w)
-        scf.YieldOp(_add_partials(ix, partials, first, w, tid, acc))
-    with ir.InsertionPoint(fin.else_block):
-        scf.YieldOp(acc)
-    return list(fin.results)
+        fin.yield_(*_add_partials(ix, partials, first, w, tid, acc))
+    with fin.otherwise():
+        fin.yield_(*acc)
+    return fin.results
 
 
-def _tree_fixup(ix: g80._Ix, partials: ir.Value, flags: ir.Value, count: ir.Value, w: ir.Value, rank: ir.Value,
+def _tree_fixup(ix: Ix, partials: ir.Value, flags: ir.Value, count: ir.Value, w: ir.Value, rank: ir.Value,
                 tid: ir.Value, acc: list[ir.Value], levels: int) -> list[ir.Value]:  # fmt: skip
     """Tree (a binomial tree on ``rank`` = finisher - w): at level ``s`` = 1, 2, 4 ... a contributor adds
     the partial of rank ``rank + s`` (workgroup ``w - s``) while ``s`` is below its rank's lowest set bit
@@ -176,14 +151,13 @@ def _tree_fixup(ix: g80._Ix, partials: ir.Value, flags: ir.Value, count: ir.Valu
         s = 1 << level
         below = arith.ori(root, arith.cmpi(arith.CmpIPredicate.ult, ix.c(s), low))
         take = arith.andi(below, arith.cmpi(arith.CmpIPredicate.ult, ix.add(rank, s), count))
-        step = _if(take, acc)
-        with ir.InsertionPoint(step.then_block):
+        with if_(take, [v.type for v in acc]) as step:
             src = ix.sub(w, s)
             _wait_flag(ix, flags, tid, src, ix.add(src, 1))
-            scf.YieldOp(_add_partials(ix, partials, src, ix.add(src, 1), tid, acc))
-        with ir.InsertionPoint(step.else_block):
-            scf.YieldOp(acc)
-        acc = list(step.results)
+            step.yield_(*_add_partials(ix, partials, src, ix.add(src, 1), tid, acc))
+        with step.otherwise():
+            step.yield_(*acc)
+        acc = step.results
     return acc
 
 
@@ -204,7 +178,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, partials: ir.Va
         fixup: ``linear`` or ``tree``.
     """
     sk = StreamK.of(shape, t, workgroups)
-    ix = g80._Ix(entry)
+    ix = Ix(entry)
     f16 = ir.MemRefType(a.type).element_type  # f16 or bf16
     f32 = ir.F32Type.get()
     out = ir.MemRefType(c.type).element_type
@@ -231,9 +205,8 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, partials: ir.Va
         return ix.div(ix.sub(ix.mul(ix.add(it, 1), sk.workgroups), 1), sk.total)
 
     # The persistent loop: one iteration a tile this workgroup's range touches, last tile first.
-    persistent = scf.ForOp(ix.c(0), ix.sub(ix.add(last_tile, 1), ix.div(begin, sk.iters)), ix.c(1))
-    with ir.InsertionPoint(persistent.body):
-        tile = ix.sub(last_tile, persistent.induction_variable)
+    with for_(ix.c(0), ix.sub(ix.add(last_tile, 1), ix.div(begin, sk.iters)), ix.c(1)) as persistent:
+        tile = ix.sub(last_tile, persistent.iv)
         tile_begin = ix.mul(tile, sk.iters)
         lo = ix.sub(arith.maxui(begin, tile_begin), tile_begin)
         hi = ix.sub(arith.minui(end, ix.add(tile_begin, sk.iters)), tile_begin)
@@ -254,15 +227,10 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, partials: ir.Va
             acc = _tree_fixup(ix, partials, flags, count, w, rank, tid, acc, levels)
         else:
             acc = _linear_fixup(ix, partials, flags, first, w, rank, tid, acc)
-        finishes = arith.cmpi(arith.CmpIPredicate.eq, rank, ix.c(0))
-        branch = scf.IfOp(finishes, [], has_else=True)
-        with ir.InsertionPoint(branch.then_block):
+        with if_(arith.cmpi(arith.CmpIPredicate.eq, rank, ix.c(0)), else_=True) as finishes:
             g80._epilogue(ix, t, shape, c, [g], ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out)
-            scf.YieldOp([])
-        with ir.InsertionPoint(branch.else_block):
+        with finishes.otherwise():
             _store_partial(ix, partials, flags, w, tid, acc)
-            scf.YieldOp([])
-        scf.YieldOp([])
 
 
 @dataclass(frozen=True)

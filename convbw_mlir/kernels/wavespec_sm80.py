@@ -37,7 +37,7 @@ policy's :func:`convbw_mlir.policies.sm80.wavespec_problems`): the 128x256 recip
 registers cannot take any, 4-warp tilings (128x128, 64x128, 128x64, 64x64) take 2 or 4 (CK's "wavelet"
 ratios 4:2 and 4:4).
 
-Reused from :mod:`gemm_sm80` as they are: ``_Ix``, ``_Operand``, ``_lanes``, ``_copy_tile_cl``,
+Reused from :mod:`gemm_sm80` as they are: ``_Operand``, ``_lanes``, ``_copy_tile_cl``,
 ``_load_fragments``, ``_warp_mma``, ``_epilogue``, ``grid``. Not reusable: ``_mainloop`` (one role does
 both halves) and ``build_kernel_body`` (one thread count): their wave-specialized forms are here.
 """
@@ -45,9 +45,10 @@ both halves) and ``build_kernel_body`` (one thread count): their wave-specialize
 from __future__ import annotations
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, memref, nvvm, scf
+from iree.compiler.dialects import arith, memref, nvvm
 
 from convbw_mlir.kernels import gemm_sm80 as g80
+from convbw_mlir.kernels.ir import Ix, for_, if_
 from convbw_mlir.policies.sm80 import (
     MMA_K,
     MMA_M,
@@ -69,29 +70,24 @@ def _i32(value: int) -> ir.Value:
     return arith.constant(ir.IntegerType.get_signless(32), value)
 
 
-def _barrier_id(ix: g80._Ix, first: int, stage: ir.Value | int) -> ir.Value:
+def _barrier_id(ix: Ix, first: int, stage: ir.Value | int) -> ir.Value:
     """``first + stage`` as the i32 a named barrier takes (a register operand where the stage is dynamic)."""
     if isinstance(stage, int):
         return _i32(first + stage)
     return arith.index_cast(ir.IntegerType.get_signless(32), ix.add(stage, first))
 
 
-def _wait(ix: g80._Ix, first: int, stage: ir.Value | int, count: ir.Value) -> None:
+def _wait(ix: Ix, first: int, stage: ir.Value | int, count: ir.Value) -> None:
     """``bar.sync first+stage, count``: this warp arrives and waits until ``count`` threads have."""
     nvvm.barrier(barrier_id=_barrier_id(ix, first, stage), number_of_threads=count, aligned=True)
 
 
-def _arrive(ix: g80._Ix, first: int, stage: ir.Value | int, count: ir.Value) -> None:
+def _arrive(ix: Ix, first: int, stage: ir.Value | int, count: ir.Value) -> None:
     """``bar.arrive first+stage, count``: this warp arrives and goes on."""
     nvvm.barrier_arrive(count, barrier_id=_barrier_id(ix, first, stage), aligned=True)
 
 
-def _when(cond: ir.Value):
-    """An ``scf.if`` without results; use ``with ir.InsertionPoint(_when(c).then_block)`` and end with a yield."""
-    return scf.IfOp(cond)
-
-
-def _producer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: g80._Operand, ptid: ir.Value,
+def _producer(ix: Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: g80._Operand, ptid: ir.Value,
               g: ir.Value, base: ir.Value, producers: int, count: ir.Value) -> None:  # fmt: skip
     """The producers' loop: for each of this split's k tiles, wait ``empty`` (past the first ``stages``),
     copy it into its stage, and announce the tile before it on ``full``; then drain."""
@@ -103,14 +99,11 @@ def _producer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: 
     lag = min(1, per_split)
     shared_by = copiers(t, producers)
     full, empty = 1, 1 + t.stages
-    loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1))
-    with ir.InsertionPoint(loop.body):
-        kt = loop.induction_variable
+    with for_(ix.c(0), ix.c(per_split), ix.c(1)) as loop:
+        kt = loop.iv
         stage = ix.rem(kt, t.stages)
-        refill = _when(arith.cmpi(arith.CmpIPredicate.uge, kt, ix.c(t.stages)))
-        with ir.InsertionPoint(refill.then_block):
+        with if_(arith.cmpi(arith.CmpIPredicate.uge, kt, ix.c(t.stages))):
             _wait(ix, empty, stage, count)  # the consumers are done with tile kt - stages
-            scf.YieldOp([])
         tile, valid = ix.add(base, kt), None
         if not exact:  # the last split's tiles past the reduction read nothing (in bounds all the same)
             valid = ix.lt(tile, ktiles)
@@ -118,18 +111,15 @@ def _producer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: 
         for op in (a, b):
             g80._copy_tile_cl(ix, shared_by, op, ptid, g, tile, stage, valid, shape)
         nvvm.cp_async_commit_group()
-        ready = _when(arith.cmpi(arith.CmpIPredicate.uge, kt, ix.c(lag)))
-        with ir.InsertionPoint(ready.then_block):
+        with if_(arith.cmpi(arith.CmpIPredicate.uge, kt, ix.c(lag))):
             nvvm.cp_async_wait_group(lag)  # tile kt - lag's copies are complete (this thread's)
             _arrive(ix, full, ix.rem(ix.sub(kt, lag), t.stages), count)
-            scf.YieldOp([])
-        scf.YieldOp([])
     for left in range(lag - 1, -1, -1):  # the last `lag` tiles: oldest first
         nvvm.cp_async_wait_group(left)
         _arrive(ix, full, (per_split - 1 - left) % t.stages, count)
 
 
-def _consumer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: g80._Operand, lanes: g80._Lanes,
+def _consumer(ix: Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: g80._Operand, lanes: g80._Lanes,
               warp_m: ir.Value, warp_n: ir.Value, acc: list[ir.Value], count: ir.Value,
               f16: ir.Type) -> list[ir.Value]:  # fmt: skip
     """gemm_sm80's steady state without copies: wait ``full`` before a stage's first ``ldmatrix``, arrive
@@ -140,33 +130,27 @@ def _consumer(ix: g80._Ix, t: GemmTiling, shape: GemmShape, a: g80._Operand, b: 
     full, empty = 1, 1 + t.stages
     _wait(ix, full, 0, count)
     first = g80._load_fragments(ix, t, lanes, a.smem, b.smem, ix.c(0), warp_m, warp_n, 0, f16)
-    loop = scf.ForOp(ix.c(0), ix.c(per_split), ix.c(1), [*acc, *first])
-    with ir.InsertionPoint(loop.body):
-        kt = loop.induction_variable
-        args = list(loop.inner_iter_args)
-        acc, cur = args[: len(acc)], args[len(acc) :]
+    with for_(ix.c(0), ix.c(per_split), ix.c(1), [*acc, *first]) as loop:
+        kt = loop.iv
+        acc, cur = loop.args[: len(acc)], loop.args[len(acc) :]
         stage = ix.rem(kt, t.stages)
         for s in range(steps):
             if s + 1 < steps:
                 nxt = g80._load_fragments(ix, t, lanes, a.smem, b.smem, stage, warp_m, warp_n, s + 1, f16)
             else:
                 # Tile kt is in registers: hand its stage back (unless no tile will refill it) ...
-                refill = _when(ix.lt(ix.add(kt, t.stages), per_split))
-                with ir.InsertionPoint(refill.then_block):
+                with if_(ix.lt(ix.add(kt, t.stages), per_split)):
                     _arrive(ix, empty, stage, count)
-                    scf.YieldOp([])
                 # ... then wait for tile kt + 1 (past the last tile the loads read a stale stage, unused).
                 nxt_kt = ix.add(kt, 1)
                 next_stage = ix.rem(nxt_kt, t.stages)
-                more = _when(ix.lt(nxt_kt, per_split))
-                with ir.InsertionPoint(more.then_block):
+                with if_(ix.lt(nxt_kt, per_split)):
                     _wait(ix, full, next_stage, count)
-                    scf.YieldOp([])
                 nxt = g80._load_fragments(ix, t, lanes, a.smem, b.smem, next_stage, warp_m, warp_n, 0, f16)
             acc = g80._warp_mma(t, cur, acc, f16)
             cur = nxt
-        scf.YieldOp([*acc, *cur])
-    return list(loop.results)[: len(acc)]
+        loop.yield_(*acc, *cur)
+    return loop.results[: len(acc)]
 
 
 def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, shape: GemmShape, t: GemmTiling,
@@ -176,7 +160,7 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     why = wavespec_problems(shape, t, producers)
     if why:
         raise ValueError("; ".join(why))
-    ix = g80._Ix(entry)
+    ix = Ix(entry)
     f16 = ir.MemRefType(a.type).element_type  # f16 or bf16
     out = ir.MemRefType(c.type).element_type
     shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
@@ -188,16 +172,13 @@ def build_kernel_body(entry: ir.Block, a: ir.Value, b: ir.Value, c: ir.Value, sh
     a_op = g80._Operand(a, block_m, a_smem, t.bm, shape.m, shape.a_vector())
     b_op = g80._Operand(b, block_n, b_smem, t.bn, shape.n, shape.b_vector(), gather=shape.conv is not None)
     count = _i32(wavespec_threads(t, producers))  # every thread of the workgroup takes part in every named barrier
-    role = scf.IfOp(ix.lt(warp, t.warps), has_else=True)
-    with ir.InsertionPoint(role.then_block):  # consumers: warps 0 .. t.warps-1
+    with if_(ix.lt(warp, t.warps), else_=True) as role:  # consumers: warps 0 .. t.warps-1
         lanes = g80._lanes(ix, lane, True)
         f32v = ir.VectorType.get([2, 2], ir.F32Type.get())
         zero = arith.constant(f32v, ir.DenseElementsAttr.get_splat(f32v, ir.FloatAttr.get_f32(0.0)))
         acc = [zero] * ((t.wm // MMA_M) * (t.wn // MMA_N))
         acc = _consumer(ix, t, shape, a_op, b_op, lanes, warp_m, warp_n, acc, count, f16)
         g80._epilogue(ix, t, shape, c, where, ix.add(block_m, warp_m), ix.add(block_n, warp_n), lane, acc, out)
-        scf.YieldOp([])
-    with ir.InsertionPoint(role.else_block):  # producers: the warps after them, threads renumbered from 0
+    with role.otherwise():  # producers: the warps after them, threads renumbered from 0
         ptid = ix.sub(tid, t.threads)
         _producer(ix, t, shape, a_op, b_op, ptid, g, base, producers, count)
-        scf.YieldOp([])

@@ -56,7 +56,7 @@ INTRINSIC = "NV_MMA_SYNC_F32_16x8x16_F16"  # the plan's name of mma.sync m16n8k1
 INTRINSICS = {"f16": INTRINSIC, "bf16": "NV_MMA_SYNC_F32_16x8x16_BF16"}
 
 # The sm_80 target's shared-memory limit (an A100's 163 KiB): IREE refuses a kernel above it
-# (../shared/DESIGN.md: "a 4-stage 128x256x64 (216 KiB) is refused").
+# (docs/iree-facts.md "sm_80: 166,912 bytes of shared memory": a 4-stage 128x256x64 (216 KiB) is refused).
 SHARED_MEMORY_CAP = TARGETS["sm_80"].lds_bytes
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16

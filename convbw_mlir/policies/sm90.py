@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from convbw_mlir.cuda_launch import im2col_corners
 from convbw_mlir.loops import Split
 from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, StreamKPlan, Tile, _is_int
 from convbw_mlir.policies import sm80
@@ -21,8 +22,8 @@ from convbw_mlir.policies.split import EXPLICIT_SPLIT, check, split_refusals
 from convbw_mlir.targets import TARGETS, Target
 
 __all__ = ["BK", "BM", "BN", "COST", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "CostModel", "auto_splits", "choose",
-           "cost", "cost_streamk", "flops", "im2col_corners", "is_sm90", "plan", "refusals", "streamk_workspace",
-           "takes", "takes_by_default", "tensor_maps", "unsupported"]  # fmt: skip
+           "cost", "cost_streamk", "flops", "is_sm90", "plan", "refusals", "streamk_workspace", "takes",
+           "takes_by_default", "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
 SMS = TARGETS["sm_90a"].compute_units  # the rule's default grid (H100 SXM); one workgroup an SM (4 stages of 48 KiB)
@@ -105,7 +106,7 @@ def _problem_refusals(problem: Any) -> list[str]:
 def _im2col_refusals(problem: Any) -> list[str]:
     """Why x's im2col map cannot be encoded or walked for ``problem`` (TMA's limits by the map's rank)."""
     why, bits = [], IM2COL_BITS[problem.rank]
-    lower, upper = im2col_corners(problem)
+    lower, upper = _corners(problem)
     if any(not -(1 << bits - 1) <= v < 1 << bits - 1 for v in (*lower, *upper)):
         why.append(f"pad: {problem.pad_low} (the im2col box's corners {lower}, {upper} past the {bits}-bit range "
                    f"of a {problem.rank + 2}-D map)")  # fmt: skip
@@ -229,13 +230,9 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
 
 
 # -- what the launcher encodes ----------------------------------------------------------------------------
-def im2col_corners(problem: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """x's im2col bounding box per image, one value a spatial dim innermost first (cuTensorMapEncodeIm2col's
-    pixelBoxLowerCorner / UpperCorner): from ``-p`` to the last output position's pixel, ``dim - 1 + upper`` (as
-    ``convbw_mlir.kernels.conv_sm90.im2col_corners``)."""
-    inner = list(zip(problem.input_size, problem.output_size, problem.stride, problem.pad_low))[::-1]
-    lower = tuple(-p for _, _, _, p in inner)
-    return lower, tuple((o - 1) * s - p - (size - 1) for size, o, s, p in inner)
+def _corners(problem: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """x's im2col bounding box per image (:func:`convbw_mlir.cuda_launch.im2col_corners`)."""
+    return im2col_corners(problem.input_size, problem.output_size, problem.stride, problem.pad_low)
 
 
 def tensor_maps(problem: Any, kernel: str) -> list[dict[str, Any]]:
@@ -248,7 +245,7 @@ def tensor_maps(problem: Any, kernel: str) -> list[dict[str, Any]]:
     n, gk, gc = problem.batch, problem.groups * problem.out_channels, problem.groups * problem.in_channels
     dims = [gc, *problem.input_size[::-1], n]  # innermost first
     strides = [2 * math.prod(dims[: i + 1]) for i in range(len(dims) - 1)]
-    lower, upper = im2col_corners(problem)
+    lower, upper = _corners(problem)
     common = {"kernel": kernel, "maps_binding": 2, "dtype": dtype, "swizzle": 3, "l2_promotion": 3}
     return [
         {**common, "binding": 0, "slot": 0, "mode": "tiled", "dims": [gk, _reduction(problem)], "strides": [gk * 2],
