@@ -265,9 +265,11 @@ def test_layout0_is_planned_in_layout2_where_iree_s_own_form_was_wrong():
     with pytest.raises(PlanError, match=r"^layout4: gather is layout 4's kernel"):
         decide(FUZZ0087, "sm_80", layout4="gather")
     # the forms asked for too (IREE's own in layout 0 were wrong with k_batch 1 and 2 alike): codegen in layout 2
-    for options in ({"k_batch": 1}, {"k_batch": 2}, {"strategy": "codegen"}):
+    for options in ({"k_batch": 1}, {"strategy": "codegen"}):
         asked = decide(FUZZ0087, "sm_80", **options)
         assert asked.channels_last and asked.strategy != "explicit"
+    with pytest.raises(PlanError, match=r"^k-batch: 2 \(a batch of 1"):  # one image: 2 splits are refused, not made 1
+        decide(FUZZ0087, "sm_80", k_batch=2)
     assert not decide(FUZZ0087, "gfx942").channels_last  # AMD: nothing measured there
 
 
