@@ -325,3 +325,11 @@ def test_the_shipped_tuning_database_holds_no_plan_known_to_be_unsafe():
                     check_plan(
                         ConvBwdWeightProblem.from_dict(entry["problem"]), Plan.from_dict(entry["variant"]["plan"])
                     )
+
+
+def test_an_sm80_tile_narrower_than_its_warp_tile_is_refused_naming_the_tile_option():
+    # was "internal error: ZeroDivisionError" (zero subgroups); found by the kernel toolkit's identity sample
+    problem = ConvBwdWeightProblem.from_ck("2 1 8 64 64 3 3 14 14 1 1 1 1 1 1 1 1")
+    with pytest.raises(PlanError, match=r"^tile-n: 32 \(narrower than the \d+-wide warp tile: give subgroups-n too\)"):
+        decide(problem, "sm_80", strategy="explicit", tile_n=32)
+    assert decide(problem, "sm_80", strategy="explicit", tile_n=32, subgroups_n=2).tile.n == 32

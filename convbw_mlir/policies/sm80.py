@@ -515,6 +515,10 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         t = replace(t, wn=given.get("n", t.bn) // given["subgroups_n"])
     t = replace(t, bm=given.get("m", t.bm), bn=given.get("n", t.bn), bk=given.get("k", t.bk),
                 stages=given.get("stages", t.stages))  # fmt: skip
+    for dim, block, warp in (("m", t.bm, t.wm), ("n", t.bn, t.wn)):  # at least one warp tile a block
+        if block < warp:
+            raise PlanError(f"tile-{dim}: {block} (narrower than the {warp}-wide warp tile: give subgroups-{dim} "
+                            "too)")  # fmt: skip
     tile = Tile(t.bm, t.bn, t.bk, t.bm // t.wm, t.bn // t.wn, t.stages, INTRINSICS.get(problem.dtype, INTRINSIC))
     chosen = Plan(
         tgt.name,
