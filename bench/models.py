@@ -19,6 +19,7 @@ shapes follow the published models; heads and norms are simplified only where no
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +33,7 @@ EXAMPLE = next(p for p in (HERE / "torch_enable.py", HERE.parent / "examples" / 
 def _example():  # noqa: ANN202
     spec = importlib.util.spec_from_file_location("torch_enable", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
+    sys.modules["torch_enable"] = example  # torch.compile's tracer imports the module of the code it traces
     spec.loader.exec_module(example)
     return example
 
