@@ -196,9 +196,29 @@ def rows_by_problem(rows: Iterable[dict]) -> dict[str, dict[str, dict]]:
     return by
 
 
+def plan_of(data: dict | None) -> Any:
+    """The :class:`convbw_mlir.plan_data.Plan` of a manifest entry's plain-data ``plan``, None for none (a
+    contender without a plan: cuDNN, IREE's forms, a host kernel of a CPU rehearsal).
+
+    Raises:
+        PlanError: a malformed plan, naming the entry and value.
+    """
+    from convbw_mlir.plan_data import Plan
+
+    return Plan.from_dict(data) if data else None
+
+
+def tile_split(plan: Any, k: bool = False) -> str | None:
+    """``MxN, k_batch`` (``MxNxK, k_batch`` with ``k``) of a plan with a tile, None for one without."""
+    if plan is None or plan.tile is None:
+        return None
+    t = plan.tile
+    return f"{t.m}x{t.n}{f'x{t.k}' if k else ''}, {plan.k_batch}"
+
+
 def manifest_plans(manifest: dict) -> dict[tuple[str, str], Any]:
-    """(problem, kind) -> the plan each entry of a manifest was compiled with."""
-    return {(e["problem"], e["kind"]): e["plan"] for e in manifest["entries"]}
+    """(problem, kind) -> the plan each entry of a manifest was compiled with (a ``Plan``, or None)."""
+    return {(e["problem"], e["kind"]): plan_of(e["plan"]) for e in manifest["entries"]}
 
 
 # -- run side: a child -------------------------------------------------------------------------------

@@ -142,6 +142,8 @@ def run_one(root: Path, entry: dict) -> dict:
 
 
 def run_all(root: Path, out: Path) -> int:
+    from convbw_mlir.plan_data import Plan
+
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((root / "manifest.json").read_text())
     env = {**os.environ, "CONVBW_ARTIFACTS": str(root / "artifacts"), "CONVBW_CUDA_LAUNCH": "direct"}
@@ -161,10 +163,10 @@ def run_all(root: Path, out: Path) -> int:
         if "crashed" in r:
             lines.append(f"| {r['name']} | | | | crashed ({r['crashed']}) | | |")
             continue
-        t = r["plan"].get("tile", {})
-        split = r["plan"].get("split", {}).get("k_batch", 1)
+        plan = Plan.from_dict(r["plan"])
+        wgmma_n = plan.tile.n if plan.tile else None
         lines.append(f"| {r['name']} | {r['gflop']:.1f} | {r['target']}, {r['direct']} ({r['tensor_maps']} maps) | "
-                     f"{t.get('n')}, {split} | {r['correct']} ({r.get('max_error', r.get('error'))}) | "
+                     f"{wgmma_n}, {plan.k_batch} | {r['correct']} ({r.get('max_error', r.get('error'))}) | "
                      f"{r['ours_us']:.1f} | {r['cudnn_us']:.1f} |")  # fmt: skip
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
