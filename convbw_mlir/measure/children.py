@@ -22,7 +22,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -30,6 +31,7 @@ __all__ = [
     "EXIT_LINE",
     "FAULT",
     "KEEP",
+    "ChildRun",
     "announced_exit",
     "death",
     "device_lock",
@@ -38,6 +40,7 @@ __all__ = [
     "json_rows",
     "problem_row",
     "run_batches",
+    "run_child",
     "status_of",
     "write_rows",
 ]
@@ -134,6 +137,39 @@ def json_rows(text: str) -> dict[str, dict]:
 def problem_row(name: str) -> dict[str, Any]:
     """The identity of a ``kind:problem`` contender whose child gave no row."""
     return {"name": name, "kind": name.split(":")[0], "problem": name.split(":", 1)[1]}
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """How one child of :func:`run_child` ended: the last line of its stdout that opens a JSON object (None:
+    none), its exit status (None: stopped at the time limit), and its stderr."""
+
+    row: dict[str, Any] | None
+    returncode: int | None
+    stderr: str
+    limit_s: float
+
+    @property
+    def ended(self) -> int | str:
+        """How it ended: its exit status, or ``timed out after N s``."""
+        return self.returncode if self.returncode is not None else f"timed out after {self.limit_s:g} s"
+
+
+def run_child(cmd: list[str], timeout_s: float, env: Mapping[str, str] | None = None) -> ChildRun:
+    """Run ``cmd`` (a script's child: one unit of GPU work that prints its row last) to its end or for
+    ``timeout_s`` s, whichever comes first; its output captured. A kernel that faults or hangs costs this child,
+    not the caller.
+
+    Raises:
+        json.JSONDecodeError: the last line that opens a JSON object is not one (a child's bug, not its GPU's).
+    """
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        return ChildRun(None, None, err, timeout_s)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return ChildRun(json.loads(lines[-1]) if lines else None, proc.returncode, proc.stderr, timeout_s)
 
 
 def run_batches(script: str, folder: Path, out: Path, batches: Iterable[list[str]], budget: float = float("inf"),
