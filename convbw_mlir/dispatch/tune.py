@@ -181,16 +181,16 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     from importlib.metadata import version
 
     from convbw_mlir.measure.pool import deal
-    from convbw_mlir.measure.run import STEP_TIMEOUT_S, read_manifest
+    from convbw_mlir.measure.run import STEP_TIMEOUT_S, manifest_entries, read_manifest
     from convbw_mlir.targets import get_target
 
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
     slots = resolve_devices(get_target(manifest["target"]).driver, devices)
-    entries = [
-        ManifestEntry.from_dict(e, f"manifest {folder}: problems[{i}]") for i, e in enumerate(manifest["problems"])
-    ]
-    todo = sorted((e for e in entries if filt in e.key and (keys is None or e.key in keys)), key=lambda e: e.held_out)
+    todo = sorted(
+        (e for e in manifest_entries(manifest, folder) if filt in e.key and (keys is None or e.key in keys)),
+        key=lambda e: e.held_out,
+    )
     results: dict[str, Any] = {"target": manifest["target"], "iree_version": manifest["iree_version"],
                                "date": time.strftime("%Y-%m-%d"), "device": None, "problems": []}  # fmt: skip
     out = Path(out)
@@ -587,11 +587,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", default=None, help=DEVICES_HELP)
     ap.add_argument("--timeout", type=float, default=None, help="seconds one candidate may run (default 600)")
     args = ap.parse_args(argv)
-    from convbw_mlir.measure.run import read_manifest
+    from convbw_mlir.measure.run import manifest_entries, read_manifest
     from convbw_mlir.targets import get_target
 
     try:
         manifest = read_manifest(args.folder)  # a missing or malformed manifest: one line, before any timing
+        manifest_entries(manifest, args.folder)
         devices = parse_devices(args.devices) if args.devices is not None else None
         resolve_devices(get_target(manifest["target"]).driver, devices)  # no GPU here: one line, too
         if args.timeout is not None and not args.timeout > 0:

@@ -54,7 +54,16 @@ from convbw_mlir.reference import (
 )
 from convbw_mlir.runtime import FENCE_BYTES, Kernel, fenced_host, time_calls
 
-__all__ = ["DirectKernel", "error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
+__all__ = [
+    "DirectKernel",
+    "error_stats",
+    "main",
+    "manifest_entries",
+    "read_manifest",
+    "run_manifest",
+    "sample_indices",
+    "tolerance_rms",
+]
 
 # numpy's float64 reference runs at a few GFLOP/s: use it where it takes seconds.
 NUMPY_REFERENCE_MAX_FLOPS = 4e10
@@ -576,6 +585,16 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     return require_fields(manifest, {"target": str, "iree_version": str, "problems": list}, f"manifest {path}")
 
 
+def manifest_entries(manifest: dict[str, Any], folder: str | Path) -> list[ManifestEntry]:
+    """The problems of a manifest (:func:`read_manifest`) as records.
+
+    Raises:
+        ValueError: an entry that is not an object or lacks a field, naming the manifest and the entry.
+    """
+    where = f"manifest {Path(folder) / 'manifest.json'}"
+    return [ManifestEntry.from_dict(e, f"{where}: problems[{i}]") for i, e in enumerate(manifest["problems"])]
+
+
 def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, driver: str | None = None,
                  use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
                  numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False,
@@ -627,10 +646,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     pinned = devices is not None or bool(env)  # the children see only their device: the driver's first
     options = {"driver": driver, "device": None if pinned else device, "use_torch": use_torch,
                "numpy_max_flops": numpy_max_flops, "check_only": check_only}  # fmt: skip
-    entries = [
-        ManifestEntry.from_dict(e, f"manifest {folder}: problems[{i}]") for i, e in enumerate(manifest["problems"])
-    ]
-    todo = [(str(folder), e, options, timeout_s) for e in entries if not filt or filt in e.key]
+    todo = [(str(folder), e, options, timeout_s) for e in manifest_entries(manifest, folder) if filt in e.key]
     several = len({d.index for d in slots}) > 1  # one device: the rows as before the pool, naming none
     rows: dict[int, ResultRow] = {}
     for i, (row, device_name) in deal(_measure_entry, todo, slots, log, lost=_lost_entry):
@@ -719,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     try:
         manifest = read_manifest(args.folder)  # a missing or malformed manifest: one line, before any child starts
+        manifest_entries(manifest, args.folder)
         if args.device is not None and args.devices is not None:
             raise ValueError("--device and --devices: give one")
         devices = None if args.device is not None else parse_devices(args.devices) if args.devices else "all"
