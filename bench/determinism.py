@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from convbw_mlir.measure.children import run_child
+
 TARGET = "sm_80"
 RUNS = 10
 CHILD_TIMEOUT_S = 300
@@ -171,13 +173,17 @@ def run_side(folder: Path, out: Path, runs: int) -> int:
             continue
         t0 = time.perf_counter()
         cmd = [sys.executable, __file__, "run-one", str(folder), e["name"], "--runs", str(runs)]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-            lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
-            last = (res.stderr.strip().splitlines() or ["?"])[-1][:300]
-            row = json.loads(lines[-1]) if lines else {"name": e["name"], "status": "crashed", "error": last}
-        except subprocess.TimeoutExpired:
+        got = run_child(cmd, CHILD_TIMEOUT_S)
+        if got.returncode is None:
             row = {"name": e["name"], "status": "timed out"}
+        elif got.row is not None:
+            row = got.row
+        else:
+            row = {
+                "name": e["name"],
+                "status": "crashed",
+                "error": (got.stderr.strip().splitlines() or ["?"])[-1][:300],
+            }
         row.setdefault("status", "ok")
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         rows.append(row)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from convbw_mlir.files import write_atomic
+from convbw_mlir.measure.children import run_child
 from convbw_mlir.problem import ConvBwdWeightProblem, Epilogue
 
 __all__ = ["KINDS", "compile_problem", "epilogue_problem", "main", "unfused_text"]
@@ -173,11 +173,13 @@ def _run(args: argparse.Namespace) -> int:
                 continue
             cmd = [sys.executable, str(Path(__file__).resolve()), "_child", str(folder), entry["key"], kind,
                    "--driver", args.driver]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            if proc.returncode == 0:
-                row[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
+            got = run_child(cmd, args.timeout)
+            if got.returncode == 0 and got.row is not None:
+                row[kind] = got.row
             else:
-                row[kind] = {"status": "crashed", "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:400]}
+                last = (got.stderr.strip().splitlines() or ["?"])[-1][:400]
+                why = last if got.returncode is not None else f"{got.ended}: {last}"
+                row[kind] = {"status": "crashed", "error": why}
             print(f"{entry['key']} {kind}: {row[kind]}", file=sys.stderr, flush=True)
         results.append(row)
         # after each problem: a run cut short still leaves what it measured

@@ -474,8 +474,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
            wall: float | None = None) -> int:  # fmt: skip
     """Write OUT/explicit_conv.json and .md: per problem ours, cuDNN, the product's default, the ratios."""
     by = harness.rows_by_problem(rows)
-    plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "ours"}
-    product_plans = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "product"}
+    plans = {e["problem"]: harness.plan_of(e["plan"]) for e in manifest["entries"] if e["kind"] == "ours"}
+    product_plans = {e["problem"]: harness.plan_of(e["plan"]) for e in manifest["entries"] if e["kind"] == "product"}
     suite = {e["problem"]: e["suite"] for e in manifest["entries"]}
     f = harness.cell
     types = ", ".join(sorted({e.get("dtype", "f16") for e in manifest["entries"]}))
@@ -495,16 +495,13 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         ours, cudnn, prod, alt_ = k.get("ours", {}), k.get("cudnn", {}), k.get("product", {}), k.get("alt", {})
         plan = plans.get(name)
         tile = "-"
-        if plan and plan.get("tile"):
-            t = plan["tile"]
-            tile = f"{t['m']}x{t['n']}x{t['k']}, {(plan.get('split') or {}).get('k_batch', 1)}"
-        elif plan and plan.get("depthwise"):
-            d = plan["depthwise"]
-            tile = (
-                f"depthwise {d['channels']}ch x{d['vector']}, {d['taps']} taps, {d['rows']} lanes, {d['chunks']} chunks"
-            )
-        pp = product_plans.get(name) or {}
-        product_kind = pp.get("strategy", "-") + ("+depthwise" if pp.get("depthwise") else "")
+        if plan and plan.tile:
+            tile = harness.tile_split(plan, k=True)
+        elif plan and plan.depthwise:
+            d = plan.depthwise
+            tile = f"depthwise {d.channels}ch x{d.vector}, {d.taps} taps, {d.rows} lanes, {d.chunks} chunks"
+        pp = product_plans.get(name)
+        product_kind = (pp.strategy.value if pp else "-") + ("+depthwise" if pp and pp.depthwise else "")
         status = next((f"{key}" for key in ("crashed", "skipped", "error") if key in ours), None)
         ok = status or ("yes" if ours.get("correct") else "WRONG" if ours else "-")
         if ours.get("max_rel_err") is not None:
@@ -566,7 +563,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
 def _thin_lines(by: dict[str, dict], manifest: dict) -> list[str]:
     """``--thin``: the three forms of ours side by side (merged groups, the grouped depthwise form, one group a
     GEMM), cuDNN, and the merged form's ratios; nothing for a manifest without merged entries."""
-    merged = {e["problem"]: e["plan"] for e in manifest["entries"] if e["kind"] == "merged"}
+    merged = {e["problem"]: harness.plan_of(e["plan"]) for e in manifest["entries"] if e["kind"] == "merged"}
     if not merged:
         return []
     f = harness.cell
@@ -578,8 +575,7 @@ def _thin_lines(by: dict[str, dict], manifest: dict) -> list[str]:
         k = by.get(name, {})
         row = {kind: k.get(kind, {}) for kind in ("merged", "merged_full", "ours", "alt", "cudnn")}
         us = {kind: r.get("single_us") if r.get("correct", kind == "cudnn") else None for kind, r in row.items()}
-        t = plan["tile"]
-        what = f"{plan['merge']['groups']}, {t['m']}x{t['n']}x{t['k']}, {(plan.get('split') or {}).get('k_batch', 1)}"
+        what = f"{plan.merge.groups}, {harness.tile_split(plan, k=True)}"
         status = next((key for key in ("crashed", "skipped", "error") if key in row["merged"]), None)
         ok = status or ("yes" if row["merged"].get("correct") else "WRONG" if row["merged"] else "-")
         ratio = {kind: f(us[kind] / us["merged"] if us[kind] and us["merged"] else None, "{:.2f}") for kind in us}

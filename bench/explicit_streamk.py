@@ -381,12 +381,13 @@ def _run_serial(folder: Path, out: Path, batches: list[list[str]], budget: float
 def _tiles_cell(name: str, manifest: dict) -> str:
     """``tiles (partial), MxN`` of the tiling contender ``name`` ran with (its plan's tile)."""
     e = next(e for e in manifest["entries"] if e["name"] == name)
-    if not (e.get("plan") or {}).get("tile"):
+    plan = harness.plan_of(e.get("plan"))
+    if plan is None or plan.tile is None:
         return "- (no tiled plan: a host kernel of the CPU rehearsal)"
-    bm, bn = e["plan"]["tile"]["m"], e["plan"]["tile"]["n"]
+    bm, bn = plan.tile.m, plan.tile.n
     n = e["in_channels"] * math.prod(e["filter_size"])
     tiles = e["groups"] * -(-e["out_channels"] // bm) * -(-n // bn)
-    k_tiles = -(-e["images"] * math.prod(e["output_size"]) // e["plan"]["tile"]["k"])
+    k_tiles = -(-e["images"] * math.prod(e["output_size"]) // plan.tile.k)
     total = tiles * k_tiles
     w = min(manifest["sms"], total)  # workgroup i takes k iterations [i*total/w, (i+1)*total/w)
     cuts = {i * total // w for i in range(1, w)}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import explicit_conv as conv  # beside this script: its problems, and its children check and time ours
 import harness  # bench/harness.py, beside this script (its docstring says how)
@@ -106,11 +107,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
     by, plans = harness.rows_by_problem(rows), harness.manifest_plans(manifest)
     order = list(dict.fromkeys(e["problem"] for e in manifest["entries"]))
 
-    def tile(plan: dict | None) -> str:
-        if not plan or not plan.get("tile"):
-            return "-"
-        t = plan["tile"]
-        return f"{t['m']}x{t['n']}, {(plan.get('split') or {}).get('k_batch', 1)}"
+    def tile(plan: Any) -> str:
+        return harness.tile_split(plan) or "-"
 
     def us(r: dict, key: str = "single_us") -> float | None:
         return r.get(key) if r.get("correct") else None

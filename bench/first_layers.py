@@ -201,11 +201,10 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
         for kind, r in by[name].items():
             plan = plans.get((name, kind))
             tile = "-"
-            if plan and plan.get("tile"):
-                t = plan["tile"]
-                tile = f"{plan['strategy']} {t['m']}x{t['n']}, {(plan.get('split') or {}).get('k_batch', 1)}"
+            if plan and plan.tile:
+                tile = f"{plan.strategy.value} {harness.tile_split(plan)}"
             elif plan:
-                tile = plan["strategy"]
+                tile = plan.strategy.value
             status = next((k for k in ("crashed", "skipped", "error") if k in r), None)
             ok = status or ("yes" if r.get("correct") else "WRONG")
             if r.get("max_rel_err") is not None:

@@ -21,11 +21,12 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from convbw_mlir.measure.children import run_child
 
 # (name, N, C, K, H = W, stride): ResNet-50's 1x1 layers (>= 4 GFLOP at these batches)
 PROBLEMS = [
@@ -242,11 +243,12 @@ def run_all(root: Path, out: Path) -> int:
     except ImportError as e:
         rivals = f"cudnn frontend python not installed ({e})"
     for entry in manifest:
-        proc = subprocess.run([sys.executable, __file__, "run-one", str(root), entry["name"]], capture_output=True,
-                              text=True, timeout=60, env=os.environ.copy())  # fmt: skip
-        last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        rec = json.loads(last[-1]) if last else {"name": entry["name"], "crashed": proc.returncode,
-                                                  "stderr": proc.stderr[-3000:]}  # fmt: skip
+        got = run_child([sys.executable, __file__, "run-one", str(root), entry["name"]], 60, os.environ.copy())
+        rec = (
+            got.row
+            if got.row is not None
+            else {"name": entry["name"], "crashed": got.ended, "stderr": got.stderr[-3000:]}
+        )
         print(json.dumps(rec), flush=True)
         rows.append(rec)
         (out / "results.json").write_text(json.dumps({"rivals": rivals, "rows": rows}, indent=1) + "\n")

@@ -10,8 +10,11 @@ runs ``python bench/x.py``, and the children the harness starts run the same way
 only for ``convbw_mlir``; a script copied elsewhere takes ``harness.py`` with it. Tests put ``bench/`` on
 ``sys.path`` (``tests/test_bench_harness.py``).
 
-Standard library only at import: the run side imports it on the GPU machine, where there is no IREE
-compiler; torch is passed in, ``iree.runtime`` is imported where a vmfb is loaded.
+Standard library (and the shared harness) only at import: the run side imports it on the GPU machine, where
+there is no IREE compiler; torch is passed in, ``iree.runtime`` is imported where a vmfb is loaded.
+
+The child processes (:func:`run_batches`, :func:`exit_child`, :data:`KEEP`, :func:`device_lock` ...) are the
+runner's own harness, :mod:`convbw_mlir.measure.children`, re-exported here under the names the scripts use.
 """
 
 from __future__ import annotations
@@ -21,16 +24,22 @@ import json
 import math
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
-# IREE's runtime objects die badly with the interpreter (a segfault when they are freed after torch's): a
-# child keeps them here and leaves by os._exit (exit_child) once its JSON lines are out.
-KEEP: list[Any] = []
+from convbw_mlir.measure.children import (  # noqa: F401 - the scripts' names for the shared harness
+    EXIT_LINE,
+    KEEP,
+    device_lock,
+    exit_child,
+    json_rows,
+    problem_row,
+    run_batches,
+    write_rows,
+)
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -115,30 +124,6 @@ def main(ap: Parser, argv: list[str] | None, *, compile: Callable[[Any], None], 
     exit_child()
 
 
-def exit_child() -> NoReturn:
-    """A child's end: its output flushed, then ``os._exit`` (IREE's objects in KEEP are never freed), once
-    the parent holds the GPU's shared turn (:func:`run_batches`): the exit frees device memory."""
-    from convbw_mlir.measure import gpu_lock
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    gpu_lock.exit_turn(lambda: print(EXIT_LINE, flush=True))
-    os._exit(0)
-
-
-# What a child prints last where its parent reaps it under the GPU's shared turn (convbw_mlir.measure.gpu_lock).
-EXIT_LINE = json.dumps({"event": "exit"})
-
-
-def device_lock() -> Any:
-    """The machine-wide lock of the GPU the scripts run on (torch's and IREE's device 0 of the visible ones):
-    ``.timing()`` around a timed region (and cuDNN's algorithm search), ``.shared()`` around other GPU work
-    (convbw_mlir.measure.gpu_lock). A CPU rehearsal takes it too (a file, no device)."""
-    from convbw_mlir.measure import gpu_lock
-
-    return gpu_lock.for_device("cuda", 0)
-
-
 # -- files -------------------------------------------------------------------------------------------
 def load_manifest(folder: Path) -> dict[str, Any]:
     """``folder/manifest.json``, as the compile side wrote it."""
@@ -150,11 +135,6 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     tmp = folder / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     tmp.replace(folder / "manifest.json")
-
-
-def write_rows(out: Path, rows: list[dict]) -> None:
-    """``OUT/rows.json``: the rows so far, rewritten after each child (what a cut-off run still returns)."""
-    (out / "rows.json").write_text(json.dumps(rows, indent=1))
 
 
 def write_tables(out: Path, stem: str, doc: dict[str, Any], lines: list[str]) -> int:
@@ -216,109 +196,29 @@ def rows_by_problem(rows: Iterable[dict]) -> dict[str, dict[str, dict]]:
     return by
 
 
+def plan_of(data: dict | None) -> Any:
+    """The :class:`convbw_mlir.plan_data.Plan` of a manifest entry's plain-data ``plan``, None for none (a
+    contender without a plan: cuDNN, IREE's forms, a host kernel of a CPU rehearsal).
+
+    Raises:
+        PlanError: a malformed plan, naming the entry and value.
+    """
+    from convbw_mlir.plan_data import Plan
+
+    return Plan.from_dict(data) if data else None
+
+
+def tile_split(plan: Any, k: bool = False) -> str | None:
+    """``MxN, k_batch`` (``MxNxK, k_batch`` with ``k``) of a plan with a tile, None for one without."""
+    if plan is None or plan.tile is None:
+        return None
+    t = plan.tile
+    return f"{t.m}x{t.n}{f'x{t.k}' if k else ''}, {plan.k_batch}"
+
+
 def manifest_plans(manifest: dict) -> dict[tuple[str, str], Any]:
-    """(problem, kind) -> the plan each entry of a manifest was compiled with."""
-    return {(e["problem"], e["kind"]): e["plan"] for e in manifest["entries"]}
-
-
-def json_rows(text: str) -> dict[str, dict]:
-    """The rows a child printed (JSON objects with a ``name``, one a line), by name; other lines skipped."""
-    got = {}
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and "name" in rec:
-            got[rec["name"]] = rec
-    return got
-
-
-def problem_row(name: str) -> dict[str, Any]:
-    """The identity of a ``kind:problem`` contender whose child gave no row."""
-    return {"name": name, "kind": name.split(":")[0], "problem": name.split(":", 1)[1]}
-
-
-def run_batches(script: str, folder: Path, out: Path, batches: list[list[str]], budget: float = math.inf,
-                jobs: int = 1, start: float | None = None, child_limit: float | None = None,
-                lost: Callable[[str], dict] = problem_row, seconds: str | None = None) -> list[dict]:  # fmt: skip
-    """Run each batch of contender names (manifest entries of ``folder``) in a child of its own
-    (``script run-one FOLDER NAMES...``: a CUDA fault poisons a process), in order, ``jobs`` at once; past
-    ``budget`` s (from ``start``) none starts and running ones are stopped; a child running past
-    ``child_limit`` s is stopped (a hung kernel would hold the GPU for the rest). A child that ends by
-    :func:`exit_child` is reaped under the GPU's shared turn (:func:`device_lock`). The children's output
-    goes to ``OUT/logs``. Returns a row per name: the child's, or ``lost(name)`` marked crashed or skipped;
-    ``seconds``: a key under which each row gets its child's wall time. ``OUT/rows.json`` is rewritten
-    after each child."""
-    start = time.time() if start is None else start
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    running: list[tuple[subprocess.Popen, list[str], float]] = []
-    logs = out / "logs"
-    logs.mkdir(exist_ok=True)
-
-    def harvest(proc: subprocess.Popen, names: list[str], t0: float, why: str | None) -> None:
-        proc.wait()
-        if proc.stdin:
-            proc.stdin.close()
-        stem = logs / names[0].replace(":", "_")
-        stdout, stderr = (stem.with_suffix(s).read_text(errors="replace") for s in (".out", ".err"))
-        got = json_rows(stdout)
-        for name in names:
-            rec = got.get(name)
-            if rec is None:
-                rec = lost(name)
-                rec["crashed" if why is None else "skipped"] = why or f"rc {proc.returncode}: {stderr[-1500:]}"
-            if seconds:
-                rec[seconds] = round(time.time() - t0, 1)
-            rows.append(rec)
-            print(json.dumps({k: v for k, v in rec.items() if k != "kernels"}), flush=True)
-        print(f"[{time.time() - start:.0f} s] {len(names)} done in {time.time() - t0:.1f} s", flush=True)
-        write_rows(out, rows)
-
-    pending = list(batches)
-    while pending or running:
-        late = time.time() - start > budget
-        for item in list(running):
-            proc, names, t0 = item
-            if proc.poll() is None and _announced_exit(logs / names[0].replace(":", "_")):
-                from convbw_mlir.measure import gpu_lock
-
-                gpu_lock.reap(proc, device_lock())
-            hung = child_limit is not None and time.time() - t0 > child_limit
-            if proc.poll() is not None or late or hung:
-                if proc.poll() is None:
-                    proc.kill()  # our own child, by its pid: the budget is spent or it is hung
-                    print(f"killed {names} after {time.time() - t0:.0f} s", flush=True)
-                harvest(proc, names, t0, None if proc.returncode == 0 or not late else "the budget ran out")
-                running.remove(item)
-        if late:
-            for names in pending:
-                for name in names:
-                    rows.append(lost(name) | {"skipped": f"not started: the {budget:.0f} s budget ran out"})
-            pending = []
-            break
-        while pending and len(running) < jobs:
-            names = pending.pop(0)
-            cmd = [sys.executable, script, "run-one", str(folder), *names]
-            stem = logs / names[0].replace(":", "_")  # files, not pipes: a chatty child never blocks on them
-            env = {**os.environ, "CONVBW_GPU_EXIT_TURN": "1"}  # gpu_lock.EXIT_TURN_ENV: exit_child waits for us
-            with open(stem.with_suffix(".out"), "w") as o, open(stem.with_suffix(".err"), "w") as e:
-                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=o, stderr=e, text=True, env=env)
-            running.append((proc, names, time.time()))
-        time.sleep(0.2)
-    return rows
-
-
-def _announced_exit(stem: Path) -> bool:
-    """Whether the child writing ``stem.out`` printed :data:`EXIT_LINE` last (it waits for its reaping)."""
-    out = stem.with_suffix(".out")
-    try:
-        with open(out, "rb") as f:
-            f.seek(max(0, out.stat().st_size - len(EXIT_LINE) - 2))
-            return f.read().decode(errors="replace").rstrip().endswith(EXIT_LINE)
-    except OSError:
-        return False
+    """(problem, kind) -> the plan each entry of a manifest was compiled with (a ``Plan``, or None)."""
+    return {(e["problem"], e["kind"]): plan_of(e["plan"]) for e in manifest["entries"]}
 
 
 # -- run side: a child -------------------------------------------------------------------------------

@@ -472,7 +472,8 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     splits = {e["problem"]: f"{e.get('rows', 128)}x{e.get('bn')}, "
               + (f"SK {e['streamk']}" if e.get("streamk") else str(e["splits"]))
               for e in manifest["entries"] if e["kind"] == "sm90"}  # fmt: skip
-    splits.update({e["problem"]: _plan_cell(e["plan"]) for e in manifest["entries"] if e["kind"] == "product"})
+    splits.update({e["problem"]: _plan_cell(harness.plan_of(e["plan"])) for e in manifest["entries"]
+                   if e["kind"] == "product"})  # fmt: skip
     for problem, r in got.items():
         ours, cud, s80 = (r.get(k, {}) for k in ("sm90" if "sm90" in r else "product", "cudnn", "sm80"))
         t, tc, t8 = ours.get("single_us"), cud.get("single_us"), s80.get("single_us")
@@ -512,11 +513,13 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, wall: float
     return harness.write_tables(out, "hopper_conv", doc, lines)
 
 
-def _plan_cell(plan: dict) -> str:
-    """A product plan as the table shows it: the tile's M x N and the split (sm_80 kernels: their intrinsic)."""
-    t, split = plan.get("tile") or {}, (plan.get("split") or {}).get("k_batch", 1)
-    kind = "" if "WGMMA" in t.get("intrinsic", "") else f" {t.get('intrinsic', plan.get('strategy'))}"
-    return f"{t.get('m')}x{t.get('n')}, {split}{kind}" + (", relayout" if plan.get("channels_last") else "")
+def _plan_cell(plan: Any) -> str:
+    """A product plan (a ``Plan``) as the table shows it: the tile's M x N and the split (sm_80 kernels: their
+    intrinsic; a plan without a tile: its strategy)."""
+    t = plan.tile
+    kind = "" if t and "WGMMA" in t.intrinsic else f" {t.intrinsic if t else plan.strategy.value}"
+    m, n = (t.m, t.n) if t else (None, None)
+    return f"{m}x{n}, {plan.k_batch}{kind}" + (", relayout" if plan.channels_last else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from convbw_mlir.measure.children import run_child
 
 SINGLE_REPS = 10
 SUSTAINED_CALLS = 100
@@ -211,14 +212,12 @@ def run_all(folder: Path, out: Path, only: list[str] | None) -> int:
     for e in entries:
         if only and not any(o in e["name"] for o in only):
             continue
-        try:  # a kernel that hangs (an mbarrier never completing) costs one child, not the run
-            proc = subprocess.run([sys.executable, __file__, "run-one", str(folder), e["name"]], capture_output=True,
-                                  text=True, timeout=CHILD_SECONDS)  # fmt: skip
-        except subprocess.TimeoutExpired:
+        # a kernel that hangs (an mbarrier never completing) costs one child, not the run
+        got = run_child([sys.executable, __file__, "run-one", str(folder), e["name"]], CHILD_SECONDS)
+        if got.returncode is None:
             row = {"name": e["name"], "crashed": f"timed out after {CHILD_SECONDS} s (a hang?)"}
         else:
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-            row = json.loads(lines[-1]) if lines else {"name": e["name"], "crashed": proc.stderr[-800:]}
+            row = got.row if got.row is not None else {"name": e["name"], "crashed": got.stderr[-800:]}
         rows.append(row)
         print(json.dumps(row), flush=True)
     device = torch.cuda.get_device_name(0)

@@ -22,9 +22,10 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from convbw_mlir.measure.children import run_child
 
 # (name, ckProfiler problem, dtype): a ResNet-50 3x3 (split-K), a ResNet-50 1x1, a strided bf16 3x3, 64-channel groups,
 # StreamK and narrow tiles (the rule's since 2026-11-26)
@@ -142,16 +143,19 @@ def run_one(root: Path, entry: dict) -> dict:
 
 
 def run_all(root: Path, out: Path) -> int:
+    from convbw_mlir.plan_data import Plan
+
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((root / "manifest.json").read_text())
     env = {**os.environ, "CONVBW_ARTIFACTS": str(root / "artifacts"), "CONVBW_CUDA_LAUNCH": "direct"}
     rows = []
     for entry in manifest:
-        proc = subprocess.run([sys.executable, __file__, "run-one", str(root), entry["name"]], env=env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-        last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        rec = json.loads(last[-1]) if last else {"name": entry["name"], "crashed": proc.returncode,
-                                                  "stderr": proc.stderr[-2000:]}  # fmt: skip
+        got = run_child([sys.executable, __file__, "run-one", str(root), entry["name"]], 300, env)
+        rec = (
+            got.row
+            if got.row is not None
+            else {"name": entry["name"], "crashed": got.ended, "stderr": got.stderr[-2000:]}
+        )
         print(json.dumps(rec), flush=True)
         rows.append(rec)
     (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
@@ -161,10 +165,10 @@ def run_all(root: Path, out: Path) -> int:
         if "crashed" in r:
             lines.append(f"| {r['name']} | | | | crashed ({r['crashed']}) | | |")
             continue
-        t = r["plan"].get("tile", {})
-        split = r["plan"].get("split", {}).get("k_batch", 1)
+        plan = Plan.from_dict(r["plan"])
+        wgmma_n = plan.tile.n if plan.tile else None
         lines.append(f"| {r['name']} | {r['gflop']:.1f} | {r['target']}, {r['direct']} ({r['tensor_maps']} maps) | "
-                     f"{t.get('n')}, {split} | {r['correct']} ({r.get('max_error', r.get('error'))}) | "
+                     f"{wgmma_n}, {plan.k_batch} | {r['correct']} ({r.get('max_error', r.get('error'))}) | "
                      f"{r['ours_us']:.1f} | {r['cudnn_us']:.1f} |")  # fmt: skip
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -13,10 +13,10 @@ from stand_in_kernels import segfaulting_kernel as _segfaulting_kernel
 
 from convbw_mlir import compile_op
 from convbw_mlir.build.contenders import write_artifacts
+from convbw_mlir.measure.children import status_of as _status_of
 from convbw_mlir.measure.report import main as report_main
 from convbw_mlir.measure.report import summarize
 from convbw_mlir.measure.run import (
-    _status_of,
     error_stats,
     run_manifest,
     sample_indices,

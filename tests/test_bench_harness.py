@@ -70,7 +70,9 @@ def test_conv_report_through_the_harness_gives_the_cudnn_geomean(bench, tmp_path
 
 
 def test_conv_report_of_thin_groups_sets_the_merged_form_beside_the_other_two(bench, tmp_path):
-    plan = {"tile": {"m": 64, "n": 128, "k": 64}, "merge": {"groups": 8}, "split": {"k_batch": 4}}
+    tile = {"m": 64, "n": 128, "k": 64, "subgroups_m": 2, "subgroups_n": 2, "stages": 3, "intrinsic": "mma"}
+    plan = {"target": "sm_80", "strategy": "explicit", "gemm": False, "split": {"dim": "r", "k_batch": 4, "chunk": 8},
+            "tile": tile, "merge": {"groups": 8}}  # fmt: skip
     entries = [{"name": f"{k}:p", "kind": k, "problem": "p", "plan": plan if k == "merged" else None, "suite": False}
                for k in ("ours", "alt", "merged", "merged_full", "cudnn")]  # fmt: skip
     rows = [_row("ours:p", 300.0), _row("alt:p", 400.0), _row("merged:p", 200.0), _row("merged_full:p", 250.0),
@@ -78,6 +80,16 @@ def test_conv_report_of_thin_groups_sets_the_merged_form_beside_the_other_two(be
     _report(bench, "explicit_conv", tmp_path, {"entries": entries, "refused": {}}, rows)
     md = (tmp_path / "out" / "explicit_conv.md").read_text()
     assert "| p | 8, 64x128x64, 4 | 200.0 | yes | 250.0 | 300.0 | 400.0 | 100.0 | 0.50 | 2.00 | 1.50 |" in md
+
+
+def test_a_report_reads_a_manifests_plan_as_a_plan_and_names_a_malformed_one(bench):
+    from convbw_mlir.plan_data import PlanError
+
+    harness = bench("harness")
+    plan = harness.plan_of({"target": "sm_80", "strategy": "iree", "gemm": False})
+    assert plan.strategy.value == "iree" and harness.tile_split(plan) is None and harness.plan_of(None) is None
+    with pytest.raises(PlanError, match="plan: missing entry 'target'"):
+        harness.plan_of({"strategy": "explicit", "tile": {"m": 64}})
 
 
 def test_streamk_report_through_the_harness_gives_the_speedup(bench, tmp_path):

@@ -180,7 +180,11 @@ def test_select_names_an_exact_hit_by_what_it_is(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("module", ["convbw_mlir.dispatch.tune", "convbw_mlir.measure.run"])
-@pytest.mark.parametrize("manifest", [None, "garbage", "{}"], ids=["missing", "not-json", "no-fields"])
+@pytest.mark.parametrize(
+    "manifest",
+    [None, "garbage", "{}", '{"target": "host", "iree_version": "", "problems": [{"name": "p", "key": "p"}]}'],
+    ids=["missing", "not-json", "no-fields", "entry-without-problem"],
+)
 def test_the_runtime_halves_on_a_missing_or_bad_manifest_are_one_line(module, manifest, tmp_path, capsys):
     import importlib
 

@@ -403,6 +403,7 @@ def test_tuner_builds_sm90a_variants_with_an_output_argument_and_ships_their_lau
     from convbw_mlir.dispatch.tune import compile_candidates
     from convbw_mlir.dispatch.variants import heuristic
     from convbw_mlir.measure import run
+    from convbw_mlir.measure.records import ManifestEntry
     from convbw_mlir.measure.run import _Problem, _run_contender
 
     def _read(folder):
@@ -425,7 +426,7 @@ def test_tuner_builds_sm90a_variants_with_an_output_argument_and_ships_their_lau
     assert got["status"] == "n/a" and "direct CUDA launch" in got["error"]
     staged = []  # the timing half runs each problem from a folder of its own: the launch must be found there
     monkeypatch.setattr(run, "run_manifest", lambda folder, *_, **__: staged.append(_read(folder)) or {})
-    tune._run_one(tmp_path / "built", entry, log=lambda _: None)
+    tune._run_one(tmp_path / "built", ManifestEntry.from_dict(entry), log=lambda _: None)
     where = staged[0]["problems"][0]["contenders"]["convbw[heuristic]"]["launch"]
     assert (Path(where) / "launch.json").is_file()
 

@@ -25,12 +25,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from convbw_mlir.dispatch.db import DatabaseError, TuningDB, check_header
 from convbw_mlir.dispatch.variants import IREE_FORMS, Variant, known_wrong
 from convbw_mlir.measure.pool import DEVICES_HELP, parse_devices, resolve_devices
+from convbw_mlir.measure.records import ManifestEntry
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "reference_task",
     "summarize",
     "time_candidates",
+    "TuneRecord",
 ]
 
 # Every third problem of a suite (positions 2, 5, 8 ... from 0) is held out of tuning, decided before any
@@ -131,8 +134,7 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
                 else:
                     rec |= {"ok": False, "error": r.error}
                 contenders[v.name] = rec
-            entries.append({"name": name, "key": key, "held_out": held, "problem": problem.to_dict(),
-                            "contenders": contenders})  # fmt: skip
+            entries.append(ManifestEntry(name, key, problem.to_dict(), contenders, {"held_out": held}).to_dict())
         build = {"engine": engine, "workers": report.workers, "wall_s": report.wall_s, "kernels": len(report.results)}
         manifest = {"target": target, "date": str(datetime.date.today()), "iree_version": version("iree-base-compiler"),
                     "build": build, "problems": entries}  # fmt: skip
@@ -179,14 +181,16 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     from importlib.metadata import version
 
     from convbw_mlir.measure.pool import deal
-    from convbw_mlir.measure.run import STEP_TIMEOUT_S, read_manifest
+    from convbw_mlir.measure.run import STEP_TIMEOUT_S, manifest_entries, read_manifest
     from convbw_mlir.targets import get_target
 
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
     slots = resolve_devices(get_target(manifest["target"]).driver, devices)
-    todo = sorted((e for e in manifest["problems"] if filt in e["key"] and (keys is None or e["key"] in keys)),
-                  key=lambda e: e.get("held_out", False))  # fmt: skip
+    todo = sorted(
+        (e for e in manifest_entries(manifest, folder) if filt in e.key and (keys is None or e.key in keys)),
+        key=lambda e: e.held_out,
+    )
     results: dict[str, Any] = {"target": manifest["target"], "iree_version": manifest["iree_version"],
                                "date": time.strftime("%Y-%m-%d"), "device": None, "problems": []}  # fmt: skip
     out = Path(out)
@@ -194,18 +198,18 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
                                            "product_version": version("convbw-mlir")})  # fmt: skip
     t0 = time.monotonic()
     rows: dict[int, dict] = {}
-    has_held = any(e.get("held_out", False) for e in todo)
+    has_held = any(e.held_out for e in todo)
 
     def late(payload: dict) -> bool:
         # tuned problems stop at 3/4 of the deadline, so the held-out ones (fewer contenders) get measured too
         share = 1.0 if payload["held"] or not has_held else 0.75
         if deadline_s is None or time.monotonic() - t0 <= deadline_s * share:
             return False
-        log(f"deadline: {payload['entry']['key']} not timed")
+        log(f"deadline: {payload['entry'].key} not timed")
         return True
 
     for held in (False, True):  # the held-out phase needs every tuned problem's result: one after the other
-        phase = [(i, e) for i, e in enumerate(todo) if e.get("held_out", False) == held]
+        phase = [(i, e) for i, e in enumerate(todo) if e.held_out == held]
         payloads = []
         for _, entry in phase:
             if held:  # the untuned path only: the heuristic, IREE's forms, and select's choice from the tuned ones
@@ -234,6 +238,46 @@ def records_path(out: str | os.PathLike) -> Path:
     return out.with_name(out.stem + ".records.jsonl")
 
 
+@dataclass(frozen=True)
+class TuneRecord:
+    """One measured candidate in one pass: a line of the records beside the results (:func:`records_path`).
+
+    ``run`` names the tuning run (its start and process); ``verdict`` is the runner's status (``ok``,
+    ``WRONG``, ``crashed`` ...); ``times``: the result's seconds (``median_s``, ``kernel_s`` ...) and ``n``.
+    """
+
+    run: str
+    key: str
+    problem: dict[str, Any]
+    pass_: int
+    contender: str
+    variant: dict[str, Any]
+    target: str
+    iree_version: str
+    product_version: str
+    device: str | None
+    device_index: int | None
+    held_out: bool
+    verdict: str | None
+    error: str | None
+    times: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {("pass" if k == "pass_" else k): v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "tuning record") -> TuneRecord:
+        """Raises ValueError naming ``where`` and the field: not an object, or a field missing."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
+        names = [("pass" if k == "pass_" else k) for k in cls.__dataclass_fields__]
+        missing = next((n for n in names if n not in d), None)
+        if missing:
+            raise ValueError(f"{where}: missing field {missing!r}")
+        return cls(*(d[n] for n in names))
+
+
 class _Records:
     """One JSON object a line per measured candidate and pass, appended as each problem comes back."""
 
@@ -245,12 +289,12 @@ class _Records:
         lines = []
         for tag, contenders in ((1, row["contenders"]), (2, row.get("pass2") or {})):
             for name, res in contenders.items():
-                rec = {"run": self.run, "key": row["key"], "problem": row["problem"], "pass": tag, "contender": name,
-                       "variant": row.get("variants", {}).get(name, {"name": name}), **self.fields,
-                       "device": device, "device_index": row.get("device_index"), "held_out": row["held_out"],
-                       "verdict": res.get("status"), "error": res.get("error"),
-                       "times": {k: v for k, v in res.items() if k.endswith("_s") or k == "n"}}  # fmt: skip
-                lines.append(json.dumps(rec) + "\n")
+                rec = TuneRecord(self.run, row["key"], row["problem"], tag, name,
+                                 row.get("variants", {}).get(name, {"name": name}), **self.fields, device=device,
+                                 device_index=row.get("device_index"), held_out=row["held_out"],
+                                 verdict=res.get("status"), error=res.get("error"),
+                                 times={k: v for k, v in res.items() if k.endswith("_s") or k == "n"})  # fmt: skip
+                lines.append(json.dumps(rec.to_dict()) + "\n")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:  # one writer (the parent); each problem's lines in one write
             f.write("".join(lines))
@@ -264,11 +308,11 @@ def _time_problem(payload: dict, device: Any, log: Callable[[str], None]) -> dic
     one = _run_one(folder, entry, log, env=device.env, timeout_s=timeout_s)
     row = one["problems"][0]
     row["held_out"] = held
-    row["problem"] = entry["problem"]
-    row["variants"] = {n: r["variant"] for n, r in entry["contenders"].items() if "variant" in r}
-    row["heuristic"] = next((n for n, r in entry["contenders"].items() if r.get("heuristic")), None)
+    row["problem"] = entry.problem
+    row["variants"] = _variants(entry)
+    row["heuristic"] = _heuristic(entry)
     if held:
-        row["selected"] = entry.get("selected")
+        row["selected"] = entry.extra.get("selected")
     ranked = _ranked(row["contenders"])
     close = len(ranked) >= 2 and ranked[1][0] <= ranked[0][0] * (1 + PASS2_WITHIN)
     if close and not held:  # the top two and the heuristic's plan, once more
@@ -282,16 +326,24 @@ def _time_problem(payload: dict, device: Any, log: Callable[[str], None]) -> dic
 
 def _lost_problem(payload: dict, why: str) -> dict[str, Any]:
     """The row of a problem whose measuring worker died: every candidate crashed, with why."""
-    entry = payload["entry"]
-    row = {"name": entry["name"], "key": entry["key"], "reference_error": why, "held_out": payload["held"],
-           "contenders": {n: {"status": "crashed", "error": why} for n in entry["contenders"] if n != "reference"},
-           "problem": entry["problem"], "variants": {n: r["variant"] for n, r in entry["contenders"].items()
-                                                     if "variant" in r},
-           "heuristic": next((n for n, r in entry["contenders"].items() if r.get("heuristic")), None),
+    entry: ManifestEntry = payload["entry"]
+    row = {"name": entry.name, "key": entry.key, "reference_error": why, "held_out": payload["held"],
+           "contenders": {n: {"status": "crashed", "error": why} for n in entry.contenders if n != "reference"},
+           "problem": entry.problem, "variants": _variants(entry), "heuristic": _heuristic(entry),
            "device_index": None}  # fmt: skip
     if payload["held"]:
-        row["selected"] = entry.get("selected")
+        row["selected"] = entry.extra.get("selected")
     return {"row": row, "device": None}
+
+
+def _variants(entry: ManifestEntry) -> dict[str, Any]:
+    """The variant of each contender of ``entry`` that has one (IREE's forms and the reference have none)."""
+    return {n: r["variant"] for n, r in entry.contenders.items() if "variant" in r}
+
+
+def _heuristic(entry: ManifestEntry) -> str | None:
+    """The contender of ``entry`` that is the heuristic's own plan."""
+    return next((n for n, r in entry.contenders.items() if r.get("heuristic")), None)
 
 
 def _device_name(name: str, slots: Sequence[Any] = ()) -> str:
@@ -318,42 +370,41 @@ def _located(folder: Path, rec: dict) -> dict:
     return rec | {k: str(folder / rec[k]) for k in ("vmfb", "launch") if rec.get(k)}
 
 
-def _run_one(folder: Path, entry: dict, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS,
+def _run_one(folder: Path, entry: ManifestEntry, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS,
              env: dict[str, str] | None = None, timeout_s: float | None = None) -> dict:  # fmt: skip
     """The runner on one manifest entry (its kernels in ``folder``), through a one-problem manifest."""
     from convbw_mlir.measure.run import STEP_TIMEOUT_S, run_manifest
 
     with tempfile.TemporaryDirectory(prefix="convbw-tune-") as tmp:
-        contenders = {n: _located(folder, r) if r.get("ok") else r for n, r in entry["contenders"].items()}
+        contenders = {n: _located(folder, r) if r.get("ok") else r for n, r in entry.contenders.items()}
         target = json.loads((folder / "manifest.json").read_text())["target"]
-        manifest = {"target": target, "iree_version": "", "problems": [dict(entry, contenders=contenders)]}
+        manifest = {"target": target, "iree_version": "", "problems": [entry.with_contenders(contenders).to_dict()]}
         (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
         return run_manifest(tmp, "", use_torch=False, log=log, numpy_max_flops=numpy_max_flops,
                             timeout_s=timeout_s or STEP_TIMEOUT_S, env=env)  # fmt: skip
 
 
-def _untuned_entry(entry: dict, results: dict) -> dict:
+def _untuned_entry(entry: ManifestEntry, results: dict) -> ManifestEntry:
     """``entry`` cut to the untuned path: the heuristic, IREE's forms and the variant :func:`select` takes
     from the database of the problems tuned so far (``selected``: its name and path)."""
     from convbw_mlir.dispatch.select import select
 
     db = build_database(results, device=results["device"] or "device") if results["problems"] else None
-    problem = ConvBwdWeightProblem.from_dict(entry["problem"])
-    sel = select(problem, db.target if db else results["target"], dbs=[db] if db else [])
-    keep = {n for n, r in entry["contenders"].items() if r.get("heuristic") or n in IREE_FORMS or n == "reference"}
-    chosen = next((n for n, r in entry["contenders"].items()
+    sel = select(entry.conv(), db.target if db else results["target"], dbs=[db] if db else [])
+    keep = {n for n, r in entry.contenders.items() if r.get("heuristic") or n in IREE_FORMS or n == "reference"}
+    chosen = next((n for n, r in entry.contenders.items()
                    if "variant" in r and Variant.from_dict(r["variant"]) == sel.variant), None)  # fmt: skip
     if chosen:
         keep.add(chosen)
     selected = {"name": chosen, "path": sel.path, "why": sel.why, "variant": sel.variant.to_dict()}
-    return dict(entry, contenders={n: r for n, r in entry["contenders"].items() if n in keep}, selected=selected)
+    return entry.with_contenders({n: r for n, r in entry.contenders.items() if n in keep}, selected=selected)
 
 
-def _second_pass(folder: Path, entry: dict, names: list[str], log: Callable[[str], None],
+def _second_pass(folder: Path, entry: ManifestEntry, names: list[str], log: Callable[[str], None],
                  env: dict[str, str] | None = None, timeout_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """The winner and the runner-up once more, in a fresh process, checked on the float64 sample only."""
-    contenders = {n: entry["contenders"][n] for n in names}
-    one = _run_one(folder, dict(entry, contenders=contenders), log, numpy_max_flops=0, env=env, timeout_s=timeout_s)
+    contenders = {n: entry.contenders[n] for n in names}
+    one = _run_one(folder, entry.with_contenders(contenders), log, numpy_max_flops=0, env=env, timeout_s=timeout_s)
     return one["problems"][0]["contenders"]
 
 
@@ -536,11 +587,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", default=None, help=DEVICES_HELP)
     ap.add_argument("--timeout", type=float, default=None, help="seconds one candidate may run (default 600)")
     args = ap.parse_args(argv)
-    from convbw_mlir.measure.run import read_manifest
+    from convbw_mlir.measure.run import manifest_entries, read_manifest
     from convbw_mlir.targets import get_target
 
     try:
         manifest = read_manifest(args.folder)  # a missing or malformed manifest: one line, before any timing
+        manifest_entries(manifest, args.folder)
         devices = parse_devices(args.devices) if args.devices is not None else None
         resolve_devices(get_target(manifest["target"]).driver, devices)  # no GPU here: one line, too
         if args.timeout is not None and not args.timeout > 0:

@@ -28,20 +28,21 @@ import argparse
 import json
 import math
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from convbw_mlir.measure import gpu_lock
+from convbw_mlir.measure.children import announced_exit, death, exit_child, first_line, status_of
+from convbw_mlir.measure.records import ManifestEntry, ResultRow
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.reference import (
     accumulation_error,
@@ -53,7 +54,16 @@ from convbw_mlir.reference import (
 )
 from convbw_mlir.runtime import FENCE_BYTES, Kernel, fenced_host, time_calls
 
-__all__ = ["DirectKernel", "error_stats", "main", "run_manifest", "sample_indices", "tolerance_rms"]
+__all__ = [
+    "DirectKernel",
+    "error_stats",
+    "main",
+    "manifest_entries",
+    "read_manifest",
+    "run_manifest",
+    "sample_indices",
+    "tolerance_rms",
+]
 
 # numpy's float64 reference runs at a few GFLOP/s: use it where it takes seconds.
 NUMPY_REFERENCE_MAX_FLOPS = 4e10
@@ -64,17 +74,6 @@ SAMPLE_SEED = 11
 STEP_TIMEOUT_S = 600
 # Exit status of a child that stopped after a failed contender, so the problem's next one gets a fresh process.
 _RESTART = 3
-# Device faults: after one the process's context is unusable. IREE reports CUDA errors as ABORTED; on the H100
-# (2026-11-23) a faulting kernel surfaced as "ABORTED; CUDA error 'CUDA_ERROR_ILLEGAL_ADDRESS'" at the result's
-# fence, or as a bare "ABORTED; ... hal.device.queue.dealloca" where the dealloca met the failed queue first.
-_FAULT = re.compile(r"CUDA_ERROR_\w+|cudaError\w+|hipError\w+|illegal (memory )?(address|access)|\bABORTED\b")
-
-
-def _status_of(error: BaseException | str) -> str:
-    """``crashed`` for an error that names a device fault, else ``failed``."""
-    return "crashed" if _FAULT.search(str(error)) else "failed"
-
-
 # Significand bits (without the implicit one) and smallest normal exponent of each dW type.
 _FORMAT = {"f16": (10, -14), "bf16": (7, -126), "f32": (23, -126)}
 
@@ -231,12 +230,6 @@ def _torch() -> Torch | None:
 
 # ----------------------------------------------------------------------------------------------------------
 # One problem, in a child process
-
-
-def _first_line(e: BaseException) -> str:
-    """The line of an error that names a device fault, else its first line (IREE's messages run long)."""
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
-    return next((ln for ln in lines if _FAULT.search(ln)), lines[0])[:300]
 
 
 class _Problem:
@@ -443,7 +436,7 @@ def _gpu_time(call: Any, sync: Any, driver: str) -> dict[str, Any]:
                 cupti.warm_up()
         return cupti.kernel_seconds(call, sync) if _CUPTI[0] else {}
     except Exception as e:  # noqa: BLE001 - the call's own timing stands; only the kernel time is missing
-        return {"kernel_time_error": _first_line(e)}
+        return {"kernel_time_error": first_line(e)}
 
 
 def _child(spec: dict) -> int:
@@ -453,7 +446,7 @@ def _child(spec: dict) -> int:
     to the device, the problem's next contender gets a fresh process.
     """
     folder, state = Path(spec["folder"]), Path(spec["state"])
-    entry, driver, device = spec["entry"], spec["driver"], spec["device"]
+    entry, driver, device = ManifestEntry.from_dict(spec["entry"]), spec["driver"], spec["device"]
     events = open(spec["events"], "a", buffering=1)  # noqa: SIM115 - line-buffered, each event lands at once
 
     def emit(**event: Any) -> None:
@@ -464,8 +457,8 @@ def _child(spec: dict) -> int:
     with _lock(driver, device).shared():  # torch's CUDA context: allocation on the device
         torch_ = _torch() if spec["use_torch"] and driver == "cuda" else None
     emit(event="device", name=torch_.name if torch_ else driver)
-    prob = _Problem(ConvBwdWeightProblem.from_dict(entry["problem"]), state, spec["numpy_max_flops"])
-    contenders = entry["contenders"]
+    prob = _Problem(entry.conv(), state, spec["numpy_max_flops"])
+    contenders = entry.contenders
     for name in spec["names"]:
         emit(event="start", name=name)
         try:  # each takes the device's lock for its GPU steps (shared) and its timing (alone)
@@ -478,7 +471,7 @@ def _child(spec: dict) -> int:
             if name == "reference":
                 prob.save()
         except Exception as e:  # noqa: BLE001 - recorded; the next contender runs in a fresh process
-            emit(event="result", name=name, result={"status": _status_of(e), "error": _first_line(e)})
+            emit(event="result", name=name, result={"status": status_of(e), "error": first_line(e)})
             return _RESTART
         emit(event="result", name=name, result=res)
     emit(event="done")
@@ -487,22 +480,6 @@ def _child(spec: dict) -> int:
 
 # ----------------------------------------------------------------------------------------------------------
 # The parent: one child per problem, a fresh one after a contender that failed or killed its process
-
-
-def _death(rc: int | None, stderr: str, timeout_s: float) -> str:
-    """Why a child ended without a result: its signal or exit status, and the last line it wrote."""
-    if rc is None:
-        how = f"no progress for {timeout_s:g} s (killed)"
-    elif rc < 0:
-        try:
-            how = f"process killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            how = f"process killed by signal {-rc}"
-    else:
-        how = f"process exited with status {rc}"
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    fault = next((ln for ln in reversed(lines) if _FAULT.search(ln)), lines[-1] if lines else "")
-    return f"{how}: {fault[:240]}" if fault else how
 
 
 def _append_event(path: str, event: dict) -> None:
@@ -518,7 +495,7 @@ def _wait(child: subprocess.Popen, events: Path, timeout_s: float, lock: gpu_loc
         size = events.stat().st_size if events.exists() else 0
         if size != last_size:  # each contender's start and result is an event: progress
             last_size, deadline = size, time.monotonic() + timeout_s
-            if size and events.read_text().endswith('{"event": "exit"}\n'):
+            if size and announced_exit(events):
                 return gpu_lock.reap(child, lock)
         elif time.monotonic() > deadline:
             child.kill()
@@ -528,16 +505,16 @@ def _wait(child: subprocess.Popen, events: Path, timeout_s: float, lock: gpu_loc
     return rc
 
 
-def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log,
-                 env: dict[str, str] | None = None) -> tuple[dict[str, Any], str | None]:  # fmt: skip
-    """One problem's row (reference fields and every contender's result) and the device name.
+def _run_problem(folder: Path, entry: ManifestEntry, options: dict, timeout_s: float, log,
+                 env: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, dict], str | None]:  # fmt: skip
+    """One problem's reference fields, every contender's result and the device name.
 
     ``options``: driver, device, use_torch, numpy_max_flops, as the children take them; ``env``: what
     the children's environment adds (the device they are pinned to, :mod:`convbw_mlir.measure.pool`).
     """
     child_env = {**os.environ, **(env or {}), gpu_lock.EXIT_TURN_ENV: "1"}
     lock = gpu_lock.for_device(options["driver"], options["device"] or 0, child_env)
-    names = ["reference", *(n for n in entry["contenders"] if n != "reference")]
+    names = ["reference", *(n for n in entry.contenders if n != "reference")]
     if options["use_torch"] and options["driver"] == "cuda":
         names.append("cudnn")
     results: dict[str, dict] = {}
@@ -548,7 +525,13 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
             if not todo:
                 break
             ev_path, err_path = Path(tmp) / f"events{attempt}.jsonl", Path(tmp) / f"stderr{attempt}.txt"
-            spec = {"folder": str(folder), "entry": entry, "names": todo, "state": tmp, "events": str(ev_path)}
+            spec = {
+                "folder": str(folder),
+                "entry": entry.to_dict(),
+                "names": todo,
+                "state": tmp,
+                "events": str(ev_path),
+            }
             spec |= options
             (Path(tmp) / "spec.json").write_text(json.dumps(spec))
             cmd = [sys.executable, "-m", "convbw_mlir.measure.run", "--child", str(Path(tmp) / "spec.json")]
@@ -565,31 +548,28 @@ def _run_problem(folder: Path, entry: dict, options: dict, timeout_s: float, log
                 elif ev["event"] == "result":
                     results[ev["name"]], pending = ev["result"], None
                     if ev["result"].get("status") in ("crashed", "failed"):
-                        log(f"  {entry['key']}: {ev['name']}: {ev['result']['status']}: {ev['result'].get('error')}")
+                        log(f"  {entry.key}: {ev['name']}: {ev['result']['status']}: {ev['result'].get('error')}")
                 elif ev["event"] == "done":
                     done = True
             if done:
                 break
             if rc == _RESTART:
                 continue
-            why = _death(rc, err_path.read_text(errors="replace"), timeout_s)
-            log(f"  {entry['key']}: {pending or 'the child'}: {why}")
+            why = death(rc, err_path.read_text(errors="replace"), timeout_s)
+            log(f"  {entry.key}: {pending or 'the child'}: {why}")
             if pending is None:  # died outside any contender (inputs, sample): nothing else will fare better
                 for n in todo:
                     results[n] = {"status": "crashed", "error": why}
                 break
             results[pending] = {"status": "crashed", "error": why}
-    row: dict[str, Any] = {}
     ref = results.pop("reference", {})
-    if "status" in ref:  # the reference itself failed or crashed
-        row["reference_error"] = ref.get("error", ref["status"])
-    else:
-        row |= ref
-    row["contenders"] = {n: results.get(n, {"status": "crashed", "error": "never ran"}) for n in names[1:]}
-    for name, rec in entry["contenders"].items():
-        if "config" in rec and name in row["contenders"]:
-            row["contenders"][name]["config"] = rec["config"]
-    return row, device_name
+    # the reference itself failed or crashed: its error; else its fields (reference_check, reference_checked)
+    reference = {"reference_error": ref.get("error", ref["status"])} if "status" in ref else ref
+    contenders = {n: results.get(n, {"status": "crashed", "error": "never ran"}) for n in names[1:]}
+    for name, rec in entry.contenders.items():
+        if "config" in rec and name in contenders:
+            contenders[name]["config"] = rec["config"]
+    return reference, contenders, device_name
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:
@@ -603,6 +583,16 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / "manifest.json"
     manifest = read_json(path, "manifest")
     return require_fields(manifest, {"target": str, "iree_version": str, "problems": list}, f"manifest {path}")
+
+
+def manifest_entries(manifest: dict[str, Any], folder: str | Path) -> list[ManifestEntry]:
+    """The problems of a manifest (:func:`read_manifest`) as records.
+
+    Raises:
+        ValueError: an entry that is not an object or lacks a field, naming the manifest and the entry.
+    """
+    where = f"manifest {Path(folder) / 'manifest.json'}"
+    return [ManifestEntry.from_dict(e, f"{where}: problems[{i}]") for i, e in enumerate(manifest["problems"])]
 
 
 def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, driver: str | None = None,
@@ -656,23 +646,22 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     pinned = devices is not None or bool(env)  # the children see only their device: the driver's first
     options = {"driver": driver, "device": None if pinned else device, "use_torch": use_torch,
                "numpy_max_flops": numpy_max_flops, "check_only": check_only}  # fmt: skip
-    todo = [(str(folder), e, options, timeout_s) for e in manifest["problems"] if not filt or filt in e["key"]]
-    rows: dict[int, dict[str, Any]] = {}
+    todo = [(str(folder), e, options, timeout_s) for e in manifest_entries(manifest, folder) if filt in e.key]
+    several = len({d.index for d in slots}) > 1  # one device: the rows as before the pool, naming none
+    rows: dict[int, ResultRow] = {}
     for i, (row, device_name) in deal(_measure_entry, todo, slots, log, lost=_lost_entry):
         if device_name and results["device"] == driver:
             results["device"] = device_name
-        if len({d.index for d in slots}) == 1:
-            del row["device_index"]  # one device: the rows as before the pool
-        rows[i] = row
-        log(_line(row))
-    results["problems"] = [rows[i] for i in sorted(rows)]
+        rows[i] = replace(row, several_devices=several)
+        log(_line(rows[i]))
     from convbw_mlir.targets import RUNS_SM80
 
     roof = next((t for key, t in RUNS_SM80.items() if key in results["device"]), None)
-    for row in results["problems"]:
-        p = ConvBwdWeightProblem.from_dict(row.pop("_problem"))
+    for i, row in rows.items():
         if roof:
-            row["roofline_s"] = roof.roofline_seconds(p.flops, p.min_bytes, p.dtype)
+            p = todo[i][1].conv()
+            rows[i] = replace(row, roofline_s=roof.roofline_seconds(p.flops, p.min_bytes, p.dtype))
+    results["problems"] = [rows[i].to_dict() for i in sorted(rows)]
     return results
 
 
@@ -682,30 +671,23 @@ def _target(name: str) -> Any:
     return get_target(name)
 
 
-def _measure_entry(payload: tuple, device: Any, log: Any) -> tuple[dict[str, Any], str | None]:
+def _measure_entry(payload: tuple, device: Any, log: Any) -> tuple[ResultRow, str | None]:
     """One manifest entry's row, measured in children pinned to ``device`` (a pool worker's task)."""
     folder, entry, options, timeout_s = payload
-    checked, device_name = _run_problem(Path(folder), entry, options, timeout_s, log, device.env)
-    return _head(entry) | checked | {"device_index": device.index}, device_name
+    reference, contenders, device_name = _run_problem(Path(folder), entry, options, timeout_s, log, device.env)
+    return replace(ResultRow.head(entry, contenders, reference), device_index=device.index), device_name
 
 
-def _head(entry: dict) -> dict[str, Any]:
-    """The fields of a row that come from the problem alone."""
-    p = ConvBwdWeightProblem.from_dict(entry["problem"])
-    head = {"name": entry["name"], "key": entry["key"], "flops": p.flops, "bytes": p.min_bytes}
-    return head | {"depthwise_or_grouped": p.groups > 1, "reduction_length": p.gemm[3], "_problem": entry["problem"]}
-
-
-def _lost_entry(payload: tuple, why: str) -> tuple[dict[str, Any], None]:
+def _lost_entry(payload: tuple, why: str) -> tuple[ResultRow, None]:
     """The row of an entry whose measuring worker died: every contender crashed, with why."""
-    entry = payload[1]
-    crashed = {n: {"status": "crashed", "error": why} for n in entry["contenders"] if n != "reference"}
-    return _head(entry) | {"reference_error": why, "contenders": crashed, "device_index": None}, None
+    entry: ManifestEntry = payload[1]
+    crashed = {n: {"status": "crashed", "error": why} for n in entry.contenders if n != "reference"}
+    return ResultRow.head(entry, crashed, {"reference_error": why}), None
 
 
-def _line(row: dict) -> str:
-    parts = [f"{row['key']:<42}"]
-    for name, r in row["contenders"].items():
+def _line(row: ResultRow) -> str:
+    parts = [f"{row.key:<42}"]
+    for name, r in row.contenders.items():
         if r.get("status") == "ok" and "median_s" in r:
             parts.append(f"{name} {r['median_s'] * 1e6:9.1f}us")
         else:
@@ -718,11 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:  # a child of _run_problem
         spec = json.loads(Path(argv[1]).read_text())
         code = _child(spec)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # the exit frees our device memory: the parent reaps us under the device's shared turn (_wait)
-        gpu_lock.exit_turn(lambda: _append_event(spec["events"], {"event": "exit"}))
-        os._exit(code)  # no teardown: after a device fault, releasing the device can hang or abort
+        # the exit frees our device memory: the parent reaps us under the device's shared turn (_wait); no
+        # teardown: after a device fault, releasing the device can hang or abort
+        exit_child(lambda: _append_event(spec["events"], {"event": "exit"}), code)
     ap = argparse.ArgumentParser(prog="python -m convbw_mlir.measure.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("folder")
     ap.add_argument("--filter", default="")
@@ -755,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     try:
         manifest = read_manifest(args.folder)  # a missing or malformed manifest: one line, before any child starts
+        manifest_entries(manifest, args.folder)
         if args.device is not None and args.devices is not None:
             raise ValueError("--device and --devices: give one")
         devices = None if args.device is not None else parse_devices(args.devices) if args.devices else "all"
