@@ -215,6 +215,16 @@ def test_a_cache_folder_that_cannot_be_written_is_a_warning_and_the_verdict_hold
     assert len(timed) == 2 and ct.stats() == {SLOWER: 2}
 
 
+def test_a_cache_setting_that_breaks_the_store_is_one_warning_and_the_layer_is_still_weighed(cache, timed, monkeypatch):
+    monkeypatch.setattr(ct_entry, "_WARNED", set())
+    monkeypatch.setenv("CONVBW_CACHE_MAX_BYTES", "lots")  # the kernel cache's own setting, refused by its reader
+    conv, x = _layer()
+    ct.enable()
+    with pytest.warns(UserWarning, match="switch verdicts not remembered: ValueError: CONVBW_CACHE_MAX_BYTES"):
+        _step(conv, x)
+    assert len(timed) == 2 and ct.stats() == {SLOWER: 1} and _verdicts(cache) == []
+
+
 def test_cache_clear_removes_the_switch_verdicts_and_nothing_else_in_their_folder(cache, timed, capsys):
     from convbw_mlir.cli import main
 

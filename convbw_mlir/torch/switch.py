@@ -511,8 +511,12 @@ def _weighed(
     and whether that is final (False: not timed, where a CUDA graph is being captured or the data is unaligned)."""
     from convbw_mlir.dispatch.verdicts import Verdict, VerdictStore
 
-    key = _verdict_key(decision, go, x, w, conf)
-    store = VerdictStore() if key is not None else None  # the folder as $CONVBW_CACHE_DIR says now
+    try:
+        key = _verdict_key(decision, go, x, w, conf)
+        store = VerdictStore() if key is not None else None  # the folder as $CONVBW_CACHE_DIR says now
+    except Exception as e:  # e.g. a bad $CONVBW_CACHE_MAX_BYTES: weighed all the same, for this process only
+        ct.warn_once(f"convbw_mlir.torch.enable: switch verdicts not remembered: {type(e).__name__}: {e}")
+        store = None
     if store is not None:
         verdict = store.get(key)
         if verdict is not None:
