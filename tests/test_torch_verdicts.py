@@ -5,6 +5,9 @@ CUDA graph capture, and ``convbw cache clear`` (docs/torch.md#never-slower-per-l
 with the host kernels; the GPU's timing itself is replaced by given times (``_time``)."""
 
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -84,6 +87,32 @@ def test_the_default_weighs_a_layer_once_and_a_fresh_switch_reuses_its_verdict_w
     ct.enable()  # a fresh switch state (no decision in memory), as a new process: the verdict is read, not timed
     torch.testing.assert_close(_step(conv, x), got, rtol=0, atol=0)
     assert len(timed) == 2 and ct.stats() == {REMEMBERED: 1}
+
+
+SECOND_PROCESS = """
+import json, sys
+import torch
+from convbw_mlir import torch as ct
+from convbw_mlir.torch import switch as sw
+sw._BENCHMARK_DEVICES = frozenset({"cpu"})  # the default weighing here as on a GPU
+sw._time = lambda call, device: sys.exit("timed in the second process")
+torch.manual_seed(0)
+conv, x = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False), torch.randn(2, 4, 6, 6)
+ct.enable()
+conv(x).square().sum().backward()
+print(json.dumps(ct.stats()))
+"""
+
+
+def test_a_second_process_reads_the_verdict_and_times_nothing(cache, timed):
+    conv, x = _layer()
+    ct.enable()
+    _step(conv, x)  # the kernel lands in the artifacts folder the second process loads it from
+    assert len(timed) == 2 and len(_verdicts(cache)) == 1
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # CONVBW_CACHE_DIR and CONVBW_ARTIFACTS as this process has them
+    out = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {REMEMBERED: 1}
 
 
 def test_a_layer_ours_is_faster_on_is_remembered_as_ours(cache, timed):
