@@ -108,7 +108,7 @@ def _sync_check(ex, ns: argparse.Namespace) -> list[str]:  # noqa: ANN001
         loss.backward()
         opt.step()
 
-    ct.enable()
+    ct.enable(benchmark=False)  # every dW ours: the kernels this stage's run loads
     try:
         for _ in range(5):
             step()
@@ -308,7 +308,7 @@ def part_layers(ns: argparse.Namespace) -> dict:
 
         for who in ("torch", "ours"):
             if who == "ours":
-                ct.enable()
+                ct.enable(benchmark=False)  # our dW on every layer, weighed or not
             try:
                 for mask_name, mask in (("dw", [False, True, False]), ("dx_dw", [True, True, False])):
                     for _ in range(5):
@@ -387,7 +387,7 @@ def _host_row(sig: dict) -> dict:
         row[f"torch_{name}"] = timed(lambda mask=mask: aten(dy, x, w, None, *conf, mask))
     ct.enable(layers=lambda sig: False)  # the override's floor: Python entered, everything torch's
     row["switch_floor_dx_dw"] = timed(lambda: aten(dy, x, w, None, *conf, masks["dx_dw"]))
-    ct.enable()
+    ct.enable(benchmark=False)  # our dW on every layer, weighed or not
     for name in ("dx_dw", "dw"):
         row[f"ours_{name}"] = timed(lambda mask=masks[name]: aten(dy, x, w, None, *conf, mask))
     ct.disable()

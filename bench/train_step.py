@@ -7,14 +7,14 @@ time by kind, calls, losses.
     python3 bench/train_step.py table OUT
 
 ``run`` starts one process per model x batch x mode (a CUDA fault or an out-of-memory stays there). Inside, three
-copies of the model from one seed train on the same 4 batches (bf16 autocast, channels-last, SGD lr 1e-3,
-momentum 0.9) in turns, step by step: torch, ours (``convbw_mlir.torch.enable()`` on for that step only), torch
-again (torch's own run-to-run spread, the yardstick); the host's drift cancels within each turn. Per side: the
-median step time and the host's part of it (time to queue the step: near the step time means the host is the
-bottleneck), the losses, our calls and torch's with why (``stats()``), and over 3 profiled steps the device time
-by kind of kernel (ours by name, cuDNN's ``wgrad``/``dgrad`` by name, other). Modes: ``eager``, ``compile``
-(``torch.compile``), ``reduce-overhead`` (``torch.compile(mode="reduce-overhead")``: CUDA graphs, ours captured
-in them). Each writes OUT/<model>_<batch>_<mode>.json.
+copies of the model from one seed train on the same 4 batches (bf16 autocast, channels-last, SGD lr 1e-3, momentum
+0.9) in turns, step by step: torch, ours (``convbw_mlir.torch.enable(benchmark=False)``, every dW ours, on for that
+step only), torch again (torch's own run-to-run spread, the yardstick); the host's drift cancels within each turn.
+Per side: the median step time and the host's part of it (time to queue the step: near the step time means the host
+is the bottleneck), the losses, our calls and torch's with why (``stats()``), and over 3 profiled steps the device
+time by kind of kernel (ours by name, cuDNN's ``wgrad``/``dgrad`` by name, other). Modes: ``eager``, ``compile``
+(``torch.compile``), ``reduce-overhead`` (``torch.compile(mode="reduce-overhead")``: CUDA graphs, ours captured in
+them). Each writes OUT/<model>_<batch>_<mode>.json.
 """
 
 from __future__ import annotations

@@ -155,7 +155,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         where = f"{info.root}" if info.root.exists() else f"{info.root} (not created yet)"
         print(f"cache: {where}\nentries: {info.entries}\nbytes: {info.bytes} (limit {info.max_bytes})")
     else:
-        print(f"removed {kc.clear()} entries from {kc.root}")
+        removed = kc.clear()
+        print(f"removed {removed} entries and {kc.verdicts_cleared} switch verdicts from {kc.root}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """One line for a training script: ``convbw_mlir.torch.enable()``; torch's own run against it, eager or compiled.
 
 Trains the same model twice from the same seeds on the same synthetic batches: once with torch's own weight
-gradients, once with ``enable()`` (every convolution's dW ours where we have a kernel). Reports the loss per
+gradients, once with ``enable()`` (on a GPU every convolution's dW ours where our kernel is faster than torch's,
+weighed on first use and remembered; ``--benchmark off``: ours wherever we have a kernel). Reports the loss per
 step of both, the step time (median over the steps after the first few), how many weight gradients went to us
 (``convbw_mlir.torch.stats()``) and, with ``--profile``, the share of ``convolution_backward``'s time spent in
 our dW (``torch.profiler``). ``--plot`` draws the two loss curves (matplotlib).
@@ -171,7 +172,7 @@ def train(args: argparse.Namespace, ours: bool) -> dict:
     step_fn = torch.compile(forward) if args.compile else forward
     ct.reset_stats()
     if ours:
-        ct.enable(min_flops=args.min_flops)
+        ct.enable(min_flops=args.min_flops, benchmark={"auto": None, "on": True, "off": False}[args.benchmark])
     losses, times, queued = [], [], []
     try:
         for i in range(args.steps):
@@ -301,6 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--compile", action="store_true", help="torch.compile the forward (inductor)")
     p.add_argument("--min-flops", type=int, default=0)
+    p.add_argument(
+        "--benchmark",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="enable(benchmark=): auto (the default: on a GPU, dW ours only where our kernel is faster than "
+        "torch's, weighed once and remembered), on, or off (every dW ours where we have a kernel)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the median step time")
     p.add_argument("--profile", action="store_true", help="the share of weight-gradient kernel time that was ours")
     p.add_argument("--out", help="write both runs as JSON here")

@@ -12,6 +12,8 @@ Where: ``$CONVBW_CACHE_DIR``, else the platform's user cache folder (``platformd
                                   <stage>.mlir the IR after each stage
     <root>/locks/<key>.lock                    one builder per key (filelock), others wait and read its entry
     <root>/tmp/                                entries being written, renamed into place when whole
+    <root>/verdicts/<sha256>.json              the torch switch's remembered ours-vs-torch verdicts
+                                               (:mod:`convbw_mlir.dispatch.verdicts`; ``clear`` removes them)
 
 Promises: a hit is for its key: an entry whose stored key, request, problem or target differs from what
 was asked, whose ``meta.json`` is malformed (a field missing or of the wrong type), or whose files do not
@@ -74,6 +76,9 @@ UNTAGGED = {*SUBFOLDERS, "tuning"}
 KEY_RE = re.compile(r"[0-9a-f]{64}")
 # The temporaries put and _remove make in tmp/ (tempfile.mkdtemp: prefix + 8 random characters).
 TEMP_RE = re.compile(r"([0-9a-f]{16}|trash)-\w{8}")
+# The torch switch's remembered verdicts (convbw_mlir/dispatch/verdicts.py): their folder and the names clear removes.
+VERDICTS = "verdicts"
+VERDICT_RE = re.compile(r"[0-9a-f]{64}\.json")
 # The types each field of meta.json must have (anything else: a malformed entry, rebuilt).
 META_TYPES: dict[str, type | tuple[type, ...]] = {
     "format": int, "key": str, "problem": dict, "target": str, "variant": (dict, type(None)),
@@ -202,6 +207,7 @@ class KernelCache:
         if not isinstance(self.max_bytes, int) or self.max_bytes < 1:
             raise ValueError(f"max_bytes: expected a positive number of bytes, got {self.max_bytes!r}")
         self._ready = False
+        self.verdicts_cleared = 0  # what the last clear() removed of the switch's verdicts
 
     def __repr__(self) -> str:
         return f"KernelCache({str(self.root)!r}, max_bytes={self.max_bytes})"
@@ -487,14 +493,23 @@ class KernelCache:
         return CacheInfo(self.root, len(entries), sum(size for _, size, _ in entries), self.max_bytes)
 
     def clear(self) -> int:
-        """Remove every entry and stale temporary (only names the cache wrote); returns how many entries.
+        """Remove every entry, stale temporary and torch switch verdict (only names the cache wrote: entries,
+        ``tmp/`` temporaries, :mod:`convbw_mlir.dispatch.verdicts`' files); returns how many entries (the verdicts
+        removed: :attr:`verdicts_cleared`).
 
         Raises:
             ValueError: the root is a file or a folder that is not this cache (nothing is removed).
             CacheTrustError: the root is not private to the user.
         """
+        self.verdicts_cleared = 0
         if not self._claim(create=False):
             return 0
+        verdicts = self.root / VERDICTS
+        if verdicts.is_dir() and not verdicts.is_symlink():
+            for f in verdicts.iterdir():
+                if VERDICT_RE.fullmatch(f.name) and f.is_file() and not f.is_symlink():
+                    f.unlink(missing_ok=True)
+                    self.verdicts_cleared += 1
         entries = self._entries()
         if entries:
             (self.root / "tmp").mkdir(exist_ok=True, mode=0o700)  # where _remove moves an entry first

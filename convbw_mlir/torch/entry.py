@@ -6,8 +6,8 @@
   gradients stay torch's), and :func:`convert_model`, which switches a model's ``Conv{1,2,3}d`` layers to it.
 
 - for the switch (``switch.py``) and bench/ (not re-exported by ``convbw_mlir.torch``): :func:`problem_memo`
-  (its :class:`ProblemMemo`), :func:`kernel_for` / :func:`kernel_of` / :func:`plan_of`, :class:`DirectCall`
-  (:func:`direct_calls`, :func:`workspace`, :func:`current_stream_handle`), the format helpers
+  (its :class:`ProblemMemo`), :func:`kernel_for` / :func:`kernel_of` / :func:`plan_of` / :func:`kernel_identity`,
+  :class:`DirectCall` (:func:`direct_calls`, :func:`workspace`, :func:`current_stream_handle`), the format helpers
   (:func:`memory_formats`, :func:`dense_order`, :func:`torch_memory_format`, :func:`torch_pads`, :data:`DTYPES`),
   :func:`warn_once` and :func:`forget_kernels`.
 
@@ -21,6 +21,7 @@ is written). docs/torch.md. Importable only where torch is installed.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import math
 import os
 import threading
@@ -59,6 +60,7 @@ __all__ = [
     "direct_calls",
     "forget_kernels",
     "kernel_family",
+    "kernel_identity",
     "kernel_for",
     "kernel_of",
     "loaded_kernels",
@@ -314,6 +316,7 @@ def problem_memo(input, weight_size, grad_output, stride, padding, dilation, gro
 # -- kernels ---------------------------------------------------------------------------------------
 _KERNELS: dict[tuple, PreparedCall | DirectCall] = {}
 _PLANS: dict[tuple, tuple] = {}  # the same key -> (plan, IREE flags) of the kernel: torch_ops' deterministic check
+_IDENTITIES: dict[tuple, str] = {}  # the same key -> kernel_identity()
 _LOCK = threading.Lock()
 atexit.register(_KERNELS.clear)  # release IREE's objects before the interpreter tears its bindings down
 
@@ -369,6 +372,9 @@ def kernel_for(problem: ConvBwdWeightProblem, device: torch.device) -> PreparedC
                 op.save(folder)
         _KERNELS[key] = call_for(op, driver, index)
         _PLANS[key] = (op.plan, tuple(op.flags))
+        # the code that runs and how it is launched: what the switch's remembered verdicts are keyed by
+        path = "direct" if type(_KERNELS[key]) is DirectCall else "iree"
+        _IDENTITIES[key] = f"{path}:{hashlib.sha256(bytes(op.vmfb)).hexdigest()[:32]}"
         return _KERNELS[key]
 
 
@@ -386,6 +392,13 @@ def plan_of(problem: ConvBwdWeightProblem, device: torch.device) -> tuple[Any, t
     return _PLANS.get((problem, target, index, torch.are_deterministic_algorithms_enabled()), (None, ()))
 
 
+def kernel_identity(problem: ConvBwdWeightProblem, device: torch.device) -> str | None:
+    """The identity of the kernel :func:`kernel_of` gives (how it is launched, ``direct`` or ``iree``, and the
+    sha256 of its module): another compile, variant or launch path is another identity; None where none is loaded."""
+    target, _, index = target_for(device, problem)
+    return _IDENTITIES.get((problem, target, index, torch.are_deterministic_algorithms_enabled()))
+
+
 def direct_calls() -> list[DirectCall]:
     """Every direct launch this process has loaded (bench/torch_step.py turns their CUDA graphs off and on)."""
     with _LOCK:
@@ -397,6 +410,7 @@ def forget_kernels() -> None:
     with _LOCK:
         _KERNELS.clear()
         _PLANS.clear()
+        _IDENTITIES.clear()
         _PROBLEMS.clear()
 
 

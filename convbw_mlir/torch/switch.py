@@ -7,7 +7,10 @@
 - :func:`enable` / :func:`disable` / :func:`enabled`: a ``torch.library`` override of
   ``aten::convolution_backward`` for the CPU and CUDA dispatch keys that computes dW (``output_mask[1]``)
   with our kernel where the problem qualifies and hands everything else (dx, the bias gradient, problems
-  we do not take) to torch's own kernel, fetched with ``torch.library.get_kernel`` before the override.
+  we do not take) to torch's own kernel, fetched with ``torch.library.get_kernel`` before the override. On a GPU
+  (``benchmark=None``, the default) dW is ours only where our kernel, with every kernel it launches, is faster than
+  torch's for that layer: weighed once on first use and remembered across processes
+  (:mod:`convbw_mlir.dispatch.verdicts`; docs/torch.md#never-slower-per-layer-issue-37-item-4).
 
 Why an override and not a ``TorchDispatchMode``, and what a call costs: docs/torch.md#the-switch.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import platform
 import threading
 import time
 import warnings
@@ -95,11 +99,14 @@ class _Config:
     min_flops: int
     dtypes: frozenset
     layers: Callable[[Any], bool] | None
-    benchmark: bool = False
+    benchmark: bool | None = None  # None: on for the device types of _BENCHMARK_DEVICES
 
 
 # calls timed per side when ``enable(benchmark=True)`` weighs our dW against torch's (after two warm-up calls each)
 BENCHMARK_CALLS = 10
+# where enable()'s default (benchmark=None) weighs: GPUs (ROCm's torch uses the cuda type too); on the CPU, where the
+# switch is for tests and small runs, each timed call of a real layer costs milliseconds to seconds
+_BENCHMARK_DEVICES = frozenset({"cuda"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +212,7 @@ def enable(
     min_flops: int = 0,
     dtypes: Iterable[torch.dtype] = (torch.float16, torch.bfloat16, torch.float32),
     layers: Any = None,
-    benchmark: bool = False,
+    benchmark: bool | None = None,
 ) -> None:
     """Route the weight gradient of every convolution torch computes to our kernels (until :func:`disable`).
 
@@ -220,10 +227,14 @@ def enable(
         layers: None (all), convolution modules (or modules holding some; a problem qualifies when its
             weight shape, stride, padding, dilation and groups are one of theirs), or a callable taking
             that tuple and returning whether to take it.
-        benchmark: time our dW against torch's own the first time each problem comes (as
-            ``torch.backends.cudnn.benchmark`` picks an algorithm: :data:`BENCHMARK_CALLS` calls each after a
-            warm-up, CUDA events on a GPU, the host clock on the CPU) and keep the faster for the process
-            (``stats()`` counts the others as ``torch: slower than torch's (benchmark)``).
+        benchmark: take our dW only where it, with every kernel it launches, is faster than torch's own: timed
+            the first time each problem comes (as ``torch.backends.cudnn.benchmark`` picks an algorithm:
+            :data:`BENCHMARK_CALLS` calls each after a warm-up, CUDA events on a GPU, the host clock on the CPU;
+            never while a CUDA graph is captured) and remembered across processes in the kernel cache's folder
+            (:mod:`convbw_mlir.dispatch.verdicts`, keyed by problem, target, device name, torch and cuDNN
+            versions and our kernel's identity), so a later process decides without timing. ``stats()`` counts
+            the others as ``torch: slower than torch's (benchmark)`` or ``(remembered)``. None (the default):
+            on for GPUs, off on the CPU; False: ours wherever we have a kernel.
 
     Raises:
         TypeError / ValueError: naming the argument.
@@ -232,8 +243,8 @@ def enable(
     if isinstance(min_flops, bool) or not isinstance(min_flops, int) or min_flops < 0:
         raise ValueError(f"min_flops: expected an int >= 0, got {min_flops!r}")
     dtypes = _dtype_set(dtypes)
-    if not isinstance(benchmark, bool):
-        raise TypeError(f"benchmark: expected True or False, got {benchmark!r}")
+    if benchmark is not None and not isinstance(benchmark, bool):
+        raise TypeError(f"benchmark: expected True, False or None (on for GPUs), got {benchmark!r}")
     config = _Config(min_flops, dtypes, _layer_filter(layers), benchmark)
     if not hasattr(torch.library, "get_kernel"):
         raise RuntimeError(
@@ -413,11 +424,12 @@ def _override(original: Any) -> Callable:
             if len(decisions) > 4096:  # a bound for programs that see endless shapes
                 decisions.clear()
             decision = _decide(go, x, w, conf, config)
-            if decision.ours and config.benchmark and aligned and not _capturing(x):
-                decision = _benchmarked(decision, lambda: _our_weight_grad(decision, x, w, go, conf),
-                                        lambda: original.call_boxed(keyset, *args[:-1], [False, True, False]),
-                                        x.device)  # fmt: skip
-            decisions[key] = decision
+            final = True
+            if decision.ours and _benchmarks(config, x):
+                theirs = lambda: original.call_boxed(keyset, *args[:-1], [False, True, False])  # noqa: E731
+                decision, final = _weighed(decision, go, x, w, conf, aligned, theirs)
+            if final:  # an unweighed decision (a capture, unaligned data) is made again on the next call
+                decisions[key] = decision
         if decision.ours and not aligned:
             decision = _UNALIGNED
         if not decision.ours:
@@ -477,8 +489,77 @@ def _time(call: Callable[[], Any], device: torch.device) -> float:
 
 def _benchmarked(
     decision: Decision, ours: Callable[[], Any], theirs: Callable[[], Any], device: torch.device
-) -> Decision:
-    """``decision`` where our dW takes no longer than torch's own (:func:`_time`), else torch's."""
-    if _time(ours, device) <= _time(theirs, device):
-        return decision
-    return Decision(False, "slower than torch's (benchmark)")
+) -> tuple[Decision, float, float]:
+    """``decision`` where our dW takes no longer than torch's own (:func:`_time`), else torch's; and the two times."""
+    ours_s, theirs_s = _time(ours, device), _time(theirs, device)
+    if ours_s <= theirs_s:
+        return decision, ours_s, theirs_s
+    return Decision(False, "slower than torch's (benchmark)"), ours_s, theirs_s
+
+
+# -- never slower per layer: weighed once, remembered across processes ---------------------------------
+def _benchmarks(config: _Config, x: torch.Tensor) -> bool:
+    """Whether the settings weigh our dW against torch's on x's device."""
+    return config.benchmark if config.benchmark is not None else x.device.type in _BENCHMARK_DEVICES
+
+
+def _weighed(
+    decision: Decision, go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, conf: tuple, aligned: bool,
+    theirs: Callable[[], Any],
+) -> tuple[Decision, bool]:  # fmt: skip
+    """``decision`` (ours) or torch's, from the verdict remembered for this layer, else timed now and remembered;
+    and whether that is final (False: not timed, where a CUDA graph is being captured or the data is unaligned)."""
+    from convbw_mlir.dispatch.verdicts import Verdict, VerdictStore
+
+    try:
+        key = _verdict_key(decision, go, x, w, conf)
+        store = VerdictStore() if key is not None else None  # the folder as $CONVBW_CACHE_DIR says now
+    except Exception as e:  # e.g. a bad $CONVBW_CACHE_MAX_BYTES: weighed all the same, for this process only
+        ct.warn_once(f"convbw_mlir.torch.enable: switch verdicts not remembered: {type(e).__name__}: {e}")
+        store = None
+    if store is not None:
+        verdict = store.get(key)
+        if verdict is not None:
+            return (decision if verdict.ours else Decision(False, "slower than torch's (remembered)")), True
+    if not aligned or _capturing(x):
+        return decision, False
+    weighed, ours_s, torch_s = _benchmarked(decision, lambda: _our_weight_grad(decision, x, w, go, conf), theirs,
+                                            x.device)  # fmt: skip
+    if store is not None:
+        store.put(key, Verdict(weighed.ours, ours_s, torch_s))
+    return weighed, True
+
+
+def _device_name(device: torch.device) -> str:
+    """The device's model (what its times hold for): the GPU's name, or the CPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu {platform.processor() or platform.machine()}"
+
+
+def _verdict_key(decision: Decision, go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, conf: tuple) -> Any:
+    """Everything the two times depend on, as the verdict store keys them: the problem and where it runs, torch's
+    and cuDNN's versions and settings, our kernel (its identity) and the copies around it; None where our kernel's
+    identity is unknown (nothing is remembered then)."""
+    stride, padding, dilation, _, _, groups = conf
+    xd = _dense(x)
+    memo = ct.problem_memo(xd, list(w.shape), _like(go, xd), list(stride), list(padding), list(dilation), int(groups))
+    identity = ct.kernel_identity(memo.problem, x.device)
+    if identity is None:
+        return None
+    cudnn = torch.backends.cudnn
+    return {
+        "problem": memo.problem.to_dict(),
+        "target": ct.target_for(x.device, memo.problem)[0],
+        "device": _device_name(x.device),
+        "torch": str(torch.__version__),
+        "cudnn": str(cudnn.version() if cudnn.is_available() else None),
+        "kernel": identity,
+        # ours: the copies of x, dy and dW around the kernel; torch's: the weight's format and its algorithm settings
+        "copies": [decision.copy_x, str(decision.dy_format), list(decision.dw_strides or ())],
+        "weight_format": (ct.memory_formats(w) or ["strided"])[0],
+        "deterministic": bool(_deterministic()),
+        "cudnn_benchmark": bool(cudnn.benchmark),
+        "tf32": bool(cudnn.allow_tf32) if x.dtype == torch.float32 else None,
+        "calls": BENCHMARK_CALLS,
+    }
