@@ -76,6 +76,17 @@ def _torch_kernel_folder(tmp_path_factory):
     return tmp_path_factory.mktemp("torch_art")
 
 
+@pytest.fixture
+def torch_switch_off():
+    """Every test of the torch switch starts and ends with torch's own convolution_backward and fresh counters."""
+    from convbw_mlir import torch as ct
+
+    ct.disable()
+    ct.reset_stats()
+    yield
+    ct.disable()
+
+
 @pytest.fixture(scope="module")
 def torch_artifacts(_torch_kernel_folder):
     """The torch entry's CONVBW_ARTIFACTS for a module's tests: one folder per test run, so the torch tests compile

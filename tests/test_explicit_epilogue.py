@@ -64,7 +64,8 @@ def test_plan_keeps_the_explicit_kernel_for_epilogue_problems(ep):
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"producers": 4}, "producers: 4 with a bilinear epilogue"), ({"streamk": 3}, "streamk: 3 with the bilinear epilogue (StreamK")],
+    [({"producers": 4}, "producers: 4 with a bilinear epilogue"),
+     ({"streamk": 3}, "streamk: 3 with the bilinear epilogue (StreamK")],
 )  # fmt: skip
 def test_forms_without_an_epilogue_refuse_it_by_name(options, message):
     p = BASE.with_(layout=4 if "streamk" in options else 2, epilogue=Epilogue("bilinear", 2.0, 2.0))

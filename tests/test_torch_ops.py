@@ -19,16 +19,7 @@ from convbw_mlir.torch import switch as torch_ops  # noqa: E402
 F = torch.nn.functional
 
 
-pytestmark = pytest.mark.usefixtures("torch_artifacts")  # conftest: one kernel folder for the torch tests
-
-
-@pytest.fixture(autouse=True)
-def _switch_off():
-    """Every test starts and ends with torch's own convolution_backward and fresh counters."""
-    ct.disable()
-    ct.reset_stats()
-    yield
-    ct.disable()
+pytestmark = pytest.mark.usefixtures("torch_artifacts", "torch_switch_off")  # conftest: one kernel folder; switch off
 
 
 def _model(seed=0):

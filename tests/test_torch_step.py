@@ -14,14 +14,6 @@ from convbw_mlir.problem import ConvBwdWeightProblem  # noqa: E402
 from convbw_mlir.torch import entry as ct_entry  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _switch_off():
-    ct.disable()
-    ct.reset_stats()
-    yield
-    ct.disable()
-
-
 def _example():
     from conftest import ROOT
 
@@ -29,6 +21,9 @@ def _example():
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     return example
+
+
+pytestmark = pytest.mark.usefixtures("torch_switch_off")  # conftest: the switch off before and after
 
 
 def test_the_switch_calls_a_direct_kernel_itself_without_the_entry_points_per_call_memo(monkeypatch):

@@ -18,18 +18,10 @@ from convbw_mlir.dispatch.cache import KernelCache  # noqa: E402
 from convbw_mlir.torch import entry as ct_entry  # noqa: E402
 from convbw_mlir.torch import switch as sw  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("torch_artifacts")  # conftest: one kernel folder for the torch tests
+pytestmark = pytest.mark.usefixtures("torch_artifacts", "torch_switch_off")  # conftest: one kernel folder; switch off
 
 SLOWER = "torch: slower than torch's (benchmark)"
 REMEMBERED = "torch: slower than torch's (remembered)"
-
-
-@pytest.fixture(autouse=True)
-def _switch_off():
-    ct.disable()
-    ct.reset_stats()
-    yield
-    ct.disable()
 
 
 @pytest.fixture
