@@ -6,7 +6,8 @@ Two halves, on two machines (torchvision does not load on this machine's CPU tor
     python3 bench/raise_zoo.py export --out DIR [--models resnet18,...]     # there: torch + torchvision (+ timm,
         # transformers where installed); each zoo model's training step (bench/step_export.py: eval mode, f32,
         # batch 2, the zoo's input sizes, parameters as inputs: no weights in the files) as DIR/<model>.pt2,
-        # and DIR/export.json (torch's version, each model's status and why one did not export)
+        # and DIR/export.json (torch's version, each model's status and why one did not export); --jobs 12: twelve
+        # models at a time, each in its own process
     .venv/bin/python bench/raise_zoo.py count DIR [--out bench/results/raise_zoo_2026-12-06]      # here
 
 ``count`` loads each ``.pt2`` (torch.export.load), counts its ``aten.convolution_backward`` calls that compute
@@ -28,10 +29,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.append(str(HERE.parent))  # convbw_mlir.torch.zoo from the checkout where no wheel is installed
 
 import torch  # noqa: E402
 
-__all__ = ["count_model", "expected_convs", "export_zoo", "main", "match"]
+__all__ = ["count_model", "expected_convs", "export_one", "export_zoo", "main", "match"]
 
 # a problem as both sides know it: groups, batch, C and K a group, input size, filter, stride, dilation, low pads
 Key = tuple
@@ -75,30 +77,58 @@ def _build(source: str, name: str, options: dict) -> tuple[torch.nn.Module, tupl
     return model, (x,)
 
 
-def export_zoo(out: Path, names: set[str] | None = None, log=print) -> dict[str, Any]:  # noqa: ANN001
-    """Each zoo model's training step as ``out/<model>.pt2``; returns (and writes as ``out/export.json``) each
-    model's status: ``exported`` with the file's size and seconds, or ``failed`` with why."""
+def export_one(source: str, name: str, options: dict, out: Path) -> dict[str, Any]:
+    """Zoo model ``name``'s training step as ``out/<name>.pt2``: its status, ``exported`` (with the file's size)
+    or ``failed`` (with why), and the seconds it took."""
     from step_export import export_step
+
+    start = time.perf_counter()
+    try:
+        model, inputs = _build(source, name, options)
+        program = export_step(model, *inputs)
+        path = out / f"{name}.pt2"
+        torch.export.save(program, path)
+        entry = {"source": source, "status": "exported", "bytes": path.stat().st_size}
+    except Exception as e:  # noqa: BLE001 - a model that does not export is named with why, not fatal
+        entry = {"source": source, "status": "failed", "why": f"{type(e).__name__}: {_first_line(e)}"}
+    entry["seconds"] = round(time.perf_counter() - start, 1)
+    return entry
+
+
+def export_zoo(out: Path, names: set[str] | None = None, jobs: int = 1, log=print) -> dict[str, Any]:  # noqa: ANN001
+    """Each zoo model's training step as ``out/<model>.pt2``, ``jobs`` models at a time (each in its own process
+    where ``jobs`` > 1); returns (and writes as ``out/export.json``) each model's status."""
+    from concurrent.futures import ProcessPoolExecutor
 
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"torch": torch.__version__, "models": {}}
-    for source, name, options in _zoo():
-        if names and name not in names:
-            continue
-        start = time.perf_counter()
-        try:
-            model, inputs = _build(source, name, options)
-            program = export_step(model, *inputs)
-            path = out / f"{name}.pt2"
-            torch.export.save(program, path)
-            entry = {"source": source, "status": "exported", "bytes": path.stat().st_size}
-        except Exception as e:  # noqa: BLE001 - a model that does not export is named with why, not fatal
-            entry = {"source": source, "status": "failed", "why": f"{type(e).__name__}: {_first_line(e)}"}
-        entry["seconds"] = round(time.perf_counter() - start, 1)
-        report["models"][name] = entry
-        log(f"{name}: {entry['status']} {entry.get('why', entry.get('bytes', ''))} ({entry['seconds']} s)")
-        (out / "export.json").write_text(json.dumps(report, indent=1))
+    todo = [(s, n, o) for s, n, o in _zoo() if not names or n in names]
+    if names and len(todo) < len(names):
+        raise ValueError(f"--models: not in the zoo: {', '.join(sorted(names - {n for _, n, _ in todo}))}")
+    with ProcessPoolExecutor(jobs) if jobs > 1 else _Inline() as pool:
+        futures = {name: pool.submit(export_one, source, name, options, out) for source, name, options in todo}
+        for name, future in futures.items():
+            entry = report["models"][name] = future.result()
+            log(f"{name}: {entry['status']} {entry.get('why', entry.get('bytes', ''))} ({entry['seconds']} s)")
+            (out / "export.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+class _Inline:
+    """A pool of one that runs each call as it is submitted (no child: a debugger and a traceback see it)."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def submit(self, fn, *args):  # noqa: ANN001, ANN201
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
 
 
 def _first_line(e: BaseException) -> str:
@@ -301,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="the zoo's training steps as .pt2 (needs torchvision)")
     e.add_argument("--out", type=Path, required=True)
     e.add_argument("--models", default="", help="comma-separated zoo model names (default: all)")
+    e.add_argument("--jobs", type=int, default=1, help="models exported at a time, each in its own process")
     c = sub.add_parser("count", help="raise every .pt2 of DIR and count")
     c.add_argument("dir", type=Path)
     c.add_argument("--out", type=Path, default=HERE / "results" / "raise_zoo_2026-12-06")
@@ -309,7 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     names = {n for n in args.models.split(",") if n} or None
     if args.verb == "export":
-        export_zoo(args.out, names)
+        if args.jobs < 1:
+            p.error(f"--jobs: must be >= 1, got {args.jobs}")
+        try:
+            report = export_zoo(args.out, names, args.jobs)
+        except ValueError as e:
+            p.error(str(e))
+        done = sum(m["status"] == "exported" for m in report["models"].values())
+        print(f"exported {done} of {len(report['models'])} models to {args.out}")
         return 0
     if not args.dir.is_dir():
         p.error(f"dir: {args.dir} is not a folder")

@@ -44,8 +44,11 @@ class _Step(nn.Module):
 def trainable(model: nn.Module, *inputs: torch.Tensor) -> list[str]:
     """Turn off ``requires_grad`` of the parameters the loss does not reach (an eval-mode auxiliary head: the joint
     export refuses a parameter without a gradient); found by one step on the ``meta`` device. Returns their names."""
-    meta = copy.deepcopy(model).to("meta")
-    loss_of(meta(*(x.to("meta") for x in inputs))).backward()
+    try:
+        meta = copy.deepcopy(model).to("meta")
+        loss_of(meta(*(x.to("meta") for x in inputs))).backward()
+    except Exception:  # noqa: BLE001 - a model that does not run on meta: the export itself says what it lacks
+        return []
     unused = [n for n, p in meta.named_parameters() if p.requires_grad and p.grad is None]
     params = dict(model.named_parameters())
     for n in unused:
