@@ -5,21 +5,23 @@ Two halves, on two machines (torchvision does not load on this machine's CPU tor
 
     python3 bench/raise_zoo.py export --out DIR [--models resnet18,...]     # there: torch + torchvision (+ timm,
         # transformers where installed); each zoo model's training step (bench/step_export.py: eval mode, f32,
-        # batch 2, the zoo's input sizes, parameters as inputs: no weights in the files) as DIR/<model>.pt2,
+        # batch 2, the zoo's input sizes, parameters as inputs: no weights in the files) as DIR/<model>.pt2.gz,
         # and DIR/export.json (torch's version, each model's status and why one did not export); --jobs 12: twelve
         # models at a time, each in its own process
     .venv/bin/python bench/raise_zoo.py count DIR [--out bench/results/raise_zoo_2026-12-06]      # here
 
-``count`` loads each ``.pt2`` (torch.export.load), counts its ``aten.convolution_backward`` calls that compute
-the weight gradient (output mask's second entry) as the problems they are, runs IREE's input phase (in a child
-process: a crash is that model's failure) and ``convbw-raise{remarks=true}``, and matches the raised problems to
-the counted ones. Each one left over is exported again alone (the same call, shapes and type) and raised alone:
-the remark there is its reason. Writes ``count.json`` and ``count.md``.
+``count`` loads each ``.pt2`` or ``.pt2.gz`` (torch.export.load), counts its ``aten.convolution_backward`` calls
+that compute the weight gradient (output mask's second entry) as the problems they are, runs IREE's input phase
+(in a child process: a crash is that model's failure) and ``convbw-raise{remarks=true}``, and matches the raised
+problems to the counted ones. Each one left over is exported again alone (the same call, shapes and type) and
+raised alone: the remark there is its reason. Writes ``count.json`` and ``count.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import json
 import sys
 import time
@@ -78,7 +80,7 @@ def _build(source: str, name: str, options: dict) -> tuple[torch.nn.Module, tupl
 
 
 def export_one(source: str, name: str, options: dict, out: Path) -> dict[str, Any]:
-    """Zoo model ``name``'s training step as ``out/<name>.pt2``: its status, ``exported`` (with the file's size)
+    """Zoo model ``name``'s training step as ``out/<name>.pt2.gz``: its status, ``exported`` (with the file's size)
     or ``failed`` (with why), and the seconds it took."""
     from step_export import export_step
 
@@ -86,8 +88,10 @@ def export_one(source: str, name: str, options: dict, out: Path) -> dict[str, An
     try:
         model, inputs = _build(source, name, options)
         program = export_step(model, *inputs)
-        path = out / f"{name}.pt2"
-        torch.export.save(program, path)
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        path = out / f"{name}.pt2.gz"  # the graph's JSON compresses ~20x: the 44 models fit what travels back
+        path.write_bytes(gzip.compress(buffer.getvalue()))
         entry = {"source": source, "status": "exported", "bytes": path.stat().st_size}
     except Exception as e:  # noqa: BLE001 - a model that does not export is named with why, not fatal
         entry = {"source": source, "status": "failed", "why": f"{type(e).__name__}: {_first_line(e)}"}
@@ -96,7 +100,7 @@ def export_one(source: str, name: str, options: dict, out: Path) -> dict[str, An
 
 
 def export_zoo(out: Path, names: set[str] | None = None, jobs: int = 1, log=print) -> dict[str, Any]:  # noqa: ANN001
-    """Each zoo model's training step as ``out/<model>.pt2``, ``jobs`` models at a time (each in its own process
+    """Each zoo model's training step as ``out/<model>.pt2.gz``, ``jobs`` models at a time (each in its own process
     where ``jobs`` > 1); returns (and writes as ``out/export.json``) each model's status."""
     from concurrent.futures import ProcessPoolExecutor
 
@@ -249,14 +253,15 @@ def count_model(path: Path, timeout: float = 600) -> dict[str, Any]:
     from convbw_mlir.targets import resolve
 
     start = time.perf_counter()
-    program = _decomposed(torch.export.load(path))
+    data = path.read_bytes()
+    program = _decomposed(torch.export.load(io.BytesIO(gzip.decompress(data) if path.suffix == ".gz" else data)))
     expected = expected_convs(program)
     torch_ir = _torch_ir(program)
     calls = {key: c for key, c in expected}
     try:
         flags = ["--iree-input-type=torch", "--compile-to=input"]
         data = isolated(iree_compile, torch_ir, resolve("host"), flags, source_name="torch.mlir",
-                        what=f"IREE's input phase of {path.stem}", timeout=timeout)  # fmt: skip
+                        what=f"IREE's input phase of {path.name}", timeout=timeout)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - IREE refused the model: none of its convolutions reaches our pass
         why = f"IREE's input phase failed on the model: {type(e).__name__}: {_first_line(e)}"
         return {"expected": len(expected), "raised": 0, "raised_other": 0, "remarks": {}, "input_phase_failed": why,
@@ -275,21 +280,23 @@ def count_model(path: Path, timeout: float = 600) -> dict[str, Any]:
 
 
 def count_dir(folder: Path, out: Path, names: set[str] | None = None, timeout: float = 600, log=print) -> dict:  # noqa: ANN001
-    """Count every ``folder/*.pt2``; write ``out/count.json`` and ``out/count.md``; return the json's dict."""
+    """Count every ``folder/*.pt2`` and ``*.pt2.gz``; write ``out/count.json`` and ``out/count.md``; return the
+    json's dict."""
     exported = json.loads((folder / "export.json").read_text()) if (folder / "export.json").is_file() else {}
     report: dict[str, Any] = {"torch_export": exported.get("torch"), "torch_count": torch.__version__, "models": {}}
     for name, entry in exported.get("models", {}).items():
         if entry["status"] != "exported" and (not names or name in names):
             report["models"][name] = {"status": "not exported", "why": entry.get("why", "")}
-    for path in sorted(folder.glob("*.pt2")):
-        if names and path.stem not in names:
+    for path in sorted([*folder.glob("*.pt2"), *folder.glob("*.pt2.gz")]):
+        name = path.name.split(".")[0]
+        if names and name not in names:
             continue
         try:
             entry = {"status": "counted", **count_model(path, timeout)}
         except Exception as e:  # noqa: BLE001 - a model that does not load or import is named with why
             entry = {"status": "failed", "why": f"{type(e).__name__}: {_first_line(e)}"}
-        report["models"][path.stem] = entry
-        log(f"{path.stem}: {entry.get('raised', '-')}/{entry.get('expected', '-')} {entry.get('why', '')}")
+        report["models"][name] = entry
+        log(f"{name}: {entry.get('raised', '-')}/{entry.get('expected', '-')} {entry.get('why', '')}")
         _write(report, out)
     _write(report, out)
     return report

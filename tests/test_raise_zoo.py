@@ -32,16 +32,22 @@ class _Tiny(nn.Module):
 
 @pytest.fixture(scope="module")
 def counted(tmp_path_factory):
-    step_export = bench_script("step_export")
+    """The export half as the GPU machine runs it (the zoo's builder swapped for these models), then the count."""
     raise_zoo = bench_script("raise_zoo")
     folder = tmp_path_factory.mktemp("exports")
     torch.manual_seed(0)
-    for name, transposed in (("tiny", False), ("tiny_transposed", True)):
-        program = step_export.export_step(_Tiny(transposed), torch.randn(2, 3, 8, 8))
-        torch.export.save(program, folder / f"{name}.pt2")
-    (folder / "export.json").write_text(json.dumps({"torch": "test", "models": {
-        "tiny": {"status": "exported"}, "tiny_transposed": {"status": "exported"},
-        "broken": {"status": "failed", "why": "ValueError: no"}}}))  # fmt: skip
+
+    def build(source, name, options):  # noqa: ANN001, ANN202
+        if name == "broken":
+            raise ValueError("no")
+        return _Tiny(name == "tiny_transposed"), (torch.randn(2, 3, 8, 8),)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(raise_zoo, "_zoo", lambda: [("torchvision", n, {}) for n in ("tiny", "tiny_transposed", "broken")])
+        mp.setattr(raise_zoo, "_build", build)
+        exported = raise_zoo.export_zoo(folder, log=lambda _: None)
+    assert [m["status"] for m in exported["models"].values()] == ["exported", "exported", "failed"]
+    assert (folder / "tiny.pt2.gz").is_file() and json.loads((folder / "export.json").read_text())["models"]
     out = tmp_path_factory.mktemp("count")
     return raise_zoo.count_dir(folder, out, log=lambda _: None), out
 
@@ -71,7 +77,7 @@ def test_a_model_iree_refuses_counts_its_convolutions_as_not_raised_with_the_rea
     assert all("failed to legalize operation 'torch.aten.convolution_backward'" in c["why"]
                for c in model["not_raised"])  # fmt: skip
     assert (report["raised"], report["expected"]) == (3, 6)
-    assert report["models"]["broken"] == {"status": "not exported", "why": "ValueError: no"}
+    assert report["models"]["broken"] == {"status": "not exported", "why": "ValueError: no"}  # named, not counted
     assert "tiny_transposed: G=1 N=2 C=8 K=4" in (out / "count.md").read_text()
 
 
