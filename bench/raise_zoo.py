@@ -302,33 +302,52 @@ def count_dir(folder: Path, out: Path, names: set[str] | None = None, timeout: f
     return report
 
 
-def _totals(report: dict) -> tuple[int, int]:
+def _totals(report: dict, imported_only: bool = False) -> tuple[int, int]:
+    """(raised, expected) over the counted models (``imported_only``: those IREE's input phase took)."""
     counted = [m for m in report["models"].values() if m["status"] == "counted"]
+    counted = [m for m in counted if not (imported_only and m.get("input_phase_failed"))]
     return sum(m["raised"] for m in counted), sum(m["expected"] for m in counted)
+
+
+def _share(raised: int, expected: int) -> str:
+    return f"{100 * raised / expected:.2f}%" if expected else "-"
 
 
 def _write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     raised, expected = _totals(report)
     report["raised"], report["expected"] = raised, expected
+    report["raised_imported"], report["expected_imported"] = _totals(report, imported_only=True)
     (out / "count.json").write_text(json.dumps(report, indent=1) + "\n")
-    share = f"{100 * raised / expected:.2f}%" if expected else "-"
+    models = report["models"].values()
+    counted = sum(m["status"] == "counted" for m in models)
+    imported, imported_of = report["raised_imported"], report["expected_imported"]
+    taken = counted - sum(bool(m.get("input_phase_failed")) for m in models)
     lines = [
         "# The zoo's raise count (issue 41)", "",
         f"Exported with torch {report['torch_export']}, counted with torch {report['torch_count']} "
-        "(bench/raise_zoo.py).",
-        f"**{raised} of {expected} weight-gradient convolutions raised ({share})** in "
-        f"{sum(m['status'] == 'counted' for m in report['models'].values())} models.", "",
+        "(bench/raise_zoo.py).", "",
+        f"**{raised} of {expected} weight-gradient convolutions raised ({_share(raised, expected)})** in "
+        f"{counted} models; in the {taken} models IREE's input phase takes: **{imported} of {imported_of} "
+        f"({_share(imported, imported_of)})**.", "",
         "| model | raised | of | seconds | status |", "|---|---|---|---|---|",
     ]  # fmt: skip
     for name, m in report["models"].items():
         if m["status"] == "counted":
-            lines.append(f"| {name} | {m['raised']} | {m['expected']} | {m['seconds']} | counted |")
+            status = "IREE's input phase failed (below)" if m.get("input_phase_failed") else "counted"
+            lines.append(f"| {name} | {m['raised']} | {m['expected']} | {m['seconds']} | {status} |")
         else:
             lines.append(f"| {name} | - | - | - | {m['status']}: {m['why']} |")
-    lines += ["", "## Not raised", ""]
-    rows = [(n, c) for n, m in report["models"].items() if m["status"] == "counted" for c in m["not_raised"]]
-    lines += [f"- {n}: {c['problem']} ({c['call']['dtype']}): {c['why']}" for n, c in rows] or ["none"]
+    lines += ["", "## Not raised, by model and reason", ""]
+    for name, m in report["models"].items():
+        by_why: dict[str, list[str]] = {}
+        for c in m.get("not_raised", []):
+            by_why.setdefault(c["why"], []).append(f"{c['problem']} ({c['call']['dtype']})")
+        for why, problems in by_why.items():
+            shown = "; ".join(dict.fromkeys(problems[:5])) + (" ..." if len(problems) > 5 else "")
+            lines.append(f"- {name}, {len(problems)} convolutions: {why}. E.g. {shown}")
+    if lines[-1] == "":
+        lines.append("none")
     (out / "count.md").write_text("\n".join(lines) + "\n")
 
 
