@@ -102,7 +102,7 @@ def export_one(source: str, name: str, options: dict, out: Path) -> dict[str, An
 def export_zoo(out: Path, names: set[str] | None = None, jobs: int = 1, log=print) -> dict[str, Any]:  # noqa: ANN001
     """Each zoo model's training step as ``out/<model>.pt2.gz``, ``jobs`` models at a time (each in its own process
     where ``jobs`` > 1); returns (and writes as ``out/export.json``) each model's status."""
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"torch": torch.__version__, "models": {}}
@@ -110,9 +110,21 @@ def export_zoo(out: Path, names: set[str] | None = None, jobs: int = 1, log=prin
     if names and len(todo) < len(names):
         raise ValueError(f"--models: not in the zoo: {', '.join(sorted(names - {n for _, n, _ in todo}))}")
     with ProcessPoolExecutor(jobs) if jobs > 1 else _Inline() as pool:
-        futures = {name: pool.submit(export_one, source, name, options, out) for source, name, options in todo}
-        for name, future in futures.items():
-            entry = report["models"][name] = future.result()
+        futures = {
+            pool.submit(export_one, source, name, options, out): (source, name) for source, name, options in todo
+        }
+        for future in as_completed(futures):  # written as each finishes: a call cut short keeps what it had
+            source, name = futures[future]
+            try:
+                entry = future.result()
+            except Exception as e:  # noqa: BLE001 - the worker died (a crash in torch): that model failed
+                entry = {
+                    "source": source,
+                    "status": "failed",
+                    "why": f"{type(e).__name__}: {_first_line(e)}",
+                    "seconds": 0,
+                }
+            report["models"][name] = entry
             log(f"{name}: {entry['status']} {entry.get('why', entry.get('bytes', ''))} ({entry['seconds']} s)")
             (out / "export.json").write_text(json.dumps(report, indent=1))
     return report
