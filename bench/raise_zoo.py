@@ -241,8 +241,18 @@ class _Alone(torch.nn.Module):
         return torch.ops.aten.convolution_backward(dy, x, w, None, *self.args)[1]
 
 
+_WHY: dict[str, str] = {}  # a call's reason, once a run: equal layers (ResNets repeat theirs) compile once
+
+
 def _why_alone(call: dict, timeout: float) -> str:
     """Why ``call``'s weight gradient is not raised: exported alone and raised; its remark, or that alone it is."""
+    key = json.dumps({k: v for k, v in call.items() if k != "mask"}, sort_keys=True)
+    if key not in _WHY:
+        _WHY[key] = _why_alone_uncached(call, timeout)
+    return _WHY[key]
+
+
+def _why_alone_uncached(call: dict, timeout: float) -> str:
     from convbw_mlir.dispatch.module import input_phase
 
     dtype = getattr(torch, call["dtype"].removeprefix("torch."))
