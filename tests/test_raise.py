@@ -155,3 +155,17 @@ def test_a_named_forward_convolution_of_transposed_operands_is_raised_and_gives_
         None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False],
     )[1].numpy()  # fmt: skip
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+
+
+def test_two_of_our_kernels_of_different_shapes_in_one_module_compile_for_sm80():
+    """Our kernels share one entry name; IREE links a target's executables into one LLVM module, where two of
+    different shapes clashed ("multiple public symbols with the name: gemm", ResNet-18's step for sm_80): each is
+    now named after its executable."""
+    lines = (INPUTS / "dense_c64_f16.mlir").read_text().splitlines()
+    start = lines.index("module {")
+    end = len(lines) - 1 - lines[::-1].index("}")
+    body = lines[start + 1 : end]  # the functions: again as @other at 12x12 (another kernel)
+    other = [line.replace("@main", "@other").replace("14x14", "12x12").replace("16x16", "14x14") for line in body]
+    compiled = compile_module("\n".join(lines[: start + 1] + body + other + lines[end:]), "sm_80", isolate=True)
+    assert len(compiled.raised) == 2 and compiled.lowered_ir.count("hal.executable.source") == 2
+    assert "::@convbw_explicit_0" in compiled.lowered_ir and compiled.vmfb

@@ -160,12 +160,41 @@ def _lower(text: str, tgt: Target, use_database: bool) -> tuple[str, list[Raised
             for op in collect_ops(module.operation, convbw.OP_NAME):
                 _refuse_tensor_maps(convbw.problem_of(op), convbw.plan_of(op), tgt)
             build_pass_manager(pipeline[1:], ctx).run(module.operation)
+            _unique_entries(module.operation)
             return str(module), raised, remarks
         except ir.MLIRError as e:
             lines = errors + [f"{d.location}: {d.message}" for d in e.error_diagnostics]
             raise CompileError("\n".join(lines) or str(e)) from None
         finally:
             handle.detach()
+
+
+def _unique_entries(module: Any) -> None:
+    """Name each of our kernels after its executable: they share one entry name (``passes/explicit_kernel.py``
+    ENTRY), and IREE links a target's executables into one LLVM module, where two kernels of different shapes
+    clash ("multiple public symbols with the name: gemm")."""
+    from convbw_mlir.ir_imports import ir
+    from convbw_mlir.passes.framework import collect_ops
+
+    def sym(op: ir.Operation) -> str:
+        return ir.StringAttr(op.attributes["sym_name"]).value
+
+    renamed: set[str] = set()  # executables whose one export (and its function) now bears their name
+    for executable in collect_ops(module, "hal.executable.source"):
+        name, exports = sym(executable), collect_ops(executable, "hal.executable.export")
+        if len(exports) != 1:
+            continue
+        entry = sym(exports[0])
+        for op in (exports[0], *(f for f in collect_ops(executable, "func.func") if sym(f) == entry)):
+            op.attributes["sym_name"] = ir.StringAttr.get(name)
+        renamed.add(name)
+    for dispatch in collect_ops(module, "flow.dispatch"):
+        refs = [str(r) for r in ir.ArrayAttr(dispatch.attributes["entry_points"])]
+        executables = [r.split("::")[0] for r in refs]
+        if any(e[1:] in renamed for e in executables):
+            dispatch.attributes["entry_points"] = ir.Attribute.parse(
+                "[" + ", ".join(f"{e}::{e}" if e[1:] in renamed else r for e, r in zip(executables, refs)) + "]"
+            )
 
 
 def _refuse_tensor_maps(problem: ConvBwdWeightProblem, plan: Any, tgt: Target) -> None:
