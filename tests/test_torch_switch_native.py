@@ -224,3 +224,20 @@ def test_without_a_compiler_native_warns_once_and_the_python_path_computes_dw(tm
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[-2] == "1 False {'ours': 1}", out.stdout + out.stderr
+
+
+def test_a_process_that_used_the_native_path_exits_cleanly():
+    # the table's entries hold Python callables: freed by static destructors after Python's end, they crashed the
+    # process at exit (a segmentation fault after bench/torch_switch_hotpath.py's last line)
+    script = textwrap.dedent("""
+        import torch
+        from convbw_mlir import torch as ct
+        m = torch.nn.Conv2d(4, 8, 3, padding=1)
+        x = torch.randn(2, 4, 6, 6)
+        ct.enable(native=True)
+        for _ in range(2):
+            m(x).sum().backward()
+        print(ct.stats())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert (out.returncode, out.stdout.strip()) == (0, "{'ours': 2}"), out.stderr[-2000:]

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -46,7 +47,7 @@ struct Entry {
   PyObject* dw = nullptr;  // ours: callable(x, w, grad_output) -> dW (owned); null: torch's
   Entry(int r, PyObject* f) : reason(r), dw(f) { Py_XINCREF(dw); }
   ~Entry() {
-    if (dw != nullptr) {
+    if (dw != nullptr && Py_IsInitialized()) {
       py::gil_scoped_acquire gil;  // the last holder may be a thread without the GIL
       Py_DECREF(dw);
     }
@@ -64,7 +65,8 @@ struct KeyHash {
 
 std::atomic<int> g_mode{kOff};
 std::shared_mutex g_lock;
-std::unordered_map<Key, std::shared_ptr<const Entry>, KeyHash> g_table;
+// never destroyed: at exit Python is gone before static destructors run, and entries hold Python callables
+auto& g_table = *new std::unordered_map<Key, std::shared_ptr<const Entry>, KeyHash>();
 // the id of the switch's settings (the Python side numbers each distinct one, never reusing a number): the first
 // element of every key, so decisions made under other settings are never taken and come back when they do
 std::atomic<int64_t> g_settings{-1};
@@ -147,7 +149,7 @@ Result miss(int mode, const Key* key, const Tensor& go, const Tensor& x, const T
       Key k = *key;
       k[0] = settings;  // remembered under the settings it was decided under (they may have changed meanwhile)
       auto e = std::make_shared<const Entry>(reason, out[5].is_none() ? nullptr : out[5].ptr());
-      decltype(g_table) old;  // freed outside the lock
+      std::remove_reference_t<decltype(g_table)> old;  // freed outside the lock
       std::unique_lock lock(g_lock);
       if (g_table.size() >= kMaxEntries) old.swap(g_table);
       g_table.emplace(std::move(k), std::move(e));
@@ -238,7 +240,7 @@ void set_state(int mode, int64_t settings, py::object miss_fn) {
 }
 
 void clear() {
-  decltype(g_table) old;  // freed after the lock is released (with the GIL: the caller is Python)
+  std::remove_reference_t<decltype(g_table)> old;  // freed after the lock is released (with the GIL: Python calls)
   std::unique_lock lock(g_lock);
   old.swap(g_table);
 }
