@@ -5,6 +5,7 @@ failing build falling back to the Python path with one warning (docs/torch.md#th
 Named to run after test_torch_ops.py: once registered, the C++ kernel stays for the process (as the Python one
 does), and the Python switch's own tests run first without it."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -241,3 +242,32 @@ def test_a_process_that_used_the_native_path_exits_cleanly():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert (out.returncode, out.stdout.strip()) == (0, "{'ours': 2}"), out.stderr[-2000:]
+
+
+def test_a_direct_launch_decision_gets_dw_allocated_in_cxx_with_the_kernels_layout(monkeypatch):
+    # the GPU's common case (a DirectCall on x and dy as they come), stood in for on the CPU: C++ allocates dW in
+    # the layout the decision holds and the kernel fills it; a wrong size or stride would show in `seen`
+    x, dy = torch.randn(2, 4, 6, 6), torch.randn(2, 8, 6, 6)
+    w = torch.randn(8, 4, 3, 3)
+    want = aten(dy, x, w, *ARGS, [False, True, False])[1]
+    seen = []
+
+    def kernel(x_in, dy_in, out):  # x and dy as they came, dW filled (computing it here would recurse into us)
+        seen.append(
+            (x_in.data_ptr() == x.data_ptr(), dy_in.data_ptr() == dy.data_ptr(), tuple(out.shape), out.stride())
+        )
+        out.copy_(want)
+
+    decide = sw._decide
+    monkeypatch.setattr(
+        sw, "_decide", lambda *a: dataclasses.replace(decide(*a), direct=(kernel, ((8, 4, 3, 3), (36, 9, 3, 1))))
+    )
+    python_calls, weight_grad = [], sw._weight_grad
+    monkeypatch.setattr(sw, "_weight_grad", lambda *a: python_calls.append(1) or weight_grad(*a))
+    ct.enable(native=True)
+    for _ in range(3):
+        got = aten(dy, x, w, *ARGS, [False, True, False])[1]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert seen == [(True, True, (8, 4, 3, 3), (36, 9, 3, 1))] * 3  # the miss (Python's allocation), then twice C++'s
+    assert native.counts() == {"ours": 2}
+    assert len(python_calls) == 1  # the Python switch's dW path for the miss only

@@ -172,18 +172,27 @@ def _reason(why: str) -> int:
 @torch.compiler.disable  # called from C++ under compiled code's backward: never traced
 def _miss(*args: Any) -> tuple:
     """A call the C++ table does not hold, through the Python switch whole: (dx, dW, db, the id of the settings
-    it was decided under, the C++ counter to remember it by (-1: not to), ours: the callable for dW)."""
+    it was decided under, the C++ counter to remember it by (-1: not to), ours: the callable for dW, and for a
+    direct launch dW's (size, strides), which the C++ side allocates and the callable, the kernel, fills)."""
     key = "CUDA" if args[1].is_cuda else "CPU"
     sw._SEEN.seen = None
     dx, dw, db = sw._STATE["kernels"][key](_KEYSETS[key], *args)
     seen, sw._SEEN.seen = getattr(sw._SEEN, "seen", None), None
     if seen is None:
-        return dx, dw, db, -1, -1, None
+        return dx, dw, db, -1, -1, None, None
     active, decision, conf = seen
     settings = _STATE["settings"].get(active.config, -1)  # -1: numbered no more (started over): not remembered
-    if decision.ours:
-        return dx, dw, db, settings, 0, functools.partial(_weight_grad, decision, conf)
-    return dx, dw, db, settings, _reason(decision.why), None
+    if not decision.ours:
+        return dx, dw, db, settings, _reason(decision.why), None, None
+    if (
+        decision.direct is not None
+        and not decision.copy_x
+        and decision.dy_format is None
+        and decision.dw_strides is None
+    ):
+        kernel, (size, strides) = decision.direct  # what switch._weight_grad does, dW allocated in C++
+        return dx, dw, db, settings, 0, torch.compiler.disable(kernel.__call__), (tuple(size), tuple(strides))
+    return dx, dw, db, settings, 0, functools.partial(_weight_grad, decision, conf), None
 
 
 @torch.compiler.disable

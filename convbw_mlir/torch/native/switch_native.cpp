@@ -13,6 +13,7 @@
 #include <ATen/DeviceGuard.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/convolution_backward_native.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -44,7 +45,10 @@ constexpr size_t kMaxEntries = 4096;  // the Python memo's bound too: programs t
 
 struct Entry {
   int reason = 0;         // the counter a call of this signature adds to
-  PyObject* dw = nullptr;  // ours: callable(x, w, grad_output) -> dW (owned); null: torch's
+  PyObject* dw = nullptr;  // ours: callable(x, w, grad_output) -> dW, or with `direct` kernel(x, grad_output, dW)
+                           // into a dW allocated here (owned); null: torch's
+  bool direct = false;     // a direct launch on x and dy as they come: dW of this size and these strides
+  std::vector<int64_t> size, strides;
   Entry(int r, PyObject* f) : reason(r), dw(f) { Py_XINCREF(dw); }
   ~Entry() {
     if (dw != nullptr && Py_IsInitialized()) {
@@ -148,7 +152,12 @@ Result miss(int mode, const Key* key, const Tensor& go, const Tensor& x, const T
     if (mode == kTable && key != nullptr && reason >= 0 && reason < kReasons && settings >= 0) {
       Key k = *key;
       k[0] = settings;  // remembered under the settings it was decided under (they may have changed meanwhile)
-      auto e = std::make_shared<const Entry>(reason, out[5].is_none() ? nullptr : out[5].ptr());
+      auto e = std::make_shared<Entry>(reason, out[5].is_none() ? nullptr : out[5].ptr());
+      if (!out[6].is_none()) {  // (size, strides) of dW for a direct launch
+        e->direct = true;
+        for (auto v : py::reinterpret_borrow<py::tuple>(out[6])[0]) e->size.push_back(v.cast<int64_t>());
+        for (auto v : py::reinterpret_borrow<py::tuple>(out[6])[1]) e->strides.push_back(v.cast<int64_t>());
+      }
       std::remove_reference_t<decltype(g_table)> old;  // freed outside the lock
       std::unique_lock lock(g_lock);
       if (g_table.size() >= kMaxEntries) old.swap(g_table);
@@ -198,8 +207,12 @@ Result convolution_backward(const Tensor& go, const Tensor& x, const Tensor& w, 
     RECORD_FUNCTION("convbw::conv_weight", std::vector<c10::IValue>());  // torch.profiler tells ours from torch's
     py::gil_scoped_acquire gil;
     try {
-      py::object out = py::handle(e->dw)(wrap(x), wrap(w), wrap(go));
-      dw = unwrap(out, "dW");
+      if (e->direct) {  // dW allocated here (the Python allocation and two frames fewer), the kernel queues it
+        dw = at::empty_strided(e->size, e->strides, x.options());
+        py::handle(e->dw)(wrap(x), wrap(go), wrap(dw));
+      } else {
+        dw = unwrap(py::handle(e->dw)(wrap(x), wrap(w), wrap(go)), "dW");
+      }
     } catch (py::error_already_set& err) {
       err.restore();
       e.reset();
