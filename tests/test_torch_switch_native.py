@@ -271,3 +271,41 @@ def test_a_direct_launch_decision_gets_dw_allocated_in_cxx_with_the_kernels_layo
     assert seen == [(True, True, (8, 4, 3, 3), (36, 9, 3, 1))] * 3  # the miss (Python's allocation), then twice C++'s
     assert native.counts() == {"ours": 2}
     assert len(python_calls) == 1  # the Python switch's dW path for the miss only
+
+
+def test_native_under_torch_compile_runs_our_kernel_from_the_compiled_backward():
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    ct.enable(native=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    for _ in range(2):
+        model.zero_grad()
+        x.grad = None
+        compiled(x).square().sum().backward()
+        for g, w in zip([x.grad] + [p.grad for p in model.parameters()], want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert ct.stats() == {"ours": 4}
+    assert native.counts() == {"ours": 2}
+
+
+def test_a_compiled_function_that_calls_backward_runs_the_native_path_eagerly_after_its_graph_break():
+    # dynamo's frame hook is live in that backward: the Python the C++ kernel calls must not be traced
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    ct.enable(native=True)
+    _grads(model, x)  # decided: the step's calls are the table's
+
+    def step(t):
+        loss = model(t).square().sum()
+        loss.backward()
+        return loss
+
+    model.zero_grad()
+    x.grad = None
+    ct.reset_stats()
+    torch._dynamo.reset()
+    torch._dynamo.explain(step)(x)
+    for g, w in zip([p.grad for p in model.parameters()], want[1:], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert native.counts() == {"ours": 2}
