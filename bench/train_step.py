@@ -174,14 +174,22 @@ def part(ns: argparse.Namespace) -> dict:
     sides = {"torch": fresh(), "ours": fresh(), "ours_bench": fresh(), "torch2": fresh()}
     rows: dict[str, list] = {s: [] for s in sides}
     saved: dict[str, dict] = {"ours": {}, "ours_bench": {}}  # each switch's decisions, kept across its turns
+    records: dict = {}  # each ours side's switch record (its settings and memo), put back for its steps
 
     def step(side: str, i: int) -> tuple[float, float, float]:
         forward, opt = sides[side]
         x, y = batches[i % len(batches)]
         if ns.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        if side in saved:  # outside the timed window: turning the switch on clears its decisions; put them back
-            ct.enable(benchmark=side == "ours_bench")
+        if side in saved:  # outside the timed window: the side's own switch record back, decisions and all (the
+            # C++ hot path's table is an enable()'s own: a new enable() a step would decide every call anew there)
+            if side in records:
+                with sw._SWITCH_LOCK:
+                    sw._STATE["active"] = records[side]
+                    native.sync(records[side])
+            else:
+                ct.enable(benchmark=side == "ours_bench")
+                records[side] = sw._STATE["active"]
             sw.decisions().update(saved[side])
         torch.backends.cudnn.benchmark = side == "torch2"  # torch's spread: its own other algorithms
         try:

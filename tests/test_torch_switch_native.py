@@ -92,20 +92,32 @@ def test_native_disable_gives_torchs_kernel_bit_for_bit_and_counts_nothing():
     assert ct.stats() == {}
 
 
-def test_native_remembers_torchs_reason_and_each_settings_own_decisions():
+def test_native_remembers_torchs_reason_and_each_enables_own_decisions():
     model, x = _model(), _x()
     ct.enable(native=True, min_flops=1 << 60)
     _grads(model, x), _grads(model, x)
     assert ct.stats() == {"torch: below min_flops": 4}
     assert native.counts() == {"torch: below min_flops": 2}
+    with ct.enabled(native=True):  # other settings: decided anew, never the other settings' decision
+        ct.reset_stats()
+        _grads(model, x), _grads(model, x)
+        assert ct.stats() == {"ours": 4}
     ct.reset_stats()
-    ct.enable(native=True)  # other settings: decided anew, never the other settings' decision
-    _grads(model, x), _grads(model, x)
-    assert ct.stats() == {"ours": 4}
-    ct.reset_stats()
-    ct.enable(native=True, min_flops=1 << 60)  # equal settings again: their decisions are kept, all in C++
-    _grads(model, x)
+    _grads(model, x)  # the first enable()'s record is back, and its decisions with it: all in C++
     assert ct.stats() == native.counts() == {"torch: below min_flops": 2}
+
+
+def test_a_new_enable_decides_anew_under_native_as_the_python_switch_does(monkeypatch):
+    # the C++ table kept decisions across enable() calls of equal settings: a decision made before kernels came
+    # or went (here: a stand-in kernel) served the next enable() (a later test's dW was another's)
+    model, x = _model(), _x()
+    ct.enable(native=True, min_flops=1 << 60)
+    _grads(model, x), _grads(model, x)
+    ct.enable(native=True, min_flops=1 << 60)
+    ct.reset_stats()
+    _grads(model, x)
+    assert native.counts() == {}  # decided by the Python switch again (then remembered for this enable())
+    assert ct.stats() == {"torch: below min_flops": 2}
 
 
 @pytest.mark.parametrize("x_fmt, w_fmt", [(torch.contiguous_format, torch.channels_last), (torch.channels_last,) * 2])

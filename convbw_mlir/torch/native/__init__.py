@@ -113,21 +113,22 @@ def sync(active: Any) -> None:
     if active is None:
         module.set_state(OFF, -1, _miss)
     else:
-        module.set_state(TABLE if active.native else PYTHON, _settings_id(active.config), _miss)
+        module.set_state(TABLE if active.native else PYTHON, _settings_id(active), _miss)
 
 
-def _settings_id(config: Any) -> int:
-    """The number of these settings in the C++ keys: equal settings, one number (their decisions are kept across
-    ``enable()`` calls, as a benchmark that turns the switch on for one step at a time needs); never reused."""
+def _settings_id(active: Any) -> int:
+    """The number of one ``enable()``'s record in the C++ keys: its decisions are its own, as the Python memo
+    is (a new ``enable()`` decides anew: kernels may have come or gone since), and come back with the record
+    (``enabled()`` restoring it); numbers are never reused. Records are held, so their ids stay theirs."""
     with _LOCK:
         ids = _STATE["settings"]
-        if config not in ids:
-            if len(ids) >= _MAX_SETTINGS:  # settings that change without end (new layer lists): start over
+        if id(active) not in ids:
+            if len(ids) >= _MAX_SETTINGS:  # the oldest records' decisions go: start over
                 ids.clear()
                 _STATE["module"].clear()
-            ids[config] = _STATE["next_id"]
+            ids[id(active)] = (active, _STATE["next_id"])
             _STATE["next_id"] += 1
-        return ids[config]
+        return ids[id(active)][1]
 
 
 def register() -> None:
@@ -181,7 +182,8 @@ def _miss(*args: Any) -> tuple:
     if seen is None:
         return dx, dw, db, -1, -1, None, None
     active, decision, conf = seen
-    settings = _STATE["settings"].get(active.config, -1)  # -1: numbered no more (started over): not remembered
+    held = _STATE["settings"].get(id(active))
+    settings = held[1] if held is not None and held[0] is active else -1  # -1: numbered no more: not remembered
     if not decision.ours:
         return dx, dw, db, settings, _reason(decision.why), None, None
     if (
