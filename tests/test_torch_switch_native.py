@@ -231,12 +231,14 @@ def test_without_a_compiler_native_warns_once_and_the_python_path_computes_dw(tm
             ct.enable(native=True)
         said = [str(w.message) for w in seen if "C++ hot path did not build" in str(w.message)]
         m(x).sum().backward()
+        print(said[0] if said else "")
         print(len(said), sw._STATE["active"].native, ct.stats())
     """)
     env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), CONVBW_TORCH_NATIVE_DIR=str(tmp_path / "native"))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[-2] == "1 False {'ours': 1}", out.stdout + out.stderr
+    assert "no-such-compiler" in out.stdout.split("\n")[-3]  # the cause (the missing compiler), not ninja's last words
 
 
 def test_a_process_that_used_the_native_path_exits_cleanly():

@@ -91,11 +91,17 @@ def load() -> Any:
         except Exception as e:  # no compiler, no ninja, headers of another torch: the Python path works
             warnings.warn(
                 f"convbw_mlir.torch.enable(native=True): the C++ hot path did not build ({type(e).__name__}: "
-                f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}); the weight gradients take the "
-                "Python path",
+                f"{_cause(str(e))}); the weight gradients take the Python path",
                 stacklevel=3,
             )
         return _STATE["module"]
+
+
+def _cause(message: str) -> str:
+    """The telling line of a failed build's output (the compiler's error, a missing program), else its last."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [repr(message)]
+    telling = [line for line in lines if any(k in line for k in ("error:", "not found", "No such file", "required"))]
+    return (telling or lines)[-1 if not telling else 0][:300]
 
 
 def loaded() -> Any:
