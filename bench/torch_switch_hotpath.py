@@ -1,8 +1,10 @@
 """The CPU part of the switch's hot path a call, piece by piece: the memo key, its lookup, conv_weight's argument
 memo, dW's allocation, the mechanism's floor (an empty Python override), enable() with the kernel stubbed, and
-the pass-through disable() leaves (issue 37 item 3: where the host time a call goes; docs/torch.md#the-switch).
+the pass-through disable() leaves (issue 37 item 3: where the host time a call goes; docs/torch.md#the-switch);
+then the same with the C++ hot path (enable(native=True), docs/torch.md#the-native-hot-path), dW alone and dx + dW
+(what a training step asks: torch's kernel computes dx, ours dW).
 
-python bench/torch_switch_hotpath.py
+python bench/torch_switch_hotpath.py [--no-native]
 
 Each line: median over 7 repeats of the mean µs a call. Run it in a fresh process: the first part times torch's
 own convolution_backward before anything of ours is registered.
@@ -39,8 +41,9 @@ def main() -> int:
     w = torch.randn(8, 8, 3, 3).contiguous(memory_format=cl)
     conf = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     stride, padding, dilation, transposed, output_padding, groups = conf
-    dw_only = [False, True, False]
+    dw_only, dx_dw = [False, True, False], [True, True, False]
     rows = {"torch's own convolution_backward dW": us(lambda: aten(dy, x, w, None, *conf, dw_only), 2000)}
+    rows["torch's own convolution_backward dx + dW"] = us(lambda: aten(dy, x, w, None, *conf, dx_dw), 1000)
 
     def key() -> tuple:  # the override's memo key, as switch.py builds it
         return (x.shape, x.stride(), dy.shape, dy.stride(), x.dtype, dy.dtype, w.dtype, x.device, w.shape, w.stride(),
@@ -65,10 +68,19 @@ def main() -> int:
     try:
         sw.enable(benchmark=False)  # the stub is never weighed
         rows["enable(), kernel stubbed"] = us(lambda: aten(dy, x, w, None, *conf, dw_only), 5000)
+        rows["enable(), kernel stubbed, dx + dW"] = us(lambda: aten(dy, x, w, None, *conf, dx_dw), 1000)
         sw.disable()
         rows["disable()d: the pass-through"] = us(lambda: aten(dy, x, w, None, *conf, dw_only), 2000)
+        if "--no-native" not in sys.argv:  # after the Python rows: the C++ kernel, once registered, stays
+            sw.enable(native=True)
+            if sw._STATE["active"].native:
+                rows["native: enable(), kernel stubbed"] = us(lambda: aten(dy, x, w, None, *conf, dw_only), 5000)
+                rows["native: enable(), kernel stubbed, dx + dW"] = us(lambda: aten(dy, x, w, None, *conf, dx_dw), 1000)
+                sw.disable()
+                rows["native: disable()d, the pass-through"] = us(lambda: aten(dy, x, w, None, *conf, dw_only), 2000)
     finally:
         sw._weight_grad = real
+        sw.disable()
     print(f"torch {torch.__version__}, CPU, µs a call (median of 7):")
     for name, value in rows.items():
         print(f"  {name:48s} {value:8.2f}")

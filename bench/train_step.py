@@ -4,6 +4,7 @@ time by kind, calls, losses.
     CONVBW_ARTIFACTS=ART .venv/bin/python bench/train_step.py compile --models all --batches 64   # here: the
                              # kernels a 9.0 GPU asks for (sm_90a where it takes, sm_80 elsewhere) into ART
     CONVBW_ARTIFACTS=ART python3 bench/train_step.py run --out OUT --models all --batches 64 --modes eager  # GPU
+    CONVBW_TORCH_NATIVE=1 CONVBW_ARTIFACTS=ART python3 bench/train_step.py run ...  # ours by the C++ hot path
     python3 bench/train_step.py table OUT
 
 ``run`` starts one process per model x batch x mode (a CUDA fault or an out-of-memory stays there). Inside, three
@@ -148,6 +149,7 @@ def part(ns: argparse.Namespace) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from convbw_mlir import torch as ct
+    from convbw_mlir.torch import native
     from convbw_mlir.torch import switch as sw
 
     build, shape, fmt, loss_fn, target = MODELS[ns.model]
@@ -172,14 +174,22 @@ def part(ns: argparse.Namespace) -> dict:
     sides = {"torch": fresh(), "ours": fresh(), "ours_bench": fresh(), "torch2": fresh()}
     rows: dict[str, list] = {s: [] for s in sides}
     saved: dict[str, dict] = {"ours": {}, "ours_bench": {}}  # each switch's decisions, kept across its turns
+    records: dict = {}  # each ours side's switch record (its settings and memo), put back for its steps
 
     def step(side: str, i: int) -> tuple[float, float, float]:
         forward, opt = sides[side]
         x, y = batches[i % len(batches)]
         if ns.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        if side in saved:  # outside the timed window: turning the switch on clears its decisions; put them back
-            ct.enable(benchmark=side == "ours_bench")
+        if side in saved:  # outside the timed window: the side's own switch record back, decisions and all (the
+            # C++ hot path's table is an enable()'s own: a new enable() a step would decide every call anew there)
+            if side in records:
+                with sw._SWITCH_LOCK:
+                    sw._STATE["active"] = records[side]
+                    native.sync(records[side])
+            else:
+                ct.enable(benchmark=side == "ours_bench")
+                records[side] = sw._STATE["active"]
             sw.decisions().update(saved[side])
         torch.backends.cudnn.benchmark = side == "torch2"  # torch's spread: its own other algorithms
         try:
@@ -217,6 +227,7 @@ def part(ns: argparse.Namespace) -> dict:
     warm = slice(ns.warmup, None)
     out = {"model": ns.model, "batch": batch, "mode": ns.mode, "device": torch.cuda.get_device_name(),
            "torch_version": torch.__version__, "steps": ns.steps, "warmup": ns.warmup, "lr": ns.lr,
+           "native": native.loaded() is not None,  # CONVBW_TORCH_NATIVE=1 and it built: the C++ hot path
            "calls_per_step": {side: {k: v / (ns.steps - ns.warmup) for k, v in st.items()}
                               for side, st in stats.items()},
            "device_ms_per_step": device_ms, "kernels": ct.loaded_kernels()}  # fmt: skip
@@ -274,7 +285,8 @@ def table(ns: argparse.Namespace) -> int:
               f"/ {r['loss_diff_torch2']:.1e} |")  # fmt: skip
     if rows:
         r = rows[0]
-        print(f"\ndevice: {r['device']}, torch {r['torch_version']}; device ms: per step, 3 profiled steps")
+        path = "C++ hot path (CONVBW_TORCH_NATIVE=1)" if r.get("native") else "Python switch"
+        print(f"\ndevice: {r['device']}, torch {r['torch_version']}, {path}; device ms: per step, 3 profiled steps")
     return 0
 
 

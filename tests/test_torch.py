@@ -282,7 +282,7 @@ def test_the_switch_bench_and_examples_use_only_names_the_torch_entry_module_mak
     import convbw_mlir.torch as package
 
     root = Path(__file__).resolve().parents[1]
-    submodules = {"entry", "switch", "zoo"}
+    submodules = {"entry", "native", "switch", "zoo"}
     modules = {"convbw_mlir.torch.entry": set(ct_entry.__all__), "convbw_mlir.torch": {*package.__all__, *submodules}}
     bad = []
     for path in [

@@ -259,6 +259,11 @@ class KernelCache:
         self._setup()
         return self.root / "tuning"
 
+    def native_dir(self) -> Path:
+        """``<root>/native``, where the torch switch's C++ hot path is built (the root is made and tagged first)."""
+        self._setup()
+        return self.root / "native"
+
     def _entry(self, key: str) -> Path:
         if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
             raise ValueError(f"key: expected 64 hex digits (a sha256), got {key!r}")

@@ -133,12 +133,14 @@ class _Active:
 
     config: _Config
     decisions: dict[tuple, Decision]
+    native: bool = False  # the C++ hot path takes the calls it has decided (convbw_mlir/torch/native)
 
 
 # lib: the override, registered by the first enable() and never removed (a kernel deregistered while another
 # thread dispatches through it is freed under that thread: a torch internal assert, issue 42); active: None
 # while off (the override is then a pass-through to torch's kernel)
-_STATE: dict[str, Any] = {"lib": None, "active": None}
+_STATE: dict[str, Any] = {"lib": None, "active": None, "kernels": {}}
+_SEEN = threading.local()  # .seen: (settings, decision, conf) of the call just decided: the C++ table's entry
 _STATS: Counter = Counter()
 _SWITCH_LOCK = threading.Lock()
 _KEYS = ("CPU", "CUDA")  # ROCm builds of torch use the CUDA key too; other devices are not overridden
@@ -213,6 +215,7 @@ def enable(
     dtypes: Iterable[torch.dtype] = (torch.float16, torch.bfloat16, torch.float32),
     layers: Any = None,
     benchmark: bool | None = None,
+    native: bool | None = None,
 ) -> None:
     """Route the weight gradient of every convolution torch computes to our kernels (until :func:`disable`).
 
@@ -235,6 +238,9 @@ def enable(
             versions and our kernel's identity), so a later process decides without timing. ``stats()`` counts
             the others as ``torch: slower than torch's (benchmark)`` or ``(remembered)``. None (the default):
             on for GPUs, off on the CPU; False: ours wherever we have a kernel.
+        native: the C++ hot path (docs/torch.md#the-native-hot-path): True, False, or None for
+            ``$CONVBW_TORCH_NATIVE`` ("1"; default off). Built on first use; where it does not build, one
+            warning and the Python path.
 
     Raises:
         TypeError / ValueError: naming the argument.
@@ -250,9 +256,15 @@ def enable(
         raise RuntimeError(
             f"convbw_mlir.torch.enable needs torch >= 2.9 (torch.library.get_kernel); this is {torch.__version__}"
         )
+    from convbw_mlir.torch import native as cxx
+
+    use_native = cxx.wanted(native) and cxx.load() is not None  # the build (first time only) outside the lock
     with _SWITCH_LOCK:
         _register()
-        _STATE["active"] = _Active(config, {})
+        if use_native:
+            cxx.register()
+        _STATE["active"] = _Active(config, {}, use_native)
+        cxx.sync(_STATE["active"])
 
 
 def _register() -> None:
@@ -265,7 +277,8 @@ def _register() -> None:
     with warnings.catch_warnings():  # torch says once that a kernel (CUDA's) is overridden: we mean it
         warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
         for key in _KEYS:
-            lib.impl("convolution_backward", _override(originals[key]), key, with_keyset=True)
+            _STATE["kernels"][key] = _override(originals[key])
+            lib.impl("convolution_backward", _STATE["kernels"][key], key, with_keyset=True)
     _STATE["lib"] = lib
 
 
@@ -275,8 +288,11 @@ def disable() -> None:
     The override stays registered as a pass-through (the mechanism's floor a call, docs/torch.md#the-switch):
     removing a kernel while another thread's backward dispatches through it frees it under that thread.
     """
+    from convbw_mlir.torch import native as cxx
+
     with _SWITCH_LOCK:
         _STATE["active"] = None
+        cxx.sync(None)
 
 
 def is_enabled() -> bool:
@@ -291,13 +307,20 @@ def enabled(**settings: Any) -> Iterator[None]:
     try:
         yield
     finally:
+        from convbw_mlir.torch import native as cxx
+
         with _SWITCH_LOCK:
             _STATE["active"] = before
+            cxx.sync(before)
 
 
 def stats() -> dict[str, int]:
     """Weight gradients computed since the last reset: ``{"ours": n, "torch: <why>": n, ...}``; ``stats(reset)``."""
-    return dict(_STATS)
+    from convbw_mlir.torch import native as cxx
+
+    out = Counter(_STATS)
+    out.update(cxx.counts())  # the calls the C++ hot path handled without the Python switch
+    return dict(out)
 
 
 def decisions() -> dict[tuple, Decision]:
@@ -308,7 +331,10 @@ def decisions() -> dict[tuple, Decision]:
 
 
 def reset_stats() -> None:
+    from convbw_mlir.torch import native as cxx
+
     _STATS.clear()
+    cxx.reset_counts()
 
 
 def _decide(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor, args: tuple, config: _Config) -> Decision:
@@ -430,6 +456,8 @@ def _override(original: Any) -> Callable:
                 decision, final = _weighed(decision, go, x, w, conf, aligned, theirs)
             if final:  # an unweighed decision (a capture, unaligned data) is made again on the next call
                 decisions[key] = decision
+        # what the C++ hot path remembers for this key (native/__init__.py): only a decision the memo keeps
+        _SEEN.seen = (active, decision, conf) if decisions.get(key) is decision else None
         if decision.ours and not aligned:
             decision = _UNALIGNED
         if not decision.ours:

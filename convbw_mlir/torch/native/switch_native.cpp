@@ -1,0 +1,286 @@
+// The C++ hot path of convbw_mlir.torch.enable(native=True): a kernel for aten::convolution_backward on the
+// CPU and CUDA keys that looks each call up in a decision table filled by the Python switch, so that a call
+// the table knows never enters Python for torch's part (docs/torch.md#the-native-hot-path).
+//
+// - a miss: the whole call goes to the Python switch (convbw_mlir/torch/native/__init__.py: _miss), which
+//   decides as it always does and hands back what to remember for the call's signature;
+// - torch's: torch's own kernel, at::native::convolution_backward (what both keys run: CompositeExplicitAutograd
+//   on the CPU, the CUDA key's own registration), called directly under the device guard its CUDA wrapper takes;
+// - ours: torch's kernel for dx and the bias gradient (output_mask with dW false), then our dW from the Python
+//   callable the switch remembered (the only Python a call runs).
+// Only ATen/c10 and torch's Python bindings: it builds without CUDA's headers (no CUDA call is made here).
+#include <ATen/Context.h>
+#include <ATen/DeviceGuard.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/convolution_backward_native.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+using at::IntArrayRef;
+using at::Tensor;
+using Result = std::tuple<Tensor, Tensor, Tensor>;
+
+namespace {
+
+// kOff: disable()d, torch's kernel for every call; kTable: the table, misses to Python; kPython: every call to
+// the Python switch (enable(native=False) after the C++ kernel was registered: it stays, as the Python one does)
+enum Mode : int { kOff = 0, kTable = 1, kPython = 2 };
+
+constexpr int kReasons = 64;       // counters: 0 ours, 1 unaligned, then the Python side's reasons
+constexpr size_t kMaxEntries = 4096;  // the Python memo's bound too: programs that see endless shapes
+
+struct Entry {
+  int reason = 0;         // the counter a call of this signature adds to
+  PyObject* dw = nullptr;  // ours: callable(x, w, grad_output) -> dW, or with `direct` kernel(x, grad_output, dW)
+                           // into a dW allocated here (owned); null: torch's
+  bool direct = false;     // a direct launch on x and dy as they come: dW of this size and these strides
+  std::vector<int64_t> size, strides;
+  Entry(int r, PyObject* f) : reason(r), dw(f) { Py_XINCREF(dw); }
+  ~Entry() {
+    if (dw != nullptr && Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;  // the last holder may be a thread without the GIL
+      Py_DECREF(dw);
+    }
+  }
+};
+
+using Key = std::vector<int64_t>;
+struct KeyHash {
+  size_t operator()(const Key& k) const noexcept {
+    size_t h = k.size();
+    for (int64_t v : k) h ^= std::hash<int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+std::atomic<int> g_mode{kOff};
+std::shared_mutex g_lock;
+// never destroyed: at exit Python is gone before static destructors run, and entries hold Python callables
+auto& g_table = *new std::unordered_map<Key, std::shared_ptr<const Entry>, KeyHash>();
+// the id of the switch's settings (the Python side numbers each distinct one, never reusing a number): the first
+// element of every key, so decisions made under other settings are never taken and come back when they do
+std::atomic<int64_t> g_settings{-1};
+PyObject* g_miss = nullptr;    // the Python switch's entry for misses (owned)
+std::array<std::atomic<int64_t>, kReasons> g_counts{};
+
+void push(Key& k, IntArrayRef a) {
+  k.push_back(static_cast<int64_t>(a.size()));
+  k.insert(k.end(), a.begin(), a.end());
+}
+
+// everything the Python switch's memo key holds (switch.py, _override)
+Key make_key(const Tensor& go, const Tensor& x, const Tensor& w, IntArrayRef stride, IntArrayRef padding,
+             IntArrayRef dilation, bool transposed, IntArrayRef output_padding, int64_t groups) {
+  Key k;
+  k.reserve(64);
+  k.push_back(g_settings.load(std::memory_order_acquire));
+  k.push_back(static_cast<int64_t>(x.device().type()));
+  k.push_back(x.device().index());
+  k.push_back(static_cast<int64_t>(x.scalar_type()));
+  k.push_back(static_cast<int64_t>(go.scalar_type()));
+  k.push_back(static_cast<int64_t>(w.scalar_type()));
+  push(k, x.sizes());
+  push(k, x.strides());
+  push(k, go.sizes());
+  push(k, go.strides());
+  push(k, w.sizes());
+  push(k, w.strides());
+  push(k, stride);
+  push(k, padding);
+  push(k, dilation);
+  push(k, output_padding);
+  k.push_back(transposed);
+  k.push_back(groups);
+  k.push_back(at::globalContext().deterministicAlgorithms());
+  return k;
+}
+
+Result torch_kernel(const Tensor& go, const Tensor& x, const Tensor& w, at::OptionalIntArrayRef bias_sizes,
+                    IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation, bool transposed,
+                    IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
+  const c10::OptionalDeviceGuard guard(at::device_of(go));  // as the CUDA key's generated wrapper does
+  return at::native::convolution_backward(go, x, w, bias_sizes, stride, padding, dilation, transposed,
+                                          output_padding, groups, mask);
+}
+
+py::object wrap(const Tensor& t) {
+  if (!t.defined()) return py::none();
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+}
+
+Tensor unwrap(py::handle h, const char* what) {
+  if (h.is_none()) return Tensor();
+  if (!THPVariable_Check(h.ptr())) throw std::runtime_error(std::string("convbw native: ") + what + " is not a tensor");
+  return THPVariable_Unpack(h.ptr());
+}
+
+py::tuple ints(IntArrayRef a) {
+  py::tuple t(a.size());
+  for (size_t i = 0; i < a.size(); ++i) t[i] = py::int_(a[i]);
+  return t;
+}
+
+Result miss(int mode, const Key* key, const Tensor& go, const Tensor& x, const Tensor& w,
+            at::OptionalIntArrayRef bias_sizes, IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation,
+            bool transposed, IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::object bias = bias_sizes.has_value() ? py::object(ints(*bias_sizes)) : py::object(py::none());
+    py::list m(3);
+    for (int i = 0; i < 3; ++i) m[i] = py::bool_(mask[i]);
+    // lists where the schema has lists: what the Python kernel receives from the dispatcher
+    py::tuple out = py::handle(g_miss)(wrap(go), wrap(x), wrap(w), bias, py::list(ints(stride)),
+                                       py::list(ints(padding)), py::list(ints(dilation)), transposed,
+                                       py::list(ints(output_padding)), groups, m);
+    Result r{unwrap(out[0], "dx"), unwrap(out[1], "dW"), unwrap(out[2], "the bias gradient")};
+    const int reason = out[4].cast<int>();
+    const int64_t settings = out[3].cast<int64_t>();
+    if (mode == kTable && key != nullptr && reason >= 0 && reason < kReasons && settings >= 0) {
+      Key k = *key;
+      k[0] = settings;  // remembered under the settings it was decided under (they may have changed meanwhile)
+      auto e = std::make_shared<Entry>(reason, out[5].is_none() ? nullptr : out[5].ptr());
+      if (!out[6].is_none()) {  // (size, strides) of dW for a direct launch
+        e->direct = true;
+        for (auto v : py::reinterpret_borrow<py::tuple>(out[6])[0]) e->size.push_back(v.cast<int64_t>());
+        for (auto v : py::reinterpret_borrow<py::tuple>(out[6])[1]) e->strides.push_back(v.cast<int64_t>());
+      }
+      std::remove_reference_t<decltype(g_table)> old;  // freed outside the lock
+      std::unique_lock lock(g_lock);
+      if (g_table.size() >= kMaxEntries) old.swap(g_table);
+      g_table.emplace(std::move(k), std::move(e));
+    }
+    return r;
+  } catch (py::error_already_set& e) {
+    e.restore();
+    throw python_error();
+  }
+}
+
+Result convolution_backward(const Tensor& go, const Tensor& x, const Tensor& w, at::OptionalIntArrayRef bias_sizes,
+                            IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation, bool transposed,
+                            IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
+  const int mode = g_mode.load(std::memory_order_acquire);
+  if (mode == kOff || !mask[1])
+    return torch_kernel(go, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask);
+  if (mode == kPython)
+    return miss(mode, nullptr, go, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                mask);
+  const Key key = make_key(go, x, w, stride, padding, dilation, transposed, output_padding, groups);
+  std::shared_ptr<const Entry> e;
+  {
+    std::shared_lock lock(g_lock);
+    auto it = g_table.find(key);
+    if (it != g_table.end()) e = it->second;
+  }
+  if (!e)
+    return miss(mode, &key, go, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                mask);
+  const bool aligned =
+      !x.is_cuda() || ((reinterpret_cast<uintptr_t>(x.data_ptr()) | reinterpret_cast<uintptr_t>(go.data_ptr())) & 15) == 0;
+  if (e->dw == nullptr || !aligned) {  // torch's whole (our direct launch's pointers are 16-byte aligned)
+    g_counts[e->dw == nullptr ? e->reason : 1].fetch_add(1, std::memory_order_relaxed);
+    return torch_kernel(go, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask);
+  }
+  Tensor dx, db;
+  if (mask[0] || mask[2]) {
+    Result rest = torch_kernel(go, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                               {mask[0], false, mask[2]});
+    dx = std::get<0>(rest);
+    db = std::get<2>(rest);
+  }
+  Tensor dw;
+  {
+    RECORD_FUNCTION("convbw::conv_weight", std::vector<c10::IValue>());  // torch.profiler tells ours from torch's
+    py::gil_scoped_acquire gil;
+    try {
+      if (e->direct) {  // dW allocated here (the Python allocation and two frames fewer), the kernel queues it
+        dw = at::empty_strided(e->size, e->strides, x.options());
+        py::handle(e->dw)(wrap(x), wrap(go), wrap(dw));
+      } else {
+        dw = unwrap(py::handle(e->dw)(wrap(x), wrap(w), wrap(go)), "dW");
+      }
+    } catch (py::error_already_set& err) {
+      err.restore();
+      e.reset();
+      throw python_error();
+    }
+    e.reset();  // with the GIL: the entry's callable may be released here
+  }
+  g_counts[0].fetch_add(1, std::memory_order_relaxed);
+  return {dx, dw, db};
+}
+
+// torch's "Overriding a previously registered kernel" (the Python switch's, or torch's own CUDA one): we mean it
+struct Quiet : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+void register_kernel() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  Quiet quiet;
+  const c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  // never freed: a kernel removed while another thread dispatches to it is freed under that thread (issue 42)
+  auto* lib = new torch::Library(torch::Library::IMPL, "aten", std::nullopt, __FILE__, __LINE__);
+  lib->impl("convolution_backward", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(convolution_backward)));
+  lib->impl("convolution_backward", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(convolution_backward)));
+}
+
+// the switch's state: mode, the id of its settings, the Python entry for misses
+void set_state(int mode, int64_t settings, py::object miss_fn) {
+  if (mode < kOff || mode > kPython) throw py::value_error("mode: expected 0, 1 or 2, got " + std::to_string(mode));
+  if (!miss_fn.is_none()) {
+    Py_XDECREF(g_miss);
+    g_miss = miss_fn.inc_ref().ptr();
+  }
+  g_settings.store(settings, std::memory_order_release);
+  g_mode.store(mode, std::memory_order_release);
+}
+
+void clear() {
+  std::remove_reference_t<decltype(g_table)> old;  // freed after the lock is released (with the GIL: Python calls)
+  std::unique_lock lock(g_lock);
+  old.swap(g_table);
+}
+
+std::vector<int64_t> counts() {
+  std::vector<int64_t> out(kReasons);
+  for (int i = 0; i < kReasons; ++i) out[i] = g_counts[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+void reset_counts() {
+  for (auto& c : g_counts) c.store(0, std::memory_order_relaxed);
+}
+
+size_t table_size() {
+  std::shared_lock lock(g_lock);
+  return g_table.size();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("register_kernel", &register_kernel, "register the C++ kernel for aten::convolution_backward (CPU, CUDA)");
+  m.def("set_state", &set_state, py::arg("mode"), py::arg("settings"), py::arg("miss"));
+  m.def("clear", &clear);
+  m.def("counts", &counts);
+  m.def("reset_counts", &reset_counts);
+  m.def("table_size", &table_size);
+  m.attr("REASONS") = kReasons;
+}

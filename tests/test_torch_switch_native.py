@@ -1,0 +1,325 @@
+"""The switch's C++ hot path (enable(native=True), convbw_mlir/torch/native) on the CPU: the same routing as the
+Python switch, the calls it has decided served without it, dx and the bias gradient bit for bit torch's, a
+failing build falling back to the Python path with one warning (docs/torch.md#the-native-hot-path).
+
+Named to run after test_torch_ops.py: once registered, the C++ kernel stays for the process (as the Python one
+does), and the Python switch's own tests run first without it."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: pip install .[torch])")
+from convbw_mlir import torch as ct  # noqa: E402 - after the skip: it needs torch
+from convbw_mlir.torch import native  # noqa: E402
+from convbw_mlir.torch import switch as sw  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_artifacts", "built")
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = [None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1]  # convolution_backward's after (dy, x, w): 3x3, pad 1
+aten = torch.ops.aten.convolution_backward.default
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The extension, built once into build/native of the checkout (kept across runs: ~20-40 s the first time)."""
+    mp = pytest.MonkeyPatch()
+    if not os.environ.get(native.DIR_ENV):
+        mp.setenv(native.DIR_ENV, str(ROOT / "build" / "native"))
+    if native.load() is None:
+        pytest.fail("the C++ hot path did not build here (g++ and ninja are expected on the test machine)")
+    yield
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _switch_off():
+    ct.disable()
+    ct.reset_stats()
+    yield
+    ct.disable()
+
+
+def _model(seed=0):  # the two convolutions test_torch_ops.py shares: no kernels of their own
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
+    )
+
+
+def _x(seed=1):
+    return torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(seed)).requires_grad_()
+
+
+def _grads(model, x):
+    model.zero_grad()
+    x.grad = None
+    model(x).square().sum().backward()
+    return [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+
+
+def test_native_takes_every_decided_call_without_python_and_dx_and_bias_stay_torchs_bit_for_bit():
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    ct.enable(native=True)
+    assert sw._STATE["active"].native
+    for _ in range(3):
+        got = _grads(model, x)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            if i in (0, 2, 4):  # dx and the biases' gradients: torch's own kernel
+                assert torch.equal(g, w), i
+            else:
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert ct.stats() == {"ours": 6}
+    assert native.counts() == {"ours": 4}  # the first step's two calls decided in Python, the rest in C++
+    assert native.table_size() >= 2
+
+
+def test_native_disable_gives_torchs_kernel_bit_for_bit_and_counts_nothing():
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    ct.enable(native=True)
+    _grads(model, x)
+    ct.disable()
+    ct.reset_stats()
+    assert all(torch.equal(g, w) for g, w in zip(_grads(model, x), want, strict=True))
+    assert ct.stats() == {}
+
+
+def test_native_remembers_torchs_reason_and_each_enables_own_decisions():
+    model, x = _model(), _x()
+    ct.enable(native=True, min_flops=1 << 60)
+    _grads(model, x), _grads(model, x)
+    assert ct.stats() == {"torch: below min_flops": 4}
+    assert native.counts() == {"torch: below min_flops": 2}
+    with ct.enabled(native=True):  # other settings: decided anew, never the other settings' decision
+        ct.reset_stats()
+        _grads(model, x), _grads(model, x)
+        assert ct.stats() == {"ours": 4}
+    ct.reset_stats()
+    _grads(model, x)  # the first enable()'s record is back, and its decisions with it: all in C++
+    assert ct.stats() == native.counts() == {"torch: below min_flops": 2}
+
+
+def test_a_new_enable_decides_anew_under_native_as_the_python_switch_does(monkeypatch):
+    # the C++ table kept decisions across enable() calls of equal settings: a decision made before kernels came
+    # or went (here: a stand-in kernel) served the next enable() (a later test's dW was another's)
+    model, x = _model(), _x()
+    ct.enable(native=True, min_flops=1 << 60)
+    _grads(model, x), _grads(model, x)
+    ct.enable(native=True, min_flops=1 << 60)
+    ct.reset_stats()
+    _grads(model, x)
+    assert native.counts() == {}  # decided by the Python switch again (then remembered for this enable())
+    assert ct.stats() == {"torch: below min_flops": 2}
+
+
+@pytest.mark.parametrize("x_fmt, w_fmt", [(torch.contiguous_format, torch.channels_last), (torch.channels_last,) * 2])
+def test_native_dw_comes_back_with_the_strides_torchs_kernel_gives_it(x_fmt, w_fmt):
+    x = torch.randn(2, 4, 6, 6).contiguous(memory_format=x_fmt)
+    w = torch.randn(8, 4, 3, 3).contiguous(memory_format=w_fmt)
+    dy = torch.randn(2, 8, 6, 6).contiguous(memory_format=x_fmt)
+    want = aten(dy, x, w, *ARGS, [False, True, False])[1]
+    ct.enable(native=True)
+    for _ in range(2):  # the miss (Python) and the table's (C++)
+        got = aten(dy, x, w, *ARGS, [False, True, False])[1]
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert native.counts() == {"ours": 1}
+
+
+def test_an_error_in_our_dw_under_native_is_the_callers_exception_and_the_switch_works_after(monkeypatch):
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    ct.enable(native=True)
+    _grads(model, x)  # decided: the next calls are the table's
+
+    def broken(*a):
+        raise ValueError("our kernel broke")
+
+    monkeypatch.setattr(sw, "_weight_grad", broken)
+    with pytest.raises(ValueError, match="our kernel broke"):
+        _grads(model, x)
+    monkeypatch.undo()
+    ct.reset_stats()
+    for g, w in zip(_grads(model, x), want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert native.counts() == {"ours": 2}
+
+
+def test_native_false_after_native_sends_every_call_through_the_python_switch():
+    model, x = _model(), _x()
+    ct.enable(native=True)
+    _grads(model, x)
+    ct.reset_stats()
+    ct.enable(native=False)
+    assert not sw._STATE["active"].native
+    _grads(model, x), _grads(model, x)
+    assert ct.stats() == {"ours": 4}
+    assert native.counts() == {}
+
+
+@pytest.mark.parametrize(
+    "value, error, message",
+    [("yes", TypeError, "native: expected None, True or False, got 'yes'"), (1, TypeError, "native: expected")],
+)
+def test_a_bad_native_setting_is_one_error_naming_it_and_leaves_the_switch_off(value, error, message):
+    with pytest.raises(error, match=message):
+        ct.enable(native=value)
+    assert not ct.is_enabled()
+
+
+def test_a_bad_native_variable_is_one_error_naming_it(monkeypatch):
+    monkeypatch.setenv(native.ENV, "on")
+    with pytest.raises(TypeError, match="CONVBW_TORCH_NATIVE: expected 0 or 1, got 'on'"):
+        ct.enable()
+    assert not ct.is_enabled()
+    monkeypatch.setenv(native.ENV, "1")
+    ct.enable()
+    assert sw._STATE["active"].native
+
+
+def test_enable_and_disable_from_another_thread_never_break_a_native_backward_running_meanwhile():
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    errors, done = [], threading.Event()
+
+    def toggle():
+        try:
+            while not done.is_set():
+                ct.enable(native=True, layers=[model[2]])
+                ct.enable(native=True)
+                ct.disable()
+        except Exception as e:
+            errors.append(e)
+
+    interval, threads = sys.getswitchinterval(), torch.get_num_threads()
+    sys.setswitchinterval(1e-5)
+    torch.set_num_threads(1)
+    toggler = threading.Thread(target=toggle)
+    toggler.start()
+    try:
+        for _ in range(100):
+            for g, w in zip(_grads(model, x), want, strict=True):
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    finally:
+        done.set()
+        toggler.join()
+        sys.setswitchinterval(interval)
+        torch.set_num_threads(threads)
+    assert not errors
+    assert ct.stats().get("ours", 0) > 0
+
+
+def test_without_a_compiler_native_warns_once_and_the_python_path_computes_dw(tmp_path):
+    # a machine without g++: the switch must still work, said once
+    script = textwrap.dedent("""
+        import warnings, torch
+        from convbw_mlir import torch as ct
+        from convbw_mlir.torch import switch as sw
+        m = torch.nn.Conv2d(4, 8, 3, padding=1)
+        x = torch.randn(2, 4, 6, 6)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            ct.enable(native=True)
+            ct.enable(native=True)
+        said = [str(w.message) for w in seen if "C++ hot path did not build" in str(w.message)]
+        m(x).sum().backward()
+        print(said[0] if said else "")
+        print(len(said), sw._STATE["active"].native, ct.stats())
+    """)
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), CONVBW_TORCH_NATIVE_DIR=str(tmp_path / "native"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "1 False {'ours': 1}", out.stdout + out.stderr
+    assert "no-such-compiler" in out.stdout.split("\n")[-3]  # the cause (the missing compiler), not ninja's last words
+
+
+def test_a_process_that_used_the_native_path_exits_cleanly():
+    # the table's entries hold Python callables: freed by static destructors after Python's end, they crashed the
+    # process at exit (a segmentation fault after bench/torch_switch_hotpath.py's last line)
+    script = textwrap.dedent("""
+        import torch
+        from convbw_mlir import torch as ct
+        m = torch.nn.Conv2d(4, 8, 3, padding=1)
+        x = torch.randn(2, 4, 6, 6)
+        ct.enable(native=True)
+        for _ in range(2):
+            m(x).sum().backward()
+        print(ct.stats())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert (out.returncode, out.stdout.strip()) == (0, "{'ours': 2}"), out.stderr[-2000:]
+
+
+def test_a_direct_launch_decision_gets_dw_allocated_in_cxx_with_the_kernels_layout(monkeypatch):
+    # the GPU's common case (a DirectCall on x and dy as they come), stood in for on the CPU: C++ allocates dW in
+    # the layout the decision holds and the kernel fills it; a wrong size or stride would show in `seen`
+    x, dy = torch.randn(2, 4, 6, 6), torch.randn(2, 8, 6, 6)
+    w = torch.randn(8, 4, 3, 3)
+    want = aten(dy, x, w, *ARGS, [False, True, False])[1]
+    seen = []
+
+    def kernel(x_in, dy_in, out):  # x and dy as they came, dW filled (computing it here would recurse into us)
+        seen.append(
+            (x_in.data_ptr() == x.data_ptr(), dy_in.data_ptr() == dy.data_ptr(), tuple(out.shape), out.stride())
+        )
+        out.copy_(want)
+
+    decide = sw._decide
+    monkeypatch.setattr(
+        sw, "_decide", lambda *a: dataclasses.replace(decide(*a), direct=(kernel, ((8, 4, 3, 3), (36, 9, 3, 1))))
+    )
+    python_calls, weight_grad = [], sw._weight_grad
+    monkeypatch.setattr(sw, "_weight_grad", lambda *a: python_calls.append(1) or weight_grad(*a))
+    ct.enable(native=True)
+    for _ in range(3):
+        got = aten(dy, x, w, *ARGS, [False, True, False])[1]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert seen == [(True, True, (8, 4, 3, 3), (36, 9, 3, 1))] * 3  # the miss (Python's allocation), then twice C++'s
+    assert native.counts() == {"ours": 2}
+    assert len(python_calls) == 1  # the Python switch's dW path for the miss only
+
+
+def test_native_under_torch_compile_runs_our_kernel_from_the_compiled_backward():
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    ct.enable(native=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    for _ in range(2):
+        model.zero_grad()
+        x.grad = None
+        compiled(x).square().sum().backward()
+        for g, w in zip([x.grad] + [p.grad for p in model.parameters()], want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert ct.stats() == {"ours": 4}
+    assert native.counts() == {"ours": 2}
+
+
+def test_a_compiled_function_that_calls_backward_runs_the_native_path_eagerly_after_its_graph_break():
+    # dynamo's frame hook is live in that backward: the Python the C++ kernel calls must not be traced
+    model, x = _model(), _x()
+    want = _grads(model, x)
+    ct.enable(native=True)
+    _grads(model, x)  # decided: the step's calls are the table's
+
+    def step(t):
+        loss = model(t).square().sum()
+        loss.backward()
+        return loss
+
+    model.zero_grad()
+    x.grad = None
+    ct.reset_stats()
+    torch._dynamo.reset()
+    torch._dynamo.explain(step)(x)
+    for g, w in zip([p.grad for p in model.parameters()], want[1:], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert native.counts() == {"ours": 2}
