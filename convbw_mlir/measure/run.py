@@ -1,7 +1,7 @@
 """Run side of the benchmark: needs only iree-base-runtime, numpy and (if importable) torch.
 
     python -m convbw_mlir.measure.run DIR [--filter SUBSTR] [--out results.json] [--devices 0,1,..] [--driver D]
-                                        [--no-torch] [--timeout SECONDS] [--jobs N]
+                                        [--no-torch] [--timeout SECONDS] [--jobs N] [--server]
 
 For each problem of ``DIR/manifest.json`` a child process (so that a kernel that faults the GPU, which
 poisons the process's CUDA context, costs only its own result) makes random x and dy (seeded),
@@ -60,6 +60,8 @@ NUMPY_REFERENCE_MAX_FLOPS = 4e10
 # dW entries checked against float64 per problem: each costs one dot product of the reduction length on the host.
 SAMPLE_ENTRIES = 256
 SAMPLE_SEED = 11
+# x and dy of every problem are random_inputs(problem, INPUT_SEED): every process that checks them draws the same.
+INPUT_SEED = 7
 # A child silent this long (a kernel that never ends) is killed; the contender it was running reads crashed.
 STEP_TIMEOUT_S = 600
 # Exit status of a child that stopped after a failed contender, so the problem's next one gets a fresh process.
@@ -242,9 +244,11 @@ def _first_line(e: BaseException) -> str:
 class _Problem:
     """What the checks of one problem need: inputs, the float64 sample, the whole reference if any."""
 
-    def __init__(self, p: ConvBwdWeightProblem, state: Path, numpy_max_flops: float) -> None:
+    def __init__(self, p: ConvBwdWeightProblem, state: Path, numpy_max_flops: float,
+                 inputs: tuple[np.ndarray, np.ndarray] | None = None) -> None:  # fmt: skip
         self.p = p
-        self.x, self.dy = random_inputs(p, seed=7)
+        # ``inputs``: x and dy already made (measure.server's CPU workers save them), else made here
+        self.x, self.dy = inputs if inputs is not None else random_inputs(p, seed=INPUT_SEED)
         saved = state / "check.npz"
         if saved.exists():  # an earlier child of this problem made them
             data = np.load(saved)
@@ -609,7 +613,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
                  use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
                  numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False,
                  devices: Sequence[int] | str | None = None, env: dict[str, str] | None = None,
-                 jobs: int = 1) -> dict:  # fmt: skip
+                 jobs: int = 1, server: bool = False) -> dict:  # fmt: skip
     """Run every problem of a manifest, each in child processes; returns the results (see the module docstring).
 
     ``check_only`` checks every contender (NaN fences, float64) and times none (the fenced fuzz).
@@ -628,14 +632,20 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     float64 references (seconds of CPU a problem) overlap; every GPU step takes the device's machine-wide lock
     (:mod:`convbw_mlir.measure.gpu_lock`), a timing alone, so timings are as with one.
 
+    ``server``: one persistent measuring process a device instead of a child a problem, each candidate checked
+    once and the correct ones timed in one batch, inputs and float64 references made ahead by CPU workers
+    (:mod:`convbw_mlir.measure.server`); the results then name its protocol (``server``).
+
     Raises:
-        ValueError: a device that is not visible, or none visible for a GPU driver, or ``jobs`` below 1
-            (before any child starts).
+        ValueError: a device that is not visible, or none visible for a GPU driver, or ``jobs`` below 1, or
+            ``jobs`` above 1 with ``server`` (before any child starts).
     """
     from convbw_mlir.measure.pool import Device, deal, resolve_devices
 
     if not (isinstance(jobs, int) and jobs >= 1):
         raise ValueError(f"jobs: expected a count >= 1, got {jobs!r}")
+    if server and jobs != 1:
+        raise ValueError(f"jobs: the server is one process a device, got jobs={jobs} (its CPU work has workers)")
 
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
@@ -658,7 +668,14 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
                "numpy_max_flops": numpy_max_flops, "check_only": check_only}  # fmt: skip
     todo = [(str(folder), e, options, timeout_s) for e in manifest["problems"] if not filt or filt in e["key"]]
     rows: dict[int, dict[str, Any]] = {}
-    for i, (row, device_name) in deal(_measure_entry, todo, slots, log, lost=_lost_entry):
+    if server:
+        from convbw_mlir.measure.server import Served
+
+        measured: Any = Served(folder, [t[1] for t in todo], options, slots, timeout_s, log)
+        source = ((i, (_head(todo[i][1]) | checked, name)) for i, (checked, name) in measured)
+    else:
+        source = deal(_measure_entry, todo, slots, log, lost=_lost_entry)
+    for i, (row, device_name) in source:
         if device_name and results["device"] == driver:
             results["device"] = device_name
         if len({d.index for d in slots}) == 1:
@@ -666,6 +683,8 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
         rows[i] = row
         log(_line(row))
     results["problems"] = [rows[i] for i in sorted(rows)]
+    if server:
+        results["server"] = measured.summary()
     from convbw_mlir.targets import RUNS_SM80
 
     roof = next((t for key, t in RUNS_SM80.items() if key in results["device"]), None)
@@ -742,9 +761,15 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="measuring workers a device: set-up and float64 references overlap, GPU steps never do",
     )
+    ap.add_argument(
+        "--server",
+        action="store_true",
+        help="one persistent measuring process a device, candidates checked once and timed in batches (tuning)",
+    )
     args = ap.parse_args(argv)
-    if args.jobs < 1:
-        print(f"error: --jobs: expected a count >= 1, got {args.jobs}", file=sys.stderr)
+    if args.jobs < 1 or (args.server and args.jobs != 1):
+        why = "with --server: one process a device" if args.jobs >= 1 else "expected a count >= 1"
+        print(f"error: --jobs: {why}, got {args.jobs}", file=sys.stderr)
         return 1
     if not args.timeout > 0:
         print(f"error: --timeout: expected seconds > 0, got {args.timeout}", file=sys.stderr)
@@ -772,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.timeout,
         devices=devices,
         jobs=args.jobs,
+        server=args.server,
     )
     out = Path(args.out or Path(args.folder) / "results.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,120 @@
+"""The tuning path of the runner (convbw_mlir.measure.server, ``measure.run --server``) with host kernels: one
+persistent process measures a batch of problems; a candidate that kills it costs only its own result (the
+server restarts and goes on at the next candidate); a wrong one is WRONG; the rows are the runner's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from stand_in_kernels import segfaulting_kernel, wrong_kernel
+
+from convbw_mlir.dispatch.tune import compile_candidates
+from convbw_mlir.measure.run import run_manifest
+from convbw_mlir.measure.server import ServerTiming
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+TINY = ConvBwdWeightProblem(1, 2, 8, 8, (6, 6), (1, 1))  # a 1x1 convolution: every contender compiles fast
+SPLIT = "convbw[k_batch=2]"  # TINY's second candidate on the host, beside the heuristic's plan
+COPIES = 6  # problems of the one-process batch
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """TINY's candidates on the host, and stand-ins of its split candidate that segfault or are wrong."""
+    folder = tmp_path_factory.mktemp("server") / "built"
+    compile_candidates([("tiny", TINY, False)], "host", folder, max_plans=1, progress=False, log=lambda _: None)
+    (folder / "crash.vmfb").write_bytes(segfaulting_kernel(TINY))
+    (folder / "wrong.vmfb").write_bytes(wrong_kernel(TINY))
+    return folder
+
+
+def _manifest(folder, names: list[str]) -> None:
+    """``folder``'s manifest as copies of its one problem, named ``names``; ``crash``/``wrong`` get the stand-ins."""
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    entry = manifest.setdefault("original", manifest["problems"][0])
+    entries = []
+    for i, name in enumerate(names):
+        e = json.loads(json.dumps(entry)) | {"name": name, "key": f"{i:03d}-{name}.f16"}
+        if name in ("crash", "wrong"):
+            e["contenders"][SPLIT]["vmfb"] = f"{name}.vmfb"
+        entries.append(e)
+    path.write_text(json.dumps(manifest | {"problems": entries}))
+
+
+@pytest.fixture(scope="module")
+def batch(built):
+    """COPIES problems through one server, and the same first problem through the child-a-problem runner."""
+    _manifest(built, [f"t{i}" for i in range(COPIES)])
+    served = run_manifest(built, use_torch=False, log=lambda _: None, server=True)
+    classic = run_manifest(built, "000-", use_torch=False, log=lambda _: None)
+    return served, classic
+
+
+def test_a_batch_of_problems_is_measured_by_one_server_process(batch):
+    served, _ = batch
+    rows = served["problems"]
+    assert [r["key"] for r in rows] == [f"{i:03d}-t{i}.f16" for i in range(COPIES)]  # the manifest's order
+    assert all(c["status"] == "ok" and c["median_s"] > 0 for r in rows for c in r["contenders"].values())
+    assert served["server"]["servers"] == 1 and served["server"]["timing"] == vars(ServerTiming())
+    rate = served["server"]["problems_per_minute"]
+    n = len(rows[0]["contenders"])
+    print(f"\nserver on the host: {COPIES} problems of {n} candidates, {rate:.0f} problems/min")  # a figure, not a test
+
+
+def test_server_rows_have_the_fields_of_the_runners_rows(batch):
+    served, classic = batch
+    one, two = served["problems"][0], classic["problems"][0]
+    assert one.keys() == two.keys() and one["contenders"].keys() == two["contenders"].keys()
+    for name, c in one["contenders"].items():
+        assert c.keys() == two["contenders"][name].keys(), name
+    assert one["reference_checked"] == two["reference_checked"]
+
+
+@pytest.fixture(scope="module")
+def faulty(built, batch):
+    """A problem whose split candidate segfaults, one whose split candidate is wrong, good ones around them."""
+    _manifest(built, ["a", "crash", "wrong", "b"])
+    lines: list[str] = []
+    return run_manifest(built, use_torch=False, log=lines.append, server=True), lines
+
+
+def test_a_candidate_that_kills_the_server_costs_only_its_result_and_the_server_restarts(faulty):
+    results, lines = faulty
+    crash = results["problems"][1]["contenders"]
+    assert crash[SPLIT]["status"] == "crashed" and "SIGSEGV" in crash[SPLIT]["error"]
+    assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in crash.items() if n != SPLIT), crash
+    assert results["server"]["servers"] == 2  # the first, and the one that resumed after the crash
+    assert all(c["status"] == "ok" for r in (results["problems"][0], results["problems"][3])
+               for c in r["contenders"].values())  # fmt: skip
+    assert any("001-crash.f16" in line and SPLIT in line and "SIGSEGV" in line for line in lines)
+
+
+def test_a_wrong_candidate_is_marked_wrong_and_not_timed(faulty):
+    results, _ = faulty
+    wrong = results["problems"][2]["contenders"]
+    assert wrong[SPLIT]["status"] == "WRONG" and "median_s" not in wrong[SPLIT]
+    assert wrong[SPLIT]["error"].startswith("dw: error ")
+    assert all(c["status"] == "ok" for n, c in wrong.items() if n != SPLIT), wrong
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("min_reps", 0, "min_reps: expected a count >= 1, got 0"),
+     ("batch_seconds", 0.0, "batch_seconds: expected seconds > 0, got 0.0")],
+)  # fmt: skip
+def test_a_bad_timing_protocol_is_one_error_naming_the_field(field, value, message):
+    with pytest.raises(ValueError) as e:
+        ServerTiming(**{field: value})
+    assert str(e.value) == message
+
+
+def test_server_with_several_jobs_is_refused_in_one_line_before_running(built, tmp_path):
+    res = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "convbw_mlir.measure.run", str(built), "--out", str(res), "--server",
+                        "--jobs", "2"], capture_output=True, text=True)  # fmt: skip
+    assert (r.returncode, r.stderr) == (1, "error: --jobs: with --server: one process a device, got 2\n")
+    assert not res.exists()
