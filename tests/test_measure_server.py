@@ -118,3 +118,28 @@ def test_server_with_several_jobs_is_refused_in_one_line_before_running(built, t
                         "--jobs", "2"], capture_output=True, text=True)  # fmt: skip
     assert (r.returncode, r.stderr) == (1, "error: --jobs: with --server: one process a device, got 2\n")
     assert not res.exists()
+
+
+def test_one_cupti_session_gives_each_candidate_the_gpu_work_of_its_own_range(monkeypatch):
+    """On the CPU, torch's own ops stand for kernels: each call's activities land in its name, none in another's."""
+    torch = pytest.importorskip("torch")
+    from convbw_mlir.measure import cupti
+
+    def ops_as_kernels(trace):  # the trace's aten::mul / aten::add CPU ops, as if they were GPU kernels
+        events = json.loads(trace.read_text())["traceEvents"]
+        return sorted((e["ts"], e["dur"], "kernel", e["name"]) for e in events
+                      if e.get("cat") == "cpu_op" and e.get("name") in ("aten::mul", "aten::add"))  # fmt: skip
+
+    monkeypatch.setattr(cupti, "gpu_activities", ops_as_kernels)
+    t = torch.ones(8)
+    started: list[str] = []
+    calls = {"one": (lambda: torch.mul(t, 2), lambda _: None),
+             "two": (lambda: torch.add(torch.add(t, 1), 1), lambda _: None),
+             "none": (lambda: t.sum(), lambda _: None)}  # fmt: skip
+    got = cupti.kernel_seconds_each(calls, 5, before=started.append)
+    assert started == ["one", "two", "none"]
+    assert got["one"]["kernel_names"] == ["aten::mul"] and got["one"]["kernels_per_call"] == 1
+    assert got["two"]["kernel_names"] == ["aten::add"] and got["two"]["kernels_per_call"] == 2
+    assert got["one"]["kernel_s"] > 0 and got["none"] == {
+        "kernel_time_error": "CUPTI recorded no GPU kernel in this call's range"
+    }
