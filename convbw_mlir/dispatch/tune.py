@@ -79,13 +79,14 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
                        out: str | os.PathLike, max_workers: int = 2, max_plans: int = 4,
                        cache: Any = None, progress: bool | None = None,
                        log: Callable[[str], None] = print, engine: str = "local",
-                       address: str | None = None) -> Any:  # fmt: skip
+                       address: str | None = None, iree: bool = True) -> Any:  # fmt: skip
     """Build the candidates of ``problems`` ((name, problem, held out) each) for ``target`` into ``out``.
 
     Returns the build's :class:`convbw_mlir.dispatch.build.BuildReport`. ``out`` appears whole at the end
     (built beside it); a variant that fails or crashes IREE is recorded in the manifest, not fatal.
     ``engine``: ``local`` (``max_workers`` child processes here) or ``ray`` (a Ray task a compile, on a
     local Ray of ``max_workers`` CPUs or the cluster at ``address``); the folder's content is the same.
+    ``iree``: IREE's own forms among the candidates (:func:`convbw_mlir.dispatch.variants.candidates`).
 
     Raises:
         ValueError: an unknown engine, an address without Ray, Ray not installed, ``max_workers`` below 1, no
@@ -101,7 +102,7 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
     reg = Registry(target, cache)
     per_problem = []
     for _name, problem, _ in problems:
-        per_problem.append(reg.declare_candidates(problem, max_plans=max_plans))
+        per_problem.append(reg.declare_candidates(problem, max_plans=max_plans, iree=iree))
     keys = [f"{i:03d}-{name}.{p.dtype}" for i, (name, p, _) in enumerate(problems)]
     with session(engine, max_workers, address):  # one Ray session for the variants and the references
         report = reg.build(max_workers=max_workers, progress=progress, engine=engine, address=address)
