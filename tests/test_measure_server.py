@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from stand_in_kernels import segfaulting_kernel, wrong_kernel
+from stand_in_kernels import hanging_kernel, segfaulting_kernel, wrong_kernel
 
 from convbw_mlir.dispatch.tune import compile_candidates
 from convbw_mlir.measure.run import run_manifest
@@ -19,6 +19,7 @@ from convbw_mlir.problem import ConvBwdWeightProblem
 TINY = ConvBwdWeightProblem(1, 2, 8, 8, (6, 6), (1, 1))  # a 1x1 convolution: every contender compiles fast
 SPLIT = "convbw[k_batch=2]"  # TINY's second candidate on the host, beside the heuristic's plan
 COPIES = 6  # problems of the one-process batch
+HANG_S = 8  # how long a server may send nothing in the containment run
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,7 @@ def built(tmp_path_factory):
     compile_candidates([("tiny", TINY, False)], "host", folder, max_plans=1, progress=False, log=lambda _: None)
     (folder / "crash.vmfb").write_bytes(segfaulting_kernel(TINY))
     (folder / "wrong.vmfb").write_bytes(wrong_kernel(TINY))
+    (folder / "hang.vmfb").write_bytes(hanging_kernel(TINY))
     return folder
 
 
@@ -38,8 +40,8 @@ def _manifest(folder, names: list[str]) -> None:
     entry = manifest.setdefault("original", manifest["problems"][0])
     entries = []
     for i, name in enumerate(names):
-        e = json.loads(json.dumps(entry)) | {"name": name, "key": f"{i:03d}-{name}.f16"}
-        if name in ("crash", "wrong"):
+        e = json.loads(json.dumps(entry)) | {"name": name, "key": f"{i:03d}-{name}.f16", "held_out": name == "held"}
+        if name in ("crash", "wrong", "hang"):
             e["contenders"][SPLIT]["vmfb"] = f"{name}.vmfb"
         entries.append(e)
     path.write_text(json.dumps(manifest | {"problems": entries}))
@@ -76,10 +78,10 @@ def test_server_rows_have_the_fields_of_the_runners_rows(batch):
 
 @pytest.fixture(scope="module")
 def faulty(built, batch):
-    """A problem whose split candidate segfaults, one whose split candidate is wrong, good ones around them."""
-    _manifest(built, ["a", "crash", "wrong", "b"])
+    """Problems whose split candidate segfaults, is wrong or never ends, good ones around them."""
+    _manifest(built, ["a", "crash", "wrong", "hang", "b"])
     lines: list[str] = []
-    return run_manifest(built, use_torch=False, log=lines.append, server=True), lines
+    return run_manifest(built, use_torch=False, log=lines.append, server=True, timeout_s=HANG_S), lines
 
 
 def test_a_candidate_that_kills_the_server_costs_only_its_result_and_the_server_restarts(faulty):
@@ -87,8 +89,8 @@ def test_a_candidate_that_kills_the_server_costs_only_its_result_and_the_server_
     crash = results["problems"][1]["contenders"]
     assert crash[SPLIT]["status"] == "crashed" and "SIGSEGV" in crash[SPLIT]["error"]
     assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in crash.items() if n != SPLIT), crash
-    assert results["server"]["servers"] == 2  # the first, and the one that resumed after the crash
-    assert all(c["status"] == "ok" for r in (results["problems"][0], results["problems"][3])
+    assert results["server"]["servers"] == 3  # the first, the one after the crash, the one after the hang
+    assert all(c["status"] == "ok" for r in (results["problems"][0], results["problems"][4])
                for c in r["contenders"].values())  # fmt: skip
     assert any("001-crash.f16" in line and SPLIT in line and "SIGSEGV" in line for line in lines)
 
@@ -99,6 +101,32 @@ def test_a_wrong_candidate_is_marked_wrong_and_not_timed(faulty):
     assert wrong[SPLIT]["status"] == "WRONG" and "median_s" not in wrong[SPLIT]
     assert wrong[SPLIT]["error"].startswith("dw: error ")
     assert all(c["status"] == "ok" for n, c in wrong.items() if n != SPLIT), wrong
+
+
+def test_a_candidate_that_never_ends_is_killed_and_costs_only_its_result(faulty):
+    results, _ = faulty
+    hang = results["problems"][3]["contenders"]
+    assert hang[SPLIT] == {"status": "crashed", "error": f"no progress for {HANG_S} s (killed)"}
+    assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in hang.items() if n != SPLIT), hang
+
+
+def test_tuning_through_the_server_gives_the_tuners_rows_and_database(built, faulty, tmp_path):
+    from convbw_mlir.dispatch.tune import _decide, build_database, records_path, time_candidates
+
+    _manifest(built, ["a", "b", "held"])
+    out = tmp_path / "results.json"
+    results = time_candidates(built, out, log=lambda _: None, server=True)
+    rows = results["problems"]
+    assert [r["key"] for r in rows] == ["000-a.f16", "001-b.f16", "002-held.f16"] and rows[2]["held_out"]
+    assert rows[2]["selected"]["path"] == "exact" and all(_decide(r)["winner"] for r in rows)
+    assert all(c["status"] == "ok" for r in rows for c in r["contenders"].values())
+    assert all(set(r.get("pass2") or {}) <= set(r["contenders"]) for r in rows)
+    # one server a run: pass 1 of the tuned, pass 2 where close, the held-out one
+    assert [s["servers"] for s in results["server"]] == [1] * len(results["server"]) and len(results["server"]) >= 2
+    assert json.loads(out.read_text()) == results and len(build_database(results).entries) == 1
+    assert len(records_path(out).read_text().splitlines()) == sum(
+        len(r["contenders"]) + len(r.get("pass2") or {}) for r in rows
+    )
 
 
 @pytest.mark.parametrize(

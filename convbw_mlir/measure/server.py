@@ -53,6 +53,8 @@ PREP_WORKERS = max(1, min(8, (os.cpu_count() or 2) - 2))
 # Problems prepared ahead of the one measured, a device: enough to keep every CPU worker busy, few enough that
 # their inputs (saved to disk) stay small.
 LOOKAHEAD = 2
+# A server's start (imports, torch's context, CUPTI's first session) may take this long whatever the step timeout.
+START_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -375,7 +377,7 @@ class _Supervisor:
     def _start(self) -> str | None:
         """Start a server; None when it is ready, else why not."""
         self.child = _Child(self.options, self.env, self.log_dir, len(self.pids))
-        ev = self.child.event(self.timeout_s)
+        ev = self.child.event(max(self.timeout_s, START_TIMEOUT_S))
         if isinstance(ev, dict) and ev.get("event") == "ready":
             self.pids.append(ev["pid"])
             self.device_name = ev["name"]
@@ -483,6 +485,7 @@ class Served:
         timeout_s: how long a server may send nothing (a hung candidate reads crashed).
         prep_workers: CPU workers making inputs and float64 references (:data:`PREP_WORKERS`).
         timing: the timing protocol (:class:`ServerTiming`).
+        skip: ``skip(i)``, asked as entry ``i`` comes up, leaves it out (a deadline): it yields nothing.
 
     Raises:
         ValueError: ``prep_workers`` below 1, or no slot.
@@ -490,7 +493,7 @@ class Served:
 
     def __init__(self, folder: Path, entries: Sequence[dict[str, Any]], options: dict[str, Any], slots: Sequence[Any],
                  timeout_s: float, log: Callable[[str], None] = print, prep_workers: int = PREP_WORKERS,
-                 timing: ServerTiming | None = None) -> None:  # fmt: skip
+                 timing: ServerTiming | None = None, skip: Callable[[int], bool] | None = None) -> None:  # fmt: skip
         if not (isinstance(prep_workers, int) and prep_workers >= 1):
             raise ValueError(f"prep_workers: expected a count >= 1, got {prep_workers!r}")
         if not slots:
@@ -501,6 +504,7 @@ class Served:
         self.options = options | {"timing": asdict(self.timing)}
         self.supervisors: list[_Supervisor] = []
         self.wall_s = 0.0
+        self.skip = skip
 
     def summary(self) -> dict[str, Any]:
         """The protocol and the servers: ``timing``, ``servers`` started, ``problems_per_minute`` (wall clock)."""
@@ -552,6 +556,8 @@ class Served:
                             submit(pool, i)
                         feed(pool)
                         future = futures[i]
+                    if self.skip is not None and self.skip(i):
+                        continue
                     entry = self.entries[i]
                     try:
                         future.result()
