@@ -171,3 +171,18 @@ def test_one_cupti_session_gives_each_candidate_the_gpu_work_of_its_own_range(mo
     assert got["one"]["kernel_s"] > 0 and got["none"] == {
         "kernel_time_error": "CUPTI recorded no GPU kernel in this call's range"
     }
+
+
+def test_the_rate_script_times_the_server_and_the_runner_on_the_same_problems(built, faulty, tmp_path):
+    from pathlib import Path
+
+    _manifest(built, ["a", "b"])
+    script = Path(__file__).resolve().parents[1] / "bench" / "tune_rate.py"
+    r = subprocess.run([sys.executable, str(script), "run", str(built), "--out", str(tmp_path), "--classic", "1"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "tune_rate.json").read_text())
+    assert report["server"]["problems"] == 2 and report["runner"]["problems"] == 1
+    assert report["server"]["counts"] == {"ok": 4} and report["agreement"]["verdicts_differ"] == []
+    assert report["server"]["problems_per_minute_per_gpu"] > 0 and report["agreement"]["median_s"]["n"] == 2
+    assert "problems a minute a GPU" in (tmp_path / "tune_rate.md").read_text()
