@@ -63,9 +63,8 @@ def _subset(folder: Path, count: int, tmp: Path) -> Path:
 
 
 def _timed(folder: Path, **kw: Any) -> tuple[dict[str, Any], float]:
-    from convbw_mlir.measure.run import run_manifest
-
     from convbw_mlir.dispatch.tune import NUMPY_MAX_FLOPS
+    from convbw_mlir.measure.run import run_manifest
 
     t0 = time.monotonic()  # tuning's setting: numpy's whole reference where it takes about a second
     results = run_manifest(folder, devices="all", numpy_max_flops=NUMPY_MAX_FLOPS, **kw)
