@@ -105,15 +105,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
         devices = parse_devices(args.devices) if args.devices is not None else None
         resolve_devices(get_target(args.target).driver, devices)
-    elif args.devices is not None:
-        raise ValueError("--devices: the timing half's; --compile-only times nothing")
+    elif args.devices is not None or args.server:
+        flag = "--devices" if args.devices is not None else "--server"
+        raise ValueError(f"{flag}: the timing half's; --compile-only times nothing")
     tune.compile_candidates(problems, args.target, args.out, max_workers=args.workers, max_plans=args.max_plans,
                             engine=args.engine, address=args.address)  # fmt: skip
     print(f"built {len(problems)} problems' candidates for {args.target} into {args.out} (manifest.json)")
     if args.compile_only:
         return 0
     results_path = Path(args.out) / "results.json"
-    results = tune.time_candidates(args.out, results_path, devices=devices)
+    results = tune.time_candidates(args.out, results_path, devices=devices, server=args.server)
     db = tune.build_database(results)
     db.save(Path(args.out) / db_file_name(db.device, db.target))
     results_path.with_suffix(".md").write_text(tune.summarize(results, db))
@@ -208,6 +209,11 @@ def add_dispatch_commands(sub: Any) -> None:
     tune.add_argument("--compile-only", action="store_true", help="build the candidates into --out, time nothing")
     tune.add_argument("--out", help="candidate folder (manifest.json + kernels)")
     tune.add_argument("--devices", default=None, help=DEVICES_HELP)
+    tune.add_argument(
+        "--server",
+        action="store_true",
+        help="time through one measuring process a GPU: candidates checked once, timed in batches",
+    )
     tune.add_argument("--import", dest="import_", metavar="FILE",
                       help="merge a database or a timing results.json into yours (trusted sources only)")  # fmt: skip
     tune.add_argument("--into", help="database folder for --import (default <cache>/tuning)")

@@ -1,5 +1,5 @@
-"""Host kernels with the contenders' signature that misbehave: one kills its process, one never ends
-(the runner's and the measuring pool's containment tests)."""
+"""Host kernels with the contenders' signature that misbehave: one kills its process, one never ends, one is
+wrong (the runner's, the measuring pool's and the measuring server's containment tests)."""
 
 from convbw_mlir.problem import ConvBwdWeightProblem
 
@@ -53,6 +53,21 @@ func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tenso
     }}
     linalg.yield %v : f16
   }} -> tensor<{ws}xf16>
+  return %r : tensor<{ws}xf16>
+}}"""
+    return compile_module(text, "host")
+
+
+def wrong_kernel(problem: ConvBwdWeightProblem) -> bytes:
+    """A vmfb with the contenders' signature that returns dW all zeros: finite and wrong."""
+    from convbw_mlir.build.iree import compile_module
+
+    xs, ys, ws = ("x".join(map(str, s)) for s in (problem.x_shape, problem.dy_shape, problem.dw_shape))
+    text = f"""
+func.func @conv_bwd_weight(%x: tensor<{xs}xf16>, %dy: tensor<{ys}xf16>) -> tensor<{ws}xf16> {{
+  %z = arith.constant 0.0 : f16
+  %e = tensor.empty() : tensor<{ws}xf16>
+  %r = linalg.fill ins(%z : f16) outs(%e : tensor<{ws}xf16>) -> tensor<{ws}xf16>
   return %r : tensor<{ws}xf16>
 }}"""
     return compile_module(text, "host")

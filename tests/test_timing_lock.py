@@ -256,7 +256,9 @@ def test_measure_run_checks_a_contender_in_the_shared_turn_and_times_it_alone(tm
             return x
 
     x = [0.0]
-    monkeypatch.setattr(run, "Kernel", Kernel)
+    from convbw_mlir.measure import checks
+
+    monkeypatch.setattr(checks, "Kernel", Kernel)  # the candidate's loading and check: shared with the server
     monkeypatch.setattr(run, "time_calls", lambda *a, **k: rec("time") or [1e-6] * 3)
     monkeypatch.setattr(run, "_gpu_time", lambda *a: rec("kernel time") or {})
     (tmp_path / "k.vmfb").write_bytes(b"")

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +82,14 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
                        out: str | os.PathLike, max_workers: int = 2, max_plans: int = 4,
                        cache: Any = None, progress: bool | None = None,
                        log: Callable[[str], None] = print, engine: str = "local",
-                       address: str | None = None) -> Any:  # fmt: skip
+                       address: str | None = None, iree: bool = True) -> Any:  # fmt: skip
     """Build the candidates of ``problems`` ((name, problem, held out) each) for ``target`` into ``out``.
 
     Returns the build's :class:`convbw_mlir.dispatch.build.BuildReport`. ``out`` appears whole at the end
     (built beside it); a variant that fails or crashes IREE is recorded in the manifest, not fatal.
     ``engine``: ``local`` (``max_workers`` child processes here) or ``ray`` (a Ray task a compile, on a
     local Ray of ``max_workers`` CPUs or the cluster at ``address``); the folder's content is the same.
+    ``iree``: IREE's own forms among the candidates (:func:`convbw_mlir.dispatch.variants.candidates`).
 
     Raises:
         ValueError: an unknown engine, an address without Ray, Ray not installed, ``max_workers`` below 1, no
@@ -104,7 +105,7 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
     reg = Registry(target, cache)
     per_problem = []
     for _name, problem, _ in problems:
-        per_problem.append(reg.declare_candidates(problem, max_plans=max_plans))
+        per_problem.append(reg.declare_candidates(problem, max_plans=max_plans, iree=iree))
     keys = [f"{i:03d}-{name}.{p.dtype}" for i, (name, p, _) in enumerate(problems)]
     with session(engine, max_workers, address):  # one Ray session for the variants and the references
         report = reg.build(max_workers=max_workers, progress=progress, engine=engine, address=address)
@@ -160,7 +161,7 @@ def _ranked(contenders: dict[str, dict], metric: str | None = None) -> list[tupl
 def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str = "",
                     log: Callable[[str], None] = print, deadline_s: float | None = None,
                     devices: Sequence[int] | None = None, timeout_s: float | None = None,
-                    keys: Collection[str] | None = None) -> dict[str, Any]:  # fmt: skip
+                    keys: Collection[str] | None = None, server: bool = False) -> dict[str, Any]:  # fmt: skip
     """Time every candidate of the manifest in ``folder`` (runtime only) in two passes; write ``out``.
 
     Pass 1: :func:`convbw_mlir.measure.run.run_manifest` per problem (no cuDNN). Pass 2: the winner and the
@@ -174,6 +175,10 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     whichever is free (:mod:`convbw_mlir.measure.pool`; default every visible GPU, one worker on the host);
     the results are in the manifest's order whichever device measured them. ``timeout_s``: how long one
     candidate may run before it reads crashed (:data:`convbw_mlir.measure.run.STEP_TIMEOUT_S`).
+
+    ``server``: each phase's pass 1, then its pass 2, through one persistent measuring process a device
+    (:mod:`convbw_mlir.measure.server`: candidates checked once, timed in batches, its shorter protocol) instead
+    of two children a problem; ``out`` is then rewritten as each phase ends, and names the servers (``server``).
 
     Raises:
         ValueError: no GPU visible for a GPU target, or a device that is not visible (before any timing).
@@ -199,6 +204,8 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     t0 = time.monotonic()
     rows: dict[int, dict] = {}
     has_held = any(e.held_out for e in todo)
+    if server:
+        results["server"] = []  # one summary a server run (pass 1, pass 2 of each phase)
 
     def late(payload: dict) -> bool:
         # tuned problems stop at 3/4 of the deadline, so the held-out ones (fewer contenders) get measured too
@@ -216,7 +223,11 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
                 entry = _untuned_entry(entry, results)
             payloads.append({"folder": str(folder), "entry": entry, "held": held,
                              "timeout_s": timeout_s or STEP_TIMEOUT_S})  # fmt: skip
-        for j, done in deal(_time_problem, payloads, slots, log, lost=_lost_problem, skip=late):
+        if server:
+            source: Any = _served_phase(folder, payloads, slots, log, late, results["server"])
+        else:
+            source = deal(_time_problem, payloads, slots, log, lost=_lost_problem, skip=late)
+        for j, done in source:
             row = done["row"]
             results["device"] = results["device"] or (done["device"] and _device_name(done["device"], slots))
             name = results["device"] if done["device"] in ("cuda", "hip") else done["device"]  # the runner's, or smi's
@@ -306,22 +317,70 @@ def _time_problem(payload: dict, device: Any, log: Callable[[str], None]) -> dic
     """Pass 1 of one problem and, where its top two are close, pass 2 (a measuring worker's task)."""
     folder, entry, held, timeout_s = Path(payload["folder"]), payload["entry"], payload["held"], payload["timeout_s"]
     one = _run_one(folder, entry, log, env=device.env, timeout_s=timeout_s)
-    row = one["problems"][0]
+    row = _tune_fields(one["problems"][0], entry, held)
+    again = _pass2_names(row)
+    if again:
+        row["pass2"] = _second_pass(folder, entry, again, log, env=device.env, timeout_s=timeout_s)
+    row["device_index"] = device.index
+    return {"row": row, "device": one["device"]}
+
+
+def _tune_fields(row: dict[str, Any], entry: ManifestEntry, held: bool) -> dict[str, Any]:
+    """``row`` (the runner's) with the fields the tuner adds: held out, the problem, the variants, the heuristic."""
     row["held_out"] = held
     row["problem"] = entry.problem
     row["variants"] = _variants(entry)
     row["heuristic"] = _heuristic(entry)
     if held:
         row["selected"] = entry.extra.get("selected")
+    return row
+
+
+def _pass2_names(row: dict[str, Any]) -> list[str]:
+    """What pass 2 re-times: a tuned problem's top two where within :data:`PASS2_WITHIN`, and the heuristic's plan."""
     ranked = _ranked(row["contenders"])
-    close = len(ranked) >= 2 and ranked[1][0] <= ranked[0][0] * (1 + PASS2_WITHIN)
-    if close and not held:  # the top two and the heuristic's plan, once more
-        again = [ranked[0][1], ranked[1][1]]
-        if row["heuristic"] not in again and row["contenders"].get(row["heuristic"], {}).get("status") == "ok":
-            again.append(row["heuristic"])
-        row["pass2"] = _second_pass(folder, entry, again, log, env=device.env, timeout_s=timeout_s)
-    row["device_index"] = device.index
-    return {"row": row, "device": one["device"]}
+    if row["held_out"] or len(ranked) < 2 or ranked[1][0] > ranked[0][0] * (1 + PASS2_WITHIN):
+        return []
+    again = [ranked[0][1], ranked[1][1]]
+    if row["heuristic"] not in again and row["contenders"].get(row["heuristic"], {}).get("status") == "ok":
+        again.append(row["heuristic"])
+    return again
+
+
+def _served_phase(folder: Path, payloads: list[dict], slots: Sequence[Any], log: Callable[[str], None],
+                  late: Callable[[dict], bool], summaries: list[dict]) -> Any:  # fmt: skip
+    """:func:`_time_problem`'s ``(j, {"row", "device"})`` of each payload, pass 1 of them all through one server a
+    device, then pass 2 of the close ones through them again (:class:`convbw_mlir.measure.server.Served`); appends
+    each server run's summary to ``summaries``."""
+    from convbw_mlir.measure.server import Served
+
+    if not payloads:
+        return
+    options = {"driver": slots[0].driver, "device": None, "use_torch": False, "numpy_max_flops": NUMPY_MAX_FLOPS,
+               "check_only": False}  # fmt: skip
+    timeout_s = payloads[0]["timeout_s"]
+    first = Served(folder, [p["entry"] for p in payloads], options, slots, timeout_s, log,
+                   skip=lambda i: late(payloads[i]))  # fmt: skip
+    rows: dict[int, tuple[dict[str, Any], str | None]] = {}
+    index: dict[int, int | None] = {}
+    for i, (checked, device_name) in first:
+        # the row as _run_one's one-device run writes it (no device_index), then the tuner's fields, as _time_problem
+        row = replace(checked, several_devices=False).to_dict()
+        rows[i] = _tune_fields(row, payloads[i]["entry"], payloads[i]["held"]), device_name
+        index[i] = checked.device_index
+    summaries.append(first.summary())
+    again = {i: _pass2_names(row) for i, (row, _) in rows.items()}
+    again = {i: names for i, names in again.items() if names}
+    if again:  # checked on the float64 sample only, as _second_pass
+        order = sorted(again)
+        entries = [(e := payloads[i]["entry"]).with_contenders({n: e.contenders[n] for n in again[i]}) for i in order]
+        second = Served(folder, entries, options | {"numpy_max_flops": 0}, slots, timeout_s, log)
+        for k, (checked, _) in second:
+            rows[order[k]][0]["pass2"] = checked.contenders
+        summaries.append(second.summary())
+    for i in sorted(rows):
+        rows[i][0]["device_index"] = index[i]
+        yield i, {"row": rows[i][0], "device": rows[i][1]}
 
 
 def _lost_problem(payload: dict, why: str) -> dict[str, Any]:
@@ -586,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, default=None, help="seconds after which no new problem starts")
     ap.add_argument("--devices", default=None, help=DEVICES_HELP)
     ap.add_argument("--timeout", type=float, default=None, help="seconds one candidate may run (default 600)")
+    ap.add_argument("--server", action="store_true",
+                    help="one measuring process a GPU, candidates checked once and timed in batches")  # fmt: skip
     args = ap.parse_args(argv)
     from convbw_mlir.measure.run import manifest_entries, read_manifest
     from convbw_mlir.targets import get_target
@@ -601,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     results = time_candidates(args.folder, args.out, args.filter, deadline_s=args.deadline, devices=devices,
-                              timeout_s=args.timeout)  # fmt: skip
+                              timeout_s=args.timeout, server=args.server)  # fmt: skip
     db = build_database(results)
     out = Path(args.out)
     from convbw_mlir.dispatch.db import db_file_name

@@ -76,3 +76,49 @@ def kernel_seconds(call: Callable[[], Any], sync: Callable[[Any], None], calls: 
         "kernels_per_call": len(work) / calls,
         "kernel_names": sorted({a[3] for a in work})[:4],
     }
+
+
+def kernel_seconds_each(calls: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]], n: int = CALLS,
+                        before: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """:func:`kernel_seconds` of several calls in one profiler session (a session costs tens of ms: one a batch).
+
+    ``calls``: name -> (call, sync); each name's ``n`` calls end with its ``sync`` inside a
+    ``record_function(name)`` range, and a GPU activity belongs to the range it starts in (each range ends
+    with the device idle, so none spills into the next). ``before(name)`` is called as each name starts (the
+    caller's progress: a fault at a sync is then that name's). Returns name -> :func:`kernel_seconds`'s fields,
+    or ``{"kernel_time_error": why}`` for a name whose range holds no GPU work.
+    """
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="convbw-cupti-") as tmp:
+        trace = Path(tmp) / "trace.json"
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            for name, (call, sync) in calls.items():
+                if before is not None:
+                    before(name)
+                with torch.profiler.record_function(_LABEL + name):
+                    for _ in range(n):
+                        out = call()
+                    sync(out)
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+        ours = (ev for ev in events if ev.get("cat") == "user_annotation" and str(ev.get("name")).startswith(_LABEL))
+        ranges = sorted((ev["ts"], ev["name"][len(_LABEL) :]) for ev in ours)
+        work: dict[str, list[tuple[float, float, str, str]]] = {name: [] for name in calls}
+        for act in gpu_activities(trace):
+            owner = next((name for ts, name in reversed(ranges) if ts <= act[0]), None)
+            if owner in work and act[2] in _WORK:
+                work[owner].append(act)
+    out: dict[str, dict[str, Any]] = {}
+    for name, acts_ in work.items():
+        if not acts_:
+            out[name] = {"kernel_time_error": "CUPTI recorded no GPU kernel in this call's range"}
+            continue
+        out[name] = {"kernel_s": sum(a[1] for a in acts_) * 1e-6 / n, "kernels_per_call": len(acts_) / n,
+                     "kernel_names": sorted({a[3] for a in acts_})[:4]}  # fmt: skip
+    return out
+
+
+# The prefix of kernel_seconds_each's ranges, so that no torch-internal annotation is taken for one.
+_LABEL = "convbw-time:"

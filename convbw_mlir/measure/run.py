@@ -1,7 +1,7 @@
 """Run side of the benchmark: needs only iree-base-runtime, numpy and (if importable) torch.
 
     python -m convbw_mlir.measure.run DIR [--filter SUBSTR] [--out results.json] [--devices 0,1,..] [--driver D]
-                                        [--no-torch] [--timeout SECONDS] [--jobs N]
+                                        [--no-torch] [--timeout SECONDS] [--jobs N] [--server]
 
 For each problem of ``DIR/manifest.json`` a child process (so that a kernel that faults the GPU, which
 poisons the process's CUDA context, costs only its own result) makes random x and dy (seeded),
@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,21 +36,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from convbw_mlir.measure import gpu_lock
+from convbw_mlir.measure.checks import (
+    NUMPY_REFERENCE_MAX_FLOPS,
+    DirectKernel,
+    Torch,
+    _lock,
+    _Problem,
+    _run_reference,
+    _stats,
+    _torch,
+    candidates,
+    checked_row,
+    error_stats,
+    load_checked,
+    sample_indices,
+    tolerance_rms,
+)
 from convbw_mlir.measure.children import announced_exit, death, exit_child, first_line, status_of
 from convbw_mlir.measure.records import ManifestEntry, ResultRow
-from convbw_mlir.problem import ConvBwdWeightProblem
-from convbw_mlir.reference import (
-    accumulation_error,
-    random_inputs,
-    reference,
-    rounded_sum_error,
-    rounding_floor,
-    sample_reference,
-)
-from convbw_mlir.runtime import FENCE_BYTES, Kernel, fenced_host, time_calls
+from convbw_mlir.runtime import time_calls
 
 __all__ = [
     "DirectKernel",
@@ -65,334 +68,18 @@ __all__ = [
     "tolerance_rms",
 ]
 
-# numpy's float64 reference runs at a few GFLOP/s: use it where it takes seconds.
-NUMPY_REFERENCE_MAX_FLOPS = 4e10
-# dW entries checked against float64 per problem: each costs one dot product of the reduction length on the host.
-SAMPLE_ENTRIES = 256
-SAMPLE_SEED = 11
 # A child silent this long (a kernel that never ends) is killed; the contender it was running reads crashed.
 STEP_TIMEOUT_S = 600
 # Exit status of a child that stopped after a failed contender, so the problem's next one gets a fresh process.
 _RESTART = 3
-# Significand bits (without the implicit one) and smallest normal exponent of each dW type.
-_FORMAT = {"f16": (10, -14), "bf16": (7, -126), "f32": (23, -126)}
-
-
-def _stats(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1)))]  # noqa: E731
-    return {"median_s": statistics.median(s), "p10_s": q(0.1), "p90_s": q(0.9), "n": len(s)}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Accuracy: float64 on a sample of dW entries, errors in RMS units and ulps, tolerances (docs/tolerances.md)
-
-
-def tolerance_rms(problem: ConvBwdWeightProblem, dw_dtype: str, peak: float, mma: bool = True,
-                  rms: float | None = None) -> float:  # fmt: skip
-    """Largest ``max|got - exact| / rms(exact)`` a correct kernel with f32 accumulation may show.
-
-    One rounding of dW to ``dw_dtype`` (at most u * peak RMS, ``peak`` = max|dW| / rms) plus the f32
-    accumulation error over L = N * prod(output) products, K_SIGMA standard deviations of it: with matrix
-    instructions (``mma``) the accumulator is truncated, not rounded (Fasi et al. 2021, "Numerical behavior
-    of NVIDIA tensor cores"), a bias that grows like u * n / sqrt(3) RMS over a chain of n = L / MMA_K updates;
-    without (round to nearest, a serial sum: the GPU reference) it is u * sqrt(L (1 + 2 peak^2) / 18) at the
-    largest entry (:func:`convbw_mlir.reference.rounded_sum_error`). Derivation: docs/tolerances.md.
-    With ``rms`` (dW's RMS), plus :func:`convbw_mlir.reference.rounding_floor` in RMS units: what rounding to
-    a subnormal or to zero costs whatever the value (a small epilogue scale puts f16 dW there).
-    """
-    if dw_dtype not in _FORMAT:
-        raise ValueError(f"dw_dtype: unknown element type {dw_dtype!r}; known: {', '.join(_FORMAT)}")
-    mant, _ = _FORMAT[dw_dtype]
-    length = problem.gemm[3]
-    acc = accumulation_error(length, True) if mma else rounded_sum_error(length, peak)
-    return 2.0 ** -(mant + 1) * peak + acc + (rounding_floor(dw_dtype) / rms if rms else 0.0)
-
-
-def _ulp(magnitude: np.ndarray, dtype: str) -> np.ndarray:
-    """Spacing of ``dtype`` numbers at ``magnitude`` (> 0), subnormals included."""
-    mant, emin = _FORMAT[dtype]
-    exp = np.maximum(np.floor(np.log2(np.maximum(magnitude, np.finfo(np.float64).tiny))), emin)
-    return np.exp2(exp - mant)
-
-
-def error_stats(got: np.ndarray, exact: np.ndarray, dtype: str, rms: float | None = None) -> dict[str, Any]:
-    """Worst error of ``got`` against ``exact`` (float64, same shape): in RMS units and in ulps of ``dtype``.
-
-    ``error_rms`` = max|got - exact| / rms(exact); ``error_ulps`` = max of |got - exact| over the spacing
-    of ``dtype`` at max(|exact|, rms) (entries near zero measured at the typical magnitude, where a
-    cancellation leaves them); ``worst`` = the index of the entry with the largest error.
-    """
-    got = np.asarray(got, dtype=np.float64).ravel()
-    exact = np.asarray(exact, dtype=np.float64).ravel()
-    rms = float(np.sqrt(np.mean(exact**2))) if rms is None else rms
-    rms = rms or 1.0
-    diff = np.abs(got - exact)
-    worst = int(diff.argmax()) if diff.size else 0
-    return {
-        "error_rms": float(diff[worst] / rms) if diff.size else 0.0,
-        "error_ulps": float((diff / _ulp(np.maximum(np.abs(exact), rms), dtype)).max()) if diff.size else 0.0,
-        "peak": float(np.abs(exact).max() / rms) if diff.size else 0.0,
-        "worst": worst,
-        "rms": rms,
-    }
-
-
-def sample_indices(problem: ConvBwdWeightProblem, entries: int = SAMPLE_ENTRIES, seed: int = SAMPLE_SEED) -> np.ndarray:
-    """Sorted flat indices into dW (its layout) of ``entries`` distinct random entries, or all of them."""
-    size = math.prod(problem.dw_shape)
-    if size <= entries:
-        return np.arange(size)
-    return np.sort(np.random.default_rng(seed).choice(size, entries, replace=False))
-
-
-class Torch:
-    """cuDNN through torch, for layouts torch can express (channels-last and NCHW families)."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self.torch = torch
-        self.ok = torch.cuda.is_available()
-        if self.ok:
-            torch.backends.cudnn.benchmark = True
-            self.name = torch.cuda.get_device_name(0)
-
-    def supports(self, p: ConvBwdWeightProblem) -> str | None:
-        """None if supported, else why not."""
-        if p.pad_low != p.pad_high:
-            return "asymmetric pads"
-        if p.dw_dtype != p.dtype:
-            return "mixed dW type"
-        if p.layout_family.x not in ("NHWGC", "NHWC", "NGCHW", "NCHW"):
-            return f"layout {p.layout}"
-        if p.layout_family.w not in ("GKYXC", "KYXC", "GKCYX", "KCYX"):
-            return f"layout {p.layout}"
-        return None
-
-    def _tensor(self, a: np.ndarray, dtype: str) -> Any:
-        t = self.torch
-        if dtype == "bf16":
-            return t.from_numpy(a.view(np.int16)).view(t.bfloat16)
-        return t.from_numpy(a)
-
-    def prepare(self, p: ConvBwdWeightProblem, x: np.ndarray, dy: np.ndarray) -> tuple[Any, Any]:
-        """A callable computing dW with torch, and a function turning its result into our dW layout."""
-        t = self.torch
-        rank = p.rank
-        lay = p.layout_family
-        n, g, c, k = p.batch, p.groups, p.in_channels, p.out_channels
-        ins, outs = p.input_size, p.output_size
-        # torch views [N, G*C, spatial...] over our memory; 1-D runs as 2-D with H=1 (channels-last exists).
-        pad1 = (1,) if rank == 1 else ()
-        if lay.x in ("NHWGC", "NHWC"):
-            xt = self._tensor(x, p.dtype).reshape(n, *pad1, *ins, g * c)
-            yt = self._tensor(dy, p.dtype).reshape(n, *pad1, *outs, g * k)
-            nd = xt.dim()
-            perm = (0, nd - 1, *range(1, nd - 1))
-            xt, yt = xt.permute(perm), yt.permute(perm)
-        else:
-            xt = self._tensor(x, p.dtype).reshape(n, g * c, *pad1, *ins)
-            yt = self._tensor(dy, p.dtype).reshape(n, g * k, *pad1, *outs)
-        xt, yt = xt.to("cuda"), yt.to("cuda")  # preserve_format keeps the strides (channels-last or not)
-        filt = (*pad1, *p.filter_size)
-        w = t.empty((g * k, c, *filt), dtype=xt.dtype, device="cuda")
-        if lay.x in ("NHWGC", "NHWC"):
-            w = w.to(memory_format=t.channels_last if w.dim() == 4 else t.channels_last_3d)
-        one = (1,) if rank == 1 else ()
-        stride, dil, pad = (*one, *p.stride), (*one, *p.dilation), ((0,) if rank == 1 else ()) + p.pad_low
-
-        def call() -> Any:
-            return t.ops.aten.convolution_backward(
-                yt, xt, w, None, list(stride), list(pad), list(dil), False, [0] * len(stride), g, [False, True, False]
-            )[1]
-
-        def to_ours(dw: Any) -> np.ndarray:
-            dw = dw.float().cpu()
-            if lay.w in ("GKYXC", "KYXC"):
-                dw = dw.permute(0, *range(2, dw.dim()), 1)  # [GK, filt..., C]
-            arr = dw.contiguous().numpy().reshape(p.dw_shape)
-            return arr
-
-        return call, to_ours
-
-    def sync(self) -> None:
-        self.torch.cuda.synchronize()
-
-
-def _torch() -> Torch | None:
-    try:
-        tw = Torch()
-    except ImportError:
-        return None
-    return tw if tw.ok else None
-
-
-# ----------------------------------------------------------------------------------------------------------
-# One problem, in a child process
-
-
-class _Problem:
-    """What the checks of one problem need: inputs, the float64 sample, the whole reference if any."""
-
-    def __init__(self, p: ConvBwdWeightProblem, state: Path, numpy_max_flops: float) -> None:
-        self.p = p
-        self.x, self.dy = random_inputs(p, seed=7)
-        saved = state / "check.npz"
-        if saved.exists():  # an earlier child of this problem made them
-            data = np.load(saved)
-            self.indices, self.exact = data["indices"], data["exact"]
-            self.want = data["want"] if data["want"].size else None
-            self.want_tol = float(data["want_tol"])
-        else:
-            self.indices = sample_indices(p)
-            self.exact = sample_reference(
-                p, self.x, self.dy, np.stack(np.unravel_index(self.indices, p.dw_shape), axis=1)
-            )
-            # the whole reference, and the tolerance it adds (the GPU reference's own, where it stands in)
-            self.want = reference(p, self.x, self.dy) if p.flops <= numpy_max_flops else None
-            self.want_tol = 0.0
-        self.rms = float(np.sqrt(np.mean(self.exact**2))) or 1.0
-        self.peak = float(np.abs(self.exact).max()) / self.rms if self.exact.size else 0.0
-        self.saved = saved
-        if not saved.exists():
-            self.save()
-
-    def save(self) -> None:
-        want = np.empty(0) if self.want is None else self.want
-        np.savez(self.saved, indices=self.indices, exact=self.exact, want=want, want_tol=self.want_tol)
-
-    def check(self, got: np.ndarray, dw_dtype: str, mma: bool = True) -> dict[str, Any]:
-        """Errors of ``got`` (a whole dW) and the verdict: status ok or WRONG with the worst entry."""
-        p = self.p
-        got = np.asarray(got)
-        if got.shape != tuple(p.dw_shape):
-            return {"status": "WRONG", "error": f"shape: got {got.shape}, expected {tuple(p.dw_shape)}"}
-        got = got.astype(np.float64)
-        if not np.all(np.isfinite(got)):
-            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(got))[0])
-            return {"status": "WRONG", "error": f"dw: non-finite value {got[bad]} at index {bad}"}
-        flat = got.ravel()
-        sample = error_stats(flat[self.indices], self.exact, dw_dtype, self.rms)
-        res: dict[str, Any] = {"error_rms": sample["error_rms"], "error_ulps": sample["error_ulps"]}
-        peak, full = self.peak, None
-        if self.want is not None:
-            full = error_stats(got, self.want, dw_dtype)
-            res["error_rms_full"] = full["error_rms"]
-            peak = max(peak, full["peak"])
-        tol = res["tolerance_rms"] = tolerance_rms(p, dw_dtype, peak, mma, self.rms)
-        # (error, its tolerance, flat index, exact value, what it was compared with) of each failed check
-        failed = []
-        if sample["error_rms"] > tol:
-            at = sample["worst"]
-            failed.append((sample["error_rms"], tol, int(self.indices[at]), float(self.exact[at]), "float64"))
-        if full is not None and full["error_rms"] > tol + self.want_tol:
-            against = "float64" if self.want_tol == 0.0 else "the GPU reference"
-            at = full["worst"]
-            failed.append((full["error_rms"], tol + self.want_tol, at, float(self.want.ravel()[at]), against))
-        res["status"] = "WRONG" if failed else "ok"
-        if failed:
-            err, limit, at, want, against = failed[0]
-            idx = tuple(int(i) for i in np.unravel_index(at, p.dw_shape))
-            res["error"] = (
-                f"dw: error {err:.3g} RMS > tolerance {limit:.3g} RMS vs {against} at index {idx}: "
-                f"got {flat[at]:.6g}, want {want:.6g}"
-            )
-        return res
-
-
-def _lock(driver: str, device: int | None) -> gpu_lock.DeviceLock:
-    """The machine-wide lock of the device this process runs on (:mod:`convbw_mlir.measure.gpu_lock`)."""
-    return gpu_lock.for_device(driver, device or 0)
-
-
-def _run_reference(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None) -> dict[str, Any]:
-    """Run the GPU reference and check it; where it holds and numpy's is out of reach, it is ``prob.want``."""
-    if not rec.get("ok"):
-        checked = "numpy" if prob.want is not None else f"float64 sample ({len(prob.indices)} entries) only"
-        return {"reference_error": rec.get("error", "no kernel"), "reference_checked": checked}
-    with _lock(driver, device).shared():
-        gpu = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device).run(prob.x, prob.dy)
-    # its ISA is checked at compile time: without matrix instructions it rounds to nearest
-    check = prob.check(gpu, "f32", mma=bool(rec.get("mma_count", 1)))
-    check["entries"] = len(prob.indices)
-    fields: dict[str, Any] = {"reference_check": check}
-    if check["status"] != "ok":
-        fields["reference_checked"] = f"GPU reference WRONG vs float64: {check['error']}"
-    elif prob.want is not None:
-        fields["reference_checked"] = "numpy"
-    else:
-        prob.want, prob.want_tol = gpu.astype(np.float64), check["tolerance_rms"]
-        fields["reference_checked"] = f"float64 sample ({len(prob.indices)} entries)"
-    return fields
-
-
-class DirectKernel:
-    """A kernel only the direct CUDA launch runs (sm_90a: TMA tensor maps, which IREE's runtime cannot pass),
-    on torch's memory, with :class:`convbw_mlir.runtime.Kernel`'s calls: ``to_device_fenced``, ``kernel(x, dy)``
-    returning a result whose ``to_host`` reads dW back.
-
-    Args:
-        launch_dir: the schedule's folder (``launch.json`` and its PTX: :meth:`convbw_mlir.cuda_launch.Launch.files`),
-            compiled with an output argument (x, dy, dW, workspace).
-        problem: the problem it computes (dW's shape and type).
-        device: the CUDA device ordinal (None: 0).
-
-    Raises:
-        ValueError: no CUDA torch, or a schedule the launcher refuses (naming why).
-    """
-
-    def __init__(self, launch_dir: Path, problem: ConvBwdWeightProblem, device: int | None) -> None:
-        try:
-            import torch
-        except ImportError:
-            raise ValueError("launch: the direct CUDA launch needs torch (pip install .[torch])") from None
-        from convbw_mlir.cuda_launch import CudaLauncher, Launch
-        from convbw_mlir.problem import numpy_dtype
-
-        self.torch, self.index = torch, device or 0
-        launch = Launch.from_files(lambda name: (launch_dir / name).read_bytes())
-        self.launcher = CudaLauncher(launch, self.index)
-        self.shape, self.dtype = tuple(problem.dw_shape), numpy_dtype(problem.dw_dtype)
-        self.out = self._bytes(math.prod(self.shape) * self.dtype.itemsize)
-        self.workspace = self._bytes(max(launch.transient, 256))
-
-    def _bytes(self, n: int) -> Any:
-        return self.torch.empty(n, dtype=self.torch.uint8, device=f"cuda:{self.index}")
-
-    def to_device_fenced(self, array: np.ndarray, slack_bytes: int = FENCE_BYTES) -> Any:
-        """``array``'s bytes on the device followed by NaN, as ``Kernel.to_device_fenced``."""
-        return self.torch.from_numpy(fenced_host(array, slack_bytes).view(np.uint8)).to(f"cuda:{self.index}")
-
-    def __call__(self, x: Any, dy: Any) -> DirectKernel:
-        stream = self.torch.cuda.current_stream(self.index).cuda_stream
-        self.launcher((x.data_ptr(), dy.data_ptr(), self.out.data_ptr(), self.workspace.data_ptr()), stream)
-        return self
-
-    def to_host(self) -> np.ndarray:
-        return self.out.cpu().numpy().view(self.dtype).reshape(self.shape)
 
 
 def _run_contender(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None,
                    timed: bool = True) -> dict[str, Any]:  # fmt: skip
-    if not rec.get("ok"):
-        return {"status": "no kernel", "error": rec.get("error", "")}
-    if rec.get("launch") and driver != "cuda":  # TMA tensor maps: the direct launch runs it, not IREE's runtime
-        return {"status": "n/a", "error": f"driver: {driver} (the kernel runs by the direct CUDA launch)"}
-    lock = _lock(driver, device)
-    with lock.shared():  # loading, copies and the checked call: GPU work, never beside another's timing
-        if rec.get("launch"):
-            kernel: Any = DirectKernel(folder / rec["launch"], prob.p, device)
-        else:
-            kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
-        # NaN after x and dy: a kernel reading past them is WRONG here, not only where memory holds NaN later
-        xd, dyd = kernel.to_device_fenced(prob.x), kernel.to_device_fenced(prob.dy)
-        got = np.asarray(kernel(xd, dyd).to_host())
-    res = prob.check(got, prob.p.dw_dtype)  # numpy: the CPU's work, holding nothing
-    if res["status"] != "ok" and "non-finite" in res.get("error", ""):
-        res["error"] += " (x and dy are followed by NaN: the kernel reads past the end of its inputs)"
-    if res["status"] == "ok" and timed:
-        with lock.timing():
+    res, loaded = load_checked(folder, prob, rec, driver, device)
+    if loaded is not None and timed:
+        kernel, xd, dyd = loaded
+        with _lock(driver, device).timing():
             res |= _stats(time_calls(kernel, xd, dyd))
             res |= _gpu_time(lambda: kernel(xd, dyd), lambda r: r.to_host(), driver)
     return res
@@ -506,17 +193,15 @@ def _wait(child: subprocess.Popen, events: Path, timeout_s: float, lock: gpu_loc
 
 
 def _run_problem(folder: Path, entry: ManifestEntry, options: dict, timeout_s: float, log,
-                 env: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, dict], str | None]:  # fmt: skip
-    """One problem's reference fields, every contender's result and the device name.
+                 env: dict[str, str] | None = None) -> tuple[ResultRow, str | None]:  # fmt: skip
+    """One problem's row (:func:`checked_row`) and the device name.
 
     ``options``: driver, device, use_torch, numpy_max_flops, as the children take them; ``env``: what
     the children's environment adds (the device they are pinned to, :mod:`convbw_mlir.measure.pool`).
     """
     child_env = {**os.environ, **(env or {}), gpu_lock.EXIT_TURN_ENV: "1"}
     lock = gpu_lock.for_device(options["driver"], options["device"] or 0, child_env)
-    names = ["reference", *(n for n in entry.contenders if n != "reference")]
-    if options["use_torch"] and options["driver"] == "cuda":
-        names.append("cudnn")
+    names = candidates(entry, options)
     results: dict[str, dict] = {}
     device_name = None
     with tempfile.TemporaryDirectory(prefix="convbw-run-") as tmp:
@@ -562,14 +247,7 @@ def _run_problem(folder: Path, entry: ManifestEntry, options: dict, timeout_s: f
                     results[n] = {"status": "crashed", "error": why}
                 break
             results[pending] = {"status": "crashed", "error": why}
-    ref = results.pop("reference", {})
-    # the reference itself failed or crashed: its error; else its fields (reference_check, reference_checked)
-    reference = {"reference_error": ref.get("error", ref["status"])} if "status" in ref else ref
-    contenders = {n: results.get(n, {"status": "crashed", "error": "never ran"}) for n in names[1:]}
-    for name, rec in entry.contenders.items():
-        if "config" in rec and name in contenders:
-            contenders[name]["config"] = rec["config"]
-    return reference, contenders, device_name
+    return checked_row(entry, names, results), device_name
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:
@@ -599,7 +277,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
                  use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
                  numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False,
                  devices: Sequence[int] | str | None = None, env: dict[str, str] | None = None,
-                 jobs: int = 1) -> dict:  # fmt: skip
+                 jobs: int = 1, server: bool = False) -> dict:  # fmt: skip
     """Run every problem of a manifest, each in child processes; returns the results (see the module docstring).
 
     ``check_only`` checks every contender (NaN fences, float64) and times none (the fenced fuzz).
@@ -618,14 +296,20 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     float64 references (seconds of CPU a problem) overlap; every GPU step takes the device's machine-wide lock
     (:mod:`convbw_mlir.measure.gpu_lock`), a timing alone, so timings are as with one.
 
+    ``server``: one persistent measuring process a device instead of a child a problem, each candidate checked
+    once and the correct ones timed in one batch, inputs and float64 references made ahead by CPU workers
+    (:mod:`convbw_mlir.measure.server`); the results then name its protocol (``server``).
+
     Raises:
-        ValueError: a device that is not visible, or none visible for a GPU driver, or ``jobs`` below 1
-            (before any child starts).
+        ValueError: a device that is not visible, or none visible for a GPU driver, or ``jobs`` below 1, or
+            ``jobs`` above 1 with ``server`` (before any child starts).
     """
     from convbw_mlir.measure.pool import Device, deal, resolve_devices
 
     if not (isinstance(jobs, int) and jobs >= 1):
         raise ValueError(f"jobs: expected a count >= 1, got {jobs!r}")
+    if server and jobs != 1:
+        raise ValueError(f"jobs: the server is one process a device, got jobs={jobs} (its CPU work has workers)")
 
     folder = Path(folder).resolve()
     manifest = read_manifest(folder)
@@ -649,11 +333,20 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     todo = [(str(folder), e, options, timeout_s) for e in manifest_entries(manifest, folder) if filt in e.key]
     several = len({d.index for d in slots}) > 1  # one device: the rows as before the pool, naming none
     rows: dict[int, ResultRow] = {}
-    for i, (row, device_name) in deal(_measure_entry, todo, slots, log, lost=_lost_entry):
+    if server:
+        from convbw_mlir.measure.server import Served
+
+        measured: Any = Served(folder, [t[1] for t in todo], options, slots, timeout_s, log)
+        source: Any = measured
+    else:
+        source = deal(_measure_entry, todo, slots, log, lost=_lost_entry)
+    for i, (row, device_name) in source:
         if device_name and results["device"] == driver:
             results["device"] = device_name
         rows[i] = replace(row, several_devices=several)
         log(_line(rows[i]))
+    if server:
+        results["server"] = measured.summary()
     from convbw_mlir.targets import RUNS_SM80
 
     roof = next((t for key, t in RUNS_SM80.items() if key in results["device"]), None)
@@ -674,8 +367,8 @@ def _target(name: str) -> Any:
 def _measure_entry(payload: tuple, device: Any, log: Any) -> tuple[ResultRow, str | None]:
     """One manifest entry's row, measured in children pinned to ``device`` (a pool worker's task)."""
     folder, entry, options, timeout_s = payload
-    reference, contenders, device_name = _run_problem(Path(folder), entry, options, timeout_s, log, device.env)
-    return replace(ResultRow.head(entry, contenders, reference), device_index=device.index), device_name
+    row, device_name = _run_problem(Path(folder), entry, options, timeout_s, log, device.env)
+    return replace(row, device_index=device.index), device_name
 
 
 def _lost_entry(payload: tuple, why: str) -> tuple[ResultRow, None]:
@@ -722,9 +415,15 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="measuring workers a device: set-up and float64 references overlap, GPU steps never do",
     )
+    ap.add_argument(
+        "--server",
+        action="store_true",
+        help="one persistent measuring process a device, candidates checked once and timed in batches (tuning)",
+    )
     args = ap.parse_args(argv)
-    if args.jobs < 1:
-        print(f"error: --jobs: expected a count >= 1, got {args.jobs}", file=sys.stderr)
+    if args.jobs < 1 or (args.server and args.jobs != 1):
+        why = "with --server: one process a device" if args.jobs >= 1 else "expected a count >= 1"
+        print(f"error: --jobs: {why}, got {args.jobs}", file=sys.stderr)
         return 1
     if not args.timeout > 0:
         print(f"error: --timeout: expected seconds > 0, got {args.timeout}", file=sys.stderr)
@@ -753,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.timeout,
         devices=devices,
         jobs=args.jobs,
+        server=args.server,
     )
     out = Path(args.out or Path(args.folder) / "results.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,188 @@
+"""The tuning path of the runner (convbw_mlir.measure.server, ``measure.run --server``) with host kernels: one
+persistent process measures a batch of problems; a candidate that kills it costs only its own result (the
+server restarts and goes on at the next candidate); a wrong one is WRONG; the rows are the runner's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from stand_in_kernels import hanging_kernel, segfaulting_kernel, wrong_kernel
+
+from convbw_mlir.dispatch.tune import compile_candidates
+from convbw_mlir.measure.run import run_manifest
+from convbw_mlir.measure.server import ServerTiming
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+TINY = ConvBwdWeightProblem(1, 2, 8, 8, (6, 6), (1, 1))  # a 1x1 convolution: every contender compiles fast
+SPLIT = "convbw[k_batch=2]"  # TINY's second candidate on the host, beside the heuristic's plan
+COPIES = 6  # problems of the one-process batch
+HANG_S = 8  # how long a server may send nothing in the containment run
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """TINY's candidates on the host, and stand-ins of its split candidate that segfault or are wrong."""
+    folder = tmp_path_factory.mktemp("server") / "built"
+    compile_candidates([("tiny", TINY, False)], "host", folder, max_plans=1, progress=False, log=lambda _: None)
+    (folder / "crash.vmfb").write_bytes(segfaulting_kernel(TINY))
+    (folder / "wrong.vmfb").write_bytes(wrong_kernel(TINY))
+    (folder / "hang.vmfb").write_bytes(hanging_kernel(TINY))
+    return folder
+
+
+def _manifest(folder, names: list[str]) -> None:
+    """``folder``'s manifest as copies of its one problem, named ``names``; ``crash``/``wrong`` get the stand-ins."""
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    entry = manifest.setdefault("original", manifest["problems"][0])
+    entries = []
+    for i, name in enumerate(names):
+        e = json.loads(json.dumps(entry)) | {"name": name, "key": f"{i:03d}-{name}.f16", "held_out": name == "held"}
+        if name in ("crash", "wrong", "hang"):
+            e["contenders"][SPLIT]["vmfb"] = f"{name}.vmfb"
+        entries.append(e)
+    path.write_text(json.dumps(manifest | {"problems": entries}))
+
+
+@pytest.fixture(scope="module")
+def batch(built):
+    """COPIES problems through one server, and the same first problem through the child-a-problem runner."""
+    _manifest(built, [f"t{i}" for i in range(COPIES)])
+    served = run_manifest(built, use_torch=False, log=lambda _: None, server=True)
+    classic = run_manifest(built, "000-", use_torch=False, log=lambda _: None)
+    return served, classic
+
+
+def test_a_batch_of_problems_is_measured_by_one_server_process(batch):
+    served, _ = batch
+    rows = served["problems"]
+    assert [r["key"] for r in rows] == [f"{i:03d}-t{i}.f16" for i in range(COPIES)]  # the manifest's order
+    assert all(c["status"] == "ok" and c["median_s"] > 0 for r in rows for c in r["contenders"].values())
+    assert served["server"]["servers"] == 1 and served["server"]["timing"] == vars(ServerTiming())
+    rate = served["server"]["problems_per_minute"]
+    n = len(rows[0]["contenders"])
+    print(f"\nserver on the host: {COPIES} problems of {n} candidates, {rate:.0f} problems/min")  # a figure, not a test
+
+
+def test_server_rows_have_the_fields_of_the_runners_rows(batch):
+    served, classic = batch
+    one, two = served["problems"][0], classic["problems"][0]
+    assert one.keys() == two.keys() and one["contenders"].keys() == two["contenders"].keys()
+    for name, c in one["contenders"].items():
+        assert c.keys() == two["contenders"][name].keys(), name
+    assert one["reference_checked"] == two["reference_checked"]
+
+
+@pytest.fixture(scope="module")
+def faulty(built, batch):
+    """Problems whose split candidate segfaults, is wrong or never ends, good ones around them."""
+    _manifest(built, ["a", "crash", "wrong", "hang", "b"])
+    lines: list[str] = []
+    return run_manifest(built, use_torch=False, log=lines.append, server=True, timeout_s=HANG_S), lines
+
+
+def test_a_candidate_that_kills_the_server_costs_only_its_result_and_the_server_restarts(faulty):
+    results, lines = faulty
+    crash = results["problems"][1]["contenders"]
+    assert crash[SPLIT]["status"] == "crashed" and "SIGSEGV" in crash[SPLIT]["error"]
+    assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in crash.items() if n != SPLIT), crash
+    assert results["server"]["servers"] == 3  # the first, the one after the crash, the one after the hang
+    assert all(c["status"] == "ok" for r in (results["problems"][0], results["problems"][4])
+               for c in r["contenders"].values())  # fmt: skip
+    assert any("001-crash.f16" in line and SPLIT in line and "SIGSEGV" in line for line in lines)
+
+
+def test_a_wrong_candidate_is_marked_wrong_and_not_timed(faulty):
+    results, _ = faulty
+    wrong = results["problems"][2]["contenders"]
+    assert wrong[SPLIT]["status"] == "WRONG" and "median_s" not in wrong[SPLIT]
+    assert wrong[SPLIT]["error"].startswith("dw: error ")
+    assert all(c["status"] == "ok" for n, c in wrong.items() if n != SPLIT), wrong
+
+
+def test_a_candidate_that_never_ends_is_killed_and_costs_only_its_result(faulty):
+    results, _ = faulty
+    hang = results["problems"][3]["contenders"]
+    assert hang[SPLIT] == {"status": "crashed", "error": f"no progress for {HANG_S} s (killed)"}
+    assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in hang.items() if n != SPLIT), hang
+
+
+def test_tuning_through_the_server_gives_the_tuners_rows_and_database(built, faulty, tmp_path):
+    from convbw_mlir.dispatch.tune import _decide, build_database, records_path, time_candidates
+
+    _manifest(built, ["a", "b", "held"])
+    out = tmp_path / "results.json"
+    results = time_candidates(built, out, log=lambda _: None, server=True)
+    rows = results["problems"]
+    assert [r["key"] for r in rows] == ["000-a.f16", "001-b.f16", "002-held.f16"] and rows[2]["held_out"]
+    assert rows[2]["selected"]["path"] == "exact" and all(_decide(r)["winner"] for r in rows)
+    assert all(c["status"] == "ok" for r in rows for c in r["contenders"].values())
+    assert all(set(r.get("pass2") or {}) <= set(r["contenders"]) for r in rows)
+    # one server a run: pass 1 of the tuned, pass 2 where close, the held-out one
+    assert [s["servers"] for s in results["server"]] == [1] * len(results["server"]) and len(results["server"]) >= 2
+    assert json.loads(out.read_text()) == results and len(build_database(results).entries) == 1
+    assert len(records_path(out).read_text().splitlines()) == sum(
+        len(r["contenders"]) + len(r.get("pass2") or {}) for r in rows
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("min_reps", 0, "min_reps: expected a count >= 1, got 0"),
+     ("batch_seconds", 0.0, "batch_seconds: expected seconds > 0, got 0.0")],
+)  # fmt: skip
+def test_a_bad_timing_protocol_is_one_error_naming_the_field(field, value, message):
+    with pytest.raises(ValueError) as e:
+        ServerTiming(**{field: value})
+    assert str(e.value) == message
+
+
+def test_server_with_several_jobs_is_refused_in_one_line_before_running(built, tmp_path):
+    res = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "convbw_mlir.measure.run", str(built), "--out", str(res), "--server",
+                        "--jobs", "2"], capture_output=True, text=True)  # fmt: skip
+    assert (r.returncode, r.stderr) == (1, "error: --jobs: with --server: one process a device, got 2\n")
+    assert not res.exists()
+
+
+def test_one_cupti_session_gives_each_candidate_the_gpu_work_of_its_own_range(monkeypatch):
+    """On the CPU, torch's own ops stand for kernels: each call's activities land in its name, none in another's."""
+    torch = pytest.importorskip("torch")
+    from convbw_mlir.measure import cupti
+
+    def ops_as_kernels(trace):  # the trace's aten::mul / aten::add CPU ops, as if they were GPU kernels
+        events = json.loads(trace.read_text())["traceEvents"]
+        return sorted((e["ts"], e["dur"], "kernel", e["name"]) for e in events
+                      if e.get("cat") == "cpu_op" and e.get("name") in ("aten::mul", "aten::add"))  # fmt: skip
+
+    monkeypatch.setattr(cupti, "gpu_activities", ops_as_kernels)
+    t = torch.ones(8)
+    started: list[str] = []
+    calls = {"one": (lambda: torch.mul(t, 2), lambda _: None),
+             "two": (lambda: torch.add(torch.add(t, 1), 1), lambda _: None),
+             "none": (lambda: t.sum(), lambda _: None)}  # fmt: skip
+    got = cupti.kernel_seconds_each(calls, 5, before=started.append)
+    assert started == ["one", "two", "none"]
+    assert got["one"]["kernel_names"] == ["aten::mul"] and got["one"]["kernels_per_call"] == 1
+    assert got["two"]["kernel_names"] == ["aten::add"] and got["two"]["kernels_per_call"] == 2
+    assert got["one"]["kernel_s"] > 0 and got["none"] == {
+        "kernel_time_error": "CUPTI recorded no GPU kernel in this call's range"
+    }
+
+
+def test_the_rate_script_times_the_server_and_the_runner_on_the_same_problems(built, faulty, tmp_path):
+    from pathlib import Path
+
+    _manifest(built, ["a", "b"])
+    script = Path(__file__).resolve().parents[1] / "bench" / "tune_rate.py"
+    r = subprocess.run([sys.executable, str(script), "run", str(built), "--out", str(tmp_path), "--classic", "1"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "tune_rate.json").read_text())
+    assert report["server"]["problems"] == 2 and report["runner"]["problems"] == 1
+    assert report["server"]["counts"] == {"ok": 4} and report["agreement"]["verdicts_differ"] == []
+    assert report["server"]["problems_per_minute_per_gpu"] > 0 and report["agreement"]["median_s"]["n"] == 2
+    assert "problems a minute a GPU" in (tmp_path / "tune_rate.md").read_text()
