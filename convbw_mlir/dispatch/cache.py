@@ -152,6 +152,16 @@ def _is_tagged(root: Path) -> bool:
         return False
 
 
+def _being_tagged(root: Path) -> bool:
+    """Our tag, or the start of it while another process that makes the same root writes it (two first builds at
+    once: the other's subfolders and tag appear between this one's checks)."""
+    try:
+        text = (root / TAG).read_text(errors="replace")
+    except OSError:
+        return False
+    return TAG_TEXT.startswith(text) or text.startswith(TAG_TEXT)
+
+
 def _check_meta(meta: Any, key: str) -> None:
     """Raise ValueError naming the first field of ``meta`` that is missing, of the wrong type, or not for ``key``."""
     if not isinstance(meta, dict):
@@ -235,10 +245,14 @@ class KernelCache:
         _check_private(self.root, "folder")
         tagged = self.root.is_dir() and _is_tagged(self.root)
         if not tagged:
-            names = set(os.listdir(self.root)) if self.root.is_dir() else set()
-            untagged_cache = names <= UNTAGGED and bool(names & {"entries", "tuning"})
-            claim_folder(self.root, "cache", lambda name: untagged_cache,
-                         writer=f"the kernel cache did not write (the folder has no {TAG})")  # fmt: skip
+
+            def ours(name: str) -> bool:  # a root of an older version (no tag), or one another process makes now
+                if name == TAG:
+                    return _being_tagged(self.root)
+                names = set(os.listdir(self.root)) - {TAG}
+                return names <= UNTAGGED and (bool(names & {"entries", "tuning"}) or _being_tagged(self.root))
+
+            claim_folder(self.root, "cache", ours, writer=f"the kernel cache did not write (the folder has no {TAG})")
         if create:
             try:
                 for sub in SUBFOLDERS:

@@ -261,8 +261,8 @@ def enable(
     use_native = cxx.wanted(native) and cxx.load() is not None  # the build (first time only) outside the lock
     with _SWITCH_LOCK:
         _register()
-        if use_native:
-            cxx.register()
+        if use_native:  # what the C++ side calls back into, handed over (native imports nothing of this module)
+            cxx.register(_SEEN, lambda key: _STATE["kernels"][key], _our_weight_grad, _UNALIGNED.why)
         _STATE["active"] = _Active(config, {}, use_native)
         cxx.sync(_STATE["active"])
 

@@ -22,8 +22,6 @@ from typing import Any
 
 import torch
 
-from convbw_mlir.torch import switch as sw
-
 __all__ = ["DIR_ENV", "ENV", "SOURCE", "build_dir", "counts", "load", "loaded", "register", "reset_counts", "sync",
            "table_size", "wanted"]  # fmt: skip
 ENV = "CONVBW_TORCH_NATIVE"  # "1": enable() takes the C++ path where native=None; "0" or unset: the Python path
@@ -33,8 +31,10 @@ SOURCE = Path(__file__).with_name("switch_native.cpp")
 # the C++ side's modes (switch_native.cpp: Mode)
 OFF, TABLE, PYTHON = 0, 1, 2
 # the C++ counters: 0 ours, 1 unaligned, then the reasons the Python switch gave, in the order first seen
-_REASONS = ["ours", f"torch: {sw._UNALIGNED.why}"]
+_REASONS = ["ours", "torch: data not 16-byte aligned"]  # [1]: the switch's own words, given by register()
 _REASON_INDEX = {why: i for i, why in enumerate(_REASONS)}
+# the Python switch's pieces this module calls, handed over by register() (switch imports this module: no import back)
+_SWITCH: dict[str, Any] = {}
 
 _STATE: dict[str, Any] = {"module": None, "tried": False, "settings": {}, "next_id": 0}
 _MAX_SETTINGS = 64
@@ -137,8 +137,19 @@ def _settings_id(active: Any) -> int:
         return ids[id(active)][1]
 
 
-def register() -> None:
-    """The C++ kernel over the Python one on the CPU and CUDA keys, once per process (never removed)."""
+def register(seen: threading.local, kernel: Any, weight_grad: Any, unaligned: str) -> None:
+    """The C++ kernel over the Python one on the CPU and CUDA keys, once per process (never removed).
+
+    Args:
+        seen: the switch's thread-local whose ``.seen`` is the decision of the call just made.
+        kernel: the switch's Python kernel of a dispatch key ("CPU", "CUDA").
+        weight_grad: the switch's dW for a decision (``switch._our_weight_grad``).
+        unaligned: why the switch gives torch a call on unaligned data (the counter's name).
+    """
+    _SWITCH.update(seen=seen, kernel=kernel, weight_grad=weight_grad)
+    _REASONS[1] = f"torch: {unaligned}"
+    _REASON_INDEX.clear()
+    _REASON_INDEX.update({why: i for i, why in enumerate(_REASONS)})
     with warnings.catch_warnings():  # torch says a kernel is overridden (the Python switch's): we mean it
         warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
         _STATE["module"].register_kernel()
@@ -182,9 +193,10 @@ def _miss(*args: Any) -> tuple:
     it was decided under, the C++ counter to remember it by (-1: not to), ours: the callable for dW, and for a
     direct launch dW's (size, strides), which the C++ side allocates and the callable, the kernel, fills)."""
     key = "CUDA" if args[1].is_cuda else "CPU"
-    sw._SEEN.seen = None
-    dx, dw, db = sw._STATE["kernels"][key](_KEYSETS[key], *args)
-    seen, sw._SEEN.seen = getattr(sw._SEEN, "seen", None), None
+    switch_seen = _SWITCH["seen"]
+    switch_seen.seen = None
+    dx, dw, db = _SWITCH["kernel"](key)(_KEYSETS[key], *args)
+    seen, switch_seen.seen = getattr(switch_seen, "seen", None), None
     if seen is None:
         return dx, dw, db, -1, -1, None, None
     active, decision, conf = seen
@@ -206,4 +218,4 @@ def _miss(*args: Any) -> tuple:
 @torch.compiler.disable
 def _weight_grad(decision: Any, conf: tuple, x: torch.Tensor, w: torch.Tensor, go: torch.Tensor) -> torch.Tensor:
     """Our dW for a remembered decision: the Python switch's own (copies, direct launch, torch's strides)."""
-    return sw._our_weight_grad(decision, x, w, go, conf)
+    return _SWITCH["weight_grad"](decision, x, w, go, conf)
