@@ -264,20 +264,19 @@ def test_dtypes_takes_one_dtype_or_its_name_as_well_as_several(dtypes):
     assert ct.stats() == {"ours": 2}
 
 
-def test_enable_and_disable_from_another_thread_never_break_a_backward_running_meanwhile():
-    # issue 42 item 7: disable() removed the override while a backward dispatched through it: a torch internal
-    # assert (SafePyObject) in the training thread within a few hundred toggles
+def backward_while_another_thread_toggles(model, x, steps: int, **settings) -> list[Exception]:  # noqa: ANN001
+    """``steps`` backwards of ``model`` checked against torch's own grads while another thread turns the switch
+    (``settings``) on, narrowed and off in a loop; the toggling thread's errors."""
     import threading
 
-    model, x = _model(), _x()
     want = _grads(model, x)
     errors, done = [], threading.Event()
 
     def toggle():
         try:
             while not done.is_set():
-                ct.enable(layers=[model[2]])
-                ct.enable()
+                ct.enable(layers=[model[2]], **settings)
+                ct.enable(**settings)
                 ct.disable()
         except Exception as e:
             errors.append(e)
@@ -288,14 +287,20 @@ def test_enable_and_disable_from_another_thread_never_break_a_backward_running_m
     toggler = threading.Thread(target=toggle)
     toggler.start()
     try:
-        for _ in range(200):
+        for _ in range(steps):
             _close(_grads(model, x), want)
     finally:
         done.set()
         toggler.join()
         sys.setswitchinterval(interval)
         torch.set_num_threads(threads)
-    assert not errors
+    return errors
+
+
+def test_enable_and_disable_from_another_thread_never_break_a_backward_running_meanwhile():
+    # issue 42 item 7: disable() removed the override while a backward dispatched through it: a torch internal
+    # assert (SafePyObject) in the training thread within a few hundred toggles
+    assert not backward_while_another_thread_toggles(_model(), _x(), 200)
     assert ct.stats().get("ours", 0) > 0  # the switch was on for some of them
 
 

@@ -10,12 +10,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: pip install .[torch])")
+from test_torch_ops import backward_while_another_thread_toggles  # noqa: E402 - the same check, the C++ path on
+
 from convbw_mlir import torch as ct  # noqa: E402 - after the skip: it needs torch
 from convbw_mlir.torch import native  # noqa: E402
 from convbw_mlir.torch import switch as sw  # noqa: E402
@@ -186,34 +187,7 @@ def test_a_bad_native_variable_is_one_error_naming_it(monkeypatch):
 
 
 def test_enable_and_disable_from_another_thread_never_break_a_native_backward_running_meanwhile():
-    model, x = _model(), _x()
-    want = _grads(model, x)
-    errors, done = [], threading.Event()
-
-    def toggle():
-        try:
-            while not done.is_set():
-                ct.enable(native=True, layers=[model[2]])
-                ct.enable(native=True)
-                ct.disable()
-        except Exception as e:
-            errors.append(e)
-
-    interval, threads = sys.getswitchinterval(), torch.get_num_threads()
-    sys.setswitchinterval(1e-5)
-    torch.set_num_threads(1)
-    toggler = threading.Thread(target=toggle)
-    toggler.start()
-    try:
-        for _ in range(100):
-            for g, w in zip(_grads(model, x), want, strict=True):
-                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-    finally:
-        done.set()
-        toggler.join()
-        sys.setswitchinterval(interval)
-        torch.set_num_threads(threads)
-    assert not errors
+    assert not backward_while_another_thread_toggles(_model(), _x(), 100, native=True)
     assert ct.stats().get("ours", 0) > 0
 
 
