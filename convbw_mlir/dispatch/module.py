@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from convbw_mlir.build.iree import CompileError
@@ -62,7 +63,8 @@ class CompiledModule:
 def _decomposed(program: Any) -> Any:
     """``program`` in the ops IREE 3.13's torch input conversion legalizes: torch.export's default table, and
     batch norm (forward, eval and backward) and ``squeeze.dims`` decomposed, which it refuses
-    ("failed to legalize operation 'torch.operator'": ``_native_batch_norm_legit_no_training``, ``squeeze.dims``)."""
+    ("failed to legalize operation 'torch.operator'": ``_native_batch_norm_legit_no_training``, ``squeeze.dims``);
+    and the pools' backwards it has no lowering for (:func:`_pool_decompositions`)."""
     import torch
     from torch._decomp import get_decompositions
     from torch.export import default_decompositions
@@ -73,7 +75,80 @@ def _decomposed(program: Any) -> Any:
         aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
         aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward, aten.squeeze.dims,
     ]))  # fmt: skip
+    table.update(_pool_decompositions())
     return program.run_decompositions(table)
+
+
+def _pool_decompositions() -> dict[Any, Any]:
+    """Decompositions of the pools' backwards IREE 3.13 leaves unlegalized and torch has none for (its input phase
+    then fails on the whole model, "failed to legalize operation 'torch.constant.bool'" or the op itself):
+    ``avg_pool2d/3d_backward`` and ``_adaptive_avg_pool2d/3d_backward`` as one 0/1 window matrix a spatial dim
+    (built from ``arange``: no constant tensor) applied to dy over each window's divisor; ``max_pool3d``'s as a
+    ``scatter_add`` of dy at the forward's indices (torch's own decomposition of the 2-D one)."""
+    import torch
+    from torch._prims_common import suggest_memory_format
+
+    aten = torch.ops.aten
+
+    def windows(dy: Any, x: Any, sizes: list[int], starts: list[Any], ends: list[Any], divisor: Any) -> Any:
+        # dx[.., i, ..] = sum over the windows o holding i of dy[.., o, ..] / divisor[o]: one matmul a spatial dim
+        out = dy / divisor
+        for d, (size, start, end) in enumerate(zip(sizes, starts, ends)):
+            dim = d - len(sizes)
+            i = torch.arange(size, device=dy.device).unsqueeze(1)
+            window = ((i >= start) & (i < end)).to(dy.dtype)  # (in, out): 1 where input i is in window o
+            out = torch.matmul(out.movedim(dim, -1), window.t()).movedim(-1, dim)
+        # in the op's layout (x's), not movedim's: the graph's later views were traced on that one
+        return out.contiguous(memory_format=suggest_memory_format(x))
+
+    def per_dim(values: list[Any]) -> Any:  # the outer product of one vector a spatial dim, over dy's last dims
+        total = None
+        for d, v in enumerate(values):
+            v = v.reshape([-1] + [1] * (len(values) - 1 - d))
+            total = v if total is None else total * v
+        return total
+
+    def avg_pool_backward(n, dy, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):  # noqa: ANN001, ANN202
+        kernel, padding = list(kernel) * (n // len(kernel)), list(padding) * (n // len(padding))
+        stride = list(stride) * (n // len(stride)) if stride else kernel  # [] is the kernel's
+        sizes = list(x.shape[-n:])
+        starts, ends, counts = [], [], []
+        for size, out, k, s, p in zip(sizes, dy.shape[-n:], kernel, stride, padding):
+            start = torch.arange(out, device=dy.device) * s - p
+            starts.append(start)
+            ends.append(start + k)
+            if count_include_pad:  # the window clipped to the padded input (ceil_mode's last one may overhang it)
+                counts.append(torch.clamp_max(start + k, size + p) - start)
+            else:
+                counts.append(torch.clamp_max(start + k, size) - torch.clamp_min(start, 0))
+        divisor = divisor_override if divisor_override else per_dim(counts).to(dy.dtype)
+        return windows(dy, x, sizes, starts, ends, divisor)
+
+    def adaptive_avg_pool_backward(n, dy, x):  # noqa: ANN001, ANN202
+        sizes = list(x.shape[-n:])
+        starts, ends = [], []
+        for size, out in zip(sizes, dy.shape[-n:]):  # torch's windows: [floor(o*in/out), ceil((o+1)*in/out))
+            o = torch.arange(out, device=dy.device)
+            starts.append(torch.div(o * size, out, rounding_mode="floor"))
+            ends.append(torch.div((o + 1) * size + out - 1, out, rounding_mode="floor"))
+        divisor = per_dim([e - s for s, e in zip(starts, ends)]).to(dy.dtype)
+        return windows(dy, x, sizes, starts, ends, divisor)
+
+    def max_pool3d_backward(dy, x, kernel, stride, padding, dilation, ceil_mode, indices):  # noqa: ANN001, ANN202
+        # indices are each window's argmax flattened over (D, H, W): add dy there, as torch's 2-D decomposition
+        # does, on 2-D operands (IREE 3.13 runs out of memory compiling a 3-D scatter_add)
+        planes = x.numel() // (x.shape[-3] * x.shape[-2] * x.shape[-1])
+        flat = torch.zeros((planes, x.numel() // planes), dtype=dy.dtype, device=dy.device)
+        dx = flat.scatter_add(1, indices.reshape(planes, -1), dy.reshape(planes, -1)).reshape(x.shape)
+        return dx.contiguous(memory_format=suggest_memory_format(x))
+
+    return {
+        aten.avg_pool2d_backward.default: partial(avg_pool_backward, 2),
+        aten.avg_pool3d_backward.default: partial(avg_pool_backward, 3),
+        aten._adaptive_avg_pool2d_backward.default: partial(adaptive_avg_pool_backward, 2),
+        aten._adaptive_avg_pool3d_backward.default: partial(adaptive_avg_pool_backward, 3),
+        aten.max_pool3d_with_indices_backward.default: max_pool3d_backward,
+    }
 
 
 def _torch_ir(program: Any) -> str:
