@@ -248,3 +248,37 @@ def test_a_net_of_the_pools_iree_refused_compiles_whole_raises_every_conv_and_ma
     by_name = dict(zip([f"convs.{i}.weight" for i in range(len(net.convs))], want))
     for name, got in zip(order, grads):
         assert np.abs(got - by_name[name].numpy()).max() / by_name[name].abs().max().item() < 1e-4, name
+
+
+@pytest.mark.parametrize(
+    ("size", "stride", "decomposed"),
+    [([2, 6], [6, 1], True), ([2, 6, 1, 1], [6, 1, 6, 6], True), ([2, 3], [6, 1], False), ([2, 6], [1, 2], False)],
+)
+def test_as_strided_scatter_is_decomposed_only_where_it_writes_all_of_x_in_order(size, stride, decomposed):
+    """ConvNeXt's head writes its gradient into an ``aten.full`` through a dense ``as_strided`` view (its size-1
+    dims at any stride): that is ``src`` reshaped, equal to torch's op; a partial or transposed view is left as is."""
+    torch = pytest.importorskip("torch", reason="the decomposition is torch's")
+    from convbw_mlir.dispatch.module import _as_strided_scatter
+
+    x = torch.zeros(12, dtype=torch.float64)
+    src = torch.randn(size, dtype=torch.float64)
+    got = _as_strided_scatter(x, src, size, stride, 0)
+    if not decomposed:
+        assert got is NotImplemented
+        return
+    assert torch.equal(got, torch.ops.aten.as_strided_scatter(x, src, size, stride, 0))
+
+
+def test_a_step_with_as_strided_scatter_passes_irees_input_phase_and_gives_torchs_result():
+    """IREE 3.13 has no lowering for the op ("failed to legalize" an operand of it: ConvNeXt's whole step failed);
+    decomposed, the module compiles and gives torch's values."""
+    torch = pytest.importorskip("torch", reason="the program is a torch export")
+
+    class Scatter(torch.nn.Module):
+        def forward(self, src: torch.Tensor) -> torch.Tensor:
+            full = torch.zeros(12)
+            return torch.ops.aten.as_strided_scatter(full, src * 2, [2, 6, 1], [6, 1, 12], 0).reshape(3, 4) + 1
+
+    src = torch.randn(2, 6, 1)
+    compiled = compile_module(torch.export.export(Scatter(), (src,)), "host", isolate=True)
+    assert np.array_equal(_run(compiled.vmfb, src.numpy()), Scatter()(src).numpy())

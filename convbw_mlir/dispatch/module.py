@@ -64,7 +64,8 @@ def _decomposed(program: Any) -> Any:
     """``program`` in the ops IREE 3.13's torch input conversion legalizes: torch.export's default table, and
     batch norm (forward, eval and backward) and ``squeeze.dims`` decomposed, which it refuses
     ("failed to legalize operation 'torch.operator'": ``_native_batch_norm_legit_no_training``, ``squeeze.dims``);
-    and the pools' backwards it has no lowering for (:func:`_pool_decompositions`)."""
+    and the pools' backwards and ``as_strided_scatter`` it has no lowering for (:func:`_pool_decompositions`,
+    :func:`_as_strided_scatter`)."""
     import torch
     from torch._decomp import get_decompositions
     from torch.export import default_decompositions
@@ -76,7 +77,21 @@ def _decomposed(program: Any) -> Any:
         aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward, aten.squeeze.dims,
     ]))  # fmt: skip
     table.update(_pool_decompositions())
+    table[aten.as_strided_scatter.default] = _as_strided_scatter
     return program.run_decompositions(table)
+
+
+def _as_strided_scatter(x: Any, src: Any, size: list[int], stride: list[int], storage_offset: int | None = None) -> Any:
+    """``as_strided_scatter`` where it writes all of a contiguous ``x`` in row-major order: ``src`` reshaped to
+    ``x``'s shape (ConvNeXt's backward of its head's ``as_strided`` view; IREE 3.13 has no lowering for the op, and
+    torch's own decomposition leaves ``prims.as_strided_scatter``, which it refuses too); else not decomposed."""
+    dense, expected = True, 1  # (size, stride) row-major: each dim of more than one element at the next's extent
+    for extent, step in reversed(list(zip(size, stride))):
+        dense = dense and (extent == 1 or step == expected)
+        expected *= extent
+    if not (dense and not storage_offset and x.is_contiguous() and src.numel() == x.numel() == expected):
+        return NotImplemented
+    return src.reshape(x.shape).clone()  # a new tensor, as the op's result is
 
 
 def _pool_decompositions() -> dict[Any, Any]:
