@@ -224,11 +224,9 @@ def _raise(linalg: str) -> tuple[list[Key], list[str]]:
 def _torch_ir(program: Any) -> str:
     """The torch IR of an already decomposed ``program`` (decomposing twice turns ``squeeze.dims`` into a prim
     torch.export refuses)."""
-    from iree.compiler.extras.fx_importer import FxImporter
+    from convbw_mlir.dispatch.module import import_frozen
 
-    importer = FxImporter()
-    importer.import_frozen_program(program)
-    return str(importer.module)
+    return import_frozen(program)
 
 
 class _Alone(torch.nn.Module):

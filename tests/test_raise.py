@@ -282,3 +282,32 @@ def test_a_step_with_as_strided_scatter_passes_irees_input_phase_and_gives_torch
     src = torch.randn(2, 6, 1)
     compiled = compile_module(torch.export.export(Scatter(), (src,)), "host", isolate=True)
     assert np.array_equal(_run(compiled.vmfb, src.numpy()), Scatter()(src).numpy())
+
+
+def test_integer_fmod_is_decomposed_to_cs_remainder_and_a_float_one_is_left():
+    torch = pytest.importorskip("torch", reason="the decomposition is torch's")
+    from convbw_mlir.dispatch.module import _integer_fmod
+
+    x = torch.arange(-9, 10)
+    assert torch.equal(_integer_fmod(x, 4), torch.fmod(x, 4)) and torch.equal(_integer_fmod(x, -3), torch.fmod(x, -3))
+    assert _integer_fmod(x.double(), 4) is NotImplemented and _integer_fmod(x, 2.5) is NotImplemented
+
+
+def test_swins_indexed_buffer_and_roll_import_compile_and_give_torchs_result():
+    """Swin's relative-position bias (a buffer of indices read inside ``index.Tensor``'s list: the importer refused
+    a frozen tensor there) and its shifted windows (``roll``, whose decomposition's integer ``fmod`` IREE 3.13 has
+    no lowering for): swin_t's step did not import, then failed IREE's input phase."""
+    torch = pytest.importorskip("torch", reason="the program is a torch export")
+
+    class Shifted(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("index", torch.tensor([3, 0, 2, 2, 1]))
+
+        def forward(self, table: torch.Tensor) -> torch.Tensor:
+            return torch.roll(table[:, self.index], shifts=(1, -2), dims=(0, 1)) * 2
+
+    table = torch.randn(3, 4)
+    program = torch.export.export(Shifted(), (table,)).run_decompositions()
+    compiled = compile_module(program, "host", isolate=True)
+    assert np.array_equal(_run(compiled.vmfb, table.numpy()), Shifted()(table).numpy())

@@ -24,7 +24,7 @@ from convbw_mlir.build.iree import compile_module as iree_compile
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
-__all__ = ["CompiledModule", "RaisedConv", "compile_module", "input_phase"]
+__all__ = ["CompiledModule", "RaisedConv", "compile_module", "import_frozen", "input_phase"]
 
 _REMARK = re.compile(r'Remark="(.*)", RemarkId')
 _TORCH_IR = re.compile(r"\btorch\.(aten|vtensor|constant|prim)\b|!torch\.")
@@ -64,8 +64,8 @@ def _decomposed(program: Any) -> Any:
     """``program`` in the ops IREE 3.13's torch input conversion legalizes: torch.export's default table, and
     batch norm (forward, eval and backward) and ``squeeze.dims`` decomposed, which it refuses
     ("failed to legalize operation 'torch.operator'": ``_native_batch_norm_legit_no_training``, ``squeeze.dims``);
-    and the pools' backwards and ``as_strided_scatter`` it has no lowering for (:func:`_pool_decompositions`,
-    :func:`_as_strided_scatter`)."""
+    and the ops it has no lowering for: the pools' backwards (:func:`_pool_decompositions`),
+    ``as_strided_scatter`` (:func:`_as_strided_scatter`), integer ``fmod`` (:func:`_integer_fmod`)."""
     import torch
     from torch._decomp import get_decompositions
     from torch.export import default_decompositions
@@ -78,7 +78,19 @@ def _decomposed(program: Any) -> Any:
     ]))  # fmt: skip
     table.update(_pool_decompositions())
     table[aten.as_strided_scatter.default] = _as_strided_scatter
+    table[aten.fmod.Scalar] = _integer_fmod
     return program.run_decompositions(table)
+
+
+def _integer_fmod(x: Any, other: Any) -> Any:
+    """Integer ``fmod`` (C's remainder: the sign of ``x``) as ``x - trunc(x / other) * other``: IREE 3.13 has no
+    lowering for ``fmod.Scalar`` (Swin's ``roll``, which torch decomposes into it); a float one is left as it is,
+    where that form is not exact."""
+    import torch
+
+    if x.dtype.is_floating_point or isinstance(other, float):
+        return NotImplemented
+    return x - torch.div(x, other, rounding_mode="trunc") * other
 
 
 def _as_strided_scatter(x: Any, src: Any, size: list[int], stride: list[int], storage_offset: int | None = None) -> Any:
@@ -168,9 +180,42 @@ def _pool_decompositions() -> dict[Any, Any]:
 
 def _torch_ir(program: Any) -> str:
     """The torch-dialect IR of an ``ExportedProgram`` (iree.compiler.extras.fx_importer, in iree-base-compiler)."""
-    from iree.compiler.extras.fx_importer import FxImporter
+    return import_frozen(_decomposed(program))
 
-    program = _decomposed(program)
+
+def import_frozen(program: Any) -> str:
+    """The torch-dialect IR of an already decomposed ``ExportedProgram``, its buffers and constants frozen in.
+
+    The importer puts each frozen tensor in place of its placeholder, and refuses one inside a list argument
+    ("Heterogeneous lists are not supported: expected vtensor, got <class 'torch.Tensor'>": Swin's
+    ``index.Tensor(table, [None, relative_position_index])``): such a use reads a ``clone`` of it instead.
+    """
+    import torch
+    from iree.compiler.extras.fx_importer import FxImporter
+    from torch.fx import Node
+
+    sig = program.graph_signature
+    frozen = {*sig.inputs_to_buffers, *sig.inputs_to_lifted_tensor_constants, *sig.inputs_to_parameters}
+    graph = program.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+
+        def unlisted(arg: Any, node: Node = node) -> Any:
+            if not isinstance(arg, (list, tuple)):
+                return arg
+            out = []
+            for a in arg:
+                if isinstance(a, Node) and a.op == "placeholder" and a.name in frozen:
+                    with graph.inserting_before(node):
+                        clone = graph.call_function(torch.ops.aten.clone.default, (a,))
+                    clone.meta["val"] = a.meta.get("val")
+                    a = clone
+                out.append(a)
+            return type(arg)(out)
+
+        node.args = tuple(unlisted(a) for a in node.args)
+        node.kwargs = {k: unlisted(v) for k, v in node.kwargs.items()}
     importer = FxImporter()
     importer.import_frozen_program(program)
     return str(importer.module)
