@@ -177,9 +177,19 @@ def expected_convs(program: Any) -> list[tuple[Key, dict]]:
     return out
 
 
+def _extent(key: Key, pad_high: tuple | None = None) -> Key:
+    """``key`` with its input size as the padded extent (input + low + high pads; a convolution's pads are symmetric):
+    an explicit pad before a convolution (timm's "same" padding: ``F.pad`` then pad 0) is raised folded into the
+    problem's pads, the same weight gradient as the convolution of the padded input the graph counts."""
+    g, n, c, k, size, filt, stride, dil, pad = key
+    high = pad if pad_high is None else pad_high
+    return (g, n, c, k, tuple(s + lo + hi for s, lo, hi in zip(size, pad, high)), filt, stride, dil, pad)
+
+
 def _raised_key(problem: Any) -> Key:
-    return _key(problem.groups, problem.batch, problem.in_channels, problem.out_channels, problem.input_size,
-                problem.filter_size, problem.stride, problem.dilation, problem.pad_low)  # fmt: skip
+    return _extent(_key(problem.groups, problem.batch, problem.in_channels, problem.out_channels, problem.input_size,
+                        problem.filter_size, problem.stride, problem.dilation, problem.pad_low),
+                   tuple(problem.pad_high))  # fmt: skip
 
 
 def match(expected: list[Key], raised: list[Key]) -> list[Key]:
@@ -224,11 +234,9 @@ def _raise(linalg: str) -> tuple[list[Key], list[str]]:
 def _torch_ir(program: Any) -> str:
     """The torch IR of an already decomposed ``program`` (decomposing twice turns ``squeeze.dims`` into a prim
     torch.export refuses)."""
-    from iree.compiler.extras.fx_importer import FxImporter
+    from convbw_mlir.dispatch.module import import_frozen
 
-    importer = FxImporter()
-    importer.import_frozen_program(program)
-    return str(importer.module)
+    return import_frozen(program)
 
 
 class _Alone(torch.nn.Module):
@@ -279,7 +287,7 @@ def count_model(path: Path, timeout: float = 600) -> dict[str, Any]:
     program = _decomposed(torch.export.load(io.BytesIO(gzip.decompress(data) if path.suffix == ".gz" else data)))
     expected = expected_convs(program)
     torch_ir = _torch_ir(program)
-    calls = {key: c for key, c in expected}
+    calls = {_extent(key): (key, c) for key, c in expected}
     try:
         flags = ["--iree-input-type=torch", "--compile-to=input"]
         data = isolated(iree_compile, torch_ir, resolve("host"), flags, source_name="torch.mlir",
@@ -292,9 +300,9 @@ def count_model(path: Path, timeout: float = 600) -> dict[str, Any]:
     with new_context():
         linalg = str(ir.Module.parse(data))
     raised, remarks = _raise(linalg)
-    missing = match([key for key, _ in expected], raised)
-    not_raised = [{"problem": _describe(key), "call": calls[key], "why": _why_alone(calls[key], timeout)}
-                  for key in missing]  # fmt: skip
+    missing = match([_extent(key) for key, _ in expected], raised)
+    not_raised = [{"problem": _describe(key), "call": call, "why": _why_alone(call, timeout)}
+                  for key, call in (calls[k] for k in missing)]  # fmt: skip
     extra = len(raised) - (len(expected) - len(missing))  # raised contractions that are no counted convolution
     return {"expected": len(expected), "raised": len(expected) - len(missing), "raised_other": extra,
             "not_raised": not_raised, "remarks": dict(Counter(remarks)),

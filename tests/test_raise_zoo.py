@@ -91,6 +91,21 @@ def test_matching_is_by_multiset_so_two_equal_layers_need_two_raised():
     assert raise_zoo.match([a, b], [b, a, a]) == []
 
 
+def test_a_convolution_after_an_explicit_pad_matches_the_problem_raised_with_that_pad_folded_in():
+    """tf_efficientnet_b0's stem: ``F.pad(x, (0, 1, 0, 1))`` then a 3x3 stride-2 convolution of 225x225 without pad
+    is raised as 224x224 with pads (0, 0)-(1, 1), the same weight gradient: counted as raised, not missed."""
+    raise_zoo = bench_script("raise_zoo")
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    counted = raise_zoo._key(1, 2, 3, 32, (225, 225), (3, 3), (2, 2), (1, 1), (0, 0))
+    raised = ConvBwdWeightProblem(groups=1, batch=2, in_channels=3, out_channels=32, input_size=(224, 224),
+                                  filter_size=(3, 3), stride=(2, 2), dilation=(1, 1), pad_low=(0, 0),
+                                  pad_high=(1, 1))  # fmt: skip
+    assert raise_zoo.match([raise_zoo._extent(counted)], [raise_zoo._raised_key(raised)]) == []
+    other = raise_zoo._key(1, 2, 3, 32, (224, 224), (3, 3), (2, 2), (1, 1), (0, 0))  # no pad: another problem
+    assert raise_zoo.match([raise_zoo._extent(other)], [raise_zoo._raised_key(raised)]) == [raise_zoo._extent(other)]
+
+
 def test_a_convolution_left_in_the_model_but_raised_alone_is_said_to_be():
     """The reason of a convolution the model's match missed comes from exporting and raising it alone; where that
     one raises, the reason says the model's linalg around it differs."""

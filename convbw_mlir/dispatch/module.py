@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from convbw_mlir.build.iree import CompileError
@@ -23,7 +24,7 @@ from convbw_mlir.build.iree import compile_module as iree_compile
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target, resolve
 
-__all__ = ["CompiledModule", "RaisedConv", "compile_module", "input_phase"]
+__all__ = ["CompiledModule", "RaisedConv", "compile_module", "import_frozen", "input_phase"]
 
 _REMARK = re.compile(r'Remark="(.*)", RemarkId')
 _TORCH_IR = re.compile(r"\btorch\.(aten|vtensor|constant|prim)\b|!torch\.")
@@ -62,7 +63,9 @@ class CompiledModule:
 def _decomposed(program: Any) -> Any:
     """``program`` in the ops IREE 3.13's torch input conversion legalizes: torch.export's default table, and
     batch norm (forward, eval and backward) and ``squeeze.dims`` decomposed, which it refuses
-    ("failed to legalize operation 'torch.operator'": ``_native_batch_norm_legit_no_training``, ``squeeze.dims``)."""
+    ("failed to legalize operation 'torch.operator'": ``_native_batch_norm_legit_no_training``, ``squeeze.dims``);
+    and the ops it has no lowering for: the pools' backwards (:func:`_pool_decompositions`),
+    ``as_strided_scatter`` (:func:`_as_strided_scatter`), integer ``fmod`` (:func:`_integer_fmod`)."""
     import torch
     from torch._decomp import get_decompositions
     from torch.export import default_decompositions
@@ -73,14 +76,146 @@ def _decomposed(program: Any) -> Any:
         aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
         aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward, aten.squeeze.dims,
     ]))  # fmt: skip
+    table.update(_pool_decompositions())
+    table[aten.as_strided_scatter.default] = _as_strided_scatter
+    table[aten.fmod.Scalar] = _integer_fmod
     return program.run_decompositions(table)
+
+
+def _integer_fmod(x: Any, other: Any) -> Any:
+    """Integer ``fmod`` (C's remainder: the sign of ``x``) as ``x - trunc(x / other) * other``: IREE 3.13 has no
+    lowering for ``fmod.Scalar`` (Swin's ``roll``, which torch decomposes into it); a float one is left as it is,
+    where that form is not exact."""
+    import torch
+
+    if x.dtype.is_floating_point or isinstance(other, float):
+        return NotImplemented
+    return x - torch.div(x, other, rounding_mode="trunc") * other
+
+
+def _as_strided_scatter(x: Any, src: Any, size: list[int], stride: list[int], storage_offset: int | None = None) -> Any:
+    """``as_strided_scatter`` where it writes all of a contiguous ``x`` in row-major order: ``src`` reshaped to
+    ``x``'s shape (ConvNeXt's backward of its head's ``as_strided`` view; IREE 3.13 has no lowering for the op, and
+    torch's own decomposition leaves ``prims.as_strided_scatter``, which it refuses too); else not decomposed."""
+    dense, expected = True, 1  # (size, stride) row-major: each dim of more than one element at the next's extent
+    for extent, step in reversed(list(zip(size, stride))):
+        dense = dense and (extent == 1 or step == expected)
+        expected *= extent
+    if not (dense and not storage_offset and x.is_contiguous() and src.numel() == x.numel() == expected):
+        return NotImplemented
+    return src.reshape(x.shape).clone()  # a new tensor, as the op's result is
+
+
+def _pool_decompositions() -> dict[Any, Any]:
+    """Decompositions of the pools' backwards IREE 3.13 leaves unlegalized and torch has none for (its input phase
+    then fails on the whole model, "failed to legalize operation 'torch.constant.bool'" or the op itself):
+    ``avg_pool2d/3d_backward`` and ``_adaptive_avg_pool2d/3d_backward`` as one 0/1 window matrix a spatial dim
+    (built from ``arange``: no constant tensor) applied to dy over each window's divisor; ``max_pool3d``'s as a
+    ``scatter_add`` of dy at the forward's indices (torch's own decomposition of the 2-D one)."""
+    import torch
+    from torch._prims_common import suggest_memory_format
+
+    aten = torch.ops.aten
+
+    def windows(dy: Any, x: Any, sizes: list[int], starts: list[Any], ends: list[Any], divisor: Any) -> Any:
+        # dx[.., i, ..] = sum over the windows o holding i of dy[.., o, ..] / divisor[o]: one matmul a spatial dim
+        out = dy / divisor
+        for d, (size, start, end) in enumerate(zip(sizes, starts, ends)):
+            dim = d - len(sizes)
+            i = torch.arange(size, device=dy.device).unsqueeze(1)
+            window = ((i >= start) & (i < end)).to(dy.dtype)  # (in, out): 1 where input i is in window o
+            out = torch.matmul(out.movedim(dim, -1), window.t()).movedim(-1, dim)
+        # in the op's layout (x's), not movedim's: the graph's later views were traced on that one
+        return out.contiguous(memory_format=suggest_memory_format(x))
+
+    def per_dim(values: list[Any]) -> Any:  # the outer product of one vector a spatial dim, over dy's last dims
+        total = None
+        for d, v in enumerate(values):
+            v = v.reshape([-1] + [1] * (len(values) - 1 - d))
+            total = v if total is None else total * v
+        return total
+
+    def avg_pool_backward(n, dy, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):  # noqa: ANN001, ANN202
+        kernel, padding = list(kernel) * (n // len(kernel)), list(padding) * (n // len(padding))
+        stride = list(stride) * (n // len(stride)) if stride else kernel  # [] is the kernel's
+        sizes = list(x.shape[-n:])
+        starts, ends, counts = [], [], []
+        for size, out, k, s, p in zip(sizes, dy.shape[-n:], kernel, stride, padding):
+            start = torch.arange(out, device=dy.device) * s - p
+            starts.append(start)
+            ends.append(start + k)
+            if count_include_pad:  # the window clipped to the padded input (ceil_mode's last one may overhang it)
+                counts.append(torch.clamp_max(start + k, size + p) - start)
+            else:
+                counts.append(torch.clamp_max(start + k, size) - torch.clamp_min(start, 0))
+        divisor = divisor_override if divisor_override else per_dim(counts).to(dy.dtype)
+        return windows(dy, x, sizes, starts, ends, divisor)
+
+    def adaptive_avg_pool_backward(n, dy, x):  # noqa: ANN001, ANN202
+        sizes = list(x.shape[-n:])
+        starts, ends = [], []
+        for size, out in zip(sizes, dy.shape[-n:]):  # torch's windows: [floor(o*in/out), ceil((o+1)*in/out))
+            o = torch.arange(out, device=dy.device)
+            starts.append(torch.div(o * size, out, rounding_mode="floor"))
+            ends.append(torch.div((o + 1) * size + out - 1, out, rounding_mode="floor"))
+        divisor = per_dim([e - s for s, e in zip(starts, ends)]).to(dy.dtype)
+        return windows(dy, x, sizes, starts, ends, divisor)
+
+    def max_pool3d_backward(dy, x, kernel, stride, padding, dilation, ceil_mode, indices):  # noqa: ANN001, ANN202
+        # indices are each window's argmax flattened over (D, H, W): add dy there, as torch's 2-D decomposition
+        # does, on 2-D operands (IREE 3.13 runs out of memory compiling a 3-D scatter_add)
+        planes = x.numel() // (x.shape[-3] * x.shape[-2] * x.shape[-1])
+        flat = torch.zeros((planes, x.numel() // planes), dtype=dy.dtype, device=dy.device)
+        dx = flat.scatter_add(1, indices.reshape(planes, -1), dy.reshape(planes, -1)).reshape(x.shape)
+        return dx.contiguous(memory_format=suggest_memory_format(x))
+
+    return {
+        aten.avg_pool2d_backward.default: partial(avg_pool_backward, 2),
+        aten.avg_pool3d_backward.default: partial(avg_pool_backward, 3),
+        aten._adaptive_avg_pool2d_backward.default: partial(adaptive_avg_pool_backward, 2),
+        aten._adaptive_avg_pool3d_backward.default: partial(adaptive_avg_pool_backward, 3),
+        aten.max_pool3d_with_indices_backward.default: max_pool3d_backward,
+    }
 
 
 def _torch_ir(program: Any) -> str:
     """The torch-dialect IR of an ``ExportedProgram`` (iree.compiler.extras.fx_importer, in iree-base-compiler)."""
-    from iree.compiler.extras.fx_importer import FxImporter
+    return import_frozen(_decomposed(program))
 
-    program = _decomposed(program)
+
+def import_frozen(program: Any) -> str:
+    """The torch-dialect IR of an already decomposed ``ExportedProgram``, its buffers and constants frozen in.
+
+    The importer puts each frozen tensor in place of its placeholder, and refuses one inside a list argument
+    ("Heterogeneous lists are not supported: expected vtensor, got <class 'torch.Tensor'>": Swin's
+    ``index.Tensor(table, [None, relative_position_index])``): such a use reads a ``clone`` of it instead.
+    """
+    import torch
+    from iree.compiler.extras.fx_importer import FxImporter
+    from torch.fx import Node
+
+    sig = program.graph_signature
+    frozen = {*sig.inputs_to_buffers, *sig.inputs_to_lifted_tensor_constants, *sig.inputs_to_parameters}
+    graph = program.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+
+        def unlisted(arg: Any, node: Node = node) -> Any:
+            if not isinstance(arg, (list, tuple)):
+                return arg
+            out = []
+            for a in arg:
+                if isinstance(a, Node) and a.op == "placeholder" and a.name in frozen:
+                    with graph.inserting_before(node):
+                        clone = graph.call_function(torch.ops.aten.clone.default, (a,))
+                    clone.meta["val"] = a.meta.get("val")
+                    a = clone
+                out.append(a)
+            return type(arg)(out)
+
+        node.args = tuple(unlisted(a) for a in node.args)
+        node.kwargs = {k: unlisted(v) for k, v in node.kwargs.items()}
     importer = FxImporter()
     importer.import_frozen_program(program)
     return str(importer.module)
