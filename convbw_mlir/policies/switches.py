@@ -10,17 +10,14 @@ from __future__ import annotations
 
 __all__ = ["DEPTHWISE_BY_DEFAULT", "GROUPED_BY_DEFAULT", "MERGE_BY_DEFAULT", "SWITCHES", "current"]
 
-# The depthwise kernel (and its grouped form) for the problems it takes by default: depthwise, and groups of at
-# most GROUPED_BY_DEFAULT channels. On since the merged revision passed the NaN-fenced GPU check: its wide form
-# 1.11x cuDNN in geomean over 20 layers (docs/decisions.md#depthwise-by-default).
+# The depthwise kernel (and its grouped form) for depthwise problems and groups of at most GROUPED_BY_DEFAULT
+# channels: measured faster than codegen there (docs/decisions.md#depthwise-by-default).
 DEPTHWISE_BY_DEFAULT = True
-# The widest group (in and out channels) the grouped form takes by default where the implicit GEMM does not merge
-# the groups (odd channels): on ResNeXt-50's 4-channel groups it was 2.2x the SIMT plan and 2.5x the implicit GEMM
-# one group at a time; merged, the implicit GEMM was 1.9x faster still (docs/decisions.md#thin-groups).
+# The widest group (in and out channels) the grouped form takes where the implicit GEMM does not merge the groups
+# (odd channels): beyond it the merged GEMM wins (docs/decisions.md#thin-groups).
 GROUPED_BY_DEFAULT = 4
-# Thin groups merged into one implicit GEMM by the rule (policies.sm80.merge_rule; with strategy=explicit the rule
-# applies either way). On since the NaN-fenced H200 run (docs/decisions.md#thin-groups): merged 1.2-3.1x one group
-# a GEMM and 1.9x the depthwise kernel's grouped form at 4 channels, on all six layers.
+# Thin groups merged into one implicit GEMM by the rule (policies.sm80.merge_rule; strategy=explicit applies it
+# either way): faster than one group a GEMM on every layer measured (docs/decisions.md#thin-groups).
 MERGE_BY_DEFAULT = True
 
 # name -> what it switches (for ``convbw select`` and the docs; the values are the module's names above)
