@@ -32,6 +32,7 @@ from typing import Any
 from convbw_mlir.plan_data import (
     STREAMK_FIXUPS,
     WAVESPEC_PRODUCERS,
+    Decision,
     MergePlan,
     Overrides,
     Plan,
@@ -46,10 +47,10 @@ from convbw_mlir.policies import switches
 from convbw_mlir.policies.split import check, explicit_split, split_refusals
 from convbw_mlir.targets import TARGETS, Target
 
-__all__ = ["COST", "INTRINSIC", "INTRINSICS", "SHARED_MEMORY_CAP", "ConvGeometry", "CostModel", "FoldedWindow",
-           "GemmShape", "GemmTiling", "auto_splits", "choose_folded_tiling", "folded_problems", "folded_window",
-           "gemm_shape", "merge_rule", "merged", "plan", "refusals", "takes_by_default", "tiling",
-           "unsupported"]  # fmt: skip
+__all__ = ["COST", "INTRINSIC", "INTRINSICS", "ROWS_FIT_K", "SHARED_MEMORY_CAP", "ConvGeometry", "CostModel",
+           "CostRule", "FoldedWindow", "GemmShape", "GemmTiling", "auto_splits", "choose_folded_tiling",
+           "folded_problems", "folded_window", "gemm_shape", "merge_rule", "merged", "plan", "refusals",
+           "takes_by_default", "tiling", "unsupported"]  # fmt: skip
 
 INTRINSIC = "NV_MMA_SYNC_F32_16x8x16_F16"  # the plan's name of mma.sync m16n8k16 f16 -> f32
 # mma.sync m16n8k16 per input type (IREE's names, targets._SM80): bf16 has f16's fragment layouts.
@@ -306,11 +307,36 @@ def tiling_cost(shape: GemmShape, t: GemmTiling, compute_units: int, shared_cap:
     return clocks
 
 
-def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> GemmTiling:
+@dataclass(frozen=True)
+class CostRule:
+    """A named rule of a kernel's tiling or split choice beside its cost model (the plan's decision names the ones
+    that decided)."""
+
+    name: str
+    reason: str
+
+
+#: The tiling rule's condition issue 39 found missing (docs/decisions.md#sm90-cost-rules)
+ROWS_FIT_K = CostRule(
+    "rows-fit-k",
+    "on Hopper a 64-row tile only where K fits it (K <= 64): on the H100 every 64-row tile of a K > 64 layer "
+    "measured 1.06-1.93x the best 128-row one, which the model's A100 rates miss (docs/decisions.md#sm90-cost-rules)",
+)
+
+
+def _rows_fit(shape: GemmShape, bm: int, rule: bool) -> bool:
+    return not rule or bm >= 128 or shape.m <= bm
+
+
+def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP,
+                  rows_fit_k: bool = True) -> GemmTiling:  # fmt: skip
     """The plan's tiling: the cheapest of :data:`TILINGS` by :func:`tiling_cost` among those that can run
-    ``shape`` (3 stages, else 2 where the shared-memory cap needs); the first (128x256) on a tie."""
+    ``shape`` (3 stages, else 2 where the shared-memory cap needs), 64-row ones only where K fits them
+    (``rows_fit_k``: :data:`ROWS_FIT_K`); the first (128x256) on a tie."""
     best, best_cost = None, math.inf
     for bm, bn, wm, wn in TILINGS:
+        if not _rows_fit(shape, bm, rows_fit_k):
+            continue
         for stages in (3, 2):
             t = GemmTiling(bm, bn, 64, stages, wm, wn)
             if not t.problems(shape, shared_cap):
@@ -413,10 +439,13 @@ def folded_problems(shape: GemmShape, t: GemmTiling, shared_cap: int = SHARED_ME
     return why
 
 
-def choose_folded_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> GemmTiling:
+def choose_folded_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP,
+                         rows_fit_k: bool = True) -> GemmTiling:  # fmt: skip
     """:func:`choose_tiling` among the tilings whose stages hold x's windows too (:func:`folded_problems`)."""
     best, best_cost = None, math.inf
     for bm, bn, wm, wn in TILINGS:
+        if not _rows_fit(shape, bm, rows_fit_k):
+            continue
         for stages in (3, 2):
             t = GemmTiling(bm, bn, 64, stages, wm, wn)
             if not t.problems(shape, shared_cap) and not folded_problems(shape, t, shared_cap):
@@ -504,11 +533,15 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     given = opts.tile
     t = GemmTiling()
     folded = opts.layout4 == "fold"
+    decided = ""  # the named rule that decided the tiling, where one did
     if not given and not unsupported(
         dense, None, epilogues=True
     ):  # the plan's rule: the kernel's cost model (choose_tiling)
         choose = choose_folded_tiling if folded else choose_tiling
-        t = choose(gemm_shape(dense), tgt.compute_units, tgt.lds_bytes)
+        hopper = bool(tgt.wgmma_n)  # measured there only: Ampere and Ada keep the model's choice
+        t = choose(gemm_shape(dense), tgt.compute_units, tgt.lds_bytes, rows_fit_k=hopper)
+        if hopper and t != choose(gemm_shape(dense), tgt.compute_units, tgt.lds_bytes, rows_fit_k=False):
+            decided = f"a {t.bm}x{t.bn} tile by {ROWS_FIT_K.name}: {ROWS_FIT_K.reason}"
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
     if "subgroups_n" in given:
@@ -539,7 +572,8 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         chosen = replace(chosen, streamk=StreamKPlan(workgroups, opts.streamk_fixup or "linear"))
         check(problem, chosen, refusals)
         return chosen
-    return explicit_split(problem, chosen, shape, t, tgt, opts, auto_splits, refusals)
+    chosen = explicit_split(problem, chosen, shape, t, tgt, opts, auto_splits, refusals)
+    return replace(chosen, decision=Decision("", "", decided)) if decided else chosen
 
 
 def refusals(problem: Any, plan: Plan) -> list[str]:
