@@ -373,7 +373,8 @@ def deciding_rules(m: int, n: int, reduction: int, sms: int = SMS, groups: int =
     choice would differ, :data:`MEMORY_FLOOR` where the chosen estimate is the floor (bandwidth-bound)."""
     widths = widths or widths_for(n)
     chosen = _best(_options(m, n, reduction, sms, groups, widths, streamk, floor))
-    once = _best(_options(m, n, reduction, sms, groups, widths, streamk, floor, segments=False))
+    offered = streamk and m > 64 and n > 64  # StreamK is weighed at all (not for a narrow tile's few tiles)
+    once = _best(_options(m, n, reduction, sms, groups, widths, streamk, floor, segments=False)) if offered else chosen
     return [STREAMK_SEGMENTS] * (once[2:] != chosen[2:]) + [MEMORY_FLOOR] * (chosen[1] < floor)
 
 
