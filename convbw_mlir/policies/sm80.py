@@ -329,7 +329,7 @@ def _rows_fit(shape: GemmShape, bm: int, rule: bool) -> bool:
 
 
 def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP,
-                  rows_fit_k: bool = True) -> GemmTiling:  # fmt: skip
+                  rows_fit_k: bool = False) -> GemmTiling:  # fmt: skip
     """The plan's tiling: the cheapest of :data:`TILINGS` by :func:`tiling_cost` among those that can run
     ``shape`` (3 stages, else 2 where the shared-memory cap needs), 64-row ones only where K fits them
     (``rows_fit_k``: :data:`ROWS_FIT_K`); the first (128x256) on a tie."""
@@ -440,7 +440,7 @@ def folded_problems(shape: GemmShape, t: GemmTiling, shared_cap: int = SHARED_ME
 
 
 def choose_folded_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP,
-                         rows_fit_k: bool = True) -> GemmTiling:  # fmt: skip
+                         rows_fit_k: bool = False) -> GemmTiling:  # fmt: skip
     """:func:`choose_tiling` among the tilings whose stages hold x's windows too (:func:`folded_problems`)."""
     best, best_cost = None, math.inf
     for bm, bn, wm, wn in TILINGS:
@@ -540,7 +540,7 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         choose = choose_folded_tiling if folded else choose_tiling
         hopper = bool(tgt.wgmma_n)  # measured there only: Ampere and Ada keep the model's choice
         t = choose(gemm_shape(dense), tgt.compute_units, tgt.lds_bytes, rows_fit_k=hopper)
-        if hopper and t != choose(gemm_shape(dense), tgt.compute_units, tgt.lds_bytes, rows_fit_k=False):
+        if hopper and t != choose(gemm_shape(dense), tgt.compute_units, tgt.lds_bytes):
             decided = f"a {t.bm}x{t.bn} tile by {ROWS_FIT_K.name}: {ROWS_FIT_K.reason}"
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
@@ -693,7 +693,8 @@ def merge_rule(problem: Any, tgt: Target) -> int:
 def merged_cost(problem: Any, groups: int, tgt: Target) -> float:
     """:func:`tiling_cost` of ``problem`` merged ``groups`` at a time, with the tiling the rule gives it."""
     shape = gemm_shape(merged(problem, groups))
-    return tiling_cost(shape, choose_tiling(shape, tgt.compute_units, tgt.lds_bytes), tgt.compute_units, tgt.lds_bytes)
+    t = choose_tiling(shape, tgt.compute_units, tgt.lds_bytes, rows_fit_k=bool(tgt.wgmma_n))  # as the plan tiles it
+    return tiling_cost(shape, t, tgt.compute_units, tgt.lds_bytes)
 
 
 def _merge_groups(problem: Any, tgt: Target, opts: Any) -> int:
