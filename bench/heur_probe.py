@@ -8,6 +8,9 @@ contenders: the plan's own choice, its alternatives (``ALTERNATIVES``) and cuDNN
     python3 -m convbw_mlir.measure.run DIR --server --out OUT/results.json   # on the GPU (one measuring process)
     .venv/bin/python bench/heur_probe.py report OUT/results.json DIR/manifest.json   # the table: ours / cuDNN
 
+``compile --moved BEFORE``: the suite problems (f16) whose sm_90a plan moved since a ``bench/plan_identity.py dump``
+(BEFORE), each with the plan now (the heuristic) and the plan before: the held-out check of a rule change.
+
 The manifest is ``dispatch.tune.compile_candidates``' (each contender a ``Variant`` with its options), so the
 runner and the server take it as they take the tuner's; no GPU reference is built (the runner checks every
 contender against float64: the sample, and numpy's whole dW where cheap).
@@ -113,7 +116,31 @@ def variants(p: Any) -> list[Any]:
     return found
 
 
-def compile_all(out: Path, workers: int, cache: Path, only: str = "") -> int:
+def moved(before: Path, dtype: str = "f16") -> list[tuple[str, Any, list[Any]]]:
+    """(name, problem, [before, now]) of every suite problem whose sm_90a plan in ``before`` (a
+    ``bench/plan_identity.py dump`` folder) differs from :func:`convbw_mlir.plan.decide`'s now."""
+    from convbw_mlir.dispatch.variants import Variant, heuristic
+    from convbw_mlir.plan_data import Plan
+    from convbw_mlir.suites import load_suite
+
+    records = {}
+    for line in (before / "plans.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        records[r["case"]] = r
+    out = []
+    for suite in ("seeds", "models", "ck_test_grouped_convnd_bwd_weight", "classes", "zoo"):
+        for name, p in load_suite(suite, dtype):
+            rec = records.get(f"{suite}.{name}.{dtype}.sm_90a")
+            if rec is None or "plan" not in rec["decide"]:
+                continue
+            now = heuristic(p, "sm_90a")
+            was = Plan.from_dict(rec["decide"]["plan"])
+            if was != now.plan:
+                out.append((f"{suite}.{name}", p, [now, Variant("convbw", was, (), "before")]))
+    return out
+
+
+def compile_all(out: Path, workers: int, cache: Path, only: str = "", before: Path | None = None) -> int:
     from importlib.metadata import version
 
     from convbw_mlir.dispatch.build import Registry
@@ -122,9 +149,9 @@ def compile_all(out: Path, workers: int, cache: Path, only: str = "") -> int:
 
     reg = Registry("sm_90a", cache)
     per = []
-    for name, line, dtype in [e for e in PROBLEMS if only in e[0]]:
-        p = problem(line, dtype)
-        vs = variants(p)
+    chosen = moved(before) if before is not None else [(n, problem(ln, t), None) for n, ln, t in PROBLEMS]
+    for name, p, vs in [e for e in chosen if only in e[0]]:
+        vs = vs or variants(p)
         for v in vs:
             reg.declare(p, v)
         per.append((name, p, vs))
@@ -209,12 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--workers", type=int, default=2)
     c.add_argument("--cache", type=Path, required=True, help="the kernel cache (outside the pack)")
     c.add_argument("--only", default="", help="the problems whose name contains this")
+    c.add_argument("--moved", type=Path, help="instead: the suite problems whose plan moved since this "
+                   "plan_identity dump (f16): the plan now and the plan before")  # fmt: skip
     r = sub.add_parser("report")
     r.add_argument("results", type=Path)
     r.add_argument("manifest", type=Path)
     a = ap.parse_args(argv)
     if a.cmd == "compile":
-        return compile_all(a.dir, a.workers, a.cache, a.only)
+        return compile_all(a.dir, a.workers, a.cache, a.only, a.moved)
     return report(a.results, a.manifest)
 
 
