@@ -277,7 +277,9 @@ def _plan_cell(plan: Any) -> str:
         bits.append(f"producers {d['producers']}")
     if d.get("merge"):
         bits.append(f"merge {d['merge'].get('groups')}")
-    if d.get("relayout"):
+    if d.get("merge", {}).get("skip_off_diagonal"):
+        bits.append("skip")
+    if d.get("channels_last"):
         bits.append("relayout")
     return " ".join(bits)
 
