@@ -651,11 +651,93 @@ def claims(res: Results) -> list[tuple[str, str, str, str]]:
     ]
 
 
+# The claims' own runs, per group: (label, rows file under bench/results/, their kind -> ours here)
+OLD_RUNS: dict[str, list[tuple[str, str, dict[str, str]]]] = {
+    "product": [("hopper_final (H200, --jobs 4)", "h200_2026-11-26_hopper_final/product.json",
+                 {"cudnn": "cudnn", "sm80": "ours80", "product": "ours90"}),
+                ("hopper_conv run 3 (H100, --jobs 4; the rule before StreamK)",
+                 "h100_2026-11-26_hopper_conv/hopper_conv.json",
+                 {"cudnn": "cudnn", "sm80": "ours80", "sm90": "ours90"}),
+                ("hopper_perf run 2 (H200, --jobs 4)", "h200_2026-11-26_hopper_perf/run2_rule.json",
+                 {"cudnn": "cudnn", "sm80": "ours80", "sm90": "ours90"})],
+    "dense": [("explicit_conv layout 2 (H100, --jobs 10)", "h100_2026-11-23_explicit_conv_layout2.json",
+               {"cudnn": "cudnn", "ours": "ours", "alt": "recipe", "product": "codegen"})],
+    "bf16": [("explicit_bf16_rank (H100, --jobs 4)", "h100_2026-11-25_explicit_bf16_rank/rows_2d_bf16.json",
+              {"cudnn": "cudnn", "ours": "ours", "alt": "recipe", "product": "codegen"})],
+    "layout4": [("classes_after layout4 (H200, --jobs 8)", "h200_2026-11-26_classes_after/layout4.json",
+                 {"cudnn": "cudnn", "ours": "ours", "gather": "gather", "product": "codegen"})],
+    "depthwise": [("depthwise_default run 2 (H100, --jobs 8)", "h100_2026-11-25_depthwise_default/dw.json",
+                   {"cudnn": "cudnn", "ours": "narrow", "alt": "ours"}),  # the rule then was the narrow form
+                  ("depthwise run 1 (H100, --jobs 8; its kernel's first form)",
+                   "h100_2026-11-25_depthwise/run1_rows.json",
+                   {"cudnn": "cudnn", "product": "simt"})],
+    "thin": [("classes_after thin_forms (H200, --jobs 8)", "h200_2026-11-26_classes_after/thin_forms.json",
+              {"cudnn": "cudnn", "merged": "merged_skip", "merged_full": "merged", "ours": "grouped",
+               "alt": "onegroup"})],
+    "first": [("first_layers_rule run 2 (H200, --jobs 6)", "h200_2026-11-25_first_layers_rule/run2_rule_rows.jsonl",
+               {"cudnn": "cudnn", "ours": "ours", "prev": "prev"})],
+    "wavespec": [("explicit_wavespec (H100, --jobs 12)", "h100_2026-11-23_explicit_wavespec.json",
+                  {"plain": "plain", "ws44": "ws44", "ws42": "ws42", "default": "default"})],
+}  # fmt: skip
+
+
+def old_rows(path: str) -> dict[str, dict[str, float]]:
+    """problem -> kind -> single_us of a claim's own run (correct rows only)."""
+    file = Path(__file__).parent / "results" / path
+    text = file.read_text()
+    data = [json.loads(line) for line in text.splitlines() if line.strip()] if path.endswith(".jsonl") else \
+        json.loads(text)  # fmt: skip
+    rows = data["rows"] if isinstance(data, dict) else data
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r.get("correct", r.get("kind") == "cudnn") and r.get("single_us"):
+            out.setdefault(r["problem"], {})[r["kind"]] = r["single_us"]
+    return out
+
+
+def detail(res: Results) -> list[str]:
+    """Per group and old run: each problem's figures then and now (µs), and cuDNN / ours over the problems both
+    runs have, so a claim's change shows as ours, cuDNN or the set."""
+    lines = []
+    for group, runs in OLD_RUNS.items():
+        rows = res.rows.get(group)
+        if not rows:
+            continue
+        for label, path, kinds in runs:
+            old = old_rows(path)
+            common = [n for n in rows if n in old]
+            if not common:
+                continue
+            lines += ["", f"### {group} against {label}", "",
+                      "| problem | " + " | ".join(f"{new} old -> new µs" for new in kinds.values()) + " |",
+                      "|---|" + "---:|" * len(kinds)]  # fmt: skip
+            for n in common:
+                cells = []
+                for was, new in kinds.items():
+                    a, b = old[n].get(was), res.us(group, n, new)
+                    cells.append(f"{a:.1f} -> {b:.1f}" if a and b else f"{a or '-'} -> {f'{b:.1f}' if b else '-'}")
+                lines.append(f"| {n} | " + " | ".join(cells) + " |")
+            ours = [new for new in kinds.values() if new != "cudnn"]
+            for new in ours:
+                was = next(k for k, v in kinds.items() if v == new)
+                then = [old[n]["cudnn"] / old[n][was] for n in common if "cudnn" in old[n] and was in old[n]]
+                now = res.ratios(group, common, "cudnn", new)
+                moved = [res.us(group, n, new) / old[n][was] for n in common if res.us(group, n, new) and was in old[n]]
+                lines.append(f"- {new}: cuDNN / it then {f'{geomean(then):.2f}x' if then else '-'} over {len(then)}, "
+                             f"now {_span(now)}; its own time now / then {_span(dict(enumerate(moved)))}")  # fmt: skip
+            cud = [res.us(group, n, "cudnn") / old[n]["cudnn"] for n in common if res.us(group, n, "cudnn")
+                   and "cudnn" in old[n]]  # fmt: skip
+            if cud:
+                lines.append(f"- cuDNN's own time now / then: {_span(dict(enumerate(cud)))}")
+    return lines
+
+
 def compare(folder: Path) -> str:
     res = Results(folder)
     lines = [f"# Claims re-measured ({res.device}; one measuring process, bench/remeasure.py)", "",
              "| where | claim | old (--jobs run) | new (undisturbed) |", "|---|---|---|---|"]  # fmt: skip
     lines += [f"| {w} | {c} | {o} | {n} |" for w, c, o, n in claims(res)]
+    lines += ["", "## Problem by problem: the claims' runs against this one", *detail(res)]
     return "\n".join(lines) + "\n"
 
 
