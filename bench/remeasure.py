@@ -343,7 +343,8 @@ def compile_group(out: Path, group: str, workers: int = 2) -> Path:
 
 
 # -- run side ---------------------------------------------------------------------------------------------
-def run(folder: Path, out: Path, budget: float, groups: list[str] | None = None) -> int:
+def run(folder: Path, out: Path, budget: float, groups: list[str] | None = None,
+        numpy_max_flops: float = NUMPY_MAX_FLOPS) -> int:  # fmt: skip
     """Each group through one measuring server, in order, one at a time; a group is started only while the
     seconds a problem so far say it ends within ``budget`` (the first always)."""
     from convbw_mlir.measure.run import read_manifest, run_manifest
@@ -363,7 +364,7 @@ def run(folder: Path, out: Path, budget: float, groups: list[str] | None = None)
             print(f"{group}: {done[group]}", flush=True)
             continue
         g0 = time.time()
-        results = run_manifest(folder / group, server=True, numpy_max_flops=NUMPY_MAX_FLOPS,
+        results = run_manifest(folder / group, server=True, numpy_max_flops=numpy_max_flops,
                                log=lambda *a: print(*a, flush=True))  # fmt: skip
         results["wall_s"] = round(time.time() - g0, 1)
         (out / f"{group}.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -767,6 +768,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--budget", type=float, default=300.0)
     r.add_argument("--only", nargs="*", choices=[g[0] for g in GROUPS])
+    r.add_argument("--numpy-max-flops", type=float, default=NUMPY_MAX_FLOPS,
+                   help="numpy's whole float64 dW up to this many FLOPs (0: the float64 sample only)")  # fmt: skip
     for name in ("compare", "summary"):
         sub.add_parser(name).add_argument("results", type=Path)
     a = ap.parse_args(argv)
@@ -781,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
                 tar.add(a.dir, arcname="remeasure")
         return 0
     if a.cmd == "run":
-        return run(a.dir, a.out, a.budget, a.only)
+        return run(a.dir, a.out, a.budget, a.only, a.numpy_max_flops)
     print(compare(a.results) if a.cmd == "compare" else summary(a.results))
     return 0
 
