@@ -35,8 +35,8 @@ SMS = TARGETS["sm_90a"].compute_units  # the rule's default grid (H100 SXM); one
 class CostModel:
     """The rule's model (:func:`cost`, :func:`cost_streamk`), one record, fitted (least squares on log time) to 33
     timings of the rule's choices and of other splits and tile widths on an H100 (``fitted_on[0]``, runs 1 and 2;
-    within ~10% but for the narrowest tiles): a 128x256x64 k tile takes ``ktile_us`` an SM (large_3x3_256_n64_56:
-    786 TFLOP/s), a narrower tile ``tile_cost`` of that; a split's f32 partials go out and back in at
+    within ~10% but for the narrowest tiles; docs/timing.md#remeasured for those runs): a 128x256x64 k tile takes
+    ``ktile_us`` an SM, a narrower tile ``tile_cost`` of that; a split's f32 partials go out and back in at
     ``bytes_per_us``, the sum's dispatch hidden; a workgroup pays ``fill_tiles`` k tiles of fill, barrier set-up and
     epilogue. The narrow tiles' costs (one consumer warpgroup where K <= 64, 64 columns where Y X C <= 64) were
     fitted on the H200 (``fitted_on[1]``, run 2; docs/explicit-kernels.md "Measured: StreamK and the rule"); a
