@@ -297,3 +297,97 @@ def test_a_compiled_function_that_calls_backward_runs_the_native_path_eagerly_af
     for g, w in zip([p.grad for p in model.parameters()], want[1:], strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     assert native.counts() == {"ours": 2}
+
+
+class _GraphedKernel:
+    """A DirectCall stood in for on the CPU: its Python launch fills dW and says which graph it replayed (one per
+    dW address, the address itself), and the driver's cuGraphLaunch / cuStreamIsCapturing are ctypes callbacks
+    recording what C++ hands them."""
+
+    def __init__(self, want):
+        import ctypes
+
+        self.want, self.plain, self.python, self.graphs = want, [], [], []
+        self.capturing, self.rc = 0, 0
+        self.ws = torch.empty(256, dtype=torch.uint8)
+
+        def graph_launch(exec_, stream):
+            self.graphs.append((exec_, stream))
+            return self.rc
+
+        def is_capturing(stream, status):
+            status[0] = self.capturing
+            return 0
+
+        self._fns = [
+            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(graph_launch),
+            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))(is_capturing),
+        ]
+        self.addresses = [ctypes.cast(f, ctypes.c_void_p).value for f in self._fns]
+
+    def __call__(self, x, dy, out):  # the plain launch (a capture, the miss's Python path)
+        self.plain.append(out.data_ptr())
+        out.copy_(self.want)
+
+    def launch(self, x, dy, out):
+        out.copy_(self.want)
+        # DirectCall's rule: a graph from the second call on the same memory on
+        exec_ = out.data_ptr() if out.data_ptr() in self.python else 0
+        self.python.append(out.data_ptr())
+        return exec_, self.ws
+
+    def native_launch(self):
+        return self.launch, *self.addresses, 64
+
+
+def _graphed_switch(monkeypatch):
+    x, dy = torch.randn(2, 4, 6, 6), torch.randn(2, 8, 6, 6)
+    w = torch.randn(8, 4, 3, 3)
+    want = aten(dy, x, w, *ARGS, [False, True, False])[1]
+    kernel = _GraphedKernel(want)
+    decide = sw._decide
+    monkeypatch.setattr(
+        sw, "_decide", lambda *a: dataclasses.replace(decide(*a), direct=(kernel, ((8, 4, 3, 3), (36, 9, 3, 1))))
+    )
+    ct.enable(native=True)
+    return kernel, lambda: aten(dy, x, w, *ARGS, [False, True, False])[1]
+
+
+def test_a_direct_launchs_cuda_graph_python_replayed_is_launched_from_cxx_without_python_on_that_memory(monkeypatch):
+    kernel, call = _graphed_switch(monkeypatch)
+    torch.testing.assert_close(call(), kernel.want)  # the miss: the Python switch whole (its plain launch)
+    for _ in range(12):  # each dW dropped before the next: the allocator hands its memory back
+        got = call()
+        if not (kernel.graphs and kernel.graphs[-1][0] == got.data_ptr()):  # else from C++: the fake wrote nothing
+            torch.testing.assert_close(got, kernel.want)
+        del got
+    told = {p for i, p in enumerate(kernel.python) if p in kernel.python[:i]}  # the graphs Python said it replayed
+    assert kernel.graphs, "no call was served by the graph from C++"
+    assert all(stream is None and exec_ in told for exec_, stream in kernel.graphs)  # stream 0: the CPU's stand-in
+    assert len(kernel.plain) == 1 and len(kernel.python) + len(kernel.graphs) == 12
+    assert native.graph_launches() == len(kernel.graphs) and native.counts() == {"ours": 12}
+    assert all(kernel.python.count(p) == 2 for p in told)  # once Python told a memory's graph, C++ launches it
+
+
+def test_while_a_graph_is_captured_the_direct_launch_goes_into_the_capture_through_python(monkeypatch):
+    kernel, call = _graphed_switch(monkeypatch)
+    kernel.capturing = 1  # cuStreamIsCapturing: active
+    for _ in range(4):
+        torch.testing.assert_close(call(), kernel.want)
+    assert (len(kernel.plain), kernel.python, kernel.graphs) == (4, [], [])
+
+
+def test_a_failed_graph_launch_from_cxx_is_one_error_naming_it_and_the_switch_works_after(monkeypatch):
+    kernel, call = _graphed_switch(monkeypatch)
+    for _ in range(12):
+        call()
+        if kernel.graphs:
+            break
+    assert kernel.graphs, "no call was served by the graph from C++"
+    kernel.rc = 700  # CUDA_ERROR_ILLEGAL_ADDRESS
+    with pytest.raises(RuntimeError, match="cuGraphLaunch of our dW kernel's CUDA graph: CUDA error 700"):
+        for _ in range(12):
+            call()
+    kernel.rc = 0
+    ct.disable()
+    torch.testing.assert_close(call(), kernel.want)  # torch's own again

@@ -21,12 +21,14 @@ is written). docs/torch.md. Importable only where torch is installed.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import hashlib
 import math
 import os
 import threading
 import types
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -478,6 +480,7 @@ def call_for(op: Any, driver: str, index: int | None) -> Any:
 
 _WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> transient workspace, grown as needed
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle without a Stream object
+_RAW_EXEC = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")  # torch >= 2.8: the graph's cudaGraphExec_t
 
 
 def current_stream_handle(index: int) -> int:
@@ -508,7 +511,7 @@ class DirectCall:
             from convbw_mlir.cuda_launch import CudaLauncher
 
             self.launcher = CudaLauncher(launch, index)
-        self.index, self.transient = index, launch.transient
+        self.index, self.transient, self.driver = index, launch.transient, driver
         self.use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._seen: dict[tuple, None] = {}
@@ -539,6 +542,27 @@ class DirectCall:
         Raises:
             ValueError: a tensor whose data is not 16-byte aligned (the PTX declares ``.align 16``), naming it.
         """
+        self.launch(x, dy, out)
+
+    def native_launch(self) -> tuple[Callable, int, int, int] | None:
+        """What the C++ hot path needs to replay this kernel's graphs without Python (docs/torch.md#the-native-hot-
+        path): (:meth:`launch`, the driver's ``cuGraphLaunch`` and ``cuStreamIsCapturing`` addresses, the transient
+        workspace's bytes); None where it cannot (HIP, graphs off, a torch whose CUDAGraph hides its exec handle)."""
+        if getattr(self, "driver", None) != "cuda" or not self.use_graphs or not _RAW_EXEC:
+            return None
+        from convbw_mlir.cuda_launch import _libcuda
+
+        lib = _libcuda()
+        address = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value  # noqa: E731
+        return self.launch, address("cuGraphLaunch"), address("cuStreamIsCapturing"), self.transient
+
+    def launch(self, x: torch.Tensor, dy: torch.Tensor, out: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """:meth:`__call__`, and what the C++ hot path keeps for this memory: the raw ``cudaGraphExec_t`` the call
+        replayed (0 where it replayed none: first call, a capture, graphs off) and the workspace it used.
+
+        Raises:
+            ValueError: a tensor whose data is not 16-byte aligned (the PTX declares ``.align 16``), naming it.
+        """
         index = self.index
         stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
         ws = _WORKSPACE.get((index, stream))
@@ -559,11 +583,12 @@ class DirectCall:
                     self._graphs[key] = graph
             if graph is not None:
                 graph.replay()  # on torch's current stream, after what is queued there
-                return
+                return graph.raw_cuda_graph_exec() if self.driver == "cuda" and _RAW_EXEC else 0, ws
             if len(self._seen) > 1024:  # a bound for callers whose memory moves every call
                 self._seen.clear()
             self._seen[key] = None
         self.launcher(ptrs, stream)
+        return 0, ws
 
 
 # -- the entry point -------------------------------------------------------------------------------

@@ -6,15 +6,18 @@
 //   decides as it always does and hands back what to remember for the call's signature;
 // - torch's: torch's own kernel, at::native::convolution_backward (what both keys run: CompositeExplicitAutograd
 //   on the CPU, the CUDA key's own registration), called directly under the device guard its CUDA wrapper takes;
-// - ours: torch's kernel for dx and the bias gradient (output_mask with dW false), then our dW from the Python
-//   callable the switch remembered (the only Python a call runs).
-// Only ATen/c10 and torch's Python bindings: it builds without CUDA's headers (no CUDA call is made here).
+// - ours: torch's kernel for dx and the bias gradient (output_mask with dW false), then our dW: for a direct
+//   launch whose CUDA graph for this memory (stream, x, dy, dW, workspace) is known, the graph launched from here
+//   through the driver's cuGraphLaunch, whose address Python handed over (no Python at all); else the Python
+//   callable the switch remembered, which also tells which graph it replayed, to be launched from here next time.
+// Only ATen/c10 and torch's Python bindings: it builds without CUDA's headers (driver calls by handed-over address).
 #include <ATen/Context.h>
 #include <ATen/DeviceGuard.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/convolution_backward_native.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/record_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -43,17 +46,44 @@ enum Mode : int { kOff = 0, kTable = 1, kPython = 2 };
 constexpr int kReasons = 64;       // counters: 0 ours, 1 unaligned, then the Python side's reasons
 constexpr size_t kMaxEntries = 4096;  // the Python memo's bound too: programs that see endless shapes
 
+// the driver's functions, by the address Python hands over (cuda.h's signatures; CUresult 0 is success)
+using GraphLaunchFn = int (*)(void* exec, void* stream);              // cuGraphLaunch
+using IsCapturingFn = int (*)(void* stream, int* capture_status);     // cuStreamIsCapturing
+using MemoryKey = std::array<uintptr_t, 5>;                           // stream, x, dy, dW, workspace
+constexpr size_t kMaxGraphs = 64;  // per entry: DirectCall records at most 64 graphs a kernel (entry.py)
+
+struct MemoryHash {
+  size_t operator()(const MemoryKey& k) const noexcept {
+    size_t h = 0;
+    for (uintptr_t v : k) h ^= std::hash<uintptr_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+// a direct launch whose CUDA graphs this side replays itself (DirectCall.native_launch)
+struct Graphed {
+  PyObject* launch = nullptr;  // launch(x, dy, dW) -> (the cudaGraphExec_t it replayed or 0, its workspace) (owned)
+  GraphLaunchFn graph_launch = nullptr;
+  IsCapturingFn capturing = nullptr;
+  int64_t transient = 0;  // bytes of workspace the kernel needs
+  // the graphs Python replayed, by memory; owned by the DirectCall (never destroyed) that `launch` holds
+  mutable std::shared_mutex lock;
+  mutable std::unordered_map<MemoryKey, void*, MemoryHash> execs;
+};
+
 struct Entry {
   int reason = 0;         // the counter a call of this signature adds to
   PyObject* dw = nullptr;  // ours: callable(x, w, grad_output) -> dW, or with `direct` kernel(x, grad_output, dW)
                            // into a dW allocated here (owned); null: torch's
   bool direct = false;     // a direct launch on x and dy as they come: dW of this size and these strides
   std::vector<int64_t> size, strides;
+  std::unique_ptr<Graphed> graphed;  // a direct launch whose graphs are launched from here; null: through Python
   Entry(int r, PyObject* f) : reason(r), dw(f) { Py_XINCREF(dw); }
   ~Entry() {
-    if (dw != nullptr && Py_IsInitialized()) {
+    if ((dw != nullptr || (graphed && graphed->launch != nullptr)) && Py_IsInitialized()) {
       py::gil_scoped_acquire gil;  // the last holder may be a thread without the GIL
-      Py_DECREF(dw);
+      Py_XDECREF(dw);
+      if (graphed) Py_XDECREF(graphed->launch);
     }
   }
 };
@@ -76,6 +106,18 @@ auto& g_table = *new std::unordered_map<Key, std::shared_ptr<const Entry>, KeyHa
 std::atomic<int64_t> g_settings{-1};
 PyObject* g_miss = nullptr;    // the Python switch's entry for misses (owned)
 std::array<std::atomic<int64_t>, kReasons> g_counts{};
+// the workspace the direct launches last used per (device type, index, stream): DirectCall's own (entry.py), as
+// its launch handed it back, so a graph keyed by its address is replayed on the memory it was recorded with;
+// never destroyed (its tensors outlive Python's end, as DirectCall's do)
+using StreamKey = std::array<int64_t, 3>;
+struct StreamHash {
+  size_t operator()(const StreamKey& k) const noexcept {
+    return std::hash<int64_t>{}(k[0] * 1000003 + k[1]) ^ (std::hash<int64_t>{}(k[2]) << 1);
+  }
+};
+std::shared_mutex g_ws_lock;
+auto& g_workspaces = *new std::unordered_map<StreamKey, Tensor, StreamHash>();
+std::atomic<int64_t> g_graph_launches{0};  // graphs launched from here (not through Python): stats for tests
 
 void push(Key& k, IntArrayRef a) {
   k.push_back(static_cast<int64_t>(a.size()));
@@ -157,6 +199,17 @@ Result miss(int mode, const Key* key, const Tensor& go, const Tensor& x, const T
         e->direct = true;
         for (auto v : py::reinterpret_borrow<py::tuple>(out[6])[0]) e->size.push_back(v.cast<int64_t>());
         for (auto v : py::reinterpret_borrow<py::tuple>(out[6])[1]) e->strides.push_back(v.cast<int64_t>());
+        if (!out[7].is_none()) {  // (launch, cuGraphLaunch, cuStreamIsCapturing, workspace bytes)
+          auto spec = py::reinterpret_borrow<py::tuple>(out[7]);
+          auto g = std::make_unique<Graphed>();
+          g->graph_launch = reinterpret_cast<GraphLaunchFn>(spec[1].cast<uintptr_t>());
+          g->capturing = reinterpret_cast<IsCapturingFn>(spec[2].cast<uintptr_t>());
+          g->transient = spec[3].cast<int64_t>();
+          if (g->graph_launch != nullptr && g->capturing != nullptr) {
+            g->launch = py::object(spec[0]).release().ptr();
+            e->graphed = std::move(g);
+          }
+        }
       }
       std::remove_reference_t<decltype(g_table)> old;  // freed outside the lock
       std::unique_lock lock(g_lock);
@@ -166,6 +219,87 @@ Result miss(int mode, const Key* key, const Tensor& go, const Tensor& x, const T
     return r;
   } catch (py::error_already_set& e) {
     e.restore();
+    throw python_error();
+  }
+}
+
+void* current_stream(const at::Device& d) {
+  if (d.is_cpu()) return nullptr;  // the CPU tests' stand-in for a direct launch: stream 0
+  const auto* impl = c10::impl::getDeviceGuardImpl(d.type());
+  return impl->getStreamNativeHandle(impl->getStream(d));
+}
+
+StreamKey stream_key(const at::Device& d, void* stream) {
+  return {static_cast<int64_t>(d.type()), d.index(), static_cast<int64_t>(reinterpret_cast<intptr_t>(stream))};
+}
+
+MemoryKey memory_key(void* stream, const Tensor& x, const Tensor& go, const Tensor& dw, const Tensor& ws) {
+  return {reinterpret_cast<uintptr_t>(stream), reinterpret_cast<uintptr_t>(x.data_ptr()),
+          reinterpret_cast<uintptr_t>(go.data_ptr()), reinterpret_cast<uintptr_t>(dw.data_ptr()),
+          reinterpret_cast<uintptr_t>(ws.data_ptr())};
+}
+
+// our dW of a direct entry into a dW allocated here: the CUDA graph DirectCall recorded for this memory launched
+// from here (no Python), else the kernel through Python, which says which graph it replayed, if any
+Tensor direct_dw(const Entry& e, const Tensor& x, const Tensor& go) {
+  Tensor dw = at::empty_strided(e.size, e.strides, x.options());
+  const Graphed* g = e.graphed.get();
+  void* stream = nullptr;
+  bool graphs = false;
+  if (g != nullptr) {
+    const c10::OptionalDeviceGuard guard(at::device_of(x));  // as torch's replay() takes
+    stream = current_stream(x.device());
+    int status = 1;
+    // never while the stream is being captured (the kernels go into that capture, as in Python), nor unsure
+    graphs = g->capturing(stream, &status) == 0 && status == 0;
+    Tensor ws;
+    if (graphs) {
+      std::shared_lock lock(g_ws_lock);
+      auto it = g_workspaces.find(stream_key(x.device(), stream));
+      if (it != g_workspaces.end() && it->second.numel() >= g->transient) ws = it->second;
+    }
+    if (ws.defined()) {
+      void* exec = nullptr;
+      {
+        std::shared_lock lock(g->lock);
+        auto it = g->execs.find(memory_key(stream, x, go, dw, ws));
+        if (it != g->execs.end()) exec = it->second;
+      }
+      if (exec != nullptr) {
+        const int rc = g->graph_launch(exec, stream);
+        if (rc != 0)
+          throw std::runtime_error("convbw native: cuGraphLaunch of our dW kernel's CUDA graph: CUDA error " +
+                                   std::to_string(rc));
+        g_graph_launches.fetch_add(1, std::memory_order_relaxed);
+        return dw;
+      }
+    }
+  }
+  py::gil_scoped_acquire gil;
+  try {
+    if (!graphs) {
+      py::handle(e.dw)(wrap(x), wrap(go), wrap(dw));
+      return dw;
+    }
+    py::tuple r = py::handle(g->launch)(wrap(x), wrap(go), wrap(dw));
+    const auto exec = r[0].cast<uintptr_t>();
+    const Tensor used = unwrap(r[1], "the workspace");
+    if (used.defined()) {
+      Tensor old;  // released outside the lock
+      {
+        std::unique_lock lock(g_ws_lock);
+        Tensor& held = g_workspaces[stream_key(x.device(), stream)];
+        old = std::move(held);
+        held = used;
+      }
+      if (exec != 0) {
+        std::unique_lock lock(g->lock);
+        if (g->execs.size() < kMaxGraphs) g->execs.emplace(memory_key(stream, x, go, dw, used), reinterpret_cast<void*>(exec));
+      }
+    }
+    return dw;
+  } catch (py::error_already_set& err) {
+    err.restore();
     throw python_error();
   }
 }
@@ -205,20 +339,18 @@ Result convolution_backward(const Tensor& go, const Tensor& x, const Tensor& w, 
   Tensor dw;
   {
     RECORD_FUNCTION("convbw::conv_weight", std::vector<c10::IValue>());  // torch.profiler tells ours from torch's
-    py::gil_scoped_acquire gil;
-    try {
-      if (e->direct) {  // dW allocated here (the Python allocation and two frames fewer), the kernel queues it
-        dw = at::empty_strided(e->size, e->strides, x.options());
-        py::handle(e->dw)(wrap(x), wrap(go), wrap(dw));
-      } else {
+    if (e->direct) {  // dW allocated here (the Python allocation and two frames fewer), the kernel queues it
+      dw = direct_dw(*e, x, go);
+    } else {
+      py::gil_scoped_acquire gil;
+      try {
         dw = unwrap(py::handle(e->dw)(wrap(x), wrap(w), wrap(go)), "dW");
+      } catch (py::error_already_set& err) {
+        err.restore();
+        throw python_error();
       }
-    } catch (py::error_already_set& err) {
-      err.restore();
-      e.reset();
-      throw python_error();
     }
-    e.reset();  // with the GIL: the entry's callable may be released here
+    e.reset();  // the last holder (a table cleared meanwhile) takes the GIL to release the callables (~Entry)
   }
   g_counts[0].fetch_add(1, std::memory_order_relaxed);
   return {dx, dw, db};
@@ -266,7 +398,10 @@ std::vector<int64_t> counts() {
 
 void reset_counts() {
   for (auto& c : g_counts) c.store(0, std::memory_order_relaxed);
+  g_graph_launches.store(0, std::memory_order_relaxed);
 }
+
+int64_t graph_launches() { return g_graph_launches.load(std::memory_order_relaxed); }
 
 size_t table_size() {
   std::shared_lock lock(g_lock);
@@ -281,6 +416,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("clear", &clear);
   m.def("counts", &counts);
   m.def("reset_counts", &reset_counts);
+  m.def("graph_launches", &graph_launches, "our dW's CUDA graphs launched from C++ since reset_counts");
   m.def("table_size", &table_size);
   m.attr("REASONS") = kReasons;
 }
