@@ -181,3 +181,45 @@ def test_benchmark_keeps_the_faster_weight_gradient_timed_once_per_problem(ours_
 def test_benchmark_is_a_bool():
     with pytest.raises(TypeError, match=r"benchmark: expected True, False or None \(on for GPUs\), got 'yes'"):
         ct.enable(benchmark="yes")
+
+
+def test_a_direct_calls_launch_tells_the_cxx_path_the_graph_it_replayed_for_that_memory_and_its_workspace(
+    monkeypatch,
+):
+    # the C++ hot path launches a graph itself only for memory whose graph DirectCall named (docs/torch.md)
+    import ctypes
+
+    kernel = object.__new__(ct_entry.DirectCall)  # no GPU here: the launcher, the graph and the stream stood in for
+    kernel.index, kernel.transient, kernel.driver, kernel.use_graphs = 0, 100, "cuda", True
+    kernel._graphs, kernel._seen, kernel._side = {}, {}, None
+    plain, recorded, replays = [], [], []
+    kernel.launcher = lambda ptrs, stream, maps_stream=None: plain.append(ptrs)
+
+    class Graph:
+        def replay(self):
+            replays.append(1)
+
+        def raw_cuda_graph_exec(self):
+            return 0xE1
+
+    monkeypatch.setattr(ct_entry.DirectCall, "_record", lambda self, ptrs, stream: recorded.append(ptrs) or Graph())
+    monkeypatch.setattr(ct_entry, "_raw_stream", lambda index: 7)
+    monkeypatch.setattr(ct_entry, "_RAW_EXEC", True)
+    monkeypatch.setattr(ct_entry, "_WORKSPACE", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    x, dy, out, other = torch.zeros(64), torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    got = [kernel.launch(x, dy, out) for _ in range(3)] + [kernel.launch(x, dy, other)]
+    ws = ct_entry._WORKSPACE[(0, 7)]
+    assert ws.numel() >= 100
+    assert [(e, w is ws) for e, w in got] == [(0, True), (0xE1, True), (0xE1, True), (0, True)]
+    assert (len(plain), len(recorded), len(replays)) == (2, 1, 2)  # first call and new memory plain, then the graph
+
+    fns = {n: ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for n in ("cuGraphLaunch", "cuStreamIsCapturing")}
+    monkeypatch.setattr("convbw_mlir.cuda_launch._libcuda", lambda: type("Lib", (), fns))
+    spec = kernel.native_launch()
+    assert spec[0] == kernel.launch and spec[3] == 100
+    assert spec[1:3] == tuple(ctypes.cast(fns[n], ctypes.c_void_p).value for n in fns)
+    kernel.use_graphs = False  # CONVBW_CUDA_GRAPHS=0 (or a capture that failed): every call through Python
+    assert kernel.native_launch() is None
+    kernel.use_graphs, kernel.driver = True, "hip"  # ROCm: its graphs are not launched from C++
+    assert kernel.native_launch() is None
