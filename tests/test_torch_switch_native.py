@@ -391,3 +391,37 @@ def test_a_failed_graph_launch_from_cxx_is_one_error_naming_it_and_the_switch_wo
     kernel.rc = 0
     ct.disable()
     torch.testing.assert_close(call(), kernel.want)  # torch's own again
+
+
+def test_graphs_launched_from_cxx_while_another_thread_turns_the_switch_never_break_a_call(monkeypatch):
+    # entries (their graphs and callables) and the workspace table are shared with a thread that enables, disables
+    # and, past 64 settings, clears the C++ table meanwhile: no call fails, and every one Python served is right
+    import threading
+
+    kernel, call = _graphed_switch(monkeypatch)
+    errors, done = [], threading.Event()
+
+    def toggle():
+        try:
+            while not done.is_set():
+                ct.enable(native=True)
+                ct.disable()
+        except Exception as e:
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    toggler = threading.Thread(target=toggle)
+    toggler.start()
+    try:
+        for _ in range(150):
+            got = call()
+            if not (kernel.graphs and kernel.graphs[-1][0] == got.data_ptr()):
+                torch.testing.assert_close(got, kernel.want)  # torch's, or ours through Python: both the same dW
+            del got
+    finally:
+        done.set()
+        toggler.join()
+        sys.setswitchinterval(interval)
+    assert not errors
+    assert kernel.graphs, "no call was served by the graph from C++"
