@@ -206,6 +206,9 @@ def test_a_direct_calls_launch_tells_the_cxx_path_the_graph_it_replayed_for_that
     monkeypatch.setattr(ct_entry, "_raw_stream", lambda index: 7)
     monkeypatch.setattr(ct_entry, "_RAW_EXEC", True)
     monkeypatch.setattr(ct_entry, "_WORKSPACE", {})
+    monkeypatch.setattr(
+        ct_entry, "_kept_workspace", lambda index, nbytes, device: torch.empty(nbytes, dtype=torch.uint8)
+    )
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     x, dy, out, other = torch.zeros(64), torch.zeros(64), torch.zeros(64), torch.zeros(64)
     got = [kernel.launch(x, dy, out) for _ in range(3)] + [kernel.launch(x, dy, other)]
@@ -223,3 +226,28 @@ def test_a_direct_calls_launch_tells_the_cxx_path_the_graph_it_replayed_for_that
     assert kernel.native_launch() is None
     kernel.use_graphs, kernel.driver = True, "hip"  # ROCm: its graphs are not launched from C++
     assert kernel.native_launch() is None
+
+
+def test_while_the_stream_is_captured_a_direct_calls_workspace_is_the_calls_own_and_nothing_is_kept(monkeypatch):
+    # torch.compile(mode="reduce-overhead") failed on an H100 with "Detected 1 tensor(s) in the cudagraph pool not
+    # tracked as outputs" (bench/results/h100_2026-12-06_host37): a workspace kept from inside its pool. Under a
+    # capture the workspace is the call's own (the capture's memory, freed after the call as torch's temporaries);
+    # outside, the one kept per stream, allocated apart from any pool (_kept_workspace)
+    kernel = object.__new__(ct_entry.DirectCall)
+    kernel.index, kernel.transient, kernel.driver, kernel.use_graphs = 0, 1000, "cuda", True
+    kernel._graphs, kernel._seen, kernel._side = {}, {}, None
+    launched, kept = [], []
+    kernel.launcher = lambda ptrs, stream, maps_stream=None: launched.append(ptrs)
+    monkeypatch.setattr(ct_entry, "_raw_stream", lambda index: 7)
+    monkeypatch.setattr(ct_entry, "_WORKSPACE", {})
+    monkeypatch.setattr(
+        ct_entry, "_kept_workspace", lambda index, nbytes, device: kept.append(nbytes) or torch.empty(nbytes)
+    )
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    x, dy, out = torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    assert [kernel.launch(x, dy, out) for _ in range(2)] == [(0, None), (0, None)]
+    assert (ct_entry._WORKSPACE, kept, len(launched)) == ({}, [], 2)  # each launch had a workspace, none kept
+    capturing[0] = False
+    _, ws = kernel.launch(x, dy, out)
+    assert kept == [1000] and ct_entry._WORKSPACE == {(0, 7): ws} and launched[-1][3] == ws.data_ptr()

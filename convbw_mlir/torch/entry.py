@@ -483,6 +483,23 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle
 _RAW_EXEC = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")  # torch >= 2.8: the graph's cudaGraphExec_t
 
 
+_WS_STREAMS: dict[int, Any] = {}  # device -> the stream kept workspaces are allocated on (_kept_workspace)
+
+
+def _kept_workspace(index: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A transient workspace kept for GPU ``index`` and its current stream: allocated on a stream of its own, so
+    that no graph pool routing the current stream's allocations takes it (torch.compile's reduce-overhead warms up
+    in its pool and refuses a tensor kept alive there), and recorded on the current stream, where the kernels use
+    it: a workspace replaced by a larger one is reused only after the work queued on it."""
+    side = _WS_STREAMS.get(index)
+    if side is None:
+        side = _WS_STREAMS[index] = torch.cuda.Stream(index)
+    with torch.cuda.stream(side):
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    ws.record_stream(torch.cuda.current_stream(index))
+    return ws
+
+
 def current_stream_handle(index: int) -> int:
     """The raw handle of torch's current stream on GPU ``index`` (what a direct launch queues on)."""
     return _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
@@ -558,23 +575,27 @@ class DirectCall:
 
     def launch(self, x: torch.Tensor, dy: torch.Tensor, out: torch.Tensor) -> tuple[int, torch.Tensor]:
         """:meth:`__call__`, and what the C++ hot path keeps for this memory: the raw ``cudaGraphExec_t`` the call
-        replayed (0 where it replayed none: first call, a capture, graphs off) and the workspace it used.
+        replayed (0 where it replayed none: first call, a capture, graphs off) and the workspace it used (None: one
+        for this call only, while the stream is captured).
 
         Raises:
             ValueError: a tensor whose data is not 16-byte aligned (the PTX declares ``.align 16``), naming it.
         """
         index = self.index
         stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
-        ws = _WORKSPACE.get((index, stream))
-        if ws is None or ws.numel() < self.transient:
-            # freed memory is reused in stream order on this stream only (torch's caching allocator)
-            ws = _WORKSPACE[(index, stream)] = torch.empty(max(self.transient, 256), dtype=torch.uint8, device=x.device)
+        capturing = torch.cuda.is_current_stream_capturing()
+        if capturing:  # the capture's own memory, freed after the call as its other temporaries (torch's rule)
+            ws = torch.empty(max(self.transient, 256), dtype=torch.uint8, device=x.device)
+        else:
+            ws = _WORKSPACE.get((index, stream))
+            if ws is None or ws.numel() < self.transient:
+                ws = _WORKSPACE[(index, stream)] = _kept_workspace(index, max(self.transient, 256), x.device)
         ptrs = (x.data_ptr(), dy.data_ptr(), out.data_ptr(), ws.data_ptr())
         if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
             i = [p & 15 != 0 for p in ptrs].index(True)
             name = ("input", "grad_output", "output")[i]
             raise ValueError(f"{name}: data at {ptrs[i]:#x} is not 16-byte aligned (the kernel's pointers are)")
-        if self.use_graphs and not torch.cuda.is_current_stream_capturing():
+        if self.use_graphs and not capturing:
             key = (stream, ptrs)
             graph = self._graphs.get(key)
             if graph is None and key in self._seen and len(self._graphs) < _MAX_GRAPHS:
@@ -588,7 +609,7 @@ class DirectCall:
                 self._seen.clear()
             self._seen[key] = None
         self.launcher(ptrs, stream)
-        return 0, ws
+        return 0, None if capturing else ws
 
 
 # -- the entry point -------------------------------------------------------------------------------
