@@ -306,7 +306,11 @@ def part(ns: argparse.Namespace) -> dict:
             rows[side].append(step(side, i))
             if side in stats and i >= ns.warmup:  # calls of the timed steps only
                 # our dW's CUDA graphs the C++ kernel launched itself (no Python): the hot path's own count
-                graphs = {"C++ graph launches": native.graph_launches()} if native.loaded() is not None else {}
+                graphs = (
+                    {"C++ graph launches": native.graph_launches(), "C++ plain launches": native.plain_launches()}
+                    if native.loaded() is not None
+                    else {}
+                )
                 for k, v in (ct.stats() | graphs).items():
                     stats[side][k] = stats[side].get(k, 0) + v
     ours_names = {k for row in ct.loaded_kernels() for k in row.get("kernels", ())}

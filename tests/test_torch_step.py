@@ -251,3 +251,47 @@ def test_while_the_stream_is_captured_a_direct_calls_workspace_is_the_calls_own_
     capturing[0] = False
     _, ws = kernel.launch(x, dy, out)
     assert kept == [1000] and ct_entry._WORKSPACE == {(0, 7): ws} and launched[-1][3] == ws.data_ptr()
+
+
+def test_a_direct_calls_native_plan_is_its_launchers_schedule_and_only_where_asked(monkeypatch):
+    # what C++ launches itself ($CONVBW_TORCH_NATIVE_LAUNCH=1): CudaLauncher's own plan, buffers numbered x, dy, dW,
+    # workspace, each kernel's constants and tensor maps; the driver functions by address (0: absent)
+    import ctypes
+    import types
+
+    from convbw_mlir.cuda_launch import Dispatch, ExportDef, Launch, TensorMap, Transfer, launch_plan
+
+    t = "transient"
+    launch = Launch(
+        function="f",
+        steps=[
+            Transfer("fill", (t, 0), 64, None, 0, 4),
+            Dispatch("k0", (2, 1, 1), (("arg0", 0), ("arg1", 16), (t, 0), (t, 0)), (7, 9)),
+            Dispatch("k1", (1, 1, 1), ((t, 0), ("arg2", 0))),
+            Transfer("copy", ("arg2", 0), 16, (t, 0)),
+        ],  # fmt: skip
+        transient=64,
+        arg_bytes=(1, 1, 1),
+        exports={"k0": ExportDef("k0", 0, (128, 1, 1), 4096, 2, 4), "k1": ExportDef("k1", 0, (32, 1, 1), 0, 0, 2)},
+        tensor_maps=[TensorMap("k0", 0, 3, 0, "tiled", 9, (8, 36), (16,), (8, 4), (1, 1))],
+    )
+    plan, _ = launch_plan(launch, {"k0": 0xF1, "k1": 0xF2}, dynamic_shared=True)
+    kernel = object.__new__(ct_entry.DirectCall)
+    kernel.driver = "cuda"
+    kernel.launcher = types.SimpleNamespace(launch=launch, _plan=plan, _maps={1: (3, launch.tensor_maps)})
+    fns = {n: ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for n in ct_entry.NATIVE_DRIVER_FUNCTIONS[:8]}
+    monkeypatch.setattr("convbw_mlir.cuda_launch._libcuda", lambda: type("Lib", (), fns))
+    monkeypatch.delenv(ct_entry.NATIVE_LAUNCH_ENV, raising=False)
+    assert kernel.native_plan() is None  # off by default: not yet run on a GPU
+    monkeypatch.setenv(ct_entry.NATIVE_LAUNCH_ENV, "1")
+    addresses, steps = kernel.native_plan()
+    assert addresses == (*(ctypes.cast(f, ctypes.c_void_p).value for f in fns.values()), 0, 0)
+    tiled = (0, 0, 9, (8, 36), (16,), (8, 4), (1, 1), (), (), 0, 3, 3, 0)
+    assert steps == (
+        (1, 3, 0, 64, -1, 0, 0, 4),
+        (0, 0xF1, (2, 1, 1, 128, 1, 1, 4096), ((0, 0), (1, 16), (3, 0), (3, 0)), (7, 9), 3, (tiled,)),
+        (0, 0xF2, (1, 1, 1, 32, 1, 1, 0), ((3, 0), (2, 0)), (), -1, ()),
+        (2, 2, 0, 16, 3, 0, 0, 0),
+    )
+    kernel.driver = "hip"
+    assert kernel.native_plan() is None

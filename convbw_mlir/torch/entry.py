@@ -483,6 +483,11 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle
 _RAW_EXEC = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")  # torch >= 2.8: the graph's cudaGraphExec_t
 
 
+NATIVE_LAUNCH_ENV = "CONVBW_TORCH_NATIVE_LAUNCH"  # "1": the C++ hot path launches DirectCall's schedule itself
+# the driver functions DirectCall.native_plan hands over, in this order (switch_native.cpp: Driver)
+NATIVE_DRIVER_FUNCTIONS = ("cuLaunchKernel", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async", "cuMemcpyAsync",
+                           "cuMemcpyHtoDAsync_v2", "cuMemAlloc_v2", "cuMemAllocHost_v2", "cuTensorMapEncodeTiled",
+                           "cuTensorMapEncodeIm2col")  # fmt: skip
 _WS_STREAMS: dict[int, Any] = {}  # device -> the stream kept workspaces are allocated on (_kept_workspace)
 
 
@@ -561,17 +566,62 @@ class DirectCall:
         """
         self.launch(x, dy, out)
 
-    def native_launch(self) -> tuple[Callable, int, int, int] | None:
-        """What the C++ hot path needs to replay this kernel's graphs without Python (docs/torch.md#the-native-hot-
-        path): (:meth:`launch`, the driver's ``cuGraphLaunch`` and ``cuStreamIsCapturing`` addresses, the transient
-        workspace's bytes); None where it cannot (HIP, graphs off, a torch whose CUDAGraph hides its exec handle)."""
-        if getattr(self, "driver", None) != "cuda" or not self.use_graphs or not _RAW_EXEC:
+    def native_launch(self) -> tuple[Callable, int, int, int, tuple | None] | None:
+        """What the C++ hot path needs to launch this kernel without Python (docs/torch.md#the-native-hot-path):
+        (:meth:`launch`, the driver's ``cuGraphLaunch`` address (0: graphs off, or a torch whose CUDAGraph hides its
+        exec handle) and ``cuStreamIsCapturing``'s, the transient workspace's bytes, :meth:`native_plan`); None where
+        it can do neither (HIP)."""
+        if getattr(self, "driver", None) != "cuda":
+            return None
+        graphs, plan = self.use_graphs and _RAW_EXEC, self.native_plan()
+        if not graphs and plan is None:
             return None
         from convbw_mlir.cuda_launch import _libcuda
 
         lib = _libcuda()
         address = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value  # noqa: E731
-        return self.launch, address("cuGraphLaunch"), address("cuStreamIsCapturing"), self.transient
+        return (
+            self.launch,
+            address("cuGraphLaunch") if graphs else 0,
+            address("cuStreamIsCapturing"),
+            self.transient,
+            plan,
+        )
+
+    def native_plan(self) -> tuple | None:
+        """The schedule for the C++ hot path to launch itself on memory whose graph it does not know, where
+        ``$CONVBW_TORCH_NATIVE_LAUNCH`` is "1" (not yet run on a GPU: off by default): (the driver functions'
+        addresses in :data:`NATIVE_DRIVER_FUNCTIONS`' order, 0 where absent; the steps: ``(0, CUfunction, grid +
+        block + dynamic shared bytes, ((buffer, offset), ...), constants, the maps binding or -1, maps)`` a kernel,
+        each map ``(binding, 0 tiled / 1 im2col, dtype, dims, strides, box, element strides, lower, upper,
+        interleave, swizzle, L2 promotion, OOB fill)``; ``(1, buffer, offset, bytes, -1, 0, pattern, width)`` a fill
+        and ``(2, buffer, offset, bytes, source buffer, source offset, 0, 0)`` a copy; buffers numbered as the
+        launcher's: x, dy, dW, the workspace); None else."""
+        if os.environ.get(NATIVE_LAUNCH_ENV, "0").strip() != "1" or getattr(self, "driver", None) != "cuda":
+            return None
+        from convbw_mlir.cuda_launch import _libcuda
+
+        lib, launcher = _libcuda(), self.launcher
+        fns = tuple(
+            ctypes.cast(getattr(lib, n), ctypes.c_void_p).value if hasattr(lib, n) else 0
+            for n in NATIVE_DRIVER_FUNCTIONS
+        )
+        steps: list[tuple] = []
+        for i, (step, source) in enumerate(zip(launcher._plan, launcher.launch.steps, strict=True)):
+            if step[0] == "k":
+                _, func, dims, _, _, binds, _ = step
+                maps_binding, maps = launcher._maps.get(i, (-1, []))
+                specs = tuple((m.binding, 0 if m.mode == "tiled" else 1, m.dtype, m.dims, m.strides, m.box,
+                               m.element_strides, m.lower, m.upper, m.interleave, m.swizzle, m.l2_promotion,
+                               m.oob_fill) for m in maps)  # fmt: skip
+                steps.append((0, func, tuple(dims), tuple(binds), tuple(source.constants), maps_binding, specs))
+            else:
+                kind, (target, offset), length, src, pattern, width = step
+                src_buffer, src_offset = src if src else (-1, 0)
+                steps.append(
+                    (1 if kind == "fill" else 2, target, offset, length, src_buffer, src_offset, pattern, width)
+                )
+        return fns, tuple(steps)
 
     def launch(self, x: torch.Tensor, dy: torch.Tensor, out: torch.Tensor) -> tuple[int, torch.Tensor]:
         """:meth:`__call__`, and what the C++ hot path keeps for this memory: the raw ``cudaGraphExec_t`` the call

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DIR_ENV", "ENV", "SOURCE", "build_dir", "counts", "graph_launches", "load", "loaded", "register",
-           "reset_counts", "sync", "table_size", "wanted"]  # fmt: skip
+__all__ = ["DIR_ENV", "ENV", "SOURCE", "build_dir", "counts", "graph_launches", "load", "loaded", "plain_launches",
+           "register", "reset_counts", "sync", "table_size", "wanted"]  # fmt: skip
 ENV = "CONVBW_TORCH_NATIVE"  # "1": enable() takes the C++ path where native=None; "0" or unset: the Python path
 DIR_ENV = "CONVBW_TORCH_NATIVE_DIR"  # where the extension is built (else <kernel cache>/native)
 SOURCE = Path(__file__).with_name("switch_native.cpp")
@@ -174,6 +174,11 @@ def graph_launches() -> int:
     return 0 if _STATE["module"] is None else _STATE["module"].graph_launches()
 
 
+def plain_launches() -> int:
+    """Our dW's schedules the C++ kernel launched itself without a graph (``$CONVBW_TORCH_NATIVE_LAUNCH=1``)."""
+    return 0 if _STATE["module"] is None else _STATE["module"].plain_launches()
+
+
 def table_size() -> int:
     return 0 if _STATE["module"] is None else _STATE["module"].table_size()
 
@@ -223,15 +228,16 @@ def _miss(*args: Any) -> tuple:
 
 
 def _graphed(kernel: Any) -> tuple | None:
-    """For a direct launch whose CUDA graphs C++ may replay itself (``DirectCall.native_launch``): (launch(x, dy,
-    dW) -> (the cudaGraphExec_t it replayed or 0, the workspace), cuGraphLaunch's address, cuStreamIsCapturing's,
-    the workspace's bytes); None: every call of it through Python (HIP, graphs off, an older torch)."""
+    """For a direct launch C++ may launch itself (``DirectCall.native_launch``): (launch(x, dy, dW) -> (the
+    cudaGraphExec_t it replayed or 0, the workspace or None), cuGraphLaunch's address (0: no graphs),
+    cuStreamIsCapturing's, the workspace's bytes, the schedule to launch where no graph is known or None:
+    ``DirectCall.native_plan``); None: every call of it through Python (HIP)."""
     spec = getattr(kernel, "native_launch", None)
     spec = spec() if spec is not None else None
     if spec is None:
         return None
-    launch, graph_launch, capturing, transient = spec
-    return torch.compiler.disable(launch), int(graph_launch), int(capturing), int(transient)
+    launch, graph_launch, capturing, transient, plan = spec
+    return torch.compiler.disable(launch), int(graph_launch or 0), int(capturing), int(transient), plan
 
 
 @torch.compiler.disable
