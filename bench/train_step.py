@@ -143,7 +143,8 @@ def compile_all(ns: argparse.Namespace) -> int:
 def check(ns: argparse.Namespace) -> int:
     """On the GPU: every weight gradient of one model's step (eager, bf16 autocast, recorded as the switch sees it),
     computed again alone: by torch, by the C++ hot path ``--repeats`` times on the same memory (its CUDA graph is
-    recorded by the third call and launched from C++ after) and by the Python switch, every dW ours
+    recorded by the third call and launched from C++ after; with ``$CONVBW_TORCH_NATIVE_LAUNCH=1`` the schedule is
+    launched from C++ from the second call) and by the Python switch, every dW ours
     (``benchmark=False``). NaN fence: before each call a block of dW's size is filled with NaN and freed, so the
     allocator hands it to dW and a dW nobody wrote shows. The C++ path's dW must be finite and equal the Python
     path's bit for bit (the same kernel); its distance to torch's is reported (max over the entries / RMS)."""
@@ -199,7 +200,7 @@ def check(ns: argparse.Namespace) -> int:
             t = dw(args)
             got.append(t.clone())
             del t
-        stats, graphs = ct.stats(), native.graph_launches()
+        stats, graphs, plain = ct.stats(), native.graph_launches(), native.plain_launches()
         ct.enable(benchmark=False, native=False)
         py = dw(args)
         ct.disable()
@@ -208,17 +209,18 @@ def check(ns: argparse.Namespace) -> int:
         rms = want.square().mean().sqrt().clamp_min(1e-30)
         rel = float(max((t.float() - want).abs().max() for t in got) / rms)
         row = {"layer": i, "weight": list(args[2].shape), "x": list(args[1].shape), "stats": stats,
-               "graph_launches": graphs, "finite": finite, "differ_from_python": differ,
+               "graph_launches": graphs, "plain_launches": plain, "finite": finite, "differ_from_python": differ,
                "rel_vs_torch": rel}  # fmt: skip
         ok &= finite and not differ  # graphs: direct launches only (not where x, dy or dW are copied)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    ok &= sum(r["graph_launches"] for r in rows) > 0
+    ok &= sum(r["graph_launches"] + r["plain_launches"] for r in rows) > 0  # some calls launched from C++
     out = {"model": ns.model, "batch": batch, "device": torch.cuda.get_device_name(),
            "torch_version": torch.__version__, "repeats": ns.repeats, "layers": rows, "ok": ok}  # fmt: skip
     ns.json.write_text(json.dumps(out, indent=1))
     ours = sum(1 for r in rows if r["stats"].get("ours"))
     print(f"{len(rows)} weight gradients, {ours} ours, C++ graph launches {sum(r['graph_launches'] for r in rows)}, "
+          f"C++ plain launches {sum(r['plain_launches'] for r in rows)}, "
           f"max rel vs torch {max((r['rel_vs_torch'] for r in rows), default=0):.2e}; check ok: {ok}")  # fmt: skip
     return 0 if ok else 1
 
