@@ -7,6 +7,7 @@ contenders: the plan's own choice, its alternatives (``ALTERNATIVES``) and cuDNN
     .venv/bin/python bench/heur_probe.py compile DIR [--workers 2]     # here (the IREE compiler)
     python3 -m convbw_mlir.measure.run DIR --server --out OUT/results.json   # on the GPU (one measuring process)
     .venv/bin/python bench/heur_probe.py report OUT/results.json DIR/manifest.json   # the table: ours / cuDNN
+    .venv/bin/python bench/heur_probe.py replay RESULTS MANIFEST [RESULTS MANIFEST ...]  # the plan now, measured
 
 ``compile --moved BEFORE``: the suite problems (f16) whose sm_90a plan moved since a ``bench/plan_identity.py dump``
 (BEFORE), each with the plan now (the heuristic) and the plan before: the held-out check of a rule change.
@@ -228,6 +229,52 @@ def report(results: Path, manifest: Path) -> int:
     return 0
 
 
+def replay(pairs: list[tuple[Path, Path]]) -> int:
+    """Per measured set: the plan ``decide`` makes now against the plan measured as the heuristic, each at the
+    kernel time of the measured contender with that plan ("not measured" where none has it)."""
+    from convbw_mlir.dispatch.variants import heuristic
+    from convbw_mlir.plan_data import Plan
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    def tile(plan: Plan) -> str:
+        kind = "wgmma" if plan.tile.intrinsic.startswith("NV_WGMMA") else "sm80"
+        split = f"StreamK {plan.streamk.workgroups}" if plan.streamk else f"split {plan.k_batch}"
+        return f"{plan.tile.m}x{plan.tile.n} {kind} {split}"
+
+    for results, manifest in pairs:
+        rows = {r["name"]: r for r in json.loads(results.read_text())["problems"]}
+        ratios, moved, missing = [], 0, 0
+        print(f"\n{results.parent.name}\n\n| layer | measured plan | us | plan now | us | measured/now | why now |")
+        print("|---|---|---|---|---|---|---|")
+        for entry in json.loads(manifest.read_text())["problems"]:
+            p = ConvBwdWeightProblem.from_dict(entry["problem"])
+            now = heuristic(p, "sm_90a").plan
+            times = {}
+            for name, c in entry["contenders"].items():
+                t = _time(rows[entry["name"]]["contenders"].get(name, {})) if "variant" in c else None
+                if t:
+                    times.setdefault(Plan.from_dict(c["variant"]["plan"]), (name, t))
+            heur = next(n for n, c in entry["contenders"].items() if c.get("heuristic"))
+            was = Plan.from_dict(entry["contenders"][heur]["variant"]["plan"])
+            t_was, t_now = times.get(was, (None, None))[1], times.get(now, (None, None))[1]
+            moved += now != was
+            why = (now.decision.detail if now.decision else "").split(":")[0]
+            if t_was and t_now:
+                ratios.append(t_was / t_now)
+                cell = f"{t_was / t_now:.3f}"
+            else:
+                missing += 1
+                cell = "not measured"
+            fmt = lambda t: f"{t * 1e6:.1f}" if t else "-"  # noqa: E731
+            print(f"| {entry['name']} | {tile(was)} | {fmt(t_was)} | {tile(now)}{' **' if now != was else ''} | "
+                  f"{fmt(t_now)} | {cell} | {why} |")  # fmt: skip
+        gm = math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else float("nan")
+        print(f"\n{moved} of {len(rows)} plans move; measured/now geomean {gm:.3f} over {len(ratios)}, "
+              f"now faster on {sum(x > 1 for x in ratios)}, slower on {sum(x < 1 for x in ratios)}; "
+              f"{missing} not measured")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -241,7 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report")
     r.add_argument("results", type=Path)
     r.add_argument("manifest", type=Path)
+    rp = sub.add_parser("replay")
+    rp.add_argument("pairs", type=Path, nargs="+", help="RESULTS MANIFEST pairs (results.json, manifest.json)")
     a = ap.parse_args(argv)
+    if a.cmd == "replay":
+        if len(a.pairs) % 2:
+            ap.error(f"pairs: {len(a.pairs)} paths (RESULTS MANIFEST pairs: an even number)")
+        return replay(list(zip(a.pairs[::2], a.pairs[1::2])))
     if a.cmd == "compile":
         return compile_all(a.dir, a.workers, a.cache, a.only, a.moved)
     return report(a.results, a.manifest)
