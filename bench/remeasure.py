@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/remeasure.py compile DIR [--only GROUP ...]        # here (IREE compiler), sm_80 + sm_90a
     python3 bench/remeasure.py run DIR --out OUT --budget 300                 # the GPU machine (runtime, torch)
-    python bench/remeasure.py compare OUT > table.md                          # old against new, claim by claim
+    python bench/remeasure.py compare OUT [OUT2 ...] > table.md               # old against new, claim by claim
 
 Each group of :data:`GROUPS` is one manifest of the product's runner (``convbw_mlir.measure.run``'s format):
 the claim's problems, each with the contenders the claim compares (ours and its variants by name, compiled by
@@ -391,17 +391,27 @@ def geomean(values: list[float]) -> float | None:
 
 
 class Results:
-    """The rows of a run's groups (``OUT/<group>.json``) by group and problem name."""
+    """The rows of one or more runs' groups (``OUT/<group>.json``) by group and problem name; each group from the
+    one folder that holds it (a later run measures the groups an earlier one left out)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, *folders: Path) -> None:
         self.rows: dict[str, dict[str, dict]] = {}
-        self.device = "-"
-        for group, _, _ in GROUPS:
-            path = folder / f"{group}.json"
-            if path.is_file():
+        self.source: dict[str, Path] = {}
+        devices: list[str] = []
+        for folder in folders:
+            for group, _, _ in GROUPS:
+                path = folder / f"{group}.json"
+                if not path.is_file():
+                    continue
+                if group in self.rows:
+                    # two runs of one group would mix their figures silently: the caller picks one
+                    raise ValueError(f"group {group!r} is in both {self.source[group]} and {folder}")
                 data = json.loads(path.read_text())
-                self.device = data.get("device", self.device)
+                if data.get("device") and data["device"] not in devices:
+                    devices.append(data["device"])
                 self.rows[group] = {r["name"]: r for r in data["problems"]}
+                self.source[group] = folder
+        self.device = " / ".join(devices) or "-"
 
     def us(self, group: str, name: str, kind: str) -> float | None:
         row = self.rows.get(group, {}).get(name)
@@ -734,9 +744,11 @@ def detail(res: Results) -> list[str]:
     return lines
 
 
-def compare(folder: Path) -> str:
-    res = Results(folder)
+def compare(*folders: Path) -> str:
+    res = Results(*folders)
+    runs = "; ".join(f"{f}: {', '.join(g for g, src in res.source.items() if src == f)}" for f in folders)
     lines = [f"# Claims re-measured ({res.device}; one measuring process, bench/remeasure.py)", "",
+             f"Groups by run: {runs or '-'}; a claim whose group no run measured reads \"not measured\".", "",
              "| where | claim | old (--jobs run) | new (undisturbed) |", "|---|---|---|---|"]  # fmt: skip
     lines += [f"| {w} | {c} | {o} | {n} |" for w, c, o, n in claims(res)]
     lines += ["", "## Problem by problem: the claims' runs against this one", *detail(res)]
@@ -770,8 +782,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", nargs="*", choices=[g[0] for g in GROUPS])
     r.add_argument("--numpy-max-flops", type=float, default=NUMPY_MAX_FLOPS,
                    help="numpy's whole float64 dW up to this many FLOPs (0: the float64 sample only)")  # fmt: skip
-    for name in ("compare", "summary"):
-        sub.add_parser(name).add_argument("results", type=Path)
+    cmp = sub.add_parser("compare")
+    cmp.add_argument("results", type=Path, nargs="+", help="one or more runs' result folders, a group in one only")
+    sub.add_parser("summary").add_argument("results", type=Path)
     a = ap.parse_args(argv)
     if a.cmd == "compile":
         for group, _, _ in GROUPS:
@@ -785,7 +798,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.cmd == "run":
         return run(a.dir, a.out, a.budget, a.only, a.numpy_max_flops)
-    print(compare(a.results) if a.cmd == "compare" else summary(a.results))
+    try:
+        print(compare(*a.results) if a.cmd == "compare" else summary(a.results))
+    except ValueError as e:
+        print(f"remeasure.py {a.cmd}: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

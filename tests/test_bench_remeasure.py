@@ -37,3 +37,28 @@ def test_summary_counts_correct_contenders_and_unrun_groups_read_not_measured(tm
     assert "thin: 1 problems, 2/3 ok" in text
     assert "merged 1.20x (1.20-1.20, 1)" in text and "onegroup not measured" in text
     assert remeasure._span({}) == "not measured"
+
+
+def test_results_of_two_runs_take_each_group_from_the_run_that_measured_it(tmp_path):
+    run1, run2 = tmp_path / "run1", tmp_path / "run2"
+    run1.mkdir(), run2.mkdir()
+    _write(run1, "dense", [_row("a", ours=10.0, cudnn=5.0)])
+    _write(run2, "first", [_row("conv1_n32", ours=100.0, prev=200.0, cudnn=150.0)])
+    res = remeasure.Results(run1, run2)
+    assert res.ratios("dense", ["a"], "cudnn", "ours") == pytest.approx({"a": 0.5})
+    assert res.ratios("first", ["conv1_n32"], "cudnn", "ours") == pytest.approx({"conv1_n32": 1.5})
+    assert res.source == {"dense": run1, "first": run2}
+    assert res.device == "NVIDIA H100 80GB HBM3"
+    text = remeasure.compare(run1, run2)
+    assert f"{run1}: dense; {run2}: first" in text
+    assert "| first layers cuDNN/ours over 10 (rule before) | 1.03 (0.63) | 1.50x (1.50-1.50, 1) (0.75x" in text
+
+
+def test_one_group_in_two_runs_is_refused_naming_the_group(tmp_path):
+    run1, run2 = tmp_path / "run1", tmp_path / "run2"
+    run1.mkdir(), run2.mkdir()
+    _write(run1, "first", [_row("a", ours=10.0, cudnn=5.0)])
+    _write(run2, "first", [_row("a", ours=20.0, cudnn=5.0)])
+    with pytest.raises(ValueError, match="group 'first' is in both"):
+        remeasure.Results(run1, run2)
+    assert remeasure.main(["compare", str(run1), str(run2)]) == 2
