@@ -188,3 +188,26 @@ def test_the_command_splits_before_tuning_and_reports_after(tmp_path, capsys):
     assert (tmp_path / "selector.sm_80.json").exists() == ships(report)
     argv[3] = str(tmp_path / "results.json")  # not a split
     assert main(argv) == 1 and capsys.readouterr().err.startswith("error: split: ")
+
+
+def test_the_committed_zoo_split_is_the_one_the_names_decide():
+    """bench/zoo_split.json was written before the zoo's tuning (issue 39); recomputing it changes nothing."""
+    from pathlib import Path
+
+    from convbw_mlir.dispatch.generalize import read_models
+
+    models = read_models("zoo")
+    split = read_split(Path(__file__).parent.parent / "bench" / "zoo_split.json")
+    assert split == split_by_model([m for ms in models.values() for m in ms])
+    assert len(split["held_out"]) == 9 and sum(is_held_out(ms, split) for ms in models.values()) == 160
+
+
+def test_models_that_are_neither_a_map_nor_a_suite_are_one_error_naming_them(tmp_path):
+    from convbw_mlir.dispatch.generalize import read_models
+
+    bad = tmp_path / "m.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"models: .*m\.json: expected an object"):
+        read_models(str(bad))
+    with pytest.raises(ValueError, match="models: suite: nope is neither"):
+        read_models("nope")

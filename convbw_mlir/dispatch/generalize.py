@@ -32,6 +32,7 @@ from convbw_mlir.problem import ConvBwdWeightProblem
 __all__ = [
     "WITHIN",
     "evaluate",
+    "read_models",
     "read_split",
     "ships",
     "split_by_model",
@@ -234,6 +235,25 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_models(source: str) -> dict[str, list[str]]:
+    """Problem name -> its models: a JSON file of that map, or a suite whose comments name them (``zoo``:
+    :func:`convbw_mlir.suites.suite_models`). Raises ValueError naming ``source`` where it is neither."""
+    from convbw_mlir.suites import suite_models
+
+    if source.endswith(".json"):
+        try:
+            data = json.loads(Path(source).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"models: cannot read {source}: {e}") from None
+        if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+            raise ValueError(f"models: {source}: expected an object of problem name -> [model names]")
+        return data
+    try:
+        return suite_models(source)
+    except FileNotFoundError as e:
+        raise ValueError(f"models: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m convbw_mlir.dispatch.generalize {split,evaluate}``: the split before tuning, the report after."""
     import argparse
@@ -242,18 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m convbw_mlir.dispatch.generalize", description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sp = sub.add_parser("split", help="hold out a fifth of the models; write the split")
-    sp.add_argument("--models", required=True, help="a JSON file: problem name -> [model names]")
+    sp.add_argument("--models", required=True, help="a JSON file (problem name -> [model names]) or a suite (zoo)")
     sp.add_argument("--fraction", type=float, default=HELD_OUT_FRACTION)
     sp.add_argument("--out", required=True)
     ev = sub.add_parser("evaluate", help="the held-out report of timing results; train the learned selector")
     ev.add_argument("results")
     ev.add_argument("--split", required=True)
-    ev.add_argument("--models", required=True, help="a JSON file: problem name -> [model names]")
+    ev.add_argument("--models", required=True, help="a JSON file (problem name -> [model names]) or a suite (zoo)")
     ev.add_argument("--selector-out", help="where the learned selector is written if it ships")
     ev.add_argument("--out", required=True, help="the report (markdown; .json beside it)")
     args = ap.parse_args(argv)
     try:
-        models = json.loads(Path(args.models).read_text())
+        models = read_models(args.models)
         if args.cmd == "split":
             write_split(args.out, split_by_model([m for ms in models.values() for m in ms], args.fraction))
             return 0
