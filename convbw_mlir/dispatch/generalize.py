@@ -92,8 +92,9 @@ def is_held_out(models: list[str], split: dict[str, Any]) -> bool:
 
 # -- timing results ---------------------------------------------------------------------------------------
 def _times(row: dict[str, Any]) -> dict[str, float]:
-    """Correct, timed contenders of a results row: name -> seconds (kernel time where all have it)."""
-    ok = {n: r for n, r in row["contenders"].items() if r.get("status") == "ok" and "median_s" in r}
+    """Correct, timed contenders of a results row: name -> seconds (kernel time where all have it); cuDNN, timed
+    beside them, is none of them."""
+    ok = {n: r for n, r in row["contenders"].items() if n != "cudnn" and r.get("status") == "ok" and "median_s" in r}
     metric = "kernel_s" if ok and all("kernel_s" in r for r in ok.values()) else "median_s"
     return {n: r[metric] for n, r in ok.items()}
 
