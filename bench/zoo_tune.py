@@ -56,7 +56,7 @@ def _compile(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         compile_candidates([(n, p, False) for n, p in chunk], "sm_90a", folder, max_workers=args.workers,
                            max_plans=args.max_plans, cache=args.cache, progress=False,
-                           iree_forms=("iree_fusilli",), log=lambda _: None)  # fmt: skip
+                           iree_forms=("iree_fusilli",), log=lambda _: None, timeout=args.build_timeout)  # fmt: skip
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
         print(f"{folder}: {len(chunk)} problems in {time.monotonic() - t0:.0f} s, {size / 2**20:.1f} MiB "
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--workers", type=int, default=2)
     c.add_argument("--max-mib", type=float, default=36.0, help="stop after the chunk that passes this size")
     c.add_argument("--cache", default=None, help="kernel cache folder (default the user's)")
+    c.add_argument("--build-timeout", type=float, default=90.0,
+                   help="seconds a candidate's compile may take (IREE's codegen of a 3-D layer: minutes)")  # fmt: skip
     c.add_argument("--out", required=True)
     r = sub.add_parser("report", help="merge the results, build the database, the held-out report (CPU)")
     r.add_argument("results", nargs="+", help="folders holding results.json files (searched below)")

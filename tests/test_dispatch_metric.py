@@ -124,3 +124,21 @@ def test_tuning_asks_the_server_for_cudnn_in_its_first_pass(monkeypatch, tmp_pat
     assert list(tune._served_phase(tmp_path, payloads, [type("S", (), {"driver": "cuda"})()], print,
                                    lambda _: False, [])) == []  # fmt: skip
     assert seen == [True]
+
+
+def test_a_tuning_build_passes_its_compile_time_limit_to_every_variant(monkeypatch, tmp_path):
+    """IREE's codegen of a 3-D layer can compile for ten minutes: a zoo slice caps each candidate's compile."""
+    from convbw_mlir.dispatch import build
+    from convbw_mlir.dispatch.tune import compile_candidates
+
+    seen = []
+
+    def fake_build_one(problem, target, variant, cache, timeout):
+        seen.append(timeout)
+        return build.BuildResult(problem, variant, error="not built here")
+
+    monkeypatch.setattr(build, "build_one", fake_build_one)
+    monkeypatch.setattr("convbw_mlir.dispatch.tune.reference_task", lambda p, k, t: ({"ok": False, "error": "x"}, {}))
+    compile_candidates([("p", P, False)], "sm_80", tmp_path / "out", max_workers=1, max_plans=1, cache=tmp_path / "c",
+                       progress=False, log=lambda _: None, iree=False, timeout=7.0)  # fmt: skip
+    assert seen and set(seen) == {7.0}

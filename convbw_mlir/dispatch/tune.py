@@ -85,7 +85,7 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
                        cache: Any = None, progress: bool | None = None,
                        log: Callable[[str], None] = print, engine: str = "local",
                        address: str | None = None, iree: bool = True,
-                       iree_forms: tuple[str, ...] = IREE_FORMS) -> Any:  # fmt: skip
+                       iree_forms: tuple[str, ...] = IREE_FORMS, timeout: float | None = None) -> Any:  # fmt: skip
     """Build the candidates of ``problems`` ((name, problem, held out) each) for ``target`` into ``out``.
 
     Returns the build's :class:`convbw_mlir.dispatch.build.BuildReport`. ``out`` appears whole at the end
@@ -94,6 +94,7 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
     local Ray of ``max_workers`` CPUs or the cluster at ``address``); the folder's content is the same.
     ``iree``: IREE's own forms among the candidates, those of ``iree_forms``
     (:func:`convbw_mlir.dispatch.variants.candidates`).
+    ``timeout``: seconds one variant's compile may take (default the build's); one past it is recorded as failed.
 
     Raises:
         ValueError: an unknown engine, an address without Ray, Ray not installed, ``max_workers`` below 1, no
@@ -112,7 +113,8 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
         per_problem.append(reg.declare_candidates(problem, max_plans=max_plans, iree=iree, iree_forms=iree_forms))
     keys = [f"{i:03d}-{name}.{p.dtype}" for i, (name, p, _) in enumerate(problems)]
     with session(engine, max_workers, address):  # one Ray session for the variants and the references
-        report = reg.build(max_workers=max_workers, progress=progress, engine=engine, address=address)
+        limit = {"timeout": timeout} if timeout is not None else {}
+        report = reg.build(max_workers=max_workers, progress=progress, engine=engine, address=address, **limit)
         refs: list[Any] = [None] * len(problems)  # the GPU reference of each problem
         jobs = [(p, key, target) for (_, p, _), key in zip(problems, keys)]
         for i, r in run_tasks(reference_task, jobs, engine, max_workers, address):
