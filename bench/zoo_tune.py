@@ -131,7 +131,7 @@ def _report(args: argparse.Namespace) -> int:
     selector = generalize.train_selector(results, split, models)
     report = generalize.evaluate(results, split, selector, models)
     (out / "generalize.json").write_text(json.dumps(report, indent=1) + "\n")
-    if generalize.ships(report) and _beats_heuristic(report):
+    if generalize.ships(report):
         selector.save(out / f"selector.{results['target']}.json")
     level = device_noise(results)
     by_class: dict[str, list[float]] = defaultdict(list)
@@ -172,15 +172,6 @@ def _report(args: argparse.Namespace) -> int:
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
-
-
-def _beats_heuristic(report: dict[str, Any]) -> bool:
-    """The learned selector ships only where it also beats the heuristic on the held-out problems."""
-    s = report["selectors"]
-    a, b = s.get("learned"), s.get("heuristic")
-    if a is None or b is None:
-        return False
-    return (a["within_rate"], -a["geomean_loss"]) > (b["within_rate"], -b["geomean_loss"])
 
 
 def main(argv: list[str] | None = None) -> int:
