@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--workers", type=int, default=2)
     c.add_argument("--max-mib", type=float, default=36.0, help="stop after the chunk that passes this size")
     c.add_argument("--cache", default=None, help="kernel cache folder (default the user's)")
-    c.add_argument("--build-timeout", type=float, default=90.0,
+    c.add_argument("--build-timeout", type=float, default=30.0,
                    help="seconds a candidate's compile may take (IREE's codegen of a 3-D layer: minutes)")  # fmt: skip
     c.add_argument("--out", required=True)
     r = sub.add_parser("report", help="merge the results, build the database, the held-out report (CPU)")
