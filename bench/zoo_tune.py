@@ -150,7 +150,13 @@ def _report(args: argparse.Namespace) -> int:
                 heur_cls[cls].append(d["cudnn_s"] / d["heuristic_s"])
         if d["winner"] != d["heuristic"]:
             counts["heuristic beaten"] += 1
+    runs = results.get("server", [])
+    wall = sum(r.get("wall_s") or 0 for r in runs)
+    rate = f"{60 * counts['problems'] / wall:.1f}" if wall else "n/a"
     lines = [f"# The zoo tuned on {results['device']} ({results['target']}), {results['date']}", "",
+             f"Tuning rate with cuDNN beside each problem: {counts['problems']} problems in {wall:.0f} s of "
+             f"measuring-server runs ({len(runs)} runs: pass 1 and pass 2 of each group): **{rate} problems a "
+             "minute** on one GPU.", "",
              f"{counts['problems']} problem-types measured ({len(paths)} results files), "
              f"{counts['none correct']} with no correct candidate; the heuristic's plan beaten by more than the "
              f"noise on {counts['heuristic beaten']}; device noise {level or 0:.1%}.", "",
