@@ -230,3 +230,18 @@ def test_mutating_a_valid_database_never_breaks_select_nor_serves_another_proble
             if sel.variant.plan is not None:
                 assert sel.variant.plan.target == "host"
                 check_plan(problem, sel.variant.plan)  # what compile_op checks before compiling
+
+
+def test_the_shipped_sm90a_database_carries_cudnns_time_and_select_serves_its_problems_exactly():
+    """The zoo's first slice tuned on the H100 (bench/results/h100_2026-12-06_zootune): shipped, read by select."""
+    from convbw_mlir.dispatch.select import SHIPPED, databases, select
+
+    path = SHIPPED / "nvidia-h100-80gb-hbm3.sm_90a.json"
+    db = TuningDB.parse(path.read_bytes(), str(path), strict=True)
+    assert db.target == "sm_90a" and len(db.entries) >= 60
+    assert sum("cudnn_s" in e for e in db.entries.values()) >= 0.9 * len(db.entries)
+    assert any(d.device == db.device for d in databases("sm_90a"))
+    for entry in list(db.entries.values())[:5]:
+        problem = ConvBwdWeightProblem.from_dict(entry["problem"])
+        sel = select(problem, "sm_90a")
+        assert sel.path == "exact" and sel.variant == Variant.from_dict(entry["variant"]), (problem.name, sel)

@@ -68,3 +68,77 @@ def test_gpu_activities_reads_kernels_memsets_and_copies_from_a_chrome_trace(tmp
         {"cat": "gpu_memset", "ts": 1, "dur": 1, "name": "Memset"}, {"cat": "cpu_op", "ts": 2, "dur": 9},
         {"cat": "gpu_memcpy", "ts": 30, "dur": 2, "name": "Memcpy DtoH"}]}))  # fmt: skip
     assert [a[3] for a in gpu_activities(trace)] == ["Memset", "k1", "k2", "Memcpy DtoH"]
+
+
+# -- cuDNN beside the candidates (issue 39 item 3) ----------------------------------------------------------
+def test_cudnn_is_recorded_in_the_database_entry_and_never_wins_even_when_fastest():
+    row = _row({"median_s": 74e-6, "kernel_s": 40e-6}, {"median_s": 75e-6, "kernel_s": 12e-6})
+    row["contenders"]["cudnn"] = {"status": "ok", "median_s": 30e-6, "kernel_s": 9e-6}
+    row["variants"] = {"convbw[heuristic]": heuristic(P, "sm_80").to_dict(),
+                       "convbw[strategy=explicit]": heuristic(P, "sm_80").to_dict() | {"label": "x"}}  # fmt: skip
+    d = _decide(row)
+    assert d["winner"] == "convbw[strategy=explicit]" and d["cudnn_s"] == 9e-6
+    db = build_database({"device": "d", "target": "sm_80", "iree_version": "3.13.0", "date": "x", "problems": [row]})
+    entry = db.lookup(P)
+    assert entry["cudnn_s"] == 9e-6 and entry["median_s"] == 12e-6
+    assert TuningDB.parse(db.to_json()).lookup(P)["cudnn_s"] == 9e-6  # a shipped file keeps it
+
+
+def test_a_cudnn_without_kernel_time_leaves_the_candidates_metric_and_the_entry_without_its_time():
+    row = _row({"median_s": 74e-6, "kernel_s": 40e-6}, {"median_s": 75e-6, "kernel_s": 12e-6})
+    row["contenders"]["cudnn"] = {"status": "ok", "median_s": 30e-6}
+    d = _decide(row)
+    assert d["metric"] == "kernel_s" and d["cudnn_s"] is None
+    row["contenders"]["cudnn"] = {"status": "WRONG", "median_s": 1e-6, "kernel_s": 1e-6}
+    assert _decide(row)["cudnn_s"] is None  # a wrong cuDNN result has no time to compare with
+
+
+def test_a_bad_cudnn_time_in_a_database_entry_is_named():
+    import pytest
+
+    db = TuningDB("d", "sm_80", "3.13.0")
+    with pytest.raises(ValueError, match="cudnn_s: expected a positive number of seconds, got -1"):
+        db.add(P, heuristic(P, "sm_80"), median_s=1e-5, cudnn_s=-1)
+
+
+def test_tuning_asks_the_server_for_cudnn_in_its_first_pass(monkeypatch, tmp_path):
+    """cuDNN is timed beside the candidates in pass 1 (pass 2 re-times close candidates only)."""
+    from convbw_mlir.dispatch import tune
+    from convbw_mlir.measure import server
+
+    seen = []
+
+    class Served:
+        def __init__(self, folder, entries, options, *args, **kwargs):
+            seen.append(options["use_torch"])
+            self.entries = entries
+
+        def __iter__(self):
+            return iter(())
+
+        def summary(self):
+            return {}
+
+    monkeypatch.setattr(server, "Served", Served)
+    payloads = [{"entry": None, "held": False, "timeout_s": 1.0, "cudnn": True}]
+    assert list(tune._served_phase(tmp_path, payloads, [type("S", (), {"driver": "cuda"})()], print,
+                                   lambda _: False, [])) == []  # fmt: skip
+    assert seen == [True]
+
+
+def test_a_tuning_build_passes_its_compile_time_limit_to_every_variant(monkeypatch, tmp_path):
+    """IREE's codegen of a 3-D layer can compile for ten minutes: a zoo slice caps each candidate's compile."""
+    from convbw_mlir.dispatch import build
+    from convbw_mlir.dispatch.tune import compile_candidates
+
+    seen = []
+
+    def fake_build_one(problem, target, variant, cache, timeout):
+        seen.append(timeout)
+        return build.BuildResult(problem, variant, error="not built here")
+
+    monkeypatch.setattr(build, "build_one", fake_build_one)
+    monkeypatch.setattr("convbw_mlir.dispatch.tune.reference_task", lambda p, k, t: ({"ok": False, "error": "x"}, {}))
+    compile_candidates([("p", P, False)], "sm_80", tmp_path / "out", max_workers=1, max_plans=1, cache=tmp_path / "c",
+                       progress=False, log=lambda _: None, iree=False, timeout=7.0)  # fmt: skip
+    assert seen and set(seen) == {7.0}

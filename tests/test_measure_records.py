@@ -85,3 +85,44 @@ def test_committed_tuning_records_read_and_write_back_byte_for_byte():
 def test_a_malformed_record_names_the_field(make, bad, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         make(bad)
+
+
+# -- cuDNN's inputs: fenced as our kernels' are ---------------------------------------------------------------
+def _cpu_torch():
+    """measure.checks.Torch on the CPU (its device a field), for what it builds rather than what cuDNN times."""
+    pytest.importorskip("torch")
+    from convbw_mlir.measure.checks import Torch
+
+    tw = object.__new__(Torch)
+    tw.torch, tw.device, tw.ok = __import__("torch"), "cpu", True
+    return tw
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_cudnns_inputs_are_followed_by_nan_as_our_kernels_inputs_are(dtype):
+    import numpy as np
+
+    from convbw_mlir.problem import ConvBwdWeightProblem
+    from convbw_mlir.reference import random_inputs
+    from convbw_mlir.runtime import FENCE_BYTES
+
+    tw = _cpu_torch()
+    p = ConvBwdWeightProblem.from_ck("2 1 2 8 4 3 3 6 6 1 1 1 1 1 1 1 1", dtype=dtype)
+    x, _ = random_inputs(p, seed=0)
+    xt = tw._fenced(x, p.dtype)
+    assert xt.numel() == x.size and xt.untyped_storage().nbytes() >= x.nbytes + FENCE_BYTES
+    tail = tw.torch.tensor([], dtype=xt.dtype).set_(xt.untyped_storage())[x.size :]
+    assert bool(tail.float().isnan().all()) and np.array_equal(xt.float().numpy(), x.astype(np.float32).ravel())
+
+
+def test_cudnns_dw_on_fenced_inputs_is_the_reference():
+    import numpy as np
+
+    from convbw_mlir.problem import ConvBwdWeightProblem
+    from convbw_mlir.reference import random_inputs, reference
+
+    tw = _cpu_torch()
+    p = ConvBwdWeightProblem.from_ck("2 2 2 4 4 3 3 6 6 1 1 1 1 1 1 1 1", dtype="f32")
+    x, dy = random_inputs(p, seed=0)
+    call, to_ours = tw.prepare(p, x, dy)
+    np.testing.assert_allclose(to_ours(call()), reference(p, x, dy), rtol=1e-4, atol=1e-4)

@@ -382,16 +382,29 @@ def test_iree_runtime_refuses_an_sm90a_artifact_naming_the_target_and_the_direct
 
 
 # -- the tuner: its variants of the sm_90a kernel run by the direct launch ------------------------------------
-def test_tuner_candidates_on_sm90a_are_the_wgmma_kernels_splits_and_widths_around_the_rules():
+def test_tuner_candidates_on_sm90a_are_the_rules_splits_streamk_width_and_the_sm80_kernel():
     from convbw_mlir.dispatch.variants import candidates
 
     p = _problem(RESNET_3X3)
-    base, *rivals = candidates(p, "sm_90a", max_plans=4, iree=False)
-    assert all(sm90.is_sm90(v.plan) for v in [base, *rivals]) and len(rivals) == 4
+    base, *rivals = candidates(p, "sm_90a", max_plans=6, iree=False)
     kb, n = base.plan.k_batch, base.plan.tile.n
-    got = [(v.plan.k_batch, v.plan.tile.n) for v in rivals]
-    assert got[:2] == [(2 * kb, n), (kb // 2, n)] and {w for k, w in got[2:]} <= {128, 192, 256} - {n}
-    assert len(set(got)) == 4 and (kb, n) not in got
+    assert sm90.is_sm90(base.plan) and base.plan.streamk is None and len(rivals) == 6
+    got = [(v.plan.k_batch, v.plan.tile.n, v.plan.streamk is not None, sm90.is_sm90(v.plan)) for v in rivals]
+    assert got[:2] == [(2 * kb, n, False, True), (kb // 2, n, False, True)]  # splits +-
+    assert got[2][2] and got[2][3]  # StreamK on
+    assert got[3][1] in {128, 192} and got[3][0] == kb  # the next tile width
+    assert not got[4][3] and rivals[4].plan.tile.intrinsic.startswith("NV_MMA_SYNC")  # the sm_80 kernel
+    assert len(set(got)) == 6 and (kb, n, False, True) not in got
+
+
+def test_tuner_candidates_turn_the_rules_streamk_off():
+    """The rule's worst loss on held-out layers was StreamK on a short reduction (issue 39): off is a neighbour."""
+    from convbw_mlir.dispatch.variants import candidates
+
+    p = _problem("2 1 32 1024 1024 3 3 14 14 1 1 1 1 1 1 1 1")
+    base, *rivals = candidates(p, "sm_90a", max_plans=3, iree=False)
+    assert base.plan.streamk is not None
+    assert any(v.plan.streamk is None and v.plan.k_batch == base.plan.k_batch and sm90.is_sm90(v.plan) for v in rivals)
 
 
 def test_tuner_builds_sm90a_variants_with_an_output_argument_and_ships_their_launch_to_the_runner(

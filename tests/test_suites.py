@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from convbw_mlir.suites import load_suite, suite_names
+from convbw_mlir.suites import load_suite, suite_models, suite_names
 
 
 def test_shipped_suites_load_by_name():
@@ -19,6 +19,17 @@ def test_a_suite_file_loads_by_path(tmp_path):
     path.write_text("# comment\n\ntiny\t2 1 1 4 4 3 3 8 8 1 1 1 1 1 1 1 1\n")
     ((name, problem),) = load_suite(path)
     assert name == "tiny" and problem.in_channels == 4 and problem.input_size == (8, 8)
+
+
+def test_suite_models_reads_the_models_naming_each_problem_not_the_header(tmp_path):
+    path = tmp_path / "zoo.tsv"
+    path.write_text("# convbw problems: 2 models traced\n# 2 distinct problems\n# netA: l1, l2\n# netB: x.y\n"
+                    "a.n32\t2 1 1 4 4 3 3 8 8 1 1 1 1 1 1 1 1\n# netB: z\nb.n32\t2 1 1 4 4 1 1 8 8 1 1 1 1 0 0 0 0\n"
+                    "plain\t2 1 1 4 4 1 1 8 8 1 1 1 1 0 0 0 0\n")  # fmt: skip
+    assert suite_models(path) == {"a.n32": ["netA", "netB"], "b.n32": ["netB"], "plain": []}
+    zoo = suite_models("zoo")
+    assert list(zoo) == [name for name, _ in load_suite("zoo")] and all(zoo.values())
+    assert len({m for ms in zoo.values() for m in ms}) == 44  # the zoo's header: 44 models
 
 
 def test_an_unknown_suite_names_the_shipped_ones():

@@ -3,7 +3,8 @@
     {"format": 1, "kind": "convbw-mlir tuning database", "device": "NVIDIA H100 80GB HBM3",
      "target": "sm_80", "iree_version": "3.13.0", "product_version": "0.1.0",
      "entries": [{"name": ..., "problem": {...}, "variant": {...}, "median_s": ..., "heuristic_s": ...,
-                  "iree_best": {...}, "runner_up": {...}, "noise": ..., "why": ..., "measured": "2026-11-23"}]}
+                  "iree_best": {...}, "runner_up": {...}, "noise": ..., "why": ..., "measured": "2026-11-23",
+                  "cudnn_s": ...}]}
 
 Human-readable (sorted, indented), mergeable (:meth:`TuningDB.merge`: per problem, the faster
 measurement wins), versioned: a database from another IREE version is ignored with a warning, never used
@@ -122,6 +123,7 @@ ENTRY_FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "metric": (False, _one_of("median_s", "kernel_s")),
     "iree_best": (False, _or_none(_iree_best)),
     "measured": (False, _or_none(_text)),
+    "cudnn_s": (False, _or_none(_seconds)),  # cuDNN's time on the problem, same run and metric as median_s
 }
 
 

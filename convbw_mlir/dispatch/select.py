@@ -4,7 +4,7 @@
 
 1. ``exact``: a tuning database entry for exactly this problem (measured and verified on a device);
    then ``learned``, where a learned selector for the target is installed (``selector.<target>.json``,
-   shipped only where it beat the nearest neighbour on held-out models: docs/dispatch.md#generalize):
+   shipped only where it beat the nearest neighbour and the heuristic on held-out models: docs/dispatch.md#generalize):
    the candidate of least predicted time;
 2. ``nearest``: the winner of the nearest tuned problem on the GEMM view (distance below), re-decided
    for this problem with the same overrides, where :func:`convbw_mlir.plan.decide` accepts them. Only our

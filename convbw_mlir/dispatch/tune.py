@@ -56,6 +56,8 @@ MIN_GAIN = 0.03
 PASS2_WITHIN = 0.25
 # Problems whose float64 reference numpy computes in about a second; larger ones use the GPU reference.
 NUMPY_MAX_FLOPS = 2e9
+# The runner's name of cuDNN's result: timed beside the candidates (``cudnn=True``), never one of them.
+CUDNN = "cudnn"
 
 
 def held_out(index: int) -> bool:
@@ -82,14 +84,17 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
                        out: str | os.PathLike, max_workers: int = 2, max_plans: int = 4,
                        cache: Any = None, progress: bool | None = None,
                        log: Callable[[str], None] = print, engine: str = "local",
-                       address: str | None = None, iree: bool = True) -> Any:  # fmt: skip
+                       address: str | None = None, iree: bool = True,
+                       iree_forms: tuple[str, ...] = IREE_FORMS, timeout: float | None = None) -> Any:  # fmt: skip
     """Build the candidates of ``problems`` ((name, problem, held out) each) for ``target`` into ``out``.
 
     Returns the build's :class:`convbw_mlir.dispatch.build.BuildReport`. ``out`` appears whole at the end
     (built beside it); a variant that fails or crashes IREE is recorded in the manifest, not fatal.
     ``engine``: ``local`` (``max_workers`` child processes here) or ``ray`` (a Ray task a compile, on a
     local Ray of ``max_workers`` CPUs or the cluster at ``address``); the folder's content is the same.
-    ``iree``: IREE's own forms among the candidates (:func:`convbw_mlir.dispatch.variants.candidates`).
+    ``iree``: IREE's own forms among the candidates, those of ``iree_forms``
+    (:func:`convbw_mlir.dispatch.variants.candidates`).
+    ``timeout``: seconds one variant's compile may take (default the build's); one past it is recorded as failed.
 
     Raises:
         ValueError: an unknown engine, an address without Ray, Ray not installed, ``max_workers`` below 1, no
@@ -105,10 +110,11 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
     reg = Registry(target, cache)
     per_problem = []
     for _name, problem, _ in problems:
-        per_problem.append(reg.declare_candidates(problem, max_plans=max_plans, iree=iree))
+        per_problem.append(reg.declare_candidates(problem, max_plans=max_plans, iree=iree, iree_forms=iree_forms))
     keys = [f"{i:03d}-{name}.{p.dtype}" for i, (name, p, _) in enumerate(problems)]
     with session(engine, max_workers, address):  # one Ray session for the variants and the references
-        report = reg.build(max_workers=max_workers, progress=progress, engine=engine, address=address)
+        limit = {"timeout": timeout} if timeout is not None else {}
+        report = reg.build(max_workers=max_workers, progress=progress, engine=engine, address=address, **limit)
         refs: list[Any] = [None] * len(problems)  # the GPU reference of each problem
         jobs = [(p, key, target) for (_, p, _), key in zip(problems, keys)]
         for i, r in run_tasks(reference_task, jobs, engine, max_workers, address):
@@ -148,20 +154,23 @@ def _metric(*rows: dict[str, dict]) -> str:
     """The time a problem's contenders are ranked by: ``kernel_s`` (GPU time by CUPTI) where every correct,
     timed contender of ``rows`` has it, else ``median_s`` (the call's time through IREE's runtime, whose
     ~70 µs a call hides kernel differences below it: docs/decisions.md#kernel-time)."""
-    ok = [r for c in rows for r in c.values() if r.get("status") == "ok" and "median_s" in r]
+    ok = [r for c in rows for n, r in c.items() if n != CUDNN and r.get("status") == "ok" and "median_s" in r]
     return "kernel_s" if ok and all("kernel_s" in r for r in ok) else "median_s"
 
 
 def _ranked(contenders: dict[str, dict], metric: str | None = None) -> list[tuple[float, str]]:
-    """(seconds, name) of the correct, timed contenders, fastest first, by ``metric`` (:func:`_metric`)."""
+    """(seconds, name) of the correct, timed contenders, fastest first, by ``metric`` (:func:`_metric`); cuDNN is
+    timed beside them, never one of them."""
     metric = metric or _metric(contenders)
-    return sorted((r[metric], n) for n, r in contenders.items() if r.get("status") == "ok" and "median_s" in r)
+    return sorted((r[metric], n) for n, r in contenders.items()
+                  if n != CUDNN and r.get("status") == "ok" and "median_s" in r)  # fmt: skip
 
 
 def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str = "",
                     log: Callable[[str], None] = print, deadline_s: float | None = None,
                     devices: Sequence[int] | None = None, timeout_s: float | None = None,
-                    keys: Collection[str] | None = None, server: bool = False) -> dict[str, Any]:  # fmt: skip
+                    keys: Collection[str] | None = None, server: bool = False,
+                    cudnn: bool = False) -> dict[str, Any]:  # fmt: skip
     """Time every candidate of the manifest in ``folder`` (runtime only) in two passes; write ``out``.
 
     Pass 1: :func:`convbw_mlir.measure.run.run_manifest` per problem (no cuDNN). Pass 2: the winner and the
@@ -179,6 +188,10 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     ``server``: each phase's pass 1, then its pass 2, through one persistent measuring process a device
     (:mod:`convbw_mlir.measure.server`: candidates checked once, timed in batches, its shorter protocol) instead
     of two children a problem; ``out`` is then rewritten as each phase ends, and names the servers (``server``).
+
+    ``cudnn``: cuDNN (through torch, its algorithm search done once before timing) is checked and timed in pass 1
+    in the same process as the candidates, after them, never overlapping (row contender ``cudnn``); the
+    database entry then carries its time (``cudnn_s``). It is never a candidate.
 
     Raises:
         ValueError: no GPU visible for a GPU target, or a device that is not visible (before any timing).
@@ -221,7 +234,7 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
         for _, entry in phase:
             if held:  # the untuned path only: the heuristic, IREE's forms, and select's choice from the tuned ones
                 entry = _untuned_entry(entry, results)
-            payloads.append({"folder": str(folder), "entry": entry, "held": held,
+            payloads.append({"folder": str(folder), "entry": entry, "held": held, "cudnn": cudnn,
                              "timeout_s": timeout_s or STEP_TIMEOUT_S})  # fmt: skip
         if server:
             source: Any = _served_phase(folder, payloads, slots, log, late, results["server"])
@@ -316,7 +329,7 @@ class _Records:
 def _time_problem(payload: dict, device: Any, log: Callable[[str], None]) -> dict[str, Any]:
     """Pass 1 of one problem and, where its top two are close, pass 2 (a measuring worker's task)."""
     folder, entry, held, timeout_s = Path(payload["folder"]), payload["entry"], payload["held"], payload["timeout_s"]
-    one = _run_one(folder, entry, log, env=device.env, timeout_s=timeout_s)
+    one = _run_one(folder, entry, log, env=device.env, timeout_s=timeout_s, cudnn=payload.get("cudnn", False))
     row = _tune_fields(one["problems"][0], entry, held)
     again = _pass2_names(row)
     if again:
@@ -356,8 +369,8 @@ def _served_phase(folder: Path, payloads: list[dict], slots: Sequence[Any], log:
 
     if not payloads:
         return
-    options = {"driver": slots[0].driver, "device": None, "use_torch": False, "numpy_max_flops": NUMPY_MAX_FLOPS,
-               "check_only": False}  # fmt: skip
+    options = {"driver": slots[0].driver, "device": None, "use_torch": payloads[0].get("cudnn", False),
+               "numpy_max_flops": NUMPY_MAX_FLOPS, "check_only": False}  # fmt: skip
     timeout_s = payloads[0]["timeout_s"]
     first = Served(folder, [p["entry"] for p in payloads], options, slots, timeout_s, log,
                    skip=lambda i: late(payloads[i]))  # fmt: skip
@@ -374,7 +387,7 @@ def _served_phase(folder: Path, payloads: list[dict], slots: Sequence[Any], log:
     if again:  # checked on the float64 sample only, as _second_pass
         order = sorted(again)
         entries = [(e := payloads[i]["entry"]).with_contenders({n: e.contenders[n] for n in again[i]}) for i in order]
-        second = Served(folder, entries, options | {"numpy_max_flops": 0}, slots, timeout_s, log)
+        second = Served(folder, entries, options | {"numpy_max_flops": 0, "use_torch": False}, slots, timeout_s, log)
         for k, (checked, _) in second:
             rows[order[k]][0]["pass2"] = checked.contenders
         summaries.append(second.summary())
@@ -430,8 +443,10 @@ def _located(folder: Path, rec: dict) -> dict:
 
 
 def _run_one(folder: Path, entry: ManifestEntry, log: Callable[[str], None], numpy_max_flops: float = NUMPY_MAX_FLOPS,
-             env: dict[str, str] | None = None, timeout_s: float | None = None) -> dict:  # fmt: skip
-    """The runner on one manifest entry (its kernels in ``folder``), through a one-problem manifest."""
+             env: dict[str, str] | None = None, timeout_s: float | None = None,
+             cudnn: bool = False) -> dict:  # fmt: skip
+    """The runner on one manifest entry (its kernels in ``folder``), through a one-problem manifest (and cuDNN
+    after them, with ``cudnn``)."""
     from convbw_mlir.measure.run import STEP_TIMEOUT_S, run_manifest
 
     with tempfile.TemporaryDirectory(prefix="convbw-tune-") as tmp:
@@ -439,7 +454,7 @@ def _run_one(folder: Path, entry: ManifestEntry, log: Callable[[str], None], num
         target = json.loads((folder / "manifest.json").read_text())["target"]
         manifest = {"target": target, "iree_version": "", "problems": [entry.with_contenders(contenders).to_dict()]}
         (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
-        return run_manifest(tmp, "", use_torch=False, log=log, numpy_max_flops=numpy_max_flops,
+        return run_manifest(tmp, "", use_torch=cudnn, log=log, numpy_max_flops=numpy_max_flops,
                             timeout_s=timeout_s or STEP_TIMEOUT_S, env=env)  # fmt: skip
 
 
@@ -485,7 +500,7 @@ def _decide(row: dict[str, Any], noise_level: float | None = None, target: str |
     Each kernel's time is the mean of its passes (pass 2 re-times the top two and the heuristic's plan).
     The fastest replaces the heuristic's plan only when faster by more than ``max(MIN_GAIN, noise_level)``.
     """
-    c = row["contenders"]
+    c = {n: r for n, r in row["contenders"].items() if n != CUDNN}
     if target is not None:
         problem = ConvBwdWeightProblem.from_dict(row["problem"])
         c = {n: r for n, r in c.items() if not known_wrong(problem, target, n)}
@@ -512,9 +527,12 @@ def _decide(row: dict[str, Any], noise_level: float | None = None, target: str |
             winner = heur
     iree = [(times[n], n) for n in times if n in IREE_FORMS]
     default = [(times[n], n) for n in times if n in ("iree_direct", "iree_torch")]
-    return {"winner": winner, "median_s": times[winner], "runner_up": second, "noise": noise, "flipped": flipped,
-            "heuristic": heur, "heuristic_s": times.get(heur), "iree_best": min(iree) if iree else None,
-            "iree_default": min(default) if default else None, "why": why, "times": times, "metric": m}  # fmt: skip
+    cud = row["contenders"].get(CUDNN, {})
+    cudnn_s = cud.get(m) if cud.get("status") == "ok" else None
+    return {"winner": winner, "cudnn_s": cudnn_s, "median_s": times[winner], "runner_up": second, "noise": noise,
+            "flipped": flipped, "heuristic": heur, "heuristic_s": times.get(heur),
+            "iree_best": min(iree) if iree else None, "iree_default": min(default) if default else None, "why": why,
+            "times": times, "metric": m}  # fmt: skip
 
 
 def build_database(results: dict[str, Any], device: str | None = None) -> TuningDB:
@@ -534,6 +552,8 @@ def build_database(results: dict[str, Any], device: str | None = None) -> Tuning
             best = d["iree_best"]
             fields["iree_best"] = {"form": best[1], "median_s": best[0]} if best else None
             fields["measured"] = results["date"]
+            if d["cudnn_s"]:  # cuDNN in the same process, same metric: the entry's ratio needs no other run
+                fields["cudnn_s"] = d["cudnn_s"]
             db.add(ConvBwdWeightProblem.from_dict(row["problem"]), variant, **fields)
         except KeyError as e:
             raise DatabaseError(f"problems[{i}]: missing field {e}") from None
@@ -647,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None, help="seconds one candidate may run (default 600)")
     ap.add_argument("--server", action="store_true",
                     help="one measuring process a GPU, candidates checked once and timed in batches")  # fmt: skip
+    ap.add_argument("--cudnn", action="store_true",
+                    help="cuDNN timed after each problem's candidates, one process: entries get cudnn_s")  # fmt: skip
     args = ap.parse_args(argv)
     from convbw_mlir.measure.run import manifest_entries, read_manifest
     from convbw_mlir.targets import get_target
@@ -662,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     results = time_candidates(args.folder, args.out, args.filter, deadline_s=args.deadline, devices=devices,
-                              timeout_s=args.timeout, server=args.server)  # fmt: skip
+                              timeout_s=args.timeout, server=args.server, cudnn=args.cudnn)  # fmt: skip
     db = build_database(results)
     out = Path(args.out)
     from convbw_mlir.dispatch.db import db_file_name

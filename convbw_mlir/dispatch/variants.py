@@ -53,7 +53,7 @@ FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
 IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
 OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
-           "strategy", "merge_groups")  # fmt: skip
+           "strategy", "merge_groups", "streamk")  # fmt: skip
 
 
 def known_wrong(problem: ConvBwdWeightProblem, target: Target | str, form: str) -> str | None:
@@ -221,14 +221,30 @@ def heuristic(problem: ConvBwdWeightProblem, target: Target | str) -> Variant:
     return Variant("convbw", decide(problem, target), (), "heuristic")
 
 
-def _sm90_grid(base: Plan) -> Iterator[dict[str, Any]]:
-    """The sm_90a kernel's neighbours of the rule's (split, width): its model is fitted on one H100 within ~10%
-    (convbw_mlir/policies/sm90.py), so the tuner measures the choices next to it."""
+def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
+    """The sm_90a kernel's neighbours of the rule's (split, width, StreamK) and the sm_80 kernel: its model is
+    fitted on one H100 within ~10% (convbw_mlir/policies/sm90.py) and its worst held-out losses were StreamK on
+    a short reduction and a wide tile (issue 39), so the tuner measures the choices next to it."""
     kb, n = base.k_batch, base.tile.n
     near = [k for k in dict.fromkeys((2 * kb, kb // 2, kb + 1, kb - 1, 4 * kb)) if k >= 1 and k != kb]
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[:2])
-    yield from ({"strategy": "explicit", "k_batch": kb, "tile_n": w} for w in (256, 192, 128) if w != n)
+    yield {"strategy": "explicit", "k_batch": kb} if base.streamk else {"strategy": "explicit", "streamk": "auto"}
+    widths = [w for w in (256, 192, 128) if w != n]
+    yield from ({"strategy": "explicit", "k_batch": kb, "tile_n": w} for w in widths[:1])
+    yield from _sm80_kernel(problem)
+    yield from ({"strategy": "explicit", "k_batch": kb, "tile_n": w} for w in widths[1:])
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[2:])
+
+
+def _sm80_kernel(problem: ConvBwdWeightProblem) -> Iterator[dict[str, Any]]:
+    """The sm_80 kernel (mma.sync) on sm_90a: its M tile as sm_80's plan has it, an option the wgmma kernel has
+    no knob for, so the plan hands the problem to the sm_80 kernels' rule (convbw_mlir/policies/sm90.py)."""
+    try:
+        tile = decide(problem, "sm_80", strategy="explicit").tile
+    except (PlanError, ValueError):
+        return
+    if tile is not None:
+        yield {"strategy": "explicit", "tile_m": tile.m}
 
 
 def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator[dict[str, Any]]:
@@ -239,7 +255,9 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
             yield {"k_batch": kb}
         return
     if sm90.is_sm90(base):  # the wgmma kernel: its split count and tile width around the rule's come first
-        yield from _sm90_grid(base)
+        yield from _sm90_grid(problem, base)
+    elif base.strategy == Strategy.EXPLICIT and tgt.name == "sm_90a":  # the sm_80 kernel there: its splits +-
+        yield from ({"strategy": "explicit", "k_batch": k} for k in (2 * base.k_batch, base.k_batch // 2) if k >= 1)
     if base.strategy == Strategy.EXPLICIT:  # the plan chose our kernel: IREE's codegen and its grid are the rivals
         yield {"strategy": "codegen"}
         if (
@@ -280,21 +298,26 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
 
 
 def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: int = 6,
-               iree: bool = True) -> list[Variant]:  # fmt: skip
+               iree: bool = True, iree_forms: tuple[str, ...] = IREE_FORMS) -> list[Variant]:  # fmt: skip
     """The valid variants of ``problem`` on ``target``: the heuristic's first, IREE's forms (with
-    ``iree``; the torch form only where it exists: 2-D, G=1, no epilogue; none :func:`known_wrong`), then up to
-    ``max_plans`` further plans.
+    ``iree``, those of ``iree_forms``; the torch form only where it exists: 2-D, G=1, no epilogue; none
+    :func:`known_wrong`), then up to ``max_plans`` further plans.
 
     Raises:
-        ValueError: unknown target.
+        ValueError: unknown target, or a name in ``iree_forms`` that is not one of :data:`IREE_FORMS`.
     """
+    bad = [f for f in iree_forms if f not in IREE_FORMS]
+    if bad:
+        raise ValueError(f"iree_forms: {bad[0]!r} is not one of {', '.join(IREE_FORMS)}")
     target = resolve(target)  # one clear error for an unknown target
     base = heuristic(problem, target)
     out = [base]
     if iree and target.is_gpu:
         torch_form = problem.rank == 2 and problem.groups == 1 and problem.epilogue is None
         out += [
-            Variant(f) for f in IREE_FORMS if (f != "iree_torch" or torch_form) and not known_wrong(problem, target, f)
+            Variant(f)
+            for f in IREE_FORMS
+            if f in iree_forms and (f != "iree_torch" or torch_form) and not known_wrong(problem, target, f)
         ]
     seen = {base}
     plans = 0

@@ -1,0 +1,212 @@
+"""The zoo suite tuned on sm_90a in slices (issue 39 items 3-4): build a slice here, time it on the GPU through the
+measuring server with cuDNN beside each problem, then merge the slices into the shipped database and report how
+the untuned choices generalize to the held-out models (bench/zoo_split.json, written before any tuning).
+
+    # here (CPU): the next COUNT problems of the slice order, in chunks of --chunk problems (one folder each)
+    .venv/bin/python bench/zoo_tune.py compile --start 0 --count 180 --out .art/zoo1
+    # on the GPU machine: each chunk through the server, cuDNN timed after each problem's candidates
+    python3 -m convbw_mlir.dispatch.tune .art/zoo1/c00 --out OUT/c00/results.json --server --cudnn --deadline S
+    # here: every results.json under the folders given -> the database, the held-out report
+    .venv/bin/python bench/zoo_tune.py report RESULTS_DIR... --out bench/results/<card>_<date>_zootune
+
+The slice order: every (problem, type) of the zoo in f16 and bf16, sorted by sha256 of a seed, the name and the
+type, so each slice spreads over the models, tuned and held-out alike, and the order is fixed before any timing.
+Candidates: the plan's choice, its neighbours (``--max-plans``: splits +-, StreamK on/off, a tile width, the
+sm_80 kernel on sm_90a), and IREE's fusilli form (the best correct IREE form on 272 of 412 problems measured
+so far; the other forms are left out for size); every problem timed whole (the split, not the run, holds out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+SEED = "zootune"
+TYPES = ("f16", "bf16")
+SPLIT = Path(__file__).with_name("zoo_split.json")
+
+
+def slice_order(types: tuple[str, ...] = TYPES) -> list[tuple[str, Any]]:
+    """(name, problem) of every zoo problem in each of ``types``, in the slice order (see the module docstring)."""
+    from convbw_mlir.suites import load_suite
+
+    every = [(n, p) for t in types for n, p in load_suite("zoo", t)]
+    return sorted(every, key=lambda np_: hashlib.sha256(f"{SEED}\0{np_[0]}\0{np_[1].dtype}".encode()).hexdigest())
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from convbw_mlir.dispatch.tune import compile_candidates
+
+    order = slice_order()[args.start : args.start + args.count]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for c in range(math.ceil(len(order) / args.chunk)):
+        folder = out / f"c{c:02d}"
+        if folder.exists():  # built by an earlier call: chunks appear whole
+            continue
+        chunk = order[c * args.chunk : (c + 1) * args.chunk]
+        t0 = time.monotonic()
+        compile_candidates([(n, p, False) for n, p in chunk], "sm_90a", folder, max_workers=args.workers,
+                           max_plans=args.max_plans, cache=args.cache, progress=False,
+                           iree_forms=("iree_fusilli",), log=lambda _: None, timeout=args.build_timeout)  # fmt: skip
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+        print(f"{folder}: {len(chunk)} problems in {time.monotonic() - t0:.0f} s, {size / 2**20:.1f} MiB "
+              f"({total / 2**20:.1f} MiB in all)", flush=True)  # fmt: skip
+        if total > args.max_mib * 2**20:
+            print(f"stopped: over {args.max_mib} MiB")
+            break
+    return 0
+
+
+# -- the report -------------------------------------------------------------------------------------------
+def _gm(xs: list[float]) -> float:
+    return statistics.geometric_mean(xs) if xs else float("nan")
+
+
+def merged_results(paths: list[Path]) -> dict[str, Any]:
+    """The rows of every results file (one device, target and IREE version), in one results object."""
+    merged: dict[str, Any] | None = None
+    seen = set()
+    for path in paths:
+        r = json.loads(path.read_text())
+        if merged is None:
+            merged = dict(r, problems=[], server=[])
+        for k in ("target", "iree_version"):
+            if r[k] != merged[k]:
+                raise ValueError(f"{path}: {k} {r[k]!r}, the others' {merged[k]!r}")
+        merged["device"] = merged["device"] or r["device"]
+        merged["server"] += r.get("server", [])
+        for row in r["problems"]:
+            if row["key"].split("-", 1)[1] not in seen:  # a problem measured twice: the first slice's
+                seen.add(row["key"].split("-", 1)[1])
+                merged["problems"].append(row)
+    if merged is None:
+        raise ValueError("report: no results.json found")
+    return merged
+
+
+def classes(problem: Any) -> str:
+    """A coarse class of a problem for the cuDNN table: depthwise, grouped, 1x1, first layer, 1-D, 3-D, dense."""
+    if problem.rank == 1:
+        return "1-D"
+    if problem.rank == 3:
+        return "3-D"
+    if problem.groups > 1 and problem.in_channels == 1 and problem.out_channels == 1:
+        return "depthwise"
+    if problem.groups > 1:
+        return "grouped"
+    if problem.in_channels <= 4:
+        return "first layer"
+    if math.prod(problem.filter_size) == 1:
+        return "dense 1x1"
+    return "dense kxk"
+
+
+def _report(args: argparse.Namespace) -> int:
+    from convbw_mlir.dispatch import generalize
+    from convbw_mlir.dispatch.db import db_file_name
+    from convbw_mlir.dispatch.tune import _decide, build_database, device_noise
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    paths = sorted(p for d in args.results for p in Path(d).rglob("results.json"))
+    results = merged_results(paths)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = generalize.read_models("zoo")
+    split = generalize.read_split(SPLIT)
+    for row in results["problems"]:
+        row["models"] = models.get(row["name"], [])
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    db = build_database(dict(results, problems=[dict(r, held_out=False) for r in results["problems"]]))
+    db.save(out / db_file_name(db.device, db.target))
+    selector = generalize.train_selector(results, split, models)
+    report = generalize.evaluate(results, split, selector, models)
+    (out / "generalize.json").write_text(json.dumps(report, indent=1) + "\n")
+    if generalize.ships(report):
+        selector.save(out / f"selector.{results['target']}.json")
+    level = device_noise(results)
+    by_class: dict[str, list[float]] = defaultdict(list)
+    heur_cls: dict[str, list[float]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
+    for row in results["problems"]:
+        d = _decide(row, level, results["target"])
+        counts["problems"] += 1
+        if d["winner"] is None:
+            counts["none correct"] += 1
+            continue
+        if d["cudnn_s"]:
+            cls = classes(ConvBwdWeightProblem.from_dict(row["problem"]))
+            by_class[cls].append(d["cudnn_s"] / d["median_s"])
+            if d["heuristic_s"]:
+                heur_cls[cls].append(d["cudnn_s"] / d["heuristic_s"])
+        if d["winner"] != d["heuristic"]:
+            counts["heuristic beaten"] += 1
+    runs = results.get("server", [])
+    wall = sum(r.get("wall_s") or 0 for r in runs)
+    rate = f"{60 * counts['problems'] / wall:.1f}" if wall else "n/a"
+    lines = [f"# The zoo tuned on {results['device']} ({results['target']}), {results['date']}", "",
+             f"Tuning rate with cuDNN beside each problem: {counts['problems']} problems in {wall:.0f} s of "
+             f"measuring-server runs ({len(runs)} runs: pass 1 and pass 2 of each group): **{rate} problems a "
+             "minute** on one GPU.", "",
+             f"{counts['problems']} problem-types measured ({len(paths)} results files), "
+             f"{counts['none correct']} with no correct candidate; the heuristic's plan beaten by more than the "
+             f"noise on {counts['heuristic beaten']}; device noise {level or 0:.1%}.", "",
+             "## Tuned best and the heuristic's plan against cuDNN (kernel time, same process)", "",
+             "| class | problems | cuDNN / tuned best, geomean | min | cuDNN / heuristic, geomean "
+             "| below 0.8x (tuned) |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for cls in sorted(by_class):
+        xs, hs = by_class[cls], heur_cls[cls]
+        lines.append(f"| {cls} | {len(xs)} | {_gm(xs):.2f}x | {min(xs):.2f}x | {_gm(hs):.2f}x "
+                     f"| {sum(x < 0.8 for x in xs)} |")  # fmt: skip
+    allx = [x for xs in by_class.values() for x in xs]
+    allh = [x for xs in heur_cls.values() for x in xs]
+    lines += [f"| all | {len(allx)} | {_gm(allx):.2f}x | {min(allx, default=float('nan')):.2f}x | {_gm(allh):.2f}x "
+              f"| {sum(x < 0.8 for x in allx)} |", "",
+              "(ratio > 1: ours faster than cuDNN.)", "",
+              "## Leave-model-out (bench/zoo_split.json: 9 of 44 models held out before tuning)", "",
+              generalize.markdown(report)]  # fmt: skip
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="build the next slice's candidates, in chunk folders (CPU machine)")
+    c.add_argument("--start", type=int, default=0, help="first position in the slice order")
+    c.add_argument("--count", type=int, required=True, help="problem-types to build")
+    c.add_argument("--chunk", type=int, default=30, help="problems a folder (default 30)")
+    c.add_argument("--max-plans", type=int, default=3, help="plan neighbours beside the heuristic's (default 3)")
+    c.add_argument("--workers", type=int, default=2)
+    c.add_argument("--max-mib", type=float, default=36.0, help="stop after the chunk that passes this size")
+    c.add_argument("--cache", default=None, help="kernel cache folder (default the user's)")
+    c.add_argument("--build-timeout", type=float, default=30.0,
+                   help="seconds a candidate's compile may take (IREE's codegen of a 3-D layer: minutes)")  # fmt: skip
+    c.add_argument("--out", required=True)
+    r = sub.add_parser("report", help="merge the results, build the database, the held-out report (CPU)")
+    r.add_argument("results", nargs="+", help="folders holding results.json files (searched below)")
+    r.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "compile" and (args.count < 1 or args.chunk < 1 or args.start < 0):
+        print("error: --count and --chunk: expected >= 1, --start >= 0", file=sys.stderr)
+        return 1
+    try:
+        return _compile(args) if args.cmd == "compile" else _report(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

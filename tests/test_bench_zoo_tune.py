@@ -1,0 +1,78 @@
+"""bench/zoo_tune.py: the slice order is fixed and spreads over the zoo's models; slices' results merge into one
+(the first measurement of a problem kept); the report builds the database with cuDNN's times and the
+leave-model-out evaluation on the committed split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import bench_script
+
+zoo_tune = bench_script("zoo_tune")
+
+
+def test_the_slice_order_is_every_zoo_problem_in_both_types_spread_over_models():
+    from convbw_mlir.dispatch.generalize import is_held_out, read_models, read_split
+
+    order = zoo_tune.slice_order()
+    assert len(order) == 2 * 890 and len({(n, p.dtype) for n, p in order}) == 1780
+    assert order == zoo_tune.slice_order()  # decided by the names alone
+    models, split = read_models("zoo"), read_split(zoo_tune.SPLIT)
+    first = order[:180]
+    assert len({m for n, _ in first for m in models[n]}) >= 40  # of 44
+    assert 15 <= sum(is_held_out(models[n], split) for n, _ in first) <= 50  # 160 of 890 held out
+    assert 60 <= sum(p.dtype == "f16" for _, p in first) <= 120
+
+
+def _results(rows: list[dict], target: str = "sm_90a") -> dict:
+    return {"target": target, "iree_version": "3.13.0", "date": "2026-12-06", "device": "NVIDIA H100 80GB HBM3",
+            "problems": rows, "server": [{"wall_s": 1.0}]}  # fmt: skip
+
+
+def _row(i: int, name: str, problem, variants: dict, times: dict[str, float], cudnn: float) -> dict:
+    contenders = {n: {"status": "ok", "median_s": 80e-6, "kernel_s": t} for n, t in times.items()}
+    contenders["cudnn"] = {"status": "ok", "median_s": 80e-6, "kernel_s": cudnn}
+    return {"name": name, "key": f"{i:03d}-{name}.{problem.dtype}", "problem": problem.to_dict(),
+            "contenders": contenders, "heuristic": "convbw[heuristic]", "held_out": False,
+            "variants": {n: v.to_dict() for n, v in variants.items()}}  # fmt: skip
+
+
+def _slices(tmp_path, count: int = 60):
+    """Two results files over the zoo's first problems: the law favours a split twice the rule's."""
+    from convbw_mlir.dispatch.variants import candidates
+
+    rows = []
+    for i, (name, p) in enumerate(zoo_tune.slice_order()[:count]):
+        vs = {v.name: v for v in candidates(p, "sm_90a", max_plans=2, iree=False)}
+        t = {n: 10e-6 * (1.5 if n == "convbw[heuristic]" else 1 + j / 10) for j, n in enumerate(vs)}
+        rows.append(_row(i, name, p, vs, t, cudnn=12e-6))
+    for k, part in enumerate((rows[: count // 2], rows[count // 2 - 5 :])):  # 5 problems measured twice
+        (tmp_path / f"s{k}").mkdir()
+        (tmp_path / f"s{k}" / "results.json").write_text(json.dumps(_results(part)))
+    return rows
+
+
+def test_slices_merge_into_one_results_keeping_a_problems_first_measurement(tmp_path):
+    rows = _slices(tmp_path)
+    merged = zoo_tune.merged_results(sorted(tmp_path.rglob("results.json")))
+    assert [r["key"] for r in merged["problems"]] == [r["key"] for r in rows]
+    (tmp_path / "s2").mkdir()
+    (tmp_path / "s2" / "results.json").write_text(json.dumps(_results(rows[:1], target="sm_80")))
+    with pytest.raises(ValueError, match=r"s2/results.json: target 'sm_80', the others' 'sm_90a'"):
+        zoo_tune.merged_results(sorted(tmp_path.rglob("results.json")))
+
+
+def test_the_report_ships_a_database_with_cudnn_times_and_evaluates_leave_model_out(tmp_path):
+    from convbw_mlir.dispatch.db import TuningDB
+
+    rows = _slices(tmp_path)
+    out = tmp_path / "report"
+    assert zoo_tune.main(["report", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(out)]) == 0
+    db = TuningDB.load(out / "nvidia-h100-80gb-hbm3.sm_90a.json", strict=True)
+    assert len(db.entries) == len(rows) and all(e["cudnn_s"] == 12e-6 for e in db.entries.values())
+    assert all(e["median_s"] < 15e-6 and "over the heuristic's plan" in e["why"] for e in db.entries.values())
+    report = json.loads((out / "generalize.json").read_text())
+    assert report["held_out_problems"] > 0 and "heuristic" in report["selectors"]
+    text = (out / "report.md").read_text()
+    assert "| all | 60 |" in text and "Leave-model-out" in text
