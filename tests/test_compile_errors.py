@@ -2,6 +2,7 @@
 IREE kills the process that compiles (convbw_mlir.build.isolate)."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -102,6 +103,13 @@ def test_isolated_call_names_how_the_child_died(fn, args, message):
     with pytest.raises(CompilerCrash) as e:
         call(fn, *args, what="x")
     assert str(e.value) == message
+
+
+def test_a_child_ended_by_ctrl_c_is_an_interrupt_not_a_compiler_crash():
+    # A terminal's Ctrl-C goes to the whole process group; where the child dies of it before the caller sees its
+    # own, the caller must still say "interrupted" (exit 130), not "IREE crashed (SIGINT)".
+    with pytest.raises(KeyboardInterrupt):
+        call(signal.raise_signal, signal.SIGINT, what="x")
 
 
 def test_isolated_call_rejects_a_non_positive_timeout():

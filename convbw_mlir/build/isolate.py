@@ -3,7 +3,8 @@
 IREE 3.13 kills the compiling process on some inputs (a segfault on unregistered ops, LLVM aborts such
 as "Cannot select"). :func:`call` runs a function in ``python -m convbw_mlir.build.isolate``: the function and
 its arguments go in pickled on stdin, the result (or the exception it raised) comes back pickled in a
-file; a child killed by a signal, or past its time limit, becomes :class:`CompilerCrash`.
+file; a child killed by a signal, or past its time limit, becomes :class:`CompilerCrash` (SIGINT, a Ctrl-C
+the child got before its caller did, becomes KeyboardInterrupt).
 
     vmfb = call(compile_module, text, "host", what="conv.mlir for host")
 
@@ -111,6 +112,8 @@ def call(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = 
                 proc.kill()
                 proc.wait()
             raise
+        if proc.returncode == -signal.SIGINT:  # a terminal's Ctrl-C reaches the whole group: the child went first
+            raise KeyboardInterrupt
         result = folder / "result.pickle"
         err = raw_err.decode(errors="replace")
         if proc.returncode != 0 or not result.is_file() or result.stat().st_size == 0:
