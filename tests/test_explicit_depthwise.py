@@ -37,6 +37,8 @@ CASES = {
     "odd_groups_vector1": dw(5, 2, (5, 9), (3, 2), dilation=(1, 2), pad_low=(1, 0), pad_high=(1, 1)),
     "1d_long_segments": dw(8, 2, (150,), (31,), pad_low=15, pad_high=15),  # a conformer's 31 taps, 3 segments
     "1d_dilated": dw(3, 4, (37,), (5,), dilation=2, pad_low=4, pad_high=4),
+    "1d_causal": dw(16, 3, (37,), (4,), pad_low=3, pad_high=0),  # Mamba's conv: left pad only, odd length
+    "2d_17x17_channels_cut": dw(32, 1, (9, 10), (17, 17), pad_low=8, pad_high=8),  # fewer channels, threads <= 256
     "3d": dw(8, 2, (4, 5, 6), (3, 3, 3), stride=(1, 2, 1), pad_low=1, pad_high=1),
     "bf16": dw(16, 2, (6, 7), (3, 3), pad_low=1, pad_high=1, dtype="bf16", dw_dtype="bf16"),
     "f16_in_f32_out": dw(16, 2, (8, 8), (5, 5), pad_low=2, pad_high=2, dw_dtype="f32"),
@@ -145,3 +147,16 @@ def test_the_plan_chooses_the_depthwise_kernel_by_itself_exactly_when_its_switch
     assert four.depthwise is not None and four.channels_last
     monkeypatch.setattr(switches, "DEPTHWISE_BY_DEFAULT", False)
     assert decide(p, "sm_80").strategy == Strategy.SIMT
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90a"])
+def test_every_depthwise_layer_of_the_suites_gets_a_plan_within_the_thread_limit(target):
+    # RepLKNet's 31x31 asked 1984 threads a workgroup (124 a channel vector) before the rule capped the channels
+    from convbw_mlir.suites import load_suite
+
+    layers = [(n, p) for s in ("classes", "zoo") for n, p in load_suite(s) if depthwise.is_depthwise(p)]
+    assert any(p.filter_size == (31, 31) for _, p in layers)
+    for name, p in layers:
+        plan = decide(p.with_(layout=2), target)
+        assert plan.depthwise is not None, name
+        assert depthwise.kernel(p.with_(layout=2), plan.depthwise).threads <= depthwise.MAX_THREADS, name

@@ -225,7 +225,9 @@ def _rule(problem: Any, tgt: Target, wide: bool = True) -> DepthwisePlan:
     runs_outer = -(-inner // taps) * math.prod(problem.filter_size[:-1])
     if c == 1 and k == 1:  # the vector runs over groups
         vector = next(v for v in (VECTOR, 4, 2, 1) if g % v == 0)
-        lanes_c = max(d for d in range(1, MAX_CHANNELS // vector + 1) if (g // vector) % d == 0)
+        # large filters own many threads a channel vector already: fewer channels keep a workgroup in THREADS
+        lanes_c = max(d for d in range(1, MAX_CHANNELS // vector + 1)
+                      if (g // vector) % d == 0 and (d * runs_outer <= THREADS or d == 1))  # fmt: skip
         channels = vector * lanes_c
     else:  # over a group's in channels; whole groups a workgroup, up to THREADS threads a row lane
         vector = next(v for v in (VECTOR, 4, 2, 1) if c % v == 0)
