@@ -96,6 +96,15 @@ def test_depthwise_kernel_numbers_other_than_the_rule_s_match_float64(numbers):
     assert emulated_error(p, plan) < 2e-3
 
 
+def test_the_stage_2_sums_many_ragged_chunks_in_its_lanes_and_matches_float64():
+    # 150 chunks: two steps of 16 lanes x 8 loads, the second past the end; 72 outputs: a ragged last workgroup
+    p = dw(8, 15, (10, 10), (3, 3), pad_low=1, pad_high=1, dw_dtype="f32")
+    plan = decide(p, "sm_80", strategy="explicit")
+    plan = replace(plan, depthwise=replace(plan.depthwise, rows=1, chunks=150))
+    check_plan(p, plan)
+    assert emulated_error(p, plan) < 1e-4
+
+
 def test_strategy_explicit_takes_the_depthwise_kernel_for_channels_last_depthwise_problems():
     p = CASES["3x3_pad"]
     plan = decide(p, "sm_80", strategy="explicit")

@@ -26,7 +26,13 @@ from iree.compiler.dialects import arith, gpu, math, memref, scf, vector
 from convbw_mlir.kernels.ir import Ix, all_of
 from convbw_mlir.policies.depthwise import DepthwiseKernel
 
-__all__ = ["build_kernel_body", "grid"]
+__all__ = ["SUM_THREADS", "build_kernel_body", "build_sum_body", "grid", "sum_grid"]
+
+# The stage 2 (:func:`build_sum_body`): 32 outputs a workgroup (one 128-byte line of f32 a chunk) times 16 chunk
+# lanes, each lane's loads 8 at once: IREE's own reduction gave one warp a 32 outputs and a serial chain of every
+# chunk's load, latency-bound (its time grew with the chunks: 448 chunks of ConvNeXt-T's 7x7, issue 40).
+SUM_OUTPUTS, SUM_LANES, SUM_UNROLL = 32, 16, 8
+SUM_THREADS = SUM_OUTPUTS * SUM_LANES
 
 
 class _Ix(Ix):
@@ -278,6 +284,60 @@ def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Valu
         with ir.InsertionPoint(branch.then_block):
             vector.store(total, ws, [chunk, g, out, col])
             scf.YieldOp([])
+
+
+def sum_grid(outputs: int) -> tuple[int, int, int]:
+    """The stage 2's workgroups: :data:`SUM_OUTPUTS` outputs each."""
+    return -(-outputs // SUM_OUTPUTS), 1, 1
+
+
+def build_sum_body(entry: ir.Block, ws: ir.Value, out: ir.Value, chunks: int, outputs: int) -> None:
+    """The stage 2: ``out[o] = sum over j of ws[j, o]``, rounded to out's type. Lane ``l`` of a workgroup adds
+    chunks ``l, l + SUM_LANES, ...`` in order; the lanes' sums meet in shared memory and are added in lane order
+    (the same bits every run).
+
+    Args:
+        ws: ``memref<chunks x outputs x f32>``, the depthwise kernel's partial sums.
+        out: ``memref<outputs x (f16|bf16|f32)>``.
+    """
+    ix = _Ix(entry)
+    f32 = ir.F32Type.get()
+    tid = gpu.thread_id(gpu.Dimension.x)
+    col, lane = ix.rem(tid, SUM_OUTPUTS), ix.div(tid, SUM_OUTPUTS)
+    o = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), SUM_OUTPUTS), col)
+    ragged = outputs % SUM_OUTPUTS != 0
+    o_at = arith.minsi(o, ix.c(outputs - 1)) if ragged else o
+    zero = arith.constant(f32, 0.0)
+    per_step = SUM_LANES * SUM_UNROLL
+    steps = scf.ForOp(ix.c(0), ix.c(-(-chunks // per_step)), ix.c(1), [zero])
+    with ir.InsertionPoint(steps.body):
+        acc = steps.inner_iter_args[0]
+        first = ix.add(ix.mul(steps.induction_variable, per_step), lane)
+        for u in range(SUM_UNROLL):
+            j = ix.add(first, u * SUM_LANES)
+            if chunks % per_step:  # the last step's chunks past the end: read the last one, add nothing
+                val = memref.load(ws, [arith.minsi(j, ix.c(chunks - 1)), o_at])
+                val = arith.select(ix.lt(j, chunks), val, zero)
+            else:
+                val = memref.load(ws, [j, o_at])
+            acc = arith.addf(acc, val)
+        scf.YieldOp([acc])
+    shared = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    smem = memref.alloc(ir.MemRefType.get([SUM_LANES, SUM_OUTPUTS], f32, memory_space=shared), [], [])
+    vector.store(vector.broadcast(ir.VectorType.get([1], f32), steps.results[0]), smem, [lane, col])
+    gpu.barrier()
+    first_lane = ix.lt(tid, SUM_OUTPUTS)
+    branch = scf.IfOp(first_lane if not ragged else arith.andi(first_lane, ix.lt(o, outputs)))
+    with ir.InsertionPoint(branch.then_block):
+        total = memref.load(smem, [ix.c(0), col])
+        for other in range(1, SUM_LANES):
+            total = arith.addf(total, memref.load(smem, [ix.c(other), col]))
+        elem = ir.MemRefType(out.type).element_type
+        total = vector.broadcast(ir.VectorType.get([1], f32), total)
+        if elem != f32:
+            total = arith.truncf(ir.VectorType.get([1], elem), total)
+        vector.store(total, out, [o])
+        scf.YieldOp([])
 
 
 def grid(k: DepthwiseKernel) -> tuple[int, int, int]:

@@ -48,6 +48,9 @@ WAVES = 8  # workgroups an SM the rule aims at (rows split into chunks until the
 # outputs (fewer conversions and loads an FMA): 1.11x cuDNN against the narrow form's 0.83x over 20 layers, faster
 # on 16 of them, slower on two 3x3 stride-1 layers at 56x56 (docs/decisions.md#depthwise-by-default).
 WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
+# The chunks' partial sums are added by the kernel's own stage 2 (depthwise_sm80.build_sum_body), not by IREE's
+# reduction (a serial chain of loads a thread, its time growing with the chunks).
+OWN_STAGE2 = True
 
 
 def is_depthwise(problem: Any) -> bool:

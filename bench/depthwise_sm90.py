@@ -1,0 +1,273 @@
+"""Issue 40 item 1: the depthwise kernel on Hopper, its plan's variants side by side with cuDNN.
+
+    python bench/depthwise_sm90.py compile DIR [--only S ...] [--variants V ...] [--jobs 2]   (here: IREE compiler)
+    python3 bench/depthwise_sm90.py run DIR --out OUT                                     (GPU machine: runtime)
+    python3 bench/depthwise_sm90.py kernels DIR --out OUT --only S ...                   (GPU: each kernel's time)
+    python bench/depthwise_sm90.py report OUT/results.json > table.md
+
+Each problem (:data:`PROBLEMS`: the zoo's and the classes suite's depthwise layers, ConvNeXt-T's 7x7 at
+three batches, EfficientNet-B0's 3x3/5x5, Mamba's causal 1-D conv) in f16 and bf16, channels-last, compiled
+for sm_90a once per variant of the depthwise plan (:func:`variants`): the plan's own numbers, the numbers the
+sm_80 target's facts give, other chunkings. ``run`` is the product's runner in its one-process-a-device
+form (:mod:`convbw_mlir.measure.run` ``server=True``): every variant checked against float64 with NaN after
+x and dy, then timed by CUPTI (kernel time, stage 2 included) with cuDNN in the same process, one timing at a
+time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import Parser, geomean  # noqa: E402
+
+# name -> ckProfiler problem (NDim G N K C <filter> <input> <strides> <dilations> <left pads> <right pads>)
+PROBLEMS = {
+    "convnext_t_7x7_g96_56_n32": "2 96 32 1 1 7 7 56 56 1 1 1 1 3 3 3 3",
+    "convnext_t_7x7_g96_56_n64": "2 96 64 1 1 7 7 56 56 1 1 1 1 3 3 3 3",
+    "convnext_t_7x7_g96_56_n128": "2 96 128 1 1 7 7 56 56 1 1 1 1 3 3 3 3",
+    "convnext_t_7x7_g768_7_n32": "2 768 32 1 1 7 7 7 7 1 1 1 1 3 3 3 3",
+    "mobilenetv2_3x3_g144_56": "2 144 32 1 1 3 3 56 56 1 1 1 1 1 1 1 1",
+    "mobilenetv2_3x3_g96_112_s2": "2 96 32 1 1 3 3 112 112 2 2 1 1 1 1 1 1",
+    "efficientnet_b0_5x5_g240_28": "2 240 32 1 1 5 5 28 28 1 1 1 1 2 2 2 2",
+    "efficientnet_b0_5x5_g672_17_s2": "2 672 32 1 1 5 5 17 17 2 2 1 1 0 0 0 0",
+    "efficientnet_b0_3x3_g240_29_s2": "2 240 32 1 1 3 3 29 29 2 2 1 1 0 0 0 0",
+    "mobilenetv3_l_5x5_g72_56_s2": "2 72 32 1 1 5 5 56 56 2 2 1 1 2 2 2 2",
+    "conformer_dw31_1d": "1 256 16 1 1 31 500 1 1 15 15",
+    "mamba_causal_4_1d": "1 1536 8 1 1 4 2048 1 1 3 0",
+    "x3d_3x3x3_g192": "3 192 8 1 1 3 3 3 16 14 14 1 1 1 1 1 1 1 1 1 1 1 1",
+    "replknet31b_31x31_g128_56": "2 128 16 1 1 31 31 56 56 1 1 1 1 15 15 15 15",
+}
+TARGET = "sm_90a"
+
+
+def variants(problem: Any) -> dict[str, tuple[str, Any, bool]]:
+    """name -> (target to compile for, the depthwise plan's numbers, whether its own stage 2 sums the chunks):
+    main's plan (``main``: IREE's reduction as stage 2), the same numbers with the kernel's own stage 2
+    (``plan``), the sm_80 target's plan compiled for sm_80 (``sm80code``: PTX the driver JITs, IREE's stage 2),
+    and the sm_90a rule aiming at 16, 4, 2 and 1 workgroups an SM instead of 8 (``w16`` .. ``w1``) and at 2 with
+    up to 512 threads a workgroup (``w2t512``: more row lanes), each with the own stage 2."""
+    from convbw_mlir.plan import decide
+    from convbw_mlir.policies import depthwise
+    from convbw_mlir.targets import get_target
+
+    own = decide(problem, TARGET).depthwise
+    out: dict[str, tuple[str, Any, bool]] = {"main": (TARGET, own, False), "plan": (TARGET, own, True)}
+    out["sm80code"] = ("sm_80", decide(problem, "sm_80").depthwise, False)
+    saved = depthwise.WAVES, depthwise.THREADS
+    try:
+        for waves, threads in ((16, 256), (4, 256), (2, 256), (1, 256), (2, 512)):
+            depthwise.WAVES, depthwise.THREADS = waves, threads
+            name = f"w{waves}" + ("" if threads == 256 else f"t{threads}")
+            out[name] = (TARGET, depthwise._rule(problem, get_target(TARGET)), True)
+    finally:
+        depthwise.WAVES, depthwise.THREADS = saved
+    return out
+
+
+def _compile_one(job: tuple[str, str, dict, str, str, dict, str, bool]) -> tuple[str, str, dict[str, Any]]:
+    """One variant's vmfb into ``folder``; its manifest record (an error is a record, not the end)."""
+    key, name, pdict, target, folder, dw, path, own_stage2 = job
+    from convbw_mlir.build.compile import build_op
+    from convbw_mlir.plan_data import DepthwisePlan, Plan, Strategy
+    from convbw_mlir.policies import depthwise
+    from convbw_mlir.problem import ConvBwdWeightProblem
+    from convbw_mlir.targets import get_target
+
+    depthwise.OWN_STAGE2 = own_stage2
+    problem = ConvBwdWeightProblem.from_dict(pdict)
+    try:
+        plan = Plan(target, Strategy.EXPLICIT, depthwise=DepthwisePlan(**dw))
+        op = build_op(problem, get_target(target), plan=plan)
+    except Exception as e:  # noqa: BLE001 - a variant that fails to build is a result
+        return key, name, {"ok": False, "error": str(e).strip().splitlines()[0][:400] if str(e).strip() else "error"}
+    (Path(folder) / path).write_bytes(op.vmfb)
+    return key, name, {"ok": True, "vmfb": path, "flags": [], "mma_count": 0,
+                       "config": {"strategy": "explicit", "target": target, "depthwise": dw,
+                                  "own_stage2": own_stage2}}  # fmt: skip
+
+
+def compile_all(folder: Path, types: list[str], only: list[str] | None, keep: list[str] | None, jobs: int) -> None:
+    from dataclasses import asdict
+    from importlib.metadata import version
+
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    folder.mkdir(parents=True, exist_ok=True)
+    entries, work = [], []
+    for dtype in types:
+        for name, line in PROBLEMS.items():
+            if only and not any(s in name for s in only):
+                continue
+            p = ConvBwdWeightProblem.from_ck(line, layout=2, dtype=dtype)
+            key = f"{name}.{dtype}"
+            entries.append({"name": name, "key": key, "problem": p.to_dict(), "contenders": {}})
+            seen: dict[tuple, str] = {}
+            for vname, (target, dw, own_stage2) in variants(p).items():
+                if keep and vname not in keep:
+                    continue
+                ident = (target, dw, own_stage2)
+                if ident in seen:  # the same kernel under another name: measured once, noted
+                    entries[-1].setdefault("same_as", {})[vname] = seen[ident]
+                    continue
+                seen[ident] = vname
+                work.append(
+                    (key, vname, p.to_dict(), target, str(folder), asdict(dw), f"{key}.{vname}.vmfb", own_stage2)
+                )
+    records: dict[str, dict[str, Any]] = {}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for key, vname, rec in pool.map(_compile_one, work):
+            records.setdefault(key, {})[vname] = rec
+            print(f"{key} {vname}: {'ok' if rec['ok'] else rec['error']}", file=sys.stderr)
+    for e in entries:
+        e["contenders"] = records.get(e["key"], {})
+    names = sorted({n for e in entries for n in e["contenders"]})
+    manifest = {"target": TARGET, "date": "", "iree_version": version("iree-base-compiler"), "contenders": names,
+                "problems": entries}  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _view(folder: Path, only: list[str]) -> Path:
+    """A folder whose manifest holds only the problems whose name holds one of ``only`` (links to the vmfbs)."""
+    import tempfile
+
+    view = Path(tempfile.mkdtemp(prefix="dw90-view-"))
+    m = json.loads((folder / "manifest.json").read_text())
+    m["problems"] = [e for e in m["problems"] if any(s in e["name"] for s in only)]
+    for e in m["problems"]:
+        for rec in e["contenders"].values():
+            if rec.get("vmfb"):
+                (view / rec["vmfb"]).symlink_to((folder / rec["vmfb"]).resolve())
+    (view / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
+    return view
+
+
+def run(folder: Path, out: Path, only: list[str] | None = None) -> int:
+    from convbw_mlir.measure.run import run_manifest
+
+    out.mkdir(parents=True, exist_ok=True)
+    results = run_manifest(_view(folder, only) if only else folder, server=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    table = report([out / "results.json"])
+    (out / "table.md").write_text(table)
+    print(table, end="")
+    return 0
+
+
+def kernels(folder: Path, out: Path, only: list[str], calls: int = 20) -> int:
+    """Each variant's kernels one by one (the depthwise kernel, the stage 2 that sums its chunks): their mean
+    duration by CUPTI over ``calls`` calls, one process, nothing else on the GPU (run after ``run``)."""
+    import tempfile
+
+    import torch
+
+    from convbw_mlir.measure import cupti
+    from convbw_mlir.reference import random_inputs
+    from convbw_mlir.runtime import Kernel
+
+    torch.zeros(1, device="cuda")
+    rows = []
+    for e in json.loads((folder / "manifest.json").read_text())["problems"]:
+        if not any(s in e["name"] for s in only):
+            continue
+        from convbw_mlir.problem import ConvBwdWeightProblem
+
+        x, dy = random_inputs(ConvBwdWeightProblem.from_dict(e["problem"]), seed=1)
+        for name, rec in e["contenders"].items():
+            if not rec.get("ok"):
+                continue
+            k = Kernel((folder / rec["vmfb"]).read_bytes(), "cuda")
+            xd, dyd = k.to_device_fenced(x), k.to_device_fenced(dy)
+            k(xd, dyd).to_host()
+            with tempfile.TemporaryDirectory() as tmp:
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=acts) as prof:
+                    for _ in range(calls):
+                        r = k(xd, dyd)
+                    r.to_host()
+                prof.export_chrome_trace(f"{tmp}/t.json")
+                events = cupti.kernel_events(Path(f"{tmp}/t.json"))
+            each: dict[str, float] = {}
+            for _, dur, kname in events:
+                each[kname] = each.get(kname, 0.0) + dur / calls
+            rows.append({"key": e["key"], "variant": name, "kernels_us": each})
+            print(e["key"], name, " ".join(f"{n[-40:]}={v:.1f}" for n, v in each.items()), flush=True)
+            del k, xd, dyd
+    (out / "kernels.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def _time(row: dict, name: str) -> float | None:
+    r = row["contenders"].get(name, {})
+    return r.get("kernel_s") or r.get("median_s") if r.get("status") == "ok" else None
+
+
+def report(paths: list[Path], heads: tuple[str, ...] = ("main", "plan")) -> str:
+    """The table: every variant's time, cuDNN's, and cuDNN/variant for ``heads`` and for the best variant."""
+    rows = [r for p in paths for r in json.loads(p.read_text())["problems"]]
+    device = json.loads(paths[0].read_text()).get("device", "-") if paths else "-"
+    names = sorted({n for r in rows for n in r["contenders"] if n != "cudnn"})
+    names = [*(h for h in heads if h in names), *(n for n in names if n not in heads)]
+    cols = [*(h for h in heads if h in names), "best"]
+    lines = [f"# Depthwise on sm_90a: the plan's variants and cuDNN ({device}, kernel time by CUPTI, µs)", ""]
+    lines += ["| problem | " + " | ".join(names) + " | cuDNN | " + " | ".join(f"cuDNN/{c}" for c in cols) + " |",
+              "|---" * (len(names) + len(cols) + 2) + "|"]  # fmt: skip
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        ts = {n: _time(r, n) for n in names}
+        cells = [f"{t * 1e6:.1f}" if t else r["contenders"].get(n, {}).get("status", "-") for n, t in ts.items()]
+        cud = _time(r, "cudnn")
+        ts["best"] = min((t for t in ts.values() if t), default=None)
+        dtype = r["key"].rsplit(".", 1)[-1]
+        vs = []
+        for c in cols:
+            v = cud / ts[c] if cud and ts.get(c) else None
+            vs.append(f"{v:.2f}" if v else "-")
+            if v:
+                ratios.setdefault((dtype, c), []).append(v)
+        lines.append("| " + " | ".join([r["key"], *cells, f"{cud * 1e6:.1f}" if cud else "-", *vs]) + " |")
+    lines.append("")
+    for (dtype, c), vals in sorted(ratios.items()):
+        lines.append(f"- {dtype} {c}: cuDNN/ours geomean {geomean(vals):.2f}, worst {min(vals):.2f} ({len(vals)})")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = Parser(prog="depthwise_sm90.py", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile")
+    c.add_argument("dir", type=Path)
+    c.add_argument("--types", nargs="+", default=["f16", "bf16"], choices=["f16", "bf16"])
+    c.add_argument("--only", nargs="*", help="only the problems whose name holds one of these")
+    c.add_argument("--variants", nargs="*", help="only these variants")
+    c.add_argument("--jobs", type=int, default=2)
+    r = sub.add_parser("run")
+    r.add_argument("dir", type=Path)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--only", nargs="*", help="only the problems whose name holds one of these")
+    kp = sub.add_parser("kernels")
+    kp.add_argument("dir", type=Path)
+    kp.add_argument("--out", type=Path, required=True)
+    kp.add_argument("--only", nargs="+", required=True)
+    rep = sub.add_parser("report")
+    rep.add_argument("results", type=Path, nargs="+")
+    args = ap.parse_args(argv)
+    if args.cmd == "compile":
+        compile_all(args.dir, args.types, args.only, args.variants, args.jobs)
+        return 0
+    if args.cmd == "run":
+        return run(args.dir, args.out, args.only)
+    if args.cmd == "kernels":
+        args.out.mkdir(parents=True, exist_ok=True)
+        return kernels(args.dir, args.out, args.only)
+    print(report(args.results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
