@@ -158,7 +158,7 @@ def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Inse
         executable=name,
         function=ENTRY,
         grid=depthwise_sm80.grid(k),
-        workgroup_size=(k.threads, 1, 1),
+        workgroup_size=(k.launched, 1, 1),
         subgroup_size=plan.target_info.subgroup_size,
         bindings=(
             ir.MemRefType.get(list(ir.RankedTensorType(dy.type).shape), f16),

@@ -20,7 +20,7 @@ its out channel k is broadcast over it; a workgroup owns ``channels / C`` whole 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from convbw_mlir.plan_data import DepthwisePlan, Overrides, Plan, PlanError, Strategy
@@ -51,6 +51,9 @@ WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
 # The chunks' partial sums are added by the kernel's own stage 2 (depthwise_sm80.build_sum_body), not by IREE's
 # reduction (a serial chain of loads a thread, its time growing with the chunks).
 OWN_STAGE2 = True
+# f16 -> f32 by an identity mma.sync (two vectors of 4 a pair) instead of cvt.f32.f16 (16 a clock an SM, the f16
+# kernel's bound): exact; the workgroup is rounded up to whole warps (every lane of a warp runs the mma).
+MMA_CONVERT = False
 
 
 def is_depthwise(problem: Any) -> bool:
@@ -85,6 +88,7 @@ class DepthwiseKernel:
     unroll: int = UNROLL
     in_channels: int = 1  # a group's (C)
     out_channels: int = 1  # a group's (K)
+    mma_convert: bool = False  # f16 -> f32 by identity mma.sync (see kernel())
 
     @property
     def paired(self) -> bool:
@@ -120,6 +124,13 @@ class DepthwiseKernel:
         return self.lanes_c * self.runs * self.outer_taps * self.lanes_r
 
     @property
+    def launched(self) -> int:
+        """Threads a workgroup as launched: :attr:`threads`, rounded up to whole warps where the f16 conversion
+        runs on the tensor cores (every lane of a warp takes part in an ``mma.sync``; the added threads own no
+        rows)."""
+        return -(-self.threads // 32) * 32 if self.mma_convert else self.threads
+
+    @property
     def segments(self) -> int:
         return -(-self.conv.out_size[-1] // self.segment)
 
@@ -153,7 +164,8 @@ class DepthwiseKernel:
     @property
     def shared_bytes(self) -> int:
         """The lanes' sums in shared memory: ``lanes_r x channels x taps a workgroup`` f32."""
-        return self.lanes_r * self.lanes_c * self.runs * self.outer_taps * self.taps * self.vector * 4
+        per_lane = self.lanes_c * self.runs * self.outer_taps
+        return -(-self.launched // per_lane) * per_lane * self.taps * self.vector * 4
 
     def problems(self) -> list[str]:
         """Why the kernel cannot run with these numbers ("field: value" lines); empty if it can."""
@@ -172,8 +184,8 @@ class DepthwiseKernel:
             why.append(f"depthwise.segment: {self.segment} (a multiple of the unroll, {self.unroll})")
         if self.chunks > self.rows:
             why.append(f"depthwise.chunks: {self.chunks} (at most the {self.rows} rows)")
-        if not why and self.threads > MAX_THREADS:
-            why.append(f"depthwise: {self.threads} threads a workgroup, over {MAX_THREADS} (fewer channels or "
+        if not why and self.launched > MAX_THREADS:
+            why.append(f"depthwise: {self.launched} threads a workgroup, over {MAX_THREADS} (fewer channels or "
                        "row lanes)")  # fmt: skip
         return why
 
@@ -273,10 +285,14 @@ def _wide(problem: Any, tgt: Target, narrow: DepthwisePlan) -> DepthwisePlan | N
 
 
 def kernel(problem: Any, dw: DepthwisePlan) -> DepthwiseKernel:
-    """The kernel's numbers for ``problem`` carried out as ``dw`` says."""
-    return DepthwiseKernel(_geometry(problem), problem.batch, problem.groups, dw.vector, dw.channels, dw.taps,
-                           dw.rows, dw.chunks, dw.segment, dw.unroll, problem.in_channels,
-                           problem.out_channels)  # fmt: skip
+    """The kernel's numbers for ``problem`` carried out as ``dw`` says; f16 converted by the tensor cores
+    (:data:`MMA_CONVERT`) where the kernel can: depthwise, 4 channels a vector (its threads then whole warps)."""
+    k = DepthwiseKernel(_geometry(problem), problem.batch, problem.groups, dw.vector, dw.channels, dw.taps,
+                        dw.rows, dw.chunks, dw.segment, dw.unroll, problem.in_channels,
+                        problem.out_channels)  # fmt: skip
+    if MMA_CONVERT and problem.dtype == "f16" and k.paired and k.vector == 4:
+        k = replace(k, mma_convert=True)
+    return k
 
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
