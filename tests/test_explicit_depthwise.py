@@ -105,17 +105,17 @@ def test_the_stage_2_sums_many_ragged_chunks_in_its_lanes_and_matches_float64():
     assert emulated_error(p, plan) < 1e-4
 
 
-@pytest.mark.parametrize("name", ["3x3_pad", "3x3_stride2_vector4", "1d_causal", "f16_in_f32_out", "3d"])
-def test_f16_converted_by_identity_mma_matches_float64_under_emulation(monkeypatch, name):
+@pytest.mark.parametrize("name", ["3x3_pad", "3x3_stride2_vector4", "1d_causal", "f16_in_f32_out", "3d", "bf16"])
+def test_inputs_converted_by_identity_mma_match_float64_under_emulation(monkeypatch, name):
     # the mma runs on every lane of a warp: 3 row lanes of 12 threads launch 64 threads, 28 of them owning no rows
-    monkeypatch.setattr(depthwise, "MMA_CONVERT", True)
+    monkeypatch.setattr(depthwise, "MMA_CONVERT", ("f16", "bf16"))
     p = CASES[name]
     plan = decide(p, "sm_80", strategy="explicit")
     plan = replace(plan, depthwise=replace(plan.depthwise, vector=4, rows=3, chunks=2))
     check_plan(p, plan)
     k = depthwise.kernel(p, plan.depthwise)
     assert k.mma_convert and k.launched % 32 == 0
-    assert emulated_error(p, plan) < (1e-4 if p.dw_dtype == "f32" else 2e-3)
+    assert emulated_error(p, plan) < {"bf16": 2.0**-8, "f32": 1e-4}.get(p.dw_dtype, 2e-3)
 
 
 def test_strategy_explicit_takes_the_depthwise_kernel_for_channels_last_depthwise_problems():

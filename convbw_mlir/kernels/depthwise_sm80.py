@@ -130,11 +130,11 @@ def _load(ix: _Ix, mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: i
     return val
 
 
-def _identities(ix: _Ix, tid: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _identities(ix: _Ix, tid: ir.Value, elem: ir.Type) -> tuple[ir.Value, ir.Value]:
     """This lane's B fragments of the two 16x8 halves of the 16x16 identity (``mma.sync`` m16n8k16, B column-major:
     lane ``4 g + t`` holds ``B[2t, g], B[2t+1, g]`` and ``B[2t+8, g], B[2t+9, g]``): ``A x I_lo`` is A's first 8
-    columns, ``A x I_hi`` its last 8, in the f32 accumulator's layout."""
-    f16 = ir.F16Type.get()
+    columns, ``A x I_hi`` its last 8, in the f32 accumulator's layout (``elem``: f16 or bf16)."""
+    f16 = elem
     lane = ix.rem(tid, 32)
     g, t2 = ix.div(lane, 4), ix.mul(ix.rem(lane, 4), 2)
     one, zero = arith.constant(f16, 1.0), arith.constant(f16, 0.0)
@@ -147,16 +147,17 @@ def _identities(ix: _Ix, tid: ir.Value) -> tuple[ir.Value, ir.Value]:
 
 
 def _convert(k: DepthwiseKernel, raw: list[ir.Value], ident: tuple[ir.Value, ir.Value] | None) -> list[ir.Value]:
-    """The 16-bit vectors ``raw`` as f32: ``arith.extf``, or (``ident``: f16, 4 channels a vector, whole warps)
+    """The 16-bit vectors ``raw`` as f32: ``arith.extf``, or (``ident``: 4 channels a vector, whole warps)
     through the tensor cores, two vectors an ``mma.sync`` pair: the 8 halves of a lane are its A fragment
     ``a0..a7``, and ``A x I_lo`` / ``A x I_hi`` hand each lane back its own first / last 4 as f32, exactly
-    (a product by 1 and sums of zeros; ``cvt.f32.f16``, 16 a clock an SM, bounded the f16 kernel)."""
+    (a product by 1 and sums of zeros; ``cvt.f32.f16``, 16 a clock an SM, bounded the f16 kernel; bf16's
+    shifts take integer slots)."""
     f32 = ir.F32Type.get()
     if ident is None:
         return [arith.extf(ir.VectorType.get([ir.VectorType(r.type).shape[0]], f32), r) for r in raw]
     from convbw_mlir.kernels.nvgpu import mma_sync
 
-    f16 = ir.F16Type.get()
+    f16 = ir.VectorType(raw[0].type).element_type  # f16 or bf16: the mma of that type
     acc_t, vec4 = ir.VectorType.get([2, 2], f32), ir.VectorType.get([4], f32)
     zero = arith.constant(acc_t, ir.DenseElementsAttr.get_splat(acc_t, ir.FloatAttr.get_f32(0.0)))
     out = []
@@ -420,6 +421,6 @@ def build_kernel_body(entry: ir.Block, dy: ir.Value, x: ir.Value, ws: ir.Value, 
     th = _thread(ix, k, tid)
     vt = ir.VectorType.get([k.vector], f32)
     zero = arith.constant(vt, ir.DenseElementsAttr.get_splat(vt, ir.FloatAttr.get_f32(0.0)))
-    ident = _identities(ix, tid) if k.mma_convert else None
+    ident = _identities(ix, tid, ir.MemRefType(x.type).element_type) if k.mma_convert else None
     acc = _rows_loop(ix, k, dy, x, th, [zero] * k.taps, ident)
     _reduce(ix, k, ws, th, tid, acc)

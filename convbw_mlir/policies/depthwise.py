@@ -51,9 +51,10 @@ WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
 # The chunks' partial sums are added by the kernel's own stage 2 (depthwise_sm80.build_sum_body), not by IREE's
 # reduction (a serial chain of loads a thread, its time growing with the chunks).
 OWN_STAGE2 = True
-# f16 -> f32 by an identity mma.sync (two vectors of 4 a pair) instead of cvt.f32.f16 (16 a clock an SM, the f16
-# kernel's bound): exact; the workgroup is rounded up to whole warps (every lane of a warp runs the mma).
-MMA_CONVERT = False
+# The input types converted to f32 by an identity mma.sync (two vectors of 4 a pair) instead of cvt.f32.f16 (16 a
+# clock an SM, the f16 kernel's bound) or bf16's shifts: exact; the workgroup is rounded up to whole warps (every
+# lane of a warp runs the mma).
+MMA_CONVERT: tuple[str, ...] = ()
 
 
 def is_depthwise(problem: Any) -> bool:
@@ -285,12 +286,13 @@ def _wide(problem: Any, tgt: Target, narrow: DepthwisePlan) -> DepthwisePlan | N
 
 
 def kernel(problem: Any, dw: DepthwisePlan) -> DepthwiseKernel:
-    """The kernel's numbers for ``problem`` carried out as ``dw`` says; f16 converted by the tensor cores
-    (:data:`MMA_CONVERT`) where the kernel can: depthwise, 4 channels a vector (its threads then whole warps)."""
+    """The kernel's numbers for ``problem`` carried out as ``dw`` says; the inputs converted by the tensor cores
+    (types in :data:`MMA_CONVERT`) where the kernel can: depthwise, 4 channels a vector (its threads then whole
+    warps)."""
     k = DepthwiseKernel(_geometry(problem), problem.batch, problem.groups, dw.vector, dw.channels, dw.taps,
                         dw.rows, dw.chunks, dw.segment, dw.unroll, problem.in_channels,
                         problem.out_channels)  # fmt: skip
-    if MMA_CONVERT and problem.dtype == "f16" and k.paired and k.vector == 4:
+    if problem.dtype in MMA_CONVERT and k.paired and k.vector == 4:
         k = replace(k, mma_convert=True)
     return k
 

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 - FileCheck lines match whole IR lines
-# The depthwise kernel's f16 conversion on the tensor cores (policies/depthwise.py MMA_CONVERT): G = 16, N = 2,
+# The depthwise kernel's f16/bf16 conversion on the tensor cores (policies/depthwise.py MMA_CONVERT): G = 16, N = 2,
 # 3x3, 6x7, padding 1, 4 channels a thread, 3 row lanes of 12 threads (36) launched as 64 (whole warps: every
 # lane runs the mma.sync; the 28 added threads own no rows). Each lane's B fragments of the identity's two 16x8
 # halves are made once; a step's 18 raw f16 vectors (8 dy, 10 x) go through 9 A fragments of two vectors each,
@@ -15,7 +15,7 @@ from convbw_mlir.plan import decide
 from convbw_mlir.policies import depthwise
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-depthwise.MMA_CONVERT = True
+depthwise.MMA_CONVERT = ("f16", "bf16")
 p = ConvBwdWeightProblem.from_ck("2 16 2 1 1 3 3 6 7 1 1 1 1 1 1 1 1")
 plan = decide(p, "sm_80", strategy="explicit")
 plan = replace(plan, depthwise=replace(plan.depthwise, vector=4, rows=3, chunks=2))
