@@ -46,56 +46,108 @@ PROBLEMS = {
 TARGET = "sm_90a"
 
 
-def variants(problem: Any) -> dict[str, tuple[str, Any, bool]]:
-    """name -> (target to compile for, the depthwise plan's numbers, whether its own stage 2 sums the chunks):
-    main's plan (``main``: IREE's reduction as stage 2), the same numbers with the kernel's own stage 2
-    (``plan``), the sm_80 target's plan compiled for sm_80 (``sm80code``: PTX the driver JITs, IREE's stage 2),
-    and the sm_90a rule aiming at 16, 4, 2 and 1 workgroups an SM instead of 8 (``w16`` .. ``w1``) and at 2 with
-    up to 512 threads a workgroup (``w2t512``: more row lanes), each with the own stage 2."""
+# Round 1 (before the rule changed): main's plan, its stage 2 alone, sm_80's plan, other chunkings.
+ROUND1 = ("main", "plan", "sm80code", "w16", "w4", "w2", "w1", "w2t512")
+# The switches main had: its rule aimed at 8 workgroups an SM, IREE's reduction as stage 2, cvt conversions.
+MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": ()}
+
+
+def _spec(name: str) -> dict[str, Any]:
+    """A variant's switches from its name: ``main``; ``plan`` (the branch's defaults); else dot-separated
+    changes to the branch's defaults: ``w<N>`` workgroups an SM (WAVES), ``t<N>`` threads (THREADS), ``i2`` IREE's
+    stage 2, ``cvt`` no mma conversion, ``mma`` the mma conversion of f16 and bf16 (``w2`` alone: round 1's, the
+    own stage 2 and no mma)."""
+    from convbw_mlir.policies import depthwise
+
+    if name == "main":
+        return dict(MAIN)
+    spec = {"waves": depthwise.WAVES, "threads": depthwise.THREADS, "stage2": depthwise.OWN_STAGE2,
+            "mma": depthwise.MMA_CONVERT}  # fmt: skip
+    if name in ROUND1:
+        spec.update(stage2=True, mma=())
+    for part in name.split("."):
+        if part.startswith("w") and part[1:].isdigit():
+            spec["waves"] = int(part[1:])
+        elif "t" in part and part.split("t", 1)[1].isdigit():
+            head, _, threads = part.partition("t")
+            spec["threads"] = int(threads)
+            if head.startswith("w") and head[1:].isdigit():
+                spec["waves"] = int(head[1:])
+        elif part == "i2":
+            spec["stage2"] = False
+        elif part == "cvt":
+            spec["mma"] = ()
+        elif part == "mma":
+            spec["mma"] = ("f16", "bf16")
+    return spec
+
+
+class _Switches:
+    """The depthwise policy's module switches set to a variant's (restored on exit)."""
+
+    NAMES = {"waves": "WAVES", "threads": "THREADS", "stage2": "OWN_STAGE2", "mma": "MMA_CONVERT"}
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+
+    def __enter__(self) -> None:
+        from convbw_mlir.policies import depthwise
+
+        self.saved = {k: getattr(depthwise, v) for k, v in self.NAMES.items()}
+        for k, v in self.NAMES.items():
+            setattr(depthwise, v, self.spec[k])
+
+    def __exit__(self, *_: Any) -> None:
+        from convbw_mlir.policies import depthwise
+
+        for k, v in self.NAMES.items():
+            setattr(depthwise, v, self.saved[k])
+
+
+def variants(problem: Any, names: tuple[str, ...] = ROUND1) -> dict[str, tuple[str, Any, dict[str, Any]]]:
+    """name -> (target to compile for, the depthwise plan's numbers, the switches to compile with), for each of
+    ``names`` (:func:`_spec`; ``sm80code``: the sm_80 target's plan compiled for sm_80, PTX the driver JITs)."""
     from convbw_mlir.plan import decide
     from convbw_mlir.policies import depthwise
     from convbw_mlir.targets import get_target
 
-    own = decide(problem, TARGET).depthwise
-    out: dict[str, tuple[str, Any, bool]] = {"main": (TARGET, own, False), "plan": (TARGET, own, True)}
-    out["sm80code"] = ("sm_80", decide(problem, "sm_80").depthwise, False)
-    saved = depthwise.WAVES, depthwise.THREADS
-    try:
-        for waves, threads in ((16, 256), (4, 256), (2, 256), (1, 256), (2, 512)):
-            depthwise.WAVES, depthwise.THREADS = waves, threads
-            name = f"w{waves}" + ("" if threads == 256 else f"t{threads}")
-            out[name] = (TARGET, depthwise._rule(problem, get_target(TARGET)), True)
-    finally:
-        depthwise.WAVES, depthwise.THREADS = saved
+    out: dict[str, tuple[str, Any, dict[str, Any]]] = {}
+    for name in names:
+        if name == "sm80code":
+            with _Switches(MAIN):
+                out[name] = ("sm_80", decide(problem, "sm_80").depthwise, dict(MAIN))
+            continue
+        spec = _spec(name)
+        with _Switches(spec):
+            out[name] = (TARGET, depthwise._rule(problem, get_target(TARGET)), spec)
     return out
 
 
-def _compile_one(job: tuple[str, str, dict, str, str, dict, str, bool]) -> tuple[str, str, dict[str, Any]]:
+def _compile_one(job: tuple[str, str, dict, str, str, dict, str, dict]) -> tuple[str, str, dict[str, Any]]:
     """One variant's vmfb into ``folder``; its manifest record (an error is a record, not the end)."""
-    key, name, pdict, target, folder, dw, path, own_stage2 = job
+    key, name, pdict, target, folder, dw, path, spec = job
     from convbw_mlir.build.compile import build_op
     from convbw_mlir.plan_data import DepthwisePlan, Plan, Strategy
-    from convbw_mlir.policies import depthwise
     from convbw_mlir.problem import ConvBwdWeightProblem
     from convbw_mlir.targets import get_target
 
-    depthwise.OWN_STAGE2 = own_stage2
     problem = ConvBwdWeightProblem.from_dict(pdict)
     try:
-        plan = Plan(target, Strategy.EXPLICIT, depthwise=DepthwisePlan(**dw))
-        op = build_op(problem, get_target(target), plan=plan)
+        with _Switches(spec):
+            plan = Plan(target, Strategy.EXPLICIT, depthwise=DepthwisePlan(**dw))
+            op = build_op(problem, get_target(target), plan=plan)
     except Exception as e:  # noqa: BLE001 - a variant that fails to build is a result
         return key, name, {"ok": False, "error": str(e).strip().splitlines()[0][:400] if str(e).strip() else "error"}
     (Path(folder) / path).write_bytes(op.vmfb)
     return key, name, {"ok": True, "vmfb": path, "flags": [], "mma_count": 0,
-                       "config": {"strategy": "explicit", "target": target, "depthwise": dw,
-                                  "own_stage2": own_stage2}}  # fmt: skip
+                       "config": {"strategy": "explicit", "target": target, "depthwise": dw, **spec}}  # fmt: skip
 
 
-def compile_all(folder: Path, types: list[str], only: list[str] | None, keep: list[str] | None, jobs: int) -> None:
+def compile_all(folder: Path, types: list[str], only: list[str] | None, names: tuple[str, ...], jobs: int) -> None:
     from dataclasses import asdict
     from importlib.metadata import version
 
+    from convbw_mlir.policies import depthwise
     from convbw_mlir.problem import ConvBwdWeightProblem
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -108,17 +160,15 @@ def compile_all(folder: Path, types: list[str], only: list[str] | None, keep: li
             key = f"{name}.{dtype}"
             entries.append({"name": name, "key": key, "problem": p.to_dict(), "contenders": {}})
             seen: dict[tuple, str] = {}
-            for vname, (target, dw, own_stage2) in variants(p).items():
-                if keep and vname not in keep:
-                    continue
-                ident = (target, dw, own_stage2)
+            for vname, (target, dw, spec) in variants(p, names).items():
+                # the switches that change this problem's kernel: mma only where its type is converted so
+                mma = dtype in spec["mma"] and depthwise.kernel(p, dw).paired and dw.vector == 4
+                ident = (target, dw, spec["stage2"], mma)
                 if ident in seen:  # the same kernel under another name: measured once, noted
                     entries[-1].setdefault("same_as", {})[vname] = seen[ident]
                     continue
                 seen[ident] = vname
-                work.append(
-                    (key, vname, p.to_dict(), target, str(folder), asdict(dw), f"{key}.{vname}.vmfb", own_stage2)
-                )
+                work.append((key, vname, p.to_dict(), target, str(folder), asdict(dw), f"{key}.{vname}.vmfb", spec))
     records: dict[str, dict[str, Any]] = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         for key, vname, rec in pool.map(_compile_one, work):
@@ -244,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("dir", type=Path)
     c.add_argument("--types", nargs="+", default=["f16", "bf16"], choices=["f16", "bf16"])
     c.add_argument("--only", nargs="*", help="only the problems whose name holds one of these")
-    c.add_argument("--variants", nargs="*", help="only these variants")
+    c.add_argument("--variants", nargs="+", default=list(ROUND1), help="variant names (see _spec)")
     c.add_argument("--jobs", type=int, default=2)
     r = sub.add_parser("run")
     r.add_argument("dir", type=Path)
@@ -258,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("results", type=Path, nargs="+")
     args = ap.parse_args(argv)
     if args.cmd == "compile":
-        compile_all(args.dir, args.types, args.only, args.variants, args.jobs)
+        compile_all(args.dir, args.types, args.only, tuple(args.variants), args.jobs)
         return 0
     if args.cmd == "run":
         return run(args.dir, args.out, args.only)
