@@ -49,12 +49,13 @@ TARGET = "sm_90a"
 # Round 1 (before the rule changed): main's plan, its stage 2 alone, sm_80's plan, other chunkings.
 ROUND1 = ("main", "plan", "sm80code", "w16", "w4", "w2", "w1", "w2t512")
 # The switches main had: its rule aimed at 8 workgroups an SM, IREE's reduction as stage 2, cvt conversions.
-MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": ()}
+MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8}
 
 
 def _spec(name: str) -> dict[str, Any]:
     """A variant's switches from its name: ``main``; ``plan`` (the branch's defaults); else dot-separated
-    changes to the branch's defaults: ``w<N>`` workgroups an SM (WAVES), ``t<N>`` threads (THREADS), ``i2`` IREE's
+    changes to the branch's defaults: ``w<N>`` workgroups an SM (WAVES), ``t<N>`` threads (THREADS), ``u<N>`` outputs
+    a step of the wide form (WIDE_UNROLL), ``i2`` IREE's
     stage 2, ``cvt`` no mma conversion, ``mma`` the mma conversion of f16 and bf16 (``w2`` alone: round 1's, the
     own stage 2 and no mma)."""
     from convbw_mlir.policies import depthwise
@@ -62,7 +63,7 @@ def _spec(name: str) -> dict[str, Any]:
     if name == "main":
         return dict(MAIN)
     spec = {"waves": depthwise.WAVES, "threads": depthwise.THREADS, "stage2": depthwise.OWN_STAGE2,
-            "mma": depthwise.MMA_CONVERT}  # fmt: skip
+            "mma": depthwise.MMA_CONVERT, "unroll": depthwise.WIDE_UNROLL}  # fmt: skip
     if name in ROUND1:
         spec.update(stage2=True, mma=())
     for part in name.split("."):
@@ -73,6 +74,8 @@ def _spec(name: str) -> dict[str, Any]:
             spec["threads"] = int(threads)
             if head.startswith("w") and head[1:].isdigit():
                 spec["waves"] = int(head[1:])
+        elif part.startswith("u") and part[1:].isdigit():
+            spec["unroll"] = int(part[1:])
         elif part == "i2":
             spec["stage2"] = False
         elif part == "cvt":
@@ -85,7 +88,8 @@ def _spec(name: str) -> dict[str, Any]:
 class _Switches:
     """The depthwise policy's module switches set to a variant's (restored on exit)."""
 
-    NAMES = {"waves": "WAVES", "threads": "THREADS", "stage2": "OWN_STAGE2", "mma": "MMA_CONVERT"}
+    NAMES = {"waves": "WAVES", "threads": "THREADS", "stage2": "OWN_STAGE2", "mma": "MMA_CONVERT",
+             "unroll": "WIDE_UNROLL"}  # fmt: skip
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
@@ -197,11 +201,24 @@ def _view(folder: Path, only: list[str]) -> Path:
     return view
 
 
-def run(folder: Path, out: Path, only: list[str] | None = None) -> int:
-    from convbw_mlir.measure.run import run_manifest
+def run(folder: Path, out: Path, only: list[str] | None = None, numpy_max_flops: float = 0.0) -> int:
+    """The runner's server over the manifest (or its problems named by ``only``); each finished row is also
+    appended to ``out/rows.jsonl`` as it comes (a run cut short keeps its rows). ``numpy_max_flops`` 0: every
+    result is checked on the runner's float64 sample (256 entries) and the NaN fences, not against numpy's whole
+    reference (its float64 copies of large layers kept the prep workers busy past round 1's budget)."""
+    from convbw_mlir.measure import run as runner
 
     out.mkdir(parents=True, exist_ok=True)
-    results = run_manifest(_view(folder, only) if only else folder, server=True)
+    rows = out / "rows.jsonl"
+    rows.unlink(missing_ok=True)
+
+    def line(row: Any) -> str:  # the runner logs each finished row through this: keep it whole
+        with rows.open("a") as f:
+            f.write(json.dumps(row.to_dict()) + "\n")
+        return row.key
+
+    runner._line = line
+    results = runner.run_manifest(_view(folder, only) if only else folder, server=True, numpy_max_flops=numpy_max_flops)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     table = report([out / "results.json"])
     (out / "table.md").write_text(table)
@@ -257,10 +274,18 @@ def _time(row: dict, name: str) -> float | None:
     return r.get("kernel_s") or r.get("median_s") if r.get("status") == "ok" else None
 
 
+def _rows(path: Path) -> tuple[list[dict], str]:
+    """A results file's rows and device (``rows.jsonl``: the rows a cut-short run logged)."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()], "-"
+    data = json.loads(path.read_text())
+    return data["problems"], data.get("device", "-")
+
+
 def report(paths: list[Path], heads: tuple[str, ...] = ("main", "plan")) -> str:
     """The table: every variant's time, cuDNN's, and cuDNN/variant for ``heads`` and for the best variant."""
-    rows = [r for p in paths for r in json.loads(p.read_text())["problems"]]
-    device = json.loads(paths[0].read_text()).get("device", "-") if paths else "-"
+    rows = [r for p in paths for r in _rows(p)[0]]
+    device = _rows(paths[0])[1] if paths else "-"
     names = sorted({n for r in rows for n in r["contenders"] if n != "cudnn"})
     names = [*(h for h in heads if h in names), *(n for n in names if n not in heads)]
     cols = [*(h for h in heads if h in names), "best"]
@@ -300,22 +325,24 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--only", nargs="*", help="only the problems whose name holds one of these")
+    r.add_argument("--numpy-max-flops", type=float, default=0.0, help="whole-array numpy check up to this (0: none)")
     kp = sub.add_parser("kernels")
     kp.add_argument("dir", type=Path)
     kp.add_argument("--out", type=Path, required=True)
     kp.add_argument("--only", nargs="+", required=True)
     rep = sub.add_parser("report")
     rep.add_argument("results", type=Path, nargs="+")
+    rep.add_argument("--heads", nargs="+", default=["main", "plan"], help="variants with a cuDNN/variant column")
     args = ap.parse_args(argv)
     if args.cmd == "compile":
         compile_all(args.dir, args.types, args.only, tuple(args.variants), args.jobs)
         return 0
     if args.cmd == "run":
-        return run(args.dir, args.out, args.only)
+        return run(args.dir, args.out, args.only, args.numpy_max_flops)
     if args.cmd == "kernels":
         args.out.mkdir(parents=True, exist_ok=True)
         return kernels(args.dir, args.out, args.only)
-    print(report(args.results), end="")
+    print(report(args.results, tuple(args.heads)), end="")
     return 0
 
 
