@@ -49,13 +49,13 @@ TARGET = "sm_90a"
 # Round 1 (before the rule changed): main's plan, its stage 2 alone, sm_80's plan, other chunkings.
 ROUND1 = ("main", "plan", "sm80code", "w16", "w4", "w2", "w1", "w2t512")
 # The switches main had: its rule aimed at 8 workgroups an SM, IREE's reduction as stage 2, cvt conversions.
-MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8}
+MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8, "prefetch": False}
 
 
 def _spec(name: str) -> dict[str, Any]:
     """A variant's switches from its name: ``main``; ``plan`` (the branch's defaults); else dot-separated
     changes to the branch's defaults: ``w<N>`` workgroups an SM (WAVES), ``t<N>`` threads (THREADS), ``u<N>`` outputs
-    a step of the wide form (WIDE_UNROLL), ``i2`` IREE's
+    a step of the wide form (WIDE_UNROLL), ``pf``/``nopf`` reads a step ahead or not (PREFETCH), ``i2`` IREE's
     stage 2, ``cvt`` no mma conversion, ``mma`` the mma conversion of f16 and bf16 (``w2`` alone: round 1's, the
     own stage 2 and no mma)."""
     from convbw_mlir.policies import depthwise
@@ -63,7 +63,7 @@ def _spec(name: str) -> dict[str, Any]:
     if name == "main":
         return dict(MAIN)
     spec = {"waves": depthwise.WAVES, "threads": depthwise.THREADS, "stage2": depthwise.OWN_STAGE2,
-            "mma": depthwise.MMA_CONVERT, "unroll": depthwise.WIDE_UNROLL}  # fmt: skip
+            "mma": depthwise.MMA_CONVERT, "unroll": depthwise.WIDE_UNROLL, "prefetch": depthwise.PREFETCH}  # fmt: skip
     if name in ROUND1:
         spec.update(stage2=True, mma=())
     for part in name.split("."):
@@ -76,6 +76,8 @@ def _spec(name: str) -> dict[str, Any]:
                 spec["waves"] = int(head[1:])
         elif part.startswith("u") and part[1:].isdigit():
             spec["unroll"] = int(part[1:])
+        elif part in ("pf", "nopf"):
+            spec["prefetch"] = part == "pf"
         elif part == "i2":
             spec["stage2"] = False
         elif part == "cvt":
@@ -89,7 +91,7 @@ class _Switches:
     """The depthwise policy's module switches set to a variant's (restored on exit)."""
 
     NAMES = {"waves": "WAVES", "threads": "THREADS", "stage2": "OWN_STAGE2", "mma": "MMA_CONVERT",
-             "unroll": "WIDE_UNROLL"}  # fmt: skip
+             "unroll": "WIDE_UNROLL", "prefetch": "PREFETCH"}  # fmt: skip
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
@@ -167,7 +169,7 @@ def compile_all(folder: Path, types: list[str], only: list[str] | None, names: t
             for vname, (target, dw, spec) in variants(p, names).items():
                 # the switches that change this problem's kernel: mma only where its type is converted so
                 mma = dtype in spec["mma"] and depthwise.kernel(p, dw).paired and dw.vector == 4
-                ident = (target, dw, spec["stage2"], mma)
+                ident = (target, dw, spec["stage2"], mma, spec["prefetch"])
                 if ident in seen:  # the same kernel under another name: measured once, noted
                     entries[-1].setdefault("same_as", {})[vname] = seen[ident]
                     continue

@@ -96,6 +96,16 @@ def test_depthwise_kernel_numbers_other_than_the_rule_s_match_float64(numbers):
     assert emulated_error(p, plan) < 2e-3
 
 
+@pytest.mark.parametrize("name", ["7x7_pad3_ragged_chunks", "1d_long_segments", "1d_causal", "3d", "bf16"])
+def test_steps_that_read_one_step_ahead_match_float64_under_emulation(monkeypatch, name):
+    # the last step of a row reads its own vectors again (no step past the segment): nothing outside x or dy
+    monkeypatch.setattr(depthwise, "PREFETCH", True)
+    p = CASES[name]
+    plan = decide(p, "sm_80", strategy="explicit")
+    assert depthwise.kernel(p, plan.depthwise).prefetch
+    assert emulated_error(p, plan) < {"bf16": 2.0**-8, "f32": 1e-4}.get(p.dw_dtype, 2e-3)
+
+
 def test_the_stage_2_sums_many_ragged_chunks_in_its_lanes_and_matches_float64():
     # 150 chunks: two steps of 16 lanes x 8 loads, the second past the end; 72 outputs: a ragged last workgroup
     p = dw(8, 15, (10, 10), (3, 3), pad_low=1, pad_high=1, dw_dtype="f32")

@@ -270,22 +270,35 @@ def _rows_loop(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thre
         if row_ok:
             row = arith.minsi(row, ix.c(k.rows - 1))
         image, outs, seg, x_outer, x_ok = _row(ix, k, row, th)
-        steps = scf.ForOp(ix.c(0), ix.c(k.segment // k.unroll), ix.c(1), list(rows.inner_iter_args))
-        with ir.InsertionPoint(steps.body):
-            wo0 = ix.add(ix.mul(seg, k.segment), ix.mul(steps.induction_variable, k.unroll))
+        n_steps = k.segment // k.unroll
+
+        def reads(step: ir.Value) -> list[ir.Value]:
+            """Step ``step``'s raw vectors: an interior step (most) without clamps or selects, an edge step with."""
+            wo0 = ix.add(ix.mul(seg, k.segment), ix.mul(step, k.unroll))
             inside = _interior(ix, k, row_ok, x_ok, _first_x(ix, k, th, wo0), wo0)
             if inside is None:  # no step of this problem reads outside x or dy
-                raw = _step_loads(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok, wo0, masked=False)
-            else:  # most steps are inside: they skip the clamps and selects the edges need
-                branch = scf.IfOp(inside, _raw_types(k, dy, x), has_else=True)
-                with ir.InsertionPoint(branch.then_block):
-                    scf.YieldOp(_step_loads(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok, wo0, masked=False))
-                with ir.InsertionPoint(branch.else_block):
-                    scf.YieldOp(_step_loads(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok + row_ok, wo0))
-                raw = list(branch.results)
+                return _step_loads(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok, wo0, masked=False)
+            branch = scf.IfOp(inside, _raw_types(k, dy, x), has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                scf.YieldOp(_step_loads(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok, wo0, masked=False))
+            with ir.InsertionPoint(branch.else_block):
+                scf.YieldOp(_step_loads(ix, k, dy, x, th, row_ok, image, outs, x_outer, x_ok + row_ok, wo0))
+            return list(branch.results)
+
+        carried = list(rows.inner_iter_args)
+        if k.prefetch:  # the row's first step read before the loop; each step then reads the next one first
+            carried += reads(ix.c(0))
+        steps = scf.ForOp(ix.c(0), ix.c(n_steps), ix.c(1), carried)
+        with ir.InsertionPoint(steps.body):
+            acc = list(steps.inner_iter_args)[: k.taps]
+            if k.prefetch:  # the next step's loads in flight while this one's are converted and multiplied
+                raw = list(steps.inner_iter_args)[k.taps :]
+                ahead = reads(arith.minsi(ix.add(steps.induction_variable, 1), ix.c(n_steps - 1)))
+            else:
+                raw, ahead = reads(steps.induction_variable), []
             # converted and multiplied after the join: every lane of a warp reaches the mma.sync conversion
-            scf.YieldOp(_step_fmas(k, _convert(k, raw, ident), list(steps.inner_iter_args)))
-        scf.YieldOp(list(steps.results))
+            scf.YieldOp(_step_fmas(k, _convert(k, raw, ident), acc) + ahead)
+        scf.YieldOp(list(steps.results)[: k.taps])
     return list(rows.results)
 
 

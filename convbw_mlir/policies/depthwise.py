@@ -43,18 +43,21 @@ MAX_THREADS = 1024
 MAX_ACCUMULATORS = 64  # f32 accumulators a thread (taps x vector)
 SEGMENT = 64  # the innermost output dimension is cut into segments of this many (long 1-D signals)
 MIN_SEGMENT = 16  # segments are halved down to this while the rows cannot fill the grid
-WAVES = 8  # workgroups an SM the rule aims at (rows split into chunks until the grid has that many)
+WAVES = 4  # workgroups an SM the rule aims at (rows split into chunks until the grid has that many)
 # The wide form the rule gives depthwise problems: 4 channels a thread, a run of up to 8 inner taps, steps of 8
 # outputs (fewer conversions and loads an FMA): 1.11x cuDNN against the narrow form's 0.83x over 20 layers, faster
 # on 16 of them, slower on two 3x3 stride-1 layers at 56x56 (docs/decisions.md#depthwise-by-default).
-WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
+WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 4
 # The chunks' partial sums are added by the kernel's own stage 2 (depthwise_sm80.build_sum_body), not by IREE's
 # reduction (a serial chain of loads a thread, its time growing with the chunks).
 OWN_STAGE2 = True
 # The input types converted to f32 by an identity mma.sync (two vectors of 4 a pair) instead of cvt.f32.f16 (16 a
 # clock an SM, the f16 kernel's bound) or bf16's shifts: exact; the workgroup is rounded up to whole warps (every
 # lane of a warp runs the mma).
-MMA_CONVERT: tuple[str, ...] = ()
+MMA_CONVERT: tuple[str, ...] = ("f16", "bf16")
+# A step's loads issued one step ahead (the raw vectors carried through the loop): latency hidden by the thread
+# itself, at the registers of one more step's vectors.
+PREFETCH = True
 
 
 def is_depthwise(problem: Any) -> bool:
@@ -90,6 +93,7 @@ class DepthwiseKernel:
     in_channels: int = 1  # a group's (C)
     out_channels: int = 1  # a group's (K)
     mma_convert: bool = False  # f16 -> f32 by identity mma.sync (see kernel())
+    prefetch: bool = False  # each step reads the next one's vectors before its FMAs (see kernel())
 
     @property
     def paired(self) -> bool:
@@ -294,7 +298,7 @@ def kernel(problem: Any, dw: DepthwisePlan) -> DepthwiseKernel:
                         problem.out_channels)  # fmt: skip
     if problem.dtype in MMA_CONVERT and k.paired and k.vector == 4:
         k = replace(k, mma_convert=True)
-    return k
+    return replace(k, prefetch=PREFETCH)
 
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
