@@ -44,6 +44,7 @@ PROBLEMS = {
     "replknet31b_31x31_g128_56": "2 128 16 1 1 31 31 56 56 1 1 1 1 15 15 15 15",
 }
 TARGET = "sm_90a"
+ROOFLINE_BPS = 3.35e12  # H100 SXM: 3.35 TB/s (datasheet; convbw_mlir.targets RUNS_SM80)
 
 
 # Round 1 (before the rule changed): main's plan, its stage 2 alone, sm_80's plan, other chunkings.
@@ -311,6 +312,29 @@ def report(paths: list[Path], heads: tuple[str, ...] = ("main", "plan")) -> str:
     lines.append("")
     for (dtype, c), vals in sorted(ratios.items()):
         lines.append(f"- {dtype} {c}: cuDNN/ours geomean {geomean(vals):.2f}, worst {min(vals):.2f} ({len(vals)})")
+    lines += ["", "## Per variant, both types", "",
+              "| variant | cuDNN/ours geomean | worst | f16/bf16 time geomean | worst f16/bf16 | problems |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    by_key = {r["key"]: r for r in rows}
+    for n in names:
+        vals = [_time(r, "cudnn") / _time(r, n) for r in rows if _time(r, "cudnn") and _time(r, n)]
+        pairs = [_time(r, n) / _time(by_key[r["key"][:-3] + "bf16"], n) for r in rows
+                 if r["key"].endswith(".f16") and r["key"][:-3] + "bf16" in by_key and _time(r, n)
+                 and _time(by_key[r["key"][:-3] + "bf16"], n)]  # fmt: skip
+        if vals:
+            fb = f"{geomean(pairs):.2f} | {max(pairs):.2f}" if pairs else "- | -"
+            lines.append(f"| {n} | {geomean(vals):.2f} | {min(vals):.2f} | {fb} | {len(vals)} |")
+    lines += [
+        "",
+        f"Memory roofline: x + dy + dW bytes at {ROOFLINE_BPS / 1e12:.2f} TB/s (H100 SXM datasheet) over the time.",
+        "",
+    ]
+    for r in rows:
+        if "bytes" in r and r["name"].startswith("mamba"):
+            cells = [f"{n} {r['bytes'] / ROOFLINE_BPS / _time(r, n):.2f}" for n in names if _time(r, n)]
+            cud = _time(r, "cudnn")
+            cells.append(f"cuDNN {r['bytes'] / ROOFLINE_BPS / cud:.2f}" if cud else "cuDNN -")
+            lines.append(f"- {r['key']}: " + ", ".join(cells))
     return "\n".join(lines) + "\n"
 
 
