@@ -43,6 +43,8 @@ PROBLEMS = {
     "x3d_3x3x3_g192": "3 192 8 1 1 3 3 3 16 14 14 1 1 1 1 1 1 1 1 1 1 1 1",
     "replknet31b_31x31_g128_56": "2 128 16 1 1 31 31 56 56 1 1 1 1 15 15 15 15",
 }
+# For ``scaled`` (not timed): small enough for numpy's whole float64 reference, dW in f32.
+CHECKS = {"check_3x3_g64_20_f32out": "2 64 4 1 1 3 3 20 20 1 1 1 1 1 1 1 1"}
 TARGET = "sm_90a"
 ROOFLINE_BPS = 3.35e12  # H100 SXM: 3.35 TB/s (datasheet; convbw_mlir.targets RUNS_SM80)
 
@@ -160,10 +162,12 @@ def compile_all(folder: Path, types: list[str], only: list[str] | None, names: t
     folder.mkdir(parents=True, exist_ok=True)
     entries, work = [], []
     for dtype in types:
-        for name, line in PROBLEMS.items():
-            if only and not any(s in name for s in only):
+        for name, line in {**PROBLEMS, **CHECKS}.items():
+            if only and not any(s in name for s in only) or (not only and name in CHECKS):
                 continue
-            p = ConvBwdWeightProblem.from_ck(line, layout=2, dtype=dtype)
+            # dW in f32 where the name says so (the subnormal check: dW's own rounding out of the way)
+            out = "f32" if name.endswith("_f32out") else dtype
+            p = ConvBwdWeightProblem.from_ck(line, layout=2, dtype=dtype).with_(dw_dtype=out)
             key = f"{name}.{dtype}"
             entries.append({"name": name, "key": key, "problem": p.to_dict(), "contenders": {}})
             seen: dict[tuple, str] = {}
@@ -272,6 +276,37 @@ def kernels(folder: Path, out: Path, only: list[str], calls: int = 20) -> int:
     return 0
 
 
+def scaled(folder: Path, only: list[str], scale: float) -> int:
+    """Each variant of the problems named by ``only`` on unit-normal x and dy times ``scale`` (1e-6: every f16 dy
+    subnormal), fenced, against numpy's whole float64 dW: whether a conversion (the tensor cores' included) keeps
+    subnormal inputs. Prints ``max|got - exact| / rms(exact)`` a variant; one process, nothing timed."""
+    import numpy as np
+
+    from convbw_mlir.problem import ConvBwdWeightProblem
+    from convbw_mlir.reference import random_inputs, reference
+    from convbw_mlir.runtime import Kernel
+
+    for e in json.loads((folder / "manifest.json").read_text())["problems"]:
+        if not any(s in e["name"] for s in only):
+            continue
+        p = ConvBwdWeightProblem.from_dict(e["problem"])
+        x, dy = random_inputs(p, seed=2)
+        dy = (dy.astype(np.float32) * scale).astype(dy.dtype)
+        exact = reference(p, x, dy)
+        rms = float(np.sqrt(np.mean(exact**2)))
+        sub = float(np.mean(np.abs(dy.astype(np.float32)) < (6.1e-5 if p.dtype == "f16" else 1.2e-38)))
+        for name, rec in e["contenders"].items():
+            if not rec.get("ok"):
+                continue
+            k = Kernel((folder / rec["vmfb"]).read_bytes(), "cuda")
+            got = np.asarray(k(k.to_device_fenced(x), k.to_device_fenced(dy)).to_host()).astype(np.float64)
+            err = float(np.max(np.abs(got - exact)) / rms)
+            print(
+                f"{e['key']} {name}: error {err:.2e} rms units (dy x {scale:g}, {sub:.0%} of dy subnormal)", flush=True
+            )
+    return 0
+
+
 def _time(row: dict, name: str) -> float | None:
     r = row["contenders"].get(name, {})
     return r.get("kernel_s") or r.get("median_s") if r.get("status") == "ok" else None
@@ -356,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     kp.add_argument("dir", type=Path)
     kp.add_argument("--out", type=Path, required=True)
     kp.add_argument("--only", nargs="+", required=True)
+    sc = sub.add_parser("scaled")
+    sc.add_argument("dir", type=Path)
+    sc.add_argument("--only", nargs="+", required=True)
+    sc.add_argument("--scale", type=float, default=1e-6)
     rep = sub.add_parser("report")
     rep.add_argument("results", type=Path, nargs="+")
     rep.add_argument("--heads", nargs="+", default=["main", "plan"], help="variants with a cuDNN/variant column")
@@ -365,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "run":
         return run(args.dir, args.out, args.only, args.numpy_max_flops)
+    if args.cmd == "scaled":
+        return scaled(args.dir, args.only, args.scale)
     if args.cmd == "kernels":
         args.out.mkdir(parents=True, exist_ok=True)
         return kernels(args.dir, args.out, args.only)
