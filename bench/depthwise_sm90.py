@@ -52,13 +52,14 @@ ROOFLINE_BPS = 3.35e12  # H100 SXM: 3.35 TB/s (datasheet; convbw_mlir.targets RU
 # Round 1 (before the rule changed): main's plan, its stage 2 alone, sm_80's plan, other chunkings.
 ROUND1 = ("main", "plan", "sm80code", "w16", "w4", "w2", "w1", "w2t512")
 # The switches main had: its rule aimed at 8 workgroups an SM, IREE's reduction as stage 2, cvt conversions.
-MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8, "prefetch": False}
+MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8, "prefetch": False, "window": 99}
 
 
 def _spec(name: str) -> dict[str, Any]:
     """A variant's switches from its name: ``main``; ``plan`` (the branch's defaults); else dot-separated
     changes to the branch's defaults: ``w<N>`` workgroups an SM (WAVES), ``t<N>`` threads (THREADS), ``u<N>`` outputs
-    a step of the wide form (WIDE_UNROLL), ``pf``/``nopf`` reads a step ahead or not (PREFETCH), ``i2`` IREE's
+    a step of the wide form (WIDE_UNROLL), ``nowin`` no halving of a wide step's window (MAX_WINDOW), ``pf``/``nopf``
+    reads a step ahead or not (PREFETCH), ``i2`` IREE's
     stage 2, ``cvt`` no mma conversion, ``mma`` the mma conversion of f16 and bf16 (``w2`` alone: round 1's, the
     own stage 2 and no mma)."""
     from convbw_mlir.policies import depthwise
@@ -66,7 +67,8 @@ def _spec(name: str) -> dict[str, Any]:
     if name == "main":
         return dict(MAIN)
     spec = {"waves": depthwise.WAVES, "threads": depthwise.THREADS, "stage2": depthwise.OWN_STAGE2,
-            "mma": depthwise.MMA_CONVERT, "unroll": depthwise.WIDE_UNROLL, "prefetch": depthwise.PREFETCH}  # fmt: skip
+            "mma": depthwise.MMA_CONVERT, "unroll": depthwise.WIDE_UNROLL, "prefetch": depthwise.PREFETCH,
+            "window": depthwise.MAX_WINDOW}  # fmt: skip
     if name in ROUND1:
         spec.update(stage2=True, mma=())
     for part in name.split("."):
@@ -79,6 +81,8 @@ def _spec(name: str) -> dict[str, Any]:
                 spec["waves"] = int(head[1:])
         elif part.startswith("u") and part[1:].isdigit():
             spec["unroll"] = int(part[1:])
+        elif part == "nowin":
+            spec["window"] = 99
         elif part in ("pf", "nopf"):
             spec["prefetch"] = part == "pf"
         elif part == "i2":
@@ -94,7 +98,7 @@ class _Switches:
     """The depthwise policy's module switches set to a variant's (restored on exit)."""
 
     NAMES = {"waves": "WAVES", "threads": "THREADS", "stage2": "OWN_STAGE2", "mma": "MMA_CONVERT",
-             "unroll": "WIDE_UNROLL", "prefetch": "PREFETCH"}  # fmt: skip
+             "unroll": "WIDE_UNROLL", "prefetch": "PREFETCH", "window": "MAX_WINDOW"}  # fmt: skip
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
@@ -172,8 +176,8 @@ def compile_all(folder: Path, types: list[str], only: list[str] | None, names: t
             entries.append({"name": name, "key": key, "problem": p.to_dict(), "contenders": {}})
             seen: dict[tuple, str] = {}
             for vname, (target, dw, spec) in variants(p, names).items():
-                # the switches that change this problem's kernel: mma only where its type is converted so
-                mma = dtype in spec["mma"] and depthwise.kernel(p, dw).paired and dw.vector == 4
+                with _Switches(spec):  # the switches that change this problem's kernel
+                    mma = depthwise.kernel(p, dw).mma_convert
                 ident = (target, dw, spec["stage2"], mma, spec["prefetch"])
                 if ident in seen:  # the same kernel under another name: measured once, noted
                     entries[-1].setdefault("same_as", {})[vname] = seen[ident]

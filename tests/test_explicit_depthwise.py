@@ -119,6 +119,7 @@ def test_the_stage_2_sums_many_ragged_chunks_in_its_lanes_and_matches_float64():
 def test_inputs_converted_by_identity_mma_match_float64_under_emulation(monkeypatch, name):
     # the mma runs on every lane of a warp: 3 row lanes of 12 threads launch 64 threads, 28 of them owning no rows
     monkeypatch.setattr(depthwise, "MMA_CONVERT", ("f16", "bf16"))
+    monkeypatch.setattr(depthwise, "MMA_MIN_STEPS", 0)  # these threads run a few steps
     p = CASES[name]
     plan = decide(p, "sm_80", strategy="explicit")
     plan = replace(plan, depthwise=replace(plan.depthwise, vector=4, rows=3, chunks=2))
@@ -192,3 +193,23 @@ def test_every_depthwise_layer_of_the_suites_gets_a_plan_within_the_thread_limit
         plan = decide(p.with_(layout=2), target)
         assert plan.depthwise is not None, name
         assert depthwise.kernel(p.with_(layout=2), plan.depthwise).threads <= depthwise.MAX_THREADS, name
+
+
+@pytest.mark.parametrize(("ck", "unroll"), [("2 96 32 1 1 7 7 56 56 1 1 1 1 3 3 3 3", 8),  # stride 1: 14 vectors
+                                            ("2 240 32 1 1 3 3 29 29 2 2 1 1 0 0 0 0", 4),  # stride 2, 3 taps: 17
+                                            ("2 72 32 1 1 5 5 56 56 2 2 1 1 2 2 2 2", 4),  # stride 2, 5 taps: 19
+                                            ("1 256 16 1 1 31 500 1 1 15 15", 8)])  # fmt: skip
+def test_a_wide_step_holds_at_most_max_window_x_vectors(ck, unroll):
+    p = P.from_ck(ck, layout=2)
+    dw = decide(p, "sm_90a").depthwise
+    k = depthwise.kernel(p, dw)
+    assert dw.unroll == unroll and len(k.offsets) <= depthwise.MAX_WINDOW
+
+
+def test_the_mma_conversion_goes_only_to_threads_that_run_many_steps():
+    long_rows = P.from_ck("2 96 32 1 1 7 7 56 56 1 1 1 1 3 3 3 3", layout=2)  # ConvNeXt-T: 49 steps a thread
+    short = P.from_ck("2 240 32 1 1 5 5 28 28 1 1 1 1 2 2 2 2", layout=2)  # EfficientNet-B0: 20
+    for p, mma in ((long_rows, True), (short, False)):
+        k = depthwise.kernel(p, decide(p, "sm_90a").depthwise)
+        steps = -(-k.chunk_rows // k.lanes_r) * (k.segment // k.unroll)
+        assert k.mma_convert == mma and (steps >= depthwise.MMA_MIN_STEPS) == mma

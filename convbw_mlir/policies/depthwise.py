@@ -43,11 +43,14 @@ MAX_THREADS = 1024
 MAX_ACCUMULATORS = 64  # f32 accumulators a thread (taps x vector)
 SEGMENT = 64  # the innermost output dimension is cut into segments of this many (long 1-D signals)
 MIN_SEGMENT = 16  # segments are halved down to this while the rows cannot fill the grid
-WAVES = 4  # workgroups an SM the rule aims at (rows split into chunks until the grid has that many)
+WAVES = 2  # workgroups an SM the rule aims at (rows split into chunks until the grid has that many)
 # The wide form the rule gives depthwise problems: 4 channels a thread, a run of up to 8 inner taps, steps of 8
 # outputs (fewer conversions and loads an FMA): 1.11x cuDNN against the narrow form's 0.83x over 20 layers, faster
 # on 16 of them, slower on two 3x3 stride-1 layers at 56x56 (docs/decisions.md#depthwise-by-default).
-WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 4
+WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
+# x vectors a step of the wide form may hold (its window): a stride-2 step of 8 outputs and 3-5 taps (17-19) halves
+# its outputs (issue 40's round 2, H100: EfficientNet-B0/MobileNet stride-2 layers 8.0-12.5 µs against 10.4-15.1)
+MAX_WINDOW = 16
 # The chunks' partial sums are added by the kernel's own stage 2 (depthwise_sm80.build_sum_body), not by IREE's
 # reduction (a serial chain of loads a thread, its time growing with the chunks).
 OWN_STAGE2 = True
@@ -55,9 +58,12 @@ OWN_STAGE2 = True
 # clock an SM, the f16 kernel's bound) or bf16's shifts: exact; the workgroup is rounded up to whole warps (every
 # lane of a warp runs the mma).
 MMA_CONVERT: tuple[str, ...] = ("f16", "bf16")
+# ... in threads that run at least this many steps (issue-bound; shorter ones are bound by latency, where the mma's
+# set-up and the warp rounding cost more than the conversions: round 2 on the H100, docs/decisions.md#depthwise-hopper)
+MMA_MIN_STEPS = 32
 # A step's loads issued one step ahead (the raw vectors carried through the loop): latency hidden by the thread
 # itself, at the registers of one more step's vectors.
-PREFETCH = True
+PREFETCH = False
 
 
 def is_depthwise(problem: Any) -> bool:
@@ -282,9 +288,13 @@ def _wide(problem: Any, tgt: Target, narrow: DepthwisePlan) -> DepthwisePlan | N
     kernel cannot carry it out (a vector that does not divide the channels, too many threads or shared bytes)."""
     inner = problem.filter_size[-1]
     taps = -(-inner // -(-inner // WIDE_TAPS))
-    segment = -(-narrow.segment // WIDE_UNROLL) * WIDE_UNROLL
+    s, d = problem.stride[-1], problem.dilation[-1]
+    # the x window a step holds in registers: fewer outputs a step where it would pass MAX_WINDOW vectors
+    unroll = next((u for u in (WIDE_UNROLL, WIDE_UNROLL // 2) if (u - 1) * s + (taps - 1) * d + 1 <= MAX_WINDOW),
+                  WIDE_UNROLL // 2)  # fmt: skip
+    segment = -(-narrow.segment // unroll) * unroll
     wide = DepthwisePlan(min(WIDE_VECTOR, narrow.vector), narrow.channels, taps, narrow.rows, narrow.chunks, segment,
-                         WIDE_UNROLL)  # fmt: skip
+                         unroll)  # fmt: skip
     k = kernel(problem, wide)
     return None if k.problems() or k.shared_bytes > tgt.lds_bytes else wide
 
@@ -296,7 +306,8 @@ def kernel(problem: Any, dw: DepthwisePlan) -> DepthwiseKernel:
     k = DepthwiseKernel(_geometry(problem), problem.batch, problem.groups, dw.vector, dw.channels, dw.taps,
                         dw.rows, dw.chunks, dw.segment, dw.unroll, problem.in_channels,
                         problem.out_channels)  # fmt: skip
-    if problem.dtype in MMA_CONVERT and k.paired and k.vector == 4:
+    steps = -(-k.chunk_rows // k.lanes_r) * (k.segment // k.unroll)  # a thread's, at most
+    if problem.dtype in MMA_CONVERT and k.paired and k.vector == 4 and steps >= MMA_MIN_STEPS:
         k = replace(k, mma_convert=True)
     return replace(k, prefetch=PREFETCH)
 

@@ -15,7 +15,8 @@ from convbw_mlir.plan import decide
 from convbw_mlir.policies import depthwise
 from convbw_mlir.problem import ConvBwdWeightProblem
 
-depthwise.MMA_CONVERT, depthwise.WIDE_UNROLL, depthwise.PREFETCH = ("f16", "bf16"), 8, False  # pinned: this form
+depthwise.MMA_CONVERT, depthwise.MMA_MIN_STEPS = ("f16", "bf16"), 0  # pinned: this form, whatever the defaults
+depthwise.WIDE_UNROLL, depthwise.PREFETCH, depthwise.MAX_WINDOW = 8, False, 16
 p = ConvBwdWeightProblem.from_ck("2 16 2 1 1 3 3 6 7 1 1 1 1 1 1 1 1")
 plan = decide(p, "sm_80", strategy="explicit")
 plan = replace(plan, depthwise=replace(plan.depthwise, vector=4, rows=3, chunks=2))

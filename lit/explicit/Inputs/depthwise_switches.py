@@ -25,6 +25,7 @@ ap.add_argument("--prefetch", type=int, default=0)
 args = ap.parse_args()
 depthwise.WAVES, depthwise.WIDE_UNROLL = args.waves, args.unroll
 depthwise.MMA_CONVERT = () if args.mma == "none" else tuple(args.mma.split(","))
+depthwise.MMA_MIN_STEPS, depthwise.MAX_WINDOW = 0, 16
 depthwise.PREFETCH = bool(args.prefetch)
 p = ConvBwdWeightProblem.from_ck(args.ck)
 plan = decide(p, args.target, strategy="explicit")
