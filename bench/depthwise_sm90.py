@@ -49,7 +49,7 @@ TARGET = "sm_90a"
 ROOFLINE_BPS = 3.35e12  # H100 SXM: 3.35 TB/s (datasheet; convbw_mlir.targets RUNS_SM80)
 
 
-# Round 1 (before the rule changed): main's plan, its stage 2 alone, sm_80's plan, other chunkings.
+# Round 1's names (its branch defaults then: own stage 2, cvt conversions, steps of 8; README of its results).
 ROUND1 = ("main", "plan", "sm80code", "w16", "w4", "w2", "w1", "w2t512")
 # The switches main had: its rule aimed at 8 workgroups an SM, IREE's reduction as stage 2, cvt conversions.
 MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8, "prefetch": False, "window": 99}
@@ -57,11 +57,10 @@ MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8, "pr
 
 def _spec(name: str) -> dict[str, Any]:
     """A variant's switches from its name: ``main``; ``plan`` (the branch's defaults); else dot-separated
-    changes to the branch's defaults: ``w<N>`` workgroups an SM (WAVES), ``t<N>`` threads (THREADS), ``u<N>`` outputs
-    a step of the wide form (WIDE_UNROLL), ``nowin`` no halving of a wide step's window (MAX_WINDOW), ``pf``/``nopf``
-    reads a step ahead or not (PREFETCH), ``i2`` IREE's
-    stage 2, ``cvt`` no mma conversion, ``mma`` the mma conversion of f16 and bf16 (``w2`` alone: round 1's, the
-    own stage 2 and no mma)."""
+    changes to the branch's defaults (those of each round's commit): ``w<N>`` workgroups an SM (WAVES), ``t<N>``
+    threads (THREADS), ``u<N>`` outputs a step of the wide form (WIDE_UNROLL), ``nowin`` no halving of a wide
+    step's window (MAX_WINDOW), ``pf``/``nopf`` reads a step ahead or not (PREFETCH), ``i2`` IREE's stage 2,
+    ``cvt`` no mma conversion, ``mma`` the mma conversion of f16 and bf16 (where the policy gives it)."""
     from convbw_mlir.policies import depthwise
 
     if name == "main":
@@ -69,8 +68,6 @@ def _spec(name: str) -> dict[str, Any]:
     spec = {"waves": depthwise.WAVES, "threads": depthwise.THREADS, "stage2": depthwise.OWN_STAGE2,
             "mma": depthwise.MMA_CONVERT, "unroll": depthwise.WIDE_UNROLL, "prefetch": depthwise.PREFETCH,
             "window": depthwise.MAX_WINDOW}  # fmt: skip
-    if name in ROUND1:
-        spec.update(stage2=True, mma=())
     for part in name.split("."):
         if part.startswith("w") and part[1:].isdigit():
             spec["waves"] = int(part[1:])
