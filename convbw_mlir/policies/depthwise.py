@@ -43,7 +43,9 @@ MAX_THREADS = 1024
 MAX_ACCUMULATORS = 64  # f32 accumulators a thread (taps x vector)
 SEGMENT = 64  # the innermost output dimension is cut into segments of this many (long 1-D signals)
 MIN_SEGMENT = 16  # segments are halved down to this while the rows cannot fill the grid
-WAVES = 2  # workgroups an SM the rule aims at (rows split into chunks until the grid has that many)
+# Workgroups an SM the rule aims at (rows split into chunks until the grid has that many): 2, not 8 (issue 40,
+# H100: fewer, longer-lived workgroups; docs/decisions.md#depthwise-hopper)
+WAVES = 2
 # The wide form the rule gives depthwise problems: 4 channels a thread, a run of up to 8 inner taps, steps of 8
 # outputs (fewer conversions and loads an FMA): 1.11x cuDNN against the narrow form's 0.83x over 20 layers, faster
 # on 16 of them, slower on two 3x3 stride-1 layers at 56x56 (docs/decisions.md#depthwise-by-default).
