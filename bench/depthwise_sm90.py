@@ -52,7 +52,8 @@ ROOFLINE_BPS = 3.35e12  # H100 SXM: 3.35 TB/s (datasheet; convbw_mlir.targets RU
 # Round 1's names (its branch defaults then: own stage 2, cvt conversions, steps of 8; README of its results).
 ROUND1 = ("main", "plan", "sm80code", "w16", "w4", "w2", "w1", "w2t512")
 # The switches main had: its rule aimed at 8 workgroups an SM, IREE's reduction as stage 2, cvt conversions.
-MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8, "prefetch": False, "window": 99}
+MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8, "prefetch": False, "window": 99,
+        "halved_waves": 8}  # fmt: skip
 
 
 def _spec(name: str) -> dict[str, Any]:
@@ -67,15 +68,15 @@ def _spec(name: str) -> dict[str, Any]:
         return dict(MAIN)
     spec = {"waves": depthwise.WAVES, "threads": depthwise.THREADS, "stage2": depthwise.OWN_STAGE2,
             "mma": depthwise.MMA_CONVERT, "unroll": depthwise.WIDE_UNROLL, "prefetch": depthwise.PREFETCH,
-            "window": depthwise.MAX_WINDOW}  # fmt: skip
+            "window": depthwise.MAX_WINDOW, "halved_waves": depthwise.HALVED_WAVES}  # fmt: skip
     for part in name.split("."):
-        if part.startswith("w") and part[1:].isdigit():
-            spec["waves"] = int(part[1:])
+        if part.startswith("w") and part[1:].isdigit():  # every problem's (halved steps' too)
+            spec["waves"] = spec["halved_waves"] = int(part[1:])
         elif "t" in part and part.split("t", 1)[1].isdigit():
             head, _, threads = part.partition("t")
             spec["threads"] = int(threads)
             if head.startswith("w") and head[1:].isdigit():
-                spec["waves"] = int(head[1:])
+                spec["waves"] = spec["halved_waves"] = int(head[1:])
         elif part.startswith("u") and part[1:].isdigit():
             spec["unroll"] = int(part[1:])
         elif part == "nowin":
@@ -95,7 +96,8 @@ class _Switches:
     """The depthwise policy's module switches set to a variant's (restored on exit)."""
 
     NAMES = {"waves": "WAVES", "threads": "THREADS", "stage2": "OWN_STAGE2", "mma": "MMA_CONVERT",
-             "unroll": "WIDE_UNROLL", "prefetch": "PREFETCH", "window": "MAX_WINDOW"}  # fmt: skip
+             "unroll": "WIDE_UNROLL", "prefetch": "PREFETCH", "window": "MAX_WINDOW",
+             "halved_waves": "HALVED_WAVES"}  # fmt: skip
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec

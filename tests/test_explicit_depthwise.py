@@ -213,3 +213,12 @@ def test_the_mma_conversion_goes_only_to_threads_that_run_many_steps():
         k = depthwise.kernel(p, decide(p, "sm_90a").depthwise)
         steps = -(-k.chunk_rows // k.lanes_r) * (k.segment // k.unroll)
         assert k.mma_convert == mma and (steps >= depthwise.MMA_MIN_STEPS) == mma
+
+
+def test_layers_whose_window_halves_the_step_aim_at_their_own_workgroups_an_sm(monkeypatch):
+    strided = P.from_ck("2 72 32 1 1 5 5 56 56 2 2 1 1 2 2 2 2", layout=2)  # MobileNetV3: steps of 4
+    plain = P.from_ck("2 144 32 1 1 3 3 56 56 1 1 1 1 1 1 1 1", layout=2)  # MobileNetV2: steps of 8
+    before = {p: decide(p, "sm_90a").depthwise.chunks for p in (strided, plain)}
+    monkeypatch.setattr(depthwise, "HALVED_WAVES", 1)  # (more would pass its rows: 112 chunks is all of them)
+    assert decide(strided, "sm_90a").depthwise.chunks < before[strided]
+    assert decide(plain, "sm_90a").depthwise.chunks == before[plain]

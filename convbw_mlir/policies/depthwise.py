@@ -53,6 +53,9 @@ WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
 # x vectors a step of the wide form may hold (its window): a stride-2 step of 8 outputs and 3-5 taps (17-19) halves
 # its outputs (issue 40's round 2, H100: EfficientNet-B0/MobileNet stride-2 layers 8.0-12.5 µs against 10.4-15.1)
 MAX_WINDOW = 16
+# Workgroups an SM the rule aims at where the window halves the wide step: 4 (round 2: the four stride-2 layers,
+# at 4 an SM with steps of 4, 3-24% faster than main's 8 with steps of 8; at 2 with steps of 8, 2 of 4 slower)
+HALVED_WAVES = 4
 # The chunks' partial sums are added by the kernel's own stage 2 (depthwise_sm80.build_sum_body), not by IREE's
 # reduction (a serial chain of loads a thread, its time growing with the chunks).
 OWN_STAGE2 = True
@@ -268,7 +271,8 @@ def _rule(problem: Any, tgt: Target, wide: bool = True) -> DepthwisePlan:
         lanes_r *= 2
     wo = problem.output_size[-1]
     segment = -(-wo // UNROLL) * UNROLL if wo <= 2 * SEGMENT else SEGMENT
-    want = -(-WAVES * max(tgt.compute_units, 1) // (g * c // channels))  # chunks that fill the grid
+    waves = HALVED_WAVES if wide and c == 1 and k == 1 and _wide_unroll(problem) < WIDE_UNROLL else WAVES
+    want = -(-waves * max(tgt.compute_units, 1) // (g * c // channels))  # chunks that fill the grid
 
     def numbers(segment: int) -> DepthwiseKernel:
         return DepthwiseKernel(_geometry(problem), problem.batch, g, vector, channels, taps, lanes_r, 1, segment,
@@ -284,16 +288,23 @@ def _rule(problem: Any, tgt: Target, wide: bool = True) -> DepthwisePlan:
     return narrow
 
 
+def _wide_unroll(problem: Any) -> int:
+    """Outputs a step of the wide form: :data:`WIDE_UNROLL`, halved where the x window the step holds in registers,
+    ``(unroll - 1) * stride + (taps - 1) * dilation + 1`` vectors, would pass :data:`MAX_WINDOW`."""
+    inner = problem.filter_size[-1]
+    taps = -(-inner // -(-inner // WIDE_TAPS))
+    s, d = problem.stride[-1], problem.dilation[-1]
+    return next((u for u in (WIDE_UNROLL, WIDE_UNROLL // 2) if (u - 1) * s + (taps - 1) * d + 1 <= MAX_WINDOW),
+                WIDE_UNROLL // 2)  # fmt: skip
+
+
 def _wide(problem: Any, tgt: Target, narrow: DepthwisePlan) -> DepthwisePlan | None:
     """The wide form of the narrow numbers (the same channels, row lanes and chunks; :data:`WIDE_VECTOR`
     channels a thread, runs of up to :data:`WIDE_TAPS` taps, steps of :data:`WIDE_UNROLL`), or None where the
     kernel cannot carry it out (a vector that does not divide the channels, too many threads or shared bytes)."""
     inner = problem.filter_size[-1]
     taps = -(-inner // -(-inner // WIDE_TAPS))
-    s, d = problem.stride[-1], problem.dilation[-1]
-    # the x window a step holds in registers: fewer outputs a step where it would pass MAX_WINDOW vectors
-    unroll = next((u for u in (WIDE_UNROLL, WIDE_UNROLL // 2) if (u - 1) * s + (taps - 1) * d + 1 <= MAX_WINDOW),
-                  WIDE_UNROLL // 2)  # fmt: skip
+    unroll = _wide_unroll(problem)
     segment = -(-narrow.segment // unroll) * unroll
     wide = DepthwisePlan(min(WIDE_VECTOR, narrow.vector), narrow.channels, taps, narrow.rows, narrow.chunks, segment,
                          unroll)  # fmt: skip
