@@ -58,7 +58,8 @@ MAIN = {"waves": 8, "threads": 256, "stage2": False, "mma": (), "unroll": 8, "pr
 
 def _spec(name: str) -> dict[str, Any]:
     """A variant's switches from its name: ``main``; ``plan`` (the branch's defaults); else dot-separated
-    changes to the branch's defaults (those of each round's commit): ``w<N>`` workgroups an SM (WAVES), ``t<N>``
+    changes to the branch's defaults (those of each round's commit): ``w<N>`` workgroups an SM (WAVES and
+    HALVED_WAVES), ``h<N>`` those of the layers whose window halves the step (HALVED_WAVES), ``t<N>``
     threads (THREADS), ``u<N>`` outputs a step of the wide form (WIDE_UNROLL), ``nowin`` no halving of a wide
     step's window (MAX_WINDOW), ``pf``/``nopf`` reads a step ahead or not (PREFETCH), ``i2`` IREE's stage 2,
     ``cvt`` no mma conversion, ``mma`` the mma conversion of f16 and bf16 (where the policy gives it)."""
@@ -77,6 +78,8 @@ def _spec(name: str) -> dict[str, Any]:
             spec["threads"] = int(threads)
             if head.startswith("w") and head[1:].isdigit():
                 spec["waves"] = spec["halved_waves"] = int(head[1:])
+        elif part.startswith("h") and part[1:].isdigit():  # the halved steps' workgroups an SM alone
+            spec["halved_waves"] = int(part[1:])
         elif part.startswith("u") and part[1:].isdigit():
             spec["unroll"] = int(part[1:])
         elif part == "nowin":
