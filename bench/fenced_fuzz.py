@@ -5,6 +5,7 @@
     python bench/fenced_fuzz.py compile --recheck M.json R.json --recheck-with '' --ours-only --out .art/re
                                                    (an earlier run's failing problems, the plan's choices now)
     python bench/fenced_fuzz.py run .art/fuzz --shards 8 --out fuzz.json          (GPU machine: runtime only)
+    python bench/fenced_fuzz.py run .art/fuzz --server --out fuzz.json            (one process: the runner's server)
     python bench/fenced_fuzz.py report fuzz.json [more.json ...]                  (markdown, by strategy and class)
 
 Each problem gets the plan's own choice (contender ``convbw``) and, for a part of them, one other choice
@@ -163,6 +164,35 @@ def hopper_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
             return "hopper", p
 
 
+def depthwise_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
+    """(class, a problem of the depthwise kernel, issue 40): 1- to 3-D, one channel a group (G any, odd
+    included), filters 2 to 31 along the innermost dimension, strides 1-2, dilations 1-2, causal (left-only)
+    pads as often as symmetric ones, odd extents, f16/bf16 with dW in the input type or f32, channels-last."""
+    while True:
+        rank = r.choices((1, 2, 3), (3, 5, 2))[0]
+        inner = r.choice((2, 3, 3, 4, 5, 7, 7, 9, 11, 15, 31) if rank < 3 else (2, 3, 3))
+        filt = tuple(r.choice((1, 3, 5, 7)) if rank > 1 and d < rank - 1 else inner for d in range(rank))
+        filt = tuple(f if rank < 3 or d == rank - 1 else r.choice((1, 3)) for d, f in enumerate(filt))
+        size = tuple(r.randint(max(3, f), {1: 300, 2: 40, 3: 12}[rank]) for f in filt)
+        stride = tuple(r.choice((1, 1, 2)) for _ in range(rank))
+        dilation = tuple(r.choice((1, 1, 1, 2)) for _ in range(rank))
+        causal = r.random() < 0.4
+        pad_low = tuple((f - 1) * d if causal else ((f - 1) * d) // 2 for f, d in zip(filt, dilation))
+        pad_high = tuple(0 if causal else p for p in pad_low)
+        dtype = r.choice(("f16", "f16", "bf16"))
+        try:
+            p = ConvBwdWeightProblem(
+                groups=r.choice((3, 5, 8, 12, 24, 32, 40, 64, 96, 144, 256)), batch=r.choice((1, 2, 3, 4, 8, 16)),
+                in_channels=1, out_channels=1, input_size=size, filter_size=filt, stride=stride, dilation=dilation,
+                pad_low=pad_low, pad_high=pad_high, dtype=dtype, dw_dtype=r.choice((dtype, dtype, "f32")),
+                layout=_LAYOUTS[0],
+            )  # fmt: skip
+        except ValueError:
+            continue
+        if p.flops <= 4e9:
+            return "causal" if causal else "depthwise", p
+
+
 def _contender(options: dict[str, Any]) -> str:
     return "convbw:" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "convbw"
 
@@ -254,7 +284,8 @@ def plan_entries(count: int, seed: int, alternative_share: float, profile: str =
     """``count`` random problems, each with the plan's choice and, for a share, one other choice."""
     entries = []
     profiles = {"explicit": (explicit_problem, _EXPLICIT_ALTERNATIVES),
-                "hopper": (hopper_problem, _HOPPER_ALTERNATIVES)}  # fmt: skip
+                "hopper": (hopper_problem, _HOPPER_ALTERNATIVES),
+                "depthwise": (depthwise_problem, ("strategy=codegen",))}  # fmt: skip
     draw, alternatives = profiles.get(profile, (random_problem, _ALTERNATIVES))
     prefix = "fuzz" if profile == "any" else profile
     for i in range(count):
@@ -392,6 +423,20 @@ def _run_shard(folder: Path, shard: int, shards: int, timeout_s: float) -> dict:
     return results
 
 
+def run_served(folder: Path, timeout_s: float) -> dict:
+    """Every problem through one measuring process (the runner's server, ``check_only``): the same fenced checks
+    as the shards, without a process start a problem (~20 s each there), for a GPU used by nobody else."""
+    from convbw_mlir.measure.run import run_manifest
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    results = run_manifest(folder.resolve(), use_torch=False, check_only=True, timeout_s=timeout_s, server=True,
+                           log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
+    classes = {e["key"]: e.get("class") for e in manifest["problems"]}
+    for row in results["problems"]:
+        row["class"] = classes.get(row["key"])
+    return results
+
+
 def run_all(folder: Path, shards: int, timeout_s: float) -> dict:
     folder = folder.resolve()
     with ThreadPoolExecutor(shards) as pool:
@@ -467,9 +512,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument(
         "--profile",
-        choices=["any", "explicit", "hopper"],
+        choices=["any", "explicit", "hopper", "depthwise"],
         default="any",
-        help="explicit: problems and choices of the explicit kernels; hopper: of the sm_90a kernel (--target sm_90a)",
+        help="explicit: problems and choices of the explicit kernels; hopper: of the sm_90a kernel (--target sm_90a); "
+        "depthwise: of the depthwise kernel (issue 40)",
     )
     c.add_argument("--alternatives", type=float, default=0.5, help="share of problems with one other plan choice")
     c.add_argument(
@@ -484,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("folder")
     r.add_argument("--shards", type=int, default=8)
+    r.add_argument("--server", action="store_true", help="one measuring process (the runner's server), no shards")
     r.add_argument("--timeout", type=float, default=60.0)
     r.add_argument("--out", required=True)
     rep = sub.add_parser("report")
@@ -502,7 +549,10 @@ def main(argv: list[str] | None = None) -> int:
         print(compile_all(entries, args.target, Path(args.out), args.workers))
     elif args.cmd == "run":
         t0 = time.time()
-        results = run_all(Path(args.folder), args.shards, args.timeout)
+        if args.server:
+            results = run_served(Path(args.folder), args.timeout)
+        else:
+            results = run_all(Path(args.folder), args.shards, args.timeout)
         results["seconds"] = round(time.time() - t0)
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
         print(report([results]))

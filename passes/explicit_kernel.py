@@ -158,7 +158,7 @@ def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Inse
         executable=name,
         function=ENTRY,
         grid=depthwise_sm80.grid(k),
-        workgroup_size=(k.threads, 1, 1),
+        workgroup_size=(k.launched, 1, 1),
         subgroup_size=plan.target_info.subgroup_size,
         bindings=(
             ir.MemRefType.get(list(ir.RankedTensorType(dy.type).shape), f16),
@@ -170,7 +170,42 @@ def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Inse
     with ir.Location.unknown():
         partials = build_dispatch(entry, body, [dy, x], ir.RankedTensorType.get(ws_shape, f32), top)
     partials.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return _sum_splits(partials, element_type(problem.dw_dtype))
+    if not depthwise_sm80_stage2():
+        return _sum_splits(partials, element_type(problem.dw_dtype))
+    return _depthwise_sum(partials, element_type(problem.dw_dtype), plan, name, top)
+
+
+def depthwise_sm80_stage2() -> bool:
+    """Whether the depthwise kernel's chunks are summed by its own stage 2 (the policy's switch)."""
+    from convbw_mlir.policies import depthwise
+
+    return depthwise.OWN_STAGE2
+
+
+def _depthwise_sum(partials: ir.Value, out: ir.Type, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
+    """The depthwise kernel's chunks ``[chunks, G, K, T*C]`` f32 summed by its own stage 2
+    (``depthwise_sm80.build_sum_body``) into ``[G, K, T*C]`` of dW's type."""
+    from convbw_mlir.kernels import depthwise_sm80
+    from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
+
+    shape = list(ir.RankedTensorType(partials.type).shape)
+    outputs = math.prod(shape[1:])
+    f32 = ir.F32Type.get()
+    flat = tensor_d.CollapseShapeOp(ir.RankedTensorType.get([shape[0], outputs], f32), partials,
+                                    reassociation([[0], [1, 2, 3]])).result  # fmt: skip
+    entry = KernelEntry(
+        executable=f"{name}_sum",
+        function="depthwise_sum",  # IREE links the executables into one module: a name of its own
+        grid=depthwise_sm80.sum_grid(outputs),
+        workgroup_size=(depthwise_sm80.SUM_THREADS, 1, 1),
+        subgroup_size=plan.target_info.subgroup_size,
+        bindings=(ir.MemRefType.get([shape[0], outputs], f32), ir.MemRefType.get([outputs], out)),
+    )
+    with ir.Location.unknown():
+        summed = build_dispatch(entry, lambda blk, mems: depthwise_sm80.build_sum_body(blk, *mems, shape[0], outputs),
+                                [flat], ir.RankedTensorType.get([outputs], out), top)  # fmt: skip
+    return tensor_d.ExpandShapeOp(ir.RankedTensorType.get(shape[1:], out), summed, reassociation([[0, 1, 2]]), [],
+                                  shape[1:]).result  # fmt: skip
 
 
 def _depthwise_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:

@@ -20,7 +20,7 @@ its out channel k is broadcast over it; a workgroup owns ``channels / C`` whole 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from convbw_mlir.plan_data import DepthwisePlan, Overrides, Plan, PlanError, Strategy
@@ -43,10 +43,31 @@ MAX_THREADS = 1024
 MAX_ACCUMULATORS = 64  # f32 accumulators a thread (taps x vector)
 SEGMENT = 64  # the innermost output dimension is cut into segments of this many (long 1-D signals)
 MIN_SEGMENT = 16  # segments are halved down to this while the rows cannot fill the grid
-WAVES = 8  # workgroups an SM the rule aims at (rows split into chunks until the grid has that many)
+# Workgroups an SM the rule aims at (rows split into chunks until the grid has that many): 2, not 8 (issue 40,
+# H100: fewer, longer-lived workgroups; docs/decisions.md#depthwise-hopper)
+WAVES = 2
 # The wide form the rule gives depthwise problems: 4 channels a thread, a run of up to 8 inner taps, steps of 8
 # outputs (fewer conversions and loads an FMA; against the narrow form: docs/decisions.md#depthwise-by-default).
 WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
+# x vectors a step of the wide form may hold (its window): a stride-2 step of 8 outputs and 3-5 taps (17-19) halves
+# its outputs (issue 40's round 2, H100: EfficientNet-B0/MobileNet stride-2 layers 8.0-12.5 µs against 10.4-15.1)
+MAX_WINDOW = 16
+# Workgroups an SM the rule aims at where the window halves the wide step: 4 (round 2: the four stride-2 layers,
+# at 4 an SM with steps of 4, 3-24% faster than main's 8 with steps of 8; at 2 with steps of 8, 2 of 4 slower)
+HALVED_WAVES = 4
+# The chunks' partial sums are added by the kernel's own stage 2 (depthwise_sm80.build_sum_body), not by IREE's
+# reduction (a serial chain of loads a thread, its time growing with the chunks).
+OWN_STAGE2 = True
+# The input types converted to f32 by an identity mma.sync (two vectors of 4 a pair) instead of cvt.f32.f16 (16 a
+# clock an SM, the f16 kernel's bound) or bf16's shifts: exact; the workgroup is rounded up to whole warps (every
+# lane of a warp runs the mma).
+MMA_CONVERT: tuple[str, ...] = ("f16", "bf16")
+# ... in threads that run at least this many steps (issue-bound; shorter ones are bound by latency, where the mma's
+# set-up and the warp rounding cost more than the conversions: round 2 on the H100, docs/decisions.md#depthwise-hopper)
+MMA_MIN_STEPS = 32
+# A step's loads issued one step ahead (the raw vectors carried through the loop): latency hidden by the thread
+# itself, at the registers of one more step's vectors.
+PREFETCH = False
 
 
 def is_depthwise(problem: Any) -> bool:
@@ -81,6 +102,8 @@ class DepthwiseKernel:
     unroll: int = UNROLL
     in_channels: int = 1  # a group's (C)
     out_channels: int = 1  # a group's (K)
+    mma_convert: bool = False  # f16 -> f32 by identity mma.sync (see kernel())
+    prefetch: bool = False  # each step reads the next one's vectors before its FMAs (see kernel())
 
     @property
     def paired(self) -> bool:
@@ -116,6 +139,13 @@ class DepthwiseKernel:
         return self.lanes_c * self.runs * self.outer_taps * self.lanes_r
 
     @property
+    def launched(self) -> int:
+        """Threads a workgroup as launched: :attr:`threads`, rounded up to whole warps where the f16 conversion
+        runs on the tensor cores (every lane of a warp takes part in an ``mma.sync``; the added threads own no
+        rows)."""
+        return -(-self.threads // 32) * 32 if self.mma_convert else self.threads
+
+    @property
     def segments(self) -> int:
         return -(-self.conv.out_size[-1] // self.segment)
 
@@ -149,7 +179,8 @@ class DepthwiseKernel:
     @property
     def shared_bytes(self) -> int:
         """The lanes' sums in shared memory: ``lanes_r x channels x taps a workgroup`` f32."""
-        return self.lanes_r * self.lanes_c * self.runs * self.outer_taps * self.taps * self.vector * 4
+        per_lane = self.lanes_c * self.runs * self.outer_taps
+        return -(-self.launched // per_lane) * per_lane * self.taps * self.vector * 4
 
     def problems(self) -> list[str]:
         """Why the kernel cannot run with these numbers ("field: value" lines); empty if it can."""
@@ -168,8 +199,8 @@ class DepthwiseKernel:
             why.append(f"depthwise.segment: {self.segment} (a multiple of the unroll, {self.unroll})")
         if self.chunks > self.rows:
             why.append(f"depthwise.chunks: {self.chunks} (at most the {self.rows} rows)")
-        if not why and self.threads > MAX_THREADS:
-            why.append(f"depthwise: {self.threads} threads a workgroup, over {MAX_THREADS} (fewer channels or "
+        if not why and self.launched > MAX_THREADS:
+            why.append(f"depthwise: {self.launched} threads a workgroup, over {MAX_THREADS} (fewer channels or "
                        "row lanes)")  # fmt: skip
         return why
 
@@ -224,7 +255,9 @@ def _rule(problem: Any, tgt: Target, wide: bool = True) -> DepthwisePlan:
     runs_outer = -(-inner // taps) * math.prod(problem.filter_size[:-1])
     if c == 1 and k == 1:  # the vector runs over groups
         vector = next(v for v in (VECTOR, 4, 2, 1) if g % v == 0)
-        lanes_c = max(d for d in range(1, MAX_CHANNELS // vector + 1) if (g // vector) % d == 0)
+        # large filters own many threads a channel vector already: fewer channels keep a workgroup in THREADS
+        lanes_c = max(d for d in range(1, MAX_CHANNELS // vector + 1)
+                      if (g // vector) % d == 0 and (d * runs_outer <= THREADS or d == 1))  # fmt: skip
         channels = vector * lanes_c
     else:  # over a group's in channels; whole groups a workgroup, up to THREADS threads a row lane
         vector = next(v for v in (VECTOR, 4, 2, 1) if c % v == 0)
@@ -237,7 +270,8 @@ def _rule(problem: Any, tgt: Target, wide: bool = True) -> DepthwisePlan:
         lanes_r *= 2
     wo = problem.output_size[-1]
     segment = -(-wo // UNROLL) * UNROLL if wo <= 2 * SEGMENT else SEGMENT
-    want = -(-WAVES * max(tgt.compute_units, 1) // (g * c // channels))  # chunks that fill the grid
+    waves = HALVED_WAVES if wide and c == 1 and k == 1 and _wide_unroll(problem) < WIDE_UNROLL else WAVES
+    want = -(-waves * max(tgt.compute_units, 1) // (g * c // channels))  # chunks that fill the grid
 
     def numbers(segment: int) -> DepthwiseKernel:
         return DepthwiseKernel(_geometry(problem), problem.batch, g, vector, channels, taps, lanes_r, 1, segment,
@@ -253,24 +287,41 @@ def _rule(problem: Any, tgt: Target, wide: bool = True) -> DepthwisePlan:
     return narrow
 
 
+def _wide_unroll(problem: Any) -> int:
+    """Outputs a step of the wide form: :data:`WIDE_UNROLL`, halved where the x window the step holds in registers,
+    ``(unroll - 1) * stride + (taps - 1) * dilation + 1`` vectors, would pass :data:`MAX_WINDOW`."""
+    inner = problem.filter_size[-1]
+    taps = -(-inner // -(-inner // WIDE_TAPS))
+    s, d = problem.stride[-1], problem.dilation[-1]
+    return next((u for u in (WIDE_UNROLL, WIDE_UNROLL // 2) if (u - 1) * s + (taps - 1) * d + 1 <= MAX_WINDOW),
+                WIDE_UNROLL // 2)  # fmt: skip
+
+
 def _wide(problem: Any, tgt: Target, narrow: DepthwisePlan) -> DepthwisePlan | None:
     """The wide form of the narrow numbers (the same channels, row lanes and chunks; :data:`WIDE_VECTOR`
     channels a thread, runs of up to :data:`WIDE_TAPS` taps, steps of :data:`WIDE_UNROLL`), or None where the
     kernel cannot carry it out (a vector that does not divide the channels, too many threads or shared bytes)."""
     inner = problem.filter_size[-1]
     taps = -(-inner // -(-inner // WIDE_TAPS))
-    segment = -(-narrow.segment // WIDE_UNROLL) * WIDE_UNROLL
+    unroll = _wide_unroll(problem)
+    segment = -(-narrow.segment // unroll) * unroll
     wide = DepthwisePlan(min(WIDE_VECTOR, narrow.vector), narrow.channels, taps, narrow.rows, narrow.chunks, segment,
-                         WIDE_UNROLL)  # fmt: skip
+                         unroll)  # fmt: skip
     k = kernel(problem, wide)
     return None if k.problems() or k.shared_bytes > tgt.lds_bytes else wide
 
 
 def kernel(problem: Any, dw: DepthwisePlan) -> DepthwiseKernel:
-    """The kernel's numbers for ``problem`` carried out as ``dw`` says."""
-    return DepthwiseKernel(_geometry(problem), problem.batch, problem.groups, dw.vector, dw.channels, dw.taps,
-                           dw.rows, dw.chunks, dw.segment, dw.unroll, problem.in_channels,
-                           problem.out_channels)  # fmt: skip
+    """The kernel's numbers for ``problem`` carried out as ``dw`` says; the inputs converted by the tensor cores
+    (types in :data:`MMA_CONVERT`) where the kernel can: depthwise, 4 channels a vector (its threads then whole
+    warps)."""
+    k = DepthwiseKernel(_geometry(problem), problem.batch, problem.groups, dw.vector, dw.channels, dw.taps,
+                        dw.rows, dw.chunks, dw.segment, dw.unroll, problem.in_channels,
+                        problem.out_channels)  # fmt: skip
+    steps = -(-k.chunk_rows // k.lanes_r) * (k.segment // k.unroll)  # a thread's, at most
+    if problem.dtype in MMA_CONVERT and k.paired and k.vector == 4 and steps >= MMA_MIN_STEPS:
+        k = replace(k, mma_convert=True)
+    return replace(k, prefetch=PREFETCH)
 
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
