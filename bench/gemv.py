@@ -152,7 +152,8 @@ def report(paths: list[Path]) -> str:
     device = data[0].get("device", "-") if data else "-"
     lines = [f"# The GEMV kernel: the plan now, before, IREE's best form, cuDNN ({device}, sm_90a code)", ""]
     lines.append("Times in µs (median kernel time by CUPTI); ratios > 1: the plan now is faster. now = the plan "
-                 "with rule gemv-by-default; before = the plan without it; gemv = the GEMV kernel asked for.")  # fmt: skip
+                 "with rule gemv-by-default; before = the plan without it (= where the same);"
+                 " gemv = the GEMV kernel asked for.")  # fmt: skip
     by_class: dict[str, list[dict]] = {}
     for r in rows:
         by_class.setdefault(r["name"].split("_", 1)[0], []).append(r)
@@ -164,18 +165,18 @@ def report(paths: list[Path]) -> str:
         ratios: dict[str, list[float]] = {"cudnn/now": [], "before/now": [], "cudnn/gemv": [], "iree/now": []}
         for r in members:
             now, cud = _time(r, "convbw"), _time(r, "cudnn")
-            before = _time(r, BEFORE) or now if BEFORE in r["contenders"] else None
-            gem = _time(r, GEMV) or (now if BEFORE in r["contenders"] else None)
+            changed = BEFORE in r["contenders"]  # the plan now is the GEMV kernel, the plan before is codegen's
+            gem = now if changed else _time(r, GEMV)
             forms = [t for t in (_time(r, f) for f in IREE_FORMS) if t]
             best = min(forms) if forms else None
             for key, (a, b) in {"cudnn/now": (cud, now), "before/now": (_time(r, BEFORE), now),
                                 "cudnn/gemv": (cud, gem), "iree/now": (best, now)}.items():  # fmt: skip
                 if a and b:
                     ratios[key].append(a / b)
-            dtype = r["key"].rsplit(".", 1)[-1]
+            before_cell = _cell(r, BEFORE) if changed else "="
+            gemv_cell = "now" if changed else (_cell(r, GEMV) if GEMV in r["contenders"] else "-")
             lines.append(
-                f"| {r['name']} | {dtype} | {_cell(r, 'convbw')} | {_cell(r, BEFORE) if BEFORE in r['contenders'] else '='}"
-                f" | {_cell(r, GEMV) if GEMV in r['contenders'] else ('now' if BEFORE in r['contenders'] else '-')}"
+                f"| {r['name']} | {r['key'].rsplit('.', 1)[-1]} | {_cell(r, 'convbw')} | {before_cell} | {gemv_cell}"
                 f" | {f'{best * 1e6:.1f}' if best else '-'} | {_cell(r, 'cudnn')} | {_ratio(cud, now)}"
                 f" | {_ratio(_time(r, BEFORE), now)} | {_ratio(best, now)} | {_ratio(cud, gem)} |"
             )
@@ -183,6 +184,14 @@ def report(paths: list[Path]) -> str:
         summary.append(f"| {cls} | " + " | ".join(cells.values()) + " |")
     lines += ["", "## Geomeans", "", "| class | cuDNN/now | before/now | cuDNN/gemv | IREE/now |",
               "|---|---|---|---|---|", *summary]  # fmt: skip
+    verdicts: dict[str, dict[str, int]] = {}
+    for r in rows:
+        for name, rec in r["contenders"].items():
+            status = rec.get("status", "?")
+            verdicts.setdefault(name, {}).setdefault(status, 0)
+            verdicts[name][status] += 1
+    lines += ["", "## Verdicts (contender: status counts)", ""]
+    lines += [f"- {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) for name, c in verdicts.items()]
     return "\n".join(lines) + "\n"
 
 
