@@ -713,7 +713,7 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
         total += partials + flags + (partials if partials <= STREAMK_HOIST_MAX_BYTES else 0) + flags
     if plan.depthwise is not None:  # each row chunk's f32 partial dW, summed by the second stage
         total += plan.depthwise.chunks * math.prod(problem.shape("acc")) * 4
-    if plan.gemv is not None:  # likewise each position chunk's
+    if plan.gemv is not None and plan.gemv.chunks > 1:  # likewise each position chunk's (one: dW itself)
         total += plan.gemv.chunks * math.prod(problem.shape("acc")) * 4
     if plan.strategy == Strategy.EXPLICIT:
         from convbw_mlir.policies import sm90

@@ -128,13 +128,15 @@ class GemvPlan:
     """The split-reduction GEMV kernel's numbers (strategy explicit, NVIDIA, layout 2; K or C small:
     convbw_mlir/kernels/gemv_sm80.py): ``k_block`` out and ``c_block`` in channels a thread, ``taps`` filter taps a
     thread (a run), ``lanes`` position lanes a workgroup, ``chunks`` workgroups along the positions (each writes
-    an f32 partial dW, summed in chunk order by the second stage)."""
+    an f32 partial dW, summed in chunk order by the second stage; one chunk writes dW itself), ``unroll``
+    positions a step of a lane's loop (their loads issued together)."""
 
     k_block: int
     c_block: int
     taps: int
     lanes: int
     chunks: int
+    unroll: int = 1
 
 
 @dataclass(frozen=True)

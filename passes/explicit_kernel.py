@@ -21,7 +21,8 @@ for depthwise, at most 16 for thin groups); its kernel (``convbw_mlir.kernels.de
 partials ``chunks x G x K x (taps*C)`` that the same stage-2 sum as split-K's adds up and rounds to dW's type.
 
 A GEMV plan (``plan.gemv``: K or C small) binds dy as ``(N * prod(out)) x (G*K)`` and x as ``N x *in x (G*C)``;
-its kernel (``convbw_mlir.kernels.gemv_sm80``) writes f32 partials ``chunks x G x K x (taps*C)``, summed likewise.
+its kernel (``convbw_mlir.kernels.gemv_sm80``) writes f32 partials ``chunks x G x K x (taps*C)``, summed likewise
+(one chunk: dW itself, ``G x K x (taps*C)``).
 
 An sm_90a plan (``policies.sm90.is_sm90``: a wgmma tile) binds dy as ``(N*Ho*Wo) x (G*K)``, x as ``N x H x W x
 (G*C)`` (1-D: ``N x W x (G*C)``, 3-D: ``N x D x H x W x (G*C)``) and a 256-byte maps buffer (a ``tensor.empty``:
@@ -189,7 +190,7 @@ def _gemv_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
     from convbw_mlir.policies.gemv import kernel
 
     k = kernel(problem, plan.gemv)
-    f16, f32 = element_type(problem.dtype), ir.F32Type.get()
+    f16, ws_t = element_type(problem.dtype), ir.F32Type.get()
     x = _merge_channels(op.operands[0])
     flat = reassociation([list(range(problem.rank + 1)), [problem.rank + 1, problem.rank + 2]])
     dy_shape = list(ir.RankedTensorType(op.operands[1].type).shape)
@@ -197,6 +198,9 @@ def _gemv_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
                                    f16)  # fmt: skip
     dy = tensor_d.CollapseShapeOp(dy_t, op.operands[1], flat).result
     ws_shape = [k.chunks, problem.groups, problem.out_channels, k.filter_taps * problem.in_channels]
+    out = element_type(problem.dw_dtype)
+    if k.direct:  # one chunk: the kernel writes dW in its type, no second stage
+        ws_shape, ws_t = ws_shape[1:], out
     entry = KernelEntry(
         executable=name,
         function=ENTRY,
@@ -206,14 +210,14 @@ def _gemv_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
         bindings=(
             ir.MemRefType.get(list(dy_t.shape), f16),
             ir.MemRefType.get(list(ir.RankedTensorType(x.type).shape), f16),
-            ir.MemRefType.get(ws_shape, f32),
+            ir.MemRefType.get(ws_shape, ws_t),
         ),
     )
     with ir.Location.unknown():
-        partials = build_dispatch(entry, partial(_gemv_body, k=k), [dy, x], ir.RankedTensorType.get(ws_shape, f32),
+        partials = build_dispatch(entry, partial(_gemv_body, k=k), [dy, x], ir.RankedTensorType.get(ws_shape, ws_t),
                                   top)  # fmt: skip
     partials.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return _sum_splits(partials, element_type(problem.dw_dtype))
+    return partials if k.direct else _sum_splits(partials, out)
 
 
 def _gemv_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:

@@ -32,6 +32,7 @@ def lay2(g: int, n: int, c: int, k: int, size, filt, **kw) -> P:
 CASES = {
     "1d_k1_c32_pad": (lay2(1, 2, 32, 1, (13,), (3,), pad_low=1, pad_high=1), {}),
     "1d_c1_k16_stride5_like_wav2vec": (lay2(1, 2, 1, 16, (43,), (10,), stride=5), {"chunks": 3}),
+    "1d_c1_k16_unrolled_ragged": (lay2(1, 3, 1, 16, (83,), (10,), stride=5), {"chunks": 2, "lanes": 4, "unroll": 4}),
     "1d_c1_k1_dilated_ragged": (lay2(1, 3, 1, 1, (29,), (5,), dilation=2, pad_low=3, pad_high=2),
                                 {"chunks": 4, "lanes": 8}),
     "2d_k8_c3_pad": (lay2(1, 1, 3, 8, (7, 6), (3, 3), pad_low=1, pad_high=1), {}),
@@ -39,7 +40,9 @@ CASES = {
                              {"chunks": 5, "lanes": 4}),
     "2d_groups2_k4_c4_1x1": (lay2(2, 3, 4, 4, (5, 7), (1, 1)), {"chunks": 2}),
     "3d_k1_c16_runs_masked": (lay2(1, 1, 16, 1, (4, 5, 6), (3, 3, 3), stride=(1, 2, 1), pad_low=1, pad_high=1),
-                              {"taps": 5, "chunks": 3}),
+                              {"taps": 5, "chunks": 3, "unroll": 2}),
+    "3d_k1_c16_one_chunk_writes_dw_f32": (lay2(1, 1, 16, 1, (4, 5, 6), (3, 3, 3), pad_low=1, pad_high=1,
+                                               dw_dtype="f32"), {"chunks": 1, "unroll": 3}),
     "3d_k12_c3_bf16_f32_out": (lay2(1, 1, 3, 12, (4, 4, 5), (3, 3, 3), pad_low=1, pad_high=1, dtype="bf16",
                                     dw_dtype="f32"), {"chunks": 2}),
     "2d_k1_c1_bf16": (lay2(1, 2, 1, 1, (8, 9), (3, 3), pad_low=1, pad_high=1, dtype="bf16", dw_dtype="bf16"), {}),
@@ -63,6 +66,12 @@ def test_ragged_cases_really_are_ragged():
     p, numbers = CASES["3d_k1_c16_runs_masked"]
     k = gemv.kernel(p, replace(decide(p, "sm_80", strategy="gemv").gemv, **numbers))
     assert k.runs * k.taps != k.filter_taps
+    p, numbers = CASES["1d_c1_k16_unrolled_ragged"]
+    k = gemv.kernel(p, replace(decide(p, "sm_80", strategy="gemv").gemv, **numbers))
+    assert k.loop_steps * k.unroll != k.steps and not k.direct
+    directs = [n for n, (p, nums) in CASES.items() if gemv.kernel(p, replace(decide(p, "sm_80", strategy="gemv").gemv,
+                                                                             **nums)).direct]  # fmt: skip
+    assert len(directs) >= 3  # one chunk writes dW itself: f16, bf16 and f32 dW among them
 
 
 # The problems: codegen's SIMT plan before; the GEMV kernel now (sm_90a and sm_80 alike).
@@ -79,8 +88,8 @@ def test_plan_takes_gemv_kernel_where_codegen_had_no_matrix_core_tile(name, monk
     p = P.from_ck(DEFAULT[name])
     plan = decide(p, "sm_90a")
     assert plan.gemv is not None and plan.decision.rule == "gemv-by-default" and plan.deterministic
-    assert plan.workspace_bytes == plan.gemv.chunks * p.groups * p.out_channels * p.in_channels * 4 * (
-        gemv.kernel(p, plan.gemv).filter_taps)  # fmt: skip
+    partials = plan.gemv.chunks * p.groups * p.out_channels * p.in_channels * 4 * gemv.kernel(p, plan.gemv).filter_taps
+    assert plan.workspace_bytes == (partials if plan.gemv.chunks > 1 else 0)  # one chunk writes dW itself
     monkeypatch.setattr(switches, "GEMV_BY_DEFAULT", False)
     assert decide(p, "sm_90a").strategy == Strategy.SIMT  # the switch off: codegen's plan, as before
 

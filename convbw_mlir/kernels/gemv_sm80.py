@@ -5,7 +5,8 @@ builders.
 g * C + c]`` for a channels-last problem whose K or C is small (the numbers and their rule are
 ``convbw_mlir.policies.gemv``): dy binds as ``[N * prod(out), G * K]``, x as ``[N, *in, G * C]`` (any rank), the
 f32 workspace ``ws`` as ``[chunks, G, K, taps * C]``, which a second stage (``linalg.generic``) sums in chunk
-order and rounds to dW's type.
+order and rounds to dW's type; with one chunk the kernel writes dW ``[G, K, taps * C]`` itself (tiny problems:
+no second dispatch).
 
 Layers, each a function with one job: :func:`_thread` (which group, channel blocks, tap run and position lane a
 thread owns), :func:`_taps` (its taps' offsets into x, once), :func:`_position` (a position's image and output
@@ -101,7 +102,7 @@ def _position(ix: _Ix, k: GemvKernel, step: ir.Value, th: _Thread) -> tuple[ir.V
     local = ix.add(ix.mul(step, k.lanes), th.lane)
     pos = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.chunk_positions), local)
     conds = []
-    if k.steps * k.lanes != k.chunk_positions:
+    if k.loop_steps * k.unroll * k.lanes != k.chunk_positions:
         conds.append(ix.lt(local, k.chunk_positions))
     if k.chunk_positions * k.chunks != k.positions:
         conds.append(ix.lt(pos, k.positions))
@@ -158,19 +159,25 @@ def _step(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread, taps: 
 
 def _positions_loop(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread,
                     acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
-    """The lane's positions of its workgroup's chunk (lane, lane + lanes, ...: neighbours read neighbours)."""
+    """The lane's positions of its workgroup's chunk (lane, lane + lanes, ...: neighbours read neighbours),
+    ``unroll`` of them an iteration (their loads independent of each other's FMAs: in flight together)."""
     taps = _taps(ix, k, th)
-    loop = scf.ForOp(ix.c(0), ix.c(k.steps), ix.c(1), acc)
+    loop = scf.ForOp(ix.c(0), ix.c(k.loop_steps), ix.c(1), acc)
     with ir.InsertionPoint(loop.body):
-        scf.YieldOp(_step(ix, k, dy, x, th, taps, loop.induction_variable, list(loop.inner_iter_args)))
+        acc = list(loop.inner_iter_args)
+        for u in range(k.unroll):
+            acc = _step(ix, k, dy, x, th, taps, ix.add(ix.mul(loop.induction_variable, k.unroll), u), acc)
+        scf.YieldOp(acc)
     return list(loop.results)
 
 
 def _reduce(ix: _Ix, k: GemvKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
     """The lanes' sums through shared memory ``[lanes, slots x accumulators]`` f32, added in lane order (the
-    same bits every run), each stored to ``ws[chunk, g, k, tap * C + c]`` (a run's taps past the filter's end
-    are not stored). Thread ``i`` of a pass takes sum ``e = i + pass * threads`` in the slots' order."""
+    same bits every run), each stored to ``ws[chunk, g, k, tap * C + c]`` (one chunk: dW ``[g, k, tap * C + c]``
+    in its type; a run's taps past the filter's end are not stored). Thread ``i`` of a pass takes sum
+    ``e = i + pass * threads`` in the slots' order."""
     f32 = ir.F32Type.get()
+    out_t = ir.MemRefType(ws.type).element_type
     cv = k.c_vector
     c_vecs = k.c_block // cv
     per = k.accumulators
@@ -210,16 +217,19 @@ def _reduce(ix: _Ix, k: GemvKernel, ws: ir.Value, th: _Thread, tid: ir.Value, ac
         total = vector.load(one, smem, [ix.c(0), e_at])
         for lane in range(1, k.lanes):
             total = arith.addf(total, vector.load(one, smem, [ix.c(lane), e_at]))
+        if out_t != f32:
+            total = arith.truncf(ir.VectorType.get([1], out_t), total)
+        at = [g, out, col] if k.direct else [chunk, g, out, col]
         conds = [] if exact else [ix.lt(e, size)]
         if k.runs * k.taps != k.filter_taps:
             conds.append(ix.lt(t, k.filter_taps))
         cond = all_of(conds)
         if cond is None:
-            vector.store(total, ws, [chunk, g, out, col])
+            vector.store(total, ws, at)
             continue
         branch = scf.IfOp(cond)
         with ir.InsertionPoint(branch.then_block):
-            vector.store(total, ws, [chunk, g, out, col])
+            vector.store(total, ws, at)
             scf.YieldOp([])
 
 
@@ -234,7 +244,8 @@ def build_kernel_body(entry: ir.Block, dy: ir.Value, x: ir.Value, ws: ir.Value, 
     Args:
         dy: ``memref<(N * prod(out)) x (G*K) x (f16|bf16)>``.
         x: ``memref<N x *in x (G*C) x (f16|bf16)>``.
-        ws: ``memref<chunks x G x K x (taps*C) x f32>``, the chunks' partial sums.
+        ws: ``memref<chunks x G x K x (taps*C) x f32>``, the chunks' partial sums (one chunk: dW,
+            ``memref<G x K x (taps*C) x dW's type>``).
     """
     ix = _Ix(entry)
     f32 = ir.F32Type.get()

@@ -7,9 +7,10 @@ dy[p, g, k] * x[window(p, t), g, c]`` with a long reduction over the images and 
 Matrix cores have no tile to fill there and IREE's SIMT codegen reduces one output a thread serially (50-100 us
 floors, 1.75 ms on CK's 3-D case). This kernel spreads the reduction over the whole GPU instead: a thread owns
 ``k_block`` out channels (one vector load of dy), ``c_block`` in channels (vector loads of x along the contiguous
-channels) and a run of ``taps`` filter taps, and walks a lane of the positions of its workgroup's chunk; the
-lanes' sums meet in shared memory (in lane order), the chunks' in an f32 workspace ``[chunks, G, K, taps * C]``
-that a second stage sums in chunk order and rounds to dW's type: no atomics, the same bits every run.
+channels) and a run of ``taps`` filter taps, and walks a lane of the positions of its workgroup's chunk, ``unroll``
+positions a step; the lanes' sums meet in shared memory (in lane order), the chunks' in an f32 workspace
+``[chunks, G, K, taps * C]`` that a second stage sums in chunk order and rounds to dW's type (one chunk: the kernel
+writes dW itself, no second dispatch): no atomics, the same bits every run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ THREADS = 256  # threads a workgroup the rule aims at (position lanes fill up to
 MAX_THREADS = 1024
 WAVES = 2  # workgroups an SM the chunks aim at
 MIN_STEPS = 8  # positions a lane walks at least in a chunk (fewer: the lanes' reduction dominates)
+UNROLL = 4  # positions a step of a lane's loop: their loads in flight together (memory-level parallelism)
 WORKSPACE_SHARE = 2  # partials at most 1/2 of x's and dy's bytes (the second stage reads them), beyond one a SM
 
 
@@ -70,6 +72,7 @@ class GemvKernel:
     taps: int
     lanes: int
     chunks: int
+    unroll: int = 1
 
     @property
     def k_vector(self) -> int:
@@ -123,6 +126,16 @@ class GemvKernel:
         return -(-self.chunk_positions // self.lanes)
 
     @property
+    def loop_steps(self) -> int:
+        """Iterations of a lane's loop, ``unroll`` positions each."""
+        return -(-self.steps // self.unroll)
+
+    @property
+    def direct(self) -> bool:
+        """One chunk: the kernel writes dW itself (no workspace, no second stage)."""
+        return self.chunks == 1
+
+    @property
     def grid(self) -> tuple[int, int, int]:
         return self.chunks, 1, 1
 
@@ -147,6 +160,8 @@ class GemvKernel:
                        f"accumulators a thread, over {MAX_ACCUMULATORS}")  # fmt: skip
         if self.chunks > self.positions:
             why.append(f"gemv.chunks: {self.chunks} (at most the {self.positions} positions)")
+        if self.unroll > 8:
+            why.append(f"gemv.unroll: {self.unroll} (at most 8 positions a step)")
         if not why and self.threads > MAX_THREADS:
             why.append(f"gemv: {self.threads} threads a workgroup ({self.slots} slots x {self.lanes} lanes), over "
                        f"{MAX_THREADS}")  # fmt: skip
@@ -196,13 +211,15 @@ def rule(problem: Any, tgt: Target) -> GemvPlan:
     by_workspace = max(sms, io_bytes // (WORKSPACE_SHARE * acc_bytes))
     chunks = max(1, min(WAVES * sms, by_work, by_workspace, positions))
     chunks = -(-positions // -(-positions // chunks))  # no empty chunk
-    return GemvPlan(k_block, c_block, taps, lanes, chunks)
+    steps = -(-positions // (chunks * lanes))
+    unroll = next(u for u in (UNROLL, 2, 1) if steps >= 2 * u or u == 1)
+    return GemvPlan(k_block, c_block, taps, lanes, chunks, unroll)
 
 
 def kernel(problem: Any, gemv: GemvPlan) -> GemvKernel:
     """The kernel's numbers for ``problem`` carried out as ``gemv`` says."""
     return GemvKernel(_geometry(problem), problem.batch, problem.groups, problem.in_channels, problem.out_channels,
-                      gemv.k_block, gemv.c_block, gemv.taps, gemv.lanes, gemv.chunks)  # fmt: skip
+                      gemv.k_block, gemv.c_block, gemv.taps, gemv.lanes, gemv.chunks, gemv.unroll)  # fmt: skip
 
 
 def takes_by_default(problem: Any, tgt: Target, codegen: Plan) -> bool:
