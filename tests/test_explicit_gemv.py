@@ -94,6 +94,16 @@ def test_plan_takes_gemv_kernel_where_codegen_had_no_matrix_core_tile(name, monk
     assert decide(p, "sm_90a").strategy == Strategy.SIMT  # the switch off: codegen's plan, as before
 
 
+def test_layout4_problem_takes_the_gemv_kernel_in_layout2_between_transposes():
+    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+    from convbw_mlir.passes.relayout import Relayout
+
+    p = P(2, 4, 8, 128, (22, 18), (1, 1), stride=2, pad_high=1, layout=4)  # the fuzz's explicit0091 shape
+    plan = decide(p, "sm_80")
+    assert plan.gemv is not None and plan.channels_last and plan.decision.then.rule == "gemv-by-default"
+    assert module_error(p, plan, [Relayout(), ExplicitKernel()], seed=5) < 2e-3
+
+
 def test_plan_keeps_matrix_core_kernels_and_the_depthwise_kernel():
     assert decide(P.from_ck("2 1 32 64 3 7 7 224 224 2 2 1 1 3 3 3 3"), "sm_90a").gemv is None  # first layer
     assert decide(P.from_ck("2 16 16 1 1 3 3 28 28 2 2 1 1 1 1 1 1"), "sm_90a").depthwise is not None

@@ -225,11 +225,11 @@ def kernel(problem: Any, gemv: GemvPlan) -> GemvKernel:
 def takes_by_default(problem: Any, tgt: Target, codegen: Plan) -> bool:
     """Whether the plan chooses this kernel by itself: the switch
     :data:`~convbw_mlir.policies.switches.GEMV_BY_DEFAULT` is on, the target is NVIDIA's, the problem is GEMV-like
-    (:func:`is_gemv_like`), codegen would compute it without matrix cores (SIMT or IREE's own configuration: no
-    kernel of ours took it), and the kernel takes it with its rule's numbers."""
+    (:func:`is_gemv_like`), codegen would compute it by SIMT (too thin for matrix cores; no kernel of ours took
+    it), and the kernel takes it with its rule's numbers."""
     if not (switches.GEMV_BY_DEFAULT and tgt.family == "nvidia" and is_gemv_like(problem)):
         return False
-    if codegen.strategy not in (Strategy.SIMT, Strategy.IREE) or takes(problem):
+    if codegen.strategy != Strategy.SIMT or takes(problem):
         return False
     return not refusals(problem, Plan(tgt.name, Strategy.EXPLICIT, gemv=rule(problem, tgt)))
 

@@ -19,7 +19,7 @@ GROUPED_BY_DEFAULT = 4
 # Thin groups merged into one implicit GEMM by the rule (policies.sm80.merge_rule; strategy=explicit applies it
 # either way): faster than one group a GEMM on every layer measured (docs/decisions.md#thin-groups).
 MERGE_BY_DEFAULT = True
-# The split-reduction GEMV kernel for GEMV-like problems (K or C small) codegen computes without matrix cores
+# The split-reduction GEMV kernel for GEMV-like problems (K or C small) codegen would compute by SIMT
 # (docs/decisions.md#gemv-by-default).
 GEMV_BY_DEFAULT = True
 
@@ -28,7 +28,7 @@ SWITCHES: dict[str, str] = {
     "DEPTHWISE_BY_DEFAULT": "the depthwise kernel for depthwise problems and thin groups on NVIDIA",
     "GROUPED_BY_DEFAULT": "the widest group (channels) the depthwise kernel's grouped form takes by default",
     "MERGE_BY_DEFAULT": "thin groups merged into one implicit GEMM on NVIDIA",
-    "GEMV_BY_DEFAULT": "the split-reduction GEMV kernel for K or C small where codegen has no matrix-core tile",
+    "GEMV_BY_DEFAULT": "the split-reduction GEMV kernel for K or C small where codegen's plan is SIMT",
 }
 
 
