@@ -20,7 +20,7 @@ A depthwise plan (``plan.depthwise``) binds dy as ``N x *out x (G*K)`` and x as 
 for depthwise, at most 16 for thin groups); its kernel (``convbw_mlir.kernels.depthwise_sm80``) writes f32
 partials ``chunks x G x K x (taps*C)`` that the same stage-2 sum as split-K's adds up and rounds to dW's type.
 
-A GEMV plan (``plan.gemv``: K or C small) binds dy as ``(N * prod(out)) x (G*K)`` and x as ``N x *in x (G*C)``;
+A GEMV plan (``plan.gemv``: K or C small) binds dy as ``(N * prod(out)) x (G*K)`` and x flat, ``N * prod(in) * G*C``;
 its kernel (``convbw_mlir.kernels.gemv_sm80``) writes f32 partials ``chunks x G x K x (taps*C)``, summed likewise
 (one chunk: dW itself, ``G x K x (taps*C)``).
 
@@ -191,7 +191,9 @@ def _gemv_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
 
     k = kernel(problem, plan.gemv)
     f16, ws_t = element_type(problem.dtype), ir.F32Type.get()
-    x = _merge_channels(op.operands[0])
+    x_shape = list(ir.RankedTensorType(op.operands[0].type).shape)  # flat: the kernel adds each tap's offset
+    x_t = ir.RankedTensorType.get([math.prod(x_shape)], f16)
+    x = tensor_d.CollapseShapeOp(x_t, op.operands[0], reassociation([list(range(len(x_shape)))])).result
     flat = reassociation([list(range(problem.rank + 1)), [problem.rank + 1, problem.rank + 2]])
     dy_shape = list(ir.RankedTensorType(op.operands[1].type).shape)
     dy_t = ir.RankedTensorType.get([math.prod(dy_shape[: problem.rank + 1]), math.prod(dy_shape[problem.rank + 1 :])],

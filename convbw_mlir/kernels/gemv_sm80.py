@@ -3,15 +3,16 @@ builders.
 
 ``ws[chunk, g, k, t * C + c] = sum over the chunk's positions p of dy[p, g * K + k] * x[n, o * s + t * d - pad,
 g * C + c]`` for a channels-last problem whose K or C is small (the numbers and their rule are
-``convbw_mlir.policies.gemv``): dy binds as ``[N * prod(out), G * K]``, x as ``[N, *in, G * C]`` (any rank), the
+``convbw_mlir.policies.gemv``): dy binds as ``[N * prod(out), G * K]``, x flat (``N * prod(in) * G * C``), the
 f32 workspace ``ws`` as ``[chunks, G, K, taps * C]``, which a second stage (``linalg.generic``) sums in chunk
 order and rounds to dW's type; with one chunk the kernel writes dW ``[G, K, taps * C]`` itself (tiny problems:
 no second dispatch).
 
 Layers, each a function with one job: :func:`_thread` (which group, channel blocks, tap run and position lane a
-thread owns), :func:`_taps` (its taps' offsets into x, once), :func:`_position` (a position's image and output
-coordinates, masked past the chunk), :func:`_step` (one position: dy's block, each tap's x vectors, the FMAs),
-:func:`_positions_loop` (the lane's positions, the accumulators carried), :func:`_reduce` (the lanes' sums, in
+thread owns), :func:`_taps` (its taps' offsets into x, once), :func:`_position` (a position's image, output
+coordinates and flat offset into x, masked past the chunk), :func:`_step` (one position: dy's block, each tap's x
+vectors, the FMAs), :func:`_positions_loop` (the lane's positions, ``unroll`` an iteration, unmasked where every
+tap is inside x; the accumulators carried), :func:`_reduce` (the lanes' sums, in
 order, through shared memory, to the workspace).
 """
 
@@ -81,24 +82,56 @@ def _thread(ix: _Ix, k: GemvKernel, tid: ir.Value) -> _Thread:
     return _Thread(k0, c0, run, g, kb, cb, ix.div(tid, k.slots), ix.rem(tid, k.slots))
 
 
-def _taps(ix: _Ix, k: GemvKernel, th: _Thread) -> list[list[ir.Value]]:
-    """Each tap of the thread's run as its offsets into x along each dimension, ``f * d - pad`` (a run's taps
-    past the filter's end read its last tap; :func:`_reduce` does not store them)."""
+@dataclass
+class _Tap:
+    """One tap of a thread's run: its offsets into x along each dimension, ``f * d - pad``, and its flat offset
+    into x (those offsets times x's strides, plus the thread's first channel)."""
+
+    offs: list[ir.Value]
+    flat: ir.Value
+
+
+def _x_strides(k: GemvKernel) -> list[int]:
+    """x's element strides (channels-last ``[N, *in, G * C]``): the image's, then each spatial dimension's."""
+    strides = [k.groups * k.in_channels]  # the innermost spatial dimension's
+    for size in reversed(k.conv.in_size):
+        strides.insert(0, strides[0] * size)
+    return strides
+
+
+def _taps(ix: _Ix, k: GemvKernel, th: _Thread) -> list[_Tap]:
+    """The thread's run of taps (a run's taps past the filter's end read its last tap; :func:`_reduce` does not
+    store them), computed once before the position loop."""
     conv, last = k.conv, k.filter_taps - 1
+    strides = _x_strides(k)[1:]
     out = []
     for i in range(k.taps):
         t = ix.add(ix.mul(th.run, k.taps), i)
         if k.runs * k.taps > k.filter_taps:
             t = arith.minsi(t, ix.c(last))
         fs = _unravel(ix, t, conv.filter)
-        out.append([ix.sub(ix.mul(f, conv.dilation[d]), conv.pad[d]) for d, f in enumerate(fs)])
+        offs = [ix.sub(ix.mul(f, conv.dilation[d]), conv.pad[d]) for d, f in enumerate(fs)]
+        flat = th.c0
+        for d, off in enumerate(offs):
+            flat = ix.add(flat, ix.mul(off, strides[d]))
+        out.append(_Tap(offs, flat))
     return out
 
 
-def _position(ix: _Ix, k: GemvKernel, step: ir.Value, th: _Thread) -> tuple[ir.Value, ir.Value, list[ir.Value],
-                                                                           ir.Value | None]:  # fmt: skip
-    """The lane's ``step``-th position of its chunk -> (the position, clamped; its image; its output coordinates;
-    whether it is inside the chunk and the problem, or None where every step is)."""
+@dataclass
+class _Where:
+    """A position: its index (clamped into the problem), its image and output coordinates, its flat offset into x
+    (``image * X_n + sum(o * s * X_d)``), and whether it is inside the chunk and the problem (None: always)."""
+
+    pos: ir.Value
+    image: ir.Value
+    outs: list[ir.Value]
+    base: ir.Value
+    inside: ir.Value | None
+
+
+def _position(ix: _Ix, k: GemvKernel, step: ir.Value, th: _Thread) -> _Where:
+    """The lane's ``step``-th position of its chunk."""
     local = ix.add(ix.mul(step, k.lanes), th.lane)
     pos = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.chunk_positions), local)
     conds = []
@@ -109,11 +142,38 @@ def _position(ix: _Ix, k: GemvKernel, step: ir.Value, th: _Thread) -> tuple[ir.V
     if conds:
         pos = arith.minsi(pos, ix.c(k.positions - 1))
     image, *outs = _unravel(ix, pos, (k.images, *k.conv.out_size))
-    return pos, image, outs, all_of(conds)
+    strides = _x_strides(k)
+    base = ix.mul(image, strides[0])
+    for d, o in enumerate(outs):
+        base = ix.add(base, ix.mul(o, k.conv.stride[d] * strides[d + 1]))
+    return _Where(pos, image, outs, base, all_of(conds))
+
+
+def _edges(k: GemvKernel) -> list[tuple[int, bool, bool]]:
+    """Each spatial dimension where some tap reads outside x: (dimension, below 0, past the end)."""
+    conv, out = k.conv, []
+    for d in range(len(conv.in_size)):
+        last = (conv.out_size[d] - 1) * conv.stride[d] + (conv.filter[d] - 1) * conv.dilation[d] - conv.pad[d]
+        low, high = conv.pad[d] > 0, last >= conv.in_size[d]
+        if low or high:
+            out.append((d, low, high))
+    return out
+
+
+def _interior(ix: _Ix, k: GemvKernel, where: _Where) -> ir.Value | None:
+    """Whether every tap of the filter reads inside x at this position (None: every position does)."""
+    conv, conds = k.conv, []
+    for d, low, high in _edges(k):
+        first = ix.sub(ix.mul(where.outs[d], conv.stride[d]), conv.pad[d])
+        if low:
+            conds.append(ix.lt(-1, first))
+        if high:
+            conds.append(ix.lt(ix.add(first, (conv.filter[d] - 1) * conv.dilation[d]), conv.in_size[d]))
+    return all_of(conds)
 
 
 def _load(mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: int, f32: ir.Type) -> ir.Value:
-    """``v`` channels at ``idx`` as f32, zero where ``ok`` is false (the address is clamped inside)."""
+    """``v`` channels at ``idx`` as f32, zero where ``ok`` is false (the address is kept inside)."""
     elem = ir.MemRefType(mem.type).element_type
     val = vector.load(ir.VectorType.get([v], elem), mem, idx)
     if ok is not None:
@@ -122,35 +182,36 @@ def _load(mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: int, f32: 
     return arith.extf(ir.VectorType.get([v], f32), val)
 
 
-def _step(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread, taps: list[list[ir.Value]],
-          step: ir.Value, acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
+def _step(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread, taps: list[_Tap], where: _Where,
+          acc: list[ir.Value], masked: bool) -> list[ir.Value]:  # fmt: skip
     """One position: dy's ``k_block`` channels (zero past the chunk), broadcast over the in-channel vectors;
-    per tap, x's ``c_block`` channels (zero in the padding), and ``k_block x c_block`` FMAs into the tap's
-    accumulators ``acc[(tap * k_block + k) * c_vectors + j]``."""
+    per tap, x's ``c_block`` channels at the flat offset ``base + tap`` (``masked``: zero in the padding, the
+    address then the thread's first channel), and ``k_block x c_block`` FMAs into the tap's accumulators
+    ``acc[(tap * k_block + k) * c_vectors + j]``."""
     conv, f32 = k.conv, ir.F32Type.get()
     kv, cv = k.k_vector, k.c_vector
     c_vecs = k.c_block // cv
-    pos, image, outs, inside = _position(ix, k, step, th)
     ws = []
     for j in range(k.k_block // kv):
-        v = _load(dy, [pos, ix.add(th.k0, j * kv)], inside, kv, f32)
+        v = _load(dy, [where.pos, ix.add(th.k0, j * kv)], where.inside, kv, f32)
         for e in range(kv):
-            one = vector.extract(v, [], [e]) if kv > 1 else vector.extract(v, [], [0])
-            ws.append(vector.broadcast(ir.VectorType.get([cv], f32), one))
+            ws.append(vector.broadcast(ir.VectorType.get([cv], f32), vector.extract(v, [], [e])))
     acc = list(acc)
-    for i, offs in enumerate(taps):
-        coords, ok = [], []
-        for d, (o, off) in enumerate(zip(outs, offs)):
-            at = ix.add(ix.mul(o, conv.stride[d]), off)
-            last = (conv.out_size[d] - 1) * conv.stride[d] + (conv.filter[d] - 1) * conv.dilation[d]
-            if conv.pad[d]:
-                ok.append(ix.lt(-1, at))
-            if last - conv.pad[d] >= conv.in_size[d]:
-                ok.append(ix.lt(at, conv.in_size[d]))
-            coords.append(ix.clamp(at, conv.in_size[d] - 1) if (conv.pad[d] or ok) else at)
-        cond = all_of(ok)
+    for i, tap in enumerate(taps):
+        idx, cond = ix.add(where.base, tap.flat), None
+        if masked:
+            ok = []
+            for d, low, high in _edges(k):
+                at = ix.add(ix.mul(where.outs[d], conv.stride[d]), tap.offs[d])
+                if low:
+                    ok.append(ix.lt(-1, at))
+                if high:
+                    ok.append(ix.lt(at, conv.in_size[d]))
+            cond = all_of(ok)
+            if cond is not None:
+                idx = arith.select(cond, idx, th.c0)
         for j in range(c_vecs):
-            xv = _load(x, [image, *coords, ix.add(th.c0, j * cv)], cond, cv, f32)
+            xv = _load(x, [ix.add(idx, j * cv)], cond, cv, f32)
             for kk in range(k.k_block):
                 at = (i * k.k_block + kk) * c_vecs + j
                 acc[at] = math.fma(xv, ws[kk], acc[at])
@@ -160,14 +221,29 @@ def _step(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread, taps: 
 def _positions_loop(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread,
                     acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
     """The lane's positions of its workgroup's chunk (lane, lane + lanes, ...: neighbours read neighbours),
-    ``unroll`` of them an iteration (their loads independent of each other's FMAs: in flight together)."""
+    ``unroll`` of them an iteration (their loads independent of each other's FMAs: in flight together); where
+    some tap may read outside x, an iteration whose positions are all interior skips the masks."""
     taps = _taps(ix, k, th)
     loop = scf.ForOp(ix.c(0), ix.c(k.loop_steps), ix.c(1), acc)
     with ir.InsertionPoint(loop.body):
-        acc = list(loop.inner_iter_args)
-        for u in range(k.unroll):
-            acc = _step(ix, k, dy, x, th, taps, ix.add(ix.mul(loop.induction_variable, k.unroll), u), acc)
-        scf.YieldOp(acc)
+        wheres = [_position(ix, k, ix.add(ix.mul(loop.induction_variable, k.unroll), u), th) for u in range(k.unroll)]
+
+        def steps(masked: bool) -> list[ir.Value]:
+            acc = list(loop.inner_iter_args)
+            for where in wheres:
+                acc = _step(ix, k, dy, x, th, taps, where, acc, masked)
+            return acc
+
+        inside = all_of([c for c in (_interior(ix, k, w) for w in wheres) if c is not None])
+        if inside is None:  # no tap of this problem reads outside x
+            scf.YieldOp(steps(masked=False))
+        else:
+            branch = scf.IfOp(inside, [a.type for a in loop.inner_iter_args], has_else=True)
+            with ir.InsertionPoint(branch.then_block):
+                scf.YieldOp(steps(masked=False))
+            with ir.InsertionPoint(branch.else_block):
+                scf.YieldOp(steps(masked=True))
+            scf.YieldOp(list(branch.results))
     return list(loop.results)
 
 
@@ -243,7 +319,7 @@ def build_kernel_body(entry: ir.Block, dy: ir.Value, x: ir.Value, ws: ir.Value, 
 
     Args:
         dy: ``memref<(N * prod(out)) x (G*K) x (f16|bf16)>``.
-        x: ``memref<N x *in x (G*C) x (f16|bf16)>``.
+        x: ``memref<(N * prod(in) * G*C) x (f16|bf16)>``, flat.
         ws: ``memref<chunks x G x K x (taps*C) x f32>``, the chunks' partial sums (one chunk: dW,
             ``memref<G x K x (taps*C) x dW's type>``).
     """
