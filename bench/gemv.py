@@ -113,15 +113,19 @@ def contenders(p: Any, iree: bool) -> tuple[str, ...]:
     return (*forms, *(IREE_FORMS if iree else ()))
 
 
-def compile_all(folder: Path, types: list[str], only: list[str] | None) -> None:
-    """Every entry's contenders into ``folder`` (one manifest; each problem compiled in a child process)."""
+def compile_all(folder: Path, types: list[str], only: list[str] | None, gemv_only: bool = False) -> None:
+    """Every entry's contenders into ``folder`` (one manifest; each problem compiled in a child process);
+    ``gemv_only``: only the entries where the GEMV kernel runs (the others' plan is the same as before)."""
     from classes import merge_manifests
 
     from convbw_mlir.build.contenders import write_artifacts
 
     groups: dict[tuple[str, ...], list] = {}
     for name, p, iree in problems(types, only):
-        groups.setdefault(contenders(p, iree), []).append((name, p))
+        forms = contenders(p, iree)
+        if gemv_only and BEFORE not in forms and GEMV not in forms:
+            continue
+        groups.setdefault(forms, []).append((name, p))
     parts = []
     for i, (forms, probs) in enumerate(groups.items()):
         parts.append(write_artifacts(probs, "sm_90a", folder.with_name(f"{folder.name}.part{i}"), forms))
@@ -205,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--types", nargs="+", default=["f16", "bf16"])
     c.add_argument("--only", nargs="*")
     c.add_argument("--list", action="store_true", help="print the entries and their contenders, compile nothing")
+    c.add_argument("--gemv-only", action="store_true", help="only the entries where the GEMV kernel runs")
     r = sub.add_parser("report")
     r.add_argument("results", type=Path, nargs="+")
     args = ap.parse_args(argv)
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, p, iree in problems(args.types, args.only):
                 print(name, p.dtype, " ".join(contenders(p, iree)))
             return 0
-        compile_all(args.folder, args.types, args.only)
+        compile_all(args.folder, args.types, args.only, args.gemv_only)
         return 0
     print(report(args.results), end="")
     return 0
