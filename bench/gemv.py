@@ -188,6 +188,16 @@ def report(paths: list[Path]) -> str:
         summary.append(f"| {cls} | " + " | ".join(cells.values()) + " |")
     lines += ["", "## Geomeans", "", "| class | cuDNN/now | before/now | cuDNN/gemv | IREE/now |",
               "|---|---|---|---|---|", *summary]  # fmt: skip
+    variants = sorted({n for r in rows for n in r["contenders"] if n.startswith("gemv_")})
+    if variants:  # the GEMV kernel with one policy constant changed (compiled beside, same run)
+        head = "| problem | type | rule | " + " | ".join(variants) + " |"
+        lines += ["", "## The GEMV kernel's rule against variants (µs)", "", head, "|---" * (3 + len(variants)) + "|"]
+        for r in rows:
+            if not any(v in r["contenders"] for v in variants):
+                continue
+            rule_cell = _cell(r, "convbw") if BEFORE in r["contenders"] else _cell(r, GEMV)
+            cells = " | ".join(_cell(r, v) if v in r["contenders"] else "=" for v in variants)
+            lines.append(f"| {r['name']} | {r['key'].rsplit('.', 1)[-1]} | {rule_cell} | {cells} |")
     verdicts: dict[str, dict[str, int]] = {}
     for r in rows:
         for name, rec in r["contenders"].items():
