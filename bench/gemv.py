@@ -150,9 +150,15 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a and b else "-"
 
 
-def report(paths: list[Path]) -> str:
+def report(paths: list[Path], fill: list[Path] | None = None) -> str:
+    """The table of ``paths``' rows; ``fill``: an earlier run's rows of the problems ``paths`` lack (marked)."""
     data = [json.loads(p.read_text()) for p in paths]
     rows = [r for d in data for r in d["problems"]]
+    have = {r["key"] for r in rows}
+    for path in fill or []:
+        for r in json.loads(path.read_text())["problems"]:
+            if r["key"] not in have:
+                rows.append(dict(r, name=f"{r['name']} ({path.parent.name})"))
     device = data[0].get("device", "-") if data else "-"
     lines = [f"# The GEMV kernel: the plan now, before, IREE's best form, cuDNN ({device}, sm_90a code)", ""]
     lines.append("Times in µs (median kernel time by CUPTI); ratios > 1: the plan now is faster. now = the plan "
@@ -222,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--gemv-only", action="store_true", help="only the entries where the GEMV kernel runs")
     r = sub.add_parser("report")
     r.add_argument("results", type=Path, nargs="+")
+    r.add_argument("--fill", type=Path, nargs="*", help="an earlier run's results: its rows of the problems missing")
     args = ap.parse_args(argv)
     if args.cmd == "compile":
         if args.list:
@@ -230,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         compile_all(args.folder, args.types, args.only, args.gemv_only)
         return 0
-    print(report(args.results), end="")
+    print(report(args.results, args.fill), end="")
     return 0
 
 
