@@ -129,7 +129,8 @@ class GemvPlan:
     convbw_mlir/kernels/gemv_sm80.py): ``k_block`` out and ``c_block`` in channels a thread, ``taps`` filter taps a
     thread (a run), ``lanes`` position lanes a workgroup, ``chunks`` workgroups along the positions (each writes
     an f32 partial dW, summed in chunk order by the second stage; one chunk writes dW itself), ``unroll``
-    positions a step of a lane's loop (their loads issued together)."""
+    positions a step of a lane's loop (their loads issued together), ``interior``: an iteration whose positions
+    read inside x skips the padding checks (a branch; off by rule: slower on every padded problem measured)."""
 
     k_block: int
     c_block: int
@@ -137,6 +138,7 @@ class GemvPlan:
     lanes: int
     chunks: int
     unroll: int = 1
+    interior: bool = False
 
 
 @dataclass(frozen=True)

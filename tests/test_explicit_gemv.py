@@ -43,6 +43,10 @@ CASES = {
                               {"taps": 5, "chunks": 3, "unroll": 2}),
     "3d_k1_c16_one_chunk_writes_dw_f32": (lay2(1, 1, 16, 1, (4, 5, 6), (3, 3, 3), pad_low=1, pad_high=1,
                                                dw_dtype="f32"), {"chunks": 1, "unroll": 3}),
+    "3d_k8_c3_interior_branch": (lay2(1, 2, 3, 8, (6, 5, 7), (3, 3, 3), pad_low=1, pad_high=(0, 1, 1)),
+                                 {"chunks": 3, "unroll": 2, "interior": True}),
+    "2d_k1_c8_interior_branch_lanes1": (lay2(2, 2, 8, 1, (9, 8), (3, 3), stride=2, pad_low=1, pad_high=1),
+                                        {"chunks": 2, "lanes": 1, "interior": True}),
     "3d_k12_c3_bf16_f32_out": (lay2(1, 1, 3, 12, (4, 4, 5), (3, 3, 3), pad_low=1, pad_high=1, dtype="bf16",
                                     dw_dtype="f32"), {"chunks": 2}),
     "2d_k1_c1_bf16": (lay2(1, 2, 1, 1, (8, 9), (3, 3), pad_low=1, pad_high=1, dtype="bf16", dw_dtype="bf16"), {}),
@@ -144,7 +148,8 @@ def test_gemv_refuses_options_targets_and_numbers_by_name():
     plan = decide(p, "sm_80", strategy="gemv")
     for numbers, words in (({"k_block": 3}, "gemv.k_block: 3"), ({"c_block": 2}, "gemv.c_block: 2"),
                            ({"taps": 3, "k_block": 16}, "gemv.k_block: 16"), ({"chunks": 10**6}, "gemv.chunks"),
-                           ({"lanes": 1024}, "threads a workgroup")):  # fmt: skip
+                           ({"lanes": 1024}, "threads a workgroup"),
+                           ({"lanes": 6}, "gemv.lanes: 6 \\(a power of 2")):  # fmt: skip
         with pytest.raises(PlanError, match=words):
             check_plan(p, replace(plan, gemv=replace(plan.gemv, **numbers)))
     with pytest.raises(PlanError, match="split: "):

@@ -222,7 +222,8 @@ def _positions_loop(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thre
                     acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
     """The lane's positions of its workgroup's chunk (lane, lane + lanes, ...: neighbours read neighbours),
     ``unroll`` of them an iteration (their loads independent of each other's FMAs: in flight together); where
-    some tap may read outside x, an iteration whose positions are all interior skips the masks."""
+    some tap may read outside x, each tap is checked, or (``interior``) an iteration whose positions are all
+    interior skips the checks."""
     taps = _taps(ix, k, th)
     loop = scf.ForOp(ix.c(0), ix.c(k.loop_steps), ix.c(1), acc)
     with ir.InsertionPoint(loop.body):
@@ -234,9 +235,9 @@ def _positions_loop(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thre
                 acc = _step(ix, k, dy, x, th, taps, where, acc, masked)
             return acc
 
-        inside = all_of([c for c in (_interior(ix, k, w) for w in wheres) if c is not None])
-        if inside is None:  # no tap of this problem reads outside x
-            scf.YieldOp(steps(masked=False))
+        inside = all_of([c for c in (_interior(ix, k, w) for w in wheres) if c is not None]) if k.interior else None
+        if inside is None:  # no tap reads outside x, or the plan checks every tap (no interior branch)
+            scf.YieldOp(steps(masked=bool(_edges(k))))
         else:
             branch = scf.IfOp(inside, [a.type for a in loop.inner_iter_args], has_else=True)
             with ir.InsertionPoint(branch.then_block):
@@ -247,8 +248,28 @@ def _positions_loop(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thre
     return list(loop.results)
 
 
+def _tree(ix: _Ix, k: GemvKernel, smem: ir.Value, th: _Thread, count: int) -> None:
+    """The lanes' sums folded into lane 0's row by a fixed binary tree (lane l adds lane l + h, h = lanes/2 ... 1;
+    the same bits every run): log2(lanes) rounds a barrier apart, not lanes - 1 dependent adds a sum."""
+    f32, cv = ir.F32Type.get(), k.c_vector
+    vt = ir.VectorType.get([cv], f32)
+    base = ix.mul(th.slot, k.accumulators)
+    half = k.lanes // 2
+    while half >= 1:
+        branch = scf.IfOp(ix.lt(th.lane, half))
+        with ir.InsertionPoint(branch.then_block):
+            partner = ix.add(th.lane, half)
+            for a in range(count):
+                at = ix.add(base, a * cv)
+                total = arith.addf(vector.load(vt, smem, [th.lane, at]), vector.load(vt, smem, [partner, at]))
+                vector.store(total, smem, [th.lane, at])
+            scf.YieldOp([])
+        gpu.barrier()
+        half //= 2
+
+
 def _reduce(ix: _Ix, k: GemvKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
-    """The lanes' sums through shared memory ``[lanes, slots x accumulators]`` f32, added in lane order (the
+    """The lanes' sums through shared memory ``[lanes, slots x accumulators]`` f32, folded by :func:`_tree` (the
     same bits every run), each stored to ``ws[chunk, g, k, tap * C + c]`` (one chunk: dW ``[g, k, tap * C + c]``
     in its type; a run's taps past the filter's end are not stored). Thread ``i`` of a pass takes sum
     ``e = i + pass * threads`` in the slots' order."""
@@ -264,6 +285,7 @@ def _reduce(ix: _Ix, k: GemvKernel, ws: ir.Value, th: _Thread, tid: ir.Value, ac
     for a, value in enumerate(acc):
         vector.store(value, smem, [th.lane, ix.add(base, a * cv)])
     gpu.barrier()
+    _tree(ix, k, smem, th, len(acc))
     chunk = gpu.block_id(gpu.Dimension.x)
     one = ir.VectorType.get([1], f32)
     exact = size % k.threads == 0
@@ -291,8 +313,6 @@ def _reduce(ix: _Ix, k: GemvKernel, ws: ir.Value, th: _Thread, tid: ir.Value, ac
         c = ix.add(ix.add(ix.mul(cb, k.c_block), ix.mul(jc, cv)), v)
         col = ix.add(ix.mul(t, k.in_channels), c)
         total = vector.load(one, smem, [ix.c(0), e_at])
-        for lane in range(1, k.lanes):
-            total = arith.addf(total, vector.load(one, smem, [ix.c(lane), e_at]))
         if out_t != f32:
             total = arith.truncf(ir.VectorType.get([1], out_t), total)
         at = [g, out, col] if k.direct else [chunk, g, out, col]

@@ -8,7 +8,7 @@ Matrix cores have no tile to fill there and IREE's SIMT codegen reduces one outp
 floors, 1.75 ms on CK's 3-D case). This kernel spreads the reduction over the whole GPU instead: a thread owns
 ``k_block`` out channels (one vector load of dy), ``c_block`` in channels (vector loads of x along the contiguous
 channels) and a run of ``taps`` filter taps, and walks a lane of the positions of its workgroup's chunk, ``unroll``
-positions a step; the lanes' sums meet in shared memory (in lane order), the chunks' in an f32 workspace
+positions a step; the lanes' sums meet in shared memory (a fixed binary tree), the chunks' in an f32 workspace
 ``[chunks, G, K, taps * C]`` that a second stage sums in chunk order and rounds to dW's type (one chunk: the kernel
 writes dW itself, no second dispatch): no atomics, the same bits every run.
 """
@@ -36,6 +36,9 @@ MAX_THREADS = 1024
 WAVES = 2  # workgroups an SM the chunks aim at
 MIN_STEPS = 8  # positions a lane walks at least in a chunk (fewer: the lanes' reduction dominates)
 UNROLL = 4  # positions a step of a lane's loop: their loads in flight together (memory-level parallelism)
+# The interior branch (unchecked taps where a whole iteration reads inside x): slower on every padded problem of the
+# H100 run that had it, 1.2-2.8x (bench/results/h100_2026-12-06_gemv_round2/): off by rule, a stored plan's option.
+INTERIOR = False
 WORKSPACE_SHARE = 2  # partials at most 1/2 of x's and dy's bytes (the second stage reads them), beyond one a SM
 
 
@@ -73,6 +76,7 @@ class GemvKernel:
     lanes: int
     chunks: int
     unroll: int = 1
+    interior: bool = False
 
     @property
     def k_vector(self) -> int:
@@ -162,6 +166,8 @@ class GemvKernel:
             why.append(f"gemv.chunks: {self.chunks} (at most the {self.positions} positions)")
         if self.unroll > 8:
             why.append(f"gemv.unroll: {self.unroll} (at most 8 positions a step)")
+        if self.lanes & (self.lanes - 1):
+            why.append(f"gemv.lanes: {self.lanes} (a power of 2: the lanes' sums fold as a binary tree)")
         if not why and self.threads > MAX_THREADS:
             why.append(f"gemv: {self.threads} threads a workgroup ({self.slots} slots x {self.lanes} lanes), over "
                        f"{MAX_THREADS}")  # fmt: skip
@@ -213,13 +219,14 @@ def rule(problem: Any, tgt: Target) -> GemvPlan:
     chunks = -(-positions // -(-positions // chunks))  # no empty chunk
     steps = -(-positions // (chunks * lanes))
     unroll = next(u for u in (UNROLL, 2, 1) if steps >= 2 * u or u == 1)
-    return GemvPlan(k_block, c_block, taps, lanes, chunks, unroll)
+    return GemvPlan(k_block, c_block, taps, lanes, chunks, unroll, INTERIOR)
 
 
 def kernel(problem: Any, gemv: GemvPlan) -> GemvKernel:
     """The kernel's numbers for ``problem`` carried out as ``gemv`` says."""
     return GemvKernel(_geometry(problem), problem.batch, problem.groups, problem.in_channels, problem.out_channels,
-                      gemv.k_block, gemv.c_block, gemv.taps, gemv.lanes, gemv.chunks, gemv.unroll)  # fmt: skip
+                      gemv.k_block, gemv.c_block, gemv.taps, gemv.lanes, gemv.chunks, gemv.unroll,
+                      gemv.interior)  # fmt: skip
 
 
 def takes_by_default(problem: Any, tgt: Target, codegen: Plan) -> bool:
