@@ -1,7 +1,7 @@
 """Issue 23's per-class table: our plan's kernel against IREE's best form and cuDNN, class by class.
 
     python bench/classes.py compile .art/classes [--types f16 bf16] [--only S ...]        (here: IREE compiler)
-    python3 bench/classes.py run .art/classes --out OUT [--class dw ...] [--jobs 4]      (GPU machine: runtime)
+    python3 bench/classes.py run .art/classes --out OUT [--class dw ...]                 (GPU machine: runtime)
     python bench/classes.py report OUT/results*.json [--before OLD.json ...] > table.md
 
 The problems are ``convbw_mlir/suites/classes.tsv`` (real layers of published models; the class is the name's
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--class", dest="classes", nargs="*", help="only these classes, each in its own results file")
-    r.add_argument("--jobs", type=int, default=4, help="measuring workers on the GPU (their GPU steps take turns)")
+    r.add_argument("--jobs", type=int, default=1, help="measuring workers on the GPU (their GPU steps take turns)")
     rep = sub.add_parser("report")
     rep.add_argument("results", type=Path, nargs="+")
     rep.add_argument("--before", type=Path, nargs="*", default=[], help="an earlier run: its 'ours' as a column")

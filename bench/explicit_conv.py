@@ -19,11 +19,11 @@ explicit kernel refuses with its PlanError.
 
 ``run`` runs ours and the product's kernel one child process per problem (a CUDA fault poisons a
 process) and cuDNN (``torch.nn.grad.conv{1,2,3}d_weight``, channels_last, ``cudnn.benchmark``) in one
-child. Children start ``--jobs`` at a time so that their set-up (torch, IREE, the PTX JIT, CUPTI)
-overlaps; each takes the GPU's machine-wide lock (``harness.device_lock``): shared for its GPU work (context,
-copies, reference, check), alone for its timing and cuDNN's algorithm search: nothing overlaps a timing. Each
-result is checked against a float64 reference on the GPU (cached per problem), then timed by CUPTI
-(torch.profiler): ``single`` = median kernel time a call over calls 10 ms apart, ``sustained`` =
+child. Children run one at a time unless ``--jobs N`` starts N at once, so that their set-up (torch, IREE,
+the PTX JIT, CUPTI) overlaps; each takes the GPU's machine-wide lock (``harness.device_lock``): shared for its
+GPU work (context, copies, reference, check), alone for its timing and cuDNN's algorithm search: nothing
+overlaps a timing. Each result is checked against a float64 reference on the GPU (cached per problem), then
+timed by CUPTI (torch.profiler): ``single`` = median kernel time a call over calls 10 ms apart, ``sustained`` =
 kernel time a call over a back-to-back stream. Past ``--budget`` seconds nothing new starts and
 running children are stopped; what did not fit is listed as skipped. Writes ``OUT/explicit_conv.json``
 and ``.md`` (and ``rows.json`` after each child, what a cut-off run still returns).
@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     compile_parser.add_argument("--layout4", action="store_true",
                                 help="layout-4 problems (torch's NCHW): ours, the gathered kernel, the product's "
                                      "former choice")  # fmt: skip
-    harness.add_batch_options(run, budget=150.0, jobs=6)
+    harness.add_batch_options(run, budget=150.0)
     run.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
     harness.add_child_parser(sub, "run-one")
     return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only, tuple(a.ranks), tuple(a.types),

@@ -173,7 +173,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
 def main(argv: list[str] | None = None) -> int:
     ap, _, run_ = harness.command_line(__file__, __doc__, "host kernels of two small problems (CPU rehearsal)",
                                        only=True, out_required=True)  # fmt: skip
-    harness.add_batch_options(run_, budget=110.0, jobs=12, child_limit=45.0)
+    harness.add_batch_options(run_, budget=110.0, child_limit=45.0)
     return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.smoke, a.only),
                         run=lambda a: run(a.dir, a.out, a.budget, a.jobs, a.child_limit), report=report)  # fmt: skip
 

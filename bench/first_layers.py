@@ -223,7 +223,7 @@ def report(rows: list[dict], manifest: dict, out: Path, device: str, date: str |
 
 def main(argv: list[str] | None = None) -> int:
     ap, sub, run = harness.command_line(__file__, __doc__, "unused", only=True)
-    harness.add_batch_options(run, budget=150.0, jobs=6)
+    harness.add_batch_options(run, budget=150.0)
     run.add_argument("--only", nargs="*", help="only the contenders whose name holds one of these")
     harness.add_child_parser(sub, "run-one")
     return harness.main(ap, argv, compile=lambda a: compile_all(a.dir, a.only),

@@ -98,10 +98,11 @@ def add_child_parser(sub: Any, name: str = "run-one") -> argparse.ArgumentParser
     return child
 
 
-def add_batch_options(run: Any, budget: float, jobs: int, child_limit: float | None = None) -> None:
-    """``run``'s options of :func:`run_batches`: ``--budget``, ``--jobs`` (and ``--child-limit``)."""
+def add_batch_options(run: Any, budget: float, child_limit: float | None = None) -> None:
+    """``run``'s options of :func:`run_batches`: ``--budget``, ``--jobs`` (and ``--child-limit``). One child at a
+    time unless ``--jobs`` says otherwise: the figures a claim quotes come from runs no other worker shares."""
     run.add_argument("--budget", type=float, default=budget, help="seconds after which nothing new starts")
-    run.add_argument("--jobs", type=int, default=jobs, help="children at once (their set-up overlaps)")
+    run.add_argument("--jobs", type=int, default=1, help="children at once (their set-up overlaps; default 1)")
     if child_limit is not None:
         run.add_argument(
             "--child-limit", type=float, default=child_limit, help="seconds after which a child is stopped"

@@ -4,7 +4,7 @@ warp-specialized) against cuDNN and our sm_80 explicit kernel, layout 2 (channel
 Compile here (needs the IREE compiler), run there (needs torch and iree-base-runtime):
 
     .venv/bin/python bench/hopper_conv.py compile DIR [--only NAME ...] [--ranks]
-    python3 hopper_conv.py run DIR --out OUT --budget 200 --jobs 4     # on the GPU machine
+    python3 hopper_conv.py run DIR --out OUT --budget 200              # on the GPU machine
 
 ``--ranks``: the 1-D and 3-D layers of :data:`RANKED` instead (and two in layout 4), ours through the product
 (``compile_op(p, "sm_90a")``'s artifact by the direct launch; :func:`compile_ranked`), 1-D cuDNN as the product's
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--budget", type=float, default=200.0)
-    r.add_argument("--jobs", type=int, default=4)
+    r.add_argument("--jobs", type=int, default=1, help="children at once (default 1: one measuring process)")
     o = sub.add_parser("run-one")
     o.add_argument("dir", type=Path)
     o.add_argument("names", nargs="+")

@@ -1,6 +1,7 @@
 """Where the torch switch's host time goes in a whole model's training step (issue 37's ~350 us a call).
 
     CONVBW_ARTIFACTS=ART python3 bench/host_cost.py --model resnet50 --batch 64 --out OUT   # on the GPU
+    CONVBW_ARTIFACTS=ART python3 bench/host_cost.py --native --out OUT   # ours by the C++ hot path
 
 One process, eager, bf16 autocast, channels-last, SGD, 4 fixed batches (examples/torch_enable.py's loop): torch,
 ours (``enable()``), torch again; per mode the median step time and the host's part of it (time to queue the
@@ -8,7 +9,10 @@ step). For ours, after warm-up: the host time inside each layer of the switch's 
 decision memo, the problem memo, the direct call, the launcher, tensor-map encoding, CUDA-graph recording) by
 wrapping those functions with a clock, the counts of graphs recorded and maps encoded per step, cProfile's top
 functions over 3 steps, and torch.profiler's CUDA runtime/driver calls on the host (a synchronizing call there
-is a host wait). Writes OUT/host_cost.json and prints a table.
+is a host wait). With ``--native`` ours runs on the C++ hot path (``enable(native=True)``) and the count of our dW's
+CUDA graphs it launched itself (no Python) a step is reported. One model trains alone here, so its memory repeats step
+to step as in a user's loop (bench/train_step.py's four copies in turns move it: docs/torch.md#the-native-hot-path).
+Writes OUT/host_cost.json and prints a table.
 """
 
 from __future__ import annotations
@@ -67,13 +71,14 @@ def main() -> int:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--native", action="store_true", help="ours by the C++ hot path (enable(native=True))")
     ns = p.parse_args()
     import torch
     from torch import nn
 
     from convbw_mlir import cuda_launch
     from convbw_mlir import torch as ct
-    from convbw_mlir.torch import entry, switch
+    from convbw_mlir.torch import entry, native, switch
 
     ex = _example()
     device, dtype = torch.device("cuda"), torch.bfloat16
@@ -81,6 +86,7 @@ def main() -> int:
     clock = Clock()
     clock.wrap(entry, "problem_memo", "entry.problem_memo")
     clock.wrap(entry.DirectCall, "__call__", "entry.DirectCall.__call__")
+    clock.wrap(entry.DirectCall, "launch", "entry.DirectCall.launch (inside __call__, or from C++)")
     clock.wrap(entry.DirectCall, "_record", "entry.DirectCall._record (graph capture)")
     clock.wrap(cuda_launch.CudaLauncher, "__call__", "cuda_launch.CudaLauncher.__call__")
     clock.wrap(cuda_launch.CudaLauncher, "_maps_for", "cuda_launch._maps_for (tensor maps)")
@@ -130,7 +136,7 @@ def main() -> int:
 
     def run(mode: str) -> dict:
         if mode == "ours":
-            ct.enable(benchmark=False)  # every dW ours: the host cost of our path
+            ct.enable(benchmark=False, native=ns.native)  # every dW ours: the host cost of our path
         ct.reset_stats()
         try:
             rows = [step(i) for i in range(ns.steps)]
@@ -149,6 +155,8 @@ def main() -> int:
                 }
                 out["per_step_calls"] = {k: v / n for k, v in clock.calls.items()}
                 out["calls_ours_per_step"] = ct.stats().get("ours", 0) / n
+                out["native"] = native.loaded() is not None and ns.native
+                out["cxx_graph_launches_per_step"] = native.graph_launches() / n
                 out["loaded_before"] = loaded
                 out["loaded_after"] = ct.loaded_kernels()
                 prof = cProfile.Profile()
@@ -177,7 +185,11 @@ def main() -> int:
     for r in results:
         print(f"{r['mode']:6s} step {r['median_step_ms']:.2f} ms  host {r['median_host_ms']:.2f} ms  {r['stats']}")
     ours = results[1]
-    print(f"our calls a step: {ours['calls_ours_per_step']}")
+    print(f"our calls a step: {ours['calls_ours_per_step']}, C++ hot path: {ours['native']}, its graph launches a "
+          f"step: {ours['cxx_graph_launches_per_step']}")  # fmt: skip
+    torch_host = (results[0]["median_host_ms"] + results[2]["median_host_ms"]) / 2
+    per_call = 1e3 * (ours["median_host_ms"] - torch_host) / max(ours["calls_ours_per_step"], 1)
+    print(f"host us a call over torch's: {per_call:.1f}")
     for k, v in ours["per_step_host_ms"].items():
         print(f"  {v:8.3f} ms/step  {ours['per_step_calls'][k]:6.1f} calls/step  {k}")
     print(ours["cprofile_tottime"][:6000])

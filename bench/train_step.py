@@ -44,6 +44,13 @@ def _models(spec: str) -> list[str]:
     return names
 
 
+def _sides(spec: str) -> str:
+    sides = spec.split(",")
+    if sides[0] != "torch" or not set(sides) <= {"torch", "ours", "ours_bench", "torch2"} or len(set(sides)) < 2:
+        raise argparse.ArgumentTypeError(f"expected torch first, then some of ours, ours_bench, torch2; got {spec!r}")
+    return spec
+
+
 def _batch(model: str, batch: int) -> int:
     return DEFAULT_BATCH_3D if model == "r3d_18" else batch
 
@@ -133,6 +140,91 @@ def compile_all(ns: argparse.Namespace) -> int:
     return 0
 
 
+def check(ns: argparse.Namespace) -> int:
+    """On the GPU: every weight gradient of one model's step (eager, bf16 autocast, recorded as the switch sees it),
+    computed again alone: by torch, by the C++ hot path ``--repeats`` times on the same memory (its CUDA graph is
+    recorded by the third call and launched from C++ after; with ``$CONVBW_TORCH_NATIVE_LAUNCH=1`` the schedule is
+    launched from C++ from the second call) and by the Python switch, every dW ours
+    (``benchmark=False``). NaN fence: before each call a block of dW's size is filled with NaN and freed, so the
+    allocator hands it to dW and a dW nobody wrote shows. The C++ path's dW must be finite and equal the Python
+    path's bit for bit (the same kernel); its distance to torch's is reported (max over the entries / RMS)."""
+    import torch
+    from models import MODELS
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from convbw_mlir import torch as ct
+    from convbw_mlir.torch import native
+
+    build, shape, fmt, loss_fn, target = MODELS[ns.model]
+    batch = _batch(ns.model, ns.batch)
+    torch.manual_seed(0)
+    model = build().cuda().to(memory_format=fmt)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, *shape, generator=g).cuda().contiguous(memory_format=fmt)
+    y = target(batch, g).cuda()
+    aten = torch.ops.aten.convolution_backward.default
+    calls: list[tuple] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):  # noqa: ANN001, ANN204
+            if func is aten and a[-1][1]:
+                calls.append(tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in a[:-1]))
+            return func(*a, **(kw or {}))
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = loss_fn(model(x), y)
+    with Record():
+        loss.backward()
+    del loss
+    model.zero_grad(set_to_none=True)
+
+    def dw(args: tuple) -> torch.Tensor:
+        go, xx, w = args[:3]
+        nbytes = w.numel() * w.element_size()
+        fence = torch.full((nbytes // 2,), float("nan"), dtype=torch.bfloat16, device="cuda")
+        del fence  # back to the allocator, NaN inside: dW is handed this block
+        out = aten(*args, [False, True, False])[1]
+        torch.cuda.synchronize()
+        return out
+
+    rows, ok = [], bool(calls)
+    for i, args in enumerate(calls):
+        ct.disable()
+        want = dw(args).float()
+        ct.enable(benchmark=False, native=True)
+        if native.loaded() is None:
+            sys.exit("check: the C++ hot path did not build")
+        ct.reset_stats()
+        got = []
+        for _ in range(ns.repeats):
+            t = dw(args)
+            got.append(t.clone())
+            del t
+        stats, graphs, plain = ct.stats(), native.graph_launches(), native.plain_launches()
+        ct.enable(benchmark=False, native=False)
+        py = dw(args)
+        ct.disable()
+        finite = all(bool(torch.isfinite(t).all()) for t in got)
+        differ = [k for k, t in enumerate(got) if not torch.equal(t, py)]
+        rms = want.square().mean().sqrt().clamp_min(1e-30)
+        rel = float(max((t.float() - want).abs().max() for t in got) / rms)
+        row = {"layer": i, "weight": list(args[2].shape), "x": list(args[1].shape), "stats": stats,
+               "graph_launches": graphs, "plain_launches": plain, "finite": finite, "differ_from_python": differ,
+               "rel_vs_torch": rel}  # fmt: skip
+        ok &= finite and not differ  # graphs: direct launches only (not where x, dy or dW are copied)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    ok &= sum(r["graph_launches"] + r["plain_launches"] for r in rows) > 0  # some calls launched from C++
+    out = {"model": ns.model, "batch": batch, "device": torch.cuda.get_device_name(),
+           "torch_version": torch.__version__, "repeats": ns.repeats, "layers": rows, "ok": ok}  # fmt: skip
+    ns.json.write_text(json.dumps(out, indent=1))
+    ours = sum(1 for r in rows if r["stats"].get("ours"))
+    print(f"{len(rows)} weight gradients, {ours} ours, C++ graph launches {sum(r['graph_launches'] for r in rows)}, "
+          f"C++ plain launches {sum(r['plain_launches'] for r in rows)}, "
+          f"max rel vs torch {max((r['rel_vs_torch'] for r in rows), default=0):.2e}; check ok: {ok}")  # fmt: skip
+    return 0 if ok else 1
+
+
 def _kinds(prof, ours: set[str]) -> dict[str, float]:  # noqa: ANN001
     kinds: dict[str, float] = {}
     for e in prof.key_averages():
@@ -171,9 +263,10 @@ def part(ns: argparse.Namespace) -> dict:
             forward = torch.compile(forward, mode=None if ns.mode == "compile" else "reduce-overhead")
         return forward, opt
 
-    sides = {"torch": fresh(), "ours": fresh(), "ours_bench": fresh(), "torch2": fresh()}
+    sides = {s: fresh() for s in ns.sides.split(",")}  # torch first: the others are its ratios
     rows: dict[str, list] = {s: [] for s in sides}
-    saved: dict[str, dict] = {"ours": {}, "ours_bench": {}}  # each switch's decisions, kept across its turns
+    ours_sides = [s for s in ("ours", "ours_bench") if s in sides]
+    saved: dict[str, dict] = {s: {} for s in ours_sides}  # each switch's decisions, kept across its turns
     records: dict = {}  # each ours side's switch record (its settings and memo), put back for its steps
 
     def step(side: str, i: int) -> tuple[float, float, float]:
@@ -208,17 +301,23 @@ def part(ns: argparse.Namespace) -> dict:
                 ct.disable()
         return took, queued, loss.item()
 
-    stats: dict[str, dict] = {"ours": {}, "ours_bench": {}}
+    stats: dict[str, dict] = {s: {} for s in ours_sides}
     for i in range(ns.steps):
         for side in sides:
             ct.reset_stats()
             rows[side].append(step(side, i))
             if side in stats and i >= ns.warmup:  # calls of the timed steps only
-                for k, v in ct.stats().items():
+                # our dW's CUDA graphs the C++ kernel launched itself (no Python): the hot path's own count
+                graphs = (
+                    {"C++ graph launches": native.graph_launches(), "C++ plain launches": native.plain_launches()}
+                    if native.loaded() is not None
+                    else {}
+                )
+                for k, v in (ct.stats() | graphs).items():
                     stats[side][k] = stats[side].get(k, 0) + v
     ours_names = {k for row in ct.loaded_kernels() for k in row.get("kernels", ())}
     device_ms = {}
-    for side in ("torch", "ours", "ours_bench"):
+    for side in ("torch", *ours_sides):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for i in range(3):
                 step(side, i)
@@ -235,7 +334,7 @@ def part(ns: argparse.Namespace) -> dict:
         out[side] = {"step_ms": med(t[0] for t in r[warm]) * 1e3, "host_ms": med(t[1] for t in r[warm]) * 1e3,
                      "loss": [t[2] for t in r], "step_s": [t[0] for t in r], "host_s": [t[1] for t in r]}  # fmt: skip
     t = rows["torch"]
-    for side in ("ours", "ours_bench", "torch2"):
+    for side in (s for s in ("ours", "ours_bench", "torch2") if s in rows):
         o = rows[side]
         out[f"ratio_{side}"] = med(b[0] / a[0] for a, b in zip(t[warm], o[warm]))  # side / torch, step by step
         out[f"loss_diff_{side}"] = max(abs(a[2] - b[2]) for a, b in zip(t, o))
@@ -253,7 +352,7 @@ def run(ns: argparse.Namespace) -> int:
                 stem = f"{model}_{batch}_{mode}"
                 cmd = [sys.executable, __file__, "part", "--model", model, "--batch", str(batch), "--mode", mode,
                        "--steps", str(ns.steps), "--warmup", str(ns.warmup), "--lr", str(ns.lr),
-                       "--json", str(ns.out / f"{stem}.json")]  # fmt: skip
+                       "--sides", ns.sides, "--json", str(ns.out / f"{stem}.json")]  # fmt: skip
                 start = time.time()
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout)
                 (ns.out / f"{stem}.log").write_text(r.stdout + r.stderr)
@@ -270,19 +369,22 @@ def table(ns: argparse.Namespace) -> int:
           " device ms torch wgrad | ours: ours+wgrad | bench: ours+wgrad |"
           " loss diff ours, bench / torch2 |")  # fmt: skip
     print("|" + "---|" * 15)
+    nan = float("nan")  # a side the run left out (--sides)
     for r in rows:
         dev = r["device_ms_per_step"]
         calls = r["calls_per_step"]
-        why = ", ".join(f"{k.removeprefix('torch: ')} {v:g}" for k, v in calls["ours"].items() if k != "ours")
-        d_t, d_o, d_b = dev["torch"], dev["ours"], dev["ours_bench"]
-        print(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['torch']['step_ms']:.2f} | {r['ratio_ours']:.3f} "
-              f"| {r['ratio_ours_bench']:.3f} | {r['ratio_torch2']:.3f} | {r['torch']['host_ms']:.2f} "
-              f"| {r['host_us_per_call_ours']:.1f}, {r['host_us_per_call_ours_bench']:.1f} "
-              f"| {calls['ours'].get('ours', 0):g} ({why or '-'}) | {calls['ours_bench'].get('ours', 0):g} "
+        why = ", ".join(f"{k.removeprefix('torch: ')} {v:g}" for k, v in calls.get("ours", {}).items() if k != "ours")
+        d_t, d_o, d_b = dev["torch"], dev.get("ours", {}), dev.get("ours_bench", {})
+        g = lambda key, r=r: r.get(key, nan)  # noqa: E731
+        print(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['torch']['step_ms']:.2f} | {g('ratio_ours'):.3f} "
+              f"| {g('ratio_ours_bench'):.3f} | {g('ratio_torch2'):.3f} | {r['torch']['host_ms']:.2f} "
+              f"| {g('host_us_per_call_ours'):.1f}, {g('host_us_per_call_ours_bench'):.1f} "
+              f"| {calls.get('ours', {}).get('ours', 0):g} ({why or '-'}) "
+              f"| {calls.get('ours_bench', {}).get('ours', 0):g} "
               f"| {d_t.get('wgrad', 0):.2f} | {d_o.get('ours', 0):.2f}+{d_o.get('wgrad', 0):.2f} "
               f"| {d_b.get('ours', 0):.2f}+{d_b.get('wgrad', 0):.2f} "
-              f"| {r['loss_diff_ours']:.1e}, {r['loss_diff_ours_bench']:.1e} "
-              f"/ {r['loss_diff_torch2']:.1e} |")  # fmt: skip
+              f"| {g('loss_diff_ours'):.1e}, {g('loss_diff_ours_bench'):.1e} "
+              f"/ {g('loss_diff_torch2'):.1e} |")  # fmt: skip
     if rows:
         r = rows[0]
         path = "C++ hot path (CONVBW_TORCH_NATIVE=1)" if r.get("native") else "Python switch"
@@ -311,10 +413,17 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--steps", type=int, default=50)
         q.add_argument("--warmup", type=int, default=10)
         q.add_argument("--lr", type=float, default=1e-3)
+        # torch2: torch's own spread; fewer sides, fewer compiles (torch.compile modes compile each side's model)
+        q.add_argument("--sides", default="torch,ours,ours_bench,torch2", type=_sides)
     pt.add_argument("--model", required=True)
     pt.add_argument("--batch", type=int, required=True)
     pt.add_argument("--mode", choices=("eager", "compile", "reduce-overhead"), required=True)
     pt.add_argument("--json", type=Path, required=True)
+    ck = sub.add_parser("check")
+    ck.add_argument("--model", default="resnet50")
+    ck.add_argument("--batch", type=int, default=64)
+    ck.add_argument("--repeats", type=int, default=5)
+    ck.add_argument("--json", type=Path, required=True)
     t = sub.add_parser("table")
     t.add_argument("out", type=Path)
     ns = p.parse_args(argv)
@@ -322,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         return compile_all(ns)
     if ns.verb == "record":
         return record(ns)
+    if ns.verb == "check":
+        return check(ns)
     if ns.verb == "part":
         ns.json.write_text(json.dumps(part(ns), indent=1, default=str))
         return 0

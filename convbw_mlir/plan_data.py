@@ -155,7 +155,8 @@ class MergePlan:
 @dataclass(frozen=True)
 class Decision:
     """Why a plan is what it is: the rule of :data:`convbw_mlir.plan.RULES` that made it, or where it came from
-    (``tuned``: a tuning database's entry). Not part of the plan's identity (:attr:`Plan.decision`).
+    (``tuned``: a tuning database's entry; ``nearest``, ``learned``, ``constrained``: what ``select`` chose it by,
+    ``then`` the rule that made it). Not part of the plan's identity (:attr:`Plan.decision`).
 
     Attributes:
         rule: the rule's name.

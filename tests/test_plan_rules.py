@@ -93,3 +93,45 @@ def test_op_plan_names_its_rule_built_or_from_the_kernel_cache(compiled):
     assert compile_op(CONV, "host", cache=False, k_batch=2).plan.decision.options == (("k_batch", 2),)
     given = compile_op(CONV, "host", plan=decide(CONV, "host").to_dict()).plan.decision  # the cache's kernel again
     assert given.rule == "given" and "as given" in given.reason
+
+
+def _tuned_db():
+    from convbw_mlir.dispatch import TuningDB, candidates
+
+    db = TuningDB("NVIDIA H100 80GB HBM3", "sm_80", "3.13.0")
+    tuned = ConvBwdWeightProblem.from_ck("2 1 256 64 64 3 3 56 56 1 1 1 1 1 1 1 1")
+    db.add(tuned, next(v for v in candidates(tuned, "sm_80") if v.options == (("k_batch", 32),)), median_s=1e-3)
+    return tuned, db
+
+
+def test_a_nearest_neighbours_plan_names_the_neighbour_then_the_rule_that_made_it():
+    from convbw_mlir.dispatch import select
+
+    tuned, db = _tuned_db()
+    sel = select(tuned.with_(batch=128), "sm_80", dbs=[db], selector=False)
+    why = sel.variant.plan.decision
+    assert sel.path == "nearest" and why.rule == "nearest" and "distance 1.00" in why.detail
+    assert why.then is not None and why.then.rule in {r.name for r in RULES} and why.options == (("k_batch", 32),)
+    assert why.lines()[0] == f"rule: nearest -> {why.then.rule}"
+
+
+def test_a_learned_selectors_choice_names_the_selector_then_the_rule_that_made_it():
+    from convbw_mlir.dispatch import select
+    from convbw_mlir.dispatch.learned import TreeSelector
+
+    flat = TreeSelector("sm_80", 0.0, 1.0, [{"left": [-1], "right": [-1], "feature": [0], "threshold": [0.0],
+                                              "value": [0.0]}], meta={"problems": 3})  # fmt: skip
+    sel = select(CONV, "sm_80", dbs=[], selector=flat)
+    why = sel.variant.plan.decision
+    assert sel.path == "learned" and why.rule == "learned" and "trained on 3 problems" in why.detail
+    assert why.then.rule == "explicit-by-default"  # a tie: the first candidate, the heuristic's own plan
+
+
+def test_a_plan_chosen_for_a_workspace_limit_says_so():
+    from convbw_mlir.dispatch import select
+
+    split = ConvBwdWeightProblem.from_ck("2 1 32 72 72 3 3 56 56 1 1 1 1 1 1 1 1")
+    assert decide(split, "sm_80").workspace_bytes > 0  # split-K's partials: the limit rules the plan's own out
+    sel = select(split, "sm_80", dbs=[], selector=False, max_workspace_bytes=0)
+    why = sel.variant.plan.decision
+    assert why.rule == "constrained" and "workspace" in why.detail and why.then is not None

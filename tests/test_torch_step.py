@@ -181,3 +181,117 @@ def test_benchmark_keeps_the_faster_weight_gradient_timed_once_per_problem(ours_
 def test_benchmark_is_a_bool():
     with pytest.raises(TypeError, match=r"benchmark: expected True, False or None \(on for GPUs\), got 'yes'"):
         ct.enable(benchmark="yes")
+
+
+def test_a_direct_calls_launch_tells_the_cxx_path_the_graph_it_replayed_for_that_memory_and_its_workspace(
+    monkeypatch,
+):
+    # the C++ hot path launches a graph itself only for memory whose graph DirectCall named (docs/torch.md)
+    import ctypes
+
+    kernel = object.__new__(ct_entry.DirectCall)  # no GPU here: the launcher, the graph and the stream stood in for
+    kernel.index, kernel.transient, kernel.driver, kernel.use_graphs = 0, 100, "cuda", True
+    kernel._graphs, kernel._seen, kernel._side = {}, {}, None
+    plain, recorded, replays = [], [], []
+    kernel.launcher = lambda ptrs, stream, maps_stream=None: plain.append(ptrs)
+
+    class Graph:
+        def replay(self):
+            replays.append(1)
+
+        def raw_cuda_graph_exec(self):
+            return 0xE1
+
+    monkeypatch.setattr(ct_entry.DirectCall, "_record", lambda self, ptrs, stream: recorded.append(ptrs) or Graph())
+    monkeypatch.setattr(ct_entry, "_raw_stream", lambda index: 7)
+    monkeypatch.setattr(ct_entry, "_RAW_EXEC", True)
+    monkeypatch.setattr(ct_entry, "_WORKSPACE", {})
+    monkeypatch.setattr(
+        ct_entry, "_kept_workspace", lambda index, nbytes, device: torch.empty(nbytes, dtype=torch.uint8)
+    )
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    x, dy, out, other = torch.zeros(64), torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    got = [kernel.launch(x, dy, out) for _ in range(3)] + [kernel.launch(x, dy, other)]
+    ws = ct_entry._WORKSPACE[(0, 7)]
+    assert ws.numel() >= 100
+    assert [(e, w is ws) for e, w in got] == [(0, True), (0xE1, True), (0xE1, True), (0, True)]
+    assert (len(plain), len(recorded), len(replays)) == (2, 1, 2)  # first call and new memory plain, then the graph
+
+    fns = {n: ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for n in ("cuGraphLaunch", "cuStreamIsCapturing")}
+    monkeypatch.setattr("convbw_mlir.cuda_launch._libcuda", lambda: type("Lib", (), fns))
+    spec = kernel.native_launch()
+    assert spec[0] == kernel.launch and spec[3] == 100
+    assert spec[1:3] == tuple(ctypes.cast(fns[n], ctypes.c_void_p).value for n in fns)
+    kernel.use_graphs = False  # CONVBW_CUDA_GRAPHS=0 (or a capture that failed): every call through Python
+    assert kernel.native_launch() is None
+    kernel.use_graphs, kernel.driver = True, "hip"  # ROCm: its graphs are not launched from C++
+    assert kernel.native_launch() is None
+
+
+def test_while_the_stream_is_captured_a_direct_calls_workspace_is_the_calls_own_and_nothing_is_kept(monkeypatch):
+    # torch.compile(mode="reduce-overhead") failed on an H100 with "Detected 1 tensor(s) in the cudagraph pool not
+    # tracked as outputs" (bench/results/h100_2026-12-06_host37): a workspace kept from inside its pool. Under a
+    # capture the workspace is the call's own (the capture's memory, freed after the call as torch's temporaries);
+    # outside, the one kept per stream, allocated apart from any pool (_kept_workspace)
+    kernel = object.__new__(ct_entry.DirectCall)
+    kernel.index, kernel.transient, kernel.driver, kernel.use_graphs = 0, 1000, "cuda", True
+    kernel._graphs, kernel._seen, kernel._side = {}, {}, None
+    launched, kept = [], []
+    kernel.launcher = lambda ptrs, stream, maps_stream=None: launched.append(ptrs)
+    monkeypatch.setattr(ct_entry, "_raw_stream", lambda index: 7)
+    monkeypatch.setattr(ct_entry, "_WORKSPACE", {})
+    monkeypatch.setattr(
+        ct_entry, "_kept_workspace", lambda index, nbytes, device: kept.append(nbytes) or torch.empty(nbytes)
+    )
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    x, dy, out = torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    assert [kernel.launch(x, dy, out) for _ in range(2)] == [(0, None), (0, None)]
+    assert (ct_entry._WORKSPACE, kept, len(launched)) == ({}, [], 2)  # each launch had a workspace, none kept
+    capturing[0] = False
+    _, ws = kernel.launch(x, dy, out)
+    assert kept == [1000] and ct_entry._WORKSPACE == {(0, 7): ws} and launched[-1][3] == ws.data_ptr()
+
+
+def test_a_direct_calls_native_plan_is_its_launchers_schedule_and_only_where_asked(monkeypatch):
+    # what C++ launches itself ($CONVBW_TORCH_NATIVE_LAUNCH=1): CudaLauncher's own plan, buffers numbered x, dy, dW,
+    # workspace, each kernel's constants and tensor maps; the driver functions by address (0: absent)
+    import ctypes
+    import types
+
+    from convbw_mlir.cuda_launch import Dispatch, ExportDef, Launch, TensorMap, Transfer, launch_plan
+
+    t = "transient"
+    launch = Launch(
+        function="f",
+        steps=[
+            Transfer("fill", (t, 0), 64, None, 0, 4),
+            Dispatch("k0", (2, 1, 1), (("arg0", 0), ("arg1", 16), (t, 0), (t, 0)), (7, 9)),
+            Dispatch("k1", (1, 1, 1), ((t, 0), ("arg2", 0))),
+            Transfer("copy", ("arg2", 0), 16, (t, 0)),
+        ],  # fmt: skip
+        transient=64,
+        arg_bytes=(1, 1, 1),
+        exports={"k0": ExportDef("k0", 0, (128, 1, 1), 4096, 2, 4), "k1": ExportDef("k1", 0, (32, 1, 1), 0, 0, 2)},
+        tensor_maps=[TensorMap("k0", 0, 3, 0, "tiled", 9, (8, 36), (16,), (8, 4), (1, 1))],
+    )
+    plan, _ = launch_plan(launch, {"k0": 0xF1, "k1": 0xF2}, dynamic_shared=True)
+    kernel = object.__new__(ct_entry.DirectCall)
+    kernel.driver = "cuda"
+    kernel.launcher = types.SimpleNamespace(launch=launch, _plan=plan, _maps={1: (3, launch.tensor_maps)})
+    fns = {n: ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for n in ct_entry.NATIVE_DRIVER_FUNCTIONS[:8]}
+    monkeypatch.setattr("convbw_mlir.cuda_launch._libcuda", lambda: type("Lib", (), fns))
+    monkeypatch.delenv(ct_entry.NATIVE_LAUNCH_ENV, raising=False)
+    assert kernel.native_plan() is None  # off by default: not yet run on a GPU
+    monkeypatch.setenv(ct_entry.NATIVE_LAUNCH_ENV, "1")
+    addresses, steps = kernel.native_plan()
+    assert addresses == (*(ctypes.cast(f, ctypes.c_void_p).value for f in fns.values()), 0, 0)
+    tiled = (0, 0, 9, (8, 36), (16,), (8, 4), (1, 1), (), (), 0, 3, 3, 0)
+    assert steps == (
+        (1, 3, 0, 64, -1, 0, 0, 4),
+        (0, 0xF1, (2, 1, 1, 128, 1, 1, 4096), ((0, 0), (1, 16), (3, 0), (3, 0)), (7, 9), 3, (tiled,)),
+        (0, 0xF2, (1, 1, 1, 32, 1, 1, 0), ((3, 0), (2, 0)), (), -1, ()),
+        (2, 2, 0, 16, 3, 0, 0, 0),
+    )
+    kernel.driver = "hip"
+    assert kernel.native_plan() is None

@@ -297,3 +297,238 @@ def test_a_compiled_function_that_calls_backward_runs_the_native_path_eagerly_af
     for g, w in zip([p.grad for p in model.parameters()], want[1:], strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     assert native.counts() == {"ours": 2}
+
+
+class _GraphedKernel:
+    """A DirectCall stood in for on the CPU: its Python launch fills dW and says which graph it replayed (one per
+    dW address, the address itself), and the driver's cuGraphLaunch / cuStreamIsCapturing are ctypes callbacks
+    recording what C++ hands them."""
+
+    def __init__(self, want):
+        import ctypes
+
+        self.want, self.plain, self.python, self.graphs = want, [], [], []
+        self.capturing, self.rc = 0, 0
+        self.ws = torch.empty(256, dtype=torch.uint8)
+
+        def graph_launch(exec_, stream):
+            self.graphs.append((exec_, stream))
+            return self.rc
+
+        def is_capturing(stream, status):
+            status[0] = self.capturing
+            return 0
+
+        self._fns = [
+            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(graph_launch),
+            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))(is_capturing),
+        ]
+        self.addresses = [ctypes.cast(f, ctypes.c_void_p).value for f in self._fns]
+
+    def __call__(self, x, dy, out):  # the plain launch (a capture, the miss's Python path)
+        self.plain.append(out.data_ptr())
+        out.copy_(self.want)
+
+    def launch(self, x, dy, out):
+        out.copy_(self.want)
+        # DirectCall's rule: a graph from the second call on the same memory on
+        exec_ = out.data_ptr() if out.data_ptr() in self.python else 0
+        self.python.append(out.data_ptr())
+        return exec_, self.ws
+
+    def native_launch(self):
+        return self.launch, *self.addresses, 64, None
+
+
+def _graphed_switch(monkeypatch):
+    x, dy = torch.randn(2, 4, 6, 6), torch.randn(2, 8, 6, 6)
+    w = torch.randn(8, 4, 3, 3)
+    want = aten(dy, x, w, *ARGS, [False, True, False])[1]
+    kernel = _GraphedKernel(want)
+    decide = sw._decide
+    monkeypatch.setattr(
+        sw, "_decide", lambda *a: dataclasses.replace(decide(*a), direct=(kernel, ((8, 4, 3, 3), (36, 9, 3, 1))))
+    )
+    ct.enable(native=True)
+    return kernel, lambda: aten(dy, x, w, *ARGS, [False, True, False])[1]
+
+
+def test_a_direct_launchs_cuda_graph_python_replayed_is_launched_from_cxx_without_python_on_that_memory(monkeypatch):
+    kernel, call = _graphed_switch(monkeypatch)
+    torch.testing.assert_close(call(), kernel.want)  # the miss: the Python switch whole (its plain launch)
+    for _ in range(12):  # each dW dropped before the next: the allocator hands its memory back
+        got = call()
+        if not (kernel.graphs and kernel.graphs[-1][0] == got.data_ptr()):  # else from C++: the fake wrote nothing
+            torch.testing.assert_close(got, kernel.want)
+        del got
+    told = {p for i, p in enumerate(kernel.python) if p in kernel.python[:i]}  # the graphs Python said it replayed
+    assert kernel.graphs, "no call was served by the graph from C++"
+    assert all(stream is None and exec_ in told for exec_, stream in kernel.graphs)  # stream 0: the CPU's stand-in
+    assert len(kernel.plain) == 1 and len(kernel.python) + len(kernel.graphs) == 12
+    assert native.graph_launches() == len(kernel.graphs) and native.counts() == {"ours": 12}
+    assert all(kernel.python.count(p) == 2 for p in told)  # once Python told a memory's graph, C++ launches it
+
+
+def test_while_a_graph_is_captured_the_direct_launch_goes_into_the_capture_through_python(monkeypatch):
+    kernel, call = _graphed_switch(monkeypatch)
+    kernel.capturing = 1  # cuStreamIsCapturing: active
+    for _ in range(4):
+        torch.testing.assert_close(call(), kernel.want)
+    assert (len(kernel.plain), kernel.python, kernel.graphs) == (4, [], [])
+
+
+def test_a_failed_graph_launch_from_cxx_is_one_error_naming_it_and_the_switch_works_after(monkeypatch):
+    kernel, call = _graphed_switch(monkeypatch)
+    for _ in range(12):
+        call()
+        if kernel.graphs:
+            break
+    assert kernel.graphs, "no call was served by the graph from C++"
+    kernel.rc = 700  # CUDA_ERROR_ILLEGAL_ADDRESS
+    with pytest.raises(RuntimeError, match="cuGraphLaunch of our dW kernel's CUDA graph: CUDA error 700"):
+        for _ in range(12):
+            call()
+    kernel.rc = 0
+    ct.disable()
+    torch.testing.assert_close(call(), kernel.want)  # torch's own again
+
+
+def test_graphs_launched_from_cxx_while_another_thread_turns_the_switch_never_break_a_call(monkeypatch):
+    # entries (their graphs and callables) and the workspace table are shared with a thread that enables, disables
+    # and, past 64 settings, clears the C++ table meanwhile: no call fails, and every one Python served is right
+    import threading
+
+    kernel, call = _graphed_switch(monkeypatch)
+    errors, done = [], threading.Event()
+
+    def toggle():
+        try:
+            while not done.wait(0.002):  # on between turns: entries live a few calls, some reach their graph
+                ct.disable()
+                ct.enable(native=True)
+        except Exception as e:
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    toggler = threading.Thread(target=toggle)
+    toggler.start()
+    try:
+        for _ in range(150):
+            got = call()
+            if not (kernel.graphs and kernel.graphs[-1][0] == got.data_ptr()):
+                torch.testing.assert_close(got, kernel.want)  # torch's, or ours through Python: both the same dW
+            del got
+    finally:
+        done.set()
+        toggler.join()
+        sys.setswitchinterval(interval)
+    assert not errors
+    assert kernel.graphs, "no call was served by the graph from C++"
+
+
+class _FakeDriver:
+    """The driver functions DirectCall.native_plan hands over (entry.NATIVE_DRIVER_FUNCTIONS' order), as ctypes
+    callbacks recording what C++ passes: kernel launches with their parameters read back, fills, copies, tensor-map
+    encodings (the map's first 8 bytes: the address it describes) and their copies to the device."""
+
+    def __init__(self, params_per_kernel):
+        import ctypes as c
+
+        self.launches, self.fills, self.copies, self.encoded, self.uploads = [], [], [], [], []
+        self._host = []
+        u64, vp, u32, sz = c.c_uint64, c.c_void_p, c.c_uint, c.c_size_t
+
+        def launch(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            slots = c.cast(params, c.POINTER(vp))
+            n = params_per_kernel[func]
+            self.launches.append((func, (gx, gy, gz, bx, by, bz, smem), stream,
+                                  [c.cast(slots[i], c.POINTER(u64))[0] for i in range(n)]))  # fmt: skip
+            return 0
+
+        def encode(mode):
+            def f(out, dtype, rank, address, dims, strides, *rest):
+                self.encoded.append((mode, dtype, rank, address, [dims[i] for i in range(rank)]))
+                c.memmove(out, c.byref(u64(address)), 8)
+                return 0
+
+            return f
+
+        def alloc_host(ptr, size):
+            buf = c.create_string_buffer(size)
+            self._host.append(buf)
+            ptr[0] = c.addressof(buf)
+            return 0
+
+        def alloc(ptr, size):
+            ptr[0] = 0x7000_0000 + 0x10000 * len(self._host)
+            return 0
+
+        def upload(dst, src, size, stream):
+            self.uploads.append((dst, [c.cast(src + 128 * k, c.POINTER(u64))[0] for k in range(size // 128)]))
+            return 0
+
+        p_u64, p_u32, p_i = c.POINTER(u64), c.POINTER(u32), c.POINTER(c.c_int)
+        self._fns = [
+            c.CFUNCTYPE(c.c_int, vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp)(launch),
+            None,
+            None,
+            c.CFUNCTYPE(c.c_int, u64, u32, sz, vp)(lambda d, v, n, s: self.fills.append((d, v, n)) or 0),
+            c.CFUNCTYPE(c.c_int, u64, u64, sz, vp)(lambda d, s_, n, s: self.copies.append((d, s_, n)) or 0),
+            c.CFUNCTYPE(c.c_int, u64, vp, sz, vp)(upload),
+            c.CFUNCTYPE(c.c_int, p_u64, sz)(alloc),
+            c.CFUNCTYPE(c.c_int, c.POINTER(vp), sz)(alloc_host),
+            c.CFUNCTYPE(c.c_int, vp, c.c_int, u32, vp, p_u64, p_u64, p_u32, p_u32, c.c_int, c.c_int, c.c_int, c.c_int)(
+                encode("tiled")
+            ),
+            c.CFUNCTYPE(
+                c.c_int,
+                vp,
+                c.c_int,
+                u32,
+                vp,
+                p_u64,
+                p_u64,
+                p_i,
+                p_i,
+                u32,
+                u32,
+                p_u32,
+                c.c_int,
+                c.c_int,
+                c.c_int,
+                c.c_int,
+            )(encode("im2col")),  # fmt: skip
+        ]
+        self.addresses = tuple(0 if f is None else c.cast(f, c.c_void_p).value for f in self._fns)
+
+
+def test_without_a_graph_for_the_memory_cxx_launches_the_schedule_itself_as_the_python_launcher_does(monkeypatch):
+    # $CONVBW_TORCH_NATIVE_LAUNCH=1: DirectCall's schedule (a fill, a kernel with two tensor maps, a second stage, a
+    # copy) launched from C++ with the parameters CudaLauncher gives (entry.DirectCall.native_plan's tuple)
+    drv = _FakeDriver({0xF1: 6, 0xF2: 2})
+    maps = ((0, 0, 9, (8, 36), (16,), (8, 4), (1, 1), (), (), 0, 3, 3, 0),
+            (1, 1, 9, (8, 6, 6, 2), (16, 96, 576), (8, 4), (1, 1, 1, 1), (-1, -1), (-1, -1), 0, 3, 3, 0))  # fmt: skip
+    steps = ((1, 3, 0, 64, -1, 0, 0, 4),
+             (0, 0xF1, (2, 1, 1, 128, 1, 1, 4096), ((0, 0), (1, 16), (3, 0), (3, 0)), (7, 9), 3, maps),
+             (0, 0xF2, (1, 1, 1, 32, 1, 1, 0), ((3, 0), (2, 0)), (), -1, ()),
+             (2, 2, 0, 16, 3, 0, 0, 0))  # fmt: skip
+    kernel, call = _graphed_switch(monkeypatch)
+    kernel.native_launch = lambda: (kernel.launch, 0, kernel.addresses[1], 64, (drv.addresses, steps))
+    torch.testing.assert_close(call(), kernel.want)  # the miss: the Python switch whole
+    for _ in range(4):
+        call()
+    calls = native.plain_launches()
+    assert calls >= 3 and kernel.graphs == [] and len(kernel.python) <= 1  # Python once at most: the workspace
+    assert len(drv.launches) == 2 * calls and len(drv.fills) == calls and len(drv.copies) == calls
+    first, second = drv.launches[-2], drv.launches[-1]
+    assert first[0] == 0xF1 and first[1] == (2, 1, 1, 128, 1, 1, 4096) and second[0] == 0xF2
+    x_ptr, dy_ptr, ws, maps_at, *constants = first[3]
+    assert constants == [7, 9] and dy_ptr - 16 != x_ptr
+    ws_in, dw = second[3]
+    assert ws_in == ws and drv.fills[-1] == (ws, 0, 16) and drv.copies[-1] == (dw, ws, 16)
+    # the tensor maps: encoded once for this (x, dy) pair and stream, uploaded to one slot, bound on every launch
+    assert [(m, a) for m, _, _, a, _ in drv.encoded] == [("tiled", x_ptr), ("im2col", dy_ptr)]
+    assert drv.encoded[0][1:] == (9, 2, x_ptr, [8, 36]) and drv.encoded[1][1:] == (9, 4, dy_ptr, [8, 6, 6, 2])
+    assert drv.uploads == [(maps_at, [x_ptr, dy_ptr])]
+    assert all(launch[3][3] == maps_at for launch in drv.launches[::2][1:])

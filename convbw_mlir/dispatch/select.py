@@ -275,7 +275,8 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
         if options:
             trained = learned.meta.get("problems")
             why = f"least predicted time of {len(options)} candidates (trained on {trained} problems)"
-            return Selection(learned.choose(problem, options), "learned", why)
+            chosen = learned.choose(problem, options)
+            return Selection(_chosen_by(chosen, LEARNED, why), "learned", why)
     ranked = []
     for db in dbs:
         for k, other in db.problems().items():
@@ -297,11 +298,27 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
             continue
         variant = Variant("convbw", plan, tuple(sorted(options.items())), "nearest")
         why = f"{entry['name']} at distance {d:.2f} (tuned on {db.device}) with options {options or 'none'}"
-        return Selection(variant, "nearest", why, entry)
+        return Selection(_chosen_by(variant, NEAREST, why), "nearest", why, entry)
     base = heuristic(problem, tgt)
     if satisfies(base.plan, deterministic, max_workspace_bytes):
         return Selection(base, "heuristic", "no tuned problem near enough")
     return _constrained(problem, tgt, base, deterministic, max_workspace_bytes)
+
+
+# What chose a plan besides a rule of plan.RULES (op.plan and ``convbw select`` name it; the rule that made the
+# plan with the chosen options follows it as ``then``)
+LEARNED = ("learned", "the installed learned selector's least predicted time among the candidates")
+NEAREST = ("nearest", "a tuned neighbour's options, decided again for this problem")
+CONSTRAINED = ("constrained", "the first candidate in the tuner's order meeting deterministic / max_workspace_bytes")
+
+
+def _chosen_by(variant: Variant, chooser: tuple[str, str], detail: str) -> Variant:
+    """``variant`` with its plan's decision naming ``chooser`` (name, reason) first, then the rule that made it."""
+    if variant.plan is None:
+        return variant
+    made = variant.plan.decision
+    why = Decision(chooser[0], chooser[1], detail, variant.options, then=made)
+    return replace(variant, plan=replace(variant.plan, decision=why))
 
 
 # Plan variants tried for a request the heuristic's plan does not meet (the tuner's grid, all of it), then
@@ -328,7 +345,8 @@ def _constrained(problem: ConvBwdWeightProblem, tgt: Target, base: Variant, dete
             why = (f"the heuristic's plan needs {base.plan.workspace_bytes} bytes of workspace"
                    if max_workspace_bytes is not None and base.plan.workspace_bytes > max_workspace_bytes
                    else "the heuristic's plan is not deterministic")  # fmt: skip
-            return Selection(v, "heuristic", f"{why}: the first candidate within")
+            why = f"{why}: the first candidate within"
+            return Selection(_chosen_by(v, CONSTRAINED, why), "heuristic", why)
     if deterministic and not any(v.plan.deterministic for v in plans):
         raise ValueError(f"deterministic: True: no plan of {problem.name} on {tgt.name} is deterministic")
     least = min(plans, key=lambda v: v.plan.workspace_bytes)

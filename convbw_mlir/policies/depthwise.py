@@ -45,8 +45,7 @@ SEGMENT = 64  # the innermost output dimension is cut into segments of this many
 MIN_SEGMENT = 16  # segments are halved down to this while the rows cannot fill the grid
 WAVES = 8  # workgroups an SM the rule aims at (rows split into chunks until the grid has that many)
 # The wide form the rule gives depthwise problems: 4 channels a thread, a run of up to 8 inner taps, steps of 8
-# outputs (fewer conversions and loads an FMA): 1.11x cuDNN against the narrow form's 0.83x over 20 layers, faster
-# on 16 of them, slower on two 3x3 stride-1 layers at 56x56 (docs/decisions.md#depthwise-by-default).
+# outputs (fewer conversions and loads an FMA; against the narrow form: docs/decisions.md#depthwise-by-default).
 WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
 
 

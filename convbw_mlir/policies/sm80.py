@@ -32,6 +32,7 @@ from typing import Any
 from convbw_mlir.plan_data import (
     STREAMK_FIXUPS,
     WAVESPEC_PRODUCERS,
+    Decision,
     MergePlan,
     Overrides,
     Plan,
@@ -46,10 +47,10 @@ from convbw_mlir.policies import switches
 from convbw_mlir.policies.split import check, explicit_split, split_refusals
 from convbw_mlir.targets import TARGETS, Target
 
-__all__ = ["COST", "INTRINSIC", "INTRINSICS", "SHARED_MEMORY_CAP", "ConvGeometry", "CostModel", "FoldedWindow",
-           "GemmShape", "GemmTiling", "auto_splits", "choose_folded_tiling", "folded_problems", "folded_window",
-           "gemm_shape", "merge_rule", "merged", "plan", "refusals", "takes_by_default", "tiling",
-           "unsupported"]  # fmt: skip
+__all__ = ["COST", "INTRINSIC", "INTRINSICS", "ROWS_FIT_K", "SHARED_MEMORY_CAP", "ConvGeometry", "CostModel",
+           "CostRule", "FoldedWindow", "GemmShape", "GemmTiling", "auto_splits", "choose_folded_tiling",
+           "folded_problems", "folded_window", "gemm_shape", "merge_rule", "merged", "plan", "refusals",
+           "rows_fit_k_waived", "takes_by_default", "tiling", "unsupported"]  # fmt: skip
 
 INTRINSIC = "NV_MMA_SYNC_F32_16x8x16_F16"  # the plan's name of mma.sync m16n8k16 f16 -> f32
 # mma.sync m16n8k16 per input type (IREE's names, targets._SM80): bf16 has f16's fragment layouts.
@@ -306,19 +307,88 @@ def tiling_cost(shape: GemmShape, t: GemmTiling, compute_units: int, shared_cap:
     return clocks
 
 
-def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> GemmTiling:
-    """The plan's tiling: the cheapest of :data:`TILINGS` by :func:`tiling_cost` among those that can run
-    ``shape`` (3 stages, else 2 where the shared-memory cap needs); the first (128x256) on a tie."""
-    best, best_cost = None, math.inf
+@dataclass(frozen=True)
+class CostRule:
+    """A named rule of a kernel's tiling or split choice beside its cost model (the plan's decision names the ones
+    that decided)."""
+
+    name: str
+    reason: str
+
+
+#: The tiling rule's condition issue 39 found missing (docs/decisions.md#sm90-cost-rules)
+ROWS_FIT_K = CostRule(
+    "rows-fit-k",
+    "on Hopper a 64-row tile only where K fits it (K <= 64): on the H100 every 64-row tile of a K > 64 layer "
+    "measured 1.06-1.93x the best 128-row one, which the model's A100 rates miss; not where a workgroup runs no more "
+    "k tiles than the model's fill, nor where the 128-row grid needs a second workgroup on some SMs and the 64-row "
+    "one does not (docs/decisions.md#sm90-cost-rules)",
+)
+
+
+def _grid(shape: GemmShape, t: GemmTiling, compute_units: int, shared_cap: int) -> tuple[int, int]:
+    """Workgroups of ``t``'s split-K grid (:func:`auto_splits`) and the k tiles each one runs."""
+    splits = auto_splits(shape, t, compute_units, shared_cap=shared_cap)
+    tiles = shape.groups * -(-shape.m // t.bm) * -(-shape.n // t.bn)
+    return tiles * splits, -(-math.ceil(shape.reduction / t.bk) // splits)
+
+
+def rows_fit_k_waived(shape: GemmShape, model: GemmTiling, rows128: GemmTiling, compute_units: int,
+                      shared_cap: int = SHARED_MEMORY_CAP) -> str:  # fmt: skip
+    """Why :data:`ROWS_FIT_K` keeps the model's 64-row tile ``model`` over the best 128-row one ``rows128`` on a
+    K > 64 layer (empty: it does not). The rule is about the k loop's rate on full SMs: a workgroup of no more k
+    tiles than the fill (:attr:`CostModel.fill_tiles`) is its fill and epilogue; and the model counts a second
+    resident workgroup on an SM as free, which on the H100 it is not where the 64-row grid has one an SM."""
+    grid64, ktiles = _grid(shape, model, compute_units, shared_cap)
+    if ktiles <= COST.fill_tiles:
+        return f"{ktiles} k tile(s) a workgroup, within the fill ({COST.fill_tiles}): no k loop to rank"
+    grid128, _ = _grid(shape, rows128, compute_units, shared_cap)
+    if grid64 <= compute_units < grid128:
+        return (f"the {rows128.bm}x{rows128.bn} grid's {grid128} workgroups put two on some of the "
+                f"{compute_units} SMs, the {model.bm}x{model.bn} grid's {grid64} one an SM")  # fmt: skip
+    return ""
+
+
+def _pick(shape: GemmShape, costed: list[tuple[GemmTiling, float]], compute_units: int, shared_cap: int,
+          rows_fit_k: bool) -> tuple[GemmTiling | None, str]:  # fmt: skip
+    """The cheapest of ``costed`` (the first on a tie); with ``rows_fit_k`` (:data:`ROWS_FIT_K`) a 64-row one on
+    K > 64 gives way to the cheapest 128-row one unless :func:`rows_fit_k_waived` says why not (returned beside)."""
+    model = min(costed, key=lambda tc: tc[1], default=(None, 0.0))[0]
+    if model is None or _rows_fit(shape, model.bm, rows_fit_k):
+        return model, ""
+    rows128 = min(((t, c) for t, c in costed if t.bm >= 128), key=lambda tc: tc[1], default=(None, 0.0))[0]
+    if rows128 is None:
+        return model, ""
+    waived = rows_fit_k_waived(shape, model, rows128, compute_units, shared_cap)
+    return (model, waived) if waived else (rows128, "")
+
+
+def _costed(shape: GemmShape, compute_units: int, shared_cap: int, folded: bool) -> list[tuple[GemmTiling, float]]:
+    """Each of :data:`TILINGS` that can run ``shape`` (3 stages, else 2 where the shared-memory cap needs; ``folded``:
+    whose stages hold x's windows too) with its :func:`tiling_cost`."""
+    costed = []
     for bm, bn, wm, wn in TILINGS:
         for stages in (3, 2):
             t = GemmTiling(bm, bn, 64, stages, wm, wn)
-            if not t.problems(shape, shared_cap):
-                cost = tiling_cost(shape, t, compute_units, shared_cap)
-                if cost < best_cost:
-                    best, best_cost = t, cost
+            if not t.problems(shape, shared_cap) and not (folded and folded_problems(shape, t, shared_cap)):
+                costed.append((t, tiling_cost(shape, t, compute_units, shared_cap)))
                 break
-    return best or GemmTiling()
+    return costed
+
+
+def _rows_fit(shape: GemmShape, bm: int, rule: bool) -> bool:
+    return not rule or bm >= 128 or shape.m <= bm
+
+
+def choose_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP,
+                  rows_fit_k: bool = False) -> GemmTiling:  # fmt: skip
+    """The plan's tiling: the cheapest of :data:`TILINGS` by :func:`tiling_cost` among those that can run
+    ``shape`` (3 stages, else 2 where the shared-memory cap needs), 64-row ones on K > 64 only where
+    :data:`ROWS_FIT_K` is waived (``rows_fit_k``, :func:`_pick`); the first (128x256) on a tie."""
+    return (
+        _pick(shape, _costed(shape, compute_units, shared_cap, False), compute_units, shared_cap, rows_fit_k)[0]
+        or GemmTiling()
+    )
 
 
 def unsupported(problem, tiling: GemmTiling, shared_cap: int = SHARED_MEMORY_CAP, dtypes: tuple[str, ...] | None = None,
@@ -413,18 +483,11 @@ def folded_problems(shape: GemmShape, t: GemmTiling, shared_cap: int = SHARED_ME
     return why
 
 
-def choose_folded_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP) -> GemmTiling:
+def choose_folded_tiling(shape: GemmShape, compute_units: int, shared_cap: int = SHARED_MEMORY_CAP,
+                         rows_fit_k: bool = False) -> GemmTiling:  # fmt: skip
     """:func:`choose_tiling` among the tilings whose stages hold x's windows too (:func:`folded_problems`)."""
-    best, best_cost = None, math.inf
-    for bm, bn, wm, wn in TILINGS:
-        for stages in (3, 2):
-            t = GemmTiling(bm, bn, 64, stages, wm, wn)
-            if not t.problems(shape, shared_cap) and not folded_problems(shape, t, shared_cap):
-                cost = tiling_cost(shape, t, compute_units, shared_cap)
-                if cost < best_cost:
-                    best, best_cost = t, cost
-                break
-    return best or GemmTiling(128, 128, 64, 2, 64, 64)
+    costed = _costed(shape, compute_units, shared_cap, True)
+    return _pick(shape, costed, compute_units, shared_cap, rows_fit_k)[0] or GemmTiling(128, 128, 64, 2, 64, 64)
 
 
 # -- wave specialization (kernels/wavespec_sm80.py): which tilings take producer warps -----------------------
@@ -504,11 +567,19 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     given = opts.tile
     t = GemmTiling()
     folded = opts.layout4 == "fold"
+    decided = ""  # the named rule that decided the tiling, where one did
     if not given and not unsupported(
         dense, None, epilogues=True
     ):  # the plan's rule: the kernel's cost model (choose_tiling)
-        choose = choose_folded_tiling if folded else choose_tiling
-        t = choose(gemm_shape(dense), tgt.compute_units, tgt.lds_bytes)
+        hopper = bool(tgt.wgmma_n)  # measured there only: Ampere and Ada keep the model's choice
+        shape = gemm_shape(dense)
+        costed = _costed(shape, tgt.compute_units, tgt.lds_bytes, folded)
+        chosen_t, waived = _pick(shape, costed, tgt.compute_units, tgt.lds_bytes, hopper)
+        t = chosen_t or (GemmTiling(128, 128, 64, 2, 64, 64) if folded else GemmTiling())
+        if waived:
+            decided = f"a {t.bm}x{t.bn} tile, {ROWS_FIT_K.name} waived: {waived}"
+        elif hopper and chosen_t != _pick(shape, costed, tgt.compute_units, tgt.lds_bytes, False)[0]:
+            decided = f"a {t.bm}x{t.bn} tile by {ROWS_FIT_K.name}: {ROWS_FIT_K.reason}"
     if "subgroups_m" in given:
         t = replace(t, wm=given.get("m", t.bm) // given["subgroups_m"])
     if "subgroups_n" in given:
@@ -539,7 +610,8 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         chosen = replace(chosen, streamk=StreamKPlan(workgroups, opts.streamk_fixup or "linear"))
         check(problem, chosen, refusals)
         return chosen
-    return explicit_split(problem, chosen, shape, t, tgt, opts, auto_splits, refusals)
+    chosen = explicit_split(problem, chosen, shape, t, tgt, opts, auto_splits, refusals)
+    return replace(chosen, decision=Decision("", "", decided)) if decided else chosen
 
 
 def refusals(problem: Any, plan: Plan) -> list[str]:
@@ -659,7 +731,8 @@ def merge_rule(problem: Any, tgt: Target) -> int:
 def merged_cost(problem: Any, groups: int, tgt: Target) -> float:
     """:func:`tiling_cost` of ``problem`` merged ``groups`` at a time, with the tiling the rule gives it."""
     shape = gemm_shape(merged(problem, groups))
-    return tiling_cost(shape, choose_tiling(shape, tgt.compute_units, tgt.lds_bytes), tgt.compute_units, tgt.lds_bytes)
+    t = choose_tiling(shape, tgt.compute_units, tgt.lds_bytes, rows_fit_k=bool(tgt.wgmma_n))  # as the plan tiles it
+    return tiling_cost(shape, t, tgt.compute_units, tgt.lds_bytes)
 
 
 def _merge_groups(problem: Any, tgt: Target, opts: Any) -> int:

@@ -16,14 +16,16 @@ from typing import Any
 
 from convbw_mlir.cuda_launch import im2col_corners
 from convbw_mlir.loops import Split
-from convbw_mlir.plan_data import Overrides, Plan, PlanError, Strategy, StreamKPlan, Tile, _is_int
+from convbw_mlir.plan_data import Decision, Overrides, Plan, PlanError, Strategy, StreamKPlan, Tile, _is_int
 from convbw_mlir.policies import sm80
+from convbw_mlir.policies.sm80 import CostRule
 from convbw_mlir.policies.split import EXPLICIT_SPLIT, check, split_refusals
 from convbw_mlir.targets import TARGETS, Target
 
-__all__ = ["BK", "BM", "BN", "COST", "MAPS_BYTES", "SMS", "STAGES", "WGMMA", "CostModel", "auto_splits", "choose",
-           "cost", "cost_streamk", "flops", "is_sm90", "plan", "refusals", "streamk_workspace", "takes",
-           "takes_by_default", "tensor_maps", "unsupported"]  # fmt: skip
+__all__ = ["BK", "BM", "BN", "COST", "COST_RULES", "MAPS_BYTES", "MEMORY_FLOOR", "SMS", "STAGES", "STREAMK_SEGMENTS",
+           "WGMMA", "CostModel", "CostRule", "auto_splits", "choose", "cost", "cost_streamk", "deciding_rules",
+           "floor_us", "flops", "is_sm90", "plan", "refusals", "streamk_workspace", "takes", "takes_by_default",
+           "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
 SMS = TARGETS["sm_90a"].compute_units  # the rule's default grid (H100 SXM); one workgroup an SM (4 stages of 48 KiB)
@@ -33,11 +35,13 @@ SMS = TARGETS["sm_90a"].compute_units  # the rule's default grid (H100 SXM); one
 class CostModel:
     """The rule's model (:func:`cost`, :func:`cost_streamk`), one record, fitted (least squares on log time) to 33
     timings of the rule's choices and of other splits and tile widths on an H100 (``fitted_on[0]``, runs 1 and 2;
-    within ~10% but for the narrowest tiles): a 128x256x64 k tile takes ``ktile_us`` an SM (large_3x3_256_n64_56:
-    786 TFLOP/s), a narrower tile ``tile_cost`` of that; a split's f32 partials go out and back in at
+    within ~10% but for the narrowest tiles; docs/timing.md#remeasured for those runs): a 128x256x64 k tile takes
+    ``ktile_us`` an SM, a narrower tile ``tile_cost`` of that; a split's f32 partials go out and back in at
     ``bytes_per_us``, the sum's dispatch hidden; a workgroup pays ``fill_tiles`` k tiles of fill, barrier set-up and
     epilogue. The narrow tiles' costs (one consumer warpgroup where K <= 64, 64 columns where Y X C <= 64) were
-    fitted on the H200 (``fitted_on[1]``, run 2; docs/explicit-kernels.md "Measured: StreamK and the rule")."""
+    fitted on the H200 (``fitted_on[1]``, run 2; docs/explicit-kernels.md "Measured: StreamK and the rule"); a
+    256-wide split tile's fill and StreamK's fill at every tile segment on ``fitted_on[2]`` (the H100's short
+    reductions: docs/decisions.md#sm90-cost-rules)."""
 
     ktile_us: float = 0.67
     tile_cost: dict[int, float] = field(default_factory=lambda: {256: 1.0, 192: 0.87, 128: 0.6})  # by bn, of 256's
@@ -46,16 +50,34 @@ class CostModel:
     bytes_per_us: float = 3.0e6
     sum_us: float = 0.0
     fill_tiles: int = 8
+    # a split's 256-wide tile: its fill and epilogue measured 2-5 us a wave over the 8 k tiles on short
+    # reductions (fitted_on[2]: split-1 runs of 3x3s with 8-36 k tiles a tile); StreamK's segments fit with 8
+    fill_tiles_wide: int = 10
     # StreamK is offered only where the tiles are at least this many a workgroup (with fewer, a tile's finisher
     # adds many partials in turn, which the model leaves out: up to 4.9x slower)
     streamk_min_tiles: float = 0.5
     fitted_on: tuple[str, ...] = (
         "bench/results/h100_2026-11-26_hopper_conv",
         "bench/results/h200_2026-11-26_hopper_perf",
+        "bench/results/h100_2026-12-06_heur",
     )
 
 
 COST = CostModel()
+
+
+#: The model's terms that issue 39 found missing (docs/decisions.md#sm90-cost-rules), by name
+STREAMK_SEGMENTS = CostRule(
+    "streamk-tile-segments",
+    "StreamK pays its fill, epilogue and fixup at every tile its share of k tiles touches, not once a workgroup: "
+    "on short reductions that costs more than the wave it evens (docs/decisions.md#sm90-cost-rules)",
+)
+MEMORY_FLOOR = CostRule(
+    "memory-floor",
+    "no plan is estimated faster than reading x and dy and writing dW once at the target's bandwidth; at the floor "
+    "the least compute-side estimate wins, not fewer splits (docs/decisions.md#sm90-cost-rules)",
+)
+COST_RULES = (STREAMK_SEGMENTS, MEMORY_FLOOR)
 # The tile widths the rule weighs (and the kernel takes): the model's (wide, then the narrow ones where the
 # 128 x 128+ tile would compute past the problem: splits up to one wave there)
 TILE_COST = COST.tile_cost
@@ -212,7 +234,10 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         names = ", ".join(map(str, (*TILE_COST, *NARROW_COST)))
         raise PlanError(f"tile-n: {widths[0]} (the sm_90a kernel's bn: one of {names})")
     # an epilogue rides the second pass (the split's sum, or one rounding pass): StreamK writes dW itself
-    bn, splits, streamk = choose(m, n, reduction, tgt.compute_units, problem.groups, widths, problem.epilogue is None)
+    floor = floor_us(problem, tgt)
+    args = (m, n, reduction, tgt.compute_units, problem.groups, widths, problem.epilogue is None, floor)
+    bn, splits, streamk = choose(*args)
+    decided = [] if opts.streamk is not None or _is_int(opts.k_batch) else deciding_rules(*args)
     if opts.streamk is not None:  # StreamK asked: on the target's SMs (auto) or that many workgroups
         splits, streamk = 1, tgt.compute_units if opts.streamk == "auto" else opts.streamk
     if _is_int(opts.k_batch):
@@ -226,6 +251,10 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         ktiles = -(-reduction // BK)
         chosen = replace(chosen, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
     check(problem, chosen, refusals)
+    if decided:  # the model's named terms that made this choice travel with it (the rule's decision shows them)
+        what = "StreamK" if streamk else "no split" if splits == 1 else f"{splits} splits"
+        why = "; ".join(f"{r.name}: {r.reason}" for r in decided)
+        chosen = replace(chosen, decision=Decision("", "", f"{what} of {bn}-wide tiles by {why}"))
     return chosen
 
 
@@ -255,39 +284,51 @@ def tensor_maps(problem: Any, kernel: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def cost(m: int, n: int, reduction: int, bn: int, splits: int, sms: int = SMS, groups: int = 1) -> float:
+def floor_us(problem: Any, tgt: Target) -> float:
+    """:data:`MEMORY_FLOOR`: us to read x and dy and write dW once at ``tgt``'s bandwidth."""
+    return problem.min_bytes / (tgt.bandwidth_gbs * 1e3)
+
+
+def _fill(bn: int) -> int:
+    return COST.fill_tiles_wide if bn == BN else COST.fill_tiles
+
+
+def cost(m: int, n: int, reduction: int, bn: int, splits: int, sms: int = SMS, groups: int = 1,
+         floor: float = 0.0) -> float:  # fmt: skip
     """Estimated us of ``groups`` ``m x n`` dWs reducing over ``reduction`` rows with tile ``128 x bn`` (``64 x
     bn`` where K <= 64) and ``splits`` slices: whole waves of ``sms`` workgroups, each its slice's k tiles plus
-    the fill, and a split's partials' round trip and its sum's dispatch."""
+    the fill, and a split's partials' round trip and its sum's dispatch; never below ``floor`` us
+    (:data:`MEMORY_FLOOR`)."""
     rows = 64 * consumers_for(m)
     tiles = groups * -(-m // rows) * -(-n // bn)
     ktiles = -(-reduction // BK)
     waves = -(-tiles * splits // sms)
     rate = {**COST.tile_cost, **COST.narrow_cost}[bn] * (COST.one_consumer if rows == 64 else 1.0)
-    us = waves * (-(-ktiles // splits) + COST.fill_tiles) * COST.ktile_us * rate
-    return us + (2 * splits * groups * m * n * 4 / COST.bytes_per_us + COST.sum_us if splits > 1 else 0.0)
+    us = waves * (-(-ktiles // splits) + _fill(bn)) * COST.ktile_us * rate
+    us += 2 * splits * groups * m * n * 4 / COST.bytes_per_us + COST.sum_us if splits > 1 else 0.0
+    return max(us, floor)
 
 
-def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups: int = 1) -> float | None:
-    """Estimated us of StreamK on ``sms`` workgroups (each an even share of every tile's k tiles, plus the fill,
-    plus each workgroup's f32 partial out and back), or None where the tiles are too few for it
+def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups: int = 1, floor: float = 0.0,
+                 segments: bool = True) -> float | None:  # fmt: skip
+    """Estimated us of StreamK on ``sms`` workgroups (each an even share of every tile's k tiles, plus the fill at
+    each tile its share touches (``segments``: :data:`STREAMK_SEGMENTS`; else once), never below ``floor``, plus
+    each workgroup's f32 partial out and back), or None where the tiles are too few for it
     (:attr:`CostModel.streamk_min_tiles` a workgroup)."""
     tiles = groups * -(-m // BM) * -(-n // bn)
     if tiles < COST.streamk_min_tiles * sms:
         return None
-    share = -(-tiles * -(-reduction // BK) // sms)
-    return (share + COST.fill_tiles) * COST.ktile_us * COST.tile_cost[bn] + 2 * sms * BM * bn * 4 / COST.bytes_per_us
-
-
-def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1,
-           widths: list[int] | None = None, streamk: bool = True) -> tuple[int, int, int]:  # fmt: skip
-    """``(bn, splits, streamk)`` of least estimated time (the tile's rows: :func:`consumers_for`): the tile width
-    (of ``widths``, default :func:`widths_for`) and either
-    a split count by :func:`cost` (each slice at least 8 k tiles, CK's k_batch rule of thumb re-weighed for
-    whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by :func:`cost_streamk` (splits 1);
-    on a tie the wider tile, then the split, then the fewer splits (``streamk`` False: splits only)."""
     ktiles = -(-reduction // BK)
-    widths = widths or widths_for(n)
+    share = -(-tiles * ktiles // sms)
+    touched = share / ktiles + 1 if segments else 1  # a run of `share` k tiles meets share/ktiles + 1 tiles
+    us = (share + touched * COST.fill_tiles) * COST.ktile_us * COST.tile_cost[bn]
+    return max(us + 2 * sms * BM * bn * 4 / COST.bytes_per_us, floor)
+
+
+def _options(m: int, n: int, reduction: int, sms: int, groups: int, widths: list[int], streamk: bool, floor: float,
+             segments: bool = True) -> list[tuple[float, float, int, int, int]]:  # fmt: skip
+    """(us, us without the floor, bn, splits, streamk workgroups) of every choice :func:`choose` weighs."""
+    ktiles = -(-reduction // BK)
     narrow = m <= 64 or n <= 64  # a narrow tile's few tiles: splits up to one wave
 
     def most(bn: int) -> int:
@@ -295,15 +336,46 @@ def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1,
             max(MAX_SPLITS, sms // (groups * -(-m // (64 * consumers_for(m))) * -(-n // bn))) if narrow else MAX_SPLITS
         )
 
-    options = [(cost(m, n, reduction, bn, s, sms, groups), bn, s, 0) for bn in widths
-               for s in range(1, most(bn) + 1)
-               if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles]  # fmt: skip
+    options = []
+    for bn in widths:
+        for s in range(1, most(bn) + 1):
+            if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles:
+                us = cost(m, n, reduction, bn, s, sms, groups)
+                options.append((max(us, floor), us, bn, s, 0))
     for bn in widths if streamk and not narrow else []:
-        us = cost_streamk(m, n, reduction, bn, sms, groups)
+        us = cost_streamk(m, n, reduction, bn, sms, groups, segments=segments)
         if us is not None:
-            options.append((us, bn, 1, min(sms, groups * -(-m // BM) * -(-n // bn) * ktiles)))
-    best = min(options, key=lambda o: (round(o[0], 1), -o[1], o[3], o[2]))
-    return best[1], best[2], best[3]
+            options.append((max(us, floor), us, bn, 1, min(sms, groups * -(-m // BM) * -(-n // bn) * ktiles)))
+    return options
+
+
+def _best(options: list[tuple[float, float, int, int, int]]) -> tuple[float, float, int, int, int]:
+    # at the floor the estimates tie: the one of least compute-side time (bandwidth-bound 1x1s measured faster
+    # with more splits in flight, not fewer: docs/decisions.md#sm90-cost-rules)
+    return min(options, key=lambda o: (round(o[0], 1), round(o[1], 1), -o[2], o[4], o[3]))
+
+
+def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1, widths: list[int] | None = None,
+           streamk: bool = True, floor: float = 0.0) -> tuple[int, int, int]:  # fmt: skip
+    """``(bn, splits, streamk)`` of least estimated time (the tile's rows: :func:`consumers_for`): the tile width
+    (of ``widths``, default :func:`widths_for`) and either
+    a split count by :func:`cost` (each slice at least 8 k tiles, CK's k_batch rule of thumb re-weighed for
+    whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by :func:`cost_streamk` (splits 1);
+    none estimated below ``floor`` us (:data:`MEMORY_FLOOR`); on a tie the wider tile, then the split, then the
+    fewer splits (``streamk`` False: splits only)."""
+    best = _best(_options(m, n, reduction, sms, groups, widths or widths_for(n), streamk, floor))
+    return best[2], best[3], best[4]
+
+
+def deciding_rules(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1, widths: list[int] | None = None,
+                   streamk: bool = True, floor: float = 0.0) -> list[CostRule]:  # fmt: skip
+    """The :data:`COST_RULES` that shaped :func:`choose`'s answer: :data:`STREAMK_SEGMENTS` where without it the
+    choice would differ, :data:`MEMORY_FLOOR` where the chosen estimate is the floor (bandwidth-bound)."""
+    widths = widths or widths_for(n)
+    chosen = _best(_options(m, n, reduction, sms, groups, widths, streamk, floor))
+    offered = streamk and m > 64 and n > 64  # StreamK is weighed at all (not for a narrow tile's few tiles)
+    once = _best(_options(m, n, reduction, sms, groups, widths, streamk, floor, segments=False)) if offered else chosen
+    return [STREAMK_SEGMENTS] * (once[2:] != chosen[2:]) + [MEMORY_FLOOR] * (chosen[1] < floor)
 
 
 def auto_splits(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1) -> int:

@@ -21,12 +21,14 @@ is written). docs/torch.md. Importable only where torch is installed.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import hashlib
 import math
 import os
 import threading
 import types
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -478,6 +480,29 @@ def call_for(op: Any, driver: str, index: int | None) -> Any:
 
 _WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> transient workspace, grown as needed
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle without a Stream object
+_RAW_EXEC = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")  # torch >= 2.8: the graph's cudaGraphExec_t
+
+
+NATIVE_LAUNCH_ENV = "CONVBW_TORCH_NATIVE_LAUNCH"  # "1": the C++ hot path launches DirectCall's schedule itself
+# the driver functions DirectCall.native_plan hands over, in this order (switch_native.cpp: Driver)
+NATIVE_DRIVER_FUNCTIONS = ("cuLaunchKernel", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async", "cuMemcpyAsync",
+                           "cuMemcpyHtoDAsync_v2", "cuMemAlloc_v2", "cuMemAllocHost_v2", "cuTensorMapEncodeTiled",
+                           "cuTensorMapEncodeIm2col")  # fmt: skip
+_WS_STREAMS: dict[int, Any] = {}  # device -> the stream kept workspaces are allocated on (_kept_workspace)
+
+
+def _kept_workspace(index: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A transient workspace kept for GPU ``index`` and its current stream: allocated on a stream of its own, so
+    that no graph pool routing the current stream's allocations takes it (torch.compile's reduce-overhead warms up
+    in its pool and refuses a tensor kept alive there), and recorded on the current stream, where the kernels use
+    it: a workspace replaced by a larger one is reused only after the work queued on it."""
+    side = _WS_STREAMS.get(index)
+    if side is None:
+        side = _WS_STREAMS[index] = torch.cuda.Stream(index)
+    with torch.cuda.stream(side):
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    ws.record_stream(torch.cuda.current_stream(index))
+    return ws
 
 
 def current_stream_handle(index: int) -> int:
@@ -508,7 +533,7 @@ class DirectCall:
             from convbw_mlir.cuda_launch import CudaLauncher
 
             self.launcher = CudaLauncher(launch, index)
-        self.index, self.transient = index, launch.transient
+        self.index, self.transient, self.driver = index, launch.transient, driver
         self.use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._seen: dict[tuple, None] = {}
@@ -539,18 +564,88 @@ class DirectCall:
         Raises:
             ValueError: a tensor whose data is not 16-byte aligned (the PTX declares ``.align 16``), naming it.
         """
+        self.launch(x, dy, out)
+
+    def native_launch(self) -> tuple[Callable, int, int, int, tuple | None] | None:
+        """What the C++ hot path needs to launch this kernel without Python (docs/torch.md#the-native-hot-path):
+        (:meth:`launch`, the driver's ``cuGraphLaunch`` address (0: graphs off, or a torch whose CUDAGraph hides its
+        exec handle) and ``cuStreamIsCapturing``'s, the transient workspace's bytes, :meth:`native_plan`); None where
+        it can do neither (HIP)."""
+        if getattr(self, "driver", None) != "cuda":
+            return None
+        graphs, plan = self.use_graphs and _RAW_EXEC, self.native_plan()
+        if not graphs and plan is None:
+            return None
+        from convbw_mlir.cuda_launch import _libcuda
+
+        lib = _libcuda()
+        address = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value  # noqa: E731
+        return (
+            self.launch,
+            address("cuGraphLaunch") if graphs else 0,
+            address("cuStreamIsCapturing"),
+            self.transient,
+            plan,
+        )
+
+    def native_plan(self) -> tuple | None:
+        """The schedule for the C++ hot path to launch itself on memory whose graph it does not know, where
+        ``$CONVBW_TORCH_NATIVE_LAUNCH`` is "1" (not yet run on a GPU: off by default): (the driver functions'
+        addresses in :data:`NATIVE_DRIVER_FUNCTIONS`' order, 0 where absent; the steps: ``(0, CUfunction, grid +
+        block + dynamic shared bytes, ((buffer, offset), ...), constants, the maps binding or -1, maps)`` a kernel,
+        each map ``(binding, 0 tiled / 1 im2col, dtype, dims, strides, box, element strides, lower, upper,
+        interleave, swizzle, L2 promotion, OOB fill)``; ``(1, buffer, offset, bytes, -1, 0, pattern, width)`` a fill
+        and ``(2, buffer, offset, bytes, source buffer, source offset, 0, 0)`` a copy; buffers numbered as the
+        launcher's: x, dy, dW, the workspace); None else."""
+        if os.environ.get(NATIVE_LAUNCH_ENV, "0").strip() != "1" or getattr(self, "driver", None) != "cuda":
+            return None
+        from convbw_mlir.cuda_launch import _libcuda
+
+        lib, launcher = _libcuda(), self.launcher
+        fns = tuple(
+            ctypes.cast(getattr(lib, n), ctypes.c_void_p).value if hasattr(lib, n) else 0
+            for n in NATIVE_DRIVER_FUNCTIONS
+        )
+        steps: list[tuple] = []
+        for i, (step, source) in enumerate(zip(launcher._plan, launcher.launch.steps, strict=True)):
+            if step[0] == "k":
+                _, func, dims, _, _, binds, _ = step
+                maps_binding, maps = launcher._maps.get(i, (-1, []))
+                specs = tuple((m.binding, 0 if m.mode == "tiled" else 1, m.dtype, m.dims, m.strides, m.box,
+                               m.element_strides, m.lower, m.upper, m.interleave, m.swizzle, m.l2_promotion,
+                               m.oob_fill) for m in maps)  # fmt: skip
+                steps.append((0, func, tuple(dims), tuple(binds), tuple(source.constants), maps_binding, specs))
+            else:
+                kind, (target, offset), length, src, pattern, width = step
+                src_buffer, src_offset = src if src else (-1, 0)
+                steps.append(
+                    (1 if kind == "fill" else 2, target, offset, length, src_buffer, src_offset, pattern, width)
+                )
+        return fns, tuple(steps)
+
+    def launch(self, x: torch.Tensor, dy: torch.Tensor, out: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """:meth:`__call__`, and what the C++ hot path keeps for this memory: the raw ``cudaGraphExec_t`` the call
+        replayed (0 where it replayed none: first call, a capture, graphs off) and the workspace it used (None: one
+        for this call only, while the stream is captured).
+
+        Raises:
+            ValueError: a tensor whose data is not 16-byte aligned (the PTX declares ``.align 16``), naming it.
+        """
         index = self.index
         stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
-        ws = _WORKSPACE.get((index, stream))
-        if ws is None or ws.numel() < self.transient:
-            # freed memory is reused in stream order on this stream only (torch's caching allocator)
-            ws = _WORKSPACE[(index, stream)] = torch.empty(max(self.transient, 256), dtype=torch.uint8, device=x.device)
+        capturing = torch.cuda.is_current_stream_capturing()
+        if capturing:  # the capture's own memory, freed after the call as its other temporaries (torch's rule)
+            ws = torch.empty(max(self.transient, 256), dtype=torch.uint8, device=x.device)
+        else:
+            ws = _WORKSPACE.get((index, stream))
+            if ws is None or ws.numel() < self.transient:
+                ws = _WORKSPACE[(index, stream)] = _kept_workspace(index, max(self.transient, 256), x.device)
         ptrs = (x.data_ptr(), dy.data_ptr(), out.data_ptr(), ws.data_ptr())
         if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
             i = [p & 15 != 0 for p in ptrs].index(True)
             name = ("input", "grad_output", "output")[i]
             raise ValueError(f"{name}: data at {ptrs[i]:#x} is not 16-byte aligned (the kernel's pointers are)")
-        if self.use_graphs and not torch.cuda.is_current_stream_capturing():
+        if self.use_graphs and not capturing:
             key = (stream, ptrs)
             graph = self._graphs.get(key)
             if graph is None and key in self._seen and len(self._graphs) < _MAX_GRAPHS:
@@ -559,11 +654,12 @@ class DirectCall:
                     self._graphs[key] = graph
             if graph is not None:
                 graph.replay()  # on torch's current stream, after what is queued there
-                return
+                return graph.raw_cuda_graph_exec() if self.driver == "cuda" and _RAW_EXEC else 0, ws
             if len(self._seen) > 1024:  # a bound for callers whose memory moves every call
                 self._seen.clear()
             self._seen[key] = None
         self.launcher(ptrs, stream)
+        return 0, None if capturing else ws
 
 
 # -- the entry point -------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DIR_ENV", "ENV", "SOURCE", "build_dir", "counts", "load", "loaded", "register", "reset_counts", "sync",
-           "table_size", "wanted"]  # fmt: skip
+__all__ = ["DIR_ENV", "ENV", "SOURCE", "build_dir", "counts", "graph_launches", "load", "loaded", "plain_launches",
+           "register", "reset_counts", "sync", "table_size", "wanted"]  # fmt: skip
 ENV = "CONVBW_TORCH_NATIVE"  # "1": enable() takes the C++ path where native=None; "0" or unset: the Python path
 DIR_ENV = "CONVBW_TORCH_NATIVE_DIR"  # where the extension is built (else <kernel cache>/native)
 SOURCE = Path(__file__).with_name("switch_native.cpp")
@@ -169,6 +169,16 @@ def reset_counts() -> None:
         _STATE["module"].reset_counts()
 
 
+def graph_launches() -> int:
+    """Our dW's CUDA graphs the C++ kernel launched itself (no Python) since :func:`reset_counts`."""
+    return 0 if _STATE["module"] is None else _STATE["module"].graph_launches()
+
+
+def plain_launches() -> int:
+    """Our dW's schedules the C++ kernel launched itself without a graph (``$CONVBW_TORCH_NATIVE_LAUNCH=1``)."""
+    return 0 if _STATE["module"] is None else _STATE["module"].plain_launches()
+
+
 def table_size() -> int:
     return 0 if _STATE["module"] is None else _STATE["module"].table_size()
 
@@ -190,20 +200,21 @@ def _reason(why: str) -> int:
 @torch.compiler.disable  # called from C++ under compiled code's backward: never traced
 def _miss(*args: Any) -> tuple:
     """A call the C++ table does not hold, through the Python switch whole: (dx, dW, db, the id of the settings
-    it was decided under, the C++ counter to remember it by (-1: not to), ours: the callable for dW, and for a
-    direct launch dW's (size, strides), which the C++ side allocates and the callable, the kernel, fills)."""
+    it was decided under, the C++ counter to remember it by (-1: not to), ours: the callable for dW, for a
+    direct launch dW's (size, strides), which the C++ side allocates and the callable, the kernel, fills, and
+    where the kernel's CUDA graphs can be replayed from C++ what that needs (:func:`_graphed`))."""
     key = "CUDA" if args[1].is_cuda else "CPU"
     switch_seen = _SWITCH["seen"]
     switch_seen.seen = None
     dx, dw, db = _SWITCH["kernel"](key)(_KEYSETS[key], *args)
     seen, switch_seen.seen = getattr(switch_seen, "seen", None), None
     if seen is None:
-        return dx, dw, db, -1, -1, None, None
+        return dx, dw, db, -1, -1, None, None, None
     active, decision, conf = seen
     held = _STATE["settings"].get(id(active))
     settings = held[1] if held is not None and held[0] is active else -1  # -1: numbered no more: not remembered
     if not decision.ours:
-        return dx, dw, db, settings, _reason(decision.why), None, None
+        return dx, dw, db, settings, _reason(decision.why), None, None, None
     if (
         decision.direct is not None
         and not decision.copy_x
@@ -211,8 +222,22 @@ def _miss(*args: Any) -> tuple:
         and decision.dw_strides is None
     ):
         kernel, (size, strides) = decision.direct  # what switch._weight_grad does, dW allocated in C++
-        return dx, dw, db, settings, 0, torch.compiler.disable(kernel.__call__), (tuple(size), tuple(strides))
-    return dx, dw, db, settings, 0, functools.partial(_weight_grad, decision, conf), None
+        layout = (tuple(size), tuple(strides))
+        return dx, dw, db, settings, 0, torch.compiler.disable(kernel.__call__), layout, _graphed(kernel)
+    return dx, dw, db, settings, 0, functools.partial(_weight_grad, decision, conf), None, None
+
+
+def _graphed(kernel: Any) -> tuple | None:
+    """For a direct launch C++ may launch itself (``DirectCall.native_launch``): (launch(x, dy, dW) -> (the
+    cudaGraphExec_t it replayed or 0, the workspace or None), cuGraphLaunch's address (0: no graphs),
+    cuStreamIsCapturing's, the workspace's bytes, the schedule to launch where no graph is known or None:
+    ``DirectCall.native_plan``); None: every call of it through Python (HIP)."""
+    spec = getattr(kernel, "native_launch", None)
+    spec = spec() if spec is not None else None
+    if spec is None:
+        return None
+    launch, graph_launch, capturing, transient, plan = spec
+    return torch.compiler.disable(launch), int(graph_launch or 0), int(capturing), int(transient), plan
 
 
 @torch.compiler.disable
