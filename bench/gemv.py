@@ -150,10 +150,15 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a and b else "-"
 
 
-def report(paths: list[Path], fill: list[Path] | None = None) -> str:
-    """The table of ``paths``' rows; ``fill``: an earlier run's rows of the problems ``paths`` lack (marked)."""
+def report(paths: list[Path], fill: list[Path] | None = None, iree_from: list[Path] | None = None) -> str:
+    """The table of ``paths``' rows; ``fill``: an earlier run's rows of the problems ``paths`` lack (marked);
+    ``iree_from``: an earlier run's IREE forms for the rows that have none (IREE's kernels do not change)."""
     data = [json.loads(p.read_text()) for p in paths]
     rows = [r for d in data for r in d["problems"]]
+    iree = {r["key"]: r["contenders"] for p in iree_from or [] for r in json.loads(p.read_text())["problems"]}
+    for r in rows:
+        if not any(f in r["contenders"] for f in IREE_FORMS) and r["key"] in iree:
+            r["contenders"].update({f: iree[r["key"]][f] for f in IREE_FORMS if f in iree[r["key"]]})
     have = {r["key"] for r in rows}
     for path in fill or []:
         for r in json.loads(path.read_text())["problems"]:
@@ -229,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report")
     r.add_argument("results", type=Path, nargs="+")
     r.add_argument("--fill", type=Path, nargs="*", help="an earlier run's results: its rows of the problems missing")
+    r.add_argument("--iree-from", type=Path, nargs="*", help="an earlier run's results: its IREE forms' figures")
     args = ap.parse_args(argv)
     if args.cmd == "compile":
         if args.list:
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         compile_all(args.folder, args.types, args.only, args.gemv_only)
         return 0
-    print(report(args.results, args.fill), end="")
+    print(report(args.results, args.fill, args.iree_from), end="")
     return 0
 
 
