@@ -2,6 +2,8 @@
 
     python bench/fenced_fuzz.py compile --count 500 --seed 1 --out .art/fuzz      (here: needs the compiler)
     python bench/fenced_fuzz.py compile --sweep overread --out .art/sweep         (the over-read class, by name)
+    python bench/fenced_fuzz.py compile --profile gemv --alternatives 1 --target sm_90a --count 240 --out .art/fz
+                                                   (GEMV-like problems: the plan's choice and the GEMV kernel)
     python bench/fenced_fuzz.py compile --recheck M.json R.json --recheck-with '' --ours-only --out .art/re
                                                    (an earlier run's failing problems, the plan's choices now)
     python bench/fenced_fuzz.py run .art/fuzz --shards 8 --out fuzz.json          (GPU machine: runtime only)
@@ -193,6 +195,39 @@ def depthwise_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
             return "causal" if causal else "depthwise", p
 
 
+# The GEMV kernel asked for (profile ``gemv``): beside the plan's own choice on every problem.
+_GEMV_ALTERNATIVES = ("strategy=gemv",)
+
+
+def gemv_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
+    """(class, a GEMV-like problem: K or C at most 8, the other up to 64 or 512): 1- to 3-D, f16/bf16, layouts 2
+    and 4, at most 4 groups, strides, dilations, asymmetric pads, one image or several."""
+    while True:
+        rank = r.choices((1, 2, 3), (3, 4, 3))[0]
+        lo, hi = {1: (8, 300), 2: (3, 24), 3: (3, 10)}[rank]
+        size = r.randint(lo, hi)
+        inputs = tuple(size if r.random() < 0.7 else r.randint(lo, hi) for _ in range(rank))
+        f = r.choice({1: (1, 3, 5, 10), 2: (1, 3, 3, 5, 7), 3: (1, 3, 3)}[rank])
+        filt = tuple(f if r.random() < 0.8 else r.choice((1, 2, 3)) for _ in range(rank))
+        narrow, wide = r.choice((1, 1, 2, 3, 4, 5, 8)), r.choice((1, 3, 8, 16, 24, 32, 64, 512))
+        c, k = (narrow, wide) if r.random() < 0.5 else (wide, narrow)
+        dtype = r.choice(("f16", "f16", "bf16"))
+        try:
+            p = ConvBwdWeightProblem(
+                groups=r.choice((1, 1, 1, 2, 4)), batch=r.choice((1, 1, 2, 3, 4, 8)), in_channels=c,
+                out_channels=k, input_size=inputs, filter_size=filt,
+                stride=tuple(r.choice((1, 1, 2, 3, 5)) for _ in range(rank)),
+                dilation=tuple(r.choice((1, 1, 1, 2)) for _ in range(rank)),
+                pad_low=tuple(r.randint(0, max(filt)) if r.random() < 0.6 else 0 for _ in range(rank)),
+                pad_high=tuple(r.randint(0, max(filt)) if r.random() < 0.5 else 0 for _ in range(rank)),
+                dtype=dtype, dw_dtype=r.choice((dtype, "f32")), layout=r.choice((_LAYOUTS[0],) * 4 + (_LAYOUTS[4],)),
+            )  # fmt: skip
+        except ValueError:
+            continue
+        if p.flops <= 4e9:
+            return "gemv", p
+
+
 def _contender(options: dict[str, Any]) -> str:
     return "convbw:" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "convbw"
 
@@ -285,7 +320,8 @@ def plan_entries(count: int, seed: int, alternative_share: float, profile: str =
     entries = []
     profiles = {"explicit": (explicit_problem, _EXPLICIT_ALTERNATIVES),
                 "hopper": (hopper_problem, _HOPPER_ALTERNATIVES),
-                "depthwise": (depthwise_problem, ("strategy=codegen",))}  # fmt: skip
+                "depthwise": (depthwise_problem, ("strategy=codegen",)),
+                "gemv": (gemv_problem, _GEMV_ALTERNATIVES)}  # fmt: skip
     draw, alternatives = profiles.get(profile, (random_problem, _ALTERNATIVES))
     prefix = "fuzz" if profile == "any" else profile
     for i in range(count):
@@ -512,10 +548,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument(
         "--profile",
-        choices=["any", "explicit", "hopper", "depthwise"],
+        choices=["any", "explicit", "hopper", "depthwise", "gemv"],
         default="any",
         help="explicit: problems and choices of the explicit kernels; hopper: of the sm_90a kernel (--target sm_90a); "
-        "depthwise: of the depthwise kernel (issue 40)",
+        "depthwise: of the depthwise kernel (issue 40); gemv: GEMV-like problems, the plan and the GEMV kernel "
+        "(--alternatives 1)",
     )
     c.add_argument("--alternatives", type=float, default=0.5, help="share of problems with one other plan choice")
     c.add_argument(

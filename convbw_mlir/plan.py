@@ -47,7 +47,7 @@ from convbw_mlir.plan_data import (
     _spelled,
     _target,
 )
-from convbw_mlir.policies import depthwise, sm80, sm90_fp8, switches
+from convbw_mlir.policies import depthwise, gemv, sm80, sm90_fp8, switches
 from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
 from convbw_mlir.targets import Intrinsic, Target
 
@@ -267,6 +267,9 @@ RULES: tuple[Rule, ...] = (
          "asked for: the target's kernel of ours (on NVIDIA the depthwise kernel for depthwise problems and thin "
          "groups the implicit GEMM refuses; on sm_90a the wgmma kernel where it takes the problem, else sm_80's)",
          lambda a: a.opts.strategy == Strategy.EXPLICIT, _asked_explicit),
+    Rule("gemv-asked", "asked for: strategy=gemv",
+         "asked for: the split-reduction GEMV kernel (NVIDIA, layout 2; policies/gemv.py); refused by name elsewhere",
+         lambda a: a.opts.strategy == "gemv", lambda a: gemv.plan(a.problem, a.tgt, a.opts)),
     Rule("host", "a CPU target",
          "IREE's own LLVM CPU codegen: no kernel or tile of ours for the host",
          lambda a: not a.tgt.is_gpu, lambda a: _no_tile(a.base, a.opts, "IREE's CPU codegen")),
@@ -281,6 +284,12 @@ RULES: tuple[Rule, ...] = (
          "(docs/decisions.md#explicit-by-default, #thin-groups)",
          lambda a: a.opts.strategy is None and a.plain and _explicit_wins(a.problem, a.tgt, a.codegen),
          _explicit_by_default),
+    Rule("gemv-by-default", "no options; NVIDIA; K or C at most gemv.MAX_NARROW in at most gemv.MAX_GROUPS groups, "
+         "where codegen's plan is SIMT (too thin for matrix cores); switch GEMV_BY_DEFAULT",
+         "the split-reduction GEMV kernel: the reduction spread over every SM where codegen reduces serially "
+         "(docs/decisions.md#gemv-by-default)",
+         lambda a: a.plain and gemv.takes_by_default(a.problem, a.tgt, a.codegen),
+         lambda a: gemv.plan(a.problem, a.tgt, a.opts)),
     Rule("codegen", "everything else",
          "IREE compiles it by our plan: a matrix-core tile, SIMT where too thin for matrix cores, or IREE's own "
          "configuration, split-K by the occupancy rule (docs/decisions.md#strategy-choice)",
@@ -296,6 +305,8 @@ def _kernel_of(plan: Plan) -> str:
 
     if plan.depthwise is not None:
         return "the depthwise kernel"
+    if plan.gemv is not None:
+        return "the split-reduction GEMV kernel"
     if sm90_fp8.is_fp8(plan):
         return "the sm_90a fp8 GEMM"
     if sm90.is_sm90(plan):
@@ -512,7 +523,9 @@ def check_plan(problem: ConvBwdWeightProblem, plan: Plan) -> None:
     problem = computed_problem(problem, plan)
     if plan.strategy == Strategy.EXPLICIT:
         policy = policies.for_target(plan.target_info)
-        if plan.depthwise is not None:
+        if plan.gemv is not None:
+            why = gemv.refusals(problem, plan)
+        elif plan.depthwise is not None:
             why = depthwise.refusals(problem, plan)
             if plan.merge is not None:
                 why.append(f"merge: {plan.merge.groups} groups (the depthwise kernel's grouped form takes none)")
@@ -674,7 +687,8 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
     total = 0
     if plan.channels_last and relayout(problem).layout in CHANNELS_FIRST:
         copies = [(problem.x_shape, problem.dtype), (problem.dy_shape, problem.dtype)]
-        if plan.split is None and plan.depthwise is None:  # a stage 2 writes dW transposed (IREE fuses the two)
+        unsplit = plan.split is None and plan.depthwise is None and plan.gemv is None
+        if unsplit:  # a stage 2 writes dW transposed (IREE fuses the two)
             copies.append((problem.dw_shape, problem.dw_dtype))
         if problem.epilogue is not None and problem.epilogue.reads_d:
             copies.append((problem.dw_shape, problem.epilogue.d_dtype))
@@ -699,6 +713,8 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
         total += partials + flags + (partials if partials <= STREAMK_HOIST_MAX_BYTES else 0) + flags
     if plan.depthwise is not None:  # each row chunk's f32 partial dW, summed by the second stage
         total += plan.depthwise.chunks * math.prod(problem.shape("acc")) * 4
+    if plan.gemv is not None and plan.gemv.chunks > 1:  # likewise each position chunk's (one: dW itself)
+        total += plan.gemv.chunks * math.prod(problem.shape("acc")) * 4
     if plan.strategy == Strategy.EXPLICIT:
         from convbw_mlir.policies import sm90
 

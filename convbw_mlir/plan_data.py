@@ -19,6 +19,7 @@ __all__ = [
     "STRATEGY_OPTIONS",
     "Decision",
     "DepthwisePlan",
+    "GemvPlan",
     "MergePlan",
     "STREAMK_FIXUPS",
     "WAVESPEC_PRODUCERS",
@@ -123,6 +124,24 @@ class DepthwisePlan:
 
 
 @dataclass(frozen=True)
+class GemvPlan:
+    """The split-reduction GEMV kernel's numbers (strategy explicit, NVIDIA, layout 2; K or C small:
+    convbw_mlir/kernels/gemv_sm80.py): ``k_block`` out and ``c_block`` in channels a thread, ``taps`` filter taps a
+    thread (a run), ``lanes`` position lanes a workgroup, ``chunks`` workgroups along the positions (each writes
+    an f32 partial dW, summed in chunk order by the second stage; one chunk writes dW itself), ``unroll``
+    positions a step of a lane's loop (their loads issued together), ``interior``: an iteration whose positions
+    read inside x skips the padding checks (a branch; off by rule: slower on every padded problem measured)."""
+
+    k_block: int
+    c_block: int
+    taps: int
+    lanes: int
+    chunks: int
+    unroll: int = 1
+    interior: bool = False
+
+
+@dataclass(frozen=True)
 class MergePlan:
     """Group merging (strategy explicit, sm_80, layout 2; convbw_mlir/policies/sm80.py "Merged groups"): ``groups``
     consecutive groups share one implicit GEMM, whose store keeps only the block-diagonal entries;
@@ -190,6 +209,7 @@ class Plan:
         streamk: StreamK's persistent grid and fixup (strategy explicit on NVIDIA), or None: no StreamK.
         wavespec: producer warps of a wave-specialized explicit kernel, or None: every warp copies and computes.
         depthwise: the depthwise kernel's numbers (strategy explicit), or None: not the depthwise kernel.
+        gemv: the split-reduction GEMV kernel's numbers (strategy explicit), or None: not that kernel.
         channels_last: a layout-4 (NGCHW/GKCYX/NGKHW) problem computed as layout 2 (NHWGC/GKYXC/NHWGK) by the
             channels-last kernels: x and dy transposed before the kernel, dW after (``convbw-relayout``).
         folded: layout 4's explicit kernel without a gather (strategy explicit, sm_80): x's windows by
@@ -218,6 +238,7 @@ class Plan:
     streamk: StreamKPlan | None = None
     wavespec: WaveSpecPlan | None = None
     depthwise: DepthwisePlan | None = None
+    gemv: GemvPlan | None = None
     channels_last: bool = False
     folded: bool = False
     merge: MergePlan | None = None
@@ -332,12 +353,14 @@ _PARTS = (
     ("wavespec", WaveSpecPlan),
     ("depthwise", DepthwisePlan),
     ("merge", MergePlan),
+    ("gemv", GemvPlan),
 )
 
 
 # -- the options a user (or a tuner) may give ---------------------------------------------------------
-# ``strategy`` as an option: the explicit kernel, or IREE's codegen configured by the plan.
-STRATEGY_OPTIONS = (Strategy.EXPLICIT.value, "codegen")
+# ``strategy`` as an option: the explicit kernel, IREE's codegen configured by the plan, or the split-reduction
+# GEMV kernel (an explicit kernel for K or C small: convbw_mlir/policies/gemv.py).
+STRATEGY_OPTIONS = (Strategy.EXPLICIT.value, "codegen", "gemv")
 # ``layout4`` as an option: a layout-4 problem's explicit kernel on NVIDIA in layout 2 between transposes
 # (``relayout``), the layout-4 kernel that gathers x (``gather``), or the one that folds x's taps in shared memory
 # (``fold``).
@@ -358,8 +381,9 @@ class Overrides:
             convolutions; None takes the target's tile policy.
         reduction_innermost: transpose a channels-last GEMM's x and dy so the reduction is innermost.
         strategy: ``explicit`` asks for the kernel our passes write (docs/explicit-kernels.md),
-            ``codegen`` for a plan IREE's codegen carries out (mma, simt or iree: the plan picks); None
-            lets the plan choose: explicit where it wins (:func:`_explicit_wins`), else codegen.
+            ``codegen`` for a plan IREE's codegen carries out (mma, simt or iree: the plan picks), ``gemv``
+            for the split-reduction GEMV kernel (:mod:`convbw_mlir.policies.gemv`); None lets the plan choose:
+            explicit where it wins (:func:`_explicit_wins`), else codegen.
         streamk: StreamK's persistent workgroups for strategy explicit: ``auto`` (the target's SMs) or a
             number; None (the default): no StreamK.
         streamk_fixup: how StreamK combines a tile's partials: ``linear`` (the default) or ``tree``.

@@ -20,6 +20,10 @@ A depthwise plan (``plan.depthwise``) binds dy as ``N x *out x (G*K)`` and x as 
 for depthwise, at most 16 for thin groups); its kernel (``convbw_mlir.kernels.depthwise_sm80``) writes f32
 partials ``chunks x G x K x (taps*C)`` that the same stage-2 sum as split-K's adds up and rounds to dW's type.
 
+A GEMV plan (``plan.gemv``: K or C small) binds dy as ``(N * prod(out)) x (G*K)`` and x flat, ``N * prod(in) * G*C``;
+its kernel (``convbw_mlir.kernels.gemv_sm80``) writes f32 partials ``chunks x G x K x (taps*C)``, summed likewise
+(one chunk: dW itself, ``G x K x (taps*C)``).
+
 An sm_90a plan (``policies.sm90.is_sm90``: a wgmma tile) binds dy as ``(N*Ho*Wo) x (G*K)``, x as ``N x H x W x
 (G*C)`` (1-D: ``N x W x (G*C)``, 3-D: ``N x D x H x W x (G*C)``) and a 256-byte maps buffer (a ``tensor.empty``:
 the direct launch binds its own, holding the two CUtensorMaps it encodes); its kernel
@@ -212,6 +216,51 @@ def _depthwise_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:
     from convbw_mlir.kernels import depthwise_sm80
 
     depthwise_sm80.build_kernel_body(block, *memrefs, k)
+
+
+def _gemv_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
+    """The split-reduction GEMV kernel's dispatch on ``op``'s operands and its stage 2: dW as ``[G, K, taps * C]``."""
+    from convbw_mlir.kernels import gemv_sm80
+    from convbw_mlir.kernels.entry import KernelEntry, build_dispatch
+    from convbw_mlir.policies.gemv import kernel
+
+    k = kernel(problem, plan.gemv)
+    f16, ws_t = element_type(problem.dtype), ir.F32Type.get()
+    x_shape = list(ir.RankedTensorType(op.operands[0].type).shape)  # flat: the kernel adds each tap's offset
+    x_t = ir.RankedTensorType.get([math.prod(x_shape)], f16)
+    x = tensor_d.CollapseShapeOp(x_t, op.operands[0], reassociation([list(range(len(x_shape)))])).result
+    flat = reassociation([list(range(problem.rank + 1)), [problem.rank + 1, problem.rank + 2]])
+    dy_shape = list(ir.RankedTensorType(op.operands[1].type).shape)
+    dy_t = ir.RankedTensorType.get([math.prod(dy_shape[: problem.rank + 1]), math.prod(dy_shape[problem.rank + 1 :])],
+                                   f16)  # fmt: skip
+    dy = tensor_d.CollapseShapeOp(dy_t, op.operands[1], flat).result
+    ws_shape = [k.chunks, problem.groups, problem.out_channels, k.filter_taps * problem.in_channels]
+    out = element_type(problem.dw_dtype)
+    if k.direct:  # one chunk: the kernel writes dW in its type, no second stage
+        ws_shape, ws_t = ws_shape[1:], out
+    entry = KernelEntry(
+        executable=name,
+        function=ENTRY,
+        grid=gemv_sm80.grid(k),
+        workgroup_size=(k.threads, 1, 1),
+        subgroup_size=plan.target_info.subgroup_size,
+        bindings=(
+            ir.MemRefType.get(list(dy_t.shape), f16),
+            ir.MemRefType.get(list(ir.RankedTensorType(x.type).shape), f16),
+            ir.MemRefType.get(ws_shape, ws_t),
+        ),
+    )
+    with ir.Location.unknown():
+        partials = build_dispatch(entry, partial(_gemv_body, k=k), [dy, x], ir.RankedTensorType.get(ws_shape, ws_t),
+                                  top)  # fmt: skip
+    partials.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
+    return partials if k.direct else _sum_splits(partials, out)
+
+
+def _gemv_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:
+    from convbw_mlir.kernels import gemv_sm80
+
+    gemv_sm80.build_kernel_body(block, *memrefs, k)
 
 
 def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionPoint) -> ir.Value:
@@ -561,6 +610,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("fp8", _is_fp8, _fp8_dispatch, _expand_k_c, tensor_maps=True),
     Kind("sm90", _is_sm90, _sm90_dispatch, _expand_groups, tensor_maps=True),
     Kind("depthwise", lambda plan: plan.depthwise is not None, _depthwise_dispatch, _expand_groups),
+    Kind("gemv", lambda plan: plan.gemv is not None, _gemv_dispatch, _expand_groups),
     Kind("merged", lambda plan: plan.merge is not None, _merged_dispatch, _expand_groups),
     Kind("gemm", lambda plan: True, _gemm_dispatch, _expand_groups),
 )

@@ -36,6 +36,8 @@ PLANS = [
     ("sm_80", DEPTHWISE, {}),  # simt, batch split
     ("sm_80", DEPTHWISE.with_(layout=4), {"strategy": "explicit", "layout4": "relayout"}),  # the depthwise kernel
     ("sm_80", DEPTHWISE, {"k_batch": "rows"}),  # simt, rows split
+    ("sm_80", P("1 1 4 64 1 10 400 5 1 0 0"), {}),  # the GEMV kernel: chunk partials
+    ("sm_80", P("1 1 1 1 32 3 32 1 1 1 1"), {}),  # the GEMV kernel, one chunk: dW written by the kernel, no workspace
     ("sm_80", STRIDED_1X1, {"strategy": "codegen"}),  # GEMM of a strided 1x1: x subsampled
     ("sm_80", STRIDED_1X1.with_(input_size=(14, 14), stride=1), {"strategy": "codegen", "reduction_innermost": True}),
     ("gfx942", CONV, {}),

@@ -8,6 +8,8 @@ the kernels' builders read their tiling from the same module (``tiling``).
     amd    AMD: MFMA (CDNA) and WMMA (RDNA 3 and 4) forms
     depthwise  NVIDIA: the depthwise kernel (and its grouped form for thin groups); the plan asks it before
            sm80 for the problems it takes (``convbw_mlir.plan``)
+    gemv   NVIDIA: the split-reduction GEMV kernel (K or C small); the plan asks it where codegen would have no
+           matrix-core tile
     switches   the plan's ``*_BY_DEFAULT`` switches, in one table
 
 What :func:`for_target` returns is a :class:`KernelPolicy` (each family's module is one).

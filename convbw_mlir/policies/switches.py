@@ -8,7 +8,7 @@ With every switch off, the plan's own choices are its codegen's (and the sm_80 k
 
 from __future__ import annotations
 
-__all__ = ["DEPTHWISE_BY_DEFAULT", "GROUPED_BY_DEFAULT", "MERGE_BY_DEFAULT", "SWITCHES", "current"]
+__all__ = ["DEPTHWISE_BY_DEFAULT", "GEMV_BY_DEFAULT", "GROUPED_BY_DEFAULT", "MERGE_BY_DEFAULT", "SWITCHES", "current"]
 
 # The depthwise kernel (and its grouped form) for depthwise problems and groups of at most GROUPED_BY_DEFAULT
 # channels: measured faster than codegen there (docs/decisions.md#depthwise-by-default).
@@ -19,12 +19,16 @@ GROUPED_BY_DEFAULT = 4
 # Thin groups merged into one implicit GEMM by the rule (policies.sm80.merge_rule; strategy=explicit applies it
 # either way): faster than one group a GEMM on every layer measured (docs/decisions.md#thin-groups).
 MERGE_BY_DEFAULT = True
+# The split-reduction GEMV kernel for GEMV-like problems (K or C small) codegen would compute by SIMT
+# (docs/decisions.md#gemv-by-default).
+GEMV_BY_DEFAULT = True
 
 # name -> what it switches (for ``convbw select`` and the docs; the values are the module's names above)
 SWITCHES: dict[str, str] = {
     "DEPTHWISE_BY_DEFAULT": "the depthwise kernel for depthwise problems and thin groups on NVIDIA",
     "GROUPED_BY_DEFAULT": "the widest group (channels) the depthwise kernel's grouped form takes by default",
     "MERGE_BY_DEFAULT": "thin groups merged into one implicit GEMM on NVIDIA",
+    "GEMV_BY_DEFAULT": "the split-reduction GEMV kernel for K or C small where codegen's plan is SIMT",
 }
 
 
