@@ -1,9 +1,14 @@
 """Compile GEMV-kernel variants (policy constants patched) for the vol_speech entries and add them to its manifest."""
-import json, shutil, sys
+
+import json
+import shutil
+import sys
 from pathlib import Path
+
 from convbw_mlir.build.contenders import compile_contenders
 from convbw_mlir.policies import gemv
 from convbw_mlir.problem import ConvBwdWeightProblem
+
 folder = Path(sys.argv[1])
 m = json.loads((folder / "manifest.json").read_text())
 VARIANTS = {"gemv_waves1": {"WAVES": 1}, "gemv_acc80": {"MAX_ACCUMULATORS": 80}, "gemv_unroll2": {"UNROLL": 2}}
