@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, math, memref, scf, vector
 
-from convbw_mlir.kernels.ir import Ix, all_of
+from convbw_mlir.kernels.ir import FoldIx, all_of, unravel
 from convbw_mlir.policies.depthwise import DepthwiseKernel
 
 __all__ = ["SUM_THREADS", "build_kernel_body", "build_sum_body", "grid", "sum_grid"]
@@ -33,29 +33,6 @@ __all__ = ["SUM_THREADS", "build_kernel_body", "build_sum_body", "grid", "sum_gr
 # chunk's load, latency-bound (its time grew with the chunks: 448 chunks of ConvNeXt-T's 7x7, issue 40).
 SUM_OUTPUTS, SUM_LANES, SUM_UNROLL = 32, 16, 8
 SUM_THREADS = SUM_OUTPUTS * SUM_LANES
-
-
-class _Ix(Ix):
-    """The implicit GEMM's index arithmetic, with products and quotients by 1 folded (many sizes here are 1)."""
-
-    def mul(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        return self.v(a) if isinstance(b, int) and b == 1 else super().mul(a, b)
-
-    def div(self, a: ir.Value, b: int) -> ir.Value:
-        return a if b == 1 else super().div(a, b)
-
-    def rem(self, a: ir.Value, b: int) -> ir.Value:
-        return self.c(0) if b == 1 else super().rem(a, b)
-
-
-def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
-    """Row-major coordinates of ``value`` (inside the box) in a box of ``sizes`` (any rank, possibly none)."""
-    coords, inner = [], 1
-    for d in range(len(sizes) - 1, -1, -1):
-        at = ix.div(value, inner)
-        coords.append(at if d == 0 else ix.rem(at, sizes[d]))
-        inner *= sizes[d]
-    return coords[::-1]
 
 
 @dataclass
@@ -73,7 +50,7 @@ class _Thread:
     slot: ir.Value
 
 
-def _thread(ix: _Ix, k: DepthwiseKernel, tid: ir.Value) -> _Thread:
+def _thread(ix: FoldIx, k: DepthwiseKernel, tid: ir.Value) -> _Thread:
     """Threads, fastest first: channel vector, inner tap run, outer tap, row lane (the policy's order)."""
     per_lane = k.lanes_c * k.runs * k.outer_taps
     cv = ix.rem(tid, k.lanes_c)
@@ -90,11 +67,11 @@ def _thread(ix: _Ix, k: DepthwiseKernel, tid: ir.Value) -> _Thread:
         group = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.group_tile), ix.div(rest, k.out_channels))
         g = ix.add(ix.mul(group, k.in_channels), ix.mul(ix.rem(cv, vecs), k.vector))
         dg = ix.add(ix.mul(group, k.out_channels), ix.rem(rest, k.out_channels))
-    return _Thread(g, dg, run, _unravel(ix, outer, k.conv.filter[:-1]), ix.div(tid, per_lane),
+    return _Thread(g, dg, run, unravel(ix, outer, k.conv.filter[:-1]), ix.div(tid, per_lane),
                    ix.rem(tid, per_lane))  # fmt: skip
 
 
-def _row(ix: _Ix, k: DepthwiseKernel, row: ir.Value, th: _Thread) -> tuple[ir.Value, list[ir.Value], ir.Value,
+def _row(ix: FoldIx, k: DepthwiseKernel, row: ir.Value, th: _Thread) -> tuple[ir.Value, list[ir.Value], ir.Value,
                                                                           list[ir.Value], list[ir.Value]]:  # fmt: skip
     """Row ``row`` -> (its image, dy's outer coordinates, its segment, x's outer coordinates (clamped), the
     conditions that x's outer coordinates are inside the image)."""
@@ -106,7 +83,7 @@ def _row(ix: _Ix, k: DepthwiseKernel, row: ir.Value, th: _Thread) -> tuple[ir.Va
     for s in outer_out:
         plane *= s
     image = ix.div(rest, plane)
-    outs = _unravel(ix, ix.rem(rest, plane), outer_out)
+    outs = unravel(ix, ix.rem(rest, plane), outer_out)
     coords, ok = [], []
     for dim, (o, f) in enumerate(zip(outs, th.outer)):
         at = arith.subi(ix.add(ix.mul(o, conv.stride[dim]), ix.mul(f, conv.dilation[dim])), ix.c(conv.pad[dim]))
@@ -119,7 +96,7 @@ def _row(ix: _Ix, k: DepthwiseKernel, row: ir.Value, th: _Thread) -> tuple[ir.Va
     return image, outs, seg, coords, ok
 
 
-def _load(ix: _Ix, mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: int) -> ir.Value:
+def _load(ix: FoldIx, mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: int) -> ir.Value:
     """``v`` channels at ``idx`` in their 16-bit type, zero where ``ok`` is false (the address is clamped inside;
     the select acts on the 16-bit vector: half the selects of the f32 one)."""
     elem = ir.MemRefType(mem.type).element_type
@@ -130,7 +107,7 @@ def _load(ix: _Ix, mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: i
     return val
 
 
-def _identities(ix: _Ix, tid: ir.Value, elem: ir.Type) -> tuple[ir.Value, ir.Value]:
+def _identities(ix: FoldIx, tid: ir.Value, elem: ir.Type) -> tuple[ir.Value, ir.Value]:
     """This lane's B fragments of the two 16x8 halves of the 16x16 identity (``mma.sync`` m16n8k16, B column-major:
     lane ``4 g + t`` holds ``B[2t, g], B[2t+1, g]`` and ``B[2t+8, g], B[2t+9, g]``): ``A x I_lo`` is A's first 8
     columns, ``A x I_hi`` its last 8, in the f32 accumulator's layout (``elem``: f16 or bf16)."""
@@ -170,14 +147,14 @@ def _convert(k: DepthwiseKernel, raw: list[ir.Value], ident: tuple[ir.Value, ir.
     return out
 
 
-def _first_x(ix: _Ix, k: DepthwiseKernel, th: _Thread, wo0: ir.Value) -> ir.Value:
+def _first_x(ix: FoldIx, k: DepthwiseKernel, th: _Thread, wo0: ir.Value) -> ir.Value:
     """The first x position a step reads along the innermost dimension: ``wo0 * s - p + run * taps * d``."""
     conv = k.conv
     s, d, p = conv.stride[-1], conv.dilation[-1], conv.pad[-1]
     return arith.subi(ix.add(ix.mul(wo0, s), ix.mul(th.run, k.taps * d)), ix.c(p))
 
 
-def _interior(ix: _Ix, k: DepthwiseKernel, row_ok: list[ir.Value], x_ok: list[ir.Value], base: ir.Value,
+def _interior(ix: FoldIx, k: DepthwiseKernel, row_ok: list[ir.Value], x_ok: list[ir.Value], base: ir.Value,
               wo0: ir.Value) -> ir.Value | None:  # fmt: skip
     """Whether a step reads nothing outside x and dy (so it needs no mask), or None where every step is so."""
     conv = k.conv
@@ -191,7 +168,7 @@ def _interior(ix: _Ix, k: DepthwiseKernel, row_ok: list[ir.Value], x_ok: list[ir
     return all_of(conds)
 
 
-def _step_loads(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, row_ok: list[ir.Value],
+def _step_loads(ix: FoldIx, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, row_ok: list[ir.Value],
                 image: ir.Value, outs: list[ir.Value], x_outer: list[ir.Value], x_ok: list[ir.Value], wo0: ir.Value,
                 masked: bool = True) -> list[ir.Value]:  # fmt: skip
     """One step's reads, in their 16-bit type: outputs ``wo0 .. wo0 + unroll - 1`` of the innermost dimension's dy
@@ -251,7 +228,7 @@ def _raw_types(k: DepthwiseKernel, dy: ir.Value, x: ir.Value) -> list[ir.Type]:
     return [vec(dy, k.vector if k.paired else 1)] * k.unroll + [vec(x, k.vector)] * len(k.offsets)
 
 
-def _rows_loop(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, acc: list[ir.Value],
+def _rows_loop(ix: FoldIx, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thread, acc: list[ir.Value],
                ident: tuple[ir.Value, ir.Value] | None = None) -> list[ir.Value]:  # fmt: skip
     """The thread's rows of its workgroup's chunk (lane, lane + lanes_r, ...), each in steps of ``unroll``."""
     chunk = gpu.block_id(gpu.Dimension.y)
@@ -302,7 +279,7 @@ def _rows_loop(ix: _Ix, k: DepthwiseKernel, dy: ir.Value, x: ir.Value, th: _Thre
     return list(rows.results)
 
 
-def _reduce(ix: _Ix, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
+def _reduce(ix: FoldIx, k: DepthwiseKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
     """The row lanes' sums through shared memory ``[lanes_r, slots x taps x vector]`` f32, added in lane
     order (the same bits every run), each sum stored to ``ws[chunk, g, k, tap * C + c]`` (the run's taps past
     the filter's end are not stored). Thread ``i`` of a pass takes sum ``e = i + pass * threads`` in ws's own
@@ -375,7 +352,7 @@ def build_sum_body(entry: ir.Block, ws: ir.Value, out: ir.Value, chunks: int, ou
         ws: ``memref<chunks x outputs x f32>``, the depthwise kernel's partial sums.
         out: ``memref<outputs x (f16|bf16|f32)>``.
     """
-    ix = _Ix(entry)
+    ix = FoldIx(entry)
     f32 = ir.F32Type.get()
     tid = gpu.thread_id(gpu.Dimension.x)
     col, lane = ix.rem(tid, SUM_OUTPUTS), ix.div(tid, SUM_OUTPUTS)
@@ -428,7 +405,7 @@ def build_kernel_body(entry: ir.Block, dy: ir.Value, x: ir.Value, ws: ir.Value, 
         x: ``memref<N x *in x (G*C) x (f16|bf16)>``.
         ws: ``memref<chunks x G x K x (taps*C) x f32>``, the chunks' partial sums.
     """
-    ix = _Ix(entry)
+    ix = FoldIx(entry)
     f32 = ir.F32Type.get()
     tid = gpu.thread_id(gpu.Dimension.x)
     th = _thread(ix, k, tid)

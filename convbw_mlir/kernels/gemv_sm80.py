@@ -23,33 +23,10 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, gpu, math, memref, scf, vector
 
-from convbw_mlir.kernels.ir import Ix, all_of
+from convbw_mlir.kernels.ir import FoldIx, all_of, unravel
 from convbw_mlir.policies.gemv import GemvKernel
 
 __all__ = ["build_kernel_body", "grid"]
-
-
-class _Ix(Ix):
-    """Index arithmetic with products, quotients and remainders by 1 folded (many sizes here are 1)."""
-
-    def mul(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
-        return self.v(a) if isinstance(b, int) and b == 1 else super().mul(a, b)
-
-    def div(self, a: ir.Value, b: int) -> ir.Value:
-        return a if b == 1 else super().div(a, b)
-
-    def rem(self, a: ir.Value, b: int) -> ir.Value:
-        return self.c(0) if b == 1 else super().rem(a, b)
-
-
-def _unravel(ix: _Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
-    """Row-major coordinates of ``value`` (inside the box) in a box of ``sizes``."""
-    coords, inner = [], 1
-    for d in range(len(sizes) - 1, -1, -1):
-        at = ix.div(value, inner)
-        coords.append(at if d == 0 else ix.rem(at, sizes[d]))
-        inner *= sizes[d]
-    return coords[::-1]
 
 
 @dataclass
@@ -68,7 +45,7 @@ class _Thread:
     slot: ir.Value
 
 
-def _thread(ix: _Ix, k: GemvKernel, tid: ir.Value) -> _Thread:
+def _thread(ix: FoldIx, k: GemvKernel, tid: ir.Value) -> _Thread:
     """Threads, fastest first: out block, in block, tap run, group, position lane (the policy's order)."""
     kb = ix.rem(tid, k.k_blocks)
     rest = ix.div(tid, k.k_blocks)
@@ -99,7 +76,7 @@ def _x_strides(k: GemvKernel) -> list[int]:
     return strides
 
 
-def _taps(ix: _Ix, k: GemvKernel, th: _Thread) -> list[_Tap]:
+def _taps(ix: FoldIx, k: GemvKernel, th: _Thread) -> list[_Tap]:
     """The thread's run of taps (a run's taps past the filter's end read its last tap; :func:`_reduce` does not
     store them), computed once before the position loop."""
     conv, last = k.conv, k.filter_taps - 1
@@ -109,7 +86,7 @@ def _taps(ix: _Ix, k: GemvKernel, th: _Thread) -> list[_Tap]:
         t = ix.add(ix.mul(th.run, k.taps), i)
         if k.runs * k.taps > k.filter_taps:
             t = arith.minsi(t, ix.c(last))
-        fs = _unravel(ix, t, conv.filter)
+        fs = unravel(ix, t, conv.filter)
         offs = [ix.sub(ix.mul(f, conv.dilation[d]), conv.pad[d]) for d, f in enumerate(fs)]
         flat = th.c0
         for d, off in enumerate(offs):
@@ -130,7 +107,7 @@ class _Where:
     inside: ir.Value | None
 
 
-def _position(ix: _Ix, k: GemvKernel, step: ir.Value, th: _Thread) -> _Where:
+def _position(ix: FoldIx, k: GemvKernel, step: ir.Value, th: _Thread) -> _Where:
     """The lane's ``step``-th position of its chunk."""
     local = ix.add(ix.mul(step, k.lanes), th.lane)
     pos = ix.add(ix.mul(gpu.block_id(gpu.Dimension.x), k.chunk_positions), local)
@@ -141,7 +118,7 @@ def _position(ix: _Ix, k: GemvKernel, step: ir.Value, th: _Thread) -> _Where:
         conds.append(ix.lt(pos, k.positions))
     if conds:
         pos = arith.minsi(pos, ix.c(k.positions - 1))
-    image, *outs = _unravel(ix, pos, (k.images, *k.conv.out_size))
+    image, *outs = unravel(ix, pos, (k.images, *k.conv.out_size))
     strides = _x_strides(k)
     base = ix.mul(image, strides[0])
     for d, o in enumerate(outs):
@@ -160,7 +137,7 @@ def _edges(k: GemvKernel) -> list[tuple[int, bool, bool]]:
     return out
 
 
-def _interior(ix: _Ix, k: GemvKernel, where: _Where) -> ir.Value | None:
+def _interior(ix: FoldIx, k: GemvKernel, where: _Where) -> ir.Value | None:
     """Whether every tap of the filter reads inside x at this position (None: every position does)."""
     conv, conds = k.conv, []
     for d, low, high in _edges(k):
@@ -182,7 +159,7 @@ def _load(mem: ir.Value, idx: list[ir.Value], ok: ir.Value | None, v: int, f32: 
     return arith.extf(ir.VectorType.get([v], f32), val)
 
 
-def _step(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread, taps: list[_Tap], where: _Where,
+def _step(ix: FoldIx, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread, taps: list[_Tap], where: _Where,
           acc: list[ir.Value], masked: bool) -> list[ir.Value]:  # fmt: skip
     """One position: dy's ``k_block`` channels (zero past the chunk), broadcast over the in-channel vectors;
     per tap, x's ``c_block`` channels at the flat offset ``base + tap`` (``masked``: zero in the padding, the
@@ -218,7 +195,7 @@ def _step(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread, taps: 
     return acc
 
 
-def _positions_loop(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread,
+def _positions_loop(ix: FoldIx, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thread,
                     acc: list[ir.Value]) -> list[ir.Value]:  # fmt: skip
     """The lane's positions of its workgroup's chunk (lane, lane + lanes, ...: neighbours read neighbours),
     ``unroll`` of them an iteration (their loads independent of each other's FMAs: in flight together); where
@@ -248,7 +225,7 @@ def _positions_loop(ix: _Ix, k: GemvKernel, dy: ir.Value, x: ir.Value, th: _Thre
     return list(loop.results)
 
 
-def _tree(ix: _Ix, k: GemvKernel, smem: ir.Value, th: _Thread, count: int) -> None:
+def _tree(ix: FoldIx, k: GemvKernel, smem: ir.Value, th: _Thread, count: int) -> None:
     """The lanes' sums folded into lane 0's row by a fixed binary tree (lane l adds lane l + h, h = lanes/2 ... 1;
     the same bits every run): log2(lanes) rounds a barrier apart, not lanes - 1 dependent adds a sum."""
     f32, cv = ir.F32Type.get(), k.c_vector
@@ -268,7 +245,7 @@ def _tree(ix: _Ix, k: GemvKernel, smem: ir.Value, th: _Thread, count: int) -> No
         half //= 2
 
 
-def _reduce(ix: _Ix, k: GemvKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
+def _reduce(ix: FoldIx, k: GemvKernel, ws: ir.Value, th: _Thread, tid: ir.Value, acc: list[ir.Value]) -> None:
     """The lanes' sums through shared memory ``[lanes, slots x accumulators]`` f32, folded by :func:`_tree` (the
     same bits every run), each stored to ``ws[chunk, g, k, tap * C + c]`` (one chunk: dW ``[g, k, tap * C + c]``
     in its type; a run's taps past the filter's end are not stored). Thread ``i`` of a pass takes sum
@@ -343,7 +320,7 @@ def build_kernel_body(entry: ir.Block, dy: ir.Value, x: ir.Value, ws: ir.Value, 
         ws: ``memref<chunks x G x K x (taps*C) x f32>``, the chunks' partial sums (one chunk: dW,
             ``memref<G x K x (taps*C) x dW's type>``).
     """
-    ix = _Ix(entry)
+    ix = FoldIx(entry)
     f32 = ir.F32Type.get()
     tid = gpu.thread_id(gpu.Dimension.x)
     th = _thread(ix, k, tid)

@@ -25,6 +25,7 @@ from iree.compiler.dialects import arith, gpu, llvm, nvvm, scf
 
 __all__ = [
     "WAIT_TICKS",
+    "FoldIx",
     "Ints",
     "Ix",
     "Pipeline",
@@ -34,6 +35,7 @@ __all__ = [
     "gpu_fence",
     "if_",
     "sync",
+    "unravel",
     "while_",
 ]
 
@@ -84,6 +86,29 @@ class Ix:
     def clamp(self, a: ir.Value, hi: int) -> ir.Value:
         """``a`` clamped to ``[0, hi]``: an address that stays inside its buffer even where nothing is read."""
         return arith.minsi(arith.maxsi(a, self.c(0)), self.c(hi))
+
+
+class FoldIx(Ix):
+    """:class:`Ix` with products, quotients and remainders by 1 folded (the CUDA-core kernels' sizes often are 1)."""
+
+    def mul(self, a: ir.Value | int, b: ir.Value | int) -> ir.Value:
+        return self.v(a) if isinstance(b, int) and b == 1 else super().mul(a, b)
+
+    def div(self, a: ir.Value, b: int) -> ir.Value:
+        return a if b == 1 else super().div(a, b)
+
+    def rem(self, a: ir.Value, b: int) -> ir.Value:
+        return self.c(0) if b == 1 else super().rem(a, b)
+
+
+def unravel(ix: Ix, value: ir.Value, sizes: tuple[int, ...]) -> list[ir.Value]:
+    """Row-major coordinates of ``value`` (inside the box) in a box of ``sizes`` (any rank, possibly none)."""
+    coords, inner = [], 1
+    for d in range(len(sizes) - 1, -1, -1):
+        at = ix.div(value, inner)
+        coords.append(at if d == 0 else ix.rem(at, sizes[d]))
+        inner *= sizes[d]
+    return coords[::-1]
 
 
 class Ints:
