@@ -145,6 +145,7 @@ def compile_all(out: Path, workers: int, cache: Path, only: str = "", before: Pa
     from importlib.metadata import version
 
     from convbw_mlir.dispatch.build import Registry
+    from convbw_mlir.dispatch.tune import write_candidate
     from convbw_mlir.files import atomic_directory
     from convbw_mlir.measure.records import ManifestEntry
 
@@ -166,18 +167,7 @@ def compile_all(out: Path, workers: int, cache: Path, only: str = "", before: Pa
             contenders: dict[str, Any] = {"reference": {"ok": False, "error": "not built (float64 checks)"}}
             for j, v in enumerate(vs):
                 r = by[(p, v)]
-                rec: dict[str, Any] = {"variant": v.to_dict(), "heuristic": j == 0}
-                if r.ok:
-                    rec |= {"ok": True, "vmfb": f"{key}.v{j}.vmfb", "flags": v.flags}
-                    (tmp / rec["vmfb"]).write_bytes(r.op.vmfb)
-                    if r.op.launch is not None and r.op.launch.tensor_maps:
-                        rec["launch"] = f"{key}.v{j}.launch"
-                        (tmp / rec["launch"]).mkdir()
-                        for file_name, data in r.op.launch.files().items():
-                            (tmp / rec["launch"] / file_name).write_bytes(data)
-                else:
-                    rec |= {"ok": False, "error": r.error}
-                contenders[v.name] = rec
+                contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, r, heuristic=j == 0)
             entries.append(ManifestEntry(name, key, p.to_dict(), contenders, {"held_out": False}).to_dict())
         manifest = {"target": "sm_90a", "date": str(datetime.date.today()),
                     "iree_version": version("iree-base-compiler"),

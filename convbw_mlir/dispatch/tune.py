@@ -44,6 +44,7 @@ __all__ = [
     "summarize",
     "time_candidates",
     "TuneRecord",
+    "write_candidate",
 ]
 
 # Every third problem of a suite (positions 2, 5, 8 ... from 0) is held out of tuning, decided before any
@@ -78,6 +79,22 @@ def reference_task(problem: ConvBwdWeightProblem, key: str, target: str) -> tupl
         except Exception as e:  # noqa: BLE001 - a reference that does not build is recorded; the runner uses float64
             rec = {"ok": False, "error": str(e).splitlines()[0][:300] if str(e) else type(e).__name__}
         return rec, {f.name: f.read_bytes() for f in Path(tmp).iterdir()}
+
+
+def write_candidate(folder: Path, stem: str, variant: Variant, result: Any, heuristic: bool) -> dict[str, Any]:
+    """A built candidate's manifest record, its kernel written into ``folder`` as ``stem``.vmfb (and ``stem``.launch,
+    the direct launch's files, where it has tensor maps: IREE's runtime cannot run it); a failed build's error."""
+    rec: dict[str, Any] = {"variant": variant.to_dict(), "heuristic": heuristic}
+    if not result.ok:
+        return rec | {"ok": False, "error": result.error}
+    rec |= {"ok": True, "vmfb": f"{stem}.vmfb", "flags": variant.flags}
+    (folder / rec["vmfb"]).write_bytes(result.op.vmfb)
+    if result.op.launch is not None and result.op.launch.tensor_maps:
+        rec["launch"] = f"{stem}.launch"
+        (folder / rec["launch"]).mkdir()
+        for file_name, data in result.op.launch.files().items():
+            (folder / rec["launch"] / file_name).write_bytes(data)
+    return rec
 
 
 def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], target: str,
@@ -128,19 +145,7 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
             contenders: dict[str, Any] = {"reference": ref}
             for j, v in enumerate(variants):
                 r = by[(problem, v)]
-                rec: dict[str, Any] = {"variant": v.to_dict(), "heuristic": j == 0}
-                if r.ok:
-                    path = f"{key}.v{j}.vmfb"
-                    (tmp / path).write_bytes(r.op.vmfb)
-                    rec |= {"ok": True, "vmfb": path, "flags": v.flags}
-                    if r.op.launch is not None and r.op.launch.tensor_maps:  # IREE's runtime cannot run it
-                        rec["launch"] = f"{key}.v{j}.launch"
-                        (tmp / rec["launch"]).mkdir()
-                        for file_name, data in r.op.launch.files().items():
-                            (tmp / rec["launch"] / file_name).write_bytes(data)
-                else:
-                    rec |= {"ok": False, "error": r.error}
-                contenders[v.name] = rec
+                contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, r, heuristic=j == 0)
             entries.append(ManifestEntry(name, key, problem.to_dict(), contenders, {"held_out": held}).to_dict())
         build = {"engine": engine, "workers": report.workers, "wall_s": report.wall_s, "kernels": len(report.results)}
         manifest = {"target": target, "date": str(datetime.date.today()), "iree_version": version("iree-base-compiler"),
