@@ -50,10 +50,9 @@ WAVES = 2
 # outputs (fewer conversions and loads an FMA; against the narrow form: docs/decisions.md#depthwise-by-default).
 WIDE_VECTOR, WIDE_TAPS, WIDE_UNROLL = 4, 8, 8
 # x vectors a step of the wide form may hold (its window): a stride-2 step of 8 outputs and 3-5 taps (17-19) halves
-# its outputs (issue 40's round 2, H100: EfficientNet-B0/MobileNet stride-2 layers 8.0-12.5 µs against 10.4-15.1)
+# its outputs (measured faster: docs/decisions.md#depthwise-hopper)
 MAX_WINDOW = 16
-# Workgroups an SM the rule aims at where the window halves the wide step: 4 (round 2: the four stride-2 layers,
-# at 4 an SM with steps of 4, 3-24% faster than main's 8 with steps of 8; at 2 with steps of 8, 2 of 4 slower)
+# Workgroups an SM the rule aims at where the window halves the wide step (measured: docs/decisions.md#depthwise-hopper)
 HALVED_WAVES = 4
 # The chunks' partial sums are added by the kernel's own stage 2 (depthwise_sm80.build_sum_body), not by IREE's
 # reduction (a serial chain of loads a thread, its time growing with the chunks).

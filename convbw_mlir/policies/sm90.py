@@ -179,8 +179,7 @@ def takes(problem: Any) -> bool:
 
 def takes_by_default(problem: Any) -> bool:
     """Whether the plan may choose an explicit kernel by itself on sm_90a: this one where it takes the problem
-    (bench/results/h100_2026-11-26_hopper_conv: 13 of 13 correct, 2.05x the sm_80 kernel), else the sm_80
-    kernel's rule."""
+    (measured faster than the sm_80 kernel: docs/timing.md#remeasured), else the sm_80 kernel's rule."""
     return takes(problem) or sm80.takes_by_default(problem)
 
 
