@@ -191,7 +191,8 @@ class _Ask:
         then = inner if inner is not None and inner.rule != _NOTE else None
         notes = [inner.detail] if inner is not None and inner.rule == _NOTE else []
         if then is None:  # what the plan is (a rule that decided again: its decision says), then what chose it
-            notes = ([_kernel_of(plan)] if plan.strategy == Strategy.EXPLICIT else []) + notes
+            kernel = _kernel_of(plan) if plan.strategy == Strategy.EXPLICIT else None
+            notes = ([kernel] if kernel and kernel not in rule.reason else []) + notes  # a reason naming it: once
             if plan.strategy == Strategy.MMA:
                 notes.append(f"mma: our tile {plan.tile.m}x{plan.tile.n}x{plan.tile.k} ({plan.tile.intrinsic})")
             notes += [f"split-K: {plan.split.k_batch} over {plan.split.dim}"] if plan.split is not None else []

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from convbw_mlir.cli import main
 from convbw_mlir.plan import RULES, Decision, Plan, decide
 from convbw_mlir.policies import switches
@@ -64,6 +66,18 @@ def test_select_shows_the_rule_and_why(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "\nrule: explicit-by-default\nwhy: explicit-by-default: " in out and "options: none" in out
     assert out.index("workspace: ") < out.index("rule: ")  # the lines scripts parse keep their place
+
+
+@pytest.mark.parametrize(
+    ("ck", "rule", "kernel"),
+    [
+        ("2 1 1 1 64 3 3 14 14 1 1 1 1 1 1 1 1", "gemv-by-default", "the split-reduction GEMV kernel"),
+        ("2 8 32 1 1 3 3 28 28 1 1 1 1 1 1 1 1", "depthwise-by-default", "the depthwise kernel"),
+    ],
+)
+def test_why_names_the_kernel_once_where_the_rules_reason_already_does(ck, rule, kernel):
+    why = decide(ConvBwdWeightProblem.from_ck(ck), "sm_90a").decision
+    assert why.rule == rule and " ".join(why.lines()).count(kernel) == 1
 
 
 def test_select_says_a_database_entry_is_tuned_not_a_rule(tmp_path, capsys, monkeypatch):
