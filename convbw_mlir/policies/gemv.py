@@ -56,9 +56,9 @@ def _vector(n: int) -> int:
     return next(v for v in (8, 4, 2, 1) if n % v == 0)
 
 
-@dataclass(frozen=True)
-class GemvKernel:
-    """The kernel's numbers, derived once from the problem and the plan (the builder takes this).
+@dataclass(frozen=True, kw_only=True)
+class GemvKernel(GemvPlan):
+    """The plan's numbers with the problem's, derived once (the builder takes this).
 
     Threads of a workgroup, fastest first: out-channel block (``k_blocks``), in-channel block (``c_blocks``), tap
     run (``runs``), group, position lane (``lanes``). A thread owns ``k_block x c_block x taps`` accumulators,
@@ -70,13 +70,6 @@ class GemvKernel:
     groups: int
     in_channels: int
     out_channels: int
-    k_block: int
-    c_block: int
-    taps: int
-    lanes: int
-    chunks: int
-    unroll: int = 1
-    interior: bool = False
 
     @property
     def k_vector(self) -> int:
@@ -224,9 +217,8 @@ def rule(problem: Any, tgt: Target) -> GemvPlan:
 
 def kernel(problem: Any, gemv: GemvPlan) -> GemvKernel:
     """The kernel's numbers for ``problem`` carried out as ``gemv`` says."""
-    return GemvKernel(_geometry(problem), problem.batch, problem.groups, problem.in_channels, problem.out_channels,
-                      gemv.k_block, gemv.c_block, gemv.taps, gemv.lanes, gemv.chunks, gemv.unroll,
-                      gemv.interior)  # fmt: skip
+    return GemvKernel(**vars(gemv), conv=_geometry(problem), images=problem.batch, groups=problem.groups,
+                      in_channels=problem.in_channels, out_channels=problem.out_channels)  # fmt: skip
 
 
 def takes_by_default(problem: Any, tgt: Target, codegen: Plan) -> bool:
