@@ -45,7 +45,7 @@ def slice_order(types: tuple[str, ...] = TYPES) -> list[tuple[str, Any]]:
 def _compile(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch.tune import compile_candidates
 
-    order = slice_order()[args.start : args.start + args.count]
+    order = slice_order()[args.start : args.start + args.count] if not args.names else _named(args.names, args.batch)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for c in range(math.ceil(len(order) / args.chunk)):
@@ -65,6 +65,18 @@ def _compile(args: argparse.Namespace) -> int:
             print(f"stopped: over {args.max_mib} MiB")
             break
     return 0
+
+
+def _named(path: str, batch: int | None) -> list[tuple[str, Any]]:
+    """The zoo problems a file names (``name dtype`` a line, ``#`` comments), at ``batch`` where given."""
+    every = {(n, p.dtype): p for n, p in slice_order()}
+    wanted = [ln.split() for ln in Path(path).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    unknown = [" ".join(w) for w in wanted if len(w) != 2 or tuple(w) not in every]
+    if unknown:
+        raise ValueError(f"--names: {path}: not a zoo problem and type: {', '.join(unknown)}")
+    if batch is None:
+        return [(n, every[(n, t)]) for n, t in wanted]
+    return [(n.rsplit(".n", 1)[0] + f".n{batch}", every[(n, t)].with_(batch=batch)) for n, t in wanted]
 
 
 # -- the report -------------------------------------------------------------------------------------------
@@ -185,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="build the next slice's candidates, in chunk folders (CPU machine)")
     c.add_argument("--start", type=int, default=0, help="first position in the slice order")
-    c.add_argument("--count", type=int, required=True, help="problem-types to build")
+    c.add_argument("--count", type=int, default=0, help="problem-types to build (from --start)")
+    c.add_argument("--names", default=None, help="a file of `name dtype` lines: build these zoo problems instead")
+    c.add_argument("--batch", type=int, default=None, help="with --names: at this batch (the zoo's is 32)")
     c.add_argument("--chunk", type=int, default=30, help="problems a folder (default 30)")
     c.add_argument("--max-plans", type=int, default=3, help="plan neighbours beside the heuristic's (default 3)")
     c.add_argument("--workers", type=int, default=2)
@@ -198,8 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("results", nargs="+", help="folders holding results.json files (searched below)")
     r.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    if args.cmd == "compile" and (args.count < 1 or args.chunk < 1 or args.start < 0):
-        print("error: --count and --chunk: expected >= 1, --start >= 0", file=sys.stderr)
+    if args.cmd == "compile" and ((args.count < 1 and not args.names) or args.chunk < 1 or args.start < 0):
+        print("error: --count (or --names) and --chunk: expected >= 1, --start >= 0", file=sys.stderr)
+        return 1
+    if args.cmd == "compile" and args.batch is not None and (not args.names or args.batch < 1):
+        print(f"error: --batch: {args.batch} needs --names and must be >= 1", file=sys.stderr)
         return 1
     try:
         return _compile(args) if args.cmd == "compile" else _report(args)

@@ -279,6 +279,12 @@ RULES: tuple[Rule, ...] = (
          "the depthwise kernel: measured faster than codegen on depthwise layers and on 4-channel groups "
          "(docs/decisions.md#depthwise-by-default, #thin-groups)",
          lambda a: a.plain and depthwise.takes_by_default(a.problem, a.tgt), _depthwise_by_default),
+    Rule("short-reduction-codegen", "no options; sm_90a; a plain GEMM of a very short reduction and few weights "
+         "(sm90.short_reduction); switch SHORT_REDUCTION_CODEGEN",
+         "IREE's codegen: our kernels' start-up outweighs a reduction this short (an SE block's 1x1 at batch 32; "
+         "docs/decisions.md#short-reduction-codegen)",
+         lambda a: a.plain and switches.SHORT_REDUCTION_CODEGEN and policies.for_target(a.tgt) is policies.sm90
+         and policies.sm90.short_reduction(a.problem), lambda a: a.codegen),
     Rule("explicit-by-default", "no options; the target's kernel takes the problem by default, and it is not too "
          "thin for matrix cores or its thin groups merge (switch MERGE_BY_DEFAULT)",
          "our kernel where it was measured the fastest correct one for the problem's class "

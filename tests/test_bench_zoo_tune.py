@@ -76,3 +76,15 @@ def test_the_report_ships_a_database_with_cudnn_times_and_evaluates_leave_model_
     assert report["held_out_problems"] > 0 and "heuristic" in report["selectors"]
     text = (out / "report.md").read_text()
     assert "| all | 60 |" in text and "Leave-model-out" in text
+
+
+def test_named_problems_build_at_the_batch_asked_and_a_name_not_in_the_zoo_is_one_error(tmp_path):
+    names = tmp_path / "names.txt"
+    names.write_text("# squeeze-excite\nmixnet_s.blocks.4.0.se.conv_reduce.n32 bf16\n")
+    [(name, p)] = zoo_tune._named(str(names), 64)
+    assert name == "mixnet_s.blocks.4.0.se.conv_reduce.n64" and p.batch == 64 and p.dtype == "bf16"
+    assert zoo_tune._named(str(names), None)[0][1].batch == 32
+    names.write_text("mixnet_s.blocks.4.0.se.conv_reduce.n32 f32\n")
+    with pytest.raises(ValueError, match=r"--names: .*not a zoo problem and type: mixnet_s.*n32 f32"):
+        zoo_tune._named(str(names), None)
+    assert zoo_tune.main(["compile", "--out", str(tmp_path / "o"), "--batch", "64", "--count", "3"]) == 1

@@ -99,6 +99,19 @@ def test_the_report_counts_each_selectors_choices_within_ten_percent_of_the_best
     assert {"select", "nearest"} <= report["selectors"].keys()
 
 
+def test_plan_now_is_todays_plan_and_not_measured_where_the_run_never_timed_it():
+    results, models = _results(20)
+    split = {"held_out": ["net00", "net01"], "tuned": MODELS[2:]}
+    now = evaluate(results, split, models=models)["selectors"]["plan now"]
+    assert now == evaluate(results, split, models=models)["selectors"]["heuristic"]  # the heuristic is today's here
+    for row in results["problems"]:  # a run whose plan of the day was another: today's never timed
+        row["contenders"].pop("convbw[heuristic]")
+        row["variants"].pop("convbw[heuristic]")
+        row["heuristic"] = next(iter(row["contenders"]))
+    moved = evaluate(results, split, models=models)["selectors"]
+    assert "plan now" not in moved and moved["heuristic"]["measured"] == 4
+
+
 def test_the_learned_selector_round_trips_as_json_and_predicts_as_scikit_learn_does(tmp_path):
     from sklearn.ensemble import GradientBoostingRegressor
 

@@ -164,9 +164,12 @@ def test_on_hopper_a_64_row_tile_stays_where_k_fits_it():
         ("2 1 96 672 28 1 1 1 1 1 1 1 1 0 0 0 0", "not measured: 2 k tiles a workgroup"),
     ],
 )
-def test_on_hopper_a_workgroup_of_no_more_k_tiles_than_the_fill_keeps_the_models_64_row_tile(line, measured):
-    from convbw_mlir.policies import sm80
+def test_on_hopper_a_workgroup_of_no_more_k_tiles_than_the_fill_keeps_the_models_64_row_tile(
+    line, measured, monkeypatch
+):
+    from convbw_mlir.policies import sm80, switches
 
+    monkeypatch.setattr(switches, "SHORT_REDUCTION_CODEGEN", False)  # batch 32's are codegen's by default now
     p = _p(line)
     plan = decide(p, "sm_90a")
     assert (plan.tile.m, plan.tile.n) == (64, 128), (measured, plan)
@@ -193,3 +196,31 @@ def test_on_hopper_a_64_row_tile_stays_where_the_128_row_grid_puts_two_workgroup
     why = sm80.rows_fit_k_waived(shape, rows64, rows128, SM90.compute_units, SM90.lds_bytes)
     assert "140 workgroups" in why and "120 one an SM" in why and why in plan.decision.detail
     assert "rows-fit-k waived: " in plan.decision.detail
+
+
+# squeeze-excite 1x1s on 1x1 maps (docs/decisions.md#short-reduction-codegen): the first two of held-out models
+@pytest.mark.parametrize(
+    ("line", "codegen"),
+    [
+        ("2 1 32 40 480 1 1 1 1 1 1 1 1 0 0 0 0", True),  # mixnet_s conv_reduce: codegen 1.69x faster, held out
+        ("2 1 32 222 888 1 1 1 1 1 1 1 1 0 0 0 0", False),  # regnety_016 fc1: 197,136 weights, ours 1.04x faster
+        ("2 1 32 1512 144 1 1 1 1 1 1 1 1 0 0 0 0", False),  # regnet_y_3_2gf fc2: fitted, ours 1.17x faster
+        ("2 1 64 40 480 1 1 1 1 1 1 1 1 0 0 0 0", False),  # batch 64: a reduction of 64, not measured
+        ("2 1 32 40 480 3 3 1 1 1 1 1 1 1 1 1 1", False),  # a 3x3 (padded): no plain GEMM
+        ("2 2 16 20 240 1 1 1 1 1 1 1 1 0 0 0 0", False),  # two groups
+    ],
+)
+def test_a_plain_gemm_of_a_32_long_reduction_and_few_weights_is_codegens_on_hopper(line, codegen):
+    plan = decide(_p(line, "bf16"), "sm_90a")
+    assert (plan.decision.rule == "short-reduction-codegen") == codegen
+    assert (plan.strategy.value in ("iree", "mma", "simt")) or not codegen
+
+
+def test_the_short_reduction_rule_is_hoppers_alone_and_yields_to_options_and_its_switch(monkeypatch):
+    from convbw_mlir.policies import switches
+
+    se = _p("2 1 32 40 480 1 1 1 1 1 1 1 1 0 0 0 0", "bf16")
+    assert decide(se, "sm_80").decision.rule != "short-reduction-codegen"
+    assert decide(se, "sm_90a", k_batch=2).decision.rule != "short-reduction-codegen"
+    monkeypatch.setattr(switches, "SHORT_REDUCTION_CODEGEN", False)
+    assert decide(se, "sm_90a").decision.rule == "explicit-by-default"

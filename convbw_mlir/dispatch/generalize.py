@@ -27,6 +27,7 @@ from typing import Any
 
 from convbw_mlir.dispatch.learned import FEATURES, TreeSelector, features
 from convbw_mlir.dispatch.variants import Variant
+from convbw_mlir.plan import decide
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = [
@@ -166,7 +167,8 @@ def evaluate(results: dict[str, Any], split: dict[str, Any] | None = None, selec
     not the run, says which problems are held out (``models`` maps a row's name to its models), and the
     database ``select`` consults holds the tuned problems only.
 
-    Selectors: ``heuristic`` (the plan's own), ``select`` (exact, nearest or heuristic on a database of the
+    Selectors: ``heuristic`` (the plan's own when the run was tuned), ``plan now`` (the plan's own today),
+    ``select`` (exact, nearest or heuristic on a database of the
     tuned problems; also broken down by path), ``nearest`` (``select``'s choice where a tuned problem is near,
     else the heuristic's), ``learned`` (``selector``, where given). Each gets ``within`` (choices within
     :data:`WITHIN` of the best), ``measured`` (choices that were timed), ``geomean_loss`` (geomean of
@@ -192,6 +194,8 @@ def evaluate(results: dict[str, Any], split: dict[str, Any] | None = None, selec
         choices = {"heuristic": row.get("heuristic"), "select": _name_of(sel.variant, variants),
                    f"select:{sel.path}": _name_of(sel.variant, variants)}  # fmt: skip
         choices["nearest"] = choices["select"] if sel.path != "heuristic" else row.get("heuristic")
+        # the plan's rules as they are now (the run recorded the heuristic of its day): not measured where they moved
+        choices["plan now"] = _name_of(Variant("convbw", decide(problem, results["target"])), variants)
         if selector is not None:
             timed = [n for n in times if n in variants]
             choices["learned"] = _name_of(selector.choose(problem, [variants[n] for n in timed]), variants)

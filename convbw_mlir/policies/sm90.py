@@ -91,6 +91,23 @@ MAPS_BYTES = 256  # the maps binding: dy's CUtensorMap, then x's (128 bytes each
 # fits its bits wherever both corners fit theirs
 IM2COL_BITS = {1: 16, 2: 8, 3: 5}
 MAX_TRAVERSAL_STRIDE = 8  # cuTensorMapEncodeIm2col's elementStrides: at most 8
+# A plain GEMM (1x1, stride 1, unpadded, one group) with a reduction this short and a dW this small is IREE's to
+# compute: our kernels' start-up outweighs it (11 zoo layers at reduction 32 fitted, 6 held-out ones checked:
+# docs/decisions.md#short-reduction-codegen); longer reductions are unmeasured and keep our kernel.
+SHORT_REDUCTION = 32
+SHORT_GEMM = 1 << 17  # out x in channels: codegen won at 113k, lost at 217k
+
+
+def short_reduction(problem: Any) -> bool:
+    """Whether ``problem`` is a plain GEMM of at most :data:`SHORT_REDUCTION` images x positions and at most
+    :data:`SHORT_GEMM` weights (an SE block's 1x1 on a 1x1 map at batch 32)."""
+    plain = (
+        all(f == 1 for f in problem.filter_size)
+        and all(s == 1 for s in problem.stride)
+        and not any((*problem.pad_low, *problem.pad_high))
+    )
+    weights = problem.out_channels * problem.in_channels
+    return plain and problem.groups == 1 and _reduction(problem) <= SHORT_REDUCTION and weights <= SHORT_GEMM
 
 
 def refusals(problem: Any, plan: Plan | None = None) -> list[str]:

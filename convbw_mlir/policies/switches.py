@@ -8,7 +8,15 @@ With every switch off, the plan's own choices are its codegen's (and the sm_80 k
 
 from __future__ import annotations
 
-__all__ = ["DEPTHWISE_BY_DEFAULT", "GEMV_BY_DEFAULT", "GROUPED_BY_DEFAULT", "MERGE_BY_DEFAULT", "SWITCHES", "current"]
+__all__ = [
+    "DEPTHWISE_BY_DEFAULT",
+    "GEMV_BY_DEFAULT",
+    "GROUPED_BY_DEFAULT",
+    "MERGE_BY_DEFAULT",
+    "SHORT_REDUCTION_CODEGEN",
+    "SWITCHES",
+    "current",
+]
 
 # The depthwise kernel (and its grouped form) for depthwise problems and groups of at most GROUPED_BY_DEFAULT
 # channels: measured faster than codegen there (docs/decisions.md#depthwise-by-default).
@@ -22,6 +30,9 @@ MERGE_BY_DEFAULT = True
 # The split-reduction GEMV kernel for GEMV-like problems (K or C small) codegen would compute by SIMT
 # (docs/decisions.md#gemv-by-default).
 GEMV_BY_DEFAULT = True
+# IREE's codegen for a plain GEMM of a very short reduction on sm_90a (an SE block's 1x1 at batch 32): measured faster
+# than our kernels there (docs/decisions.md#short-reduction-codegen).
+SHORT_REDUCTION_CODEGEN = True
 
 # name -> what it switches (for ``convbw select`` and the docs; the values are the module's names above)
 SWITCHES: dict[str, str] = {
@@ -29,6 +40,7 @@ SWITCHES: dict[str, str] = {
     "GROUPED_BY_DEFAULT": "the widest group (channels) the depthwise kernel's grouped form takes by default",
     "MERGE_BY_DEFAULT": "thin groups merged into one implicit GEMM on NVIDIA",
     "GEMV_BY_DEFAULT": "the split-reduction GEMV kernel for K or C small where codegen's plan is SIMT",
+    "SHORT_REDUCTION_CODEGEN": "IREE's codegen for a plain GEMM of a very short reduction on sm_90a",
 }
 
 
