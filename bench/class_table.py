@@ -17,8 +17,10 @@ classes suite's and the zoo's layers alternating within a class, so that a run c
 ``run`` is the product's runner in its one-process-a-device form (:mod:`convbw_mlir.measure.run` ``server=True``):
 every kernel checked against float64 (the runner's sample) with NaN after x and dy, then timed by CUPTI, cuDNN
 checked and timed in the same process after it, one timing at a time; each finished row is appended to
-``OUT/rows.jsonl`` as it comes. ``report`` groups the rows by class: cuDNN/ours per layer, the geomean, the
-minimum, the layers below 0.5x, bf16 time over f16 time, each against the issue's goals (:data:`GOALS`).
+``OUT/rows.jsonl`` as it comes. Where the plan is the GEMV kernel, the plan the GEMV rule replaced
+(``switches.GEMV_BY_DEFAULT`` off: :data:`BEFORE`) is timed beside it, the rule's own check. ``report`` groups the
+rows by class: cuDNN/ours per layer, the geomean, the minimum, the layers below 0.5x, f16 time over bf16 time, each
+against the issue's goals (:data:`GOALS`), and the GEMV kernel against the plan before it.
 """
 
 from __future__ import annotations
@@ -191,6 +193,23 @@ def kernel_of(plan: dict[str, Any] | None) -> str:
 
 
 # -- compile side (here: the IREE compiler) -------------------------------------------------------------------
+# The contender beside the GEMV kernel: the plan with the GEMV rule off (switches.GEMV_BY_DEFAULT), what it replaced.
+BEFORE = "before_gemv"
+
+
+def plan_without_gemv(p: Any) -> Any:
+    """The sm_90a plan ``decide`` gives with the GEMV rule off (the switch restored after)."""
+    from convbw_mlir.plan import decide
+    from convbw_mlir.policies import switches
+
+    was = switches.GEMV_BY_DEFAULT
+    switches.GEMV_BY_DEFAULT = False
+    try:
+        return decide(p, TARGET)
+    finally:
+        switches.GEMV_BY_DEFAULT = was
+
+
 def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cache: str | None) -> int:
     """The heuristic's sm_90a kernel of every entry into ``folder`` (one manifest in the measuring order; built
     beside and moved into place whole). A plan that is refused or fails to build is a record, not the end."""
@@ -198,13 +217,14 @@ def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cach
 
     from convbw_mlir.dispatch.build import Registry
     from convbw_mlir.dispatch.tune import write_candidate
-    from convbw_mlir.dispatch.variants import heuristic
+    from convbw_mlir.dispatch.variants import Variant, heuristic
     from convbw_mlir.files import atomic_directory
     from convbw_mlir.measure.records import ManifestEntry
 
     todo = entries(per_class)
     reg = Registry(TARGET, cache)
     variants: dict[str, Any] = {}
+    before: dict[str, Any] = {}
     for key, _, p in todo:
         try:
             variants[key] = heuristic(p, TARGET)
@@ -212,6 +232,10 @@ def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cach
             variants[key] = str(e).splitlines()[0][:300] or type(e).__name__
             continue
         reg.declare(p, variants[key])
+        plan = variants[key].plan
+        if plan is not None and plan.gemv is not None:
+            before[key] = Variant("convbw", plan_without_gemv(p), (), "before")
+            reg.declare(p, before[key])
     t0 = time.monotonic()
     report = reg.build(max_workers=workers, timeout=timeout, progress=False)
     built = {(r.problem, r.variant): r for r in report.results}
@@ -224,8 +248,13 @@ def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cach
             else:
                 rec = write_candidate(tmp, key, v, built[(p, v)], heuristic=True)
                 rec["config"] = {"kernel": kernel_of(v.plan.to_dict() if v.plan else None), "target": TARGET}
+            contenders = {"convbw": rec}
+            if key in before:  # the plan the GEMV rule replaced, timed beside it: the rule's own check
+                b = before[key]
+                contenders[BEFORE] = write_candidate(tmp, f"{key}.before", b, built[(p, b)], heuristic=False)
+                contenders[BEFORE]["config"] = {"kernel": kernel_of(b.plan.to_dict()), "target": TARGET}
             extra = {"class": k.cls, "source": k.source, "held_out": k.held_out}
-            rows.append(ManifestEntry(k.name, key, p.to_dict(), {"convbw": rec}, extra).to_dict())
+            rows.append(ManifestEntry(k.name, key, p.to_dict(), contenders, extra).to_dict())
         manifest = {"target": TARGET, "date": time.strftime("%Y-%m-%d"), "iree_version": version("iree-base-compiler"),
                     "per_class": per_class, "problems": rows}  # fmt: skip
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -295,6 +324,11 @@ def _status(row: dict, name: str) -> str:
     return f"{t:.1f}" if t else str(row.get("contenders", {}).get(name, {}).get("status", "-"))
 
 
+def _said(row: dict, name: str) -> str | None:
+    """The runner's verdict on a contender (``ok``, ``WRONG``, ``crashed``, ``no kernel`` ...)."""
+    return row.get("contenders", {}).get(name, {}).get("status")
+
+
 def _dtype(row: dict) -> str:
     return row["key"].rsplit(".", 1)[-1]
 
@@ -333,7 +367,10 @@ def class_summary(rows: list[dict]) -> dict[str, Any]:
                   f"none < {GOALS['floor']}": None if not every else min(every) >= GOALS["floor"],
                   f"f16 within {GOALS['f16_vs_bf16'] - 1:.0%} of bf16": None if not pairs
                   else max(pairs) <= GOALS["f16_vs_bf16"]}  # fmt: skip
-    s["wrong"] = sorted(r["key"] for r in rows if r.get("contenders", {}).get("convbw", {}).get("status") == "wrong")
+    s["wrong"] = sorted(r["key"] for r in rows if _said(r, "convbw") == "WRONG")
+    s["cudnn_wrong"] = sorted(r["key"] for r in rows if _said(r, "cudnn") == "WRONG")  # no ratio there
+    s["gemv_vs_before"] = [kernel_us(r, BEFORE) / kernel_us(r, "convbw") for r in rows
+                           if kernel_us(r, BEFORE) and kernel_us(r, "convbw")]  # fmt: skip
     s["unmeasured"] = sorted(r["key"] for r in rows if not (kernel_us(r, "convbw") and kernel_us(r, "cudnn")))
     return s
 
@@ -367,18 +404,31 @@ def report(rows: list[dict], device: str = "-", card: str = "", command: str = "
                      + " | ".join(_mark(g) for g in goals) + " |")  # fmt: skip
     for c in order:
         s = sums[c]
-        lines += ["", f"## {c}", "", "| layer | source | type | ours µs | plan's kernel | cuDNN µs | cuDNN/ours |",
-                  "|---" * 7 + "|"]  # fmt: skip
+        gemv = any(BEFORE in r.get("contenders", {}) for r in by[c])
+        head = "| layer | source | type | ours µs | plan's kernel | cuDNN µs | cuDNN/ours |"
+        head += " before the GEMV rule µs | before/ours |" if gemv else ""
+        lines += ["", f"## {c}", "", head, "|---" * (7 + 2 * gemv) + "|"]
         for r in by[c]:
             ours, cud = kernel_us(r, "convbw"), kernel_us(r, "cudnn")
             src = r.get("source", "-") + (" (held out)" if r.get("held_out") else "")
             kern = r.get("contenders", {}).get("convbw", {}).get("config", {}).get("kernel", "-")
-            lines.append(f"| {r['name']} | {src} | {_dtype(r)} | {_status(r, 'convbw')} | {kern} "
-                         f"| {_status(r, 'cudnn')} | {_f(cud / ours if ours and cud else None)} |")  # fmt: skip
+            line = (f"| {r['name']} | {src} | {_dtype(r)} | {_status(r, 'convbw')} | {kern} "
+                    f"| {_status(r, 'cudnn')} | {_f(cud / ours if ours and cud else None)} |")  # fmt: skip
+            if gemv:
+                old = kernel_us(r, BEFORE)
+                has = BEFORE in r.get("contenders", {})
+                line += f" {_status(r, BEFORE) if has else '-'} | {_f(old / ours if old and ours else None)} |"
+            lines.append(line)
+        if s["gemv_vs_before"]:
+            v = s["gemv_vs_before"]
+            lines += ["", f"- the GEMV kernel against the plan it replaced (before/ours): geomean {geomean(v):.2f}, "
+                      f"faster on {sum(x > 1 for x in v)} of {len(v)} rows"]  # fmt: skip
         below = sorted({n for t in s["types"].values() for n in t["below_floor"]})
         lines += ["", f"- below {GOALS['floor']}x: {', '.join(below) or 'none'}"]
         if s["wrong"]:
             lines.append(f"- WRONG (ours): {', '.join(s['wrong'])}")
+        if s["cudnn_wrong"]:
+            lines.append(f"- cuDNN's own result WRONG (no ratio): {', '.join(s['cudnn_wrong'])}")
         if s["unmeasured"]:
             lines.append(f"- not compared (ours or cuDNN without a correct time): {len(s['unmeasured'])}")
     return "\n".join(lines) + "\n"

@@ -119,10 +119,14 @@ def test_class_summary_judges_each_goal_and_names_the_layers_below_the_floor():
 
 
 def test_class_summary_leaves_a_goal_unmeasured_without_figures_and_lists_wrong_kernels():
-    rows = [_row("a", "thin", "f16", None, 100e-6, status="wrong"), _row("b", "thin", "bf16", 50e-6, None)]
+    rows = [_row("a", "thin", "f16", None, 100e-6, status="WRONG"), _row("b", "thin", "bf16", 50e-6, None)]
+    rows[1]["contenders"]["cudnn"]["status"] = "WRONG"
     s = ct.class_summary(rows)
     assert s["goals"] == {"geomean >= 0.9": None, "none < 0.5": None, "f16 within 10% of bf16": None}
-    assert s["wrong"] == ["000-a.f16"] and len(s["unmeasured"]) == 2
+    assert s["wrong"] == ["000-a.f16"] and s["cudnn_wrong"] == ["000-b.bf16"] and len(s["unmeasured"]) == 2
+    text = ct.report(rows)
+    assert "- WRONG (ours): 000-a.f16" in text and "| a | zoo (held out) | f16 | WRONG | - |" in text
+    assert "- cuDNN's own result WRONG (no ratio): 000-b.bf16" in text
 
 
 def test_report_reads_a_cut_run_and_writes_a_line_a_class_in_the_classes_order(tmp_path):
@@ -166,3 +170,19 @@ def test_run_writes_each_row_as_it_comes_with_the_manifests_class(tmp_path, monk
     assert seen[0]["class"] == "dw" and seen[0]["key"] == "000-dw_a.f16"
     assert json.loads((tmp_path / "out" / "results.json").read_text())["problems"][0]["source"] == "classes"
     assert runner._line is line  # the runner's own logging is back
+
+
+def test_the_gemv_kernels_rows_carry_the_plan_it_replaced_and_the_report_compares_them():
+    p = _p("1 1 8 512 1 10 16000 5 1 0 0")  # wav2vec 2.0 conv0: the GEMV kernel's by rule
+    from convbw_mlir.plan import decide
+    from convbw_mlir.policies import switches
+
+    assert decide(p, "sm_90a").gemv is not None
+    before = ct.plan_without_gemv(p)
+    assert before.gemv is None and switches.GEMV_BY_DEFAULT  # the switch is back
+    rows = [_row("w", "conv1d", "f16", 20e-6, 30e-6), _row("w", "conv1d", "bf16", 20e-6, 30e-6)]
+    rows[0]["contenders"][ct.BEFORE] = {"status": "ok", "kernel_s": 50e-6}
+    rows[1]["contenders"][ct.BEFORE] = {"status": "ok", "kernel_s": 10e-6}
+    text = ct.report(rows)
+    assert "| w | zoo (held out) | f16 | 20.0 | wgmma | 30.0 | 1.50 | 50.0 | 2.50 |" in text
+    assert "before/ours): geomean 1.12, faster on 1 of 2 rows" in text
