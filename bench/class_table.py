@@ -5,8 +5,9 @@
     python3 bench/class_table.py run DIR --out OUT [--deadline S]                # GPU machine: runtime and torch
     python bench/class_table.py report OUT/rows.jsonl [--card CARD] [--command CMD] > table.md
 
-The problems (:func:`select`): every layer of the classes suite (``convbw_mlir/suites/classes.tsv``) and, per
-class, up to ``--per-class`` layers of the zoo suite (``zoo.tsv``): those of held-back models first
+The problems (:func:`select`): every layer of the classes suite (``convbw_mlir/suites/classes.tsv``), the two
+layers issue 40 names that no suite holds (:data:`ISSUE`) and, per class, up to ``--per-class`` layers of the zoo
+suite (``zoo.tsv``): those of held-back models first
 (``bench/zoo_split.json``: every model of the layer held out of tuning), then the others, each part in the order
 of sha256(:data:`SEED`, name), fixed before any timing. A problem's class comes from its shape alone
 (:func:`problem_class`), the suite's own and the zoo's layers alike. Each problem runs in f16 and bf16,
