@@ -186,3 +186,19 @@ def test_the_gemv_kernels_rows_carry_the_plan_it_replaced_and_the_report_compare
     text = ct.report(rows)
     assert "| w | zoo (held out) | f16 | 20.0 | wgmma | 30.0 | 1.50 | 50.0 | 2.50 |" in text
     assert "before/ours): geomean 1.12, faster on 1 of 2 rows" in text
+
+
+def test_collect_calls_a_row_current_only_where_todays_plan_and_kernel_code_are_what_was_timed():
+    from dataclasses import replace
+
+    from convbw_mlir.plan import decide
+
+    cc = bench_script("class_collect")
+    dense = _p("2 1 32 64 64 3 3 56 56 1 1 1 1 1 1 1 1").with_(layout=2)
+    plan = decide(dense, "sm_90a")
+    assert cc._form(dense, plan.to_dict()) == "current"
+    other = replace(plan, tile=replace(plan.tile, n=plan.tile.n // 2)).to_dict()
+    assert cc._form(dense, other) == "earlier (another plan)"
+    dw = _p("2 96 32 1 1 7 7 56 56 1 1 1 1 3 3 3 3").with_(layout=2)
+    assert cc._form(dw, decide(dw, "sm_90a").to_dict()) == "earlier (the kernel's code then)"
+    assert cc._form(dw, None).startswith("unchecked")
