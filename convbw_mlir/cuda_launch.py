@@ -303,47 +303,55 @@ _LIB: Any = None
 _LIB_LOCK = threading.Lock()
 
 
+_vp, _u32, _sz, _u64, _i32 = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int
+_P = ctypes.POINTER
+# the driver functions the launcher calls, as cuda.h declares them (bench/cuda_stub.c defines the same prototypes
+# and bench/host_path.py checks the two agree): name -> argument types; every one returns a CUresult
+DRIVER_SIGNATURES: dict[str, list[Any]] = {
+    "cuInit": [_u32],
+    "cuDeviceGet": [_P(_i32), _i32],
+    "cuDeviceGetAttribute": [_P(_i32), _i32, _i32],
+    "cuDevicePrimaryCtxRetain": [_P(_vp), _i32],
+    "cuCtxGetCurrent": [_P(_vp)],
+    "cuCtxSetCurrent": [_vp],
+    "cuModuleLoadData": [_P(_vp), ctypes.c_char_p],
+    "cuModuleGetFunction": [_P(_vp), _vp, ctypes.c_char_p],
+    "cuFuncSetAttribute": [_vp, _i32, _i32],
+    "cuLaunchKernel": [_vp, _u32, _u32, _u32, _u32, _u32, _u32, _u32, _vp, _vp, _vp],
+    "cuMemsetD8Async": [_u64, ctypes.c_ubyte, _sz, _vp],
+    "cuMemsetD16Async": [_u64, ctypes.c_ushort, _sz, _vp],
+    "cuMemsetD32Async": [_u64, _u32, _sz, _vp],
+    "cuMemcpyAsync": [_u64, _u64, _sz, _vp],
+    "cuGetErrorString": [_i32, _P(ctypes.c_char_p)],
+    "cuMemAlloc_v2": [_P(_u64), _sz],
+    "cuMemAllocHost_v2": [_P(_vp), _sz],
+    "cuMemcpyHtoDAsync_v2": [_u64, _vp, _sz, _vp],
+}
+# CUDA 12 drivers only (sm_90a kernels): absent elsewhere, asked for only by a launch with tensor maps
+OPTIONAL_SIGNATURES: dict[str, list[Any]] = {
+    "cuTensorMapEncodeTiled": [_vp, _i32, _u32, _vp, _P(_u64), _P(_u64), _P(_u32), _P(_u32), _i32, _i32, _i32, _i32],
+    "cuTensorMapEncodeIm2col": [_vp, _i32, _u32, _vp, _P(_u64), _P(_u64), _P(_i32), _P(_i32), _u32, _u32, _P(_u32),
+                                _i32, _i32, _i32, _i32],
+}  # fmt: skip
+
+
+def declare(lib: Any) -> Any:
+    """``lib`` (a ``ctypes.CDLL`` of the driver, or a stand-in with its functions) with the argument types of
+    :data:`DRIVER_SIGNATURES` and :data:`OPTIONAL_SIGNATURES` (those it has) declared, initialized."""
+    optional = [(k, v) for k, v in OPTIONAL_SIGNATURES.items() if hasattr(lib, k)]
+    for name, args in [*DRIVER_SIGNATURES.items(), *optional]:
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, ctypes.c_int
+    _check(lib, lib.cuInit(0), "cuInit")
+    return lib
+
+
 def _libcuda() -> Any:
     """``libcuda.so.1`` with the few driver functions the launcher calls (argument types declared)."""
     global _LIB
     with _LIB_LOCK:
         if _LIB is None:
-            lib = ctypes.CDLL("libcuda.so.1")
-            vp, u32, sz = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t
-            pvp = ctypes.POINTER(vp)
-            sigs = {
-                "cuInit": [u32],
-                "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
-                "cuDeviceGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
-                "cuDevicePrimaryCtxRetain": [pvp, ctypes.c_int],
-                "cuCtxGetCurrent": [pvp],
-                "cuCtxSetCurrent": [vp],
-                "cuModuleLoadData": [pvp, ctypes.c_char_p],
-                "cuModuleGetFunction": [pvp, vp, ctypes.c_char_p],
-                "cuFuncSetAttribute": [vp, ctypes.c_int, ctypes.c_int],
-                "cuLaunchKernel": [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp],
-                "cuMemsetD8Async": [ctypes.c_uint64, ctypes.c_ubyte, sz, vp],
-                "cuMemsetD16Async": [ctypes.c_uint64, ctypes.c_ushort, sz, vp],
-                "cuMemsetD32Async": [ctypes.c_uint64, u32, sz, vp],
-                "cuMemcpyAsync": [ctypes.c_uint64, ctypes.c_uint64, sz, vp],
-                "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
-                "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), sz],
-                "cuMemAllocHost_v2": [pvp, sz],
-                "cuMemcpyHtoDAsync_v2": [ctypes.c_uint64, vp, sz, vp],
-            }
-            u64p, i32p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(u32)
-            # CUDA 12 drivers only (sm_90a kernels): absent elsewhere, asked for only by a launch with tensor maps
-            optional = {
-                "cuTensorMapEncodeTiled": [vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p, ctypes.c_int,
-                                           ctypes.c_int, ctypes.c_int, ctypes.c_int],
-                "cuTensorMapEncodeIm2col": [vp, ctypes.c_int, u32, vp, u64p, u64p, i32p, i32p, u32, u32, u32p,
-                                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
-            }  # fmt: skip
-            for name, args in [*sigs.items(), *((k, v) for k, v in optional.items() if hasattr(lib, k))]:
-                f = getattr(lib, name)
-                f.argtypes, f.restype = args, ctypes.c_int
-            _check(lib, lib.cuInit(0), "cuInit")
-            _LIB = lib
+            _LIB = declare(ctypes.CDLL("libcuda.so.1"))
     return _LIB
 
 
