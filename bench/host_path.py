@@ -346,7 +346,9 @@ def measure(path: str, memory: str, work: Workload, counters: Counters, passes: 
         counters.reset()
         sw.reset_stats()
         native.reset_counts()
+        graphs = sum(len(c._graphs) for c in calls.values())
         times = [one_pass() for _ in range(passes)]
+        captures = sum(len(c._graphs) for c in calls.values()) - graphs  # each a capture + instantiation on a GPU
         total = passes * n
         driver = {k: round(v / total, 3) for k, v in counters.read().items() if v}
         stats = sw.stats()
@@ -356,6 +358,7 @@ def measure(path: str, memory: str, work: Workload, counters: Counters, passes: 
             "driver_calls_per_call": driver, "ours": stats.get("ours", 0) / total,
             "cxx_graph_launches_per_call": native.graph_launches() / total,
             "cxx_plain_launches_per_call": native.plain_launches() / total,
+            "graph_captures_per_call": captures / total,
             # the floor: the same calls asking no gradient (the dispatcher, the override's entry, torch's empty call)
             "floor_us_per_call": statistics.median(one_pass([False, False, False]) for _ in range(passes)),
             "cxx_kernel_registered": native.loaded() is not None,  # then the Python path is reached through it
