@@ -2,6 +2,7 @@
 
     CONVBW_ARTIFACTS=ART python3 bench/host_cost.py --model resnet50 --batch 64 --out OUT   # on the GPU
     CONVBW_ARTIFACTS=ART python3 bench/host_cost.py --native --out OUT   # ours by the C++ hot path
+    CONVBW_TORCH_NATIVE_LAUNCH=1 CONVBW_ARTIFACTS=ART python3 bench/host_cost.py --native --model efficientnet_b0 ...
 
 One process, eager, bf16 autocast, channels-last, SGD, 4 fixed batches (examples/torch_enable.py's loop): torch,
 ours (``enable()``), torch again; per mode the median step time and the host's part of it (time to queue the
@@ -9,8 +10,10 @@ step). For ours, after warm-up: the host time inside each layer of the switch's 
 decision memo, the problem memo, the direct call, the launcher, tensor-map encoding, CUDA-graph recording) by
 wrapping those functions with a clock, the counts of graphs recorded and maps encoded per step, cProfile's top
 functions over 3 steps, and torch.profiler's CUDA runtime/driver calls on the host (a synchronizing call there
-is a host wait). With ``--native`` ours runs on the C++ hot path (``enable(native=True)``) and the count of our dW's
-CUDA graphs it launched itself (no Python) a step is reported. One model trains alone here, so its memory repeats step
+is a host wait). ``--model``: examples/torch_enable.py's models, else bench/models.py's (``efficientnet_b0``,
+``convnext_t``: classifiers). With ``--native`` ours runs on the C++ hot path (``enable(native=True)``) and the
+count of our dW's CUDA graphs it launched itself (no Python) a step is reported, and its plain launches of the
+schedule (``$CONVBW_TORCH_NATIVE_LAUNCH=1``). One model trains alone here, so its memory repeats step
 to step as in a user's loop (bench/train_step.py's four copies in turns move it: docs/torch.md#the-native-hot-path).
 Writes OUT/host_cost.json and prints a table.
 """
@@ -22,6 +25,7 @@ import cProfile
 import importlib.util
 import io
 import json
+import os
 import pstats
 import statistics
 import time
@@ -90,7 +94,7 @@ def main() -> int:
     clock.wrap(entry.DirectCall, "_record", "entry.DirectCall._record (graph capture)")
     clock.wrap(cuda_launch.CudaLauncher, "__call__", "cuda_launch.CudaLauncher.__call__")
     clock.wrap(cuda_launch.CudaLauncher, "_maps_for", "cuda_launch._maps_for (tensor maps)")
-    clock.wrap(cuda_launch, "encode_tensor_map", "cuda_launch.encode_tensor_map")
+    clock.wrap(cuda_launch._Encoder, "__call__", "cuda_launch._Encoder.__call__ (a tensor map encoded)")
     clock.wrap(switch, "_our_weight_grad", "switch._our_weight_grad")
     clock.wrap(switch, "_decide", "switch._decide (memo miss)")
     clock.wrap(entry, "conv_weight", "entry.conv_weight")
@@ -114,7 +118,16 @@ def main() -> int:
     switch._override = timed_override
 
     torch.manual_seed(0)
-    model = ex.build(ns.model, 1000).to(device).to(memory_format=torch.channels_last)
+    if ns.model in ex.MODELS:
+        model = ex.build(ns.model, 1000)
+    else:  # bench/models.py's (EfficientNet-B0, ConvNeXt-T written out: no torchvision needed)
+        import sys
+
+        sys.path.insert(0, str(HERE))
+        from models import MODELS
+
+        model = MODELS[ns.model][0]()
+    model = model.to(device).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(ns.batch, 3, ns.size, ns.size, generator=g).to(device, memory_format=torch.channels_last),
@@ -157,6 +170,8 @@ def main() -> int:
                 out["calls_ours_per_step"] = ct.stats().get("ours", 0) / n
                 out["native"] = native.loaded() is not None and ns.native
                 out["cxx_graph_launches_per_step"] = native.graph_launches() / n
+                out["cxx_plain_launches_per_step"] = native.plain_launches() / n
+                out["native_launch_env"] = os.environ.get(entry.NATIVE_LAUNCH_ENV, "")
                 out["loaded_before"] = loaded
                 out["loaded_after"] = ct.loaded_kernels()
                 prof = cProfile.Profile()
@@ -180,15 +195,19 @@ def main() -> int:
             ct.disable()
 
     results = [run("torch"), run("ours"), run("torch")]
-    ns.out.mkdir(parents=True, exist_ok=True)
-    (ns.out / "host_cost.json").write_text(json.dumps(results, indent=1, default=str))
-    for r in results:
-        print(f"{r['mode']:6s} step {r['median_step_ms']:.2f} ms  host {r['median_host_ms']:.2f} ms  {r['stats']}")
     ours = results[1]
-    print(f"our calls a step: {ours['calls_ours_per_step']}, C++ hot path: {ours['native']}, its graph launches a "
-          f"step: {ours['cxx_graph_launches_per_step']}")  # fmt: skip
     torch_host = (results[0]["median_host_ms"] + results[2]["median_host_ms"]) / 2
     per_call = 1e3 * (ours["median_host_ms"] - torch_host) / max(ours["calls_ours_per_step"], 1)
+    summary = {"model": ns.model, "batch": ns.batch, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "native": ours["native"], "native_launch_env": ours["native_launch_env"],
+               "host_us_per_call_over_torch": per_call}  # fmt: skip
+    ns.out.mkdir(parents=True, exist_ok=True)
+    (ns.out / "host_cost.json").write_text(json.dumps([summary, *results], indent=1, default=str))
+    for r in results:
+        print(f"{r['mode']:6s} step {r['median_step_ms']:.2f} ms  host {r['median_host_ms']:.2f} ms  {r['stats']}")
+    print(f"our calls a step: {ours['calls_ours_per_step']}, C++ hot path: {ours['native']}, its graph launches a "
+          f"step: {ours['cxx_graph_launches_per_step']}, plain launches: "
+          f"{ours['cxx_plain_launches_per_step']}")  # fmt: skip
     print(f"host us a call over torch's: {per_call:.1f}")
     for k, v in ours["per_step_host_ms"].items():
         print(f"  {v:8.3f} ms/step  {ours['per_step_calls'][k]:6.1f} calls/step  {k}")

@@ -303,48 +303,87 @@ _LIB: Any = None
 _LIB_LOCK = threading.Lock()
 
 
+_vp, _u32, _sz, _u64, _i32 = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int
+_P = ctypes.POINTER
+# the driver functions the launcher calls, as cuda.h declares them (bench/cuda_stub.c defines the same prototypes
+# and bench/host_path.py checks the two agree): name -> argument types; every one returns a CUresult
+DRIVER_SIGNATURES: dict[str, list[Any]] = {
+    "cuInit": [_u32],
+    "cuDeviceGet": [_P(_i32), _i32],
+    "cuDeviceGetAttribute": [_P(_i32), _i32, _i32],
+    "cuDevicePrimaryCtxRetain": [_P(_vp), _i32],
+    "cuCtxGetCurrent": [_P(_vp)],
+    "cuCtxSetCurrent": [_vp],
+    "cuModuleLoadData": [_P(_vp), ctypes.c_char_p],
+    "cuModuleGetFunction": [_P(_vp), _vp, ctypes.c_char_p],
+    "cuFuncSetAttribute": [_vp, _i32, _i32],
+    "cuLaunchKernel": [_vp, _u32, _u32, _u32, _u32, _u32, _u32, _u32, _vp, _vp, _vp],
+    "cuMemsetD8Async": [_u64, ctypes.c_ubyte, _sz, _vp],
+    "cuMemsetD16Async": [_u64, ctypes.c_ushort, _sz, _vp],
+    "cuMemsetD32Async": [_u64, _u32, _sz, _vp],
+    "cuMemcpyAsync": [_u64, _u64, _sz, _vp],
+    "cuGetErrorString": [_i32, _P(ctypes.c_char_p)],
+    "cuMemAlloc_v2": [_P(_u64), _sz],
+    "cuMemAllocHost_v2": [_P(_vp), _sz],
+    "cuMemcpyHtoDAsync_v2": [_u64, _vp, _sz, _vp],
+}
+# CUDA 12 drivers only (sm_90a kernels): absent elsewhere, asked for only by a launch with tensor maps
+OPTIONAL_SIGNATURES: dict[str, list[Any]] = {
+    "cuTensorMapEncodeTiled": [_vp, _i32, _u32, _vp, _P(_u64), _P(_u64), _P(_u32), _P(_u32), _i32, _i32, _i32, _i32],
+    "cuTensorMapEncodeIm2col": [_vp, _i32, _u32, _vp, _P(_u64), _P(_u64), _P(_i32), _P(_i32), _u32, _u32, _P(_u32),
+                                _i32, _i32, _i32, _i32],
+}  # fmt: skip
+
+
+def declare(lib: Any) -> Any:
+    """``lib`` (a ``ctypes.CDLL`` of the driver, or a stand-in with its functions) with the argument types of
+    :data:`DRIVER_SIGNATURES` and :data:`OPTIONAL_SIGNATURES` (those it has) declared, initialized."""
+    optional = [(k, v) for k, v in OPTIONAL_SIGNATURES.items() if hasattr(lib, k)]
+    for name, args in [*DRIVER_SIGNATURES.items(), *optional]:
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, ctypes.c_int
+    _check(lib, lib.cuInit(0), "cuInit")
+    return lib
+
+
 def _libcuda() -> Any:
     """``libcuda.so.1`` with the few driver functions the launcher calls (argument types declared)."""
     global _LIB
     with _LIB_LOCK:
         if _LIB is None:
-            lib = ctypes.CDLL("libcuda.so.1")
-            vp, u32, sz = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t
-            pvp = ctypes.POINTER(vp)
-            sigs = {
-                "cuInit": [u32],
-                "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
-                "cuDeviceGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
-                "cuDevicePrimaryCtxRetain": [pvp, ctypes.c_int],
-                "cuCtxGetCurrent": [pvp],
-                "cuCtxSetCurrent": [vp],
-                "cuModuleLoadData": [pvp, ctypes.c_char_p],
-                "cuModuleGetFunction": [pvp, vp, ctypes.c_char_p],
-                "cuFuncSetAttribute": [vp, ctypes.c_int, ctypes.c_int],
-                "cuLaunchKernel": [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp],
-                "cuMemsetD8Async": [ctypes.c_uint64, ctypes.c_ubyte, sz, vp],
-                "cuMemsetD16Async": [ctypes.c_uint64, ctypes.c_ushort, sz, vp],
-                "cuMemsetD32Async": [ctypes.c_uint64, u32, sz, vp],
-                "cuMemcpyAsync": [ctypes.c_uint64, ctypes.c_uint64, sz, vp],
-                "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
-                "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), sz],
-                "cuMemAllocHost_v2": [pvp, sz],
-                "cuMemcpyHtoDAsync_v2": [ctypes.c_uint64, vp, sz, vp],
-            }
-            u64p, i32p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(u32)
-            # CUDA 12 drivers only (sm_90a kernels): absent elsewhere, asked for only by a launch with tensor maps
-            optional = {
-                "cuTensorMapEncodeTiled": [vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p, ctypes.c_int,
-                                           ctypes.c_int, ctypes.c_int, ctypes.c_int],
-                "cuTensorMapEncodeIm2col": [vp, ctypes.c_int, u32, vp, u64p, u64p, i32p, i32p, u32, u32, u32p,
-                                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
-            }  # fmt: skip
-            for name, args in [*sigs.items(), *((k, v) for k, v in optional.items() if hasattr(lib, k))]:
-                f = getattr(lib, name)
-                f.argtypes, f.restype = args, ctypes.c_int
-            _check(lib, lib.cuInit(0), "cuInit")
-            _LIB = lib
+            _LIB = declare(ctypes.CDLL("libcuda.so.1"))
     return _LIB
+
+
+class _Encoder:
+    """One :class:`TensorMap`'s ``cuTensorMapEncode*`` call, its constant arguments (dims, strides, box, corners as
+    ctypes arrays) built once: a call passes only where the 128 bytes go and the address described (the launcher
+    encodes a map per new address pair: building the arrays each time cost ~15 µs of the ~35 a call on moving
+    memory, docs/torch.md#host-cost-a-call-on-a-cpu)."""
+
+    __slots__ = ("fn", "head", "tail", "what")
+
+    def __init__(self, lib: Any, m: TensorMap) -> None:
+        u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+        name = "cuTensorMapEncodeTiled" if m.mode == "tiled" else "cuTensorMapEncodeIm2col"
+        if not hasattr(lib, name):
+            raise CudaError(f"{name}: not in this CUDA driver (tensor maps need CUDA 12; the kernels are sm_90a)")
+        rank = len(m.dims)
+        dims, strides = (u64 * rank)(*m.dims), (u64 * max(rank - 1, 1))(*m.strides)
+        elems = (u32 * rank)(*m.element_strides)
+        enums = (m.interleave, m.swizzle, m.l2_promotion, m.oob_fill)
+        if m.mode == "tiled":
+            self.tail = (dims, strides, (u32 * rank)(*m.box), elems, *enums)
+        else:
+            corners = [(ctypes.c_int * max(rank - 2, 1))(*c) for c in (m.lower, m.upper)]
+            self.tail = (dims, strides, *corners, m.box[0], m.box[1], elems, *enums)
+        self.fn, self.head, self.what = getattr(lib, name), (m.dtype, rank), f"{name}(binding {m.binding} of {m.kernel}"
+
+    def __call__(self, lib: Any, out: Any, address: int) -> None:
+        """Encode into ``out`` (128 bytes, 64-byte aligned: a ctypes buffer or its address)."""
+        rc = self.fn(out, *self.head, address, *self.tail)
+        if rc:
+            _check(lib, rc, f"{self.what} at {address:#x})")
 
 
 def encode_tensor_map(lib: Any, m: TensorMap, address: int) -> bytes:
@@ -353,23 +392,9 @@ def encode_tensor_map(lib: Any, m: TensorMap, address: int) -> bytes:
     Raises:
         CudaError: the driver has no tensor maps (before CUDA 12) or refused the map (naming its binding).
     """
-    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
-    name = "cuTensorMapEncodeTiled" if m.mode == "tiled" else "cuTensorMapEncodeIm2col"
-    if not hasattr(lib, name):
-        raise CudaError(f"{name}: not in this CUDA driver (tensor maps need CUDA 12; the kernels are sm_90a)")
     raw = (ctypes.c_uint8 * 192)()  # CUtensorMap is alignas(64): an aligned 128 bytes inside
     out = (ctypes.c_uint8 * 128).from_buffer(raw, -ctypes.addressof(raw) % 64)
-    rank = len(m.dims)
-    dims, strides = (u64 * rank)(*m.dims), (u64 * max(rank - 1, 1))(*m.strides)
-    elems = (u32 * rank)(*m.element_strides)
-    if m.mode == "tiled":
-        rc = lib.cuTensorMapEncodeTiled(out, m.dtype, rank, address, dims, strides, (u32 * rank)(*m.box), elems,
-                                        m.interleave, m.swizzle, m.l2_promotion, m.oob_fill)  # fmt: skip
-    else:
-        corners = [(ctypes.c_int * max(rank - 2, 1))(*c) for c in (m.lower, m.upper)]
-        rc = lib.cuTensorMapEncodeIm2col(out, m.dtype, rank, address, dims, strides, *corners, m.box[0], m.box[1],
-                                         elems, m.interleave, m.swizzle, m.l2_promotion, m.oob_fill)  # fmt: skip
-    _check(lib, rc, f"{name}(binding {m.binding} of {m.kernel} at {address:#x})")
+    _Encoder(lib, m)(lib, out, address)
     return bytes(out)
 
 
@@ -431,14 +456,14 @@ class CudaLauncher:
             funcs[e.name] = f.value
         self._plan, self._params = launch_plan(launch, funcs, dynamic_shared=True)
         # tensor maps: per kernel step, (maps binding, its maps); encoded per address tuple into a slot of ours
-        self._maps: dict[int, tuple[int, list[TensorMap]]] = {}
+        self._maps: dict[int, tuple[int, list[TensorMap], tuple[int, ...]]] = {}
         for i, step in enumerate(self._plan):
             maps = sorted((m for m in launch.tensor_maps if step[0] == "k" and m.kernel == step[6]),
                           key=lambda m: m.slot)  # fmt: skip
             if maps:
                 if len({m.maps_binding for m in maps}) != 1 or 128 * (maps[-1].slot + 1) > _MAPS_SLOT:
                     raise ValueError(f"launch: tensor maps of {step[6]}: one maps binding, at most 2 maps")
-                self._maps[i] = (maps[0].maps_binding, maps)
+                self._maps[i] = (maps[0].maps_binding, maps, tuple(m.binding for m in maps))
         unlaunched = {m.kernel for m in launch.tensor_maps} - {s[6] for s in self._plan if s[0] == "k"}
         if unlaunched:
             raise ValueError(
@@ -446,6 +471,7 @@ class CudaLauncher:
             )
         self._encoded: dict[tuple, int] = {}  # (step, addresses) -> device address of its maps
         self._slabs: list[tuple[int, Any]] = []  # (device, pinned host) memory of _MAPS_SLAB slots, kept
+        self._encoders: dict[int, list[_Encoder]] = {}  # per kernel step with maps, built at its first encoding
 
     def _bind(self) -> None:
         """Make the primary context current on this thread (torch's threads have it already)."""
@@ -473,13 +499,16 @@ class CudaLauncher:
         once per address tuple and stream into pinned memory and copied to a device slot on ``stream`` (stream
         order: a CUDA graph captures the copy too; a slot copied on another stream could be read before its
         copy lands); slots are never reused, so a recorded graph stays right."""
-        _, maps = self._maps[index]
-        addresses = tuple(payload[m.binding] for m in maps)
-        for s in dict.fromkeys((maps_stream, stream)):
-            found = self._encoded.get((index, s, *addresses))
+        bindings = self._maps[index][2]
+        addresses = tuple(payload[b] for b in bindings)
+        if maps_stream != stream:
+            found = self._encoded.get((index, maps_stream, *addresses))
             if found is not None:
                 return found
         key = (index, stream, *addresses)
+        found = self._encoded.get(key)
+        if found is not None:
+            return found
         lib, n = self._lib, len(self._encoded)
         if n % _MAPS_SLAB == 0:
             dev, host = ctypes.c_uint64(), ctypes.c_void_p()
@@ -490,9 +519,13 @@ class CudaLauncher:
             self._slabs.append((dev.value, host.value))
         dev, host = self._slabs[-1]
         offset = _MAPS_SLOT * (n % _MAPS_SLAB)
-        data = b"".join(encode_tensor_map(lib, m, payload[m.binding]) for m in maps)
-        ctypes.memmove(host + offset, data, len(data))
-        _check(lib, lib.cuMemcpyHtoDAsync_v2(dev + offset, host + offset, len(data), stream), "cuMemcpyHtoDAsync")
+        encoders = self._encoders.get(index)
+        if encoders is None:
+            encoders = self._encoders[index] = [_Encoder(lib, m) for m in self._maps[index][1]]
+        for k, (encode, address) in enumerate(zip(encoders, addresses)):  # straight into the pinned slot (aligned)
+            encode(lib, host + offset + 128 * k, address)
+        length = 128 * len(encoders)
+        _check(lib, lib.cuMemcpyHtoDAsync_v2(dev + offset, host + offset, length, stream), "cuMemcpyHtoDAsync")
         self._encoded[key] = dev + offset
         return dev + offset
 

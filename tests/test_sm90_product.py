@@ -563,6 +563,41 @@ def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_addre
     assert len(lib.copies) == copies and lib.launches[-1][2] == 0xD0000000
 
 
+def test_the_launcher_builds_a_maps_constant_arguments_once_and_encodes_each_new_address_pair_alike(monkeypatch):
+    # moving memory encodes both maps every call: their dims, strides, box and corners are built once per launcher
+    # (bench/host_path.py: building them was most of the encoding's host time); the bytes are encode_tensor_map's
+    from convbw_mlir import cuda_launch
+    from convbw_mlir.cuda_launch import CudaLauncher, Dispatch, ExportDef
+
+    maps = [TensorMap(**m) for m in sm90.tensor_maps(_problem(TINY), "k0")]
+    launch = Launch("f", [Dispatch("k0", (1, 1, 1), (("arg1", 0), ("arg0", 0), ("transient", 0), ("arg2", 0)))],
+                    256, (0, 0, 0), {"k0": ExportDef("k0", 0, (384, 1, 1), 1024, 0, 4)},
+                    [b".version 8.0\n.target sm_90a\n"], tensor_maps=maps)  # fmt: skip
+    lib = _FakeContext()
+    arrays = []
+    tiled, im2col = lib.cuTensorMapEncodeTiled, lib.cuTensorMapEncodeIm2col
+    lib.cuTensorMapEncodeTiled = lambda out, dtype, rank, address, dims, *rest: (
+        arrays.append(("tiled", dims, rest[:3])) or tiled(out, dtype, rank, address, dims, *rest)
+    )
+    lib.cuTensorMapEncodeIm2col = lambda out, dtype, rank, address, dims, *rest: (
+        arrays.append(("im2col", dims, rest[:3])) or im2col(out, dtype, rank, address, dims, *rest))  # fmt: skip
+    monkeypatch.setattr(cuda_launch, "_libcuda", lambda: lib)
+    launcher = CudaLauncher(launch, 0)
+    x, dy, dw, ws = 0x1000, 0x2000, 0x3000, 0x4000
+    for i in range(3):
+        launcher((x + 0x100 * i, dy + 0x100 * i, dw, ws), 5)
+    assert [c[3] for c in lib.calls] == [dy, x, dy + 0x100, x + 0x100, dy + 0x200, x + 0x200]
+    for kind in ("tiled", "im2col"):
+        mine = [a for a in arrays if a[0] == kind]
+        assert len(mine) == 3 and all(m[1] is mine[0][1] and all(p is q for p, q in zip(m[2], mine[0][2]))
+                                      for m in mine)  # fmt: skip
+    reference = _FakeDriver()
+    for i, (_, data, _) in enumerate(lib.copies):
+        pair = (dy + 0x100 * i, x + 0x100 * i)
+        assert data == b"".join(encode_tensor_map(reference, m, a) for m, a in zip(maps, pair))
+    assert reference.calls == lib.calls  # the same arguments, map by map
+
+
 def test_the_isa_report_counts_sm90a_wgmma_written_as_inline_ptx():
     from convbw_mlir.build.isa import parse_nvptx_ll
 

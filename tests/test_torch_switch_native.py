@@ -437,6 +437,7 @@ class _FakeDriver:
 
         self.launches, self.fills, self.copies, self.encoded, self.uploads = [], [], [], [], []
         self._host = []
+        self.rc = 0  # what cuLaunchKernel returns
         u64, vp, u32, sz = c.c_uint64, c.c_void_p, c.c_uint, c.c_size_t
 
         def launch(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
@@ -444,7 +445,7 @@ class _FakeDriver:
             n = params_per_kernel[func]
             self.launches.append((func, (gx, gy, gz, bx, by, bz, smem), stream,
                                   [c.cast(slots[i], c.POINTER(u64))[0] for i in range(n)]))  # fmt: skip
-            return 0
+            return self.rc
 
         def encode(mode):
             def f(out, dtype, rank, address, dims, strides, *rest):
@@ -503,16 +504,23 @@ class _FakeDriver:
         self.addresses = tuple(0 if f is None else c.cast(f, c.c_void_p).value for f in self._fns)
 
 
+# DirectCall.native_plan's steps: a fill, a kernel with two tensor maps, a second stage, a copy
+_MAPS = ((0, 0, 9, (8, 36), (16,), (8, 4), (1, 1), (), (), 0, 3, 3, 0),
+         (1, 1, 9, (8, 6, 6, 2), (16, 96, 576), (8, 4), (1, 1, 1, 1), (-1, -1), (-1, -1), 0, 3, 3, 0))  # fmt: skip
+
+
+def _steps(maps=_MAPS):
+    return ((1, 3, 0, 64, -1, 0, 0, 4),
+            (0, 0xF1, (2, 1, 1, 128, 1, 1, 4096), ((0, 0), (1, 16), (3, 0), (3, 0)), (7, 9), 3, maps),
+            (0, 0xF2, (1, 1, 1, 32, 1, 1, 0), ((3, 0), (2, 0)), (), -1, ()),
+            (2, 2, 0, 16, 3, 0, 0, 0))  # fmt: skip
+
+
 def test_without_a_graph_for_the_memory_cxx_launches_the_schedule_itself_as_the_python_launcher_does(monkeypatch):
-    # $CONVBW_TORCH_NATIVE_LAUNCH=1: DirectCall's schedule (a fill, a kernel with two tensor maps, a second stage, a
-    # copy) launched from C++ with the parameters CudaLauncher gives (entry.DirectCall.native_plan's tuple)
+    # $CONVBW_TORCH_NATIVE_LAUNCH=1: DirectCall's schedule launched from C++ with the parameters CudaLauncher gives
+    # (entry.DirectCall.native_plan's tuple)
     drv = _FakeDriver({0xF1: 6, 0xF2: 2})
-    maps = ((0, 0, 9, (8, 36), (16,), (8, 4), (1, 1), (), (), 0, 3, 3, 0),
-            (1, 1, 9, (8, 6, 6, 2), (16, 96, 576), (8, 4), (1, 1, 1, 1), (-1, -1), (-1, -1), 0, 3, 3, 0))  # fmt: skip
-    steps = ((1, 3, 0, 64, -1, 0, 0, 4),
-             (0, 0xF1, (2, 1, 1, 128, 1, 1, 4096), ((0, 0), (1, 16), (3, 0), (3, 0)), (7, 9), 3, maps),
-             (0, 0xF2, (1, 1, 1, 32, 1, 1, 0), ((3, 0), (2, 0)), (), -1, ()),
-             (2, 2, 0, 16, 3, 0, 0, 0))  # fmt: skip
+    steps = _steps()
     kernel, call = _graphed_switch(monkeypatch)
     kernel.native_launch = lambda: (kernel.launch, 0, kernel.addresses[1], 64, (drv.addresses, steps))
     torch.testing.assert_close(call(), kernel.want)  # the miss: the Python switch whole
@@ -532,3 +540,30 @@ def test_without_a_graph_for_the_memory_cxx_launches_the_schedule_itself_as_the_
     assert drv.encoded[0][1:] == (9, 2, x_ptr, [8, 36]) and drv.encoded[1][1:] == (9, 4, dy_ptr, [8, 6, 6, 2])
     assert drv.uploads == [(maps_at, [x_ptr, dy_ptr])]
     assert all(launch[3][3] == maps_at for launch in drv.launches[::2][1:])
+
+
+def test_a_failed_launch_from_cxx_is_one_error_naming_the_call_and_step_and_the_switch_works_after(monkeypatch):
+    # the message is built only on failure (no string a call on the hot path): it still names the call and the step
+    drv = _FakeDriver({0xF1: 6, 0xF2: 2})
+    kernel, call = _graphed_switch(monkeypatch)
+    kernel.native_launch = lambda: (kernel.launch, 0, kernel.addresses[1], 64, (drv.addresses, _steps()))
+    for _ in range(3):
+        call()
+    assert native.plain_launches() > 0
+    drv.rc = 700  # CUDA_ERROR_ILLEGAL_ADDRESS
+    with pytest.raises(RuntimeError, match=r"cuLaunchKernel \(step 1\): CUDA error 700"):
+        call()
+    drv.rc = 0
+    ct.disable()
+    torch.testing.assert_close(call(), kernel.want)  # torch's own again
+
+
+def test_a_plan_with_more_than_two_tensor_maps_a_step_is_launched_through_python_not_from_cxx(monkeypatch):
+    # CudaLauncher takes at most two maps a dispatch; the C++ side keys a step's maps by at most two addresses
+    drv = _FakeDriver({0xF1: 6, 0xF2: 2})
+    kernel, call = _graphed_switch(monkeypatch)
+    three = (*_MAPS, _MAPS[0])
+    kernel.native_launch = lambda: (kernel.launch, 0, kernel.addresses[1], 64, (drv.addresses, _steps(three)))
+    for _ in range(4):
+        torch.testing.assert_close(call(), kernel.want)
+    assert native.plain_launches() == 0 and drv.launches == [] and kernel.python == [] and len(kernel.plain) == 4

@@ -610,7 +610,7 @@ class DirectCall:
         for i, (step, source) in enumerate(zip(launcher._plan, launcher.launch.steps, strict=True)):
             if step[0] == "k":
                 _, func, dims, _, _, binds, _ = step
-                maps_binding, maps = launcher._maps.get(i, (-1, []))
+                maps_binding, maps = launcher._maps.get(i, (-1, []))[:2]
                 specs = tuple((m.binding, 0 if m.mode == "tiled" else 1, m.dtype, m.dims, m.strides, m.box,
                                m.element_strides, m.lower, m.upper, m.interleave, m.swizzle, m.l2_promotion,
                                m.oob_fill) for m in maps)  # fmt: skip

@@ -48,9 +48,11 @@ enum Mode : int { kOff = 0, kTable = 1, kPython = 2 };
 constexpr int kReasons = 64;       // counters: 0 ours, 1 unaligned, then the Python side's reasons
 constexpr size_t kMaxEntries = 4096;  // the Python memo's bound too: programs that see endless shapes
 
-struct KeyHash2 {
-  size_t operator()(const std::vector<uintptr_t>& k) const noexcept {
-    size_t h = k.size();
+// (step, stream, the addresses its tensor maps describe: at most 2, CudaLauncher's rule), 0 where fewer
+using MapsKey = std::array<uintptr_t, 4>;
+struct MapsHash {
+  size_t operator()(const MapsKey& k) const noexcept {
+    size_t h = 0;
     for (uintptr_t v : k) h ^= std::hash<uintptr_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
     return h;
   }
@@ -116,7 +118,7 @@ struct Plan {
   // encoded tensor maps per (step, stream, described addresses): a device slot each, never reused (a launch in
   // flight may read it), as CudaLauncher._maps_for
   std::mutex lock;
-  std::unordered_map<std::vector<uintptr_t>, uint64_t, KeyHash2> encoded;
+  std::unordered_map<MapsKey, uint64_t, MapsHash> encoded;
   std::vector<std::pair<uint64_t, char*>> slabs;
   size_t used = 0;
 };
@@ -227,8 +229,8 @@ std::unique_ptr<Plan> parse_plan(py::handle h) {
         ok &= (ms.mode == 0 ? d.encode_tiled != nullptr : d.encode_im2col != nullptr);
         s.maps.push_back(std::move(ms));
       }
-      ok &= s.maps.empty() || (d.memcpy_htod && d.mem_alloc && d.mem_alloc_host && s.maps_binding >= 0 &&
-                               s.maps_binding < static_cast<int>(s.binds.size() + s.constants.size()));
+      ok &= s.maps.size() <= 2 && (s.maps.empty() || (d.memcpy_htod && d.mem_alloc && d.mem_alloc_host && s.maps_binding >= 0 &&
+                               s.maps_binding < static_cast<int>(s.binds.size() + s.constants.size())));
       for (auto& [which, off] : s.binds) ok &= which >= 0 && which < 4;
       for (auto& ms : s.maps) ok &= ms.binding >= 0 && ms.binding < static_cast<int>(s.binds.size());
     } else {
@@ -246,14 +248,19 @@ std::unique_ptr<Plan> parse_plan(py::handle h) {
   return ok ? std::move(p) : nullptr;
 }
 
-void cu_check(int rc, const std::string& what) {
-  if (rc != 0) throw std::runtime_error("convbw native: " + what + ": CUDA error " + std::to_string(rc));
+[[noreturn]] void cu_fail(int rc, const std::string& what) {
+  throw std::runtime_error("convbw native: " + what + ": CUDA error " + std::to_string(rc));
+}
+
+// the message is built only on failure: a launch's hot path allocates no string
+void cu_check(int rc, const char* what) {
+  if (rc != 0) cu_fail(rc, what);
 }
 
 // the device address of step `index`'s tensor maps for the addresses its payload binds (CudaLauncher._maps_for)
 uint64_t maps_for(Plan& p, size_t index, const Step& s, const uint64_t* payload, void* stream) {
-  std::vector<uintptr_t> key{index, reinterpret_cast<uintptr_t>(stream)};
-  for (const auto& m : s.maps) key.push_back(payload[m.binding]);
+  MapsKey key{index, reinterpret_cast<uintptr_t>(stream), 0, 0};
+  for (size_t k = 0; k < s.maps.size(); ++k) key[2 + k] = payload[s.maps[k].binding];
   std::lock_guard lock(p.lock);
   auto it = p.encoded.find(key);
   if (it != p.encoded.end()) return it->second;
@@ -284,13 +291,14 @@ uint64_t maps_for(Plan& p, size_t index, const Step& s, const uint64_t* payload,
       rc = d.encode_im2col(map, m.dtype, rank, address, m.dims.data(), strides.data(), lower.data(), upper.data(),
                            m.box.at(0), m.box.at(1), m.elem.data(), m.interleave, m.swizzle, m.l2, m.oob);
     }
-    cu_check(rc, std::string(m.mode == 0 ? "cuTensorMapEncodeTiled" : "cuTensorMapEncodeIm2col") + " (step " +
-                     std::to_string(index) + ", binding " + std::to_string(m.binding) + ")");
+    if (rc != 0)
+      cu_fail(rc, std::string(m.mode == 0 ? "cuTensorMapEncodeTiled" : "cuTensorMapEncodeIm2col") + " (step " +
+                      std::to_string(index) + ", binding " + std::to_string(m.binding) + ")");
     std::memcpy(host + off + 128 * k, map, 128);
   }
   cu_check(d.memcpy_htod(dev + off, host + off, 128 * s.maps.size(), stream), "cuMemcpyHtoDAsync (tensor maps)");
   p.used += 1;
-  p.encoded.emplace(std::move(key), dev + off);
+  p.encoded.emplace(key, dev + off);
   return dev + off;
 }
 
@@ -307,20 +315,20 @@ void plain_launch(Plan& p, void* stream, const std::array<uint64_t, 4>& ptrs) {
       for (size_t j = 0; j < s.constants.size(); ++j) payload[nb + j] = s.constants[j];
       if (!s.maps.empty()) payload[s.maps_binding] = maps_for(p, i, s, payload.data(), stream);
       for (size_t j = 0; j < n; ++j) params[j] = &payload[j];
-      cu_check(d.launch_kernel(s.func, s.dims[0], s.dims[1], s.dims[2], s.dims[3], s.dims[4], s.dims[5], s.dims[6],
-                               stream, params.data(), nullptr),
-               "cuLaunchKernel (step " + std::to_string(i) + ")");
+      const int rc = d.launch_kernel(s.func, s.dims[0], s.dims[1], s.dims[2], s.dims[3], s.dims[4], s.dims[5],
+                                     s.dims[6], stream, params.data(), nullptr);
+      if (rc != 0) cu_fail(rc, "cuLaunchKernel (step " + std::to_string(i) + ")");
     } else if (s.kind == 1) {
       const uint64_t dst = ptrs[s.target] + s.offset;
       const size_t count = static_cast<size_t>(s.length / s.width);
       const int rc = s.width == 1   ? d.memset8(dst, static_cast<unsigned char>(s.pattern), count, stream)
                      : s.width == 2 ? d.memset16(dst, static_cast<unsigned short>(s.pattern), count, stream)
                                     : d.memset32(dst, s.pattern, count, stream);
-      cu_check(rc, "cuMemsetD" + std::to_string(8 * s.width) + "Async (step " + std::to_string(i) + ")");
+      if (rc != 0) cu_fail(rc, "cuMemsetD" + std::to_string(8 * s.width) + "Async (step " + std::to_string(i) + ")");
     } else {
-      cu_check(d.memcpy(ptrs[s.target] + s.offset, ptrs[s.source] + s.source_offset, static_cast<size_t>(s.length),
-                        stream),
-               "cuMemcpyAsync (step " + std::to_string(i) + ")");
+      const int rc = d.memcpy(ptrs[s.target] + s.offset, ptrs[s.source] + s.source_offset,
+                              static_cast<size_t>(s.length), stream);
+      if (rc != 0) cu_fail(rc, "cuMemcpyAsync (step " + std::to_string(i) + ")");
     }
   }
 }
