@@ -385,6 +385,8 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
     # thin groups too thin for matrix cores one at a time fill them merged (docs/decisions.md#thin-groups)
     nvidia = policy is sm80 or policy is policies.sm90  # sm_90a's policy hands thin groups to the sm_80 kernel
     thin_merged = nvidia and switches.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
+    # the wgmma kernel's boxed form, where its rule (off by default: docs/decisions.md#wgmma-groups) takes the groups
+    thin_merged = thin_merged or (policy is policies.sm90 and policies.sm90.merge_rule(problem, tgt) > 0)
     return (
         policy is not None and (codegen.strategy != Strategy.SIMT or thin_merged) and policy.takes_by_default(problem)
     )
@@ -394,7 +396,11 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     """The explicit strategy's plan, as the target's kernel family's policy makes it (on NVIDIA, the depthwise
     kernel's for a depthwise problem it takes)."""
     policy = policies.for_target(tgt)
-    if tgt.family == "nvidia" and not depthwise.takes(problem) and opts.merge_groups is None:
+    if opts.wgmma_merge is not None and policy is not policies.sm90:
+        raise PlanError(f"wgmma-merge: {opts.wgmma_merge} on target {tgt.name} (the wgmma kernel's boxed form is "
+                        "written for sm_90a)")  # fmt: skip
+    asked = opts.merge_groups is not None or opts.wgmma_merge is not None
+    if tgt.family == "nvidia" and not depthwise.takes(problem) and not asked:
         # depthwise always; thin groups where the implicit GEMM refuses them (odd channel counts a group)
         if depthwise.is_depthwise(problem) or policy.unsupported(problem, None):
             return depthwise.plan(problem, tgt, opts)

@@ -8,7 +8,8 @@ With every switch off, the plan's own choices are its codegen's (and the sm_80 k
 
 from __future__ import annotations
 
-__all__ = ["DEPTHWISE_BY_DEFAULT", "GEMV_BY_DEFAULT", "GROUPED_BY_DEFAULT", "MERGE_BY_DEFAULT", "SWITCHES", "current"]
+__all__ = ["DEPTHWISE_BY_DEFAULT", "GEMV_BY_DEFAULT", "GROUPED_BY_DEFAULT", "MERGE_BY_DEFAULT", "SWITCHES",
+           "WGMMA_MERGE_BY_DEFAULT", "current"]  # fmt: skip
 
 # The depthwise kernel (and its grouped form) for depthwise problems and groups of at most GROUPED_BY_DEFAULT
 # channels: measured faster than codegen there (docs/decisions.md#depthwise-by-default).
@@ -22,6 +23,10 @@ MERGE_BY_DEFAULT = True
 # The split-reduction GEMV kernel for GEMV-like problems (K or C small) codegen would compute by SIMT
 # (docs/decisions.md#gemv-by-default).
 GEMV_BY_DEFAULT = True
+# Thin and medium groups (C < 64, not a multiple of 64) on sm_90a in the wgmma kernel's boxed form by its rule
+# (policies.sm90.merge_rule; wgmma-merge asks for it either way): off until measured side by side with the sm_80
+# kernel (docs/decisions.md#wgmma-groups; the pack .art/thin90 measures it).
+WGMMA_MERGE_BY_DEFAULT = False
 
 # name -> what it switches (for ``convbw select`` and the docs; the values are the module's names above)
 SWITCHES: dict[str, str] = {
@@ -29,6 +34,7 @@ SWITCHES: dict[str, str] = {
     "GROUPED_BY_DEFAULT": "the widest group (channels) the depthwise kernel's grouped form takes by default",
     "MERGE_BY_DEFAULT": "thin groups merged into one implicit GEMM on NVIDIA",
     "GEMV_BY_DEFAULT": "the split-reduction GEMV kernel for K or C small where codegen's plan is SIMT",
+    "WGMMA_MERGE_BY_DEFAULT": "thin and medium groups in the sm_90a wgmma kernel's boxed form (its rule's widths)",
 }
 
 
