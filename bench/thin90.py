@@ -174,7 +174,8 @@ def _kind(label: str) -> str:
 
 def report(results: list[Path], manifest: Path) -> int:
     """Per layer: each contender's kernel time (us), the boxed form's best against the plan now and against cuDNN;
-    then the geomeans by group width, which the rule's widths (MERGE_RULE_CHANNELS) are set from."""
+    then the geomeans by group width over the tune layers, which the rule's widths (MERGE_RULE_CHANNELS) are set
+    from, and over the held-back layers (``held``) apart."""
     rows = [r for f in results for r in json.loads(f.read_text())["problems"]]
     man = {e["key"]: e for e in json.loads(manifest.read_text())["problems"]}
     lines = ["| layer | dtype | C | K | G | plan now | us | boxed (best) | us | sm80 merged us | cuDNN us | "
@@ -199,8 +200,9 @@ def report(results: list[Path], manifest: Path) -> int:
         def ratio(a: float | None, b: float | None) -> str:
             return f"{a / b:.2f}" if a and b else "-"
 
-        if plan and best:
-            by_width.setdefault(p["in_channels"], []).append(plan / boxed[best])
+        if plan and best:  # the held-back layers apart: the rule's widths are not set on them
+            key = "held" if r["name"].startswith("held.") else p["in_channels"]
+            by_width.setdefault(key, []).append(plan / boxed[best])
         plan_label = entry["contenders"]["convbw[heuristic]"]["variant"]["plan"]["tile"]["intrinsic"]
         lines.append(f"| {r['name']} | {p['dtype']} | {p['in_channels']} | {p['out_channels']} | {p['groups']} | "
                      f"{'wgmma' if 'WGMMA' in plan_label else 'sm80'} | {us(plan)} | {best or '-'} | "
@@ -208,7 +210,7 @@ def report(results: list[Path], manifest: Path) -> int:
                      f"{ratio(cudnn, boxed.get(best))} | {ratio(cudnn, plan)} |")  # fmt: skip
     lines += ["", "| group width C | layers | geomean plan now / boxed (> 1: the boxed form faster) | min | max |",
               "|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for c in sorted(by_width):
+    for c in sorted(by_width, key=lambda c: (isinstance(c, str), c)):
         v = by_width[c]
         g = math.exp(statistics.fmean(math.log(x) for x in v))
         lines.append(f"| {c} | {len(v)} | {g:.2f} | {min(v):.2f} | {max(v):.2f} |")
