@@ -279,7 +279,8 @@ RULES: tuple[Rule, ...] = (
          "(docs/decisions.md#depthwise-by-default, #thin-groups)",
          lambda a: a.plain and depthwise.takes_by_default(a.problem, a.tgt), _depthwise_by_default),
     Rule("explicit-by-default", "no options; the target's kernel takes the problem by default, and it is not too "
-         "thin for matrix cores or its thin groups merge (switch MERGE_BY_DEFAULT)",
+         "thin for matrix cores or its thin groups merge (switch MERGE_BY_DEFAULT; on sm_90a also the wgmma "
+         "boxed form's rule, switch WGMMA_MERGE_BY_DEFAULT, off)",
          "our kernel where it was measured the fastest correct one for the problem's class "
          "(docs/decisions.md#explicit-by-default, #thin-groups)",
          lambda a: a.opts.strategy is None and a.plain and _explicit_wins(a.problem, a.tgt, a.codegen),
