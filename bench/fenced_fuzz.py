@@ -4,6 +4,8 @@
     python bench/fenced_fuzz.py compile --sweep overread --out .art/sweep         (the over-read class, by name)
     python bench/fenced_fuzz.py compile --profile gemv --alternatives 1 --target sm_90a --count 240 --out .art/fz
                                                    (GEMV-like problems: the plan's choice and the GEMV kernel)
+    python bench/fenced_fuzz.py compile --profile thin90 --target sm_90a --count 220 --out .art/t90
+                                                   (the wgmma kernel's boxed form, thin and medium groups)
     python bench/fenced_fuzz.py compile --recheck M.json R.json --recheck-with '' --ours-only --out .art/re
                                                    (an earlier run's failing problems, the plan's choices now)
     python bench/fenced_fuzz.py run .art/fuzz --shards 8 --out fuzz.json          (GPU machine: runtime only)
@@ -110,6 +112,11 @@ def _options(alt: str, problem: ConvBwdWeightProblem) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for pair in alt.split("&"):
         key, value = pair.split("=")
+        if value == "M":  # the boxed form's most groups a box
+            from convbw_mlir.policies import sm90
+
+            options[key] = sm90.merge_for(problem)
+            continue
         options[key] = (
             problem.batch
             if value == "N"
@@ -228,6 +235,40 @@ def gemv_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
             return "gemv", p
 
 
+# The wgmma kernel's boxed form (profile ``thin90``, issue 40 item 2) asked for on every problem, ``M`` its most
+# groups a box (policies.sm90.merge_for), sometimes with a split, another width, or one group a box; no plan's own
+# choice beside it (the sm_80 kernel, checked by the other profiles).
+_THIN90_ALTERNATIVES = ("strategy=explicit&wgmma_merge=M", "strategy=explicit&wgmma_merge=M",
+                        "strategy=explicit&wgmma_merge=M&k_batch=3", "strategy=explicit&wgmma_merge=M&tile_n=128",
+                        "strategy=explicit&wgmma_merge=M&tile_n=256", "strategy=explicit&wgmma_merge=1")  # fmt: skip
+
+
+def thin90_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
+    """(class, a problem of the boxed form): groups of 2-56 channels (thin: <= 16, else medium), K even or odd with
+    G C and G K multiples of 8, ragged boxes (G not a multiple of the groups a box), 1- to 3-D, strides, dilations,
+    asymmetric pads, f16/bf16, dW in the input type or f32, layout 2, small (the float64 check is cheap)."""
+    while True:
+        rank = r.choices((1, 2, 3), (2, 6, 2))[0]
+        c = r.choice((2, 4, 4, 6, 8, 8, 12, 16, 16, 24, 24, 32, 40, 48, 56, 56))
+        k = r.choice((c, c, c, 2, 4, 8, 12, 16, 24, 40, 56, 64, 72))
+        g = r.choice([g for g in range(2, 41) if (g * c) % 8 == 0 and (g * k) % 8 == 0] or [8])
+        f = r.choice({1: (1, 3, 5, 9), 2: (1, 3, 3, 3, 5), 3: (1, 3)}[rank])
+        size = r.randint(*{1: (8, 80), 2: (3, 16), 3: (3, 6)}[rank])
+        dtype = r.choice(("f16", "bf16"))
+        try:
+            p = ConvBwdWeightProblem(
+                groups=g, batch=r.choice((1, 2, 3, 4, 8)), in_channels=c, out_channels=k,
+                input_size=tuple(size if r.random() < 0.7 else r.randint(3, size + 3) for _ in range(rank)),
+                filter_size=(f,) * rank, stride=r.choice((1, 1, 2)), dilation=r.choice((1, 1, 1, 2)),
+                pad_low=r.randint(0, f // 2 + 1), pad_high=r.randint(0, f // 2 + 1), dtype=dtype,
+                dw_dtype=r.choice((dtype, "f32")), layout=_LAYOUTS[0],
+            )  # fmt: skip
+        except ValueError:
+            continue
+        if p.flops <= 3e8:
+            return "thin" if max(c, k) <= 16 else "medium", p
+
+
 def _contender(options: dict[str, Any]) -> str:
     return "convbw:" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "convbw"
 
@@ -321,14 +362,15 @@ def plan_entries(count: int, seed: int, alternative_share: float, profile: str =
     profiles = {"explicit": (explicit_problem, _EXPLICIT_ALTERNATIVES),
                 "hopper": (hopper_problem, _HOPPER_ALTERNATIVES),
                 "depthwise": (depthwise_problem, ("strategy=codegen",)),
-                "gemv": (gemv_problem, _GEMV_ALTERNATIVES)}  # fmt: skip
+                "gemv": (gemv_problem, _GEMV_ALTERNATIVES),
+                "thin90": (thin90_problem, _THIN90_ALTERNATIVES)}  # fmt: skip
     draw, alternatives = profiles.get(profile, (random_problem, _ALTERNATIVES))
     prefix = "fuzz" if profile == "any" else profile
     for i in range(count):
         r = random.Random(seed * 1_000_003 + i)
         cls, p = draw(r)
-        options = {"convbw": {}}
-        if r.random() < alternative_share:
+        options = {} if profile == "thin90" else {"convbw": {}}  # thin90: the boxed form only
+        if profile == "thin90" or r.random() < alternative_share:
             opts = _options(r.choice(alternatives), p)
             options[_contender(opts)] = opts
         key = f"{prefix}{i:04d}.{p.dtype}"
@@ -548,11 +590,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument(
         "--profile",
-        choices=["any", "explicit", "hopper", "depthwise", "gemv"],
+        choices=["any", "explicit", "hopper", "depthwise", "gemv", "thin90"],
         default="any",
         help="explicit: problems and choices of the explicit kernels; hopper: of the sm_90a kernel (--target sm_90a); "
         "depthwise: of the depthwise kernel (issue 40); gemv: GEMV-like problems, the plan and the GEMV kernel "
-        "(--alternatives 1)",
+        "(--alternatives 1); thin90: the wgmma kernel's boxed form for thin and medium groups (--target sm_90a)",
     )
     c.add_argument("--alternatives", type=float, default=0.5, help="share of problems with one other plan choice")
     c.add_argument(

@@ -286,7 +286,8 @@ RULES: tuple[Rule, ...] = (
          lambda a: a.plain and switches.SHORT_REDUCTION_CODEGEN and policies.for_target(a.tgt) is policies.sm90
          and policies.sm90.short_reduction(a.problem), lambda a: a.codegen),
     Rule("explicit-by-default", "no options; the target's kernel takes the problem by default, and it is not too "
-         "thin for matrix cores or its thin groups merge (switch MERGE_BY_DEFAULT)",
+         "thin for matrix cores or its thin groups merge (switch MERGE_BY_DEFAULT; on sm_90a also the wgmma "
+         "boxed form's rule, switch WGMMA_MERGE_BY_DEFAULT, off)",
          "our kernel where it was measured the fastest correct one for the problem's class "
          "(docs/decisions.md#explicit-by-default, #thin-groups)",
          lambda a: a.opts.strategy is None and a.plain and _explicit_wins(a.problem, a.tgt, a.codegen),
@@ -392,6 +393,8 @@ def _explicit_wins(problem: ConvBwdWeightProblem, tgt: Target, codegen: Plan) ->
     # thin groups too thin for matrix cores one at a time fill them merged (docs/decisions.md#thin-groups)
     nvidia = policy is sm80 or policy is policies.sm90  # sm_90a's policy hands thin groups to the sm_80 kernel
     thin_merged = nvidia and switches.MERGE_BY_DEFAULT and sm80.merge_rule(problem, tgt) > 1
+    # the wgmma kernel's boxed form, where its rule (off by default: docs/decisions.md#wgmma-groups) takes the groups
+    thin_merged = thin_merged or (policy is policies.sm90 and policies.sm90.merge_rule(problem, tgt) > 0)
     return (
         policy is not None and (codegen.strategy != Strategy.SIMT or thin_merged) and policy.takes_by_default(problem)
     )
@@ -401,7 +404,11 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     """The explicit strategy's plan, as the target's kernel family's policy makes it (on NVIDIA, the depthwise
     kernel's for a depthwise problem it takes)."""
     policy = policies.for_target(tgt)
-    if tgt.family == "nvidia" and not depthwise.takes(problem) and opts.merge_groups is None:
+    if opts.wgmma_merge is not None and policy is not policies.sm90:
+        raise PlanError(f"wgmma-merge: {opts.wgmma_merge} on target {tgt.name} (the wgmma kernel's boxed form is "
+                        "written for sm_90a)")  # fmt: skip
+    asked = opts.merge_groups is not None or opts.wgmma_merge is not None
+    if tgt.family == "nvidia" and not depthwise.takes(problem) and not asked:
         # depthwise always; thin groups where the implicit GEMM refuses them (odd channel counts a group)
         if depthwise.is_depthwise(problem) or policy.unsupported(problem, None):
             return depthwise.plan(problem, tgt, opts)

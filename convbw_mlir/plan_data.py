@@ -396,6 +396,10 @@ class Overrides:
             with ``strategy`` given, layout 4's own forms).
         merge_groups: groups one implicit GEMM of strategy explicit computes (thin groups, layout 2): 1 keeps one
             group a GEMM; None (the default): the kernel policy's rule (:func:`convbw_mlir.policies.sm80.merge_rule`).
+        wgmma_merge: on sm_90a, strategy explicit: the wgmma kernel's boxed form for groups of C < 64 channels, this
+            many groups a 64-channel box (1 for C of 33-63; :func:`convbw_mlir.policies.sm90.merge_for` gives the
+            most); None (the default): the policy's rule (:func:`convbw_mlir.policies.sm90.merge_rule`, behind its
+            switch, off), else the sm_80 kernel.
     """
 
     k_batch: int | str = "auto"
@@ -415,6 +419,7 @@ class Overrides:
     producers: int | None = None
     layout4: str | None = None
     merge_groups: int | None = None
+    wgmma_merge: int | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -426,7 +431,7 @@ class Overrides:
         kb = self.k_batch
         if not (kb in ("auto", "rows") or (_is_int(kb) and kb >= 1)):
             raise PlanError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
-        for name in ("k_batch", *self._TILE, "streamk", "merge_groups"):
+        for name in ("k_batch", *self._TILE, "streamk", "merge_groups", "wgmma_merge"):
             _at_most(_spelled(name), getattr(self, name))
         if self.plan_for is not None:
             _target(self.plan_for, "plan-for")
@@ -462,6 +467,11 @@ class Overrides:
         if self.merge_groups is not None and self.strategy != Strategy.EXPLICIT.value:
             chosen = self.strategy or "none, the plan's choice"
             raise PlanError(f"merge-groups: {self.merge_groups} applies to strategy explicit only (strategy: {chosen})")
+        if self.wgmma_merge is not None and not (_is_int(self.wgmma_merge) and self.wgmma_merge >= 1):
+            raise PlanError(f"wgmma-merge: expected a positive integer, got {self.wgmma_merge!r}")
+        if self.wgmma_merge is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"wgmma-merge: {self.wgmma_merge} applies to strategy explicit only (strategy: {chosen})")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
 

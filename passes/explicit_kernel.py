@@ -31,6 +31,8 @@ the direct launch binds its own, holding the two CUtensorMaps it encodes); its k
 or (``plan.streamk``) runs StreamK on a persistent grid with its workspace (f32 partials, flags zeroed by a fill)
 tied through the dispatch. The entry function's ``iree.reflection`` then says so (:data:`TENSOR_MAPS_KEY`), so
 IREE's runtime refuses the module (it cannot encode tensor maps).
+A wgmma plan with ``plan.merge`` (the boxed form: m groups of C < 64 channels a 64-channel box) binds the same and
+writes the same dW; its kernel stores the block diagonal of each box's GEMM.
 A merged plan (``plan.merge``: m groups a GEMM, thin groups in layout 2) binds dy as ``(N*Ho*Wo) x (G/m) x (m*K)``
 and x as ``N x H x W x (G/m) x (m*C)`` (the same memory: m groups are adjacent channels); its kernel writes dW's
 own ``G x K x (Y*X*C)`` (or the split partials), the block diagonal of each merged GEMM
@@ -271,8 +273,8 @@ def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
     from convbw_mlir.policies import sm90
 
     t, rank = plan.tile, problem.rank
-    g = from_problem(problem, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch,
-                     plan.streamk.workgroups if plan.streamk else 0)  # fmt: skip
+    sk, merge = plan.streamk.workgroups if plan.streamk else 0, plan.merge.groups if plan.merge else 0
+    g = from_problem(problem, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch, sk, merge)
     out, ep = element_type(problem.dw_dtype), problem.epilogue
     # an epilogue rides the second pass: the split's sum, or (unsplit) one pass from the kernel's f32 result
     entry = conv_entry(g, element_type(problem.dtype), out if ep is None else ir.F32Type.get(), name)

@@ -67,6 +67,8 @@ class PlanPass(ConvbwPass):
                                      LAYOUT4_FORMS)  # fmt: skip
         merge_groups: int | None = option(None, "explicit, layout 2: thin groups one implicit GEMM computes (1: one "
                                           "a GEMM; default: the plan's rule)")  # fmt: skip
+        wgmma_merge: int | None = option(None, "explicit, sm_90a: groups of C < 64 channels a 64-channel box of the "
+                                         "wgmma kernel's boxed form (default: the plan's rule, off)")  # fmt: skip
 
     def __init__(self, options=None, **kwargs) -> None:
         super().__init__(options, **kwargs)

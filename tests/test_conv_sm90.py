@@ -236,6 +236,75 @@ def test_conv_geometry_refuses_what_the_kernel_cannot_take(fields, message):
         ConvSm90(**{**base, **fields})
 
 
+# -- the boxed form: thin and medium groups (ConvSm90.merge; issue 40 item 2) --------------------------------
+@pytest.mark.parametrize(
+    ("geometry", "note"),
+    [
+        # ResNeXt's 4-channel groups, 16 a box: 20 groups leave the last box 4 (its other 12 read the map's zeros
+        # past G C and dy's past G K); 70 positions: a ragged second k tile; rows 64..127 of the tile past 16 K
+        (dict(n=2, h=5, w=7, c=4, k=4, fy=3, fx=3, ho=5, wo=7, pad=(1, 1), groups=20, merge=16), "thin, ragged"),
+        # RegNetY's 56-channel groups, one a box: each tap's box reads the next group's first 8 channels (dropped)
+        (dict(n=2, h=5, w=5, c=56, k=56, fy=3, fx=3, ho=5, wo=5, pad=(1, 1), groups=3, merge=1), "medium, 56"),
+        # 24-channel groups, 2 a box (48 of 64 channels), 5 groups (the last box one), stride 2, 2 splits
+        (
+            dict(n=6, h=9, w=7, c=24, k=24, fy=3, fx=3, ho=4, wo=3, stride=(2, 2), groups=5, merge=2, splits=2),
+            "24, stride 2, split",
+        ),  # fmt: skip
+        # 6 channels, 10 a box (60 of 64) but only 4 groups: one box, its channels past G C zeros; a 1x1
+        (dict(n=2, h=6, w=6, c=6, k=6, fy=1, fx=1, ho=6, wo=6, groups=4, merge=10), "odd box fill, 1x1"),
+        # K != C: 8 in, 16 out channels a group, 8 a box: 128 GEMM rows over both consumers; 1-D, dilation 2
+        (
+            dict(
+                n=3,
+                h=1,
+                w=40,
+                c=8,
+                k=16,
+                fy=1,
+                fx=3,
+                ho=1,
+                wo=36,
+                dilation=(2,),
+                stride=(1,),
+                pad=(0,),
+                groups=16,
+                merge=8,
+            ),
+            "K != C, 1-D",
+        ),  # fmt: skip
+    ],
+)
+def test_boxed_form_stores_the_block_diagonal_matching_float64_under_emulation(geometry, note):
+    g = ConvSm90(**geometry, tiling=SMALL)
+    c, ref = emulated(g)
+    assert not np.isnan(c).any(), note  # every element of dW written exactly by its diagonal block
+    assert _error(c, ref) < 1e-6, note
+
+
+def test_boxed_form_bf16_output_of_a_3d_thin_group_layer_matches_float64():
+    # 3-D (a 5-D im2col map), 8-channel groups, 8 a box, dW rounded to bf16 in the store
+    g = ConvSm90(n=1, d=4, h=4, w=4, c=8, k=8, fz=3, fy=3, fx=3, do=4, ho=4, wo=4, stride=(1, 1, 1),
+                 dilation=(1, 1, 1), pad=(1, 1, 1), groups=8, merge=8, tiling=SMALL)  # fmt: skip
+    c, ref = emulated(g, "bf16", "bf16")
+    assert not np.isnan(c).any()
+    assert _error(c, ref) < 1e-2
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(c=8, k=8, groups=16, merge=9), r"merge: 9 groups of 8 channels \(1 \.\. 8"),
+        (dict(c=6, k=6, groups=2, merge=2), r"groups: 2 x 6 in, 6 out channels"),  # G C = 12: not 16-byte rows
+        (dict(c=5, k=8, groups=8, merge=4), r"in_channels: 5 \(the boxed form stores pairs"),
+        (dict(c=8, k=8, groups=8, merge=8, n=8, streamk=4), r"merge: the boxed form runs the plain split-K grid"),
+    ],
+)
+def test_boxed_geometry_refuses_with_the_field_and_its_value(fields, message):
+    base = dict(n=1, h=4, w=4, fy=1, fx=1, ho=4, wo=4)
+    with pytest.raises(ValueError, match=message):
+        ConvSm90(**{**base, **fields})
+
+
 # -- the policy (convbw_mlir/policies/sm90.py) ---------------------------------------------------------------
 def _problem(line: str, **fields):
     from convbw_mlir.problem import ConvBwdWeightProblem

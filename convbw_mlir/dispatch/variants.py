@@ -53,7 +53,7 @@ FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
 IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
 OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
-           "strategy", "merge_groups", "streamk")  # fmt: skip
+           "strategy", "merge_groups", "streamk", "wgmma_merge")  # fmt: skip
 
 
 def known_wrong(problem: ConvBwdWeightProblem, target: Target | str, form: str) -> str | None:
@@ -227,6 +227,13 @@ def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, 
     a short reduction and a wide tile (issue 39), so the tuner measures the choices next to it."""
     kb, n = base.k_batch, base.tile.n
     near = [k for k in dict.fromkeys((2 * kb, kb // 2, kb + 1, kb - 1, 4 * kb)) if k >= 1 and k != kb]
+    if base.merge is not None:  # the boxed form (thin and medium groups): its splits and widths, then sm_80's kernel
+        boxed = {"strategy": "explicit", "wgmma_merge": base.merge.groups}
+        yield from ({**boxed, "k_batch": k} for k in near[:2])
+        yield from _sm80_kernel(problem, merged=True)
+        yield from ({**boxed, "k_batch": kb, "tile_n": w} for w in (256, 192, 128) if w != n)
+        yield from ({**boxed, "k_batch": k} for k in near[2:])
+        return
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[:2])
     yield {"strategy": "explicit", "k_batch": kb} if base.streamk else {"strategy": "explicit", "streamk": "auto"}
     widths = [w for w in (256, 192, 128) if w != n]
@@ -236,15 +243,17 @@ def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, 
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[2:])
 
 
-def _sm80_kernel(problem: ConvBwdWeightProblem) -> Iterator[dict[str, Any]]:
+def _sm80_kernel(problem: ConvBwdWeightProblem, merged: bool = False) -> Iterator[dict[str, Any]]:
     """The sm_80 kernel (mma.sync) on sm_90a: its M tile as sm_80's plan has it, an option the wgmma kernel has
-    no knob for, so the plan hands the problem to the sm_80 kernels' rule (convbw_mlir/policies/sm90.py)."""
+    no knob for, so the plan hands the problem to the sm_80 kernels' rule (convbw_mlir/policies/sm90.py);
+    ``merged``: the rival of the wgmma boxed form, so with the sm_80 merge rule's groups (thin groups) as well."""
     try:
-        tile = decide(problem, "sm_80", strategy="explicit").tile
+        plan = decide(problem, "sm_80", strategy="explicit")
     except (PlanError, ValueError):
         return
-    if tile is not None:
-        yield {"strategy": "explicit", "tile_m": tile.m}
+    if plan.tile is not None:
+        merge = {"merge_groups": plan.merge.groups} if merged and plan.merge is not None else {}
+        yield {"strategy": "explicit", "tile_m": plan.tile.m, **merge}
 
 
 def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator[dict[str, Any]]:
@@ -258,6 +267,10 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
         yield from _sm90_grid(problem, base)
     elif base.strategy == Strategy.EXPLICIT and tgt.name == "sm_90a":  # the sm_80 kernel there: its splits +-
         yield from ({"strategy": "explicit", "k_batch": k} for k in (2 * base.k_batch, base.k_batch // 2) if k >= 1)
+        # groups of C < 64: the wgmma kernel's boxed form (docs/decisions.md#wgmma-groups)
+        boxed = sm90.merge_for(problem)
+        if boxed and problem.groups > 1 and not sm90.merge_refusals(problem, boxed):
+            yield {"strategy": "explicit", "wgmma_merge": boxed}
     if base.strategy == Strategy.EXPLICIT:  # the plan chose our kernel: IREE's codegen and its grid are the rivals
         yield {"strategy": "codegen"}
         if (

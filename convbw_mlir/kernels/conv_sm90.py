@@ -83,6 +83,10 @@ class ConvSm90:
         fused: the split's second stage in the kernel (splits > 1): each thread, after storing its partial,
             counts itself in on its own counter; the thread that arrives last for its fragment adds the
             splits' partials and writes dW (no second pass).
+        merge: 0: the plain form (C a multiple of 64). ``m >= 1``: the boxed form (thin and medium groups): ``m``
+            consecutive groups share one 64-channel im2col box a tap (``m C <= 64``) and ``m K`` GEMM rows, the
+            GEMM's columns ``taps x 64``; only the block diagonal (a group's rows with its own channels) is
+            stored, the rest (other groups' channels, the box's channels past ``m C``) computed and dropped.
     """
 
     n: int
@@ -105,6 +109,7 @@ class ConvSm90:
     do: int = 1
     streamk: int = 0
     fused: bool = False
+    merge: int = 0
 
     def __post_init__(self) -> None:
         for name in ("stride", "dilation", "pad"):
@@ -118,9 +123,11 @@ class ConvSm90:
         for name, v in flat.items():
             if v != 1:
                 raise ValueError(f"{name}: {v} (1 in a {rank}-D convolution)")
-        if self.c % BOX:
+        if self.merge:
+            self._boxed_checks()
+        elif self.c % BOX:
             raise ValueError(f"in_channels: {self.c} (the sm_90a kernel takes C a multiple of {BOX})")
-        if self.k % 8:  # dy's rows: a multiple of 16 bytes (TMA's global strides)
+        elif self.k % 8:  # dy's rows: a multiple of 16 bytes (TMA's global strides)
             raise ValueError(f"out_channels: {self.k} (the sm_90a kernel takes K a multiple of 8)")
         if self.tiling.bn % BOX:
             raise ValueError(f"bn: {self.tiling.bn} (a multiple of {BOX}: whole im2col boxes)")
@@ -134,6 +141,40 @@ class ConvSm90:
             raise ValueError("fused: True (the split's second stage in the kernel needs splits > 1)")
         if not 0 <= self.streamk <= self.sk_total:
             raise ValueError(f"streamk: {self.streamk} (0 .. {self.sk_total} iterations, one at least a workgroup)")
+
+    def _boxed_checks(self) -> None:
+        """The boxed form's limits (``merge`` >= 1): the merged groups' channels in one box, pairs stored whole,
+        TMA's 16-byte global strides, the plain split-K grid."""
+        if self.merge < 1 or self.merge * self.c > BOX:
+            raise ValueError(f"merge: {self.merge} groups of {self.c} channels (1 .. {BOX // max(self.c, 1)}: "
+                             f"their channels in one {BOX}-channel box)")  # fmt: skip
+        if self.c % 2:
+            raise ValueError(f"in_channels: {self.c} (the boxed form stores pairs of channels: C even)")
+        if (self.groups * self.c) % 8 or (self.groups * self.k) % 8:
+            raise ValueError(f"groups: {self.groups} x {self.c} in, {self.k} out channels (G C and G K multiples of "
+                             "8: TMA's 16-byte rows)")  # fmt: skip
+        if self.streamk or self.fused or self.tiling.persistent:
+            raise ValueError("merge: the boxed form runs the plain split-K grid (no streamk, fused or persistent)")
+
+    @property
+    def boxed(self) -> bool:
+        """The boxed form (thin and medium groups: :attr:`merge` groups a 64-channel box)."""
+        return self.merge > 0
+
+    @property
+    def gemm_groups(self) -> int:
+        """GEMMs of the grid's z: the groups, or (boxed) the boxes of ``merge`` groups (the last maybe fewer)."""
+        return -(-self.groups // self.merge) if self.boxed else self.groups
+
+    @property
+    def gemm_rows(self) -> int:
+        """The GEMM's M: K, or (boxed) ``merge K``."""
+        return self.merge * self.k if self.boxed else self.k
+
+    @property
+    def gemm_columns(self) -> int:
+        """The GEMM's N: ``Y X C``, or (boxed) one 64-channel box a tap."""
+        return math.prod(self.filter) * BOX if self.boxed else self.columns
 
     @property
     def rank(self) -> int:
@@ -180,17 +221,17 @@ class ConvSm90:
     @property
     def tiles(self) -> tuple[int, int]:
         """Column tiles, row tiles."""
-        return -(-self.columns // self.tiling.bn), -(-self.k // self.tiling.bm)
+        return -(-self.gemm_columns // self.tiling.bn), -(-self.gemm_rows // self.tiling.bm)
 
     @property
     def units(self) -> int:
         """Work units: tiles x splits x groups."""
-        return self.tiles[0] * self.tiles[1] * self.splits * self.groups
+        return self.tiles[0] * self.tiles[1] * self.splits * self.gemm_groups
 
     @property
     def sk_total(self) -> int:
         """StreamK's iterations: every tile's k tiles, end to end."""
-        return self.tiles[0] * self.tiles[1] * self.groups * self.ktiles
+        return self.tiles[0] * self.tiles[1] * self.gemm_groups * self.ktiles
 
     def sk_begin(self, w: int) -> int:
         """The first iteration of StreamK workgroup ``w`` (``w = streamk``: the end)."""
@@ -199,7 +240,7 @@ class ConvSm90:
     @property
     def counters(self) -> int:
         """The fused split's arrival counters: one a consumer thread of every tile."""
-        return self.tiles[0] * self.tiles[1] * self.groups * self.tiling.consumers * WARPGROUP
+        return self.tiles[0] * self.tiles[1] * self.gemm_groups * self.tiling.consumers * WARPGROUP
 
     @property
     def sk_partials(self) -> list[int]:
@@ -212,23 +253,25 @@ class ConvSm90:
             return (self.streamk, 1, 1)
         if self.tiling.persistent:
             return (self.tiling.persistent, 1, 1)
-        return (*self.tiles, self.splits * self.groups)
+        return (*self.tiles, self.splits * self.gemm_groups)
 
     @property
     def flops(self) -> int:
         return 2 * self.k * self.columns * self.reduction
 
 
-def from_problem(problem: Any, tiling: Sm90Tiling | None = None, splits: int = 1, streamk: int = 0) -> ConvSm90:
+def from_problem(problem: Any, tiling: Sm90Tiling | None = None, splits: int = 1, streamk: int = 0,
+                 merge: int = 0) -> ConvSm90:  # fmt: skip
     """The kernel's numbers for a layout-2 ``problem`` (a ``ConvBwdWeightProblem`` of rank 1, 2 or 3; ``tiling``:
-    the default :class:`Sm90Tiling` unless given; ``streamk``: workgroups of a StreamK grid, 0 none)."""
+    the default :class:`Sm90Tiling` unless given; ``streamk``: workgroups of a StreamK grid, 0 none; ``merge``:
+    groups a box of the boxed form, 0 the plain form)."""
     pad = (1,) * (3 - problem.rank)
     d, h, w = (*pad, *problem.input_size)
     fz, fy, fx = (*pad, *problem.filter_size)
     do, ho, wo = (*pad, *problem.output_size)
     return ConvSm90(problem.batch, h, w, problem.in_channels, problem.out_channels, fy, fx, ho, wo,
                     tuple(problem.stride), tuple(problem.dilation), tuple(problem.pad_low),
-                    tiling or Sm90Tiling(), splits, problem.groups, d, fz, do, streamk)  # fmt: skip
+                    tiling or Sm90Tiling(), splits, problem.groups, d, fz, do, streamk, merge=merge)  # fmt: skip
 
 
 def descriptor_mn(address: int, lead: int) -> int:
@@ -286,13 +329,16 @@ def _producer(b: Ints, g: ConvSm90, pipe: Pipeline, maps: ir.Value, m0: ir.Value
     cluster = ir.Type.parse("!llvm.ptr<7>")
     i16 = ir.IntegerType.get_signless(16)
     mode = ir.Attribute.parse("#nvvm.tma_load_mode<im2col>")
-    # each box's tap and first channel: column n0 + 64 j of dW (past Y X C: any valid column, never stored)
+    # each box's tap and first channel: column n0 + 64 j of the GEMM (past its columns: any valid one, never stored)
     taps = []
     for j in range(t.bn // BOX):
-        col = arith.remui(arith.addi(n0, b.c(BOX * j)), b.c(g.columns))
-        c0 = arith.addi(arith.muli(group, b.c(g.c)), arith.remui(col, b.c(g.c)))  # the group's channels
+        col = arith.remui(arith.addi(n0, b.c(BOX * j)), b.c(g.gemm_columns))
+        if g.boxed:  # one box a tap from the first merged group's first channel (past G C: TMA reads zeros)
+            c0, tap = arith.muli(group, b.c(g.merge * g.c)), arith.divui(col, b.c(BOX))
+        else:  # the group's channels
+            c0, tap = arith.addi(arith.muli(group, b.c(g.c)), arith.remui(col, b.c(g.c))), arith.divui(col, b.c(g.c))
         # the tap's im2col offsets, innermost dim first: its filter position times the dilation
-        at = _digits(b, arith.divui(col, b.c(g.c)), g.filter)
+        at = _digits(b, tap, g.filter)
         taps.append((c0, [arith.trunci(i16, arith.muli(f, b.c(dil))) for f, dil in zip(at, g.dilation[::-1])]))
     with for_(arith.constant(b.index, 0), arith.index_cast(b.index, count), arith.constant(b.index, 1)) as loop:
         i = loop.iv
@@ -302,7 +348,7 @@ def _producer(b: Ints, g: ConvSm90, pipe: Pipeline, maps: ir.Value, m0: ir.Value
         r0 = arith.muli(arith.addi(first, arith.index_cast(b.i32, i)), b.c(t.bk))
         for cons in range(t.consumers):
             dst = llvm.addrspacecast(cluster, b.ptr(arith.addi(a, b.c(cons * WGMMA_M * SWIZZLE_BYTES)), 3))
-            row = arith.addi(arith.addi(arith.muli(group, b.c(g.k)), m0), b.c(cons * WGMMA_M))
+            row = arith.addi(arith.addi(arith.muli(group, b.c(g.gemm_rows)), m0), b.c(cons * WGMMA_M))
             nvvm.cp_async_bulk_tensor_shared_cluster_global(dst, map_dy, [row, r0], full_p, [])
         # the k tile's first output position (n, (do,) ho, wo) -> its pixel in the bounding box, innermost first
         per_image = math.prod(g.out)
@@ -403,6 +449,47 @@ def _epilogue(b: Ints, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, 
                         vector.store(vec, c, [group, r, cc] if split is None else [split, group, r, cc])
 
 
+def _boxed_epilogue(b: Ints, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
+                    split: ir.Value | None, group: ir.Value) -> None:  # fmt: skip
+    """The boxed form's store: each accumulator pair whose GEMM row ``i K + k`` and column ``tap 64 + j C + c``
+    meet in a diagonal block (``i == j``, group ``group m + i`` inside G, the tap inside the filter) goes to dW
+    ``[group m + i, k, tap C + c]`` (C even: a pair never straddles two groups); the rest is dropped."""
+    t = g.tiling
+    out = ir.MemRefType(c.type).element_type
+    f32, idx = ir.F32Type.get(), b.index
+
+    def k(v: int) -> ir.Value:
+        return arith.constant(idx, v)
+
+    def lt(a: ir.Value, bound: int) -> ir.Value:
+        return arith.cmpi(arith.CmpIPredicate.ult, a, k(bound))
+
+    warp, lane = arith.divui(wtid, k(32)), arith.remui(wtid, k(32))
+    row = arith.addi(row0, arith.addi(arith.muli(warp, k(16)), arith.divui(lane, k(4))))
+    col = arith.addi(n0, arith.muli(arith.remui(lane, k(4)), k(2)))
+    first = arith.muli(group, k(g.merge))  # the box's first group
+    columns = []  # per n8 chunk: (inside the filter's taps, its group in the box, dW's column)
+    for q in range(t.bn // 8):
+        cc = arith.addi(col, k(8 * q))
+        tap, ch = arith.divui(cc, k(BOX)), arith.remui(cc, k(BOX))
+        dw_col = arith.addi(arith.muli(tap, k(g.c)), arith.remui(ch, k(g.c)))
+        columns.append((lt(cc, g.gemm_columns), arith.divui(ch, k(g.c)), dw_col))
+    for half in (0, 1):  # rows ``row`` and ``row + 8``
+        r = arith.addi(row, k(8 * half))
+        gi, kk = arith.divui(r, k(g.k)), arith.remui(r, k(g.k))
+        grp = arith.addi(first, gi)
+        row_ok = arith.andi(lt(r, g.gemm_rows), lt(grp, g.groups))
+        for q, (col_ok, gj, dw_col) in enumerate(columns):
+            same = arith.cmpi(arith.CmpIPredicate.eq, gi, gj)
+            with if_(arith.andi(arith.andi(row_ok, col_ok), same)):
+                v = 4 * q + 2 * half
+                pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
+                vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+                if out != f32:
+                    vec = arith.truncf(ir.VectorType.get([2], out), vec)
+                vector.store(vec, c, [grp, kk, dw_col] if split is None else [split, grp, kk, dw_col])
+
+
 def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> None:
     """Emit the kernel into ``entry`` given its bound memrefs (dy, x, maps, dW) for :func:`conv_entry`'s grid.
 
@@ -440,8 +527,10 @@ def build_conv_body(entry: ir.Block, bindings: list[ir.Value], g: ConvSm90) -> N
         for (m0, n0, split, group, _, count), ring, sk in _units(b, g):
             acc = _consumer(b, g, pipe, a_rows, count, elem, ring)
             row0 = arith.addi(m0, arith.muli(consumer, arith.constant(idx, WGMMA_M)))
-            with if_(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.k))):
-                if g.fused:
+            with if_(arith.cmpi(arith.CmpIPredicate.ult, row0, arith.constant(idx, g.gemm_rows))):
+                if g.boxed:
+                    _boxed_epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)
+                elif g.fused:
                     _fused_split(b, g, c, partials, flags, acc, wtid, consumer, row0, m0, n0, split, group)
                 elif sk is None:
                     _epilogue(b, g, c, acc, wtid, row0, n0, split if g.splits > 1 else None, group)

@@ -16,15 +16,26 @@ from typing import Any
 
 from convbw_mlir.cuda_launch import im2col_corners
 from convbw_mlir.loops import Split
-from convbw_mlir.plan_data import Decision, Overrides, Plan, PlanError, Strategy, StreamKPlan, Tile, _is_int
-from convbw_mlir.policies import sm80
+from convbw_mlir.plan_data import (
+    Decision,
+    MergePlan,
+    Overrides,
+    Plan,
+    PlanError,
+    Strategy,
+    StreamKPlan,
+    Tile,
+    _is_int,
+)
+from convbw_mlir.policies import sm80, switches
 from convbw_mlir.policies.sm80 import CostRule
 from convbw_mlir.policies.split import EXPLICIT_SPLIT, check, split_refusals
 from convbw_mlir.targets import TARGETS, Target
 
 __all__ = ["BK", "BM", "BN", "COST", "COST_RULES", "MAPS_BYTES", "MEMORY_FLOOR", "SMS", "STAGES", "STREAMK_SEGMENTS",
            "WGMMA", "CostModel", "CostRule", "auto_splits", "choose", "cost", "cost_streamk", "deciding_rules",
-           "floor_us", "flops", "is_sm90", "plan", "refusals", "streamk_workspace", "takes", "takes_by_default",
+           "floor_us", "flops", "is_sm90", "merge_for", "merge_refusals", "merge_rule", "plan", "refusals",
+           "streamk_workspace", "takes", "takes_by_default",
            "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
@@ -116,13 +127,20 @@ def refusals(problem: Any, plan: Plan | None = None) -> list[str]:
     """
     if plan is not None and not is_sm90(plan):
         return sm80.refusals(problem, plan)
+    if plan is not None and plan.merge is not None:  # the boxed form (thin and medium groups)
+        why = merge_refusals(problem, plan.merge.groups)
+        if plan.streamk is not None:
+            why.append(f"wgmma-merge: {plan.merge.groups} with streamk (the boxed form runs the split-K grid)")
+        return why + (_plan_refusals(problem, plan, _merged_rows(problem, plan.merge.groups)) if not why else [])
     why = _problem_refusals(problem)
     if plan is not None:
         why += _plan_refusals(problem, plan)
     return why
 
 
-def _problem_refusals(problem: Any) -> list[str]:
+def _problem_refusals(problem: Any, boxed: bool = False) -> list[str]:
+    """Why the kernel cannot compute ``problem``; ``boxed``: in its boxed form (:func:`merge_refusals` adds the
+    form's own channel limits)."""
     why = []
     fam = problem.layout_family
     if (fam.x, fam.w) != ("NHWGC", "GKYXC"):
@@ -135,6 +153,8 @@ def _problem_refusals(problem: Any) -> list[str]:
         why.append(f"dtype: {problem.dtype} (f16 or bf16)")
     elif problem.dw_dtype not in ("f32", problem.dtype):
         why.append(f"dw_dtype: {problem.dw_dtype} (f32 or {problem.dtype}, the input type)")
+    if boxed:
+        return why
     if problem.in_channels % 64:
         why.append(f"in_channels: {problem.in_channels} (a group's: a multiple of 64, an im2col box of 64 channels)")
     if problem.out_channels % 8:
@@ -154,10 +174,12 @@ def _im2col_refusals(problem: Any) -> list[str]:
     return why
 
 
-def _plan_refusals(problem: Any, plan: Plan) -> list[str]:
-    """Why an sm_90a plan's tile and split do not fit the kernel ("field: value" lines)."""
+def _plan_refusals(problem: Any, plan: Plan, rows: int | None = None) -> list[str]:
+    """Why an sm_90a plan's tile and split do not fit the kernel ("field: value" lines; ``rows``: the GEMM's M
+    where it is not K, the boxed form's)."""
     t, why = plan.tile, []
-    if t.n not in (*TILE_COST, *NARROW_COST) or t not in (_tile(problem, t.n, 1), _tile(problem, t.n, 2)):
+    tiles = (_tile(problem, t.n, 1, rows), _tile(problem, t.n, 2, rows))
+    if t.n not in (*TILE_COST, *NARROW_COST) or t not in tiles:
         why.append(f"tile: {t} (the sm_90a kernel's tiles: m 64 or 128, k 64, bn one of "
                    f"{', '.join(map(str, (*TILE_COST, *NARROW_COST)))})")  # fmt: skip
     if plan.wavespec is not None or plan.depthwise is not None:
@@ -217,9 +239,9 @@ def _reduction(problem: Any) -> int:
     return problem.batch * math.prod(problem.output_size)
 
 
-def _tile(problem: Any, bn: int, consumers: int | None = None) -> Tile:
-    """The plan's tile: ``consumers`` wgmma warpgroups of 64 rows (default: :func:`consumers_for` K)."""
-    c = consumers or consumers_for(problem.out_channels)
+def _tile(problem: Any, bn: int, consumers: int | None = None, rows: int | None = None) -> Tile:
+    """The plan's tile: ``consumers`` wgmma warpgroups of 64 rows (default: :func:`consumers_for` K, or ``rows``)."""
+    c = consumers or consumers_for(rows or problem.out_channels)
     return Tile(64 * c, bn, BK, c, 1, STAGES, WGMMA.format(n=bn, t=problem.dtype.upper()))
 
 
@@ -242,6 +264,9 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         PlanError: the kernel cannot carry the plan out (every reason, "field: value").
     """
     others = {k: v for k, v in opts.tile.items() if k != "n"}
+    merge = _merge(problem, tgt, opts, others)
+    if merge:
+        return _boxed_plan(problem, tgt, opts, merge)
     if not takes(problem) or others or opts.producers is not None:
         return sm80.plan(problem, tgt, opts)
     m, n, reduction = problem.out_channels, problem.in_channels * math.prod(problem.filter_size), _reduction(problem)
@@ -272,6 +297,98 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         why = "; ".join(f"{r.name}: {r.reason}" for r in decided)
         chosen = replace(chosen, decision=Decision("", "", f"{what} of {bn}-wide tiles by {why}"))
     return chosen
+
+
+# -- thin and medium groups: the boxed form (conv_sm90.ConvSm90.merge) ----------------------------------------
+BOX = 64  # channels of one im2col box: the boxed form's merged groups fit one
+MERGE_MAX_ROWS = 2 * 64  # the merged groups' K fill at most two consumer warpgroups
+# The rule behind switches.WGMMA_MERGE_BY_DEFAULT: the group widths (C, in channels a group) where the boxed form
+# takes the plan from the sm_80 kernel once the switch is on; the pack's figures set it (docs/decisions.md#wgmma-groups)
+MERGE_RULE_CHANNELS = (4, 63)
+
+
+def merge_for(problem: Any) -> int:
+    """The most groups the boxed form merges for ``problem`` (0: the form does not apply, C a multiple of 64 or
+    over 64): as many as fit one 64-channel box and (where K allows) two consumer warpgroups' rows, at most G."""
+    c, k = problem.in_channels, problem.out_channels
+    if c % BOX == 0 or c > BOX:
+        return 0
+    return max(1, min(problem.groups, BOX // c, MERGE_MAX_ROWS // k))
+
+
+def merge_refusals(problem: Any, groups: int) -> list[str]:
+    """Why the boxed form cannot merge ``groups`` groups of ``problem`` a box ("field: value" lines; empty: it can)."""
+    why = _problem_refusals(problem, boxed=True)
+    c, k, g = problem.in_channels, problem.out_channels, problem.groups
+    if c % BOX == 0:
+        why.append(f"wgmma-merge: {groups} with in_channels {c} (a multiple of 64: the plain wgmma kernel)")
+    elif not 1 <= groups <= min(g, BOX // c):
+        why.append(f"wgmma-merge: {groups} groups of {c} channels (1 .. {min(g, BOX // c)}: their channels in one "
+                   f"{BOX}-channel box, at most G)")  # fmt: skip
+    if c % 2:
+        why.append(f"in_channels: {c} (the boxed form stores pairs of channels: C even)")
+    if (g * c) % 8 or (g * k) % 8:
+        why.append(f"groups: {g} x {c} in, {k} out channels (G C and G K multiples of 8: TMA's 16-byte rows)")
+    return why
+
+
+def merge_rule(problem: Any, tgt: Target) -> int:
+    """Groups a box the plan gives the boxed form by itself (0: none): where the switch
+    :data:`~convbw_mlir.policies.switches.WGMMA_MERGE_BY_DEFAULT` is on, for groups of C within
+    :data:`MERGE_RULE_CHANNELS` that the form takes (:func:`merge_for`, :func:`merge_refusals`), f16 or bf16."""
+    if not (switches.WGMMA_MERGE_BY_DEFAULT and tgt.wgmma_n and problem.groups > 1):
+        return 0
+    lo, hi = MERGE_RULE_CHANNELS
+    m = merge_for(problem)
+    if not (m and lo <= problem.in_channels <= hi) or merge_refusals(problem, m) or problem.epilogue is not None:
+        return 0
+    return m
+
+
+def _merge(problem: Any, tgt: Target, opts: Overrides, others: dict[str, int]) -> int:
+    """The boxed form's groups a box for :func:`plan`: as asked (``wgmma_merge``), else the rule's where no option
+    asks for the sm_80 kernels (0: not the boxed form)."""
+    if opts.wgmma_merge is None:
+        asked = others or opts.producers is not None or opts.merge_groups is not None or opts.streamk is not None
+        return 0 if asked or opts.k_batch == "rows" else merge_rule(problem, tgt)
+    for name, value in (("tile options", others), ("producers", opts.producers), ("merge-groups", opts.merge_groups),
+                        ("streamk", opts.streamk)):  # fmt: skip
+        if value:
+            raise PlanError(f"wgmma-merge: {opts.wgmma_merge} with {name} {value!r} (the boxed form takes "
+                            "k-batch and tile-n only)")  # fmt: skip
+    why = merge_refusals(problem, opts.wgmma_merge)
+    if why:
+        raise PlanError("strategy explicit: " + "; ".join(why))
+    return opts.wgmma_merge
+
+
+def _merged_rows(problem: Any, groups: int) -> int:
+    return groups * problem.out_channels
+
+
+def _boxed_plan(problem: Any, tgt: Target, opts: Overrides, merge: int) -> Plan:
+    """The boxed form's plan: the GEMM of ``merge`` groups a box (``merge K`` rows, ``taps x 64`` columns,
+    ``ceil(G / merge)`` GEMMs) tiled and split by :func:`choose` (no StreamK: the form runs the split-K grid)."""
+    rows, n = _merged_rows(problem, merge), BOX * math.prod(problem.filter_size)
+    reduction, gemms = _reduction(problem), -(-problem.groups // merge)
+    widths = [opts.tile["n"]] if "n" in opts.tile else widths_for(n)
+    if widths[0] not in (*TILE_COST, *NARROW_COST):
+        names = ", ".join(map(str, (*TILE_COST, *NARROW_COST)))
+        raise PlanError(f"tile-n: {widths[0]} (the sm_90a kernel's bn: one of {names})")
+    bn, splits, _ = choose(rows, n, reduction, tgt.compute_units, gemms, widths, False, floor_us(problem, tgt))
+    if _is_int(opts.k_batch):
+        splits = opts.k_batch
+    chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn, rows=rows), merge=MergePlan(merge))
+    if splits > 1:
+        ktiles = -(-reduction // BK)
+        chosen = replace(chosen, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
+    check(problem, chosen, refusals)
+    what = "no split" if splits == 1 else f"{splits} splits"
+    how = "by its rule (switch WGMMA_MERGE_BY_DEFAULT)" if opts.wgmma_merge is None else "as asked (wgmma-merge)"
+    plural = "s" * (merge > 1)
+    detail = (f"the wgmma kernel's boxed form {how}: {merge} group{plural} of {problem.in_channels} channels a "
+              f"64-channel box, {what} of {bn}-wide tiles")  # fmt: skip
+    return replace(chosen, decision=Decision("", "", detail))
 
 
 # -- what the launcher encodes ----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ __all__ = [
     "MERGE_BY_DEFAULT",
     "SHORT_REDUCTION_CODEGEN",
     "SWITCHES",
+    "WGMMA_MERGE_BY_DEFAULT",
     "current",
 ]
 
@@ -33,6 +34,10 @@ GEMV_BY_DEFAULT = True
 # IREE's codegen for a plain GEMM of a very short reduction on sm_90a (an SE block's 1x1 at batch 32): measured faster
 # than our kernels there (docs/decisions.md#short-reduction-codegen).
 SHORT_REDUCTION_CODEGEN = True
+# Thin and medium groups (C < 64, not a multiple of 64) on sm_90a in the wgmma kernel's boxed form by its rule
+# (policies.sm90.merge_rule; wgmma-merge asks for it either way): off until measured side by side with the sm_80
+# kernel (docs/decisions.md#wgmma-groups; the pack .art/thin90 measures it).
+WGMMA_MERGE_BY_DEFAULT = False
 
 # name -> what it switches (for ``convbw select`` and the docs; the values are the module's names above)
 SWITCHES: dict[str, str] = {
@@ -41,6 +46,7 @@ SWITCHES: dict[str, str] = {
     "MERGE_BY_DEFAULT": "thin groups merged into one implicit GEMM on NVIDIA",
     "GEMV_BY_DEFAULT": "the split-reduction GEMV kernel for K or C small where codegen's plan is SIMT",
     "SHORT_REDUCTION_CODEGEN": "IREE's codegen for a plain GEMM of a very short reduction on sm_90a",
+    "WGMMA_MERGE_BY_DEFAULT": "thin and medium groups in the sm_90a wgmma kernel's boxed form (its rule's widths)",
 }
 
 

@@ -1,0 +1,134 @@
+"""Thin and medium groups on sm_90a (issue 40 item 2): the wgmma kernel's boxed form in the product. The option
+(``wgmma-merge``) and its refusals, the default left as it was (switch ``WGMMA_MERGE_BY_DEFAULT`` off), the rule
+behind the switch, the tuner's neighbours, and the kernel convbw-explicit-kernel builds from such a plan under the
+sm_90a emulator."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from convbw_mlir.dispatch.variants import Variant, candidates
+from convbw_mlir.plan import Plan, PlanError, check_plan, decide
+from convbw_mlir.policies import sm90, switches
+from convbw_mlir.problem import ConvBwdWeightProblem
+from convbw_mlir.targets import get_target
+
+RESNEXT_4 = "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1"  # ResNeXt-50 32x4d layer1's 3x3
+REGNETY_56 = "2 4 32 56 56 3 3 28 28 1 1 1 1 1 1 1 1"  # RegNetY-8GF's 56-channel groups, stage 2
+REGNETY_8 = "2 13 32 8 8 3 3 28 28 1 1 1 1 1 1 1 1"  # RegNetY-400MF: 13 groups of 8 (a ragged last box)
+
+
+def _problem(line: str, **fields) -> ConvBwdWeightProblem:
+    return ConvBwdWeightProblem.from_ck(line).with_(**{"layout": 2, **fields})
+
+
+@pytest.mark.parametrize(("line", "groups"), [(RESNEXT_4, 16), (REGNETY_56, 1), (REGNETY_8, 8)])
+def test_wgmma_merge_gives_the_wgmma_kernel_with_the_groups_a_box_and_the_default_stays_the_sm80_kernel(line, groups):
+    p = _problem(line)
+    assert sm90.merge_for(p) == groups
+    now = decide(p, "sm_90a")
+    assert not sm90.is_sm90(now)  # switch off: the plan before this form (the sm_80 kernel) is still the default
+    plan = decide(p, "sm_90a", strategy="explicit", wgmma_merge=groups)
+    assert sm90.is_sm90(plan) and plan.merge.groups == groups and plan.streamk is None
+    rows = groups * p.out_channels
+    assert plan.tile.m == (64 if rows <= 64 else 128)
+    assert "boxed form as asked (wgmma-merge)" in plan.decision.detail
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again == plan
+    check_plan(p, again)  # a stored plan replays
+    Variant("convbw", plan)  # the variant of it is valid (its tile a wgmma shape of the target's table)
+
+
+@pytest.mark.parametrize(
+    ("line", "options", "message"),
+    [
+        (RESNEXT_4, dict(wgmma_merge=17), r"wgmma-merge: 17 groups of 4 channels \(1 \.\. 16"),
+        ("2 32 32 64 64 3 3 14 14 1 1 1 1 1 1 1 1", dict(wgmma_merge=1), "in_channels 64 .*the plain wgmma kernel"),
+        ("2 3 32 6 6 3 3 14 14 1 1 1 1 1 1 1 1", dict(wgmma_merge=3), r"groups: 3 x 6 in, 6 out channels"),
+        (RESNEXT_4, dict(wgmma_merge=16, streamk="auto"), "wgmma-merge: 16 with streamk 'auto'"),
+        (RESNEXT_4, dict(wgmma_merge=16, tile_m=64), "wgmma-merge: 16 with tile options"),
+        (RESNEXT_4, dict(wgmma_merge=16, layout=4), "layout: NGCHW/GKCYX/NGKHW"),  # its own forms asked: none boxed
+    ],
+)
+def test_wgmma_merge_refuses_with_the_field_and_its_value(line, options, message):
+    layout = options.pop("layout", 2)
+    p = _problem(line, layout=layout)
+    with pytest.raises(PlanError, match=message):
+        decide(p, "sm_90a", strategy="explicit", **options)
+
+
+def test_wgmma_merge_is_refused_off_sm90a_and_without_strategy_explicit():
+    p = _problem(RESNEXT_4)
+    with pytest.raises(PlanError, match="wgmma-merge: 16 on target sm_80"):
+        decide(p, "sm_80", strategy="explicit", wgmma_merge=16)
+    with pytest.raises(PlanError, match="wgmma-merge: 16 applies to strategy explicit only"):
+        decide(p, "sm_90a", wgmma_merge=16)
+
+
+def test_rule_behind_the_switch_takes_the_boxed_form_for_its_group_widths_only(monkeypatch):
+    monkeypatch.setattr(switches, "WGMMA_MERGE_BY_DEFAULT", True)
+    for line, groups in ((RESNEXT_4, 16), (REGNETY_56, 1)):
+        plan = decide(_problem(line), "sm_90a")
+        assert sm90.is_sm90(plan) and plan.merge.groups == groups, line
+        assert "by its rule (switch WGMMA_MERGE_BY_DEFAULT)" in plan.decision.detail
+    monkeypatch.setattr(sm90, "MERGE_RULE_CHANNELS", (24, 63))  # the widths the next lead may narrow it to
+    assert not sm90.is_sm90(decide(_problem(RESNEXT_4), "sm_90a"))
+    assert sm90.is_sm90(decide(_problem(REGNETY_56), "sm_90a"))
+    assert not sm90.is_sm90(decide(_problem(RESNEXT_4), "sm_90a", strategy="explicit", merge_groups=16))
+
+
+def test_tuner_offers_the_boxed_form_beside_the_sm80_kernel_and_the_sm80_kernel_beside_the_boxed_form(monkeypatch):
+    p = _problem(REGNETY_56)
+    base, *rivals = candidates(p, "sm_90a", max_plans=4, iree=False)
+    assert not sm90.is_sm90(base.plan)
+    assert any(sm90.is_sm90(v.plan) and v.plan.merge.groups == 1 for v in rivals)
+    monkeypatch.setattr(switches, "WGMMA_MERGE_BY_DEFAULT", True)
+    base, *rivals = candidates(_problem(RESNEXT_4), "sm_90a", max_plans=4, iree=False)
+    assert sm90.is_sm90(base.plan) and base.plan.merge.groups == 16
+    kinds = [(sm90.is_sm90(v.plan), v.plan.merge and v.plan.merge.groups) for v in rivals]
+    assert kinds[:2] == [(True, 16), (True, 16)]  # the boxed form's splits +-
+    assert (False, 16) in kinds  # the sm_80 kernel with its own merge
+
+
+@pytest.mark.parametrize(
+    ("line", "dtype"),
+    [
+        ("2 20 4 4 4 3 3 6 5 1 1 1 1 1 1 1 1", "f16"),  # 16 a box, the second box 4 groups
+        ("2 3 8 56 56 3 3 9 9 2 2 1 1 1 1 1 1", "bf16"),  # one 56-channel group a box, stride 2
+    ],
+)
+def test_pass_built_boxed_kernel_matches_float64_under_emulation(line, dtype):
+    """The plan's boxed form as convbw-explicit-kernel builds it (split, dW in f32 partials summed here)."""
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+    from sm90_emulator import run_conv
+
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.kernels.conv_sm90 import from_problem
+    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
+    from convbw_mlir.reference import random_inputs, reference
+
+    p = _problem(line, dtype=dtype, dw_dtype="f32")
+    plan = decide(p, "sm_90a", strategy="explicit", wgmma_merge=sm90.merge_for(p), k_batch=2)
+    t = plan.tile
+    g = from_problem(p, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch, 0,
+                     plan.merge.groups)  # fmt: skip
+    x, dy = random_inputs(p, seed=3)
+    with new_context():
+        module = convbw.build_module(p, plan)
+        ExplicitKernel().run(module.operation)
+        partials = run_conv(module, dy.reshape(g.reduction, -1), x.reshape(*x.shape[:-2], -1), g)
+    want = reference(p, x, dy)
+    got = partials.sum(0).reshape(want.shape)
+    assert not np.isnan(got).any() and np.abs(got - want).max() / np.abs(want).max() < 1e-6
+
+
+def test_target_table_has_the_boxed_forms_wgmma_shapes():
+    tgt = get_target("sm_90a")
+    for line in (RESNEXT_4, REGNETY_56, REGNETY_8):
+        p = _problem(line)
+        plan = decide(p, "sm_90a", strategy="explicit", wgmma_merge=sm90.merge_for(p))
+        assert plan.tile.intrinsic in [i.name for i in tgt.intrinsics[p.dtype]], plan.tile
