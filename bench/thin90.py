@@ -87,20 +87,9 @@ def alternatives(p: Any) -> list[tuple[str, dict[str, Any]]]:
 
 def variants(p: Any) -> list[Any]:
     """The plan now first, then the valid alternatives whose plans differ from every earlier one."""
-    from convbw_mlir.dispatch.variants import Variant, heuristic
-    from convbw_mlir.plan import PlanError, decide
+    from convbw_mlir.dispatch.variants import distinct
 
-    found = [heuristic(p, "sm_90a")]
-    for label, opts in alternatives(p):
-        try:
-            plan = decide(p, "sm_90a", **opts)
-        except (PlanError, ValueError) as e:
-            print(f"  {label}: refused: {str(e).splitlines()[0]}", flush=True)
-            continue
-        v = Variant("convbw", plan, tuple(sorted(opts.items())), label)
-        if all(v.plan != w.plan for w in found):
-            found.append(v)
-    return found
+    return distinct(p, "sm_90a", alternatives(p))
 
 
 def compile_all(out: Path, workers: int, cache: Path) -> int:

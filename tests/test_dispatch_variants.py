@@ -134,3 +134,18 @@ def test_where_the_plan_merges_thin_groups_one_group_a_gemm_is_a_rival(monkeypat
     assert found[0].plan.merge is not None
     one = decide(RESNEXT, "sm_80", strategy="explicit", merge_groups=1)
     assert any(v.plan == one for v in found)
+
+
+def test_distinct_keeps_the_heuristic_first_drops_repeated_plans_and_logs_a_refusal():
+    from convbw_mlir.dispatch.variants import distinct
+
+    said = []
+    options = [
+        ("same", {}),  # the heuristic's own plan again: dropped
+        ("split", {"strategy": "explicit", "k_batch": 2}),
+        ("bad", {"tile_m": 3}),  # refused by the plan: logged, not raised
+        ("split again", {"strategy": "explicit", "k_batch": 2}),
+    ]
+    found = distinct(RESNEXT, "sm_80", options, log=said.append)
+    assert found[0] == heuristic(RESNEXT, "sm_80") and [v.label for v in found[1:]] == ["split"]
+    assert len(said) == 1 and said[0].startswith("  bad: refused: ")

@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,6 +219,23 @@ LAUNCH_FORMAT = 2
 def heuristic(problem: ConvBwdWeightProblem, target: Target | str) -> Variant:
     """The heuristic's own choice: :func:`convbw_mlir.plan.decide` without overrides."""
     return Variant("convbw", decide(problem, target), (), "heuristic")
+
+
+def distinct(problem: ConvBwdWeightProblem, target: Target | str, options: Iterable[tuple[str, dict[str, Any]]],
+             log: Callable[[str], None] | None = None) -> list[Variant]:  # fmt: skip
+    """The heuristic's variant, then each ``(label, options)`` the plan accepts whose plan no earlier one has (a
+    refusal is logged, not raised: a bench's list of alternatives need not know which apply)."""
+    found = [heuristic(problem, target)]
+    for label, opts in options:
+        try:
+            plan = decide(problem, target, **opts)
+        except (PlanError, ValueError) as e:
+            (log or (lambda m: print(m, flush=True)))(f"  {label}: refused: {str(e).splitlines()[0]}")
+            continue
+        v = Variant("convbw", plan, tuple(sorted(opts.items())), label)
+        if all(v.plan != w.plan for w in found):
+            found.append(v)
+    return found
 
 
 def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
