@@ -721,6 +721,31 @@ def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dty
     return c
 
 
+def max_error_of_plan(p, plan, seed: int = 1) -> float:
+    """The largest |dW - float64| over max |float64| of ``plan``'s sm_90a conv kernel as the pass builds it, split
+    partials summed here; NaN anywhere (an element never written) fails."""
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.kernels.conv_sm90 import from_problem
+    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
+    from convbw_mlir.reference import random_inputs, reference
+
+    t = plan.tile
+    merged = plan.merge.groups if plan.merge is not None else 0
+    g = from_problem(p, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch, 0, merged)
+    x, dy = random_inputs(p, seed=seed)
+    with new_context():
+        module = convbw.build_module(p, plan)
+        ExplicitKernel().run(module.operation)
+        partials = run_conv(module, dy.reshape(g.reduction, -1), x.reshape(*x.shape[:-2], -1), g)
+    want = reference(p, x, dy)
+    got = partials.sum(0).reshape(want.shape)
+    assert not np.isnan(got).any()
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
 def _run_cluster(blocks: list[_Hopper], body: ir.Block) -> None:
     """The workgroups of one cluster, interleaved: each runs until it spins; a round where none runs an op
     is a deadlock."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from convbw_mlir.dispatch.variants import Variant, candidates
@@ -102,28 +101,11 @@ def test_tuner_offers_the_boxed_form_beside_the_sm80_kernel_and_the_sm80_kernel_
 )
 def test_pass_built_boxed_kernel_matches_float64_under_emulation(line, dtype):
     """The plan's boxed form as convbw-explicit-kernel builds it (split, dW in f32 partials summed here)."""
-    from convbw_mlir.dialects import convbw
-    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
-    from sm90_emulator import run_conv
-
-    from convbw_mlir.ir_imports import new_context
-    from convbw_mlir.kernels.conv_sm90 import from_problem
-    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
-    from convbw_mlir.reference import random_inputs, reference
+    from sm90_emulator import max_error_of_plan
 
     p = _problem(line, dtype=dtype, dw_dtype="f32")
     plan = decide(p, "sm_90a", strategy="explicit", wgmma_merge=sm90.merge_for(p), k_batch=2)
-    t = plan.tile
-    g = from_problem(p, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch, 0,
-                     plan.merge.groups)  # fmt: skip
-    x, dy = random_inputs(p, seed=3)
-    with new_context():
-        module = convbw.build_module(p, plan)
-        ExplicitKernel().run(module.operation)
-        partials = run_conv(module, dy.reshape(g.reduction, -1), x.reshape(*x.shape[:-2], -1), g)
-    want = reference(p, x, dy)
-    got = partials.sum(0).reshape(want.shape)
-    assert not np.isnan(got).any() and np.abs(got - want).max() / np.abs(want).max() < 1e-6
+    assert max_error_of_plan(p, plan, seed=3) < 1e-6
 
 
 def test_target_table_has_the_boxed_forms_wgmma_shapes():

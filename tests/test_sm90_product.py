@@ -122,29 +122,13 @@ def test_sm90a_selects_a_valid_64_column_wgmma_variant_for_resnet50s_64_to_64_1x
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_narrow_sm90a_plans_kernel_built_by_the_pass_matches_float64_under_emulation(dtype):
     """The plan's 64 x 64 tile (one consumer warpgroup) and its split, as convbw-explicit-kernel builds them."""
-    from convbw_mlir.dialects import convbw
-    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
-    from sm90_emulator import run_conv
-
-    from convbw_mlir.ir_imports import new_context
-    from convbw_mlir.kernels.conv_sm90 import from_problem
-    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
-    from convbw_mlir.reference import random_inputs, reference
+    from sm90_emulator import max_error_of_plan
 
     p = ConvBwdWeightProblem(1, 4, 64, 64, (16, 16), (1, 1), dtype=dtype, dw_dtype="f32", layout=2)
     plan = decide(p, "sm_90a")
     Variant("convbw", plan)
     assert (plan.tile.m, plan.tile.n, plan.k_batch) == (64, 64, 2), plan
-    g = from_problem(p, Sm90Tiling(bn=plan.tile.n, consumers=plan.tile.subgroups_m, stages=plan.tile.stages),
-                     plan.k_batch)  # fmt: skip
-    x, dy = random_inputs(p, seed=1)
-    with new_context():
-        module = convbw.build_module(p, plan)
-        ExplicitKernel().run(module.operation)
-        partials = run_conv(module, dy.reshape(g.reduction, -1), x.reshape(*x.shape[:-2], -1), g)
-    want = reference(p, x, dy)
-    got = partials.sum(0).reshape(want.shape)
-    assert not np.isnan(got).any() and np.abs(got - want).max() / np.abs(want).max() < 1e-6
+    assert max_error_of_plan(p, plan, seed=1) < 1e-6
 
 
 def test_sm90a_plan_takes_k_batch_and_tile_n_and_refuses_a_split_past_the_k_tiles():
