@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -98,45 +101,70 @@ def record(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _problems(source: Path, batches: list[int] | None) -> dict:
+    """The problems of ``record``'s list (a JSON file) or of a kernel folder (``<target>/<problem>/op.json``, e.g.
+    an earlier ``compile``'s), by name; with ``batches``, each at every batch of it (a 3-D problem keeps its batch:
+    ``DEFAULT_BATCH_3D`` is the 3-D net's at every batch). The layers, and the memory formats the device hands them,
+    do not change with the batch, so one list recorded on the GPU serves every batch."""
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    if source.is_dir():
+        dicts = [json.loads(f.read_text())["problem"] for f in sorted(source.glob("*/*/op.json"))]
+    else:
+        dicts = json.loads(source.read_text())
+    seen: dict = {}
+    for d in dicts:
+        for b in [d["batch"]] if batches is None or len(d["input_size"]) == 3 else batches:
+            p = ConvBwdWeightProblem.from_dict(d | {"batch": b})
+            seen[p.name] = p
+    return seen
+
+
 def compile_all(ns: argparse.Namespace) -> int:
     """Every distinct weight gradient of each model at each batch, compiled for the target a 9.0 GPU asks for,
-    into $CONVBW_ARTIFACTS: from ``--problems`` (``record``'s list, taken on the GPU), else traced on the meta
-    device (autocast's bf16 by hand; memory formats may differ from the device's)."""
+    into $CONVBW_ARTIFACTS: from ``--problems`` (``record``'s list, taken on the GPU, or a kernel folder; re-batched
+    to ``--batches`` when given), else traced on the meta device (autocast's bf16 by hand; memory formats may differ
+    from the device's: GroupNorm hands the next convolution NCHW on the GPU). Kernels already there are kept."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
     from models import MODELS
 
     from convbw_mlir import compile_op
     from convbw_mlir import torch as ct
-    from convbw_mlir.problem import ConvBwdWeightProblem
 
     if not os.environ.get(ct.ARTIFACTS_ENV):
         sys.exit(f"compile: set ${ct.ARTIFACTS_ENV} to the folder the GPU run will read")
-    seen: dict = {}
     if ns.problems:
-        for d in json.loads(ns.problems.read_text()):
-            p = ConvBwdWeightProblem.from_dict(d)
-            seen[p.name] = p
+        seen = _problems(ns.problems, None if ns.batches is None else [int(b) for b in ns.batches.split(",")])
     else:
+        seen = {}
         for name in _models(ns.models):
             build, shape, fmt, loss, target = MODELS[name]
-            for batch in sorted({_batch(name, int(b)) for b in ns.batches.split(",")}):
+            for batch in sorted({_batch(name, int(b)) for b in (ns.batches or "64").split(",")}):
                 model = build().to("meta", torch.bfloat16).to(memory_format=fmt)
                 x = torch.empty(batch, *shape, device="meta", dtype=torch.bfloat16).contiguous(memory_format=fmt)
                 with _recorder(seen):
                     loss(model(x), target(batch, None).to("meta")).backward()
-    failed = 0
-    for i, problem in enumerate(sorted(seen.values(), key=lambda p: p.name)):
+    todo = sorted(seen.values(), key=lambda p: p.name)
+
+    def one(problem) -> str:  # noqa: ANN001
         target = ct.cuda_target((9, 0), problem)
         folder = ct.artifact_dir(problem, target)
-        status = "have"
-        if not (folder / "op.json").is_file():
-            try:
-                compile_op(problem, target, isolate=True, output_arg=True).save(folder)
-                status = "compiled"
-            except Exception as e:  # a problem we cannot build stays torch's in the run: say which and why
-                status, failed = f"FAILED {type(e).__name__}: {str(e)[:160]}", failed + 1
-        print(f"[{i + 1}/{len(seen)}] {problem.name} {target}: {status}", flush=True)
-    print(f"{len(seen)} problems, {failed} failed")
+        if (folder / "op.json").is_file():
+            return f"{target}: have"
+        try:  # isolate=True: the compile runs in a child process, so threads are enough for --jobs
+            compile_op(problem, target, isolate=True, output_arg=True).save(folder)
+            return f"{target}: compiled"
+        except Exception as e:  # a problem we cannot build stays torch's in the run: say which and why
+            return f"{target}: FAILED {type(e).__name__}: {str(e)[:160]}"
+
+    failed = 0
+    with ThreadPoolExecutor(ns.jobs) as pool:
+        for i, (problem, status) in enumerate(zip(todo, pool.map(one, todo))):
+            print(f"[{i + 1}/{len(todo)}] {problem.name} {status}", flush=True)
+            failed += "FAILED" in status
+    print(f"{len(todo)} problems, {failed} failed")
     return 0
 
 
@@ -144,8 +172,9 @@ def check(ns: argparse.Namespace) -> int:
     """On the GPU: every weight gradient of one model's step (eager, bf16 autocast, recorded as the switch sees it),
     computed again alone: by torch, by the C++ hot path ``--repeats`` times on the same memory (its CUDA graph is
     recorded by the third call and launched from C++ after; with ``$CONVBW_TORCH_NATIVE_LAUNCH=1`` the schedule is
-    launched from C++ from the second call) and by the Python switch, every dW ours
-    (``benchmark=False``). NaN fence: before each call a block of dW's size is filled with NaN and freed, so the
+    launched from C++ from the second call) and by the Python switch, every dW ours (``benchmark=False``); with
+    ``--python``, by the Python switch ``--repeats`` times instead of the C++ path (nothing to build: the path a user
+    gets by default). NaN fence: before each call a block of dW's size is filled with NaN and freed, so the
     allocator hands it to dW and a dW nobody wrote shows. The C++ path's dW must be finite and equal the Python
     path's bit for bit (the same kernel); its distance to torch's is reported (max over the entries / RMS)."""
     import torch
@@ -191,8 +220,8 @@ def check(ns: argparse.Namespace) -> int:
     for i, args in enumerate(calls):
         ct.disable()
         want = dw(args).float()
-        ct.enable(benchmark=False, native=True)
-        if native.loaded() is None:
+        ct.enable(benchmark=False, native=not ns.python)
+        if not ns.python and native.loaded() is None:
             sys.exit("check: the C++ hot path did not build")
         ct.reset_stats()
         got = []
@@ -211,11 +240,14 @@ def check(ns: argparse.Namespace) -> int:
         row = {"layer": i, "weight": list(args[2].shape), "x": list(args[1].shape), "stats": stats,
                "graph_launches": graphs, "plain_launches": plain, "finite": finite, "differ_from_python": differ,
                "rel_vs_torch": rel}  # fmt: skip
-        ok &= finite and not differ  # graphs: direct launches only (not where x, dy or dW are copied)
+        # graphs: direct launches only (not where x, dy or dW are copied); --python: the NaN fence (finite) decides,
+        # repeats that differ are reported (a split-K reduction by atomics may not repeat bit for bit)
+        ok &= finite and (ns.python or not differ)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    ok &= sum(r["graph_launches"] + r["plain_launches"] for r in rows) > 0  # some calls launched from C++
-    out = {"model": ns.model, "batch": batch, "device": torch.cuda.get_device_name(),
+    if not ns.python:
+        ok &= sum(r["graph_launches"] + r["plain_launches"] for r in rows) > 0  # some calls launched from C++
+    out = {"model": ns.model, "batch": batch, "device": torch.cuda.get_device_name(), "python_only": ns.python,
            "torch_version": torch.__version__, "repeats": ns.repeats, "layers": rows, "ok": ok}  # fmt: skip
     ns.json.write_text(json.dumps(out, indent=1))
     ours = sum(1 for r in rows if r["stats"].get("ours"))
@@ -244,19 +276,22 @@ def part(ns: argparse.Namespace) -> dict:
     from convbw_mlir.torch import native
     from convbw_mlir.torch import switch as sw
 
+    began = time.perf_counter()
+    dev = ns.device  # "cpu": the same path on the host (the switch's CPU kernels), to try the bench without a GPU
+    sync = torch.cuda.synchronize if dev == "cuda" else lambda: None
     build, shape, fmt, loss_fn, target = MODELS[ns.model]
     batch = _batch(ns.model, ns.batch)
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(batch, *shape, generator=g).cuda().contiguous(memory_format=fmt),
-                target(batch, g).cuda()) for _ in range(4)]  # fmt: skip
+    batches = [(torch.randn(batch, *shape, generator=g).to(dev).contiguous(memory_format=fmt),
+                target(batch, g).to(dev)) for _ in range(4)]  # fmt: skip
 
     def fresh():  # noqa: ANN202
         torch.manual_seed(0)
-        model = build().cuda().to(memory_format=fmt)
+        model = build().to(dev).to(memory_format=fmt)
         opt = torch.optim.SGD(model.parameters(), lr=ns.lr, momentum=0.9)
 
         def forward(x, y):  # noqa: ANN001, ANN202
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(dev, dtype=torch.bfloat16):
                 return loss_fn(model(x), y)
 
         if ns.mode != "eager":
@@ -286,14 +321,14 @@ def part(ns: argparse.Namespace) -> dict:
             sw.decisions().update(saved[side])
         torch.backends.cudnn.benchmark = side == "torch2"  # torch's spread: its own other algorithms
         try:
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = forward(x, y)
             loss.backward()
             opt.step()
             queued = time.perf_counter() - start
-            torch.cuda.synchronize()
+            sync()
             took = time.perf_counter() - start
         finally:
             if side in saved:
@@ -302,6 +337,7 @@ def part(ns: argparse.Namespace) -> dict:
         return took, queued, loss.item()
 
     stats: dict[str, dict] = {s: {} for s in ours_sides}
+    setup_s = time.perf_counter() - began
     for i in range(ns.steps):
         for side in sides:
             ct.reset_stats()
@@ -316,20 +352,35 @@ def part(ns: argparse.Namespace) -> dict:
                 for k, v in (ct.stats() | graphs).items():
                     stats[side][k] = stats[side].get(k, 0) + v
     ours_names = {k for row in ct.loaded_kernels() for k in row.get("kernels", ())}
+    steps_s = time.perf_counter() - began - setup_s
     device_ms = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     for side in ("torch", *ours_sides):
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=activities) as prof:
             for i in range(3):
                 step(side, i)
         device_ms[side] = {k: v / 3 for k, v in _kinds(prof, ours_names).items()}
     med = statistics.median
     warm = slice(ns.warmup, None)
-    out = {"model": ns.model, "batch": batch, "mode": ns.mode, "device": torch.cuda.get_device_name(),
-           "torch_version": torch.__version__, "steps": ns.steps, "warmup": ns.warmup, "lr": ns.lr,
-           "native": native.loaded() is not None,  # CONVBW_TORCH_NATIVE=1 and it built: the C++ hot path
-           "calls_per_step": {side: {k: v / (ns.steps - ns.warmup) for k, v in st.items()}
-                              for side, st in stats.items()},
-           "device_ms_per_step": device_ms, "kernels": ct.loaded_kernels()}  # fmt: skip
+    name = torch.cuda.get_device_name() if dev == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
+    out = {
+        "model": ns.model,
+        "batch": batch,
+        "mode": ns.mode,
+        "device": name,
+        "sides": list(sides),
+        "torch_version": torch.__version__,
+        "steps": ns.steps,
+        "warmup": ns.warmup,
+        "lr": ns.lr,
+        "native": native.loaded() is not None,  # CONVBW_TORCH_NATIVE=1 and it built: the C++ hot path
+        "calls_per_step": {side: {k: v / (ns.steps - ns.warmup) for k, v in st.items()} for side, st in stats.items()},
+        "device_ms_per_step": device_ms,
+        "kernels": ct.loaded_kernels(),
+        # where a row's time went (setup: models, data, torch.compile's first traces are in the steps), for
+        # the next pack's estimates
+        "seconds": {"setup": setup_s, "steps": steps_s, "profile": time.perf_counter() - began - setup_s - steps_s},
+    }
     for side, r in rows.items():
         out[side] = {"step_ms": med(t[0] for t in r[warm]) * 1e3, "host_ms": med(t[1] for t in r[warm]) * 1e3,
                      "loss": [t[2] for t in r], "step_s": [t[0] for t in r], "host_s": [t[1] for t in r]}  # fmt: skip
@@ -352,43 +403,120 @@ def run(ns: argparse.Namespace) -> int:
                 stem = f"{model}_{batch}_{mode}"
                 cmd = [sys.executable, __file__, "part", "--model", model, "--batch", str(batch), "--mode", mode,
                        "--steps", str(ns.steps), "--warmup", str(ns.warmup), "--lr", str(ns.lr),
-                       "--sides", ns.sides, "--json", str(ns.out / f"{stem}.json")]  # fmt: skip
+                       "--sides", ns.sides, "--device", ns.device, "--json", str(ns.out / f"{stem}.json")]  # fmt: skip
                 start = time.time()
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout)
-                (ns.out / f"{stem}.log").write_text(r.stdout + r.stderr)
-                print(f"{stem}: exit {r.returncode} in {time.time() - start:.0f} s", flush=True)
-                if r.returncode:
-                    print(r.stderr[-1500:], flush=True)
+                try:
+                    r = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout)
+                    log, rc = r.stdout + r.stderr, r.returncode
+                except subprocess.TimeoutExpired as e:  # the child is killed: nothing of it stays on the device
+                    log = "".join(t.decode(errors="replace") if isinstance(t, bytes) else t or ""
+                                  for t in (e.stdout, e.stderr)) + f"\ntimed out after {ns.timeout} s\n"  # fmt: skip
+                    rc = "timeout"
+                (ns.out / f"{stem}.log").write_text(log)
+                print(f"{stem}: exit {rc} in {time.time() - start:.0f} s", flush=True)
+                if rc:
+                    print(log[-1500:], flush=True)
     return table(ns)
 
 
-def table(ns: argparse.Namespace) -> int:
-    rows = [json.loads(p.read_text()) for p in sorted(ns.out.glob("*.json")) if p.name != "problems.json"]
-    print("| model | batch | mode | torch ms | ours/torch | ours bench/torch | torch2/torch | host torch ms |"
-          " host us/call ours, bench | calls ours (torch's: why) | bench: calls ours |"
-          " device ms torch wgrad | ours: ours+wgrad | bench: ours+wgrad |"
-          " loss diff ours, bench / torch2 |")  # fmt: skip
-    print("|" + "---|" * 15)
-    nan = float("nan")  # a side the run left out (--sides)
+MODES = ("eager", "compile", "reduce-overhead")
+SIDE_NAMES = {"ours": "ours (every dW)", "ours_bench": "default"}  # default: enable() on a GPU weighs each layer
+KINDS = ("ours", "wgrad", "dgrad", "other")
+NAN = float("nan")  # a side the run left out (--sides), or an older result without it
+
+
+def goal(ratio: float, spread: float) -> str:
+    """The issue's step-time goal for one row: ours <= 1.00x torch's step, within torch's own run-to-run spread
+    (``torch2/torch``, how far torch's second copy lands from its first); <= 0.90x is the stronger goal."""
+    if math.isnan(ratio):
+        return "-"
+    allowed = 1.0 + (0.0 if math.isnan(spread) else abs(spread - 1.0))
+    if ratio <= 0.90:
+        return "yes, <= 0.90x"
+    return "yes" if ratio <= allowed else f"no (+{(ratio - allowed) * 100:.1f}%)"
+
+
+def loss_rel(a: list[float], b: list[float]) -> float:
+    """The largest difference of two loss curves, step by step, relative to the first's loss at that step."""
+    return max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b)), default=NAN)
+
+
+def why(calls: dict[str, float]) -> str:
+    """A side's calls a step that stayed torch's, by reason (``stats()``'s ``torch: ...`` keys; other counters
+    such as the C++ path's graph launches are no reason)."""
+    return ", ".join(f"{k.removeprefix('torch: ')} {v:g}" for k, v in calls.items() if k.startswith("torch")) or "-"
+
+
+def results(folder: Path) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The rows a run wrote (``part``'s JSON, ordered model, batch, mode) and the rows it started or skipped but
+    did not finish: (stem, why) from a log without its JSON (its last line: the error, a timeout) or a ``.skipped``
+    note (a pack's budget)."""
+    rows = []
+    for p in sorted(folder.glob("*.json")):
+        try:
+            r = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            rows.append({"stem": p.stem, "unreadable": f"{type(e).__name__}: {e}"})
+            continue
+        if isinstance(r, dict) and {"model", "batch", "mode", "torch"} <= r.keys():
+            rows.append(r)
+    done = {f"{r['model']}_{r['batch']}_{r['mode']}" for r in rows if "model" in r}
+    missing = [(r["stem"], r["unreadable"]) for r in rows if "unreadable" in r]
+    rows = [r for r in rows if "model" in r]
+    for p in sorted(folder.glob("*.log")):
+        if p.stem not in done and any(p.stem.endswith(f"_{m}") for m in MODES):
+            lines = [ln.strip() for ln in p.read_text(errors="replace").splitlines() if ln.strip()]
+            errors = [ln for ln in lines if re.match(r"(\w+\.)*\w*(Error|Exception)\b|timed out", ln)]
+            missing.append((p.stem, (errors or lines or ["empty log"])[-1][:200]))  # the error, else the end
+    for p in sorted(folder.glob("*.skipped")):
+        if p.stem not in done:
+            missing.append((p.stem, p.read_text().strip()[:200] or "skipped"))
+    rows.sort(key=lambda r: (r["model"], r["batch"], MODES.index(r["mode"]) if r["mode"] in MODES else 9))
+    return rows, sorted(missing)
+
+
+def render(rows: list[dict], missing: list[tuple[str, str]]) -> str:
+    """The whole-model table: step times and the goal, then device time by kind, calls and losses; then the rows
+    not measured and why."""
+    out = ["| model | batch | mode | torch ms | torch2/torch | ours/torch | default/torch | goal (default) "
+           "| host ms torch, ours, default | host us a call ours, default |",
+           "|" + "---|" * 10]  # fmt: skip
     for r in rows:
-        dev = r["device_ms_per_step"]
-        calls = r["calls_per_step"]
-        why = ", ".join(f"{k.removeprefix('torch: ')} {v:g}" for k, v in calls.get("ours", {}).items() if k != "ours")
-        d_t, d_o, d_b = dev["torch"], dev.get("ours", {}), dev.get("ours_bench", {})
-        g = lambda key, r=r: r.get(key, nan)  # noqa: E731
-        print(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['torch']['step_ms']:.2f} | {g('ratio_ours'):.3f} "
-              f"| {g('ratio_ours_bench'):.3f} | {g('ratio_torch2'):.3f} | {r['torch']['host_ms']:.2f} "
-              f"| {g('host_us_per_call_ours'):.1f}, {g('host_us_per_call_ours_bench'):.1f} "
-              f"| {calls.get('ours', {}).get('ours', 0):g} ({why or '-'}) "
-              f"| {calls.get('ours_bench', {}).get('ours', 0):g} "
-              f"| {d_t.get('wgrad', 0):.2f} | {d_o.get('ours', 0):.2f}+{d_o.get('wgrad', 0):.2f} "
-              f"| {d_b.get('ours', 0):.2f}+{d_b.get('wgrad', 0):.2f} "
-              f"| {g('loss_diff_ours'):.1e}, {g('loss_diff_ours_bench'):.1e} "
-              f"/ {g('loss_diff_torch2'):.1e} |")  # fmt: skip
+        g = lambda key, r=r: r.get(key, NAN)  # noqa: E731
+        host = ", ".join(f"{r.get(s, {}).get('host_ms', NAN):.2f}" for s in ("torch", "ours", "ours_bench"))
+        ratio = g("ratio_ours_bench") if "ours_bench" in r else g("ratio_ours")
+        out.append(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['torch']['step_ms']:.2f} "
+                   f"| {g('ratio_torch2'):.3f} | {g('ratio_ours'):.3f} | {g('ratio_ours_bench'):.3f} "
+                   f"| {goal(ratio, g('ratio_torch2'))} | {host} "
+                   f"| {g('host_us_per_call_ours'):.1f}, {g('host_us_per_call_ours_bench'):.1f} |")  # fmt: skip
+    out += ["", "| model | batch | mode | device ms torch: ours, wgrad, dgrad, other | ours (every dW) | default "
+            "| calls a step, ours (torch's: why) | default | loss rel diff ours, default / torch2 (steps) |",
+            "|" + "---|" * 9]  # fmt: skip
+    for r in rows:
+        dev, calls = r.get("device_ms_per_step", {}), r.get("calls_per_step", {})
+        kinds = " | ".join(", ".join(f"{dev[s].get(k, 0):.2f}" for k in KINDS) if s in dev else "-"
+                           for s in ("torch", "ours", "ours_bench"))  # fmt: skip
+        call = " | ".join(f"{calls[s].get('ours', 0):g} ({why(calls[s])})" if s in calls else "-"
+                          for s in ("ours", "ours_bench"))  # fmt: skip
+        loss = {
+            s: loss_rel(r["torch"]["loss"], r[s]["loss"]) if s in r else NAN for s in ("ours", "ours_bench", "torch2")
+        }
+        out.append(f"| {r['model']} | {r['batch']} | {r['mode']} | {kinds} | {call} "
+                   f"| {loss['ours']:.1e}, {loss['ours_bench']:.1e} / {loss['torch2']:.1e} "
+                   f"({len(r['torch']['loss'])}) |")  # fmt: skip
     if rows:
         r = rows[0]
         path = "C++ hot path (CONVBW_TORCH_NATIVE=1)" if r.get("native") else "Python switch"
-        print(f"\ndevice: {r['device']}, torch {r['torch_version']}, {path}; device ms: per step, 3 profiled steps")
+        out.append(f"\ndevice: {r['device']}, torch {r['torch_version']}, {path}; medians of the timed steps; "
+                   "device ms: per step over 3 profiled steps; default: enable() (benchmark=True), ours: "
+                   "enable(benchmark=False); torch2: torch again with cudnn.benchmark (its spread)")  # fmt: skip
+    if missing:
+        out.append("\nnot measured: " + "; ".join(f"{stem} ({reason})" for stem, reason in missing))
+    return "\n".join(out)
+
+
+def table(ns: argparse.Namespace) -> int:
+    print(render(*results(ns.out)))
     return 0
 
 
@@ -397,8 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("compile")
     c.add_argument("--models", default="all")
-    c.add_argument("--batches", default="64")
-    c.add_argument("--problems", type=Path, help="record's list (taken on the GPU) instead of meta tracing")
+    c.add_argument("--batches", help="comma-separated (default: 64 traced; --problems: as recorded)")
+    c.add_argument("--problems", type=Path, help="record's list (taken on the GPU) or a kernel folder, not traced")
+    c.add_argument("--jobs", type=int, default=1, help="compiles at a time (each in its own process)")
     rec = sub.add_parser("record")
     rec.add_argument("--models", default="all")
     rec.add_argument("--batches", default="64")
@@ -415,14 +544,16 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--lr", type=float, default=1e-3)
         # torch2: torch's own spread; fewer sides, fewer compiles (torch.compile modes compile each side's model)
         q.add_argument("--sides", default="torch,ours,ours_bench,torch2", type=_sides)
+        q.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: to try the bench here")
     pt.add_argument("--model", required=True)
     pt.add_argument("--batch", type=int, required=True)
-    pt.add_argument("--mode", choices=("eager", "compile", "reduce-overhead"), required=True)
+    pt.add_argument("--mode", choices=MODES, required=True)
     pt.add_argument("--json", type=Path, required=True)
     ck = sub.add_parser("check")
     ck.add_argument("--model", default="resnet50")
     ck.add_argument("--batch", type=int, default=64)
     ck.add_argument("--repeats", type=int, default=5)
+    ck.add_argument("--python", action="store_true", help="the Python switch only (no C++ hot path to build)")
     ck.add_argument("--json", type=Path, required=True)
     t = sub.add_parser("table")
     t.add_argument("out", type=Path)
@@ -433,8 +564,14 @@ def main(argv: list[str] | None = None) -> int:
         return record(ns)
     if ns.verb == "check":
         return check(ns)
+    if ns.verb in ("run", "part") and not 0 <= ns.warmup < ns.steps:
+        p.error(f"--warmup: expected 0 <= warmup < --steps ({ns.steps}), got {ns.warmup}")
+    if ns.verb == "run" and set(ns.modes.split(",")) - set(MODES):
+        p.error(f"--modes: expected some of {', '.join(MODES)}, got {ns.modes!r}")
     if ns.verb == "part":
-        ns.json.write_text(json.dumps(part(ns), indent=1, default=str))
+        tmp = ns.json.with_suffix(".json.tmp")  # a row killed mid-write leaves no half JSON for the table
+        tmp.write_text(json.dumps(part(ns), indent=1, default=str))
+        tmp.replace(ns.json)
         return 0
     return run(ns) if ns.verb == "run" else table(ns)
 

@@ -1,0 +1,94 @@
+"""bench/train_step.py (issue 37's whole-model table): the table and its verdicts from a results folder, rows not
+measured named with why, and the kernel list re-batched from one recorded at another batch. No GPU: the rows are
+written here as ``part`` writes them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import bench_script
+
+ts = bench_script("train_step")
+
+
+def _row(model: str, batch: int, mode: str, ratio: float, spread: float = 1.0, **extra) -> dict:  # noqa: ANN003
+    side = {"step_ms": 20.0, "host_ms": 15.0, "loss": [7.0, 6.5, 6.0]}
+    calls = {"ours": 20.0, "torch: slower than torch's (benchmark)": 30.0, "C++ graph launches": 0.7}
+    return {"model": model, "batch": batch, "mode": mode, "device": "NVIDIA H100 80GB HBM3",
+            "torch_version": "2.11.0", "native": False, "torch": side, "torch2": side,
+            "ours_bench": side | {"loss": [7.0, 6.5, 6.06]}, "ratio_ours_bench": ratio, "ratio_torch2": spread,
+            "host_us_per_call_ours_bench": 40.0, "calls_per_step": {"ours_bench": calls},
+            "device_ms_per_step": {"torch": {"wgrad": 1.0, "dgrad": 0.5, "other": 10.0},
+                                   "ours_bench": {"ours": 0.6, "wgrad": 0.3, "dgrad": 0.5, "other": 10.0}},
+            **extra}  # fmt: skip
+
+
+def _write(folder, rows: list[dict]) -> None:
+    for r in rows:
+        (folder / f"{r['model']}_{r['batch']}_{r['mode']}.json").write_text(json.dumps(r))
+
+
+def test_goal_allows_torchs_own_spread_and_names_the_excess():
+    assert ts.goal(1.004, 0.995) == "yes"  # torch's second copy 0.5% off its first: ours may be too
+    assert ts.goal(1.02, 1.0) == "no (+2.0%)"
+    assert ts.goal(0.89, 1.01) == "yes, <= 0.90x"
+    assert ts.goal(float("nan"), 1.0) == "-"  # the side was not run
+
+
+def test_table_orders_rows_by_mode_and_lists_only_torchs_reasons(tmp_path):
+    _write(tmp_path, [_row("resnet50", 64, "reduce-overhead", 0.95), _row("resnet50", 64, "eager", 1.05),
+                      _row("resnet50", 64, "compile", 1.0, spread=1.01)])  # fmt: skip
+    rows, missing = ts.results(tmp_path)
+    assert [r["mode"] for r in rows] == ["eager", "compile", "reduce-overhead"] and not missing
+    text = ts.render(rows, missing)
+    assert "| resnet50 | 64 | eager | 20.00 | 1.000 | nan | 1.050 | no (+5.0%) |" in text
+    assert "| 20 (slower than torch's (benchmark) 30) |" in text
+    assert "C++ graph launches" not in text  # a counter, not a reason a call stayed torch's
+    assert "1.0e-02 / 0.0e+00 (3)" in text  # losses: largest relative difference over the 3 steps
+    assert "0.00, 1.00, 0.50, 10.00 | - | 0.60, 0.30, 0.50, 10.00" in text  # device ms by kind, ours not run
+
+
+def test_rows_not_measured_are_named_with_their_error_timeout_or_skip(tmp_path):
+    _write(tmp_path, [_row("unet_sd", 64, "eager", 1.0)])
+    (tmp_path / "unet_sd_128_eager.log").write_text("Traceback\ntorch.OutOfMemoryError: CUDA out of memory.\n  x\n")
+    (tmp_path / "unet_sd_64_compile.log").write_text("step 3\ntimed out after 120 s\n")
+    (tmp_path / "unet_sd_64_compile.json").write_text('{"model": "unet_sd", "ba')  # killed while writing
+    (tmp_path / "r3d_18_8_compile.skipped").write_text("est 90 s, 40 s left\n")
+    (tmp_path / "unet_sd_64_eager.log").write_text("done\n")  # measured: its log is no missing row
+    rows, missing = ts.results(tmp_path)
+    assert [(r["model"], r["batch"]) for r in rows] == [("unet_sd", 64)]
+    assert dict(missing) == {"r3d_18_8_compile": "est 90 s, 40 s left",
+                             "unet_sd_128_eager": "torch.OutOfMemoryError: CUDA out of memory.",
+                             "unet_sd_64_compile": "timed out after 120 s"}  # fmt: skip
+    assert "not measured: r3d_18_8_compile (est 90 s, 40 s left); unet_sd_128_eager" in ts.render(rows, missing)
+
+
+def test_problems_recorded_at_one_batch_are_rebatched_except_3d(tmp_path):
+    d2 = {"groups": 1, "batch": 64, "in_channels": 64, "out_channels": 64, "input_size": [56, 56],
+          "filter_size": [1, 1], "stride": [1, 1], "dilation": [1, 1], "pad_low": [0, 0], "pad_high": [0, 0],
+          "dtype": "bf16", "dw_dtype": "bf16", "layout": "NHWGC/GKYXC/NHWGK"}  # fmt: skip
+    d3 = d2 | {"batch": 8, "input_size": [8, 28, 28], "filter_size": [3, 3, 3], "stride": [1, 1, 1],
+               "dilation": [1, 1, 1], "pad_low": [1, 1, 1], "pad_high": [1, 1, 1],
+               "layout": "NDHWGC/GKZYXC/NDHWGK"}  # fmt: skip
+    for name, d in (("a", d2), ("b", d3)):  # a kernel folder as compile leaves it
+        (tmp_path / "sm_90a" / name).mkdir(parents=True)
+        (tmp_path / "sm_90a" / name / "op.json").write_text(json.dumps({"problem": d}))
+    got = ts._problems(tmp_path, [32, 128])
+    assert sorted(p.batch for p in got.values() if len(p.input_size) == 2) == [32, 128]
+    assert [p.batch for p in got.values() if len(p.input_size) == 3] == [8]  # R3D-18 runs at 8 at every batch
+    (tmp_path / "list.json").write_text(json.dumps([d2]))  # record's list, as recorded
+    assert [p.batch for p in ts._problems(tmp_path / "list.json", None).values()] == [64]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--out", "o", "--modes", "eager,eagr"], "--modes"),
+        (["run", "--out", "o", "--warmup", "50"], "--warmup"),
+    ],
+)
+def test_bad_modes_or_warmup_are_refused_by_name(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        ts.main(argv)
+    assert message in capsys.readouterr().err
