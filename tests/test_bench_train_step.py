@@ -44,6 +44,7 @@ def test_table_orders_rows_by_mode_and_lists_only_torchs_reasons(tmp_path):
     text = ts.render(rows, missing)
     assert "| resnet50 | 64 | eager | 20.00 | 1.000 | nan | 1.050 | no (+5.0%) |" in text
     assert "| 20 (slower than torch's (benchmark) 30) |" in text
+    assert "| reduce-overhead |" in text and text.count("replays uncounted") == 1  # calls: none of the graphs'
     assert "C++ graph launches" not in text  # a counter, not a reason a call stayed torch's
     assert "1.0e-02 / 0.0e+00 (3)" in text  # losses: largest relative difference over the 3 steps
     assert "0.00, 1.00, 0.50, 10.00 | - | 0.60, 0.30, 0.50, 10.00" in text  # device ms by kind, ours not run
