@@ -93,3 +93,24 @@ def test_bad_modes_or_warmup_are_refused_by_name(argv, message, capsys):
     with pytest.raises(SystemExit):
         ts.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_run_logs_a_row_past_its_timeout_and_goes_on_to_the_next(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    started = []
+
+    def fake_run(cmd, **kw):  # noqa: ANN001, ANN003, ANN202
+        started.append(cmd[cmd.index("--mode") + 1])
+        if started[-1] == "eager":  # the child is killed by subprocess.run at the timeout, which then raises
+            raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"step 3\n", stderr=None)
+        return subprocess.CompletedProcess(cmd, 0, "done\n", "")
+
+    monkeypatch.setattr(ts.subprocess, "run", fake_run)
+    ts.main(["run", "--out", str(tmp_path), "--models", "wav2vec2_fe", "--modes", "eager,compile", "--timeout", "7"])
+    assert started == ["eager", "compile"]  # before: the timeout's exception ended the run at its first row
+    assert (tmp_path / "wav2vec2_fe_64_eager.log").read_text() == "step 3\n\ntimed out after 7 s\n"
+    assert (
+        "not measured: wav2vec2_fe_64_compile (done); wav2vec2_fe_64_eager (timed out after 7 s)"
+        in capsys.readouterr().out
+    )
