@@ -1,21 +1,29 @@
 """Whole models' training steps, torch's weight gradients against ours (issue 37): step time, host time, device
 time by kind, calls, losses.
 
-    CONVBW_ARTIFACTS=ART .venv/bin/python bench/train_step.py compile --models all --batches 64   # here: the
-                             # kernels a 9.0 GPU asks for (sm_90a where it takes, sm_80 elsewhere) into ART
+    python3 bench/train_step.py record --models all --batches 64 --json problems.json  # GPU: the layers as seen
+    CONVBW_ARTIFACTS=ART .venv/bin/python bench/train_step.py compile --problems problems.json --batches 32,64,128
+                             # here: the kernels a 9.0 GPU asks for (sm_90a where it takes, sm_80 elsewhere) into
+                             # ART, at every batch (--problems ART: re-batch a kernel folder; no --problems: traced
+                             # on the meta device, whose memory formats may differ from the GPU's)
+    CONVBW_ARTIFACTS=ART python3 bench/train_step.py check --python --model resnet50 --batch 64 --json c.json  # GPU
     CONVBW_ARTIFACTS=ART python3 bench/train_step.py run --out OUT --models all --batches 64 --modes eager  # GPU
     CONVBW_TORCH_NATIVE=1 CONVBW_ARTIFACTS=ART python3 bench/train_step.py run ...  # ours by the C++ hot path
+    python3 bench/train_step.py run --device cpu --batches 1 --steps 2 --warmup 1 ...  # the same path on the CPU
     python3 bench/train_step.py table OUT
 
-``run`` starts one process per model x batch x mode (a CUDA fault or an out-of-memory stays there). Inside, three
-copies of the model from one seed train on the same 4 batches (bf16 autocast, channels-last, SGD lr 1e-3, momentum
-0.9) in turns, step by step: torch, ours (``convbw_mlir.torch.enable(benchmark=False)``, every dW ours, on for that
-step only), torch again (torch's own run-to-run spread, the yardstick); the host's drift cancels within each turn.
-Per side: the median step time and the host's part of it (time to queue the step: near the step time means the host
-is the bottleneck), the losses, our calls and torch's with why (``stats()``), and over 3 profiled steps the device
-time by kind of kernel (ours by name, cuDNN's ``wgrad``/``dgrad`` by name, other). Modes: ``eager``, ``compile``
-(``torch.compile``), ``reduce-overhead`` (``torch.compile(mode="reduce-overhead")``: CUDA graphs, ours captured in
-them). Each writes OUT/<model>_<batch>_<mode>.json.
+``run`` starts one process per model x batch x mode (a CUDA fault or an out-of-memory stays there; one past
+``--timeout`` is killed and logged). Inside, copies of the model from one seed train on the same 4 batches (bf16
+autocast, channels-last, SGD lr 1e-3, momentum 0.9) in turns, step by step (``--sides``): torch, ours
+(``convbw_mlir.torch.enable(benchmark=False)``, every dW ours), the default (``enable()``: ours per layer where it
+measured faster), torch again with ``cudnn.benchmark`` (torch's own run-to-run spread, the yardstick); the switch is
+on for its copy's step only and the host's drift cancels within each turn. Per side: the median step time and the
+host's part of it (time to queue the step: near the step time means the host is the bottleneck), the losses, our
+calls and torch's with why (``stats()``), and over 3 profiled steps the device time by kind of kernel (ours by name,
+cuDNN's ``wgrad``/``dgrad`` by name, other). Modes: ``eager``, ``compile`` (``torch.compile``), ``reduce-overhead``
+(``torch.compile(mode="reduce-overhead")``: CUDA graphs, ours captured in them). Each writes
+OUT/<model>_<batch>_<mode>.json; ``table`` reads a folder of them: each row's goal verdict (<= 1.00x torch's step
+within torch's spread), and the rows not measured with why (a log's error or timeout, a pack's ``.skipped`` note).
 """
 
 from __future__ import annotations
