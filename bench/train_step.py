@@ -109,11 +109,16 @@ def record(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _problems(source: Path, batches: list[int] | None) -> dict:
+# torch's two memory formats as the switch names a problem's layout (any rank): contiguous <-> channels-last
+OTHER_FORMAT = {"NGCHW/GKCYX/NGKHW": "NHWGC/GKYXC/NHWGK", "NHWGC/GKYXC/NHWGK": "NGCHW/GKCYX/NGKHW"}
+
+
+def _problems(source: Path, batches: list[int] | None, both_formats: bool = False) -> dict:
     """The problems of ``record``'s list (a JSON file) or of a kernel folder (``<target>/<problem>/op.json``, e.g.
     an earlier ``compile``'s), by name; with ``batches``, each at every batch of it (a 3-D problem keeps its batch:
     ``DEFAULT_BATCH_3D`` is the 3-D net's at every batch). The layers, and the memory formats the device hands them,
-    do not change with the batch, so one list recorded on the GPU serves every batch."""
+    do not change with the batch, so one list recorded on the GPU serves every batch. ``both_formats``: each in
+    the other memory format too (torch.compile's inductor may hand a layer another format than eager did)."""
     from convbw_mlir.problem import ConvBwdWeightProblem
 
     if source.is_dir():
@@ -122,9 +127,12 @@ def _problems(source: Path, batches: list[int] | None) -> dict:
         dicts = json.loads(source.read_text())
     seen: dict = {}
     for d in dicts:
+        other = OTHER_FORMAT.get(d["layout"]) if both_formats else None
+        layouts = [d["layout"]] + ([other] if other else [])
         for b in [d["batch"]] if batches is None or len(d["input_size"]) == 3 else batches:
-            p = ConvBwdWeightProblem.from_dict(d | {"batch": b})
-            seen[p.name] = p
+            for layout in layouts:
+                p = ConvBwdWeightProblem.from_dict(d | {"batch": b, "layout": layout})
+                seen[p.name] = p
     return seen
 
 
@@ -144,7 +152,8 @@ def compile_all(ns: argparse.Namespace) -> int:
     if not os.environ.get(ct.ARTIFACTS_ENV):
         sys.exit(f"compile: set ${ct.ARTIFACTS_ENV} to the folder the GPU run will read")
     if ns.problems:
-        seen = _problems(ns.problems, None if ns.batches is None else [int(b) for b in ns.batches.split(",")])
+        batches = None if ns.batches is None else [int(b) for b in ns.batches.split(",")]
+        seen = _problems(ns.problems, batches, ns.both_formats)
     else:
         seen = {}
         for name in _models(ns.models):
@@ -541,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--batches", help="comma-separated (default: 64 traced; --problems: as recorded)")
     c.add_argument("--problems", type=Path, help="record's list (taken on the GPU) or a kernel folder, not traced")
     c.add_argument("--jobs", type=int, default=1, help="compiles at a time (each in its own process)")
+    c.add_argument("--both-formats", action="store_true", help="--problems: each in the other memory format too")
     rec = sub.add_parser("record")
     rec.add_argument("--models", default="all")
     rec.add_argument("--batches", default="64")

@@ -80,6 +80,8 @@ def test_problems_recorded_at_one_batch_are_rebatched_except_3d(tmp_path):
     assert [p.batch for p in got.values() if len(p.input_size) == 3] == [8]  # R3D-18 runs at 8 at every batch
     (tmp_path / "list.json").write_text(json.dumps([d2]))  # record's list, as recorded
     assert [p.batch for p in ts._problems(tmp_path / "list.json", None).values()] == [64]
+    twins = ts._problems(tmp_path / "list.json", None, both_formats=True)  # for torch.compile's other formats
+    assert sorted(n[-2:] for n in twins) == ["l2", "l4"] and {p.batch for p in twins.values()} == {64}
 
 
 @pytest.mark.parametrize(
