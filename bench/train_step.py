@@ -170,18 +170,21 @@ def compile_all(ns: argparse.Namespace) -> int:
         folder = ct.artifact_dir(problem, target)
         if (folder / "op.json").is_file():
             return f"{target}: have"
+        if ns.dry_run:
+            return f"{target}: missing"
         try:  # isolate=True: the compile runs in a child process, so threads are enough for --jobs
             compile_op(problem, target, isolate=True, output_arg=True).save(folder)
             return f"{target}: compiled"
         except Exception as e:  # a problem we cannot build stays torch's in the run: say which and why
             return f"{target}: FAILED {type(e).__name__}: {str(e)[:160]}"
 
-    failed = 0
+    failed = missing = 0
     with ThreadPoolExecutor(ns.jobs) as pool:
         for i, (problem, status) in enumerate(zip(todo, pool.map(one, todo))):
             print(f"[{i + 1}/{len(todo)}] {problem.name} {status}", flush=True)
             failed += "FAILED" in status
-    print(f"{len(todo)} problems, {failed} failed")
+            missing += status.endswith("missing")
+    print(f"{len(todo)} problems, {failed} failed" + (f", {missing} missing (--dry-run)" if ns.dry_run else ""))
     return 0
 
 
@@ -551,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--problems", type=Path, help="record's list (taken on the GPU) or a kernel folder, not traced")
     c.add_argument("--jobs", type=int, default=1, help="compiles at a time (each in its own process)")
     c.add_argument("--both-formats", action="store_true", help="--problems: each in the other memory format too")
+    c.add_argument("--dry-run", action="store_true", help="list the problems and which kernels are missing")
     rec = sub.add_parser("record")
     rec.add_argument("--models", default="all")
     rec.add_argument("--batches", default="64")
