@@ -186,3 +186,93 @@ def test_the_rate_script_times_the_server_and_the_runner_on_the_same_problems(bu
     assert report["server"]["counts"] == {"ok": 4} and report["agreement"]["verdicts_differ"] == []
     assert report["server"]["problems_per_minute_per_gpu"] > 0 and report["agreement"]["median_s"]["n"] == 2
     assert "problems a minute a GPU" in (tmp_path / "tune_rate.md").read_text()
+
+
+def _timed_server(timing: ServerTiming, log: list[str]):
+    """A server of host calls (``_Server`` without its device): each call logs its candidate's name."""
+    import contextlib
+    import types
+
+    from convbw_mlir.measure import server
+
+    srv = object.__new__(server._Server)
+    srv.timing, srv.cupti, srv.events = timing, True, []
+    srv.emit = lambda **ev: srv.events.append(ev)
+    srv.lock = types.SimpleNamespace(timing=contextlib.nullcontext, shared=contextlib.nullcontext)
+
+    def timed(name: str):
+        return server._Timed(lambda: log.append(name), lambda _: None, {"status": "ok"})
+
+    return srv, {"A": timed("A"), "B": timed("B")}
+
+
+@pytest.mark.parametrize("kernel_each", [True, False])
+def test_each_candidates_kernel_time_follows_its_own_wall_clock_as_the_runners_children_take_it(
+    monkeypatch, kernel_each
+):
+    """Issue 39's server gap: the server now takes a candidate's CUPTI time right after its wall-clock batches, a
+    warm call first (cupti.kernel_seconds, as measure.run's children); ``kernel_each=False`` keeps the former order
+    (every wall clock, then one session for all), which the GPU pack measures against it."""
+    from convbw_mlir.measure import cupti
+
+    log: list[str] = []
+    sessions: list[list[str]] = []
+
+    def kernel_seconds(call, sync, calls):
+        sync(call())  # the warm call, outside the session
+        sessions.append([])
+        for _ in range(calls):
+            call()
+            sessions[-1].append(log[-1])
+        return {"kernel_s": 1e-6}
+
+    def kernel_seconds_each(calls, n, before=None):
+        sessions.append([])
+        for name, (call, _) in calls.items():
+            before(name)
+            for _ in range(n):
+                call()
+                sessions[-1].append(name)
+        return {name: {"kernel_s": 1e-6} for name in calls}
+
+    monkeypatch.setattr(cupti, "kernel_seconds", kernel_seconds)
+    monkeypatch.setattr(cupti, "kernel_seconds_each", kernel_seconds_each)
+    timing = ServerTiming(min_reps=2, min_seconds=1e-4, cupti_calls=3, kernel_each=kernel_each)
+    srv, ready = _timed_server(timing, log)
+    srv._time(ready)
+    runs = [name for i, name in enumerate(log) if i == 0 or log[i - 1] != name]  # the candidates' turns, in order
+    results = {ev["name"]: ev["result"] for ev in srv.events if ev["event"] == "result"}
+    assert all(r["kernel_s"] == 1e-6 and r["n"] >= 2 for r in results.values()) and set(results) == {"A", "B"}
+    if kernel_each:  # one turn each: wall clock, warm call, its own session
+        assert runs == ["A", "B"] and sessions == [["A"] * 3, ["B"] * 3]
+    else:
+        assert runs == ["A", "B", "A", "B"] and sessions == [["A"] * 3 + ["B"] * 3]
+
+
+def test_the_servers_cpu_workers_run_at_the_lowest_priority_unless_asked_not_to():
+    """Their numpy float64 references must not take the cores the server's launches need (quiet_host)."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    from convbw_mlir.measure import server
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx, initializer=server._quiet_worker) as pool:
+        assert pool.submit(os.nice, 0).result() == 19
+    assert ServerTiming().quiet_host and not ServerTiming(quiet_host=False).quiet_host
+    with pytest.raises(TypeError, match="quiet_host: expected True or False, got 1"):
+        ServerTiming(quiet_host=1)
+
+
+def test_kernel_fields_show_overlapping_activities_and_the_spread_of_launches():
+    """Summed durations count an overlap twice (a launch that starts before the last ends); the busy time does not.
+    The main kernel's launches give min / median / max, a uniform shift (clocks) against a few slow ones."""
+    from convbw_mlir.measure.cupti import work_fields
+
+    work = [(0.0, 10.0, "kernel", "main"), (8.0, 4.0, "kernel", "tail"), (20.0, 14.0, "kernel", "main"),
+            (40.0, 12.0, "kernel", "main"), (50.0, 1.0, "gpu_memset", "Memset (Device)")]  # fmt: skip
+    got = work_fields(work, 2)
+    assert got["kernel_s"] == pytest.approx(41e-6 / 2) and got["kernels_per_call"] == 2.5
+    assert got["kernel_busy_s"] == pytest.approx((12.0 + 14.0 + 12.0) * 1e-6 / 2)  # 8-10 and 50-51 counted once
+    assert got["kernel_launch_us"] == [10.0, 12.0, 14.0] and got["kernel_first_us"] == 10.0

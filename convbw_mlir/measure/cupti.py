@@ -9,6 +9,8 @@ HAL and cuDNN alike (CUPTI's activity records are per process, not per context).
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -71,10 +73,37 @@ def kernel_seconds(call: Callable[[], Any], sync: Callable[[Any], None], calls: 
     work = [a for a in acts if a[2] in _WORK]
     if not work:
         raise RuntimeError("CUPTI recorded no GPU kernel for the calls (profiler not tracing this process?)")
+    return work_fields(work, calls)
+
+
+def work_fields(work: list[tuple[float, float, str, str]], calls: int) -> dict[str, Any]:
+    """What ``calls`` calls' GPU activities (:func:`gpu_activities`' tuples, the call's work only) say, the one
+    reckoning of both timing paths (``measure.run``'s children, ``measure.server``; docs/timing.md#servergap):
+
+    - ``kernel_s``: the activities' durations summed, a call (what the tuner ranks by);
+    - ``kernels_per_call``, ``kernel_names`` (the first few);
+    - ``kernel_busy_s``: the time the device had any of them running, a call (below ``kernel_s`` only where
+      activities overlapped: the sum then counts the overlap twice);
+    - ``kernel_launch_us``: the longest-running kernel's launches, min, median and max µs (a spread that a few slow
+      launches make, or a uniform shift that clocks make), and ``kernel_first_us``, its first launch.
+    """
+    busy, end = 0.0, -math.inf
+    for ts, dur, _, _ in sorted(work):
+        busy += max(0.0, ts + dur - max(ts, end))
+        end = max(end, ts + dur)
+    totals: dict[str, float] = {}
+    for _, dur, _, name in work:
+        totals[name] = totals.get(name, 0.0) + dur
+    main = max(totals, key=lambda n: totals[n])
+    launches = sorted((ts, dur) for ts, dur, _, name in work if name == main)
+    durs = sorted(dur for _, dur in launches)
     return {
         "kernel_s": sum(a[1] for a in work) * 1e-6 / calls,
         "kernels_per_call": len(work) / calls,
         "kernel_names": sorted({a[3] for a in work})[:4],
+        "kernel_busy_s": busy * 1e-6 / calls,
+        "kernel_launch_us": [round(durs[0], 2), round(statistics.median(durs), 2), round(durs[-1], 2)],
+        "kernel_first_us": round(launches[0][1], 2),
     }
 
 
@@ -115,8 +144,7 @@ def kernel_seconds_each(calls: dict[str, tuple[Callable[[], Any], Callable[[Any]
         if not acts_:
             out[name] = {"kernel_time_error": "CUPTI recorded no GPU kernel in this call's range"}
             continue
-        out[name] = {"kernel_s": sum(a[1] for a in acts_) * 1e-6 / n, "kernels_per_call": len(acts_) / n,
-                     "kernel_names": sorted({a[3] for a in acts_})[:4]}  # fmt: skip
+        out[name] = work_fields(acts_, n)
     return out
 
 

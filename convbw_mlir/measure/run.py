@@ -277,7 +277,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
                  use_torch: bool = True, log=print, timeout_s: float = STEP_TIMEOUT_S,
                  numpy_max_flops: float = NUMPY_REFERENCE_MAX_FLOPS, check_only: bool = False,
                  devices: Sequence[int] | str | None = None, env: dict[str, str] | None = None,
-                 jobs: int = 1, server: bool = False) -> dict:  # fmt: skip
+                 jobs: int = 1, server: bool = False, server_timing: Any = None) -> dict:  # fmt: skip
     """Run every problem of a manifest, each in child processes; returns the results (see the module docstring).
 
     ``check_only`` checks every contender (NaN fences, float64) and times none (the fenced fuzz).
@@ -298,7 +298,8 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
 
     ``server``: one persistent measuring process a device instead of a child a problem, each candidate checked
     once and the correct ones timed in one batch, inputs and float64 references made ahead by CPU workers
-    (:mod:`convbw_mlir.measure.server`); the results then name its protocol (``server``).
+    (:mod:`convbw_mlir.measure.server`); the results then name its protocol (``server``). ``server_timing``: that
+    protocol (a :class:`convbw_mlir.measure.server.ServerTiming`; None: its defaults).
 
     Raises:
         ValueError: a device that is not visible, or none visible for a GPU driver, or ``jobs`` below 1, or
@@ -336,7 +337,7 @@ def run_manifest(folder: str | Path, filt: str = "", device: int | None = None, 
     if server:
         from convbw_mlir.measure.server import Served
 
-        measured: Any = Served(folder, [t[1] for t in todo], options, slots, timeout_s, log)
+        measured: Any = Served(folder, [t[1] for t in todo], options, slots, timeout_s, log, timing=server_timing)
         source: Any = measured
     else:
         source = deal(_measure_entry, todo, slots, log, lost=_lost_entry)

@@ -7,8 +7,9 @@ references cost ~20 s a problem (issue 39: 4.5 problems a minute a GPU). Here (`
   reference (the sample, and numpy's whole dW where cheap) ahead of the GPU, into a folder per problem;
 - one **server** a GPU (a child pinned to it) takes the problems one after the other: it loads each candidate
   once, checks it once (NaN after x and dy, float64, as ``measure.run``), then times every correct one in one
-  batch holding the device's timing lock (:mod:`convbw_mlir.measure.gpu_lock`): wall-clock batches (median,
-  spread) and the kernels' GPU time in one CUPTI session for all of them;
+  batch holding the device's timing lock (:mod:`convbw_mlir.measure.gpu_lock`): each candidate's wall-clock
+  batches (median, spread), then its GPU time by CUPTI after a warm call, as ``measure.run``'s children
+  (:class:`ServerTiming`; docs/timing.md#servergap);
 - the parent supervises it: a candidate that raises, kills the server or hangs (no event for ``timeout_s``)
   is recorded (``failed``/``crashed``, as ``measure.run``), the server restarts (a device fault poisons its
   process) and resumes at the problem's next candidate.
@@ -68,6 +69,13 @@ class ServerTiming:
     back-to-back calls in one CUPTI session shared by the problem's candidates (``kernel_s``, what the tuner
     ranks by). Shorter than ``measure.run``'s (20 batches of 25 ms, 0.2 s): at 60 problems a minute a problem
     has a second for all its candidates.
+
+    ``kernel_each``: each candidate's GPU time is taken right after its own wall-clock batches, in a CUPTI session
+    of its own that starts with a warm call (``cupti.kernel_seconds``, as ``measure.run``'s children); False: the
+    former order (every candidate's wall clock, then one session for all, no warm call). ``quiet_host``: the CPU
+    workers run at the lowest priority (nice 19), so that their float64 references never delay the server's
+    launches. Both on by default since issue 39's server gap (docs/timing.md#servergap); off reproduces the
+    protocol that measured it.
     """
 
     warmup: int = 2
@@ -75,8 +83,13 @@ class ServerTiming:
     min_reps: int = 10
     min_seconds: float = 0.05
     cupti_calls: int = 20
+    kernel_each: bool = True
+    quiet_host: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("kernel_each", "quiet_host"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         for name in ("warmup", "min_reps", "cupti_calls"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= (0 if name == "warmup" else 1)):
@@ -105,6 +118,12 @@ def prepare(problem: dict[str, Any], state: str, numpy_max_flops: float) -> None
     for arr, path in zip((x, dy), _files(folder)):
         arr.tofile(path.with_suffix(".tmp"))  # raw bytes: bf16 has no .npy type
         path.with_suffix(".tmp").replace(path)  # whole or absent
+
+
+def _quiet_worker() -> None:
+    """A CPU worker's start under ``ServerTiming.quiet_host``: the lowest priority, so that a timing's launches
+    (the server's thread) always get a core first."""
+    os.nice(19 - os.nice(0))
 
 
 def _load_inputs(p: ConvBwdWeightProblem, state: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -243,7 +262,9 @@ class _Server:
                 for name, t in ready.items():
                     start(name)
                     t.result |= checks._stats(_wall_times(t, self.timing))
-                if self.cupti:
+                    if self.cupti and self.timing.kernel_each:
+                        t.result |= self._kernel_time(t)
+                if self.cupti and not self.timing.kernel_each:
                     calls = {n: (t.call, t.sync) for n, t in ready.items()}
                     try:
                         each = cupti.kernel_seconds_each(calls, self.timing.cupti_calls, before=start)
@@ -259,6 +280,18 @@ class _Server:
             raise _Restart from None
         for name, t in ready.items():
             self.emit(event="result", name=name, result=t.result)
+
+    def _kernel_time(self, t: _Timed) -> dict[str, Any]:
+        """``t``'s GPU time as ``measure.run``'s children take it: a warm call, then ``cupti_calls`` calls in a
+        session of their own; a CUPTI failure is recorded, a device fault raised (the running candidate's)."""
+        from convbw_mlir.measure import cupti
+
+        try:
+            return cupti.kernel_seconds(t.call, t.sync, self.timing.cupti_calls)
+        except Exception as e:
+            if status_of(e) == "crashed":
+                raise
+            return {"kernel_time_error": first_line(e)}  # the wall-clock figures stand
 
 
 def _serve(options: dict[str, Any], events_fd: int) -> None:
@@ -538,7 +571,8 @@ class Served:
                 sup.close()
                 done.put(None)
 
-        with concurrent.futures.ProcessPoolExecutor(self.prep_workers, mp_context=ctx) as pool:
+        quiet = _quiet_worker if self.timing.quiet_host else None
+        with concurrent.futures.ProcessPoolExecutor(self.prep_workers, mp_context=ctx, initializer=quiet) as pool:
             with guard:
                 feed(pool)
             self.supervisors = [_Supervisor(slot, self.options, self.timeout_s, self.log, tmp) for slot in self.slots]
