@@ -36,9 +36,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# the largest layers first (issue 39's gap), two small controls last (they agreed within 3%)
-PROBLEMS = ("large_3x3_256_n64_56", "retina_k2376_100", "vgg16_3x3_512_n64_28", "resnet50_3x3_256_n256_14",
-            "streamk_3x3_128_n32_28", "streamk_3x3_256_n32_14")  # fmt: skip
+# the largest layers first (issue 39's gap: 5-25% there), two small controls last (they agreed within 3%); five,
+# so that the six runs fit the pack's ~150 s of device time
+PROBLEMS = ("large_3x3_256_n64_56", "retina_k2376_100", "vgg16_3x3_512_n64_28", "streamk_3x3_128_n32_28",
+            "streamk_3x3_256_n32_14")  # fmt: skip
 # a: the one-child runner; b: the server as it was; c: the server as fixed
 ORDER = ("a", "b", "c", "c", "b", "a")
 PATHS = {"a": "child runner (--jobs 1)", "b": "server as it was", "c": "server as fixed"}
