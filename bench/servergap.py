@@ -47,6 +47,21 @@ PATHS = {"a": "child runner (--jobs 1)", "b": "server as it was", "c": "server a
 # the float64 sample
 NUMPY_MAX_FLOPS = 4e9
 SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active"
+# newer drivers name the throttle reasons clock events
+SMI_FIELDS_NEW = SMI_FIELDS.replace("clocks_throttle_reasons", "clocks_event_reasons")
+
+
+def smi_fields() -> str:
+    """The query fields this nvidia-smi takes (:data:`SMI_FIELDS`, else :data:`SMI_FIELDS_NEW`)."""
+    for fields in (SMI_FIELDS, SMI_FIELDS_NEW):
+        try:
+            got = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            break
+        if got.returncode == 0:
+            return fields
+    return SMI_FIELDS
 
 
 def compile_all(out: Path, workers: int = 2) -> None:
@@ -95,10 +110,10 @@ def measure_one(folder: Path, path: str, out: Path) -> int:
     return 0
 
 
-def _smi(out: Path, label: str) -> None:
+def _smi(out: Path, label: str, fields: str = SMI_FIELDS) -> None:
     """One nvidia-smi sample, labelled, appended to ``out`` (NVML queries: no work on the GPU's engines)."""
     try:
-        got = subprocess.run(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader"],
+        got = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=10)  # fmt: skip
         line = got.stdout.strip() or got.stderr.strip()
     except (OSError, subprocess.TimeoutExpired) as e:  # a CPU rehearsal has none
@@ -111,10 +126,10 @@ def run(folder: Path, out: Path, budget: float) -> int:
     """The paths of :data:`ORDER`, one process each, one at a time; none starts once the seconds a path took so
     far say it would end past ``budget``."""
     out.mkdir(parents=True, exist_ok=True)
-    sampler = None
+    sampler, fields = None, smi_fields()
     with open(out / "smi_trace.csv", "w") as trace:
         try:  # the whole run, every 200 ms (NVML queries: no work on the GPU's engines)
-            sampler = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv", "-lms", "200"],
+            sampler = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv", "-lms", "200"],
                                        stdout=trace, stderr=subprocess.STDOUT)  # fmt: skip
         except OSError as e:  # a CPU rehearsal has none
             trace.write(f"nvidia-smi: {e}\n")
@@ -128,12 +143,12 @@ def run(folder: Path, out: Path, budget: float) -> int:
                 print(f"{i}{path}: skipped ({spent:.0f} s spent)", flush=True)
                 continue
             name = f"{i}{path}"
-            _smi(out / "smi_points.csv", f"{name} before")
+            _smi(out / "smi_points.csv", f"{name} before", fields)
             r0 = time.time()
             cmd = [sys.executable, __file__, "measure-one", str(folder), path, str(out / f"{name}.json")]
             with open(out / f"{name}.log", "w") as log:
                 rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-            _smi(out / "smi_points.csv", f"{name} after")
+            _smi(out / "smi_points.csv", f"{name} after", fields)
             runs.append({"run": name, "path": PATHS[path], "rc": rc, "start_s": round(r0 - t0, 1),
                          "s": round(time.time() - r0, 1)})  # fmt: skip
             print(f"{name} ({PATHS[path]}): rc {rc}, {time.time() - r0:.0f} s", flush=True)
