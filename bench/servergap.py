@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -126,6 +127,7 @@ def run(folder: Path, out: Path, budget: float) -> int:
     """The paths of :data:`ORDER`, one process each, one at a time; none starts once the seconds a path took so
     far say it would end past ``budget``."""
     out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cut at the call's limit: the sampler still stops
     sampler, fields = None, smi_fields()
     with open(out / "smi_trace.csv", "w") as trace:
         try:  # the whole run, every 200 ms (NVML queries: no work on the GPU's engines)
