@@ -218,7 +218,7 @@ def stubbed(lib: ctypes.CDLL) -> Any:
         cuda_launch._LIB = saved_lib
         for owner, name, value in saved:
             setattr(owner, name, value)
-        entry._WORKSPACE.clear()
+        entry.forget_kernels()
 
 
 # -- the layers --------------------------------------------------------------------------------------------

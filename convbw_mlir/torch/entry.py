@@ -45,6 +45,8 @@ from convbw_mlir.runtime import PreparedCall
 
 __all__ = [
     "DTYPES",
+    "NATIVE_DRIVER_FUNCTIONS",
+    "NATIVE_LAUNCH_ENV",
     "ConvWeightGrad",
     "DirectCall",
     "ProblemMemo",
@@ -408,9 +410,11 @@ def direct_calls() -> list[DirectCall]:
 
 
 def forget_kernels() -> None:
-    """Forget every loaded kernel and remembered problem, as a new process would (the artifacts folder stays)."""
+    """Forget every loaded kernel, remembered problem and kept workspace, as a new process would (the artifacts
+    folder stays)."""
     with _LOCK:
         _KERNELS.clear()
+        _WORKSPACE.clear()
         _PLANS.clear()
         _IDENTITIES.clear()
         _PROBLEMS.clear()
