@@ -278,14 +278,17 @@ def test_a_direct_calls_native_plan_is_its_launchers_schedule_and_only_where_ask
     plan, _ = launch_plan(launch, {"k0": 0xF1, "k1": 0xF2}, dynamic_shared=True)
     kernel = object.__new__(ct_entry.DirectCall)
     kernel.driver = "cuda"
-    kernel.launcher = types.SimpleNamespace(launch=launch, _plan=plan, _maps={1: (3, launch.tensor_maps)})
+    kernel.launcher = types.SimpleNamespace(launch=launch, _plan=plan, _maps={1: (3, launch.tensor_maps)},
+                                            slots=types.SimpleNamespace(cap=5))  # fmt: skip
     fns = {n: ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for n in ct_entry.NATIVE_DRIVER_FUNCTIONS[:8]}
     monkeypatch.setattr("convbw_mlir.cuda_launch._libcuda", lambda: type("Lib", (), fns))
     monkeypatch.delenv(ct_entry.NATIVE_LAUNCH_ENV, raising=False)
     assert kernel.native_plan() is None  # off by default: not yet run on a GPU
     monkeypatch.setenv(ct_entry.NATIVE_LAUNCH_ENV, "1")
-    addresses, steps = kernel.native_plan()
-    assert addresses == (*(ctypes.cast(f, ctypes.c_void_p).value for f in fns.values()), 0, 0)
+    addresses, steps, cap = kernel.native_plan()
+    # the encoders and the events absent from this stand-in driver: 0 (C++ then launches such a plan through Python)
+    assert addresses == (*(ctypes.cast(f, ctypes.c_void_p).value for f in fns.values()), *[0] * 6)
+    assert cap == 5  # the tensor-map slots C++ reuses: the launcher's (cuda_launch.MapSlots)
     tiled = (0, 0, 9, (8, 36), (16,), (8, 4), (1, 1), (), (), 0, 3, 3, 0)
     assert steps == (
         (1, 3, 0, 64, -1, 0, 0, 4),
