@@ -476,7 +476,8 @@ class MapSlots:
         if self.free:
             slot = self.free.pop()
         else:
-            old, slot = next((k, s) for k, s in self.keys.items() if s not in self.pinned)
+            old = next(k for k, s in self.keys.items() if s not in self.pinned)  # least recently used, no graph's
+            slot = self.keys[old]
             event, lib = self.events[slot], self.lib
             rc = lib.cuEventQuery(event)
             if rc == _CUDA_ERROR_NOT_READY:  # the GPU has not read it yet: wait for that use alone
@@ -591,11 +592,15 @@ class CudaLauncher:
         if cur.value != self._ctx:
             _check(self._lib, self._lib.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
-    def __call__(self, pointers: tuple[int, ...], stream: int, maps_stream: int | None = None) -> None:
+    def __call__(
+        self, pointers: tuple[int, ...], stream: int, maps_stream: int | None = None, captured: bool | None = None
+    ) -> None:
         """Queue the schedule on ``stream``: ``pointers`` are the arguments' device addresses and the
         transient workspace's (of at least ``launch.transient`` bytes; anything where there is none).
         ``maps_stream``: the stream whose tensor maps for these addresses the kernels may read (a CUDA graph
-        captured on a side stream and replayed on that one: no copy of the maps in the graph).
+        captured on a side stream and replayed on that one: no copy of the maps in the graph). ``captured``:
+        whether ``stream`` is being captured into a CUDA graph, where the caller knows (None: the driver is asked
+        where the schedule has tensor maps; a slot bound in a capture is the graph's for good).
 
         Raises:
             CudaError: a launch failed (the message names the kernel).
@@ -603,7 +608,7 @@ class CudaLauncher:
         lib = self._lib
         with self._lock:
             self._bind()
-            self._queue(lib, pointers, stream, stream if maps_stream is None else maps_stream)
+            self._queue(lib, pointers, stream, stream if maps_stream is None else maps_stream, captured)
 
     def _maps_for(self, index: int, payload: Any, stream: int, maps_stream: int) -> int:
         """The slot of step ``index``'s tensor maps for the addresses its payload binds: encoded once per address
@@ -639,8 +644,7 @@ class CudaLauncher:
         _check(lib, lib.cuStreamIsCapturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
         return status.value != 0
 
-    def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int, maps_stream: int) -> None:
-        captured = None
+    def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int, maps_stream: int, captured: bool | None) -> None:
         for index, step in enumerate(self._plan):
             if step[0] == "k":
                 _, func, dims, payload, params, binds, name = step

@@ -192,8 +192,10 @@ def test_a_direct_calls_launch_tells_the_cxx_path_the_graph_it_replayed_for_that
     kernel = object.__new__(ct_entry.DirectCall)  # no GPU here: the launcher, the graph and the stream stood in for
     kernel.index, kernel.transient, kernel.driver, kernel.use_graphs = 0, 100, "cuda", True
     kernel._graphs, kernel._seen, kernel._side = {}, {}, None
-    plain, recorded, replays = [], [], []
-    kernel.launcher = lambda ptrs, stream, maps_stream=None: plain.append(ptrs)
+    plain, recorded, replays, captures = [], [], [], []
+    kernel.launcher = lambda ptrs, stream, maps_stream=None, captured=None: (
+        plain.append(ptrs) or captures.append(captured)
+    )
 
     class Graph:
         def replay(self):
@@ -216,6 +218,7 @@ def test_a_direct_calls_launch_tells_the_cxx_path_the_graph_it_replayed_for_that
     assert ws.numel() >= 100
     assert [(e, w is ws) for e, w in got] == [(0, True), (0xE1, True), (0xE1, True), (0, True)]
     assert (len(plain), len(recorded), len(replays)) == (2, 1, 2)  # first call and new memory plain, then the graph
+    assert captures == [False, False]  # the launcher told no capture is on: it need not ask the driver
 
     fns = {n: ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for n in ("cuGraphLaunch", "cuStreamIsCapturing")}
     monkeypatch.setattr("convbw_mlir.cuda_launch._libcuda", lambda: type("Lib", (), fns))
@@ -236,8 +239,10 @@ def test_while_the_stream_is_captured_a_direct_calls_workspace_is_the_calls_own_
     kernel = object.__new__(ct_entry.DirectCall)
     kernel.index, kernel.transient, kernel.driver, kernel.use_graphs = 0, 1000, "cuda", True
     kernel._graphs, kernel._seen, kernel._side = {}, {}, None
-    launched, kept = [], []
-    kernel.launcher = lambda ptrs, stream, maps_stream=None: launched.append(ptrs)
+    launched, kept, told = [], [], []
+    kernel.launcher = lambda ptrs, stream, maps_stream=None, captured=None: (
+        launched.append(ptrs) or told.append(captured)
+    )
     monkeypatch.setattr(ct_entry, "_raw_stream", lambda index: 7)
     monkeypatch.setattr(ct_entry, "_WORKSPACE", {})
     monkeypatch.setattr(
@@ -251,6 +256,7 @@ def test_while_the_stream_is_captured_a_direct_calls_workspace_is_the_calls_own_
     capturing[0] = False
     _, ws = kernel.launch(x, dy, out)
     assert kept == [1000] and ct_entry._WORKSPACE == {(0, 7): ws} and launched[-1][3] == ws.data_ptr()
+    assert told == [True, True, False]  # a capture's launches pin their tensor-map slots (cuda_launch.MapSlots)
 
 
 def test_a_direct_calls_native_plan_is_its_launchers_schedule_and_only_where_asked(monkeypatch):

@@ -551,7 +551,8 @@ class DirectCall:
             with torch.cuda.stream(self._side):
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
-                    self.launcher(ptrs, self._side.cuda_stream, maps_stream=stream)  # replayed on ``stream``
+                    # replayed on ``stream``; its tensor-map slots are the graph's for good (cuda_launch.MapSlots)
+                    self.launcher(ptrs, self._side.cuda_stream, maps_stream=stream, captured=True)
                 finally:
                     graph.capture_end()
             return graph
@@ -661,7 +662,7 @@ class DirectCall:
             if len(self._seen) > 1024:  # a bound for callers whose memory moves every call
                 self._seen.clear()
             self._seen[key] = None
-        self.launcher(ptrs, stream)
+        self.launcher(ptrs, stream, captured=capturing)
         return 0, None if capturing else ws
 
 
