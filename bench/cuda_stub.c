@@ -11,7 +11,7 @@
 #else  // cuda.h's types, as it declares them (CUDA 12/13)
 typedef int CUresult;
 typedef int CUdevice;
-typedef int CUdevice_attribute, CUfunction_attribute, CUstreamCaptureStatus, CUtensorMapDataType;
+typedef int CUdevice_attribute, CUfunction_attribute, CUstreamCaptureStatus, CUstreamCaptureMode, CUtensorMapDataType;
 typedef int CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill;
 typedef unsigned long long CUdeviceptr;
 typedef uint32_t cuuint32_t;
@@ -32,14 +32,15 @@ enum {
   kModuleGetFunction, kFuncSetAttribute, kLaunchKernel, kMemsetD8Async, kMemsetD16Async, kMemsetD32Async,
   kMemcpyAsync, kGetErrorString, kMemAlloc, kMemAllocHost, kMemcpyHtoDAsync, kTensorMapEncodeTiled,
   kTensorMapEncodeIm2col, kGraphLaunch, kStreamIsCapturing, kEventCreate, kEventRecord, kEventQuery,
-  kEventSynchronize, kFunctions
+  kEventSynchronize, kThreadExchangeStreamCaptureMode, kFunctions
 };
 static const char* const kNames[kFunctions] = {
   "cuInit", "cuDeviceGet", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent", "cuCtxSetCurrent",
   "cuModuleLoadData", "cuModuleGetFunction", "cuFuncSetAttribute", "cuLaunchKernel", "cuMemsetD8Async",
   "cuMemsetD16Async", "cuMemsetD32Async", "cuMemcpyAsync", "cuGetErrorString", "cuMemAlloc_v2", "cuMemAllocHost_v2",
   "cuMemcpyHtoDAsync_v2", "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuGraphLaunch", "cuStreamIsCapturing",
-  "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventSynchronize"};
+  "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventSynchronize",
+  "cuThreadExchangeStreamCaptureMode"};
 static long long g_calls[kFunctions];
 static CUdeviceptr g_next_device = 0x700000000000ULL;
 static char g_context;
@@ -118,3 +119,4 @@ CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) { COUNT(kEventCreat
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { COUNT(kEventRecord); hEvent->pending = g_hold ? g_generation : 0; return 0; }
 CUresult cuEventQuery(CUevent hEvent) { COUNT(kEventQuery); return event_pending(hEvent) ? 600 : 0; }  // CUDA_ERROR_NOT_READY
 CUresult cuEventSynchronize(CUevent hEvent) { COUNT(kEventSynchronize); hEvent->pending = 0; return 0; }
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) { COUNT(kThreadExchangeStreamCaptureMode); return 0; }

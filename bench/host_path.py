@@ -92,7 +92,8 @@ _C_SCALARS = {
     "cuuint32_t": ctypes.c_uint32, "cuuint64_t": ctypes.c_uint64, "CUresult": ctypes.c_int, "CUdevice": ctypes.c_int,
     "char": ctypes.c_char,
 }  # fmt: skip
-_C_ENUMS = ("CUdevice_attribute", "CUfunction_attribute", "CUstreamCaptureStatus", "CUtensorMapDataType",
+_C_ENUMS = ("CUdevice_attribute", "CUfunction_attribute", "CUstreamCaptureStatus", "CUstreamCaptureMode",
+            "CUtensorMapDataType",
             "CUtensorMapInterleave", "CUtensorMapSwizzle", "CUtensorMapL2promotion",
             "CUtensorMapFloatOOBfill")  # fmt: skip
 _C_HANDLES = ("CUcontext", "CUmodule", "CUfunction", "CUstream", "CUgraphExec", "CUevent", "void", "CUtensorMap")

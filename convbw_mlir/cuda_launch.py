@@ -335,6 +335,7 @@ DRIVER_SIGNATURES: dict[str, list[Any]] = {
     "cuEventRecord": [_vp, _vp],
     "cuEventQuery": [_vp],
     "cuEventSynchronize": [_vp],
+    "cuThreadExchangeStreamCaptureMode": [_P(_i32)],
 }
 # CUDA 12 drivers only (sm_90a kernels): absent elsewhere, asked for only by a launch with tensor maps
 OPTIONAL_SIGNATURES: dict[str, list[Any]] = {
@@ -413,6 +414,7 @@ MAP_SLOTS_ENV = "CONVBW_TENSOR_MAP_SLOTS"  # slots a launcher reuses (default DE
 DEFAULT_MAP_SLOTS = 64  # one slab: 16 KiB of device and 16 KiB of pinned memory a kernel
 _CU_EVENT_DISABLE_TIMING = 2  # cuda.h CUevent_flags
 _CUDA_ERROR_NOT_READY = 600
+_CU_STREAM_CAPTURE_MODE_RELAXED = 2
 
 
 def map_slots_cap(value: str | None = None) -> int:
@@ -464,13 +466,25 @@ class MapSlots:
             self.keys.move_to_end(key)
         return slot
 
-    def take(self, key: tuple) -> int:
+    def take(self, key: tuple, capturing: bool = False) -> int:
         """A slot for ``key``'s maps, free to be written now (its last reader done): a fresh one while fewer than
-        ``cap`` unpinned slots exist, else the least recently used unpinned one, after its event.
+        ``cap`` unpinned slots exist, else the least recently used unpinned one, after its event. ``capturing``: the
+        calling thread is capturing a stream, where an allocation or an event wait is refused as unsafe: this thread's
+        capture mode is relaxed around them (they are not part of the graph; its events were recorded outside it).
 
         Raises:
             CudaError: an allocation, event query or wait failed.
         """
+        if not capturing:
+            return self._take(key)
+        lib, mode = self.lib, ctypes.c_int(_CU_STREAM_CAPTURE_MODE_RELAXED)
+        _check(lib, lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+        try:
+            return self._take(key)
+        finally:
+            _check(lib, lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+
+    def _take(self, key: tuple) -> int:
         if not self.free and len(self.device) - len(self.pinned) < self.cap:
             self._grow(min(_MAPS_SLAB, self.cap - (len(self.device) - len(self.pinned))))
         if self.free:
@@ -610,7 +624,7 @@ class CudaLauncher:
             self._bind()
             self._queue(lib, pointers, stream, stream if maps_stream is None else maps_stream, captured)
 
-    def _maps_for(self, index: int, payload: Any, stream: int, maps_stream: int) -> int:
+    def _maps_for(self, index: int, payload: Any, stream: int, maps_stream: int, captured: bool) -> int:
         """The slot of step ``index``'s tensor maps for the addresses its payload binds: encoded once per address
         tuple and stream into pinned memory and copied to the device slot on ``stream`` (stream order: a CUDA
         graph captures the copy too; a slot copied on another stream could be read before its copy lands)."""
@@ -626,7 +640,7 @@ class CudaLauncher:
         if found is not None:
             return found
         lib = self._lib
-        slot = slots.take(key)
+        slot = slots.take(key, captured)
         dev, host = slots.device[slot], slots.host[slot]
         encoders = self._encoders.get(index)
         if encoders is None:
@@ -654,7 +668,7 @@ class CudaLauncher:
                 if index in self._maps:
                     if captured is None:
                         captured = self._capturing(lib, stream)
-                    slot = self._maps_for(index, payload, stream, maps_stream)
+                    slot = self._maps_for(index, payload, stream, maps_stream, captured)
                     payload[self._maps[index][0]] = self.slots.device[slot]
                     if captured:
                         self.slots.pin(slot)

@@ -561,6 +561,11 @@ class _FakeContext(_FakeDriver):
     def release(self):
         self.pending = dict.fromkeys(self.pending, False)
 
+    def cuThreadExchangeStreamCaptureMode(self, ref):  # noqa: N802
+        self.modes = [*getattr(self, "modes", []), ref._obj.value]
+        self.mode, ref._obj.value = ref._obj.value, getattr(self, "mode", 0)  # 0: CU_STREAM_CAPTURE_MODE_GLOBAL
+        return 0
+
 
 def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_address_pair_and_stream(monkeypatch):
     from convbw_mlir import cuda_launch
@@ -691,7 +696,10 @@ def test_a_tensor_map_slot_a_cuda_graph_captured_outlives_every_reuse(monkeypatc
     launcher((x, dy, dw, ws), 5)  # a plain launch on stream 5, then DirectCall's graph of it captured on 7
     lib.capturing = frozenset({7})
     launcher((x, dy, dw, ws), 7, maps_stream=5)  # binds stream 5's slot: the graph keeps it
+    assert getattr(lib, "modes", []) == []  # the graph's slot was found: nothing allocated or waited for
     launcher((x + 0x100, dy, dw, ws), 7)  # torch capturing a call on new memory: its own slot, also kept
+    # taking it may allocate or wait, which a capture refuses as unsafe: relaxed (2) around it, then put back
+    assert lib.modes == [2, 0] and lib.mode == 0
     lib.capturing = frozenset()
     graph_slots = {lib.launches[-2][2], lib.launches[-1][2]}
     assert len(graph_slots) == 2
