@@ -619,3 +619,26 @@ def test_cxx_tensor_map_slots_stay_bounded_over_10000_moving_address_pairs_and_w
         call(i)
     taken = [(dst - 0x7000_0000) // 256 + 1 for dst, _ in drv.uploads[-8:]]  # each upload's slot, as its event
     assert drv.waited == taken[:4] and taken[4:] == taken[:4] and not any(drv.overwritten_pending)
+
+
+def test_cxx_reuses_the_least_recently_used_tensor_map_slot_a_hit_counting_as_a_use(monkeypatch):
+    # a pair found in the pool is a use (its slot's event recorded again, moved to most recent): the next new pair
+    # takes the other slot, waiting for that slot's reads while the GPU (the fake) has not done them
+    drv = _FakeDriver({0xF1: 6, 0xF2: 2})
+    kernel, _ = _graphed_switch(monkeypatch)
+    kernel.native_launch = lambda: (kernel.launch, 0, kernel.addresses[1], 64, (drv.addresses, _steps(), 2))
+    xs, dys, w = torch.randn(288 + 4 * 8), torch.randn(576 + 4 * 8), torch.randn(8, 4, 3, 3)
+
+    def call(i):
+        x, dy = xs[4 * i : 4 * i + 288].view(2, 4, 6, 6), dys[4 * i : 4 * i + 576].view(2, 8, 6, 6)
+        return aten(dy, x, w, *ARGS, [False, True, False])[1]
+
+    call(7)  # the miss: the Python switch decides (its own launcher), C++ launches from the next call on
+    drv.hold = True  # the GPU reads nothing until a wait
+    for i in (0, 1, 0):  # A, B, then A again: found, nothing encoded
+        call(i)
+    assert len(drv.uploads) == 2 and drv.waited == []
+    slot = {i: (dst - 0x7000_0000) // 256 + 1 for i, (dst, _) in zip((0, 1), drv.uploads)}
+    call(2)  # C: B's slot is the least recently used (A was used after it): B's reads waited for, then rewritten
+    assert drv.waited == [slot[1]] and (drv.uploads[-1][0] - 0x7000_0000) // 256 + 1 == slot[1]
+    assert not any(drv.overwritten_pending)
