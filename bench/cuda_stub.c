@@ -11,7 +11,7 @@
 #else  // cuda.h's types, as it declares them (CUDA 12/13)
 typedef int CUresult;
 typedef int CUdevice;
-typedef int CUdevice_attribute, CUfunction_attribute, CUstreamCaptureStatus, CUtensorMapDataType;
+typedef int CUdevice_attribute, CUfunction_attribute, CUstreamCaptureStatus, CUstreamCaptureMode, CUtensorMapDataType;
 typedef int CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill;
 typedef unsigned long long CUdeviceptr;
 typedef uint32_t cuuint32_t;
@@ -21,6 +21,7 @@ typedef struct CUmod_st* CUmodule;
 typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
 typedef struct CUgraphExec_st* CUgraphExec;
+typedef struct CUevent_st* CUevent;
 typedef struct CUtensorMap_st {
   _Alignas(64) cuuint64_t opaque[16];
 } CUtensorMap;
@@ -30,13 +31,16 @@ enum {
   kInit, kDeviceGet, kDeviceGetAttribute, kPrimaryCtxRetain, kCtxGetCurrent, kCtxSetCurrent, kModuleLoadData,
   kModuleGetFunction, kFuncSetAttribute, kLaunchKernel, kMemsetD8Async, kMemsetD16Async, kMemsetD32Async,
   kMemcpyAsync, kGetErrorString, kMemAlloc, kMemAllocHost, kMemcpyHtoDAsync, kTensorMapEncodeTiled,
-  kTensorMapEncodeIm2col, kGraphLaunch, kStreamIsCapturing, kFunctions
+  kTensorMapEncodeIm2col, kGraphLaunch, kStreamIsCapturing, kEventCreate, kEventRecord, kEventQuery,
+  kEventSynchronize, kThreadExchangeStreamCaptureMode, kFunctions
 };
 static const char* const kNames[kFunctions] = {
   "cuInit", "cuDeviceGet", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent", "cuCtxSetCurrent",
   "cuModuleLoadData", "cuModuleGetFunction", "cuFuncSetAttribute", "cuLaunchKernel", "cuMemsetD8Async",
   "cuMemsetD16Async", "cuMemsetD32Async", "cuMemcpyAsync", "cuGetErrorString", "cuMemAlloc_v2", "cuMemAllocHost_v2",
-  "cuMemcpyHtoDAsync_v2", "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuGraphLaunch", "cuStreamIsCapturing"};
+  "cuMemcpyHtoDAsync_v2", "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuGraphLaunch", "cuStreamIsCapturing",
+  "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventSynchronize",
+  "cuThreadExchangeStreamCaptureMode"};
 static long long g_calls[kFunctions];
 static CUdeviceptr g_next_device = 0x700000000000ULL;
 static char g_context;
@@ -46,6 +50,18 @@ const char* stub_name(int i) { return i >= 0 && i < kFunctions ? kNames[i] : 0; 
 int stub_functions(void) { return kFunctions; }
 long long stub_calls(int i) { return i >= 0 && i < kFunctions ? g_calls[i] : -1; }
 void stub_reset(void) { memset(g_calls, 0, sizeof g_calls); }
+// The GPU's progress, told by the caller: with stub_hold_events(1) an event recorded stays "not ready"
+// (cuEventQuery: CUDA_ERROR_NOT_READY) until stub_release_events() or a cuEventSynchronize on it; with 0 (the
+// default) the GPU is done at once. stub_set_capturing(s): what cuStreamIsCapturing reports (1: active).
+static int g_hold, g_capturing;
+static long long g_generation = 1;  // stub_release_events() completes everything recorded before it
+struct CUevent_st {
+  long long pending;  // the generation it was recorded in while held, 0: complete
+};
+void stub_hold_events(int hold) { g_hold = hold; }
+void stub_release_events(void) { __atomic_fetch_add(&g_generation, 1, __ATOMIC_RELAXED); }
+void stub_set_capturing(int status) { g_capturing = status; }
+static int event_pending(CUevent e) { return e->pending && e->pending == __atomic_load_n(&g_generation, __ATOMIC_RELAXED); }
 
 CUresult cuInit(unsigned int Flags) { COUNT(kInit); return 0; }
 CUresult cuDeviceGet(CUdevice* device, int ordinal) { COUNT(kDeviceGet); *device = ordinal; return 0; }
@@ -98,4 +114,9 @@ CUresult cuTensorMapEncodeIm2col(CUtensorMap* tensorMap, CUtensorMapDataType ten
   return 0;
 }
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) { COUNT(kGraphLaunch); return 0; }
-CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) { COUNT(kStreamIsCapturing); *captureStatus = 0; return 0; }
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) { COUNT(kStreamIsCapturing); *captureStatus = g_capturing; return 0; }
+CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) { COUNT(kEventCreate); *phEvent = calloc(1, sizeof(struct CUevent_st)); return *phEvent ? 0 : 2; }
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { COUNT(kEventRecord); hEvent->pending = g_hold ? g_generation : 0; return 0; }
+CUresult cuEventQuery(CUevent hEvent) { COUNT(kEventQuery); return event_pending(hEvent) ? 600 : 0; }  // CUDA_ERROR_NOT_READY
+CUresult cuEventSynchronize(CUevent hEvent) { COUNT(kEventSynchronize); hEvent->pending = 0; return 0; }
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) { COUNT(kThreadExchangeStreamCaptureMode); return 0; }

@@ -52,7 +52,7 @@ PATHS = ("python", "cxx", "cxx_launch")
 MEMORIES = ("repeat", "moving")
 DEFAULT_ARTIFACTS = Path("/work/main/.art/host37/ts")
 # the driver functions the C++ kernel is handed by address only (DirectCall.native_launch), not declared by ctypes
-ADDRESS_ONLY = ("cuGraphLaunch", "cuStreamIsCapturing")
+ADDRESS_ONLY = ("cuGraphLaunch",)
 
 
 # -- the stub -----------------------------------------------------------------------------------------
@@ -92,10 +92,11 @@ _C_SCALARS = {
     "cuuint32_t": ctypes.c_uint32, "cuuint64_t": ctypes.c_uint64, "CUresult": ctypes.c_int, "CUdevice": ctypes.c_int,
     "char": ctypes.c_char,
 }  # fmt: skip
-_C_ENUMS = ("CUdevice_attribute", "CUfunction_attribute", "CUstreamCaptureStatus", "CUtensorMapDataType",
+_C_ENUMS = ("CUdevice_attribute", "CUfunction_attribute", "CUstreamCaptureStatus", "CUstreamCaptureMode",
+            "CUtensorMapDataType",
             "CUtensorMapInterleave", "CUtensorMapSwizzle", "CUtensorMapL2promotion",
             "CUtensorMapFloatOOBfill")  # fmt: skip
-_C_HANDLES = ("CUcontext", "CUmodule", "CUfunction", "CUstream", "CUgraphExec", "void", "CUtensorMap")
+_C_HANDLES = ("CUcontext", "CUmodule", "CUfunction", "CUstream", "CUgraphExec", "CUevent", "void", "CUtensorMap")
 
 
 def stub_prototypes() -> dict[str, list[str]]:
@@ -340,6 +341,7 @@ def measure(path: str, memory: str, work: Workload, counters: Counters, passes: 
             prof.disable()
         return elapsed / n * 1e6
 
+    cxx_slots, cxx_waits = native.map_slots()
     with switch_on(path, work) as calls:
         for _ in range(3):
             one_pass()
@@ -363,7 +365,12 @@ def measure(path: str, memory: str, work: Workload, counters: Counters, passes: 
             "floor_us_per_call": statistics.median(one_pass([False, False, False]) for _ in range(passes)),
             "cxx_kernel_registered": native.loaded() is not None,  # then the Python path is reached through it
             "graphs_held": sum(len(c._graphs) for c in calls.values()),
-            "maps_held": sum(len(c.launcher._encoded) for c in calls.values()),
+            # the tensor-map slots held after the run (device + pinned, 256 bytes each; bounded since issue 37's
+            # slots fix: a cap a kernel, cuda_launch.MapSlots): the Python launchers' and the C++ plans' (those
+            # allocated during this measurement), and reuses that had to wait for the GPU
+            "maps_held": sum(len(c.launcher.slots.device) for c in calls.values()),
+            "maps_held_cxx": native.map_slots()[0] - cxx_slots,
+            "map_waits": sum(c.launcher.slots.waits for c in calls.values()) + native.map_slots()[1] - cxx_waits,
         }  # fmt: skip
         if profile:  # each pass profiled alone, a function's median over the passes: a preempted pass does not count
             profiles = []
@@ -429,8 +436,8 @@ def main() -> int:
                     driver = ", ".join(f"{k} {v:g}" for k, v in r["driver_calls_per_call"].items())
                     print(f"{target:7s} {path:10s} {memory:6s} {r['us_per_call_median']:7.1f} us/call (floor "
                           f"{r['floor_us_per_call']:.1f}; {r['layers']} layers; ours {r['ours']:.2f}, C++ graphs "
-                          f"{r['cxx_graph_launches_per_call']:.2f}, C++ plain {r['cxx_plain_launches_per_call']:.2f}) "
-                          f"driver/call: {driver}")  # fmt: skip
+                          f"{r['cxx_graph_launches_per_call']:.2f}, C++ plain {r['cxx_plain_launches_per_call']:.2f}; "
+                          f"map slots {r['maps_held']} + C++ {r['maps_held_cxx']}) driver/call: {driver}")  # fmt: skip
                     for where, own, cum, k in r.get("profile_us_per_call", [])[:10]:
                         print(f"      {own:7.2f} own {cum:7.2f} cum {k:5.2f}x  {where}")
     if ns.out:

@@ -24,26 +24,30 @@ Tensor maps (sm_90a kernels: TMA): a ``CUtensorMap`` holds the address of the me
 encoded at launch. The schedule's :class:`TensorMap` records say, per map, which binding of which dispatch it
 describes, its dims, strides, box, im2col corners and swizzle; the launcher encodes them
 (``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col``) for the bound addresses, once per address pair,
-into a device buffer of its own (kept for the process, like its modules) and binds that buffer as the
-dispatch's maps binding.
+into a device slot of its own (:class:`MapSlots`: a bounded pool, a slot reused once the GPU is done with it, kept
+for good by a CUDA graph that captured it) and binds that slot as the dispatch's maps binding.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "LAUNCH_FILE",
+    "MAP_SLOTS_ENV",
     "CudaError",
     "CudaLauncher",
     "Dispatch",
     "ExportDef",
     "Launch",
+    "MapSlots",
     "TensorMap",
     "Transfer",
     "check_ptx_targets",
@@ -326,6 +330,12 @@ DRIVER_SIGNATURES: dict[str, list[Any]] = {
     "cuMemAlloc_v2": [_P(_u64), _sz],
     "cuMemAllocHost_v2": [_P(_vp), _sz],
     "cuMemcpyHtoDAsync_v2": [_u64, _vp, _sz, _vp],
+    "cuStreamIsCapturing": [_vp, _P(_i32)],
+    "cuEventCreate": [_P(_vp), _u32],
+    "cuEventRecord": [_vp, _vp],
+    "cuEventQuery": [_vp],
+    "cuEventSynchronize": [_vp],
+    "cuThreadExchangeStreamCaptureMode": [_P(_i32)],
 }
 # CUDA 12 drivers only (sm_90a kernels): absent elsewhere, asked for only by a launch with tensor maps
 OPTIONAL_SIGNATURES: dict[str, list[Any]] = {
@@ -400,6 +410,121 @@ def encode_tensor_map(lib: Any, m: TensorMap, address: int) -> bytes:
 
 _MAPS_SLOT = 256  # bytes of device memory a dispatch's maps take (two 128-byte CUtensorMaps)
 _MAPS_SLAB = 64  # slots allocated at a time
+MAP_SLOTS_ENV = "CONVBW_TENSOR_MAP_SLOTS"  # slots a launcher reuses (default DEFAULT_MAP_SLOTS); graphs' come on top
+DEFAULT_MAP_SLOTS = 64  # one slab: 16 KiB of device and 16 KiB of pinned memory a kernel
+_CU_EVENT_DISABLE_TIMING = 2  # cuda.h CUevent_flags
+_CUDA_ERROR_NOT_READY = 600
+_CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+def map_slots_cap(value: str | None = None) -> int:
+    """The number of tensor-map slots a launcher reuses: ``value``, else ``$CONVBW_TENSOR_MAP_SLOTS``, else
+    :data:`DEFAULT_MAP_SLOTS`.
+
+    Raises:
+        ValueError: not a whole number >= 1, naming the variable and the value.
+    """
+    raw = os.environ.get(MAP_SLOTS_ENV) if value is None else value
+    if raw is None or not raw.strip():
+        return DEFAULT_MAP_SLOTS
+    try:
+        cap = int(raw)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(f"{MAP_SLOTS_ENV}={raw!r}: the tensor-map slots a kernel keeps, a whole number >= 1")
+    return cap
+
+
+class MapSlots:
+    """The device slots (256 bytes, with a pinned host twin for the upload) a launcher encodes its tensor maps into,
+    one per (step, stream, described addresses) key, bounded: at most ``cap`` slots are reused, least recently used
+    first, each only once the GPU is done with every launch that read it (a CUDA event recorded on the stream after
+    each use, ``cuEventQuery`` before reuse; the oldest still running is waited for, ``cuEventSynchronize``). A slot
+    a CUDA graph captured (its address is baked into the graph, and the upload from its pinned twin too) is
+    :meth:`pin` ned: never reused, not counted in the cap, so graphs add their own slots (our graphs are at most
+    ``_MAX_GRAPHS`` a kernel and never destroyed; torch's captures are few and long-lived). Why wait rather than
+    grow past the cap: the bound is the point, and a wait comes only when the host is ``cap`` new address pairs of
+    one kernel ahead of the GPU, many training steps, where it costs nothing the queue would not. Not thread-safe:
+    the launcher's lock guards it."""
+
+    def __init__(self, lib: Any, cap: int) -> None:
+        self.lib, self.cap = lib, cap
+        self.keys: OrderedDict[tuple, int] = OrderedDict()  # key -> slot, least recently used first
+        self.device: list[int] = []  # per slot: its device address, pinned host address, event, key
+        self.host: list[int] = []
+        self.events: list[int] = []
+        self.key_of: list[tuple | None] = []
+        self.pinned: set[int] = set()
+        self.free: list[int] = []
+        self.waits = 0  # reuses that had to wait for the GPU
+
+    def find(self, key: tuple) -> int | None:
+        """The slot holding ``key``'s maps, marked most recently used; None where none does."""
+        slot = self.keys.get(key)
+        if slot is not None:
+            self.keys.move_to_end(key)
+        return slot
+
+    def take(self, key: tuple, capturing: bool = False) -> int:
+        """A slot for ``key``'s maps, free to be written now (its last reader done): a fresh one while fewer than
+        ``cap`` unpinned slots exist, else the least recently used unpinned one, after its event. ``capturing``: the
+        calling thread is capturing a stream, where an allocation or an event wait is refused as unsafe: this thread's
+        capture mode is relaxed around them (they are not part of the graph; its events were recorded outside it).
+
+        Raises:
+            CudaError: an allocation, event query or wait failed.
+        """
+        if not capturing:
+            return self._take(key)
+        lib, mode = self.lib, ctypes.c_int(_CU_STREAM_CAPTURE_MODE_RELAXED)
+        _check(lib, lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+        try:
+            return self._take(key)
+        finally:
+            _check(lib, lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+
+    def _take(self, key: tuple) -> int:
+        if not self.free and len(self.device) - len(self.pinned) < self.cap:
+            self._grow(min(_MAPS_SLAB, self.cap - (len(self.device) - len(self.pinned))))
+        if self.free:
+            slot = self.free.pop()
+        else:
+            old = next(k for k, s in self.keys.items() if s not in self.pinned)  # least recently used, no graph's
+            slot = self.keys[old]
+            event, lib = self.events[slot], self.lib
+            rc = lib.cuEventQuery(event)
+            if rc == _CUDA_ERROR_NOT_READY:  # the GPU has not read it yet: wait for that use alone
+                self.waits += 1
+                _check(lib, lib.cuEventSynchronize(event), "cuEventSynchronize (tensor maps)")
+            elif rc:
+                _check(lib, rc, "cuEventQuery (tensor maps)")
+            del self.keys[old]
+        self.keys[key], self.key_of[slot] = slot, key
+        return slot
+
+    def used(self, slot: int, stream: int) -> None:
+        """Mark ``slot`` read by the work just queued on ``stream`` (not reused before it is done)."""
+        if slot not in self.pinned:
+            _check(self.lib, self.lib.cuEventRecord(self.events[slot], stream), "cuEventRecord (tensor maps)")
+
+    def pin(self, slot: int) -> None:
+        """Keep ``slot`` as it is for the process: a CUDA graph captured its address."""
+        self.pinned.add(slot)
+
+    def _grow(self, n: int) -> None:
+        lib = self.lib
+        dev, host = ctypes.c_uint64(), ctypes.c_void_p()
+        _check(lib, lib.cuMemAlloc_v2(ctypes.byref(dev), _MAPS_SLOT * n), "cuMemAlloc (tensor maps)")
+        _check(lib, lib.cuMemAllocHost_v2(ctypes.byref(host), _MAPS_SLOT * n), "cuMemAllocHost (tensor maps)")
+        for i in range(n):  # never freed: a slot's memory and event live as long as the launcher (the process)
+            event = ctypes.c_void_p()
+            _check(lib, lib.cuEventCreate(ctypes.byref(event), _CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+            self.free.insert(0, len(self.device))  # handed out in address order
+            self.device.append(dev.value + _MAPS_SLOT * i)
+            self.host.append(host.value + _MAPS_SLOT * i)
+            self.events.append(event.value)
+            self.key_of.append(None)
 
 
 def _check(lib: Any, rc: int, what: str) -> None:
@@ -469,9 +594,10 @@ class CudaLauncher:
             raise ValueError(
                 f"launch: tensor maps of {', '.join(sorted(unlaunched))}, which the schedule does not launch"
             )
-        self._encoded: dict[tuple, int] = {}  # (step, addresses) -> device address of its maps
-        self._slabs: list[tuple[int, Any]] = []  # (device, pinned host) memory of _MAPS_SLAB slots, kept
+        self.slots = MapSlots(lib, map_slots_cap())  # the encoded maps' device slots, bounded
+        self.encodings = 0  # map sets encoded (a new address pair each): what moving memory costs
         self._encoders: dict[int, list[_Encoder]] = {}  # per kernel step with maps, built at its first encoding
+        self._capture_status = ctypes.c_int()
 
     def _bind(self) -> None:
         """Make the primary context current on this thread (torch's threads have it already)."""
@@ -480,11 +606,15 @@ class CudaLauncher:
         if cur.value != self._ctx:
             _check(self._lib, self._lib.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
-    def __call__(self, pointers: tuple[int, ...], stream: int, maps_stream: int | None = None) -> None:
+    def __call__(
+        self, pointers: tuple[int, ...], stream: int, maps_stream: int | None = None, captured: bool | None = None
+    ) -> None:
         """Queue the schedule on ``stream``: ``pointers`` are the arguments' device addresses and the
         transient workspace's (of at least ``launch.transient`` bytes; anything where there is none).
         ``maps_stream``: the stream whose tensor maps for these addresses the kernels may read (a CUDA graph
-        captured on a side stream and replayed on that one: no copy of the maps in the graph).
+        captured on a side stream and replayed on that one: no copy of the maps in the graph). ``captured``:
+        whether ``stream`` is being captured into a CUDA graph, where the caller knows (None: the driver is asked
+        where the schedule has tensor maps; a slot bound in a capture is the graph's for good).
 
         Raises:
             CudaError: a launch failed (the message names the kernel).
@@ -492,54 +622,61 @@ class CudaLauncher:
         lib = self._lib
         with self._lock:
             self._bind()
-            self._queue(lib, pointers, stream, stream if maps_stream is None else maps_stream)
+            self._queue(lib, pointers, stream, stream if maps_stream is None else maps_stream, captured)
 
-    def _maps_for(self, index: int, payload: Any, stream: int, maps_stream: int) -> int:
-        """The device address of step ``index``'s tensor maps for the addresses its payload binds: encoded
-        once per address tuple and stream into pinned memory and copied to a device slot on ``stream`` (stream
-        order: a CUDA graph captures the copy too; a slot copied on another stream could be read before its
-        copy lands); slots are never reused, so a recorded graph stays right."""
+    def _maps_for(self, index: int, payload: Any, stream: int, maps_stream: int, captured: bool) -> int:
+        """The slot of step ``index``'s tensor maps for the addresses its payload binds: encoded once per address
+        tuple and stream into pinned memory and copied to the device slot on ``stream`` (stream order: a CUDA
+        graph captures the copy too; a slot copied on another stream could be read before its copy lands)."""
         bindings = self._maps[index][2]
         addresses = tuple(payload[b] for b in bindings)
+        slots = self.slots
         if maps_stream != stream:
-            found = self._encoded.get((index, maps_stream, *addresses))
+            found = slots.find((index, maps_stream, *addresses))
             if found is not None:
                 return found
         key = (index, stream, *addresses)
-        found = self._encoded.get(key)
+        found = slots.find(key)
         if found is not None:
             return found
-        lib, n = self._lib, len(self._encoded)
-        if n % _MAPS_SLAB == 0:
-            dev, host = ctypes.c_uint64(), ctypes.c_void_p()
-            _check(lib, lib.cuMemAlloc_v2(ctypes.byref(dev), _MAPS_SLOT * _MAPS_SLAB), "cuMemAlloc (tensor maps)")
-            _check(
-                lib, lib.cuMemAllocHost_v2(ctypes.byref(host), _MAPS_SLOT * _MAPS_SLAB), "cuMemAllocHost (tensor maps)"
-            )
-            self._slabs.append((dev.value, host.value))
-        dev, host = self._slabs[-1]
-        offset = _MAPS_SLOT * (n % _MAPS_SLAB)
+        lib = self._lib
+        slot = slots.take(key, captured)
+        dev, host = slots.device[slot], slots.host[slot]
         encoders = self._encoders.get(index)
         if encoders is None:
             encoders = self._encoders[index] = [_Encoder(lib, m) for m in self._maps[index][1]]
         for k, (encode, address) in enumerate(zip(encoders, addresses)):  # straight into the pinned slot (aligned)
-            encode(lib, host + offset + 128 * k, address)
-        length = 128 * len(encoders)
-        _check(lib, lib.cuMemcpyHtoDAsync_v2(dev + offset, host + offset, length, stream), "cuMemcpyHtoDAsync")
-        self._encoded[key] = dev + offset
-        return dev + offset
+            encode(lib, host + 128 * k, address)
+        _check(lib, lib.cuMemcpyHtoDAsync_v2(dev, host, 128 * len(encoders), stream), "cuMemcpyHtoDAsync")
+        self.encodings += 1
+        return slot
 
-    def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int, maps_stream: int) -> None:
+    def _capturing(self, lib: Any, stream: int) -> bool:
+        """Whether ``stream`` is being captured into a CUDA graph (ours, torch's, a user's): a slot bound then
+        stays the graph's."""
+        status = self._capture_status
+        _check(lib, lib.cuStreamIsCapturing(stream, ctypes.byref(status)), "cuStreamIsCapturing")
+        return status.value != 0
+
+    def _queue(self, lib: Any, pointers: tuple[int, ...], stream: int, maps_stream: int, captured: bool | None) -> None:
         for index, step in enumerate(self._plan):
             if step[0] == "k":
                 _, func, dims, payload, params, binds, name = step
                 for i, (which, off) in enumerate(binds):
                     payload[i] = pointers[which] + off
+                slot = None
                 if index in self._maps:
-                    payload[self._maps[index][0]] = self._maps_for(index, payload, stream, maps_stream)
+                    if captured is None:
+                        captured = self._capturing(lib, stream)
+                    slot = self._maps_for(index, payload, stream, maps_stream, captured)
+                    payload[self._maps[index][0]] = self.slots.device[slot]
+                    if captured:
+                        self.slots.pin(slot)
                 rc = lib.cuLaunchKernel(func, *dims, stream, params, None)
                 if rc:
                     _check(lib, rc, f"cuLaunchKernel({name})")
+                if slot is not None and not captured:
+                    self.slots.used(slot, stream)
             else:
                 kind, (t, toff), length, src, pattern, width = step
                 dst = pointers[t] + toff

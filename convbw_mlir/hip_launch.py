@@ -135,10 +135,12 @@ class HipLauncher:
             funcs[e.name] = f.value
         self._plan, self._params = launch_plan(launch, funcs, dynamic_shared=False)  # no dynamic LDS on AMD
 
-    def __call__(self, pointers: tuple[int, ...], stream: int, maps_stream: int | None = None) -> None:
+    def __call__(
+        self, pointers: tuple[int, ...], stream: int, maps_stream: int | None = None, captured: bool | None = None
+    ) -> None:
         """Queue the schedule on ``stream`` (a ``hipStream_t``; torch's ``cuda_stream`` on ROCm):
-        ``pointers`` are the arguments' device addresses and the transient workspace's (``maps_stream``: the CUDA
-        launcher's; AMD kernels read no tensor maps).
+        ``pointers`` are the arguments' device addresses and the transient workspace's (``maps_stream``,
+        ``captured``: the CUDA launcher's; AMD kernels read no tensor maps).
 
         Raises:
             HipError: a launch failed (the message names the kernel).

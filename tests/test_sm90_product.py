@@ -518,6 +518,38 @@ class _FakeContext(_FakeDriver):
         self.launches.append([ctypes.c_uint64.from_address(slots[i]).value for i in range(4)])
         return 0
 
+    # the GPU's progress, told by the test: with `hold` an event recorded stays not ready until `release()` or a
+    # cuEventSynchronize on it; `capturing`: the streams being captured into a graph
+    hold, capturing = False, frozenset()
+
+    def cuStreamIsCapturing(self, stream, ref):  # noqa: N802
+        return self._set(ref, int(stream in self.capturing))
+
+    def cuEventCreate(self, ref, flags):  # noqa: N802
+        self.pending = getattr(self, "pending", {})
+        self.pending[len(self.pending) + 1] = False
+        return self._set(ref, len(self.pending))
+
+    def cuEventRecord(self, event, stream):  # noqa: N802
+        self.pending[event] = self.hold
+        return 0
+
+    def cuEventQuery(self, event):  # noqa: N802
+        return 600 if self.pending[event] else 0  # CUDA_ERROR_NOT_READY
+
+    def cuEventSynchronize(self, event):  # noqa: N802
+        self.waited = [*getattr(self, "waited", []), event]
+        self.pending[event] = False
+        return 0
+
+    def release(self):
+        self.pending = dict.fromkeys(self.pending, False)
+
+    def cuThreadExchangeStreamCaptureMode(self, ref):  # noqa: N802
+        self.modes = [*getattr(self, "modes", []), ref._obj.value]
+        self.mode, ref._obj.value = ref._obj.value, getattr(self, "mode", 0)  # 0: CU_STREAM_CAPTURE_MODE_GLOBAL
+        return 0
+
 
 def test_direct_launch_binds_maps_encoded_for_the_bound_addresses_once_per_address_pair_and_stream(monkeypatch):
     from convbw_mlir import cuda_launch
@@ -580,6 +612,108 @@ def test_the_launcher_builds_a_maps_constant_arguments_once_and_encodes_each_new
         pair = (dy + 0x100 * i, x + 0x100 * i)
         assert data == b"".join(encode_tensor_map(reference, m, a) for m, a in zip(maps, pair))
     assert reference.calls == lib.calls  # the same arguments, map by map
+
+
+def _slots_launcher(monkeypatch, cap: int | None):
+    """A CudaLauncher of TINY's kernel with its two maps on _FakeContext, ``cap`` slots ($CONVBW_TENSOR_MAP_SLOTS)."""
+    from convbw_mlir import cuda_launch
+    from convbw_mlir.cuda_launch import CudaLauncher, Dispatch, ExportDef
+
+    if cap is None:
+        monkeypatch.delenv(cuda_launch.MAP_SLOTS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(cuda_launch.MAP_SLOTS_ENV, str(cap))
+    maps = [TensorMap(**m) for m in sm90.tensor_maps(_problem(TINY), "k0")]
+    launch = Launch("f", [Dispatch("k0", (1, 1, 1), (("arg1", 0), ("arg0", 0), ("transient", 0), ("arg2", 0)))],
+                    256, (0, 0, 0), {"k0": ExportDef("k0", 0, (384, 1, 1), 1024, 0, 4)},
+                    [b".version 8.0\n.target sm_90a\n"], tensor_maps=maps)  # fmt: skip
+    lib = _FakeContext()
+    lib.hold, lib.capturing = False, frozenset()
+    monkeypatch.setattr(cuda_launch, "_libcuda", lambda: lib)
+    return CudaLauncher(launch, 0), lib, maps
+
+
+def test_tensor_map_slots_stay_bounded_over_10000_moving_address_pairs(monkeypatch):
+    # issue 37: a slot per new (x, dy) pair, never freed, grew device and pinned memory without bound
+    launcher, lib, _ = _slots_launcher(monkeypatch, None)
+    allocs = []
+    alloc = lib.cuMemAlloc_v2
+    lib.cuMemAlloc_v2 = lambda ref, size: allocs.append(size) or alloc(ref, size)
+    for i in range(10_000):
+        launcher((0x100000 + 16 * i, 0x900000 + 16 * i, 0x3000, 0x4000), 5)
+    assert launcher.encodings == 10_000 and len(launcher.slots.device) == 64 and allocs == [64 * 256]
+    assert len({c[0] for c in lib.copies}) == 64  # every upload into one of the 64 slots
+    assert launcher.slots.waits == 0  # the GPU (the fake) was done with each before its reuse: nobody waited
+
+
+def test_a_tensor_map_slot_still_read_by_unfinished_work_is_never_overwritten(monkeypatch):
+    launcher, lib, _ = _slots_launcher(monkeypatch, 2)
+    slots = launcher.slots
+    lib.hold = True  # the GPU reads nothing until told: every event recorded stays not ready
+    written = []
+
+    def check(where):  # a slot's pinned twin or device memory is written only once its last reader is done
+        slot = slots.host.index(where) if where in slots.host else slots.device.index(where)
+        assert not lib.pending[slots.events[slot]], f"slot {slot} overwritten while the GPU may still read it"
+        written.append(slot)
+
+    encode, upload = lib.cuTensorMapEncodeTiled, lib.cuMemcpyHtoDAsync_v2
+    lib.cuTensorMapEncodeTiled = lambda out, *a: check(out) or encode(out, *a)
+    lib.cuMemcpyHtoDAsync_v2 = lambda dst, *a: check(dst) or upload(dst, *a)
+    pairs = [(0x10000 * i, 0x800000 + 0x10000 * i, 0x3000, 0x4000) for i in range(1, 6)]
+    launcher(pairs[0], 5)
+    launcher(pairs[1], 5)
+    assert not getattr(lib, "waited", [])
+    launcher(pairs[0], 5)  # a pair still held: its slot as it is, nothing written
+    assert written == [0, 0, 1, 1]
+    launcher(pairs[2], 5)  # both slots read by queued work: the least recently used one (pair 1's) waited for
+    assert lib.waited == [slots.events[1]] and written[-2:] == [1, 1] and slots.waits == 1
+    lib.release()  # the GPU caught up: the next reuse takes pair 0's slot without a wait
+    launcher(pairs[3], 5)
+    assert lib.waited == [slots.events[1]] and written[-2:] == [0, 0] and len(slots.device) == 2
+
+
+def test_a_tensor_map_slot_a_cuda_graph_captured_outlives_every_reuse(monkeypatch):
+    # a graph holds the slot's address (and the upload from its pinned twin): pinned for good, outside the cap
+    launcher, lib, _ = _slots_launcher(monkeypatch, 2)
+    x, dy, dw, ws = 0x1000, 0x2000, 0x3000, 0x4000
+    launcher((x, dy, dw, ws), 5)  # a plain launch on stream 5, then DirectCall's graph of it captured on 7
+    lib.capturing = frozenset({7})
+    launcher((x, dy, dw, ws), 7, maps_stream=5)  # binds stream 5's slot: the graph keeps it
+    assert getattr(lib, "modes", []) == []  # the graph's slot was found: nothing allocated or waited for
+    launcher((x + 0x100, dy, dw, ws), 7)  # torch capturing a call on new memory: its own slot, also kept
+    # taking it may allocate or wait, which a capture refuses as unsafe: relaxed (2) around it, then put back
+    assert lib.modes == [2, 0] and lib.mode == 0
+    lib.capturing = frozenset()
+    graph_slots = {lib.launches[-2][2], lib.launches[-1][2]}
+    assert len(graph_slots) == 2
+    for i in range(50):
+        launcher((0x100000 + 16 * i, 0x900000 + 16 * i, dw, ws), 5)
+    rewritten = {c[0] for c in lib.copies[2:]}
+    assert not rewritten & graph_slots and len(rewritten) == 2  # the cap's two slots took the 50 pairs
+    assert len(launcher.slots.device) == 4
+    launcher((x, dy, dw, ws), 5)  # the graph's memory again: its slot, as the graph has it, no new encoding
+    assert lib.launches[-1][2] in graph_slots and len(lib.copies) == 52
+
+
+def test_a_pair_that_comes_back_after_its_slot_was_reused_gets_the_same_map_bytes(monkeypatch):
+    launcher, lib, maps = _slots_launcher(monkeypatch, 1)
+    pairs = [(0x1000, 0x2000, 0x3000, 0x4000), (0x5000, 0x6000, 0x3000, 0x4000)]
+    for ptrs in (*pairs, pairs[0]):
+        launcher(ptrs, 5)
+    first, _, again = (c[1] for c in lib.copies)
+    assert first == again == b"".join(encode_tensor_map(_FakeDriver(), m, a) for m, a in zip(maps, (0x2000, 0x1000)))
+    assert len({c[0] for c in lib.copies}) == 1  # one slot, rewritten each time
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "2.5"])
+def test_a_bad_tensor_map_slots_setting_is_one_error_naming_it(monkeypatch, value):
+    from convbw_mlir import cuda_launch
+
+    monkeypatch.setenv(cuda_launch.MAP_SLOTS_ENV, value)
+    with pytest.raises(ValueError, match=rf"CONVBW_TENSOR_MAP_SLOTS='{value}': .* >= 1"):
+        cuda_launch.map_slots_cap()
+    assert cuda_launch.map_slots_cap(" 3 ") == 3
 
 
 def test_the_isa_report_counts_sm90a_wgmma_written_as_inline_ptx():

@@ -192,8 +192,10 @@ def test_a_direct_calls_launch_tells_the_cxx_path_the_graph_it_replayed_for_that
     kernel = object.__new__(ct_entry.DirectCall)  # no GPU here: the launcher, the graph and the stream stood in for
     kernel.index, kernel.transient, kernel.driver, kernel.use_graphs = 0, 100, "cuda", True
     kernel._graphs, kernel._seen, kernel._side = {}, {}, None
-    plain, recorded, replays = [], [], []
-    kernel.launcher = lambda ptrs, stream, maps_stream=None: plain.append(ptrs)
+    plain, recorded, replays, captures = [], [], [], []
+    kernel.launcher = lambda ptrs, stream, maps_stream=None, captured=None: (
+        plain.append(ptrs) or captures.append(captured)
+    )
 
     class Graph:
         def replay(self):
@@ -216,6 +218,7 @@ def test_a_direct_calls_launch_tells_the_cxx_path_the_graph_it_replayed_for_that
     assert ws.numel() >= 100
     assert [(e, w is ws) for e, w in got] == [(0, True), (0xE1, True), (0xE1, True), (0, True)]
     assert (len(plain), len(recorded), len(replays)) == (2, 1, 2)  # first call and new memory plain, then the graph
+    assert captures == [False, False]  # the launcher told no capture is on: it need not ask the driver
 
     fns = {n: ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for n in ("cuGraphLaunch", "cuStreamIsCapturing")}
     monkeypatch.setattr("convbw_mlir.cuda_launch._libcuda", lambda: type("Lib", (), fns))
@@ -236,8 +239,10 @@ def test_while_the_stream_is_captured_a_direct_calls_workspace_is_the_calls_own_
     kernel = object.__new__(ct_entry.DirectCall)
     kernel.index, kernel.transient, kernel.driver, kernel.use_graphs = 0, 1000, "cuda", True
     kernel._graphs, kernel._seen, kernel._side = {}, {}, None
-    launched, kept = [], []
-    kernel.launcher = lambda ptrs, stream, maps_stream=None: launched.append(ptrs)
+    launched, kept, told = [], [], []
+    kernel.launcher = lambda ptrs, stream, maps_stream=None, captured=None: (
+        launched.append(ptrs) or told.append(captured)
+    )
     monkeypatch.setattr(ct_entry, "_raw_stream", lambda index: 7)
     monkeypatch.setattr(ct_entry, "_WORKSPACE", {})
     monkeypatch.setattr(
@@ -251,6 +256,7 @@ def test_while_the_stream_is_captured_a_direct_calls_workspace_is_the_calls_own_
     capturing[0] = False
     _, ws = kernel.launch(x, dy, out)
     assert kept == [1000] and ct_entry._WORKSPACE == {(0, 7): ws} and launched[-1][3] == ws.data_ptr()
+    assert told == [True, True, False]  # a capture's launches pin their tensor-map slots (cuda_launch.MapSlots)
 
 
 def test_a_direct_calls_native_plan_is_its_launchers_schedule_and_only_where_asked(monkeypatch):
@@ -278,14 +284,17 @@ def test_a_direct_calls_native_plan_is_its_launchers_schedule_and_only_where_ask
     plan, _ = launch_plan(launch, {"k0": 0xF1, "k1": 0xF2}, dynamic_shared=True)
     kernel = object.__new__(ct_entry.DirectCall)
     kernel.driver = "cuda"
-    kernel.launcher = types.SimpleNamespace(launch=launch, _plan=plan, _maps={1: (3, launch.tensor_maps)})
+    kernel.launcher = types.SimpleNamespace(launch=launch, _plan=plan, _maps={1: (3, launch.tensor_maps)},
+                                            slots=types.SimpleNamespace(cap=5))  # fmt: skip
     fns = {n: ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for n in ct_entry.NATIVE_DRIVER_FUNCTIONS[:8]}
     monkeypatch.setattr("convbw_mlir.cuda_launch._libcuda", lambda: type("Lib", (), fns))
     monkeypatch.delenv(ct_entry.NATIVE_LAUNCH_ENV, raising=False)
     assert kernel.native_plan() is None  # off by default: not yet run on a GPU
     monkeypatch.setenv(ct_entry.NATIVE_LAUNCH_ENV, "1")
-    addresses, steps = kernel.native_plan()
-    assert addresses == (*(ctypes.cast(f, ctypes.c_void_p).value for f in fns.values()), 0, 0)
+    addresses, steps, cap = kernel.native_plan()
+    # the encoders and the events absent from this stand-in driver: 0 (C++ then launches such a plan through Python)
+    assert addresses == (*(ctypes.cast(f, ctypes.c_void_p).value for f in fns.values()), *[0] * 6)
+    assert cap == 5  # the tensor-map slots C++ reuses: the launcher's (cuda_launch.MapSlots)
     tiled = (0, 0, 9, (8, 36), (16,), (8, 4), (1, 1), (), (), 0, 3, 3, 0)
     assert steps == (
         (1, 3, 0, 64, -1, 0, 0, 4),

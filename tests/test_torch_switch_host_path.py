@@ -97,6 +97,36 @@ def test_the_harness_counts_the_schedules_driver_calls_a_call_on_the_python_and_
     # Python launcher's context check)
     cxx = dict(got["cxx_launch", "moving"]["driver_calls_per_call"])
     assert cxx.pop("cuStreamIsCapturing") == 1 and moving.pop("cuCtxGetCurrent") == 1 and cxx == moving
+    assert moving["cuEventRecord"] == 1  # the maps' slot marked read by the kernel just queued (not reused before)
     assert got["cxx_launch", "moving"]["cxx_plain_launches_per_call"] == 1
     assert all(r["ours"] == 1 for r in got.values())
     assert got["python", "moving"]["profile_us_per_call"]  # cProfile's rows: where the Python path's time goes
+
+
+def test_tensor_map_slots_stay_bounded_over_10000_moving_pairs_and_reuse_waits_while_the_gpu_reads(
+    stub, artifacts, monkeypatch
+):
+    # issue 37: every new x, dy pair kept a slot of device and pinned memory for good (10,478 held after 10,400
+    # calls: bench/results/cpu_2026-12-06_slots/); now a pool of $CONVBW_TENSOR_MAP_SLOTS a kernel, on both paths
+    from convbw_mlir.torch import native
+
+    monkeypatch.setenv(native.DIR_ENV, str(hp.HERE.parent / "build" / "native"))
+    monkeypatch.setenv(cuda_launch.MAP_SLOTS_ENV, "4")
+    counters = hp.Counters(stub)
+    got = {}
+    with hp.stubbed(stub):
+        work = hp.Workload(hp.layers(artifacts), period=20_000)
+        for path in ("python", "cxx_launch"):
+            got[path] = hp.measure(path, "moving", work, counters, passes=5_000, profile=False)
+        stub.stub_hold_events(1)  # the GPU reads nothing until a wait: every reuse of a slot waits for its reads
+        try:
+            held = hp.measure("python", "moving", work, counters, passes=20, profile=False)
+        finally:
+            stub.stub_hold_events(0)
+    python, cxx = got["python"], got["cxx_launch"]
+    assert python["calls"] + cxx["calls"] >= 10_000 and python["maps_held"] == 4 and cxx["maps_held_cxx"] == 4
+    assert python["driver_calls_per_call"]["cuTensorMapEncodeTiled"] == 1  # a new pair every call, all encoded
+    assert cxx["driver_calls_per_call"]["cuTensorMapEncodeTiled"] == 1 and cxx["cxx_plain_launches_per_call"] == 1
+    # held: 3 warm-up calls and the first timed one take fresh slots, each later one waits for the oldest slot
+    assert python["map_waits"] == 0 and held["maps_held"] == 4 and held["map_waits"] == 19
+    assert held["driver_calls_per_call"]["cuEventSynchronize"] == 19 / 20

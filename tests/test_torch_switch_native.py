@@ -438,6 +438,9 @@ class _FakeDriver:
         self.launches, self.fills, self.copies, self.encoded, self.uploads = [], [], [], [], []
         self._host = []
         self.rc = 0  # what cuLaunchKernel returns
+        # the GPU's progress, told by the test: with `hold` an event recorded stays not ready (cuEventQuery's
+        # CUDA_ERROR_NOT_READY) until `pending` is cleared or a cuEventSynchronize on it (listed in `waited`)
+        self.hold, self.pending, self.waited, self.allocs, self.overwritten_pending = False, {}, [], [], []
         u64, vp, u32, sz = c.c_uint64, c.c_void_p, c.c_uint, c.c_size_t
 
         def launch(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
@@ -463,10 +466,27 @@ class _FakeDriver:
 
         def alloc(ptr, size):
             ptr[0] = 0x7000_0000 + 0x10000 * len(self._host)
+            self.allocs.append(size)
             return 0
 
         def upload(dst, src, size, stream):
             self.uploads.append((dst, [c.cast(src + 128 * k, c.POINTER(u64))[0] for k in range(size // 128)]))
+            # whether the GPU may still read the slot written (one slab: slot i at 256 i, its event i + 1)
+            self.overwritten_pending.append(self.pending.get((dst - 0x7000_0000) // 256 + 1, False))
+            return 0
+
+        def event_create(ptr, flags):
+            self.pending[len(self.pending) + 1] = False
+            ptr[0] = len(self.pending)
+            return 0
+
+        def event_record(event, stream):
+            self.pending[event] = self.hold
+            return 0
+
+        def event_sync(event):
+            self.waited.append(event)
+            self.pending[event] = False
             return 0
 
         p_u64, p_u32, p_i = c.POINTER(u64), c.POINTER(u32), c.POINTER(c.c_int)
@@ -500,6 +520,10 @@ class _FakeDriver:
                 c.c_int,
                 c.c_int,
             )(encode("im2col")),  # fmt: skip
+            c.CFUNCTYPE(c.c_int, c.POINTER(vp), u32)(event_create),
+            c.CFUNCTYPE(c.c_int, vp, vp)(event_record),
+            c.CFUNCTYPE(c.c_int, vp)(lambda event: 600 if self.pending[event] else 0),
+            c.CFUNCTYPE(c.c_int, vp)(event_sync),
         ]
         self.addresses = tuple(0 if f is None else c.cast(f, c.c_void_p).value for f in self._fns)
 
@@ -567,3 +591,54 @@ def test_a_plan_with_more_than_two_tensor_maps_a_step_is_launched_through_python
     for _ in range(4):
         torch.testing.assert_close(call(), kernel.want)
     assert native.plain_launches() == 0 and drv.launches == [] and kernel.python == [] and len(kernel.plain) == 4
+
+
+def test_cxx_tensor_map_slots_stay_bounded_over_10000_moving_address_pairs_and_wait_for_unfinished_reads(monkeypatch):
+    # issue 37: C++'s launches kept a slot per new (x, dy) pair for good; now a pool of the launcher's cap, reused
+    # least recently used first once the slot's event says the GPU read it (cuda_launch.MapSlots's rule)
+    drv = _FakeDriver({0xF1: 6, 0xF2: 2})
+    kernel, _ = _graphed_switch(monkeypatch)
+    kernel.native_launch = lambda: (kernel.launch, 0, kernel.addresses[1], 64, (drv.addresses, _steps(), 4))
+    n = 10_000
+    xs, dys, w = torch.randn(288 + 4 * (n + 8)), torch.randn(576 + 4 * (n + 8)), torch.randn(8, 4, 3, 3)
+
+    def call(i):  # x and dy 16 bytes further on each call: a new address pair
+        x, dy = xs[4 * i : 4 * i + 288].view(2, 4, 6, 6), dys[4 * i : 4 * i + 576].view(2, 8, 6, 6)
+        return aten(dy, x, w, *ARGS, [False, True, False])[1]
+
+    slots_before = native.map_slots()[0]
+    for i in range(n):
+        call(i)
+    assert native.plain_launches() >= n - 2 and len(drv.encoded) == 2 * native.plain_launches()
+    assert native.map_slots()[0] - slots_before == 4 and drv.allocs == [4 * 256]
+    assert len({dst for dst, _ in drv.uploads}) == 4 and not any(drv.overwritten_pending) and drv.waited == []
+    # the GPU stops reading (events stay not ready): each new pair waits for the least recently used slot's reads
+    # (the first 4 reuse slots whose reads were done before: no wait; then each slot, oldest use first)
+    drv.hold = True
+    for i in range(n, n + 8):
+        call(i)
+    taken = [(dst - 0x7000_0000) // 256 + 1 for dst, _ in drv.uploads[-8:]]  # each upload's slot, as its event
+    assert drv.waited == taken[:4] and taken[4:] == taken[:4] and not any(drv.overwritten_pending)
+
+
+def test_cxx_reuses_the_least_recently_used_tensor_map_slot_a_hit_counting_as_a_use(monkeypatch):
+    # a pair found in the pool is a use (its slot's event recorded again, moved to most recent): the next new pair
+    # takes the other slot, waiting for that slot's reads while the GPU (the fake) has not done them
+    drv = _FakeDriver({0xF1: 6, 0xF2: 2})
+    kernel, _ = _graphed_switch(monkeypatch)
+    kernel.native_launch = lambda: (kernel.launch, 0, kernel.addresses[1], 64, (drv.addresses, _steps(), 2))
+    xs, dys, w = torch.randn(288 + 4 * 8), torch.randn(576 + 4 * 8), torch.randn(8, 4, 3, 3)
+
+    def call(i):
+        x, dy = xs[4 * i : 4 * i + 288].view(2, 4, 6, 6), dys[4 * i : 4 * i + 576].view(2, 8, 6, 6)
+        return aten(dy, x, w, *ARGS, [False, True, False])[1]
+
+    call(7)  # the miss: the Python switch decides (its own launcher), C++ launches from the next call on
+    drv.hold = True  # the GPU reads nothing until a wait
+    for i in (0, 1, 0):  # A, B, then A again: found, nothing encoded
+        call(i)
+    assert len(drv.uploads) == 2 and drv.waited == []
+    slot = {i: (dst - 0x7000_0000) // 256 + 1 for i, (dst, _) in zip((0, 1), drv.uploads)}
+    call(2)  # C: B's slot is the least recently used (A was used after it): B's reads waited for, then rewritten
+    assert drv.waited == [slot[1]] and (drv.uploads[-1][0] - 0x7000_0000) // 256 + 1 == slot[1]
+    assert not any(drv.overwritten_pending)

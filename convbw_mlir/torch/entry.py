@@ -437,9 +437,9 @@ def loaded_kernels() -> list[dict[str, Any]]:
     """The kernels this process has loaded, one dict each: ``problem`` (its name), ``target``, ``family``
     (:func:`kernel_family`), ``path`` (``direct``: launched on torch's stream; ``iree``: IREE's runtime, a host
     wait per call), ``launches`` (kernels and transfers a call queues), ``kernels`` (their names, as a
-    profiler shows them), ``graphs`` (CUDA graphs recorded, one
-    per memory it was called on twice) and ``maps_encoded`` (tensor-map sets encoded, one per x/dy address
-    pair; sm_90a only): what a training run asks of it (bench/torch_step.py)."""
+    profiler shows them), ``graphs`` (CUDA graphs recorded, one per memory it was called on twice),
+    ``maps_encoded`` (tensor-map sets encoded, one per new x/dy address pair; sm_90a only) and ``maps_slots`` (the
+    device slots they took: bounded, cuda_launch.MapSlots): what a training run asks of it (bench/torch_step.py)."""
     out = []
     with _LOCK:
         for key, kernel in _KERNELS.items():
@@ -450,7 +450,8 @@ def loaded_kernels() -> list[dict[str, Any]]:
             if type(kernel) is DirectCall:
                 launcher = kernel.launcher
                 row |= {"launches": len(launcher.launch.steps), "kernels": sorted(launcher.launch.exports),
-                        "graphs": len(kernel._graphs), "maps_encoded": len(getattr(launcher, "_encoded", ())),
+                        "graphs": len(kernel._graphs), "maps_encoded": getattr(launcher, "encodings", 0),
+                        "maps_slots": len(getattr(getattr(launcher, "slots", None), "device", ())),
                         "splits": plan.k_batch if plan is not None else None}  # fmt: skip
             out.append(row)
     return out
@@ -491,7 +492,8 @@ NATIVE_LAUNCH_ENV = "CONVBW_TORCH_NATIVE_LAUNCH"  # "1": the C++ hot path launch
 # the driver functions DirectCall.native_plan hands over, in this order (switch_native.cpp: Driver)
 NATIVE_DRIVER_FUNCTIONS = ("cuLaunchKernel", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async", "cuMemcpyAsync",
                            "cuMemcpyHtoDAsync_v2", "cuMemAlloc_v2", "cuMemAllocHost_v2", "cuTensorMapEncodeTiled",
-                           "cuTensorMapEncodeIm2col")  # fmt: skip
+                           "cuTensorMapEncodeIm2col", "cuEventCreate", "cuEventRecord", "cuEventQuery",
+                           "cuEventSynchronize")  # fmt: skip
 _WS_STREAMS: dict[int, Any] = {}  # device -> the stream kept workspaces are allocated on (_kept_workspace)
 
 
@@ -553,7 +555,8 @@ class DirectCall:
             with torch.cuda.stream(self._side):
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
-                    self.launcher(ptrs, self._side.cuda_stream, maps_stream=stream)  # replayed on ``stream``
+                    # replayed on ``stream``; its tensor-map slots are the graph's for good (cuda_launch.MapSlots)
+                    self.launcher(ptrs, self._side.cuda_stream, maps_stream=stream, captured=True)
                 finally:
                     graph.capture_end()
             return graph
@@ -600,7 +603,8 @@ class DirectCall:
         each map ``(binding, 0 tiled / 1 im2col, dtype, dims, strides, box, element strides, lower, upper,
         interleave, swizzle, L2 promotion, OOB fill)``; ``(1, buffer, offset, bytes, -1, 0, pattern, width)`` a fill
         and ``(2, buffer, offset, bytes, source buffer, source offset, 0, 0)`` a copy; buffers numbered as the
-        launcher's: x, dy, dW, the workspace); None else."""
+        launcher's: x, dy, dW, the workspace; the tensor-map slots C++ reuses, as the launcher's
+        ``slots.cap``); None else."""
         if os.environ.get(NATIVE_LAUNCH_ENV, "0").strip() != "1" or getattr(self, "driver", None) != "cuda":
             return None
         from convbw_mlir.cuda_launch import _libcuda
@@ -625,7 +629,7 @@ class DirectCall:
                 steps.append(
                     (1 if kind == "fill" else 2, target, offset, length, src_buffer, src_offset, pattern, width)
                 )
-        return fns, tuple(steps)
+        return fns, tuple(steps), launcher.slots.cap
 
     def launch(self, x: torch.Tensor, dy: torch.Tensor, out: torch.Tensor) -> tuple[int, torch.Tensor]:
         """:meth:`__call__`, and what the C++ hot path keeps for this memory: the raw ``cudaGraphExec_t`` the call
@@ -662,7 +666,7 @@ class DirectCall:
             if len(self._seen) > 1024:  # a bound for callers whose memory moves every call
                 self._seen.clear()
             self._seen[key] = None
-        self.launcher(ptrs, stream)
+        self.launcher(ptrs, stream, captured=capturing)
         return 0, None if capturing else ws
 
 

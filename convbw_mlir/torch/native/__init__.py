@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DIR_ENV", "ENV", "SOURCE", "build_dir", "counts", "graph_launches", "load", "loaded", "plain_launches",
-           "register", "reset_counts", "sync", "table_size", "wanted"]  # fmt: skip
+__all__ = ["DIR_ENV", "ENV", "SOURCE", "build_dir", "counts", "graph_launches", "load", "loaded", "map_slots",
+           "plain_launches", "register", "reset_counts", "sync", "table_size", "wanted"]  # fmt: skip
 ENV = "CONVBW_TORCH_NATIVE"  # "1": enable() takes the C++ path where native=None; "0" or unset: the Python path
 DIR_ENV = "CONVBW_TORCH_NATIVE_DIR"  # where the extension is built (else <kernel cache>/native)
 SOURCE = Path(__file__).with_name("switch_native.cpp")
@@ -177,6 +177,12 @@ def graph_launches() -> int:
 def plain_launches() -> int:
     """Our dW's schedules the C++ kernel launched itself without a graph (``$CONVBW_TORCH_NATIVE_LAUNCH=1``)."""
     return 0 if _STATE["module"] is None else _STATE["module"].plain_launches()
+
+
+def map_slots() -> tuple[int, int]:
+    """(tensor-map slots the C++ launches allocated, reuses of one that waited for the GPU) over the process: a
+    bounded pool a kernel, as the Python launcher's (``cuda_launch.MapSlots``)."""
+    return (0, 0) if _STATE["module"] is None else tuple(_STATE["module"].map_slots())
 
 
 def table_size() -> int:

@@ -88,6 +88,10 @@ struct Driver {  // NATIVE_DRIVER_FUNCTIONS' order (entry.py); cuda.h's signatur
                       int, int, int, int) = nullptr;
   int (*encode_im2col)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*, const int*, const int*, unsigned,
                        unsigned, const unsigned*, int, int, int, int) = nullptr;
+  int (*event_create)(void**, unsigned) = nullptr;
+  int (*event_record)(void*, void*) = nullptr;
+  int (*event_query)(void*) = nullptr;
+  int (*event_sync)(void*) = nullptr;
 };
 
 struct MapSpec {  // one CUtensorMap of a dispatch (cuda_launch.TensorMap)
@@ -111,16 +115,32 @@ struct Step {
 };
 
 constexpr size_t kMapsSlot = 256, kMapsSlab = 64;  // cuda_launch._MAPS_SLOT, _MAPS_SLAB
+constexpr int kNotReady = 600;                       // CUDA_ERROR_NOT_READY
+std::atomic<int64_t> g_map_slots{0};                 // tensor-map slots allocated here, all plans (stats for tests)
+std::atomic<int64_t> g_map_waits{0};                 // reuses that waited for the GPU (cuEventSynchronize)
+
+// one tensor-map slot: 256 bytes of device memory, its pinned twin for the upload, the event after its last use
+struct MapSlot {
+  uint64_t dev = 0;
+  char* host = nullptr;
+  void* event = nullptr;
+  MapsKey key{};
+  uint64_t tick = 0;  // last use: the least recently used is reused first
+  bool keyed = false;
+};
 
 struct Plan {
   Driver drv;
   std::vector<Step> steps;
-  // encoded tensor maps per (step, stream, described addresses): a device slot each, never reused (a launch in
-  // flight may read it), as CudaLauncher._maps_for
-  std::mutex lock;
-  std::unordered_map<MapsKey, uint64_t, MapsHash> encoded;
-  std::vector<std::pair<uint64_t, char*>> slabs;
-  size_t used = 0;
+  // encoded tensor maps per (step, stream, described addresses) in a bounded pool of slots, cuda_launch.MapSlots's
+  // rule: at most `cap` slots, the least recently used reused once its event says the GPU read it (else waited
+  // for). Never pinned here: C++ launches only on a stream not being captured, so no graph holds its slots (our
+  // graphs are recorded by Python's launcher, whose pool pins theirs).
+  std::mutex lock;  // held over a step's lookup, launch and event record: a slot is never taken in between
+  size_t cap = 64;
+  uint64_t tick = 0;
+  std::unordered_map<MapsKey, size_t, MapsHash> encoded;  // key -> slot
+  std::vector<MapSlot> slots;
 };
 
 // a direct launch whose CUDA graphs this side replays itself (DirectCall.native_launch)
@@ -195,13 +215,15 @@ std::vector<T> values(py::handle h) {
 std::unique_ptr<Plan> parse_plan(py::handle h) {
   auto t = py::reinterpret_borrow<py::tuple>(h);
   auto fns = values<uintptr_t>(t[0]);
-  if (fns.size() != 10) throw std::runtime_error("convbw native: a plan names 10 driver functions");
+  if (fns.size() != 14) throw std::runtime_error("convbw native: a plan names 14 driver functions");
   auto p = std::make_unique<Plan>();
   Driver& d = p->drv;
   auto set = [&](auto& f, size_t i) { f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(fns[i]); };
   set(d.launch_kernel, 0), set(d.memset8, 1), set(d.memset16, 2), set(d.memset32, 3), set(d.memcpy, 4);
   set(d.memcpy_htod, 5), set(d.mem_alloc, 6), set(d.mem_alloc_host, 7), set(d.encode_tiled, 8);
-  set(d.encode_im2col, 9);
+  set(d.encode_im2col, 9), set(d.event_create, 10), set(d.event_record, 11), set(d.event_query, 12);
+  set(d.event_sync, 13);
+  if (t.size() > 2) p->cap = static_cast<size_t>(std::max<int64_t>(t[2].cast<int64_t>(), 1));
   bool ok = d.launch_kernel != nullptr;
   for (auto sh : t[1]) {
     auto st = py::reinterpret_borrow<py::tuple>(sh);
@@ -229,8 +251,10 @@ std::unique_ptr<Plan> parse_plan(py::handle h) {
         ok &= (ms.mode == 0 ? d.encode_tiled != nullptr : d.encode_im2col != nullptr);
         s.maps.push_back(std::move(ms));
       }
-      ok &= s.maps.size() <= 2 && (s.maps.empty() || (d.memcpy_htod && d.mem_alloc && d.mem_alloc_host && s.maps_binding >= 0 &&
-                               s.maps_binding < static_cast<int>(s.binds.size() + s.constants.size())));
+      ok &= s.maps.size() <= 2 &&
+            (s.maps.empty() || (d.memcpy_htod && d.mem_alloc && d.mem_alloc_host && d.event_create &&
+                                d.event_record && d.event_query && d.event_sync && s.maps_binding >= 0 &&
+                                s.maps_binding < static_cast<int>(s.binds.size() + s.constants.size())));
       for (auto& [which, off] : s.binds) ok &= which >= 0 && which < 4;
       for (auto& ms : s.maps) ok &= ms.binding >= 0 && ms.binding < static_cast<int>(s.binds.size());
     } else {
@@ -257,23 +281,55 @@ void cu_check(int rc, const char* what) {
   if (rc != 0) cu_fail(rc, what);
 }
 
-// the device address of step `index`'s tensor maps for the addresses its payload binds (CudaLauncher._maps_for)
-uint64_t maps_for(Plan& p, size_t index, const Step& s, const uint64_t* payload, void* stream) {
-  MapsKey key{index, reinterpret_cast<uintptr_t>(stream), 0, 0};
-  for (size_t k = 0; k < s.maps.size(); ++k) key[2 + k] = payload[s.maps[k].binding];
-  std::lock_guard lock(p.lock);
-  auto it = p.encoded.find(key);
-  if (it != p.encoded.end()) return it->second;
+// a slot free to be written now (MapSlots.take): a fresh one while fewer than `cap` exist, else the least recently
+// used, after its last reader (its event; waited for if the GPU has not got there). Under p.lock.
+size_t take_slot(Plan& p) {
   const Driver& d = p.drv;
-  if (p.used % kMapsSlab == 0) {
+  if (p.slots.size() < p.cap && p.slots.size() == p.encoded.size()) {  // all in use: grow by a slab, to the cap
+    const size_t n = std::min(kMapsSlab, p.cap - p.slots.size());
     uint64_t dev = 0;
     void* host = nullptr;
-    cu_check(d.mem_alloc(&dev, kMapsSlot * kMapsSlab), "cuMemAlloc (tensor maps)");
-    cu_check(d.mem_alloc_host(&host, kMapsSlot * kMapsSlab), "cuMemAllocHost (tensor maps)");
-    p.slabs.emplace_back(dev, static_cast<char*>(host));
+    cu_check(d.mem_alloc(&dev, kMapsSlot * n), "cuMemAlloc (tensor maps)");
+    cu_check(d.mem_alloc_host(&host, kMapsSlot * n), "cuMemAllocHost (tensor maps)");
+    for (size_t i = 0; i < n; ++i) {  // never freed, as the plan's other resources
+      MapSlot slot;
+      slot.dev = dev + kMapsSlot * i, slot.host = static_cast<char*>(host) + kMapsSlot * i;
+      cu_check(d.event_create(&slot.event, 2), "cuEventCreate (tensor maps)");  // CU_EVENT_DISABLE_TIMING
+      p.slots.push_back(slot);
+    }
+    g_map_slots.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
   }
-  const auto [dev, host] = p.slabs.back();
-  const size_t off = kMapsSlot * (p.used % kMapsSlab);
+  size_t best = p.slots.size();
+  for (size_t i = 0; i < p.slots.size(); ++i) {
+    if (!p.slots[i].keyed) return i;
+    if (best == p.slots.size() || p.slots[i].tick < p.slots[best].tick) best = i;
+  }
+  MapSlot& old = p.slots[best];
+  const int rc = d.event_query(old.event);
+  if (rc == kNotReady) {
+    g_map_waits.fetch_add(1, std::memory_order_relaxed);
+    cu_check(d.event_sync(old.event), "cuEventSynchronize (tensor maps)");
+  } else {
+    cu_check(rc, "cuEventQuery (tensor maps)");
+  }
+  p.encoded.erase(old.key);
+  old.keyed = false;
+  return best;
+}
+
+// the slot of step `index`'s tensor maps for the addresses its payload binds (CudaLauncher._maps_for); under p.lock
+MapSlot& maps_for(Plan& p, size_t index, const Step& s, const uint64_t* payload, void* stream) {
+  MapsKey key{index, reinterpret_cast<uintptr_t>(stream), 0, 0};
+  for (size_t k = 0; k < s.maps.size(); ++k) key[2 + k] = payload[s.maps[k].binding];
+  auto it = p.encoded.find(key);
+  if (it != p.encoded.end()) {
+    MapSlot& slot = p.slots[it->second];
+    slot.tick = ++p.tick;
+    return slot;
+  }
+  const Driver& d = p.drv;
+  const size_t at = take_slot(p);
+  MapSlot& slot = p.slots[at];
   for (size_t k = 0; k < s.maps.size(); ++k) {
     const MapSpec& m = s.maps[k];
     alignas(64) unsigned char map[128] = {};
@@ -294,12 +350,12 @@ uint64_t maps_for(Plan& p, size_t index, const Step& s, const uint64_t* payload,
     if (rc != 0)
       cu_fail(rc, std::string(m.mode == 0 ? "cuTensorMapEncodeTiled" : "cuTensorMapEncodeIm2col") + " (step " +
                       std::to_string(index) + ", binding " + std::to_string(m.binding) + ")");
-    std::memcpy(host + off + 128 * k, map, 128);
+    std::memcpy(slot.host + 128 * k, map, 128);
   }
-  cu_check(d.memcpy_htod(dev + off, host + off, 128 * s.maps.size(), stream), "cuMemcpyHtoDAsync (tensor maps)");
-  p.used += 1;
-  p.encoded.emplace(key, dev + off);
-  return dev + off;
+  cu_check(d.memcpy_htod(slot.dev, slot.host, 128 * s.maps.size(), stream), "cuMemcpyHtoDAsync (tensor maps)");
+  slot.key = key, slot.keyed = true, slot.tick = ++p.tick;
+  p.encoded.emplace(key, at);
+  return slot;
 }
 
 // the schedule on `stream` (CudaLauncher._queue): ptrs are x, dy, dW and the workspace's addresses
@@ -313,11 +369,18 @@ void plain_launch(Plan& p, void* stream, const std::array<uint64_t, 4>& ptrs) {
       std::vector<void*> params(std::max<size_t>(n, 1));
       for (size_t j = 0; j < nb; ++j) payload[j] = ptrs[s.binds[j].first] + s.binds[j].second;
       for (size_t j = 0; j < s.constants.size(); ++j) payload[nb + j] = s.constants[j];
-      if (!s.maps.empty()) payload[s.maps_binding] = maps_for(p, i, s, payload.data(), stream);
       for (size_t j = 0; j < n; ++j) params[j] = &payload[j];
+      std::unique_lock<std::mutex> lock(p.lock, std::defer_lock);
+      MapSlot* slot = nullptr;
+      if (!s.maps.empty()) {
+        lock.lock();
+        slot = &maps_for(p, i, s, payload.data(), stream);
+        payload[s.maps_binding] = slot->dev;
+      }
       const int rc = d.launch_kernel(s.func, s.dims[0], s.dims[1], s.dims[2], s.dims[3], s.dims[4], s.dims[5],
                                      s.dims[6], stream, params.data(), nullptr);
       if (rc != 0) cu_fail(rc, "cuLaunchKernel (step " + std::to_string(i) + ")");
+      if (slot != nullptr) cu_check(d.event_record(slot->event, stream), "cuEventRecord (tensor maps)");
     } else if (s.kind == 1) {
       const uint64_t dst = ptrs[s.target] + s.offset;
       const size_t count = static_cast<size_t>(s.length / s.width);
@@ -626,6 +689,10 @@ void reset_counts() {
 
 int64_t graph_launches() { return g_graph_launches.load(std::memory_order_relaxed); }
 int64_t plain_launches() { return g_plain_launches.load(std::memory_order_relaxed); }
+// tensor-map slots allocated and reuses that waited, over the process (bounded: a cap a plan, cuda_launch.MapSlots)
+std::pair<int64_t, int64_t> map_slots() {
+  return {g_map_slots.load(std::memory_order_relaxed), g_map_waits.load(std::memory_order_relaxed)};
+}
 
 size_t table_size() {
   std::shared_lock lock(g_lock);
@@ -642,6 +709,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reset_counts", &reset_counts);
   m.def("graph_launches", &graph_launches, "our dW's CUDA graphs launched from C++ since reset_counts");
   m.def("plain_launches", &plain_launches, "our dW's schedules launched from C++ (no graph) since reset_counts");
+  m.def("map_slots", &map_slots, "(tensor-map slots allocated, reuses that waited) by the schedules launched here");
   m.def("table_size", &table_size);
   m.attr("REASONS") = kReasons;
 }
