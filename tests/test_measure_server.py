@@ -70,10 +70,29 @@ def test_a_batch_of_problems_is_measured_by_one_server_process(batch):
 def test_server_rows_have_the_fields_of_the_runners_rows(batch):
     served, classic = batch
     one, two = served["problems"][0], classic["problems"][0]
-    assert one.keys() == two.keys() and one["contenders"].keys() == two["contenders"].keys()
+    assert one.keys() - {"phases"} == two.keys() and one["contenders"].keys() == two["contenders"].keys()
     for name, c in one["contenders"].items():
         assert c.keys() == two["contenders"][name].keys(), name
     assert one["reference_checked"] == two["reference_checked"]
+
+
+def test_each_served_problem_records_where_its_time_went(batch):
+    served, _ = batch
+    rows = served["problems"]
+    for i, row in enumerate(rows):
+        ph = row["phases"]
+        steps = ("inputs_s", "reference_s", "candidates_s", "timing_s", "free_s", "prep_wait_s", "bookkeeping_s")
+        assert all(ph[k] >= 0 for k in steps), ph
+        assert ph["measure_s"] > 0 and ph["rounds"] == 1
+        # each candidate's load (the driver's JIT of PTX lands here on a GPU) is its own figure
+        assert ph["load_each_s"].keys() == row["contenders"].keys() and ph["load_s"] > 0
+        assert ph["load_s"] + ph["copies_s"] + ph["checked_call_s"] + ph["check_s"] <= ph["candidates_s"]
+        assert ph["timing_wall_s"] <= ph["timing_s"]  # the timed region is inside the timing step, not beside it
+        assert ("server_start_s" in ph) == (i == 0)  # one server for the batch: its start is the first problem's
+    first = rows[0]["phases"]
+    assert first["server_start_s"] >= first["server_torch_s"] + first["server_cupti_s"]
+    parts = sum(first[k] for k in ("server_start_s", "inputs_s", "reference_s", "candidates_s", "timing_s", "free_s"))
+    assert parts + first["bookkeeping_s"] == pytest.approx(first["measure_s"])
 
 
 @pytest.fixture(scope="module")
