@@ -22,13 +22,14 @@ pytest.importorskip("iree.compiler")
 TINY = ConvBwdWeightProblem.from_ck("2 1 2 64 64 3 3 6 6 1 1 1 1 1 1 1 1")  # one explicit sm_90a kernel
 # An ELF header of a cubin (e_machine 190, EM_CUDA), then what the stand-in was asked: arch and the PTX itself
 FAKE_PTXAS = """#!{python}
+import os
 import sys
 if sys.argv[1] == "--version":
     print("Cuda compilation tools, release 0.0, stand-in")
     sys.exit(0)
 arch, src, out = sys.argv[1].split("=")[1], sys.argv[2], sys.argv[4]
 ptx = open(src, "rb").read()
-if b"REFUSE" in ptx:
+if b"REFUSE" in ptx or os.environ.get("STANDIN_REFUSES"):
     sys.stderr.write("ptxas fatal   : stand-in refuses this PTX\\n")
     sys.exit(255)
 header = b"\\x7fELF" + bytes(14) + (190).to_bytes(2, "little") + bytes(44)
@@ -183,9 +184,25 @@ def test_a_missing_ptxas_is_one_error_naming_the_variable_and_its_value(monkeypa
         _build({cubin.PTXAS_ENV: "1"})
 
 
-def test_ptxas_refusing_a_kernel_is_a_compile_error_with_its_message(fake_ptxas) -> None:
-    with pytest.raises(CompileError, match="ptxas -arch=sm_90a failed .*stand-in refuses this PTX"):
+def test_ptxas_refusing_a_kernel_is_a_compile_error_with_its_message(fake_ptxas, ptx_op, monkeypatch) -> None:
+    from convbw_mlir.build.iree import compile_module
+
+    with pytest.raises(cubin.PtxasError, match="ptxas -arch=sm_90a failed .*stand-in refuses this PTX"):
         cubin.assemble(b"REFUSE", "sm_90a", fake_ptxas)
+    monkeypatch.setenv(cubin.PTXAS_ENV, fake_ptxas)
+    monkeypatch.setenv("STANDIN_REFUSES", "1")
+    with pytest.raises(CompileError, match="stand-in refuses this PTX"):  # what the build's callers catch
+        compile_module(ptx_op.stages["linalg"], "sm_90a")
+
+
+def test_a_compile_outside_the_launch_split_holds_cubins_too(fake_ptxas, ptx_op, monkeypatch) -> None:
+    """compile_module on its own (the GPU reference's, IREE's intermediates' path): split at hal, assembled."""
+    from convbw_mlir.build.iree import compile_module, executable_intermediates
+
+    monkeypatch.setenv(cubin.PTXAS_ENV, fake_ptxas)
+    assert cubin.kernel_image(compile_module(ptx_op.stages["linalg"], "sm_90a")) == "cubin"
+    inter = executable_intermediates(ptx_op.stages["linalg"], "sm_90a")
+    assert cubin.kernel_image(inter.vmfb) == "cubin" and inter.isa  # the dumps come from the first half
 
 
 def test_convbw_tune_cubin_without_ptxas_is_one_line_and_builds_nothing(tmp_path) -> None:

@@ -205,3 +205,13 @@ def test_the_rate_script_times_the_server_and_the_runner_on_the_same_problems(bu
     assert report["server"]["counts"] == {"ok": 4} and report["agreement"]["verdicts_differ"] == []
     assert report["server"]["problems_per_minute_per_gpu"] > 0 and report["agreement"]["median_s"]["n"] == 2
     assert "problems a minute a GPU" in (tmp_path / "tune_rate.md").read_text()
+    phases = report["server"]["phases"]  # where the server's time went, summed over the problems
+    assert phases["problems"] == 2 and phases["load_each"]["n"] == 4 and phases["measure_s"]["sum"] > 0
+    assert "where the server's time went" in (tmp_path / "tune_rate.md").read_text()
+    # compare: a run against itself has every kernel time equal and the same rate
+    r = subprocess.run([sys.executable, str(script), "compare", str(tmp_path), str(tmp_path), "--out",
+                        str(tmp_path / "cmp.json")], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    cmp = json.loads((tmp_path / "cmp.json").read_text())
+    assert cmp["runs"][tmp_path.name]["median_s"] == {"n": 4, "geomean": 1.0, "min": 1.0, "max": 1.0,
+                                                      "within_3pct": 4}  # fmt: skip

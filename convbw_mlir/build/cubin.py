@@ -29,14 +29,27 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from convbw_mlir.build.iree import CompileError
-
-__all__ = ["ELF_MAGIC", "PTXAS_ENV", "assemble", "image_kind", "kernel_image", "ptxas", "requested", "with_cubins"]
+__all__ = [
+    "ELF_MAGIC",
+    "PTXAS_ENV",
+    "PtxasError",
+    "assemble",
+    "assemble_hal",
+    "image_kind",
+    "kernel_image",
+    "ptxas",
+    "requested",
+    "with_cubins",
+]
 
 PTXAS_ENV = "CONVBW_PTXAS"
 ELF_MAGIC = b"\x7fELF"  # a cubin is an ELF image; PTX is text
 _HEADER = 64  # IREE's executable file header: magic, version, content size (iree/base/internal/flatcc/parsing.h)
 _FIND = {"1", "on", "true", "yes"}  # values that ask for any ptxas found
+
+
+class PtxasError(RuntimeError):
+    """ptxas refused a kernel or could not run (the build reports it as a ``CompileError``)."""
 
 
 def requested() -> str | None:
@@ -104,7 +117,7 @@ def assemble(ptx: bytes, arch: str, path: str) -> bytes:
     """``ptx`` assembled by ptxas ``path`` for ``arch`` (``sm_90a``).
 
     Raises:
-        CompileError: ptxas refused it (its first lines).
+        PtxasError: ptxas refused it (its first lines).
     """
     with tempfile.TemporaryDirectory(prefix="convbw-ptxas-") as d:
         src, out = Path(d) / "kernel.ptx", Path(d) / "kernel.cubin"
@@ -113,10 +126,10 @@ def assemble(ptx: bytes, arch: str, path: str) -> bytes:
             proc = subprocess.run([path, f"-arch={arch}", str(src), "-o", str(out)], capture_output=True, text=True,
                                   timeout=600)  # fmt: skip
         except (OSError, subprocess.SubprocessError) as e:
-            raise CompileError(f"ptxas ({path}): {e}") from None
+            raise PtxasError(f"ptxas ({path}): {e}") from None
         if proc.returncode or not out.is_file():
             why = " ".join((proc.stderr or proc.stdout).strip().splitlines()[:3])
-            raise CompileError(f"ptxas -arch={arch} failed (exit {proc.returncode}): {why}")
+            raise PtxasError(f"ptxas -arch={arch} failed (exit {proc.returncode}): {why}")
         return out.read_bytes()
 
 
@@ -144,7 +157,7 @@ def with_cubins(executable: bytes, arch: str, path: str) -> bytes:
     Images that are cubins already are kept.
 
     Raises:
-        ValueError: not a CUDA executable this reader knows. CompileError: ptxas failed.
+        ValueError: not a CUDA executable this reader knows. PtxasError: ptxas failed.
     """
     if len(executable) < _HEADER or executable[:4] != b"CDA1":
         raise ValueError(f"executable: not an IREE CUDA executable (starts with {executable[:4]!r})")
@@ -181,7 +194,7 @@ def assemble_hal(hal: bytes, target: Any, path: str) -> bytes:
     ``target.arch`` (:func:`with_cubins`), as bytecode.
 
     Raises:
-        CompileError: ptxas failed.
+        PtxasError: ptxas failed.
     """
     import numpy as np
 
