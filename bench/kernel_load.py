@@ -12,6 +12,9 @@ cubin through our ptxas must give the same kernel (same registers, no new spills
     CUDA_CACHE_PATH=$(mktemp -d) python3 bench/kernel_load.py ART/ptx ART/cubin --out OUT/load.json
 
 Writes OUT (JSON: ``images``, one row an image; ``summary`` by folder) and prints the summary.
+
+``--ptxas PATH`` (the CPU machine, no GPU): instead, each PTX image assembled by that ptxas for ``--arch``: seconds
+and ``ptxas -v``'s registers per kernel: what the driver's JIT does at a cold load, timed on this CPU.
 """
 
 from __future__ import annotations
@@ -155,16 +158,57 @@ def _same_kernels(rows: list[dict[str, Any]], folders: list[Path]) -> dict[str, 
     return out
 
 
+def assemble_times(folders: list[Path], ptxas: str, arch: str) -> dict[str, Any]:
+    """Each PTX image of ``folders`` assembled by ``ptxas``: seconds and registers (``ptxas -v``), one process each."""
+    import subprocess
+    import tempfile
+
+    rows = []
+    for folder in folders:
+        for row in images(folder):
+            image = row.pop("image")
+            if row["kind"] != "ptx":
+                continue
+            with tempfile.TemporaryDirectory() as d:
+                src = Path(d) / "kernel.ptx"
+                src.write_bytes(image.rstrip(b"\0"))
+                t0 = time.perf_counter()
+                p = subprocess.run([ptxas, f"-arch={arch}", "-v", str(src), "-o", str(Path(d) / "k.cubin")],
+                                   capture_output=True, text=True)  # fmt: skip
+                seconds = time.perf_counter() - t0
+            regs = [
+                int(line.split("Used ")[1].split(" registers")[0]) for line in p.stderr.splitlines() if "Used " in line
+            ]
+            rows.append(row | {"folder": folder.name, "ptxas_s": seconds, "registers": regs, "rc": p.returncode})
+    per: dict[str, float] = {}
+    for r in rows:
+        per[r["vmfb"].split(".")[0]] = per.get(r["vmfb"].split(".")[0], 0.0) + r["ptxas_s"]
+    summary = {"images": len(rows), "ptxas_s_sum": sum(r["ptxas_s"] for r in rows), "per_problem_s": per,
+               "ptxas_s_median": statistics.median(r["ptxas_s"] for r in rows) if rows else None,
+               "cpus": os.cpu_count(), "load_average": os.getloadavg()}  # fmt: skip
+    return {"ptxas": ptxas, "arch": arch, "summary": summary, "images": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", help="candidate folders (PTX first: the others are compared with it)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--ptxas", default=None, help="time this ptxas on the PTX images instead (CPU; no GPU needed)")
+    ap.add_argument("--arch", default="sm_90a", help="with --ptxas: the arch to assemble for")
     args = ap.parse_args(argv)
     folders = [Path(f) for f in args.folders]
     missing = [str(f) for f in folders if not f.is_dir()]
     if missing:
         print(f"error: not a folder: {', '.join(missing)}", file=sys.stderr)
         return 1
+    if args.ptxas:
+        result = assemble_times(folders, args.ptxas, args.arch)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        s = result["summary"]
+        print(f"{s['images']} PTX images through {args.ptxas} -arch={args.arch} on {s['cpus']} CPUs (load "
+              f"{s['load_average'][0]:.1f}): {s['ptxas_s_sum']:.2f} s in all, median {s['ptxas_s_median']:.3f} s; "
+              f"per problem " + ", ".join(f"{k} {v:.2f}" for k, v in s["per_problem_s"].items()))  # fmt: skip
+        return 0
     result = measure(folders)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['device']}, CUDA_CACHE_PATH {result['cuda_cache_path']}")

@@ -232,6 +232,35 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prep(args: argparse.Namespace) -> int:
+    """Seconds of the server's CPU preparation of each problem (x, dy, float64 sample and whole reference where
+    cheap: ``measure.server.prepare``), one after the other in this process: what the prep workers carry."""
+    import tempfile
+
+    from convbw_mlir.dispatch.tune import NUMPY_MAX_FLOPS
+    from convbw_mlir.measure.server import prepare
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    rows = []
+    for e in json.loads((Path(args.folder) / "manifest.json").read_text())["problems"]:
+        p = ConvBwdWeightProblem.from_dict(e["problem"])
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            prepare(e["problem"], d, NUMPY_MAX_FLOPS)
+            rows.append({"key": e["key"], "prep_s": time.perf_counter() - t0, "gflop": p.flops / 1e9,
+                         "whole_reference": p.flops <= NUMPY_MAX_FLOPS})  # fmt: skip
+        print(
+            f"{rows[-1]['prep_s']:7.2f} s {rows[-1]['gflop']:8.2f} GFLOP whole={rows[-1]['whole_reference']} {e['key']}"
+        )
+    out = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "numpy_max_flops": NUMPY_MAX_FLOPS,
+           "problems": rows, "sum_s": sum(r["prep_s"] for r in rows)}  # fmt: skip
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(
+        f"{len(rows)} problems: {out['sum_s']:.2f} s in all on {out['cpus']} CPUs (load {out['load_average'][0]:.1f})"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -255,9 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     cmp = sub.add_parser("compare", help="rates, steps and kernel times of several runs (the first is the base)")
     cmp.add_argument("outs", nargs="+", help="run --out folders")
     cmp.add_argument("--out", required=True, help="JSON (and .md beside it)")
+    prep = sub.add_parser("prep", help="time the CPU preparation of each problem (inputs, float64 references)")
+    prep.add_argument("folder")
+    prep.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "compare":
         return _compare(args)
+    if args.cmd == "prep":
+        return _prep(args)
     if getattr(args, "count", 1) < 1 or getattr(args, "classic", 0) < 0:
         print("error: --count: expected >= 1 and --classic >= 0", file=sys.stderr)
         return 1
