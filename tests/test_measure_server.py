@@ -30,6 +30,7 @@ def built(tmp_path_factory):
     (folder / "crash.vmfb").write_bytes(segfaulting_kernel(TINY))
     (folder / "wrong.vmfb").write_bytes(wrong_kernel(TINY))
     (folder / "hang.vmfb").write_bytes(hanging_kernel(TINY))
+    (folder / "garbage.vmfb").write_bytes(b"not a vmfb")  # its load raises: the server ends after its result
     return folder
 
 
@@ -41,7 +42,7 @@ def _manifest(folder, names: list[str]) -> None:
     entries = []
     for i, name in enumerate(names):
         e = json.loads(json.dumps(entry)) | {"name": name, "key": f"{i:03d}-{name}.f16", "held_out": name == "held"}
-        if name in ("crash", "wrong", "hang"):
+        if name in ("crash", "wrong", "hang", "garbage"):
             e["contenders"][SPLIT]["vmfb"] = f"{name}.vmfb"
         entries.append(e)
     path.write_text(json.dumps(manifest | {"problems": entries}))
@@ -97,8 +98,8 @@ def test_each_served_problem_records_where_its_time_went(batch):
 
 @pytest.fixture(scope="module")
 def faulty(built, batch):
-    """Problems whose split candidate segfaults, is wrong or never ends, good ones around them."""
-    _manifest(built, ["a", "crash", "wrong", "hang", "b"])
+    """Problems whose split candidate segfaults, is wrong, never ends or does not load, good ones around them."""
+    _manifest(built, ["a", "crash", "wrong", "hang", "b", "garbage"])
     lines: list[str] = []
     return run_manifest(built, use_torch=False, log=lines.append, server=True, timeout_s=HANG_S), lines
 
@@ -108,7 +109,7 @@ def test_a_candidate_that_kills_the_server_costs_only_its_result_and_the_server_
     crash = results["problems"][1]["contenders"]
     assert crash[SPLIT]["status"] == "crashed" and "SIGSEGV" in crash[SPLIT]["error"]
     assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in crash.items() if n != SPLIT), crash
-    assert results["server"]["servers"] == 3  # the first, the one after the crash, the one after the hang
+    assert results["server"]["servers"] == 4  # the first, then one after the crash, the hang and the garbage
     assert all(c["status"] == "ok" for r in (results["problems"][0], results["problems"][4])
                for c in r["contenders"].values())  # fmt: skip
     assert any("001-crash.f16" in line and SPLIT in line and "SIGSEGV" in line for line in lines)
@@ -127,6 +128,17 @@ def test_a_candidate_that_never_ends_is_killed_and_costs_only_its_result(faulty)
     hang = results["problems"][3]["contenders"]
     assert hang[SPLIT] == {"status": "crashed", "error": f"no progress for {HANG_S} s (killed)"}
     assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in hang.items() if n != SPLIT), hang
+
+
+def test_a_restarted_problems_phases_hold_both_rounds_and_the_new_servers_start(faulty):
+    results, _ = faulty
+    garbage = results["problems"][5]
+    assert garbage["contenders"][SPLIT]["status"] == "failed"
+    ph = garbage["phases"]
+    # the round that raised (its reference and first candidate) and the new server's round (the rest)
+    assert ph["rounds"] == 2 and ph["server_start_s"] > 0 and ph["reference_s"] > 0
+    assert set(ph["load_each_s"]) == set(garbage["contenders"]) - {SPLIT}  # the failed load never finished
+    assert results["problems"][1]["phases"]["server_start_s"] > 0  # after the segfault: its round lost, not its start
 
 
 def test_tuning_through_the_server_gives_the_tuners_rows_and_database(built, faulty, tmp_path):

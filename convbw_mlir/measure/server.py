@@ -297,6 +297,7 @@ def _serve(options: dict[str, Any], events_fd: int) -> None:
 
     server = _Server(options, emit)
     emit(event="ready", name=server.name, pid=os.getpid(), phases=server.start_phases)
+    partial: dict[str, Any] = {}
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("cmd") != "problem":
@@ -304,8 +305,9 @@ def _serve(options: dict[str, Any], events_fd: int) -> None:
         try:
             server.problem(cmd)
         except _Restart:
+            partial = {"phases": server.phases}  # the steps of the problem it stopped in, up to the candidate
             break
-    emit(event="exit")
+    emit(event="exit", **partial)
     with contextlib.suppress(OSError, ValueError):
         sys.stdin.read()
 
