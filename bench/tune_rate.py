@@ -112,7 +112,8 @@ def _agreement(served: dict[str, Any], classic: dict[str, Any]) -> dict[str, Any
 # the server's steps of a problem (measure.server's ``phases``), in the order they run; the parts of one
 STEPS = ("prep_wait_s", "server_start_s", "inputs_s", "reference_s", "candidates_s", "cudnn_check_s", "timing_s",
          "free_s", "bookkeeping_s")  # fmt: skip
-PARTS = ("server_torch_s", "server_cupti_s", "load_s", "copies_s", "checked_call_s", "check_s", "timing_wall_s")
+PARTS = ("server_imports_s", "server_torch_s", "server_cupti_s", "load_s", "copies_s", "checked_call_s", "check_s",
+         "timing_wall_s")  # fmt: skip
 
 
 def phase_summary(served: dict[str, Any]) -> dict[str, Any]:

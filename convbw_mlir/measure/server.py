@@ -191,6 +191,8 @@ class _Server:
         self.start_phases: dict[str, float] = {}  # where the server's start went (sent with ``ready``)
         self.phases: dict[str, Any] = {}  # the current problem's (:meth:`problem`)
         clock = checks._Clock(self.start_phases)
+        numpy_dtype("bf16")  # ml_dtypes' first import (~1 s on a busy CPU): the start's, not the first problem's
+        clock.lap("imports_s")
         with self.lock.shared():  # torch's CUDA context and CUPTI's first session (seconds): once a server
             self.torch = checks._torch() if options["use_torch"] and self.driver == "cuda" else None
             clock.lap("torch_s")
@@ -467,12 +469,13 @@ class _Supervisor:
 
 def _phases(measure_s: float, started: list[dict[str, float]], served: list[dict[str, Any]]) -> dict[str, Any]:
     """A problem's ``phases`` record: the parent's ``measure_s`` (command to row), the servers started for it
-    (``server_start_s``: process start and imports, ``torch_s`` and ``cupti_s`` of it), the server's steps summed
-    over its rounds (a restart makes several), and ``bookkeeping_s``: the rest (pipes, JSON, the parent's work)."""
+    (``server_start_s``: process start and imports; ``server_imports_s``, ``server_torch_s``, ``server_cupti_s`` of
+    it), the server's steps summed over its rounds (a restart makes several), and ``bookkeeping_s``: the rest
+    (pipes, JSON, the parent's work)."""
     out: dict[str, Any] = {"measure_s": measure_s, "rounds": len(served)}
     if started:
         out["server_start_s"] = sum(s["wall_s"] for s in started)
-        for key in ("torch_s", "cupti_s"):
+        for key in sorted({k for s in started for k in s} - {"wall_s"}):
             out[f"server_{key}"] = sum(s.get(key, 0.0) for s in started)
     for part in served:
         for key, value in part.items():
@@ -487,8 +490,8 @@ def _phases(measure_s: float, started: list[dict[str, float]], served: list[dict
 
 # ``phases`` keys that are parts of another (``timing_wall_s`` of ``timing_s``; the server's start split, and the
 # candidates' load, copies, call and check of ``candidates_s``) or the whole: not summed into the steps
-_NOT_STEPS = frozenset({"measure_s", "timing_wall_s", "server_torch_s", "server_cupti_s", "load_s", "copies_s",
-                        "checked_call_s", "check_s"})  # fmt: skip
+_NOT_STEPS = frozenset({"measure_s", "timing_wall_s", "server_imports_s", "server_torch_s", "server_cupti_s", "load_s",
+                        "copies_s", "checked_call_s", "check_s"})  # fmt: skip
 
 
 class Served:
