@@ -124,6 +124,9 @@ def measure(folders: list[Path]) -> dict[str, Any]:
     summary = {}
     for folder in folders:
         mine = [r for r in rows if r["folder"] == folder.name and "cold_s" in r]
+        failed = [r for r in rows if r["folder"] == folder.name and "error" in r]
+        if failed and not mine:  # every image refused: say so, with the first error
+            summary[folder.name] = {"images": 0, "kinds": [], "failed": len(failed), "first_error": failed[0]["error"]}
         if mine:
             summary[folder.name] = {
                 "images": len(mine), "kinds": sorted({r["kind"] for r in mine}),
@@ -213,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['device']}, CUDA_CACHE_PATH {result['cuda_cache_path']}")
     for name, s in result["summary"].items():
+        if not s["images"]:
+            print(f"- {name}: every image failed to load ({s['failed']}): {s['first_error']}")
+            continue
         print(f"- {name}: {s['images']} images ({', '.join(s['kinds'])}), failed {s['failed']}: load cold "
               f"{s['cold_s_sum']:.2f} s in all (median {1e3 * s['cold_s_median']:.1f} ms), "
               f"warm {s['warm_s_sum']:.2f} s (median {1e3 * s['warm_s_median']:.1f} ms)")  # fmt: skip

@@ -221,3 +221,16 @@ def test_nvidias_ptxas_assembles_an_sm90a_kernel_into_a_cubin(ptx_op) -> None:
     image = cubin.assemble(ptx_op.launch.ptx[0], "sm_90a", cubin.ptxas("1"))
     assert image_kind(image) == "cubin"
     assert "release" in cubin.version(cubin.ptxas("1"))
+
+
+def test_the_load_bench_finds_each_vmfbs_kernel_images_ptx_or_cubin(ptx_op, cubin_op, tmp_path) -> None:
+    """bench/kernel_load.py (the GPU pack's first step) reads the executables out of the vmfbs themselves."""
+    from conftest import bench_script
+
+    kernel_load = bench_script("kernel_load")
+    for name, op in (("ptx", ptx_op), ("cubin", cubin_op)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "k.vmfb").write_bytes(op.vmfb)
+    ptx, cub = (kernel_load.images(tmp_path / n) for n in ("ptx", "cubin"))
+    assert [r["kind"] for r in ptx] == ["ptx"] and [r["kind"] for r in cub] == ["cubin"]
+    assert ptx[0]["kernels"] == cub[0]["kernels"] and cub[0]["image"] == cubin_op.launch.ptx[0]
