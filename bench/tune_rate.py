@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -34,11 +35,21 @@ GOAL = 60.0  # problems a minute a GPU (issue 39)
 
 
 def _compile(args: argparse.Namespace) -> int:
+    import os
+
     from convbw_mlir.dispatch.tune import compile_candidates
+    from convbw_mlir.problem import ConvBwdWeightProblem
     from convbw_mlir.suites import load_suite
 
+    if args.cubin:  # ptxas's cubins instead of PTX (convbw_mlir/build/cubin.py); the build's children inherit it
+        from convbw_mlir.build import cubin
+
+        os.environ[cubin.PTXAS_ENV] = cubin.ptxas(cubin.requested() or "1")
     problems = []
-    for dtype in args.types.split(","):
+    if args.from_manifest:  # the problems of an earlier rate folder, in its order
+        entries = json.loads(Path(args.from_manifest).read_text())["problems"][: args.count]
+        problems = [(e["name"], ConvBwdWeightProblem.from_dict(e["problem"]), False) for e in entries]
+    for dtype in args.types.split(",") if not args.from_manifest else ():
         suite = load_suite(args.suite, dtype)
         step = max(1, len(suite) // args.count)
         problems += [(name, p, False) for name, p in suite[::step][: args.count]]
@@ -98,6 +109,28 @@ def _agreement(served: dict[str, Any], classic: dict[str, Any]) -> dict[str, Any
     return out
 
 
+# the server's steps of a problem (measure.server's ``phases``), in the order they run; the parts of one
+STEPS = ("prep_wait_s", "server_start_s", "inputs_s", "reference_s", "candidates_s", "cudnn_check_s", "timing_s",
+         "free_s", "bookkeeping_s")  # fmt: skip
+PARTS = ("server_imports_s", "server_torch_s", "server_cupti_s", "load_s", "copies_s", "checked_call_s", "check_s",
+         "timing_wall_s")  # fmt: skip
+
+
+def phase_summary(served: dict[str, Any]) -> dict[str, Any]:
+    """Seconds of each step over the served problems: ``sum`` and ``median`` (of the problems that had it), and the
+    candidates' loads one by one (``load_each``: n, median, max); ``measure_s`` sums the parent's time a problem."""
+    rows = [r["phases"] for r in served["problems"] if "phases" in r]
+    out: dict[str, Any] = {"problems": len(rows)}
+    for key in ("measure_s", *STEPS, *PARTS):
+        xs = [r[key] for r in rows if key in r]
+        if xs:
+            out[key] = {"sum": sum(xs), "median": statistics.median(xs), "n": len(xs)}
+    loads = [s for r in rows for s in r.get("load_each_s", {}).values()]
+    if loads:
+        out["load_each"] = {"n": len(loads), "median": statistics.median(loads), "max": max(loads), "sum": sum(loads)}
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     folder, out = Path(args.folder).resolve(), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +140,8 @@ def _run(args: argparse.Namespace) -> int:
         "device": served["device"], "target": served["target"], "date": time.strftime("%Y-%m-%d"), "gpus": gpus,
         "server": {"problems": len(served["problems"]), "wall_s": wall, "counts": _counts(served),
                    "problems_per_minute_per_gpu": 60 * len(served["problems"]) / wall / gpus,
-                   "protocol": served["server"]},
+                   "protocol": served["server"], "phases": phase_summary(served)},
+        "env": {k: os.environ.get(k) for k in ("CUDA_CACHE_PATH", "CUDA_CACHE_DISABLE", "CUDA_CACHE_MAXSIZE")},
     }  # fmt: skip
     (out / "server.json").write_text(json.dumps(served, indent=1) + "\n")
     if args.classic:
@@ -123,6 +157,14 @@ def _run(args: argparse.Namespace) -> int:
              f"- server: {s['problems']} problems in {s['wall_s']:.1f} s on {gpus} GPU(s): "
              f"**{s['problems_per_minute_per_gpu']:.1f} problems a minute a GPU** (goal {GOAL:g}); "
              f"verdicts {s['counts']}"]  # fmt: skip
+    ph = s["phases"]
+    if ph.get("problems"):
+        parts = ", ".join(f"{k[:-2]} {ph[k]['sum']:.2f}" for k in STEPS if k in ph)
+        lines.append(f"- where the server's time went (s, summed over {ph['problems']} problems): {parts}")
+        if "load_each" in ph:
+            le = ph["load_each"]
+            lines.append(f"- candidate loads: {le['n']}, {le['sum']:.2f} s in all, median {1e3 * le['median']:.1f} ms, "
+                         f"max {1e3 * le['max']:.1f} ms")  # fmt: skip
     if "runner" in report:
         r, a = report["runner"], report["agreement"]
         lines.append(f"- child-a-problem runner: {r['problems']} problems in {r['wall_s']:.1f} s: "
@@ -138,6 +180,88 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    """The rates, steps and kernel times of several ``run`` outputs (the first is the base of the ratios)."""
+    runs = []
+    for d in args.outs:
+        folder = Path(d)
+        if not (folder / "tune_rate.json").is_file():
+            print(f"skip {d}: no tune_rate.json (that run did not finish)")
+            continue
+        runs.append((folder.name, json.loads((folder / "tune_rate.json").read_text()),
+                     json.loads((folder / "server.json").read_text())))  # fmt: skip
+    if not runs:
+        print("error: no finished run to compare", file=sys.stderr)
+        return 1
+    base_name, _, base = runs[0]
+    times = {(r["key"], n): c for r in base["problems"] for n, c in r["contenders"].items() if c.get("status") == "ok"}
+    keys = ("server_start_s", "reference_s", "candidates_s", "load_s", "timing_s", "bookkeeping_s", "prep_wait_s")
+    lines = ["| run | problems | problems/min/GPU | measure s | " + " | ".join(k[:-2] for k in keys) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(keys)]  # fmt: skip
+    out: dict[str, Any] = {"base": base_name, "runs": {}}
+    for name, report, served in runs:
+        s, ph = report["server"], report["server"].get("phases", {})
+        cells = [f"{ph[k]['sum']:.2f}" if k in ph else "-" for k in keys]
+        measure = ph.get("measure_s", {}).get("sum", float("nan"))
+        lines.append(f"| {name} | {s['problems']} | {s['problems_per_minute_per_gpu']:.1f} | {measure:.2f} | "
+                     + " | ".join(cells) + " |")  # fmt: skip
+        ratios = {"kernel_s": [], "median_s": []}
+        for r in served["problems"]:
+            for n, c in r["contenders"].items():
+                b = times.get((r["key"], n))
+                if b is None or c.get("status") != "ok":
+                    continue
+                for metric in ratios:
+                    if metric in b and metric in c:
+                        ratios[metric].append(c[metric] / b[metric])
+        entry: dict[str, Any] = {"rate": s["problems_per_minute_per_gpu"], "phases": ph}
+        for metric, xs in ratios.items():
+            if xs:
+                gm = math.exp(statistics.fmean(math.log(x) for x in xs))
+                entry[metric] = {"n": len(xs), "geomean": gm, "min": min(xs), "max": max(xs),
+                                 "within_3pct": sum(abs(x - 1) <= 0.03 for x in xs)}  # fmt: skip
+        out["runs"][name] = entry
+    lines.append("")
+    for name, e in out["runs"].items():
+        if name != base_name and "kernel_s" in e:
+            k = e["kernel_s"]
+            lines.append(f"- {name} / {base_name} kernel_s over {k['n']} candidates: geomean {k['geomean']:.3f}, "
+                         f"{k['min']:.3f}-{k['max']:.3f}, {k['within_3pct']} within 3%")  # fmt: skip
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def _prep(args: argparse.Namespace) -> int:
+    """Seconds of the server's CPU preparation of each problem (x, dy, float64 sample and whole reference where
+    cheap: ``measure.server.prepare``), one after the other in this process: what the prep workers carry."""
+    import tempfile
+
+    from convbw_mlir.dispatch.tune import NUMPY_MAX_FLOPS
+    from convbw_mlir.measure.server import prepare
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    rows = []
+    for e in json.loads((Path(args.folder) / "manifest.json").read_text())["problems"]:
+        p = ConvBwdWeightProblem.from_dict(e["problem"])
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            prepare(e["problem"], d, NUMPY_MAX_FLOPS)
+            rows.append({"key": e["key"], "prep_s": time.perf_counter() - t0, "gflop": p.flops / 1e9,
+                         "whole_reference": p.flops <= NUMPY_MAX_FLOPS})  # fmt: skip
+        print(
+            f"{rows[-1]['prep_s']:7.2f} s {rows[-1]['gflop']:8.2f} GFLOP whole={rows[-1]['whole_reference']} {e['key']}"
+        )
+    out = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "numpy_max_flops": NUMPY_MAX_FLOPS,
+           "problems": rows, "sum_s": sum(r["prep_s"] for r in rows)}  # fmt: skip
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(
+        f"{len(rows)} problems: {out['sum_s']:.2f} s in all on {out['cpus']} CPUs (load {out['load_average'][0]:.1f})"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -149,13 +273,26 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--max-plans", type=int, default=2, help="plan neighbours beside the heuristic's (default 2)")
     comp.add_argument("--no-iree", action="store_true", help="leave IREE's own forms out")
     comp.add_argument("--workers", type=int, default=2)
+    comp.add_argument("--from-manifest", default=None,
+                      help="the first --count problems of this manifest.json instead of the suite's")  # fmt: skip
+    comp.add_argument("--cubin", action="store_true", help="kernels as ptxas's cubins (CONVBW_PTXAS), not PTX")
     comp.add_argument("--out", required=True)
     run = sub.add_parser("run", help="time them through the server and the runner (GPU machine)")
     run.add_argument("folder")
     run.add_argument("--out", required=True)
     run.add_argument("--classic", type=int, default=3, help="problems also through the child-a-problem runner")
     run.add_argument("--cudnn", action="store_true", help="cuDNN as a contender too (tuning leaves it out)")
+    cmp = sub.add_parser("compare", help="rates, steps and kernel times of several runs (the first is the base)")
+    cmp.add_argument("outs", nargs="+", help="run --out folders")
+    cmp.add_argument("--out", required=True, help="JSON (and .md beside it)")
+    prep = sub.add_parser("prep", help="time the CPU preparation of each problem (inputs, float64 references)")
+    prep.add_argument("folder")
+    prep.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.cmd == "compare":
+        return _compare(args)
+    if args.cmd == "prep":
+        return _prep(args)
     if getattr(args, "count", 1) < 1 or getattr(args, "classic", 0) < 0:
         print("error: --count: expected >= 1 and --classic >= 0", file=sys.stderr)
         return 1

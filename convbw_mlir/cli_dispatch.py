@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch.engine import check_engine
 
     check_engine(args.engine, args.address, args.workers)  # before the problems are read: one line, nothing built
+    if args.cubin:  # ptxas's cubins for the CUDA kernels (build/cubin.py); its children inherit the variable
+        from convbw_mlir.build import cubin
+        from convbw_mlir.targets import get_target
+
+        if get_target(args.target).driver != "cuda":
+            raise ValueError(f"--cubin: cubins are CUDA kernels; --target {args.target} is not a CUDA target")
+        os.environ[cubin.PTXAS_ENV] = cubin.ptxas(cubin.requested() or "1")  # no ptxas: one line, nothing built
     problems = _problems(args)
     devices = None
     if not args.compile_only:  # the devices the timing half will use, checked before the build
@@ -214,6 +222,9 @@ def add_dispatch_commands(sub: Any) -> None:
         action="store_true",
         help="time through one measuring process a GPU: candidates checked once, timed in batches",
     )
+    tune.add_argument("--cubin", action="store_true",
+                      help="CUDA kernels as ptxas's cubins, not PTX (no JIT at load; needs ptxas: pip install "
+                           "'convbw-mlir[cubin]', or $CONVBW_PTXAS = its path)")  # fmt: skip
     tune.add_argument("--import", dest="import_", metavar="FILE",
                       help="merge a database or a timing results.json into yours (trusted sources only)")  # fmt: skip
     tune.add_argument("--into", help="database folder for --import (default <cache>/tuning)")

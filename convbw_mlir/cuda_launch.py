@@ -51,10 +51,22 @@ __all__ = [
     "TensorMap",
     "Transfer",
     "check_ptx_targets",
+    "image_kind",
     "launch_plan",
 ]
 
 LAUNCH_FILE = "launch.json"
+_EM_CUDA = 190  # ELF e_machine of an NVIDIA cubin (an AMD code object's is 224, EM_AMDGPU)
+
+
+def image_kind(image: bytes) -> str:
+    """What a kernel image is: ``cubin`` (NVIDIA ELF: SASS, loaded without JIT), ``ptx`` (text, JIT-compiled by the
+    driver at load), or ``elf`` (another ELF: a HIP code object)."""
+    if image[:4] != b"\x7fELF":
+        return "ptx"
+    return "cubin" if len(image) > 20 and int.from_bytes(image[18:20], "little") == _EM_CUDA else "elf"
+
+
 TRANSIENT = "transient"  # the buffer name of the module's transient (split-K partials, padded copies)
 
 
@@ -156,7 +168,7 @@ class Launch:
         transient: bytes of the transient workspace (0: none).
         arg_bytes: minimum byte length per function argument (IREE's ``hal.buffer.assert``).
         exports: the kernels by name.
-        ptx: the PTX images.
+        ptx: the kernel images: PTX or cubins (CUDA: :func:`image_kind`), HSACO code objects (HIP).
         tensor_maps: the CUtensorMaps the launcher encodes at each call (sm_90a kernels), empty: none.
         refused: why the schedule is not supported (then the rest is empty); None when it is.
     """
@@ -175,8 +187,16 @@ class Launch:
         return [s for s in self.steps if isinstance(s, Dispatch)]
 
     # -- persistence (beside the vmfb in CompiledOp's artifact folder) ---------------------------
+    @property
+    def image_kinds(self) -> list[str]:
+        """:func:`image_kind` of each image: whether the driver JIT-compiles them at load (``ptx``) or not."""
+        return [image_kind(i) for i in self.ptx]
+
+    def _image_names(self) -> list[str]:
+        return [f"launch-{i}.{'cubin' if k == 'cubin' else 'ptx'}" for i, k in enumerate(self.image_kinds)]
+
     def files(self) -> dict[str, bytes]:
-        """``launch.json`` and one ``launch-<i>.ptx`` per PTX image."""
+        """``launch.json`` and one ``launch-<i>.ptx`` per PTX image (``launch-<i>.cubin`` per cubin)."""
         meta = {
             "function": self.function,
             "refused": self.refused,
@@ -192,12 +212,13 @@ class Launch:
                       "pattern": s.pattern, "pattern_bytes": s.pattern_bytes}
                 for s in self.steps
             ],
-            "ptx": [f"launch-{i}.ptx" for i in range(len(self.ptx))],
+            "ptx": self._image_names(),
+            "images": self.image_kinds,
             "tensor_maps": [{k: list(v) if isinstance(v, tuple) else v for k, v in vars(m).items()}
                             for m in self.tensor_maps],
         }  # fmt: skip
         out = {LAUNCH_FILE: (json.dumps(meta, indent=1) + "\n").encode()}
-        out |= {f"launch-{i}.ptx": p for i, p in enumerate(self.ptx)}
+        out |= dict(zip(self._image_names(), self.ptx))
         return out
 
     @classmethod
@@ -274,6 +295,8 @@ def check_ptx_targets(ptx: list[bytes], capability: tuple[int, int]) -> None:
     """
     major, minor = capability
     for image in ptx:
+        if image_kind(image) != "ptx":  # SASS of one arch: the driver itself refuses another device's
+            continue
         found = re.search(rb"^\s*\.target\s+sm_(\d+)(a?)", image, re.M)
         if not found:
             continue
@@ -567,7 +590,11 @@ class CudaLauncher:
         modules = []
         for i, image in enumerate(launch.ptx):
             mod = ctypes.c_void_p()
-            _check(lib, lib.cuModuleLoadData(ctypes.byref(mod), image + b"\0"), f"cuModuleLoadData(ptx {i})")
+            _check(
+                lib,
+                lib.cuModuleLoadData(ctypes.byref(mod), image + b"\0"),
+                f"cuModuleLoadData({image_kind(image)} {i})",
+            )
             modules.append(mod)
         self._modules = modules  # never unloaded: a process keeps its kernels (as IREE's executable cache)
         funcs = {}

@@ -30,6 +30,7 @@ def built(tmp_path_factory):
     (folder / "crash.vmfb").write_bytes(segfaulting_kernel(TINY))
     (folder / "wrong.vmfb").write_bytes(wrong_kernel(TINY))
     (folder / "hang.vmfb").write_bytes(hanging_kernel(TINY))
+    (folder / "garbage.vmfb").write_bytes(b"not a vmfb")  # its load raises: the server ends after its result
     return folder
 
 
@@ -41,7 +42,7 @@ def _manifest(folder, names: list[str]) -> None:
     entries = []
     for i, name in enumerate(names):
         e = json.loads(json.dumps(entry)) | {"name": name, "key": f"{i:03d}-{name}.f16", "held_out": name == "held"}
-        if name in ("crash", "wrong", "hang"):
+        if name in ("crash", "wrong", "hang", "garbage"):
             e["contenders"][SPLIT]["vmfb"] = f"{name}.vmfb"
         entries.append(e)
     path.write_text(json.dumps(manifest | {"problems": entries}))
@@ -70,16 +71,36 @@ def test_a_batch_of_problems_is_measured_by_one_server_process(batch):
 def test_server_rows_have_the_fields_of_the_runners_rows(batch):
     served, classic = batch
     one, two = served["problems"][0], classic["problems"][0]
-    assert one.keys() == two.keys() and one["contenders"].keys() == two["contenders"].keys()
+    assert one.keys() - {"phases"} == two.keys() and one["contenders"].keys() == two["contenders"].keys()
     for name, c in one["contenders"].items():
         assert c.keys() == two["contenders"][name].keys(), name
     assert one["reference_checked"] == two["reference_checked"]
 
 
+def test_each_served_problem_records_where_its_time_went(batch):
+    served, _ = batch
+    rows = served["problems"]
+    for i, row in enumerate(rows):
+        ph = row["phases"]
+        steps = ("inputs_s", "reference_s", "candidates_s", "timing_s", "free_s", "prep_wait_s", "bookkeeping_s")
+        assert all(ph[k] >= 0 for k in steps), ph
+        assert ph["measure_s"] > 0 and ph["rounds"] == 1
+        # each candidate's load (the driver's JIT of PTX lands here on a GPU) is its own figure
+        assert ph["load_each_s"].keys() == row["contenders"].keys() and ph["load_s"] > 0
+        assert ph["load_s"] + ph["copies_s"] + ph["checked_call_s"] + ph["check_s"] <= ph["candidates_s"]
+        assert ph["timing_wall_s"] <= ph["timing_s"]  # the timed region is inside the timing step, not beside it
+        assert ("server_start_s" in ph) == (i == 0)  # one server for the batch: its start is the first problem's
+    first = rows[0]["phases"]
+    # the start's parts (ml_dtypes' import, torch, CUPTI) are inside it; the first problem's inputs hold none of them
+    assert first["server_start_s"] >= first["server_imports_s"] + first["server_torch_s"] + first["server_cupti_s"]
+    parts = sum(first[k] for k in ("server_start_s", "inputs_s", "reference_s", "candidates_s", "timing_s", "free_s"))
+    assert parts + first["bookkeeping_s"] == pytest.approx(first["measure_s"])
+
+
 @pytest.fixture(scope="module")
 def faulty(built, batch):
-    """Problems whose split candidate segfaults, is wrong or never ends, good ones around them."""
-    _manifest(built, ["a", "crash", "wrong", "hang", "b"])
+    """Problems whose split candidate segfaults, is wrong, never ends or does not load, good ones around them."""
+    _manifest(built, ["a", "crash", "wrong", "hang", "b", "garbage"])
     lines: list[str] = []
     return run_manifest(built, use_torch=False, log=lines.append, server=True, timeout_s=HANG_S), lines
 
@@ -89,7 +110,7 @@ def test_a_candidate_that_kills_the_server_costs_only_its_result_and_the_server_
     crash = results["problems"][1]["contenders"]
     assert crash[SPLIT]["status"] == "crashed" and "SIGSEGV" in crash[SPLIT]["error"]
     assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in crash.items() if n != SPLIT), crash
-    assert results["server"]["servers"] == 3  # the first, the one after the crash, the one after the hang
+    assert results["server"]["servers"] == 4  # the first, then one after the crash, the hang and the garbage
     assert all(c["status"] == "ok" for r in (results["problems"][0], results["problems"][4])
                for c in r["contenders"].values())  # fmt: skip
     assert any("001-crash.f16" in line and SPLIT in line and "SIGSEGV" in line for line in lines)
@@ -108,6 +129,17 @@ def test_a_candidate_that_never_ends_is_killed_and_costs_only_its_result(faulty)
     hang = results["problems"][3]["contenders"]
     assert hang[SPLIT] == {"status": "crashed", "error": f"no progress for {HANG_S} s (killed)"}
     assert all(c["status"] == "ok" and c["median_s"] > 0 for n, c in hang.items() if n != SPLIT), hang
+
+
+def test_a_restarted_problems_phases_hold_both_rounds_and_the_new_servers_start(faulty):
+    results, _ = faulty
+    garbage = results["problems"][5]
+    assert garbage["contenders"][SPLIT]["status"] == "failed"
+    ph = garbage["phases"]
+    # the round that raised (its reference and first candidate) and the new server's round (the rest)
+    assert ph["rounds"] == 2 and ph["server_start_s"] > 0 and ph["reference_s"] > 0
+    assert set(ph["load_each_s"]) == set(garbage["contenders"]) - {SPLIT}  # the failed load never finished
+    assert results["problems"][1]["phases"]["server_start_s"] > 0  # after the segfault: its round lost, not its start
 
 
 def test_tuning_through_the_server_gives_the_tuners_rows_and_database(built, faulty, tmp_path):
@@ -186,6 +218,16 @@ def test_the_rate_script_times_the_server_and_the_runner_on_the_same_problems(bu
     assert report["server"]["counts"] == {"ok": 4} and report["agreement"]["verdicts_differ"] == []
     assert report["server"]["problems_per_minute_per_gpu"] > 0 and report["agreement"]["median_s"]["n"] == 2
     assert "problems a minute a GPU" in (tmp_path / "tune_rate.md").read_text()
+    phases = report["server"]["phases"]  # where the server's time went, summed over the problems
+    assert phases["problems"] == 2 and phases["load_each"]["n"] == 4 and phases["measure_s"]["sum"] > 0
+    assert "where the server's time went" in (tmp_path / "tune_rate.md").read_text()
+    # compare: a run against itself has every kernel time equal and the same rate
+    r = subprocess.run([sys.executable, str(script), "compare", str(tmp_path), str(tmp_path), "--out",
+                        str(tmp_path / "cmp.json")], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    cmp = json.loads((tmp_path / "cmp.json").read_text())
+    assert cmp["runs"][tmp_path.name]["median_s"] == {"n": 4, "geomean": 1.0, "min": 1.0, "max": 1.0,
+                                                      "within_3pct": 4}  # fmt: skip
 
 
 def _timed_server(timing: ServerTiming, log: list[str]):
@@ -196,7 +238,7 @@ def _timed_server(timing: ServerTiming, log: list[str]):
     from convbw_mlir.measure import server
 
     srv = object.__new__(server._Server)
-    srv.timing, srv.cupti, srv.events = timing, True, []
+    srv.timing, srv.cupti, srv.events, srv.phases = timing, True, [], {}
     srv.emit = lambda **ev: srv.events.append(ev)
     srv.lock = types.SimpleNamespace(timing=contextlib.nullcontext, shared=contextlib.nullcontext)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from convbw_mlir.build.iree import compile_module
+from convbw_mlir.build.iree import CompileError, compile_module
 from convbw_mlir.cuda_launch import TRANSIENT, Dispatch, ExportDef, Launch, Transfer
 
 # Byte alignment of each transient buffer in the one workspace a launch gets (cudaMalloc's, and IREE's own)
@@ -407,10 +407,18 @@ def compile_with_launch(bytecode: bytes, target: Any, extra_flags: list[str] | N
     Raises:
         CompileError: IREE's diagnostics.
     """
+    from convbw_mlir.build import cubin
     from convbw_mlir.ir_imports import ir, new_context
 
     extra = list(extra_flags or [])
+    # opt-in: ptxas's cubins instead of PTX (build/cubin.py); no ptxas is one error before IREE runs
+    ptxas = cubin.ptxas() if target.driver == "cuda" and cubin.requested() else None
     hal = compile_module(bytecode, target, [*extra, "--compile-to=hal"])
+    if ptxas is not None:
+        try:
+            hal = cubin.assemble_hal(hal, target, ptxas)
+        except cubin.PtxasError as e:
+            raise CompileError(str(e)) from None
     with new_context() as ctx:
         try:
             launch = (read or read_launch)(ir.Module.parse(hal, ctx))

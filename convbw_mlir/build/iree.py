@@ -53,12 +53,22 @@ def compile_module(
     """
     from iree.compiler import api
 
+    from convbw_mlir.build import cubin
+
     target = resolve(target)
-    session = api.Session()
     flags = target.iree_flags() + list(extra_flags or [])
     # the phase options are iree-compile's, not the session's: the invocation takes them (embedding_api.h)
     is_phase = ("--compile-to=", "--compile-from=")
     phases = {f[2:].split("=")[0]: f.split("=", 1)[1] for f in flags if f.startswith(is_phase)}
+    if not phases and target.driver == "cuda" and cubin.requested():  # opt-in cubins (build/cubin.py): at hal
+        ptxas = cubin.ptxas()  # none: one error before IREE runs
+        hal = compile_module(module_text, target, [*(extra_flags or []), "--compile-to=hal"], source_name)
+        try:
+            hal = cubin.assemble_hal(hal, target, ptxas)
+        except cubin.PtxasError as e:
+            raise CompileError(str(e)) from None
+        return compile_module(hal, target, [*(extra_flags or []), "--compile-from=hal"], source_name)
+    session = api.Session()
     flags = [f for f in flags if not f.startswith(is_phase)]
     try:
         session.set_flags(*flags)

@@ -89,6 +89,10 @@ def write_candidate(folder: Path, stem: str, variant: Variant, result: Any, heur
         return rec | {"ok": False, "error": result.error}
     rec |= {"ok": True, "vmfb": f"{stem}.vmfb", "flags": variant.flags}
     (folder / rec["vmfb"]).write_bytes(result.op.vmfb)
+    if result.op.driver == "cuda":
+        from convbw_mlir.build.cubin import kernel_image
+
+        rec["kernel_image"] = kernel_image(result.op.vmfb)  # ptx (the driver JIT-compiles it at load) or cubin
     if result.op.launch is not None and result.op.launch.tensor_maps:
         rec["launch"] = f"{stem}.launch"
         (folder / rec["launch"]).mkdir()

@@ -176,6 +176,7 @@ def variant_request(problem: ConvBwdWeightProblem, target: Target | str, variant
     product's version and the hash of its kernel-shaping code, and the function's ABI where it differs from
     the default (a caller-owned output argument). Its hash is the key (:func:`request_key`); the cache
     stores it beside the kernel and checks a hit against it."""
+    from convbw_mlir.build import cubin
     from convbw_mlir.dispatch.code_hash import code_hash
 
     tgt = resolve(target)
@@ -195,6 +196,8 @@ def variant_request(problem: ConvBwdWeightProblem, target: Target | str, variant
         data["cuda_launch"] = LAUNCH_FORMAT
     if tgt.driver == "hip":  # entries carry the HIP launch's schedule and code objects since it was wired in
         data["hip_launch"] = LAUNCH_FORMAT
+    if tgt.driver == "cuda" and cubin.requested():  # ptxas's cubins (build/cubin.py): another kernel image
+        data["kernel_image"] = f"cubin: {cubin.version(cubin.ptxas())}"
     if os.environ.get(FORCE_FORM_ENV):  # a test's forced operand form is not the plan's kernel
         data["forced_form"] = os.environ[FORCE_FORM_ENV]
     return data

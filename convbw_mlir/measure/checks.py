@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,19 @@ class _Problem:
         return res
 
 
+class _Clock:
+    """Seconds between laps, added to ``phases[name]`` (no-op without ``phases``): where a problem's time goes."""
+
+    def __init__(self, phases: dict[str, float] | None) -> None:
+        self.phases, self.t = phases, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        if self.phases is not None:
+            self.phases[name] = self.phases.get(name, 0.0) + (now - self.t)
+        self.t = now
+
+
 def _lock(driver: str, device: int | None) -> gpu_lock.DeviceLock:
     """The machine-wide lock of the device this process runs on (:mod:`convbw_mlir.measure.gpu_lock`)."""
     return gpu_lock.for_device(driver, device or 0)
@@ -356,24 +370,32 @@ class DirectKernel:
         return self.out.cpu().numpy().view(self.dtype).reshape(self.shape)
 
 
-def load_checked(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None) -> tuple[dict, Any]:
+def load_checked(folder: Path, prob: _Problem, rec: dict, driver: str, device: int | None,
+                 phases: dict[str, float] | None = None) -> tuple[dict, Any]:  # fmt: skip
     """Load one candidate (``rec``: its manifest record) and check it once on fenced inputs.
 
     Returns its result and, where it is correct, ``(kernel, x, dy)`` on the device, ready to time; else None.
+    ``phases``: seconds of each step are added to it (``load_s``: the module's load, the driver's JIT of PTX
+    included; ``copies_s``: the fenced inputs; ``checked_call_s``: the call and dW's read-back; ``check_s``).
     """
     if not rec.get("ok"):
         return {"status": "no kernel", "error": rec.get("error", "")}, None
     if rec.get("launch") and driver != "cuda":  # TMA tensor maps: the direct launch runs it, not IREE's runtime
         return {"status": "n/a", "error": f"driver: {driver} (the kernel runs by the direct CUDA launch)"}, None
+    clock = _Clock(phases)
     with _lock(driver, device).shared():  # loading, copies and the checked call: GPU work, never beside a timing
         if rec.get("launch"):
             kernel: Any = DirectKernel(folder / rec["launch"], prob.p, device)
         else:
             kernel = Kernel((folder / rec["vmfb"]).read_bytes(), driver, device)
+        clock.lap("load_s")
         # NaN after x and dy: a kernel reading past them is WRONG here, not only where memory holds NaN later
         xd, dyd = kernel.to_device_fenced(prob.x), kernel.to_device_fenced(prob.dy)
+        clock.lap("copies_s")
         got = np.asarray(kernel(xd, dyd).to_host())
+        clock.lap("checked_call_s")
     res = prob.check(got, prob.p.dw_dtype)  # numpy: the CPU's work, holding nothing
+    clock.lap("check_s")
     if res["status"] != "ok" and "non-finite" in res.get("error", ""):
         res["error"] += " (x and dy are followed by NaN: the kernel reads past the end of its inputs)"
     return res, ((kernel, xd, dyd) if res["status"] == "ok" else None)

@@ -169,9 +169,10 @@ def _wall_times(t: _Timed, timing: ServerTiming) -> list[float]:
     return samples
 
 
-def _check_candidate(folder: Path, prob: Any, rec: dict, driver: str, device: int | None) -> _Timed | dict[str, Any]:
+def _check_candidate(folder: Path, prob: Any, rec: dict, driver: str, device: int | None,
+                     phases: dict[str, float] | None = None) -> _Timed | dict[str, Any]:  # fmt: skip
     """Load one candidate and check it once (as ``measure.run``): ready to time where correct, else its result."""
-    res, loaded = checks.load_checked(folder, prob, rec, driver, device)
+    res, loaded = checks.load_checked(folder, prob, rec, driver, device, phases)
     if loaded is None:
         return res
     kernel, xd, dyd = loaded
@@ -206,46 +207,68 @@ class _Server:
         self.driver, self.device = options["driver"], options["device"]
         self.timing = ServerTiming(**options["timing"])
         self.lock = gpu_lock.for_device(self.driver, self.device or 0)
+        self.start_phases: dict[str, float] = {}  # where the server's start went (sent with ``ready``)
+        self.phases: dict[str, Any] = {}  # the current problem's (:meth:`problem`)
+        clock = checks._Clock(self.start_phases)
+        numpy_dtype("bf16")  # ml_dtypes' first import (~1 s on a busy CPU): the start's, not the first problem's
+        clock.lap("imports_s")
         with self.lock.shared():  # torch's CUDA context and CUPTI's first session (seconds): once a server
             self.torch = checks._torch() if options["use_torch"] and self.driver == "cuda" else None
+            clock.lap("torch_s")
             self.cupti = self.driver == "cuda" and cupti.available()
             if self.cupti:
                 cupti.warm_up()
+            clock.lap("cupti_s")
         self.name = self.torch.name if self.torch else self.driver
 
     def problem(self, cmd: dict[str, Any]) -> None:
         """Check the candidates ``cmd["names"]`` of one problem, then time the correct ones in one batch."""
         folder, state, entry = Path(cmd["folder"]), Path(cmd["state"]), ManifestEntry.from_dict(cmd["entry"])
+        # seconds of each step (off the timed region): sent with ``done``, the row's ``phases`` (docs/timing.md)
+        phases: dict[str, Any] = {}
+        self.phases = phases
+        clock = checks._Clock(phases)
         p = entry.conv()
         prob = checks._Problem(p, state, self.options["numpy_max_flops"], _load_inputs(p, state))
+        clock.lap("inputs_s")
         ready: dict[str, _Timed] = {}
         for name in cmd["names"]:
             self.emit(event="start", name=name)
+            each: dict[str, float] = {}
             try:
                 if name == "reference":
                     res: Any = checks._run_reference(folder, prob, entry.contenders.get("reference", {}),
                                               self.driver, self.device)  # fmt: skip
                     prob.save()  # a restarted server reads the GPU reference's verdict and dW
+                    clock.lap("reference_s")
                 elif name == "cudnn":
                     res = _check_cudnn(prob, self.torch)
+                    clock.lap("cudnn_check_s")
                 else:
-                    res = _check_candidate(folder, prob, entry.contenders[name], self.driver, self.device)
+                    res = _check_candidate(folder, prob, entry.contenders[name], self.driver, self.device, each)
+                    clock.lap("candidates_s")
             except Exception as e:  # noqa: BLE001 - recorded; the next candidate runs in a fresh server
                 self.emit(event="result", name=name, result={"status": status_of(e), "error": first_line(e)})
                 raise _Restart from None
+            for key, seconds in each.items():
+                phases[key] = phases.get(key, 0.0) + seconds
+            if "load_s" in each:
+                phases.setdefault("load_each_s", {})[name] = each["load_s"]
             if isinstance(res, _Timed) and not self.options["check_only"]:
                 ready[name] = res
             else:
                 self.emit(event="result", name=name, result=res.result if isinstance(res, _Timed) else res)
         if ready:
             self._time(ready)
+        clock.lap("timing_s")
         res = None
         with self.lock.shared():  # freeing the kernels and buffers is GPU work too
             ready.clear()
             gc.collect()
             if self.torch is not None:
                 self.torch.sync()
-        self.emit(event="done")
+        clock.lap("free_s")
+        self.emit(event="done", phases=phases)
 
     def _time(self, ready: dict[str, _Timed]) -> None:
         """Every candidate of ``ready`` timed with the device held alone; a fault is the running one's."""
@@ -259,11 +282,13 @@ class _Server:
 
         try:
             with self.lock.timing():
+                t0 = time.perf_counter()
                 for name, t in ready.items():
                     start(name)
                     t.result |= checks._stats(_wall_times(t, self.timing))
                     if self.cupti and self.timing.kernel_each:
                         t.result |= self._kernel_time(t)
+                self.phases["timing_wall_s"] = time.perf_counter() - t0  # with kernel_each: the CUPTI sessions too
                 if self.cupti and not self.timing.kernel_each:
                     calls = {n: (t.call, t.sync) for n, t in ready.items()}
                     try:
@@ -306,7 +331,8 @@ def _serve(options: dict[str, Any], events_fd: int) -> None:
         events.flush()
 
     server = _Server(options, emit)
-    emit(event="ready", name=server.name, pid=os.getpid())
+    emit(event="ready", name=server.name, pid=os.getpid(), phases=server.start_phases)
+    partial: dict[str, Any] = {}
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("cmd") != "problem":
@@ -314,8 +340,9 @@ def _serve(options: dict[str, Any], events_fd: int) -> None:
         try:
             server.problem(cmd)
         except _Restart:
+            partial = {"phases": server.phases}  # the steps of the problem it stopped in, up to the candidate
             break
-    emit(event="exit")
+    emit(event="exit", **partial)
     with contextlib.suppress(OSError, ValueError):
         sys.stdin.read()
 
@@ -385,14 +412,17 @@ class _Supervisor:
         self.child: _Child | None = None
         self.pids: list[int] = []
         self.device_name: str | None = None
+        self.started: list[dict[str, float]] = []  # each start of the current problem: wall seconds, the server's
 
     def _start(self) -> str | None:
         """Start a server; None when it is ready, else why not."""
+        t0 = time.perf_counter()
         self.child = _Child(self.options, self.env, self.log_dir, len(self.pids))
         ev = self.child.event(max(self.timeout_s, START_TIMEOUT_S))
         if isinstance(ev, dict) and ev.get("event") == "ready":
             self.pids.append(ev["pid"])
             self.device_name = ev["name"]
+            self.started.append({"wall_s": time.perf_counter() - t0, **ev.get("phases", {})})
             return None
         why = self._lost(ev)
         return f"the measuring server did not start: {why}"
@@ -418,6 +448,8 @@ class _Supervisor:
         """The row of one problem (reference, contenders, cuDNN where asked), as ``measure.run``'s children's."""
         names = checks.candidates(entry, self.options)
         results: dict[str, dict[str, Any]] = {}
+        t0 = time.perf_counter()
+        self.started, served = [], []  # server starts, and the server's phases of each round
         while todo := [n for n in names if n not in results]:
             if self.child is None and (why := self._start()):
                 self.log(f"  {entry.key}: {why}")
@@ -439,6 +471,8 @@ class _Supervisor:
                     if res.get("status") in ("crashed", "failed"):
                         self.log(f"  {entry.key}: {ev['name']}: {res['status']}: {res.get('error')}")
                 elif ev["event"] in ("done", "exit"):
+                    if "phases" in ev:
+                        served.append(ev["phases"])
                     break
             if isinstance(ev, dict):
                 if ev["event"] == "exit":  # it stopped after a candidate that raised: the next server goes on
@@ -452,7 +486,8 @@ class _Supervisor:
                 results |= {n: {"status": "crashed", "error": why} for n in todo if n not in results}
                 break
             results[pending] = {"status": "crashed", "error": why}
-        return checks.checked_row(entry, names, results)
+        row = checks.checked_row(entry, names, results)
+        return replace(row, extra=row.extra | {"phases": _phases(time.perf_counter() - t0, self.started, served)})
 
     def close(self) -> None:
         if self.child is not None and self.child.send({"cmd": "quit"}):
@@ -463,6 +498,33 @@ class _Supervisor:
         if self.child is not None:
             self.child.kill()
             self.child = None
+
+
+def _phases(measure_s: float, started: list[dict[str, float]], served: list[dict[str, Any]]) -> dict[str, Any]:
+    """A problem's ``phases`` record: the parent's ``measure_s`` (command to row), the servers started for it
+    (``server_start_s``: process start and imports; ``server_imports_s``, ``server_torch_s``, ``server_cupti_s`` of
+    it), the server's steps summed over its rounds (a restart makes several), and ``bookkeeping_s``: the rest
+    (pipes, JSON, the parent's work)."""
+    out: dict[str, Any] = {"measure_s": measure_s, "rounds": len(served)}
+    if started:
+        out["server_start_s"] = sum(s["wall_s"] for s in started)
+        for key in sorted({k for s in started for k in s} - {"wall_s"}):
+            out[f"server_{key}"] = sum(s.get(key, 0.0) for s in started)
+    for part in served:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                out.setdefault(key, {}).update(value)
+            else:
+                out[key] = out.get(key, 0.0) + value
+    steps = sum(v for k, v in out.items() if isinstance(v, float) and k.endswith("_s") and k not in _NOT_STEPS)
+    out["bookkeeping_s"] = measure_s - steps
+    return out
+
+
+# ``phases`` keys that are parts of another (``timing_wall_s`` of ``timing_s``; the server's start split, and the
+# candidates' load, copies, call and check of ``candidates_s``) or the whole: not summed into the steps
+_NOT_STEPS = frozenset({"measure_s", "timing_wall_s", "server_imports_s", "server_torch_s", "server_cupti_s", "load_s",
+                        "copies_s", "checked_call_s", "check_s"})  # fmt: skip
 
 
 class Served:
@@ -556,8 +618,12 @@ class Served:
                         continue
                     entry = self.entries[i]
                     try:
+                        t0 = time.perf_counter()
                         future.result()
+                        waited = time.perf_counter() - t0  # the CPU workers behind the GPU: inputs, references
                         row = sup.measure(self.folder, entry, state(i))
+                        row = replace(row, extra=row.extra | {"phases": {"prep_wait_s": waited,
+                                                                         **row.extra["phases"]}})  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - the problem's inputs or references could not be made
                         why = f"inputs and references: {type(e).__name__}: {e}".splitlines()[0][:300]
                         self.log(f"  {entry.key}: {why}")
