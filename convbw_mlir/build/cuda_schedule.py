@@ -15,6 +15,7 @@ from typing import Any
 
 from convbw_mlir.build.iree import CompileError, compile_module
 from convbw_mlir.cuda_launch import TRANSIENT, Dispatch, ExportDef, Launch, Transfer
+from convbw_mlir.targets import resolve
 
 # Byte alignment of each transient buffer in the one workspace a launch gets (cudaMalloc's, and IREE's own)
 TRANSIENT_ALIGNMENT = 256
@@ -412,6 +413,7 @@ def compile_with_launch(bytecode: bytes, target: Any, extra_flags: list[str] | N
 
     extra = list(extra_flags or [])
     # opt-in: ptxas's cubins instead of PTX (build/cubin.py); no ptxas is one error before IREE runs
+    target = resolve(target)  # a name or a Target, as compile_module takes it
     ptxas = cubin.ptxas() if target.driver == "cuda" and cubin.requested() else None
     hal = compile_module(bytecode, target, [*extra, "--compile-to=hal"])
     if ptxas is not None:
