@@ -119,34 +119,14 @@ def test_a_saved_launch_names_its_cubins_and_loads_them_through_the_driver(cubin
     launch = Launch.from_files(files.__getitem__)
     assert launch.ptx == cubin_op.launch.ptx
 
+    from test_sm90_product import _FakeContext
+
     loaded = []
 
-    class Driver:  # enough of libcuda for a launcher's construction on a cc-9.0 device
-        def _set(self, ref, value):
-            ref._obj.value = value
-            return 0
-
-        def cuDeviceGet(self, ref, index):  # noqa: N802
-            return self._set(ref, index)
-
-        def cuDeviceGetAttribute(self, ref, attribute, dev):  # noqa: N802
-            return self._set(ref, {75: 9, 76: 0}[attribute])
-
-        def cuDevicePrimaryCtxRetain(self, ref, dev):  # noqa: N802
-            return self._set(ref, 1234)
-
-        def cuCtxGetCurrent(self, ref):  # noqa: N802
-            return self._set(ref, 1234)
-
+    class Driver(_FakeContext):  # enough of libcuda for a launcher on a cc-9.0 device, the images it loads kept
         def cuModuleLoadData(self, ref, image):  # noqa: N802
             loaded.append(bytes(image))
-            return self._set(ref, 1)
-
-        def cuModuleGetFunction(self, ref, module, name):  # noqa: N802
-            return self._set(ref, 77)
-
-        def cuFuncSetAttribute(self, *args):  # noqa: N802
-            return 0
+            return super().cuModuleLoadData(ref, image)
 
     monkeypatch.setattr(cuda_launch, "_libcuda", lambda: Driver())
     cuda_launch.CudaLauncher(launch, 0)
