@@ -172,4 +172,5 @@ def test_run_passes_alone_and_map_slots_to_each_row_and_names_its_files_after_th
 def test_map_slots_below_one_or_not_a_number_are_refused_by_name(value, capsys):
     with pytest.raises(SystemExit):
         ts.main(["run", "--out", "o", "--map-slots", value])
-    assert "--map-slots" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--map-slots" in err and "whole number >= 1" in err and repr(value) in err
