@@ -21,9 +21,13 @@ on for its copy's step only and the host's drift cancels within each turn. Per s
 host's part of it (time to queue the step: near the step time means the host is the bottleneck), the losses, our
 calls and torch's with why (``stats()``), and over 3 profiled steps the device time by kind of kernel (ours by name,
 cuDNN's ``wgrad``/``dgrad`` by name, other). Modes: ``eager``, ``compile`` (``torch.compile``), ``reduce-overhead``
-(``torch.compile(mode="reduce-overhead")``: CUDA graphs, ours captured in them). Each writes
-OUT/<model>_<batch>_<mode>.json; ``table`` reads a folder of them: each row's goal verdict (<= 1.00x torch's step
-within torch's spread), and the rows not measured with why (a log's error or timeout, a pack's ``.skipped`` note).
+(``torch.compile(mode="reduce-overhead")``: CUDA graphs, ours captured in them). ``--alone``: each side's steps in
+a row instead of in turns (one model training alone: its memory repeats, where in turns it moves); ``--map-slots N``:
+``$CONVBW_TENSOR_MAP_SLOTS`` for the ours sides (forces slot reuse). Per ours side, what the hot path did a step
+(``loaded_kernels()`` deltas: tensor-map sets encoded, map slots held, CUDA graphs captured; the C++ path's launches):
+the table's "hot path a step". Each writes OUT/<model>_<batch>_<mode>[_alone][_slotsN].json; ``table`` reads a
+folder of them: each row's goal verdict (<= 1.00x torch's step within torch's spread), and the rows not measured with
+why (a log's error or timeout, a pack's ``.skipped`` note).
 """
 
 from __future__ import annotations
@@ -60,6 +64,14 @@ def _sides(spec: str) -> str:
     if sides[0] != "torch" or not set(sides) <= {"torch", "ours", "ours_bench", "torch2"} or len(set(sides)) < 2:
         raise argparse.ArgumentTypeError(f"expected torch first, then some of ours, ours_bench, torch2; got {spec!r}")
     return spec
+
+
+def _slots(spec: str) -> int:
+    if not spec.isdigit() or int(spec) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected the tensor-map slots a kernel keeps, a whole number >= 1; got {spec!r}"
+        )
+    return int(spec)
 
 
 def _batch(model: str, batch: int) -> int:
@@ -289,8 +301,35 @@ def _kinds(prof, ours: set[str]) -> dict[str, float]:  # noqa: ANN001
     return kinds
 
 
+MAP_SLOTS_ENV = "CONVBW_TENSOR_MAP_SLOTS"  # cuda_launch.MAP_SLOTS_ENV (a wheel older than the slots lacks it)
+HOT = ("maps encoded", "map slots held", "graph captures", "C++ launches")  # the hot path's counters a step
+
+
+def order(sides: list[str], steps: int, alone: bool) -> list[tuple[int, str]]:
+    """The (step, side) sequence: in turns, every side's step i before any side's step i + 1 (each side's memory
+    moves between its calls: the other copies ran in between); ``alone``, one side's steps all in a row before the
+    next side's (its memory repeats: a user's single model)."""
+    if alone:
+        return [(i, s) for s in sides for i in range(steps)]
+    return [(i, s) for i in range(steps) for s in sides]
+
+
+def hot_path(kernels: list[dict], cxx_launches: int) -> dict[str, int | None]:
+    """The hot path's running totals from ``loaded_kernels()`` rows: tensor-map sets encoded, map slots held (a
+    level, not a total; None from a wheel older than the slots, whose rows lack it), CUDA graphs captured;
+    ``cxx_launches`` (the C++ path's graph and plain launches since ``reset_stats``) as given."""
+    direct = [k for k in kernels if k.get("path") == "direct"]
+    slots = (
+        None if direct and not any("maps_slots" in k for k in direct) else sum(k.get("maps_slots", 0) for k in direct)
+    )
+    return {"maps encoded": sum(k.get("maps_encoded", 0) for k in direct), "map slots held": slots,
+            "graph captures": sum(k.get("graphs", 0) for k in direct), "C++ launches": cxx_launches}  # fmt: skip
+
+
 def part(ns: argparse.Namespace) -> dict:
-    """One model x batch x mode, the three sides in turns (module docstring)."""
+    """One model x batch x mode, the sides in turns or ``--alone`` (module docstring)."""
+    if ns.map_slots is not None:  # before any launcher exists: each reads it once (torch's sides have none)
+        os.environ[MAP_SLOTS_ENV] = str(ns.map_slots)
     import torch
     from models import MODELS
     from torch.profiler import ProfilerActivity, profile
@@ -360,20 +399,30 @@ def part(ns: argparse.Namespace) -> dict:
         return took, queued, loss.item()
 
     stats: dict[str, dict] = {s: {} for s in ours_sides}
+    hot: dict[str, dict] = {s: dict.fromkeys(HOT, 0) for s in ours_sides}
+    cxx = lambda: native.graph_launches() + native.plain_launches()  # noqa: E731
     setup_s = time.perf_counter() - began
-    for i in range(ns.steps):
-        for side in sides:
-            ct.reset_stats()
-            rows[side].append(step(side, i))
-            if side in stats and i >= ns.warmup:  # calls of the timed steps only
-                # our dW's CUDA graphs the C++ kernel launched itself (no Python): the hot path's own count
-                graphs = (
-                    {"C++ graph launches": native.graph_launches(), "C++ plain launches": native.plain_launches()}
-                    if native.loaded() is not None
-                    else {}
-                )
-                for k, v in (ct.stats() | graphs).items():
-                    stats[side][k] = stats[side].get(k, 0) + v
+    for i, side in order(list(sides), ns.steps, ns.alone):
+        ct.reset_stats()
+        before = hot_path(ct.loaded_kernels(), cxx()) if side in hot else {}
+        rows[side].append(step(side, i))
+        if side in hot and i >= ns.warmup:  # outside the timed window: what the hot path did this step
+            now = hot_path(ct.loaded_kernels(), cxx())
+            for k in HOT:
+                held = k == "map slots held"  # a level: the most a timed step left held
+                if held:
+                    hot[side][k] = None if now[k] is None else max(hot[side][k] or 0, now[k])
+                else:
+                    hot[side][k] += now[k] - before[k]
+        if side in stats and i >= ns.warmup:  # calls of the timed steps only
+            # our dW's CUDA graphs the C++ kernel launched itself (no Python): the hot path's own count
+            graphs = (
+                {"C++ graph launches": native.graph_launches(), "C++ plain launches": native.plain_launches()}
+                if native.loaded() is not None
+                else {}
+            )
+            for k, v in (ct.stats() | graphs).items():
+                stats[side][k] = stats[side].get(k, 0) + v
     ours_names = {k for row in ct.loaded_kernels() for k in row.get("kernels", ())}
     steps_s = time.perf_counter() - began - setup_s
     device_ms = {}
@@ -398,6 +447,13 @@ def part(ns: argparse.Namespace) -> dict:
         "lr": ns.lr,
         "native": native.loaded() is not None,  # CONVBW_TORCH_NATIVE=1 and it built: the C++ hot path
         "calls_per_step": {side: {k: v / (ns.steps - ns.warmup) for k, v in st.items()} for side, st in stats.items()},
+        # in turns (moving memory) or alone (repeated memory), and $CONVBW_TENSOR_MAP_SLOTS forced (None: default)
+        "alone": ns.alone,
+        "map_slots": ns.map_slots,
+        "hot_path_per_step": {
+            side: {k: v if k == "map slots held" else v / (ns.steps - ns.warmup) for k, v in h.items()}
+            for side, h in hot.items()
+        },  # fmt: skip
         "device_ms_per_step": device_ms,
         "kernels": ct.loaded_kernels(),
         # where a row's time went (setup: models, data, torch.compile's first traces are in the steps), for
@@ -423,10 +479,11 @@ def run(ns: argparse.Namespace) -> int:
     for model in _models(ns.models):
         for batch in sorted({_batch(model, int(b)) for b in ns.batches.split(",")}):
             for mode in ns.modes.split(","):
-                stem = f"{model}_{batch}_{mode}"
+                stem = row_stem(model, batch, mode, ns.alone, ns.map_slots)
                 cmd = [sys.executable, __file__, "part", "--model", model, "--batch", str(batch), "--mode", mode,
                        "--steps", str(ns.steps), "--warmup", str(ns.warmup), "--lr", str(ns.lr),
                        "--sides", ns.sides, "--device", ns.device, "--json", str(ns.out / f"{stem}.json")]  # fmt: skip
+                cmd += ["--alone"] * ns.alone + ([] if ns.map_slots is None else ["--map-slots", str(ns.map_slots)])
                 start = time.time()
                 try:
                     r = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout)
@@ -443,6 +500,20 @@ def run(ns: argparse.Namespace) -> int:
 
 
 MODES = ("eager", "compile", "reduce-overhead")
+STEM = re.compile(rf"_({'|'.join(MODES)})(_alone)?(_slots\d+)?$")  # a row's file name: row_stem's
+
+
+def row_stem(model: str, batch: int, mode: str, alone: bool = False, map_slots: int | None = None) -> str:
+    """A row's file name: the default (in turns, the default slots) as before, the others beside it."""
+    return f"{model}_{batch}_{mode}" + ("_alone" if alone else "") + ("" if map_slots is None else f"_slots{map_slots}")
+
+
+def label(r: dict) -> str:
+    """A row's mode as the table shows it: with ``alone`` and the forced map slots where the run asked for them."""
+    slots = r.get("map_slots")
+    return r["mode"] + (" alone" if r.get("alone") else "") + ("" if slots is None else f" slots={slots}")
+
+
 SIDE_NAMES = {"ours": "ours (every dW)", "ours_bench": "default"}  # default: enable() on a GPU weighs each layer
 KINDS = ("ours", "wgrad", "dgrad", "other")
 NAN = float("nan")  # a side the run left out (--sides), or an older result without it
@@ -483,18 +554,20 @@ def results(folder: Path) -> tuple[list[dict], list[tuple[str, str]]]:
             continue
         if isinstance(r, dict) and {"model", "batch", "mode", "torch"} <= r.keys():
             rows.append(r)
-    done = {f"{r['model']}_{r['batch']}_{r['mode']}" for r in rows if "model" in r}
+    done = {row_stem(r["model"], r["batch"], r["mode"], r.get("alone", False), r.get("map_slots")) for r in rows
+            if "model" in r}  # fmt: skip
     missing = [(r["stem"], r["unreadable"]) for r in rows if "unreadable" in r]
     rows = [r for r in rows if "model" in r]
     for p in sorted(folder.glob("*.log")):
-        if p.stem not in done and any(p.stem.endswith(f"_{m}") for m in MODES):
+        if p.stem not in done and STEM.search(p.stem):
             lines = [ln.strip() for ln in p.read_text(errors="replace").splitlines() if ln.strip()]
             errors = [ln for ln in lines if re.match(r"(\w+\.)*\w*(Error|Exception)\b|timed out", ln)]
             missing.append((p.stem, (errors or lines or ["empty log"])[-1][:200]))  # the error, else the end
     for p in sorted(folder.glob("*.skipped")):
         if p.stem not in done:
             missing.append((p.stem, p.read_text().strip()[:200] or "skipped"))
-    rows.sort(key=lambda r: (r["model"], r["batch"], MODES.index(r["mode"]) if r["mode"] in MODES else 9))
+    rows.sort(key=lambda r: (r["model"], r["batch"], MODES.index(r["mode"]) if r["mode"] in MODES else 9,
+                             bool(r.get("alone")), r.get("map_slots") or 0))  # fmt: skip
     return rows, sorted(missing)
 
 
@@ -508,7 +581,7 @@ def render(rows: list[dict], missing: list[tuple[str, str]]) -> str:
         g = lambda key, r=r: r.get(key, NAN)  # noqa: E731
         host = ", ".join(f"{r.get(s, {}).get('host_ms', NAN):.2f}" for s in ("torch", "ours", "ours_bench"))
         ratio = g("ratio_ours_bench") if "ours_bench" in r else g("ratio_ours")
-        out.append(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['torch']['step_ms']:.2f} "
+        out.append(f"| {r['model']} | {r['batch']} | {label(r)} | {r['torch']['step_ms']:.2f} "
                    f"| {g('ratio_torch2'):.3f} | {g('ratio_ours'):.3f} | {g('ratio_ours_bench'):.3f} "
                    f"| {goal(ratio, g('ratio_torch2'))} | {host} "
                    f"| {g('host_us_per_call_ours'):.1f}, {g('host_us_per_call_ours_bench'):.1f} |")  # fmt: skip
@@ -526,15 +599,31 @@ def render(rows: list[dict], missing: list[tuple[str, str]]) -> str:
         loss = {
             s: loss_rel(r["torch"]["loss"], r[s]["loss"]) if s in r else NAN for s in ("ours", "ours_bench", "torch2")
         }
-        out.append(f"| {r['model']} | {r['batch']} | {r['mode']} | {kinds} | {call} "
+        out.append(f"| {r['model']} | {r['batch']} | {label(r)} | {kinds} | {call} "
                    f"| {loss['ours']:.1e}, {loss['ours_bench']:.1e} / {loss['torch2']:.1e} "
                    f"({len(r['torch']['loss'])}) |")  # fmt: skip
+    counted = [r for r in rows if r.get("hot_path_per_step")]  # results older than the counters have none
+    if counted:
+        out += ["", "| model | batch | mode | copies | hot path a step, ours (every dW): " + ", ".join(HOT)
+                + " | default |", "|" + "---|" * 6]  # fmt: skip
+    for r in counted:
+        hot = r["hot_path_per_step"]
+        cells = " | ".join(", ".join("n/a" if hot[s].get(k) is None else f"{hot[s][k]:.3g}" for k in HOT)
+                           if s in hot else "-"
+                           for s in ("ours", "ours_bench"))  # fmt: skip
+        copies = "alone" if r.get("alone") else "in turns"
+        out.append(f"| {r['model']} | {r['batch']} | {label(r)} | {copies} | {cells} |")
     if rows:
         r = rows[0]
         path = "C++ hot path (CONVBW_TORCH_NATIVE=1)" if r.get("native") else "Python switch"
         out.append(f"\ndevice: {r['device']}, torch {r['torch_version']}, {path}; medians of the timed steps; "
                    "device ms: per step over 3 profiled steps; default: enable() (benchmark=True), ours: "
                    "enable(benchmark=False); torch2: torch again with cudnn.benchmark (its spread)")  # fmt: skip
+        if counted:
+            out.append("copies: in turns, each side's copy steps after the others' (its memory moves between its "
+                       "calls); alone, one side's steps all in a row (a user's single model: its memory repeats). "
+                       "Hot path: means over the timed steps (map slots held: the most a step left, a level; "
+                       "slots=N: $CONVBW_TENSOR_MAP_SLOTS forced to N)")  # fmt: skip
     if missing:
         out.append("\nnot measured: " + "; ".join(f"{stem} ({reason})" for stem, reason in missing))
     return "\n".join(out)
@@ -572,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
         # torch2: torch's own spread; fewer sides, fewer compiles (torch.compile modes compile each side's model)
         q.add_argument("--sides", default="torch,ours,ours_bench,torch2", type=_sides)
         q.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: to try the bench here")
+        q.add_argument("--alone", action="store_true", help="each side's steps in a row, not in turns (module doc)")
+        q.add_argument("--map-slots", type=_slots, help=f"${MAP_SLOTS_ENV} for the ours sides (forces slot reuse)")
     pt.add_argument("--model", required=True)
     pt.add_argument("--batch", type=int, required=True)
     pt.add_argument("--mode", choices=MODES, required=True)

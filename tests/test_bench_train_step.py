@@ -116,3 +116,61 @@ def test_run_logs_a_row_past_its_timeout_and_goes_on_to_the_next(tmp_path, monke
         "not measured: wav2vec2_fe_64_compile (done); wav2vec2_fe_64_eager (timed out after 7 s)"
         in capsys.readouterr().out
     )
+
+
+def test_alone_runs_each_sides_steps_in_a_row_where_in_turns_interleaves_them():
+    assert ts.order(["torch", "ours"], 2, alone=False) == [(0, "torch"), (0, "ours"), (1, "torch"), (1, "ours")]
+    assert ts.order(["torch", "ours"], 2, alone=True) == [(0, "torch"), (1, "torch"), (0, "ours"), (1, "ours")]
+
+
+def test_hot_path_totals_count_direct_kernels_and_an_older_wheels_missing_keys_as_zero():
+    kernels = [{"path": "direct", "graphs": 2, "maps_encoded": 5, "maps_slots": 3},
+               {"path": "direct", "graphs": 1},  # a wheel before the map slots: no maps_slots, no maps_encoded
+               {"path": "iree"}]  # fmt: skip
+    assert ts.hot_path(kernels, 7) == {"maps encoded": 5, "map slots held": 3, "graph captures": 3, "C++ launches": 7}
+    older = ts.hot_path(kernels[1:], 0)  # a wheel before the slots reports none: unknown, not 0
+    assert older["map slots held"] is None and ts.hot_path([{"path": "iree"}], 0)["map slots held"] == 0
+
+
+def test_table_shows_the_hot_path_a_step_and_names_alone_and_forced_slots_beside_the_default_row(tmp_path):
+    hot = {"maps encoded": 0.5, "map slots held": 12, "graph captures": 0.25, "C++ launches": 0}
+    older = hot | {"map slots held": None}
+    turns = _row("resnet50", 64, "eager", 1.0, hot_path_per_step={"ours_bench": hot}, alone=False, map_slots=None)
+    alone = _row("resnet50", 64, "eager", 0.98, hot_path_per_step={"ours_bench": older}, alone=True, map_slots=2)
+    old = _row("convnext_t", 64, "eager", 1.0)  # written before the counters
+    _write(tmp_path, [old])
+    for r in (turns, alone):
+        (tmp_path / f"{ts.row_stem(r['model'], r['batch'], r['mode'], r['alone'], r['map_slots'])}.json").write_text(
+            json.dumps(r)
+        )
+    (tmp_path / "resnet50_64_compile_alone.log").write_text("RuntimeError: boom\n")  # started, no JSON
+    rows, missing = ts.results(tmp_path)
+    assert [ts.label(r) for r in rows] == ["eager", "eager", "eager alone slots=2"]  # both resnet50 rows kept
+    assert missing == [("resnet50_64_compile_alone", "RuntimeError: boom")]
+    text = ts.render(rows, missing)
+    assert "| resnet50 | 64 | eager | 20.00 |" in text  # the default row as before: packs grep it so
+    assert "| resnet50 | 64 | eager alone slots=2 | 20.00 | 1.000 | nan | 0.980 |" in text
+    assert "| resnet50 | 64 | eager | in turns | - | 0.5, 12, 0.25, 0 |" in text
+    assert "| resnet50 | 64 | eager alone slots=2 | alone | - | 0.5, n/a, 0.25, 0 |" in text
+    assert "| convnext_t | 64 | eager | in turns |" not in text  # no counters: no row in the counters' table
+
+
+def test_run_passes_alone_and_map_slots_to_each_row_and_names_its_files_after_them(tmp_path, monkeypatch):
+    import subprocess
+
+    cmds = []
+    monkeypatch.setattr(
+        ts.subprocess, "run", lambda cmd, **kw: cmds.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")
+    )
+    ts.main(["run", "--out", str(tmp_path), "--models", "wav2vec2_fe", "--alone", "--map-slots", "3"])
+    assert cmds[0][-3:] == ["--alone", "--map-slots", "3"]
+    assert cmds[0][cmds[0].index("--json") + 1].endswith("wav2vec2_fe_64_eager_alone_slots3.json")
+    assert (tmp_path / "wav2vec2_fe_64_eager_alone_slots3.log").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_map_slots_below_one_or_not_a_number_are_refused_by_name(value, capsys):
+    with pytest.raises(SystemExit):
+        ts.main(["run", "--out", "o", "--map-slots", value])
+    err = capsys.readouterr().err
+    assert "--map-slots" in err and "whole number >= 1" in err and repr(value) in err
