@@ -20,7 +20,6 @@ contender against float64: the sample, and numpy's whole dW where cheap).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import statistics
@@ -131,10 +130,9 @@ def moved(before: Path, dtype: str = "f16") -> list[tuple[str, Any, list[Any]]]:
 
 
 def compile_all(out: Path, workers: int, cache: Path, only: str = "", before: Path | None = None) -> int:
-    from importlib.metadata import version
 
     from convbw_mlir.dispatch.build import Registry
-    from convbw_mlir.dispatch.tune import write_candidate
+    from convbw_mlir.dispatch.tune import write_candidate, write_manifest
     from convbw_mlir.files import atomic_directory
     from convbw_mlir.measure.records import ManifestEntry
 
@@ -158,12 +156,7 @@ def compile_all(out: Path, workers: int, cache: Path, only: str = "", before: Pa
                 r = by[(p, v)]
                 contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, r, heuristic=j == 0)
             entries.append(ManifestEntry(name, key, p.to_dict(), contenders, {"held_out": False}).to_dict())
-        manifest = {"target": "sm_90a", "date": str(datetime.date.today()),
-                    "iree_version": version("iree-base-compiler"),
-                    "build": {"engine": "local", "workers": workers, "wall_s": report.wall_s,
-                              "kernels": len(report.results)},
-                    "problems": entries}  # fmt: skip
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        write_manifest(tmp, "sm_90a", entries, report)
     print(report.table())
     return 0
 

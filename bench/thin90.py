@@ -17,7 +17,6 @@ manifest can be split with ``--part``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import statistics
@@ -93,10 +92,9 @@ def variants(p: Any) -> list[Any]:
 
 
 def compile_all(out: Path, workers: int, cache: Path) -> int:
-    from importlib.metadata import version
 
     from convbw_mlir.dispatch.build import Registry
-    from convbw_mlir.dispatch.tune import write_candidate
+    from convbw_mlir.dispatch.tune import write_candidate, write_manifest
     from convbw_mlir.files import atomic_directory
     from convbw_mlir.measure.records import ManifestEntry
 
@@ -119,12 +117,7 @@ def compile_all(out: Path, workers: int, cache: Path) -> int:
             for j, v in enumerate(vs):
                 contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, by[(p, v)], heuristic=j == 0)
             entries.append(ManifestEntry(name, key, p.to_dict(), contenders, {"held_out": kind == "held"}).to_dict())
-        manifest = {"target": "sm_90a", "date": str(datetime.date.today()),
-                    "iree_version": version("iree-base-compiler"),
-                    "build": {"engine": "local", "workers": workers, "wall_s": report.wall_s,
-                              "kernels": len(report.results)},
-                    "problems": entries}  # fmt: skip
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        write_manifest(tmp, "sm_90a", entries, report)
     print(report.table())
     return 0
 

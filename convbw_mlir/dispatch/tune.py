@@ -121,7 +121,6 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
         ValueError: an unknown engine, an address without Ray, Ray not installed, ``max_workers`` below 1, no
             Ray cluster answering at ``address`` (before any build, and before Ray starts).
     """
-    from importlib.metadata import version
 
     from convbw_mlir.dispatch.build import Registry
     from convbw_mlir.dispatch.engine import check_engine, run_tasks, session
@@ -151,12 +150,21 @@ def compile_candidates(problems: list[tuple[str, ConvBwdWeightProblem, bool]], t
                 r = by[(problem, v)]
                 contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, r, heuristic=j == 0)
             entries.append(ManifestEntry(name, key, problem.to_dict(), contenders, {"held_out": held}).to_dict())
-        build = {"engine": engine, "workers": report.workers, "wall_s": report.wall_s, "kernels": len(report.results)}
-        manifest = {"target": target, "date": str(datetime.date.today()), "iree_version": version("iree-base-compiler"),
-                    "build": build, "problems": entries}  # fmt: skip
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        write_manifest(tmp, target, entries, report, engine)
     log(report.table())
     return report
+
+
+def write_manifest(folder: Path, target: str, entries: list[dict[str, Any]], report: Any,
+                   engine: str = "local") -> None:  # fmt: skip
+    """``folder``/manifest.json: the candidates' ``entries`` (:class:`ManifestEntry` dicts) and how ``report`` (a
+    :class:`convbw_mlir.dispatch.build.BuildReport`) built them, as the runner and the tuner read it."""
+    from importlib.metadata import version
+
+    build = {"engine": engine, "workers": report.workers, "wall_s": report.wall_s, "kernels": len(report.results)}
+    manifest = {"target": target, "date": str(datetime.date.today()), "iree_version": version("iree-base-compiler"),
+                "build": build, "problems": entries}  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 def _metric(*rows: dict[str, dict]) -> str:
