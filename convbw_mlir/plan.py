@@ -280,7 +280,7 @@ RULES: tuple[Rule, ...] = (
          "(docs/decisions.md#depthwise-by-default, #thin-groups)",
          lambda a: a.plain and depthwise.takes_by_default(a.problem, a.tgt), _depthwise_by_default),
     Rule("short-reduction-codegen", "no options; sm_90a; a plain GEMM of a very short reduction and few weights "
-         "(sm90.short_reduction); switch SHORT_REDUCTION_CODEGEN",
+         "(sm90.short_reduction: channels as narrow as measured, no narrower); switch SHORT_REDUCTION_CODEGEN",
          "IREE's codegen: our kernels' start-up outweighs a reduction this short (an SE block's 1x1 at batch 32; "
          "docs/decisions.md#short-reduction-codegen)",
          lambda a: a.plain and switches.SHORT_REDUCTION_CODEGEN and policies.for_target(a.tgt) is policies.sm90

@@ -208,6 +208,8 @@ def test_on_hopper_a_64_row_tile_stays_where_the_128_row_grid_puts_two_workgroup
         ("2 1 64 40 480 1 1 1 1 1 1 1 1 0 0 0 0", False),  # batch 64: a reduction of 64, not measured
         ("2 1 32 40 480 3 3 1 1 1 1 1 1 1 1 1 1", False),  # a 3x3 (padded): no plain GEMM
         ("2 2 16 20 240 1 1 1 1 1 1 1 1 0 0 0 0", False),  # two groups
+        ("2 1 32 32 8 1 1 1 1 1 1 1 1 0 0 0 0", False),  # efficientnet_b0 fc2, 8 in channels: the GEMV kernel's
+        ("2 1 32 8 32 1 1 1 1 1 1 1 1 0 0 0 0", False),  # 8 out channels: narrower than any row measured
     ],
 )
 def test_a_plain_gemm_of_a_32_long_reduction_and_few_weights_is_codegens_on_hopper(line, codegen):

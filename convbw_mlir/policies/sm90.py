@@ -107,18 +107,27 @@ MAX_TRAVERSAL_STRIDE = 8  # cuTensorMapEncodeIm2col's elementStrides: at most 8
 # docs/decisions.md#short-reduction-codegen); longer reductions are unmeasured and keep our kernel.
 SHORT_REDUCTION = 32
 SHORT_GEMM = 1 << 17  # out x in channels: codegen won at 113k, lost at 217k
+SHORT_MIN_CHANNELS = 20  # the narrowest measured; narrower (8 and below: codegen's SIMT) is the GEMV kernel's
 
 
 def short_reduction(problem: Any) -> bool:
-    """Whether ``problem`` is a plain GEMM of at most :data:`SHORT_REDUCTION` images x positions and at most
-    :data:`SHORT_GEMM` weights (an SE block's 1x1 on a 1x1 map at batch 32)."""
+    """Whether ``problem`` is a plain GEMM of at most :data:`SHORT_REDUCTION` images x positions, at most
+    :data:`SHORT_GEMM` weights and at least :data:`SHORT_MIN_CHANNELS` in and out channels (an SE block's 1x1 on a 1x1
+    map at batch 32)."""
     plain = (
         all(f == 1 for f in problem.filter_size)
         and all(s == 1 for s in problem.stride)
         and not any((*problem.pad_low, *problem.pad_high))
     )
     weights = problem.out_channels * problem.in_channels
-    return plain and problem.groups == 1 and _reduction(problem) <= SHORT_REDUCTION and weights <= SHORT_GEMM
+    narrow = min(problem.in_channels, problem.out_channels) < SHORT_MIN_CHANNELS
+    return (
+        plain
+        and not narrow
+        and problem.groups == 1
+        and _reduction(problem) <= SHORT_REDUCTION
+        and weights <= SHORT_GEMM
+    )
 
 
 def refusals(problem: Any, plan: Plan | None = None) -> list[str]:
