@@ -659,6 +659,8 @@ def computed_problem(problem: ConvBwdWeightProblem, plan: Plan) -> ConvBwdWeight
             folds the rank of a problem the fold does not take.
     """
     problem = relayout(problem)
+    if plan.fold_rank and problem.rank == 2:  # the twin already (convbw-relayout's op), as layout 2 is below
+        return problem
     if plan.fold_rank:
         twin, why = fold_rank(problem)
         if twin is None:
