@@ -90,7 +90,8 @@ class Relayout(ConvbwPass):
     argument = "convbw-relayout"
     description = (
         "Rewrite each layout-1 (GNHWC/GKYXC/GNHWK) convbw.conv_bwd_weight, and each layout-3 convolution, as the "
-        "layout-2 (NHWGC/GKYXC/NHWGK) op on transposed x and dy (plan.relayout); dW, D and the plan stay."
+        "layout-2 (NHWGC/GKYXC/NHWGK) op on transposed x and dy (plan.relayout); dW, D and the plan stay. A plan's "
+        "fold_rank: the 3-D op as its 2-D twin's by reshapes."
     )
 
     def run(self, module: ir.Operation) -> None:
