@@ -184,3 +184,16 @@ def test_folded_problem_on_sm90a_is_the_twins_wgmma_kernel_under_emulation(probl
     want = reference(problem, x, dy)
     got = (partials if g.splits == 1 else partials.sum(0)).reshape(want.shape)
     assert not np.isnan(got).any() and np.abs(got - want).max() / np.abs(want).max() < 1e-6
+
+
+def test_convbw_select_names_the_fold_where_the_switch_folds(monkeypatch, tmp_path, capsys):
+    from convbw_mlir.cli import main
+
+    monkeypatch.setenv("CONVBW_CACHE_DIR", str(tmp_path))
+    line = "3 1 8 144 64 1 3 3 16 56 56 1 1 1 1 1 1 0 1 1 0 1 1"  # the classes suite's R(2+1)D spatial conv
+    assert main(["select", "--ck", line, "--target", "sm_90a"]) == 0
+    assert "fold" not in capsys.readouterr().out
+    monkeypatch.setattr(switches, "FOLD_RANK_BY_DEFAULT", True)
+    assert main(["select", "--ck", line, "--target", "sm_90a"]) == 0
+    out = capsys.readouterr().out
+    assert '"fold_rank": true' in out and "rule: fold-rank" in out and "docs/decisions.md#rank-fold" in out
