@@ -197,3 +197,15 @@ def test_convbw_select_names_the_fold_where_the_switch_folds(monkeypatch, tmp_pa
     assert main(["select", "--ck", line, "--target", "sm_90a"]) == 0
     out = capsys.readouterr().out
     assert '"fold_rank": true' in out and "rule: fold-rank" in out and "docs/decisions.md#rank-fold" in out
+
+
+def test_folded_sm90a_kernels_launch_maps_are_the_twins_2d_maps():
+    from convbw_mlir import compile_op
+
+    p = P(1, 2, 64, 64, (3, 6, 6), (1, 3, 3), pad_low=(0, 1, 1), pad_high=(0, 1, 1))
+    op = compile_op(p, "sm_90a", fold_rank=True, output_arg=True)  # the direct launch encodes these maps
+    twin = folded_twin(p)[0]
+    assert op.plan.fold_rank and sm90.is_sm90(op.plan)
+    got = [(m.mode, list(m.dims), list(m.strides), list(m.lower)) for m in op.launch.tensor_maps]
+    want = [(m["mode"], m["dims"], m["strides"], list(m.get("lower", []))) for m in sm90.tensor_maps(twin, "k")]
+    assert got == want and got[1][1] == [64, 6, 6, 6]  # were the 3-D problem's 5-D im2col map on a 2-D kernel
