@@ -117,12 +117,8 @@ def test_tuner_offers_the_folded_plan_next_to_a_3d_problems_on_nvidia():
 
 @pytest.mark.parametrize(
     "problem",
-    [
-        DEPTH,
-        PLANE,
-        CHANNELS_LAST,
-    ],
-    ids=["depth", "plane", "channels_last_bilinear"],
+    [DEPTH, PLANE, CHANNELS_LAST, DEPTH.with_(layout=1)],
+    ids=["depth", "plane", "channels_last_bilinear", "layout1_transposed_then_folded"],
 )
 def test_folded_problem_matches_float64_on_the_host(problem, compiled):
     from convbw_mlir.epilogues import random_d
