@@ -48,7 +48,7 @@ from convbw_mlir.plan_data import (
     _target,
 )
 from convbw_mlir.policies import depthwise, gemv, sm80, sm90_fp8, switches
-from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem
+from convbw_mlir.problem import DTYPES, ConvBwdWeightProblem, fold_rank
 from convbw_mlir.targets import Intrinsic, Target
 
 # The plan's data types are plan_data's; they are named here too, where users look for them.
@@ -75,6 +75,7 @@ __all__ = [
     "decide",
     "effective_problem",
     "explicit_tiling",
+    "folded_twin",
     "one_tap_window",
     "pick_intrinsic",
     "plan_properties",
@@ -160,8 +161,9 @@ class _Ask:
 
     @functools.cached_property
     def plain(self) -> bool:
-        """No options and no split given: the plan's own choice."""
-        return self.opts == Overrides() and self.given_split is None
+        """No options and no split given: the plan's own choice (``fold-rank`` aside: the folded problem's plan is
+        its own choice)."""
+        return replace(self.opts, fold_rank=None) == Overrides() and self.given_split is None
 
     @functools.cached_property
     def work(self) -> ConvBwdWeightProblem:
@@ -227,6 +229,37 @@ def _fp8(a: _Ask) -> Plan:
     return sm90_fp8.plan(a.given, a.tgt, a.opts)
 
 
+def folded_twin(problem: ConvBwdWeightProblem) -> tuple[ConvBwdWeightProblem | None, str]:
+    """The 2-D problem the passes compute ``problem`` as where a plan folds its rank (:attr:`Plan.fold_rank`):
+    :func:`convbw_mlir.problem.fold_rank` of the problem :func:`relayout` computes; None and why where it does
+    not apply."""
+    return fold_rank(relayout(problem))
+
+
+def _fold_applies(a: _Ask) -> bool:
+    """fold-rank asked for, or the plan's own choice on NVIDIA behind switch FOLD_RANK_BY_DEFAULT (off)."""
+    if a.opts.fold_rank is None:
+        return switches.FOLD_RANK_BY_DEFAULT and a.tgt.family == "nvidia" and a.given.rank == 3
+    return a.opts.fold_rank
+
+
+def _fold(a: _Ask) -> Plan | None:
+    """The plan of the problem's 2-D twin (its own choice, or the options given), marked :attr:`Plan.fold_rank`;
+    None where the fold does not apply and was not asked for.
+
+    Raises:
+        PlanError: fold-rank asked for where it does not apply (naming why) or for an op that arrives split.
+    """
+    twin, why = folded_twin(a.given)
+    if twin is None or a.given_split is not None:
+        if not a.opts.fold_rank:
+            return None
+        why = why if twin is None else f"split {a.given_split.k_batch} (an op that arrives split: the 3-D problem's)"
+        raise PlanError(f"fold-rank: true for {a.given.name}: {why}")
+    rest = {k: v for k, v in a.overrides.items() if k != "fold_rank"}
+    return replace(_decide(twin, a.tgt, None, fold_rank=False, **rest), fold_rank=True)
+
+
 def _asked_explicit(a: _Ask) -> Plan:
     if a.opts.plan_for:  # its refusal first, as ever; the split is the kernel's own (k tiles, not images)
         _target(a.opts.plan_for, "plan-for")
@@ -255,6 +288,11 @@ RULES: tuple[Rule, ...] = (
          "one kernel computes fp8: the sm_90a fp8 GEMM; every other target refuses fp8 by name "
          "(docs/explicit-kernels.md, fp8)",
          lambda a: a.given.is_fp8, _fp8),
+    Rule("fold-rank", "asked for: fold-rank=true; or no fold-rank option, NVIDIA, a 3-D problem the fold takes; "
+         "switch FOLD_RANK_BY_DEFAULT (off)",
+         "a 3-D problem with a unit filter extent computed as its 2-D twin by reshapes (depth into the batch, or H "
+         "and W into one axis), planned by these same rules (docs/decisions.md#rank-fold)",
+         _fold_applies, _fold),
     Rule("layout4-fold", "asked for: layout4=fold",
          "asked for: layout 4's implicit GEMM without a gather (x's windows by cp.async, each tap's shift in "
          "shared memory)",
@@ -613,12 +651,21 @@ CHANNELS_FIRST = (LAYOUT_4, LAYOUT_0)
 
 def computed_problem(problem: ConvBwdWeightProblem, plan: Plan) -> ConvBwdWeightProblem:
     """The problem a kernel of ``plan`` computes: :func:`relayout`'s, and a layout-4 problem in layout 2 where
-    the plan says so (:attr:`Plan.channels_last`; ``convbw-relayout`` transposes x, dy and D there and dW back).
+    the plan says so (:attr:`Plan.channels_last`; ``convbw-relayout`` transposes x, dy and D there and dW back),
+    and its 2-D twin where the plan folds its rank (:attr:`Plan.fold_rank`; reshapes alone).
 
     Raises:
-        PlanError: a channels-last plan for a problem neither in layout 4 nor computed in layout 2.
+        PlanError: a channels-last plan for a problem neither in layout 4 nor computed in layout 2; a plan that
+            folds the rank of a problem the fold does not take.
     """
     problem = relayout(problem)
+    if plan.fold_rank and problem.rank == 2:  # the twin already (convbw-relayout's op), as layout 2 is below
+        return problem
+    if plan.fold_rank:
+        twin, why = fold_rank(problem)
+        if twin is None:
+            raise PlanError(f"plan.fold_rank: {why}")
+        return twin
     if not plan.channels_last or problem.layout == LAYOUT_2:
         return problem
     if problem.layout not in CHANNELS_FIRST:
@@ -698,6 +745,8 @@ def plan_workspace_bytes(problem: ConvBwdWeightProblem, plan: Plan) -> int:
     """
     if sm90_fp8.is_fp8(plan):
         return sm90_fp8.workspace_bytes(problem, plan)
+    if plan.fold_rank:  # the 2-D twin's: the same bytes, no copy
+        problem = computed_problem(problem, plan)
     total = 0
     if plan.channels_last and relayout(problem).layout in CHANNELS_FIRST:
         copies = [(problem.x_shape, problem.dtype), (problem.dy_shape, problem.dtype)]

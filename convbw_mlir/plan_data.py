@@ -215,6 +215,8 @@ class Plan:
         folded: layout 4's explicit kernel without a gather (strategy explicit, sm_80): x's windows by
             ``cp.async``, each tap's shift applied in shared memory (``gemm_sm80.build_folded_kernel_body``).
         merge: groups merged into one implicit GEMM (strategy explicit, thin groups), or None: one group a GEMM.
+        fold_rank: a 3-D problem computed as its 2-D twin by reshapes (:func:`convbw_mlir.problem.fold_rank`;
+            ``convbw-relayout``); the rest of the plan is the 2-D problem's.
         workspace_bytes: device memory the kernel takes beyond x, dy, dW and D (split-K partials, StreamK
             partials and flags, IREE's padded copies of x and dy): :func:`convbw_mlir.plan.plan_properties`.
         deterministic: whether dW is bitwise the same run after run (every sum in a fixed order).
@@ -242,6 +244,7 @@ class Plan:
     channels_last: bool = False
     folded: bool = False
     merge: MergePlan | None = None
+    fold_rank: bool = False
     workspace_bytes: int | None = field(default=None, compare=False, repr=False)
     deterministic: bool | None = field(default=None, compare=False, repr=False)
     decision: Decision | None = field(default=None, compare=False)
@@ -267,6 +270,8 @@ class Plan:
             data["channels_last"] = True
         if self.folded:
             data["folded"] = True
+        if self.fold_rank:
+            data["fold_rank"] = True
         return data
 
     @classmethod
@@ -285,6 +290,7 @@ class Plan:
             "reduction_innermost",
             "channels_last",
             "folded",
+            "fold_rank",
             *(name for name, _ in _PARTS),
         }
         unknown = set(data) - known
@@ -293,7 +299,7 @@ class Plan:
         for name in ("target", "strategy"):
             if name not in data:
                 raise PlanError(f"plan: missing entry {name!r}")
-        for name in ("gemm", "reduction_innermost", "channels_last", "folded"):
+        for name in ("gemm", "reduction_innermost", "channels_last", "folded", "fold_rank"):
             if not isinstance(data.get(name, False), bool):
                 raise PlanError(f"plan.{name}: expected true or false, got {data[name]!r}")
         try:
@@ -306,7 +312,8 @@ class Plan:
         parts = {name: _part(name, kind, data[name]) for name, kind in _PARTS if data.get(name) is not None}
         return cls(data["target"], Strategy(data["strategy"]), data.get("gemm", False),
                    data.get("reduction_innermost", False), **parts,
-                   channels_last=data.get("channels_last", False), folded=data.get("folded", False))  # fmt: skip
+                   channels_last=data.get("channels_last", False), folded=data.get("folded", False),
+                   fold_rank=data.get("fold_rank", False))  # fmt: skip
 
 
 def _part(name: str, kind: type, data: Any) -> Any:
@@ -400,6 +407,9 @@ class Overrides:
             many groups a 64-channel box (1 for C of 33-63; :func:`convbw_mlir.policies.sm90.merge_for` gives the
             most); None (the default): the policy's rule (:func:`convbw_mlir.policies.sm90.merge_rule`, behind its
             switch, off), else the sm_80 kernel.
+        fold_rank: a 3-D problem as its 2-D twin by reshapes (:func:`convbw_mlir.problem.fold_rank`): True asks
+            for it (refused by name where it does not apply), False never; None (the default): the plan's rule
+            (switch ``FOLD_RANK_BY_DEFAULT``, off).
     """
 
     k_batch: int | str = "auto"
@@ -420,6 +430,7 @@ class Overrides:
     layout4: str | None = None
     merge_groups: int | None = None
     wgmma_merge: int | None = None
+    fold_rank: bool | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -472,6 +483,8 @@ class Overrides:
         if self.wgmma_merge is not None and self.strategy != Strategy.EXPLICIT.value:
             chosen = self.strategy or "none, the plan's choice"
             raise PlanError(f"wgmma-merge: {self.wgmma_merge} applies to strategy explicit only (strategy: {chosen})")
+        if self.fold_rank is not None and not isinstance(self.fold_rank, bool):
+            raise PlanError(f"fold-rank: expected true or false, got {self.fold_rank!r}")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
 

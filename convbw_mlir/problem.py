@@ -35,6 +35,7 @@ __all__ = [
     "ConvBwdWeightProblem",
     "Epilogue",
     "Layout",
+    "fold_rank",
     "resolve_layout",
 ]
 
@@ -643,3 +644,38 @@ class ConvBwdWeightProblem:
 
     def to_miopen(self) -> str:
         return formats.format_miopen(self)
+
+
+def fold_rank(problem: ConvBwdWeightProblem) -> tuple[ConvBwdWeightProblem | None, str]:
+    """The 2-D problem a 3-D layout-2 (NDHWGC/GKZYXC/NDHWGK) one is by reshapes alone, and how; else None and why
+    (docs/decisions.md#rank-fold). Two folds, the same bytes in every tensor:
+
+    * ``depth``: filter depth 1, depth stride 1, no depth padding: the output has x's depth and each depth slice is
+      a 2-D problem, so D joins the batch: x [N*D, H, W, G, C], dy [N*D, Ho, Wo, G, K], dW [G, K, kh, kw, C];
+    * ``plane``: filter 1 x 1 in H and W, stride 1 and no padding there: H and W are one axis of H*W positions:
+      x [N, D, H*W, G, C], dy [N, Do, H*W, G, K], a (kd, 1) filter, dW [G, K, kd, 1, C].
+
+    A 1x1x1 is a GEMM already (``plan.as_gemm``); other ranks and layouts, and fp8, are left as they are.
+    """
+    if problem.rank != 3:
+        return None, f"rank {problem.rank} (the fold takes 3-D problems)"
+    if problem.is_fp8:
+        return None, f"dtype {problem.dtype} (the fp8 GEMM reads x and dy as they lie)"
+    if problem.grouped().layout != DEFAULT_LAYOUT:
+        return None, f"layout {problem.layout} (the fold reshapes layout 2, {DEFAULT_LAYOUT}, alone)"
+    f, s, lo, hi = problem.filter_size, problem.stride, problem.pad_low, problem.pad_high
+    if f == (1, 1, 1):
+        return None, "filter 1x1x1 (a GEMM already)"
+    if f[0] == 1 and s[0] == 1 and lo[0] == hi[0] == 0:
+        two_d = dict(batch=problem.batch * problem.input_size[0], input_size=problem.input_size[1:],
+                     filter_size=f[1:], stride=s[1:], dilation=problem.dilation[1:], pad_low=lo[1:],
+                     pad_high=hi[1:])  # fmt: skip
+        return problem.with_(layout=DEFAULT_LAYOUT, **two_d), "depth"
+    if f[1:] == (1, 1) and s[1:] == (1, 1) and not any(lo[1:] + hi[1:]):
+        d, h, w = problem.input_size
+        two_d = dict(input_size=(d, h * w), filter_size=(f[0], 1), stride=(s[0], 1),
+                     dilation=(problem.dilation[0], 1), pad_low=(lo[0], 0), pad_high=(hi[0], 0))  # fmt: skip
+        return problem.with_(layout=DEFAULT_LAYOUT, **two_d), "plane"
+    return None, (f"filter {'x'.join(map(str, f))}, stride {'x'.join(map(str, s))}, padding "
+                  f"{'x'.join(map(str, lo))}/{'x'.join(map(str, hi))} (the fold needs depth 1, depth stride 1 and no "
+                  "depth padding, or 1x1 in H and W with stride 1 and no padding there)")  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any
 
 from convbw_mlir.build.artifact import CompiledOp
 from convbw_mlir.build.iree import CompileError, compile_module, iree_version
-from convbw_mlir.plan import Overrides, Plan, decide, plan_properties
+from convbw_mlir.plan import Overrides, Plan, computed_problem, decide, plan_properties
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target
 
@@ -53,9 +53,10 @@ def build_op(problem: ConvBwdWeightProblem, target: Target, plan: Plan | None = 
         from convbw_mlir.cuda_launch import TensorMap
         from convbw_mlir.policies import sm90, sm90_fp8
 
-        maps = (
-            sm90_fp8.tensor_maps(problem, plan, mapped) if sm90_fp8.is_fp8(plan) else sm90.tensor_maps(problem, mapped)
-        )
+        if sm90_fp8.is_fp8(plan):
+            maps = sm90_fp8.tensor_maps(problem, plan, mapped)
+        else:  # the kernel's problem: a folded rank's 2-D twin (its maps are 2-D: docs/decisions.md#rank-fold)
+            maps = sm90.tensor_maps(computed_problem(problem, plan), mapped)
         launch.tensor_maps = [TensorMap(**m) for m in maps]
     return CompiledOp(
         problem=problem,

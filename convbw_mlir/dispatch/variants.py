@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convbw_mlir.loops import Split
-from convbw_mlir.plan import Plan, PlanError, Strategy, decide, one_tap_window, pick_intrinsic
+from convbw_mlir.plan import Plan, PlanError, Strategy, decide, folded_twin, one_tap_window, pick_intrinsic
 from convbw_mlir.policies import sm90
 from convbw_mlir.policies.amd import FORCE_FORM_ENV
 from convbw_mlir.problem import ConvBwdWeightProblem
@@ -53,7 +53,7 @@ FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
 IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
 OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
-           "strategy", "merge_groups", "streamk", "wgmma_merge")  # fmt: skip
+           "strategy", "merge_groups", "streamk", "wgmma_merge", "fold_rank")  # fmt: skip
 
 
 def known_wrong(problem: ConvBwdWeightProblem, target: Target | str, form: str) -> str | None:
@@ -283,6 +283,8 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
         for kb in (1, 2, 4):
             yield {"k_batch": kb}
         return
+    if tgt.family == "nvidia" and folded_twin(problem)[0] is not None:  # 3-D as its 2-D twin: docs#rank-fold
+        yield {"fold_rank": not base.fold_rank}  # the other of the two first: the rule (off) is unmeasured
     if sm90.is_sm90(base):  # the wgmma kernel: its split count and tile width around the rule's come first
         yield from _sm90_grid(problem, base)
     elif base.strategy == Strategy.EXPLICIT and tgt.name == "sm_90a":  # the sm_80 kernel there: its splits +-

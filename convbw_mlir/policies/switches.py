@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "DEPTHWISE_BY_DEFAULT",
+    "FOLD_RANK_BY_DEFAULT",
     "GEMV_BY_DEFAULT",
     "GROUPED_BY_DEFAULT",
     "MERGE_BY_DEFAULT",
@@ -38,6 +39,10 @@ SHORT_REDUCTION_CODEGEN = True
 # (policies.sm90.merge_rule; wgmma-merge asks for it either way): off until measured side by side with the sm_80
 # kernel (docs/decisions.md#wgmma-groups; the pack .art/thin90 measures it).
 WGMMA_MERGE_BY_DEFAULT = False
+# A 3-D problem with a unit filter extent (1 x kh x kw, or kd x 1 x 1 with H and W unstrided, unpadded) planned and
+# computed as its 2-D twin by reshapes on NVIDIA (problem.fold_rank; fold-rank=true asks for it either way): off
+# until measured side by side with the 3-D plan (docs/decisions.md#rank-fold; the pack .art/rankfold measures it).
+FOLD_RANK_BY_DEFAULT = False
 
 # name -> what it switches (for ``convbw select`` and the docs; the values are the module's names above)
 SWITCHES: dict[str, str] = {
@@ -47,6 +52,7 @@ SWITCHES: dict[str, str] = {
     "GEMV_BY_DEFAULT": "the split-reduction GEMV kernel for K or C small where codegen's plan is SIMT",
     "SHORT_REDUCTION_CODEGEN": "IREE's codegen for a plain GEMM of a very short reduction on sm_90a",
     "WGMMA_MERGE_BY_DEFAULT": "thin and medium groups in the sm_90a wgmma kernel's boxed form (its rule's widths)",
+    "FOLD_RANK_BY_DEFAULT": "3-D problems with a unit filter extent as their 2-D twin by reshapes on NVIDIA",
 }
 
 
