@@ -99,8 +99,9 @@ def _depthwise_round2() -> Iterator[Row]:
 
 
 def _zootune() -> Iterator[Row]:
-    """zootune: on 60 zoo problem-types, the candidate whose plan is today's where the run timed it (the tuner timed
-    the plan's neighbours too: codegen, splits, tiles), else the heuristic's sm_90a plan then (branch zootune 7462f12)."""
+    """zootune: on 60 zoo problem-types, the candidate whose plan is today's where the run timed it (the tuner
+    timed the plan's neighbours too: codegen, splits, tiles), else the heuristic's sm_90a plan then (branch zootune
+    7462f12)."""
     from convbw_mlir.problem import ConvBwdWeightProblem
 
     data = json.loads((RESULTS / "h100_2026-12-06_zootune/results.json").read_text())

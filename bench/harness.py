@@ -131,6 +131,33 @@ def load_manifest(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "manifest.json").read_text())
 
 
+def split_manifest(folder: Path, parts: int) -> int:
+    """``folder``'s manifest in ``parts`` manifests (``<folder>.partI/manifest.json``, in its order, the kernels left
+    in ``folder`` by absolute path), so a run cut short keeps whole parts."""
+    man = load_manifest(folder)
+    rows = man["problems"]
+    size = -(-len(rows) // parts)
+    for i in range(parts):
+        sub = folder.parent / f"{folder.name}.part{i}"
+        sub.mkdir(exist_ok=True)
+        chunk = rows[i * size : (i + 1) * size]
+        for entry in chunk:
+            for rec in entry["contenders"].values():
+                for k in ("vmfb", "launch"):
+                    if rec.get(k) and not Path(rec[k]).is_absolute():
+                        rec[k] = str((folder / rec[k]).resolve())
+        (sub / "manifest.json").write_text(json.dumps({**man, "problems": chunk}, indent=1) + "\n")
+        print(sub)
+    return 0
+
+
+def result_seconds(res: dict[str, Any]) -> float | None:
+    """A contender's time in a results row: its kernel time where it has one, else its call's; None unless ok."""
+    if res.get("status") != "ok":
+        return None
+    return res.get("kernel_s") or res.get("median_s")
+
+
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     """``folder/manifest.json``, whole or not at all (a temporary file renamed)."""
     tmp = folder / "manifest.json.tmp"

@@ -140,29 +140,16 @@ def compile_all(out: Path, workers: int, cache: Path) -> int:
 
 
 def split(folder: Path, parts: int) -> int:
-    """The manifest in ``parts`` manifests (``manifest.partI.json`` beside it, in priority order), so a run cut
-    short keeps whole parts."""
-    man = json.loads((folder / "manifest.json").read_text())
-    rows = man["problems"]
-    size = -(-len(rows) // parts)
-    for i in range(parts):
-        sub = folder.parent / f"{folder.name}.part{i}"
-        sub.mkdir(exist_ok=True)
-        chunk = rows[i * size : (i + 1) * size]
-        for entry in chunk:  # the kernels stay in the main folder: absolute paths
-            for rec in entry["contenders"].values():
-                for k in ("vmfb", "launch"):
-                    if rec.get(k) and not Path(rec[k]).is_absolute():
-                        rec[k] = str((folder / rec[k]).resolve())
-        (sub / "manifest.json").write_text(json.dumps({**man, "problems": chunk}, indent=1) + "\n")
-        print(sub)
-    return 0
+    """The manifest in ``parts`` manifests beside it, in priority order (:func:`harness.split_manifest`)."""
+    from harness import split_manifest
+
+    return split_manifest(folder, parts)
 
 
 def _time(res: dict[str, Any]) -> float | None:
-    if res.get("status") != "ok":
-        return None
-    return res.get("kernel_s") or res.get("median_s")
+    from harness import result_seconds
+
+    return result_seconds(res)
 
 
 def report(results: list[Path], manifest: Path) -> int:
