@@ -151,6 +151,31 @@ def split_manifest(folder: Path, parts: int) -> int:
     return 0
 
 
+def probe_main(argv: list[str] | None, doc: str, name: str, parts: int, compile_all: Callable[..., int],
+               report: Callable[[list[Path], Path], int]) -> int:  # fmt: skip
+    """The command line of a side-by-side probe pack (bench/thin90.py, bench/rankfold.py): ``compile OUT`` here
+    (``compile_all(out, workers, cache)``), ``split FOLDER`` into ``parts`` (:func:`split_manifest`) and ``report
+    RESULTS... --manifest M`` (``report``)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile")
+    c.add_argument("out", type=Path)
+    c.add_argument("--workers", type=int, default=2)
+    c.add_argument("--cache", type=Path, default=Path(f".art/{name}_cache"))
+    s = sub.add_parser("split")
+    s.add_argument("folder", type=Path)
+    s.add_argument("--parts", type=int, default=parts)
+    r = sub.add_parser("report")
+    r.add_argument("results", type=Path, nargs="+")
+    r.add_argument("--manifest", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "compile":
+        return compile_all(args.out, args.workers, args.cache)
+    if args.cmd == "split":
+        return split_manifest(args.folder, args.parts)
+    return report(args.results, args.manifest)
+
+
 def result_seconds(res: dict[str, Any]) -> float | None:
     """A contender's time in a results row: its kernel time where it has one, else its call's; None unless ok."""
     if res.get("status") != "ok":

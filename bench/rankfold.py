@@ -15,14 +15,13 @@ and R(2+1)D-18 (f16) first, then S3D's larger layers (held), then bf16 and MC3-1
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from harness import geomean, probe_main, result_seconds
 
 # (name, ckProfiler line "NDim G N K C <filter> <input> <strides> <dilations> <left pads> <right pads>", dtype, set)
 _R21D = [  # convbw_mlir/suites/zoo.tsv, N = 32 (16 frames of 112x112)
@@ -139,19 +138,6 @@ def compile_all(out: Path, workers: int, cache: Path) -> int:
     return 0
 
 
-def split(folder: Path, parts: int) -> int:
-    """The manifest in ``parts`` manifests beside it, in priority order (:func:`harness.split_manifest`)."""
-    from harness import split_manifest
-
-    return split_manifest(folder, parts)
-
-
-def _time(res: dict[str, Any]) -> float | None:
-    from harness import result_seconds
-
-    return result_seconds(res)
-
-
 def report(results: list[Path], manifest: Path) -> int:
     """Per layer: the plan now's, the folded plan's and cuDNN's kernel time (us) and their ratios; then geomeans of
     plan now / folded (> 1: the fold faster) by fold kind (depth, plane) and kernel, the tune and the held-back
@@ -166,7 +152,7 @@ def report(results: list[Path], manifest: Path) -> int:
     for r in rows:
         entry = man.get(r["key"]) or next(e for e in man.values() if e["name"] == r["name"])
         p, fold = entry["problem"], entry.get("extra", entry).get("fold", "?")
-        times = {n: _time(c) for n, c in r["contenders"].items() if n != "reference"}
+        times = {n: result_seconds(c) for n, c in r["contenders"].items() if n != "reference"}
         bad += [f"{r['key']} {n}: {c.get('status')} {str(c.get('error', ''))[:100]}" for n, c in r["contenders"].items()
                 if n != "reference" and c.get("status") not in ("ok", None)]  # fmt: skip
         now, folded, cudnn = times.get("convbw[heuristic]"), times.get("convbw[fold]"), times.get("cudnn")
@@ -194,17 +180,14 @@ def report(results: list[Path], manifest: Path) -> int:
                      f"{kernel('convbw[fold]')} | {us(now)} | {us(folded)} | {us(cudnn)} | {ratio(now, folded)} | "
                      f"{ratio(cudnn, now)} | {ratio(cudnn, folded)} |")  # fmt: skip
 
-    def geo(v: list[float]) -> float:
-        return math.exp(statistics.fmean(math.log(x) for x in v))
-
     lines += ["", "| set | fold, kernel now | layers | geomean now / folded (> 1: the fold faster) | min | max |",
               "|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for (held, kind), v in sorted(groups.items()):
-        lines.append(f"| {held} | {kind} | {len(v)} | {geo(v):.3f} | {min(v):.2f} | {max(v):.2f} |")
+        lines.append(f"| {held} | {kind} | {len(v)} | {geomean(v):.3f} | {min(v):.2f} | {max(v):.2f} |")
     lines += ["", "| all layers | geomean cuDNN/ours | min |", "|---|---:|---:|"]
     for k, v in vs_cudnn.items():
         if v:
-            lines.append(f"| {k} | {geo(v):.3f} | {min(v):.2f} |")
+            lines.append(f"| {k} | {geomean(v):.3f} | {min(v):.2f} |")
     print("\n".join(lines))
     if bad:
         print("\nnot ok:\n" + "\n".join(bad))
@@ -212,24 +195,7 @@ def report(results: list[Path], manifest: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile")
-    c.add_argument("out", type=Path)
-    c.add_argument("--workers", type=int, default=2)
-    c.add_argument("--cache", type=Path, default=Path(".art/rankfold_cache"))
-    s = sub.add_parser("split")
-    s.add_argument("folder", type=Path)
-    s.add_argument("--parts", type=int, default=3)
-    r = sub.add_parser("report")
-    r.add_argument("results", type=Path, nargs="+")
-    r.add_argument("--manifest", type=Path, required=True)
-    args = ap.parse_args(argv)
-    if args.cmd == "compile":
-        return compile_all(args.out, args.workers, args.cache)
-    if args.cmd == "split":
-        return split(args.folder, args.parts)
-    return report(args.results, args.manifest)
+    return probe_main(argv, __doc__, "rankfold", 3, compile_all, report)
 
 
 if __name__ == "__main__":

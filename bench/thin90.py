@@ -16,13 +16,12 @@ manifest can be split with ``--part``).
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from harness import geomean, probe_main, result_seconds
 
 # (name, ckProfiler line "NDim G N K C <filter> <input> <strides> <dilations> <left pads> <right pads>", dtype, set)
 LAYERS = [
@@ -122,19 +121,6 @@ def compile_all(out: Path, workers: int, cache: Path) -> int:
     return 0
 
 
-def split(folder: Path, parts: int) -> int:
-    """The manifest in ``parts`` manifests beside it, in priority order (:func:`harness.split_manifest`)."""
-    from harness import split_manifest
-
-    return split_manifest(folder, parts)
-
-
-def _time(res: dict[str, Any]) -> float | None:
-    from harness import result_seconds
-
-    return result_seconds(res)
-
-
 def _kind(label: str) -> str:
     if label.startswith("convbw[wgmma_box"):
         return "wgmma_box"
@@ -155,7 +141,7 @@ def report(results: list[Path], manifest: Path) -> int:
     for r in rows:
         entry = man.get(r["key"]) or next(e for e in man.values() if e["name"] == r["name"])
         p = entry["problem"]
-        times = {n: _time(c) for n, c in r["contenders"].items() if n not in ("reference",)}
+        times = {n: result_seconds(c) for n, c in r["contenders"].items() if n not in ("reference",)}
         bad += [f"{r['key']} {n}: {c.get('status')} {c.get('error', '')[:100]}" for n, c in r["contenders"].items()
                 if n != "reference" and c.get("status") not in ("ok", None)]  # fmt: skip
         plan = times.get("convbw[heuristic]")
@@ -181,7 +167,7 @@ def report(results: list[Path], manifest: Path) -> int:
               "|---:|---:|---:|---:|---:|"]  # fmt: skip
     for c in sorted(by_width, key=lambda c: (isinstance(c, str), c)):
         v = by_width[c]
-        g = math.exp(statistics.fmean(math.log(x) for x in v))
+        g = geomean(v)
         lines.append(f"| {c} | {len(v)} | {g:.2f} | {min(v):.2f} | {max(v):.2f} |")
     print("\n".join(lines))
     if bad:
@@ -190,24 +176,7 @@ def report(results: list[Path], manifest: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile")
-    c.add_argument("out", type=Path)
-    c.add_argument("--workers", type=int, default=2)
-    c.add_argument("--cache", type=Path, default=Path(".art/thin90_cache"))
-    s = sub.add_parser("split")
-    s.add_argument("folder", type=Path)
-    s.add_argument("--parts", type=int, default=2)
-    r = sub.add_parser("report")
-    r.add_argument("results", type=Path, nargs="+")
-    r.add_argument("--manifest", type=Path, required=True)
-    args = ap.parse_args(argv)
-    if args.cmd == "compile":
-        return compile_all(args.out, args.workers, args.cache)
-    if args.cmd == "split":
-        return split(args.folder, args.parts)
-    return report(args.results, args.manifest)
+    return probe_main(argv, __doc__, "thin90", 2, compile_all, report)
 
 
 if __name__ == "__main__":
