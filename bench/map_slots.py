@@ -47,33 +47,6 @@ def _pool_stats() -> dict:
             "cxx_plain_launches": native.plain_launches()}  # fmt: skip
 
 
-def _record_step(model_name: str, batch: int) -> list[tuple]:
-    import torch
-    from models import MODELS
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    build, shape, fmt, loss_fn, target = MODELS[model_name]
-    torch.manual_seed(0)
-    model = build().cuda().to(memory_format=fmt)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, *shape, generator=g).cuda().contiguous(memory_format=fmt)
-    y = target(batch, g).cuda()
-    aten = torch.ops.aten.convolution_backward.default
-    calls: list[tuple] = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, a=(), kw=None):  # noqa: ANN001, ANN204
-            if func is aten and a[-1][1]:
-                calls.append(tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in a[:-1]))
-            return func(*a, **(kw or {}))
-
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = loss_fn(model(x), y)
-    with Record():
-        loss.backward()
-    return calls
-
-
 def _bound(args: tuple, want) -> float | None:  # noqa: ANN001
     """Ours' tolerance plus torch's (both bf16 dW, f32 accumulation with matrix instructions), RMS units."""
     try:
@@ -94,12 +67,13 @@ def _bound(args: tuple, want) -> float | None:  # noqa: ANN001
 
 def check(ns: argparse.Namespace) -> int:
     import torch
+    from train_step import backward_calls
 
     from convbw_mlir import cuda_launch
     from convbw_mlir import torch as ct
     from convbw_mlir.torch import entry, native
 
-    calls = _record_step(ns.model, ns.batch)
+    calls = backward_calls(ns.model, ns.batch, "cuda")
     aten = torch.ops.aten.convolution_backward.default
 
     def fenced_dw(args: tuple) -> torch.Tensor:

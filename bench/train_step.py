@@ -200,26 +200,15 @@ def compile_all(ns: argparse.Namespace) -> int:
     return 0
 
 
-def check(ns: argparse.Namespace) -> int:
-    """On the GPU: every weight gradient of one model's step (eager, bf16 autocast, recorded as the switch sees it),
-    computed again alone: by torch, by the C++ hot path ``--repeats`` times on the same memory (its CUDA graph is
-    recorded by the third call and launched from C++ after; with ``$CONVBW_TORCH_NATIVE_LAUNCH=1`` the schedule is
-    launched from C++ from the second call) and by the Python switch, every dW ours (``benchmark=False``); with
-    ``--python``, by the Python switch ``--repeats`` times instead of the C++ path (nothing to build: the path a user
-    gets by default). NaN fence: before each call a block of dW's size is filled with NaN and freed, so the
-    allocator hands it to dW and a dW nobody wrote shows. The C++ path's dW must be finite and equal the Python
-    path's bit for bit (the same kernel); its distance to torch's is reported (max over the entries / RMS)."""
+def backward_calls(model_name: str, batch: int, dev: str) -> list[tuple]:
+    """The arguments of every weight gradient's ``aten.convolution_backward`` in one step of ``model_name`` (eager,
+    bf16 autocast, seeded), as the switch would see them (cloned; the model's own gradients dropped)."""
     import torch
     from models import MODELS
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from convbw_mlir import torch as ct
-    from convbw_mlir.torch import native
-
-    build, shape, fmt, loss_fn, target = MODELS[ns.model]
-    batch = _batch(ns.model, ns.batch)
+    build, shape, fmt, loss_fn, target = MODELS[model_name]
     torch.manual_seed(0)
-    dev = ns.device  # cpu: the same path on the host (no allocator reuse there: the fence proves less)
     model = build().to(dev).to(memory_format=fmt)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, *shape, generator=g).to(dev).contiguous(memory_format=fmt)
@@ -239,6 +228,27 @@ def check(ns: argparse.Namespace) -> int:
         loss.backward()
     del loss
     model.zero_grad(set_to_none=True)
+    return calls
+
+
+def check(ns: argparse.Namespace) -> int:
+    """On the GPU: every weight gradient of one model's step (eager, bf16 autocast, recorded as the switch sees it),
+    computed again alone: by torch, by the C++ hot path ``--repeats`` times on the same memory (its CUDA graph is
+    recorded by the third call and launched from C++ after; with ``$CONVBW_TORCH_NATIVE_LAUNCH=1`` the schedule is
+    launched from C++ from the second call) and by the Python switch, every dW ours (``benchmark=False``); with
+    ``--python``, by the Python switch ``--repeats`` times instead of the C++ path (nothing to build: the path a user
+    gets by default). NaN fence: before each call a block of dW's size is filled with NaN and freed, so the
+    allocator hands it to dW and a dW nobody wrote shows. The C++ path's dW must be finite and equal the Python
+    path's bit for bit (the same kernel); its distance to torch's is reported (max over the entries / RMS)."""
+    import torch
+
+    from convbw_mlir import torch as ct
+    from convbw_mlir.torch import native
+
+    dev = ns.device  # cpu: the same path on the host (no allocator reuse there: the fence proves less)
+    batch = _batch(ns.model, ns.batch)
+    calls = backward_calls(ns.model, batch, dev)
+    aten = torch.ops.aten.convolution_backward.default
 
     def dw(args: tuple) -> torch.Tensor:
         go, xx, w = args[:3]
