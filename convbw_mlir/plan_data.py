@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import operator
+from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -257,6 +258,12 @@ class Plan:
     def k_batch(self) -> int:
         return self.split.k_batch if self.split else 1
 
+    def fields_given(self, names: Iterable[str], kernel: str) -> list[str]:
+        """ "field: value" lines for each of ``names`` this plan sets, which ``kernel`` takes none of."""
+        return [
+            f"{name}: {getattr(self, name)} ({kernel} takes none)" for name in names if getattr(self, name) is not None
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON and the IR attribute): entries that are None or False are left out."""
         data: dict[str, Any] = {"target": self.target, "strategy": self.strategy.value, "gemm": self.gemm}
@@ -487,6 +494,20 @@ class Overrides:
             raise PlanError(f"fold-rank: expected true or false, got {self.fold_rank!r}")
         if not isinstance(self.reduction_innermost, bool):
             raise PlanError(f"reduction-innermost: expected true or false, got {self.reduction_innermost!r}")
+
+    def refuse_for(self, kernel: str, names: Iterable[str], split: str) -> None:
+        """Refuse the first of ``names`` given, or a k-batch other than auto: ``kernel`` takes its numbers from its
+        own rule (``split``: how it splits the reduction).
+
+        Raises:
+            PlanError: naming the option and its value.
+        """
+        for name in names:
+            if getattr(self, name) is not None:
+                raise PlanError(f"{name.replace('_', '-')}: {getattr(self, name)!r} does not apply to {kernel} "
+                                "(its numbers are its rule's)")  # fmt: skip
+        if self.k_batch != "auto":
+            raise PlanError(f"k-batch: {self.k_batch!r} does not apply to {kernel} ({split})")
 
     @property
     def tile(self) -> dict[str, int]:

@@ -329,13 +329,9 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     Raises:
         PlanError: an option the kernel does not take, or a problem it cannot compute (every reason).
     """
-    for name in (*Overrides._TILE, "streamk", "producers"):
-        if getattr(opts, name) is not None:
-            raise PlanError(f"{name.replace('_', '-')}: {getattr(opts, name)!r} does not apply to the depthwise "
-                            "kernel (its numbers are its rule's)")  # fmt: skip
-    if opts.k_batch != "auto":
-        raise PlanError(f"k-batch: {opts.k_batch!r} does not apply to the depthwise kernel (it splits the rows "
-                        "into chunks by its rule)")  # fmt: skip
+    opts.refuse_for(
+        "the depthwise kernel", (*Overrides._TILE, "streamk", "producers"), "it splits the rows into chunks by its rule"
+    )
     why = takes(problem)
     if why:
         raise PlanError("strategy explicit (depthwise): " + "; ".join(why))
@@ -351,9 +347,7 @@ def refusals(problem: Any, plan: Plan) -> list[str]:
     why = takes(problem)
     if plan.target_info.family != "nvidia":
         why.append(f"target: {plan.target} (the depthwise kernel is written for sm_80 only)")
-    for name in ("tile", "split", "simt", "streamk", "wavespec"):
-        if getattr(plan, name) is not None:
-            why.append(f"{name}: {getattr(plan, name)} (the depthwise kernel takes none)")
+    why += plan.fields_given(("tile", "split", "simt", "streamk", "wavespec"), "the depthwise kernel")
     if not why:
         k = kernel(problem, plan.depthwise)
         why += k.problems()

@@ -239,13 +239,8 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     Raises:
         PlanError: an option the kernel does not take, or a problem it cannot compute (every reason).
     """
-    for name in (*Overrides._TILE, "streamk", "producers", "merge_groups", "gemm", "grouped", "plan_for"):
-        if getattr(opts, name) is not None:
-            raise PlanError(f"{name.replace('_', '-')}: {getattr(opts, name)!r} does not apply to the GEMV kernel "
-                            "(its numbers are its rule's)")  # fmt: skip
-    if opts.k_batch != "auto":
-        raise PlanError(f"k-batch: {opts.k_batch!r} does not apply to the GEMV kernel (it splits the positions "
-                        "into chunks by its rule)")  # fmt: skip
+    opts.refuse_for("the GEMV kernel", (*Overrides._TILE, "streamk", "producers", "merge_groups", "gemm", "grouped",
+                    "plan_for"), "it splits the positions into chunks by its rule")  # fmt: skip
     if opts.reduction_innermost:
         raise PlanError("reduction-innermost: True does not apply to the GEMV kernel (it reads layout 2 as it is)")
     if tgt.family != "nvidia":
@@ -265,9 +260,7 @@ def refusals(problem: Any, plan: Plan) -> list[str]:
     why = takes(problem)
     if plan.target_info.family != "nvidia":
         why.append(f"target: {plan.target} (the GEMV kernel is written for NVIDIA only)")
-    for name in ("tile", "split", "simt", "streamk", "wavespec", "depthwise", "merge"):
-        if getattr(plan, name) is not None:
-            why.append(f"{name}: {getattr(plan, name)} (the GEMV kernel takes none)")
+    why += plan.fields_given(("tile", "split", "simt", "streamk", "wavespec", "depthwise", "merge"), "the GEMV kernel")
     if plan.gemm or plan.folded or plan.reduction_innermost:
         why.append("plan: gemm, folded or reduction_innermost (the GEMV kernel has none)")
     if not why:
