@@ -102,12 +102,11 @@ MAPS_BYTES = 256  # the maps binding: dy's CUtensorMap, then x's (128 bytes each
 # fits its bits wherever both corners fit theirs
 IM2COL_BITS = {1: 16, 2: 8, 3: 5}
 MAX_TRAVERSAL_STRIDE = 8  # cuTensorMapEncodeIm2col's elementStrides: at most 8
-# A plain GEMM (1x1, stride 1, unpadded, one group) with a reduction this short and a dW this small is IREE's to
-# compute: our kernels' start-up outweighs it (11 zoo layers at reduction 32 fitted, 6 held-out ones checked:
-# docs/decisions.md#short-reduction-codegen); longer reductions are unmeasured and keep our kernel.
-SHORT_REDUCTION = 32
-SHORT_GEMM = 1 << 17  # out x in channels: codegen won at 113k, lost at 217k
-SHORT_MIN_CHANNELS = 20  # the narrowest measured; narrower (8 and below: codegen's SIMT) is the GEMV kernel's
+# A plain GEMM (1x1, stride 1, unpadded, one group) this short and small is IREE's to compute: our kernels' start-up
+# outweighs it; the limits are the measured ones (docs/decisions.md#short-reduction-codegen).
+SHORT_REDUCTION = 32  # images x positions
+SHORT_GEMM = 1 << 17  # out x in channels
+SHORT_MIN_CHANNELS = 20  # narrower: unmeasured, and 8 and below the GEMV kernel's
 
 
 def short_reduction(problem: Any) -> bool:
