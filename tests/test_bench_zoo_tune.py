@@ -88,3 +88,12 @@ def test_named_problems_build_at_the_batch_asked_and_a_name_not_in_the_zoo_is_on
     with pytest.raises(ValueError, match=r"--names: .*not a zoo problem and type: mixnet_s.*n32 f32"):
         zoo_tune._named(str(names), None)
     assert zoo_tune.main(["compile", "--out", str(tmp_path / "o"), "--batch", "64", "--count", "3"]) == 1
+
+
+def test_the_reports_rate_counts_every_problem_the_runs_timed_a_re_measured_one_included(tmp_path):
+    _slices(tmp_path)  # 35 and 30 problems, 5 of them in both, each file's runs 1 s
+    out = tmp_path / "report"
+    assert zoo_tune.main(["report", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    assert "65 problems timed in 2 s" in text and "**1950.0 problems a minute**" in text
+    assert "| all | 60 |" in text  # the tables count each problem once
