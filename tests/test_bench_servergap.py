@@ -33,3 +33,36 @@ def test_the_table_compares_each_server_path_with_the_child_runner_over_its_runs
 
 def test_the_table_of_a_run_cut_short_before_any_path_says_so(tmp_path):
     assert servergap.table(tmp_path) == "no run finished"
+
+
+def test_a_run_on_the_h100s_durations_measures_both_server_paths_twice_within_its_budget(tmp_path, monkeypatch):
+    """The H100 run of 2026-12-06 (0a 57 s, 1b 15 s, budget 120) skipped 2c on a's 57 s, then crashed on the
+    skipped entry (KeyError 's'): the fixed server was never measured."""
+    import types
+
+    now = [0.0]
+    took = {"a": 56.7, "b": 14.6, "c": 14.6}
+
+    def fake_run(cmd, **_):
+        if cmd[0] == "nvidia-smi":
+            raise OSError("no nvidia-smi")
+        now[0] += took[cmd[4]]  # python, script, measure-one, DIR, PATH, OUT: the path's time passes
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(servergap, "time", types.SimpleNamespace(time=lambda: now[0]))
+    monkeypatch.setattr(servergap.subprocess, "run", fake_run)
+    monkeypatch.setattr(servergap.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("none")))
+    monkeypatch.setattr(servergap.signal, "signal", lambda *a: None)
+    assert servergap.run(tmp_path, tmp_path / "out", budget=120) == 0
+    runs = json.loads((tmp_path / "out" / "runs.json").read_text())["runs"]
+    assert [r["run"] for r in runs if "s" in r] == ["0a", "1b", "2c", "3c", "4b"]
+    assert [r["run"] for r in runs if "skipped" in r] == ["5a"]  # 116 s spent, a takes ~57
+
+
+def test_a_path_is_expected_to_take_as_long_as_its_kind_took_and_a_skipped_run_breaks_no_estimate():
+    # the H100 run of 2026-12-06: 0a 57 s, 1b 15 s; 2c was skipped on a's 57 s, and the next path's estimate crashed
+    runs = [{"run": "0a", "s": 56.7}, {"run": "1b", "s": 14.6}, {"run": "2c", "skipped": "71 s spent"}]
+    assert servergap.expected_s("c", runs) == 14.6 and servergap.expected_s("b", runs) == 14.6
+    assert servergap.expected_s("a", runs) == 56.7
+    assert servergap.expected_s("c", runs[:1]) == 56.7  # no server run yet: the longest of any
+    assert servergap.expected_s("a", []) == 0.0
