@@ -104,15 +104,16 @@ IM2COL_BITS = {1: 16, 2: 8, 3: 5}
 MAX_TRAVERSAL_STRIDE = 8  # cuTensorMapEncodeIm2col's elementStrides: at most 8
 # A plain GEMM (1x1, stride 1, unpadded, one group) this short and small is IREE's to compute: our kernels' start-up
 # outweighs it; the limits are the measured ones (docs/decisions.md#short-reduction-codegen).
-SHORT_REDUCTION = 32  # images x positions
+SHORT_REDUCTION = 128  # images x positions: the longest measured
 SHORT_GEMM = 1 << 17  # out x in channels
+SHORT_WORK = 1 << 22  # images x positions x weights: codegen's time grows with it, our kernel's start-up does not
 SHORT_MIN_CHANNELS = 20  # narrower: unmeasured, and 8 and below the GEMV kernel's
 
 
 def short_reduction(problem: Any) -> bool:
     """Whether ``problem`` is a plain GEMM of at most :data:`SHORT_REDUCTION` images x positions, at most
-    :data:`SHORT_GEMM` weights and at least :data:`SHORT_MIN_CHANNELS` in and out channels (an SE block's 1x1 on a 1x1
-    map at batch 32)."""
+    :data:`SHORT_GEMM` weights, at most :data:`SHORT_WORK` of the two multiplied and at least
+    :data:`SHORT_MIN_CHANNELS` in and out channels (an SE block's 1x1 on a 1x1 map at batch 32 to 128)."""
     plain = (
         all(f == 1 for f in problem.filter_size)
         and all(s == 1 for s in problem.stride)
@@ -126,6 +127,7 @@ def short_reduction(problem: Any) -> bool:
         and problem.groups == 1
         and _reduction(problem) <= SHORT_REDUCTION
         and weights <= SHORT_GEMM
+        and _reduction(problem) * weights <= SHORT_WORK
     )
 
 
