@@ -235,6 +235,10 @@ CLAIMS: list[tuple[str, str, str, Callable[[], float]]] = [
     *[("docs/classes.md", rf"\| {c} \| \d+ \(\d+\) \| [\d.]+ \| (?P<n>[\d.]+) \|", CLASS_TABLE,
        lambda c=c: round(_class_table(c, "min"), 2))
       for c in ("first", "conv1d", "conv3d", "dw", "thin", "medium", "gemv", "dense")],
+    *[("README.md", rf"{label} (?P<n>[\d.]+)x", CLASS_TABLE, lambda c=c: round(_class_table(c, "geomean"), 2))
+      for c, label in (("first", "first layers"), ("conv1d", "1-D"), ("conv3d", "3-D"), ("dw", "depthwise"),
+                       ("thin", "thin groups"), ("medium", "medium groups"), ("gemv", "GEMV-like"),
+                       ("dense", "dense"))],
 ]  # fmt: skip
 
 
