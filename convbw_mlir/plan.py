@@ -331,7 +331,8 @@ RULES: tuple[Rule, ...] = (
          lambda a: a.opts.strategy is None and a.plain and _explicit_wins(a.problem, a.tgt, a.codegen),
          _explicit_by_default),
     Rule("gemv-by-default", "no options; NVIDIA; K or C at most gemv.MAX_NARROW in at most gemv.MAX_GROUPS groups, "
-         "where codegen's plan is SIMT (too thin for matrix cores); switch GEMV_BY_DEFAULT",
+         "where codegen's plan is SIMT (too thin for matrix cores) and each lane walks at least gemv.MIN_STEPS "
+         "positions; switch GEMV_BY_DEFAULT",
          "the split-reduction GEMV kernel: the reduction spread over every SM where codegen reduces serially "
          "(docs/decisions.md#gemv-by-default)",
          lambda a: a.plain and gemv.takes_by_default(a.problem, a.tgt, a.codegen),

@@ -115,6 +115,46 @@ def _remeasured2(group: str, num: str, den: str) -> float:
     return math.exp(sum(map(math.log, ratios)) / len(ratios))
 
 
+CLASS_TABLE = "h100_2026-12-06_class_table"
+GEMV_FINAL = "h100_2026-12-06_gemv_final"
+
+
+def _class_table(cls: str, what: str) -> float:
+    """A class's figure in issue 40's per-class table: bench/class_table.py's summary of the rows it committed."""
+    from conftest import bench_script
+
+    ct = bench_script("class_table")
+    s = ct.class_summary([r for r in _jsonl(f"{CLASS_TABLE}/rows.jsonl") if r["class"] == cls])
+    return s[what]
+
+
+def _causal_roofline(dtype: str) -> float:
+    """Mamba's causal conv: x + dy + dW bytes at the target table's sm_90a bandwidth, over our kernel time."""
+    from convbw_mlir.targets import resolve
+
+    row = next(r for r in _jsonl(f"{CLASS_TABLE}/rows.jsonl") if r["key"].endswith(f"mamba_causal_dw4_1d.{dtype}"))
+    return row["bytes"] / (resolve("sm_90a").bandwidth_gbs * 1e9) / row["contenders"]["convbw"]["kernel_s"]
+
+
+def _gemv_final_zoo(stat: str) -> float:
+    """cuDNN over today's plan on the GEMV final round's zoo rows: where ``decide`` no longer gives the GEMV kernel,
+    the time of the plan before it (timed beside it in that run)."""
+    from conftest import bench_script
+
+    from convbw_mlir.plan import decide
+
+    gm = bench_script("gemv")
+    probs = {(name, p.dtype): p for name, p, _ in gm.problems(["f16", "bf16"])}
+    ratios = []
+    for r in _json(f"{GEMV_FINAL}/results_zoo.json")["problems"]:
+        c = r["contenders"]
+        ours = c["convbw"]
+        if gm.BEFORE in c and decide(probs[(r["name"], r["key"].rsplit(".", 1)[-1])], "sm_90a").gemv is None:
+            ours = c[gm.BEFORE]
+        ratios.append(c["cudnn"]["kernel_s"] / ours["kernel_s"])
+    return min(ratios) if stat == "min" else math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+
 CLAIMS: list[tuple[str, str, str, Callable[[], float]]] = [
     ("README.md", r"are (?P<n>[\d.]+)x cuDNN on the suite's 13 dense layers", REMEASURE.split("/")[0],
      lambda: round(_remeasured("product", "suite", "ours90"), 2)),
@@ -179,6 +219,26 @@ CLAIMS: list[tuple[str, str, str, Callable[[], float]]] = [
      lambda: round(_remeasured2("wavespec", "plain", "ws44"), 2)),
     ("docs/timing.md", r"run 2, 4 of the 24: \*\*[\d.]+x \([\d.-]+\), (?P<n>[\d.]+)x", REMEASURE.split("/")[0],
      lambda: round(_remeasured2("wavespec", "plain", "ws42"), 2)),
+    ("docs/classes.md", r"ours reach \*\*(?P<n>[\d.]+) of it in f16", CLASS_TABLE,
+     lambda: round(_causal_roofline("f16"), 2)),
+    ("docs/classes.md", r"and (?P<n>[\d.]+) in bf16 \(met\)", CLASS_TABLE, lambda: round(_causal_roofline("bf16"), 2)),
+    ("docs/classes.md", r"\| dw \| 19 \(38\) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 0 \| (?P<n>[\d.]+) \|",
+     CLASS_TABLE,
+     lambda: round(_class_table("dw", "f16_over_bf16"), 3)),
+    ("docs/decisions.md", r"zoo 0\.70 -> \*\*(?P<n>[\d.]+)\*\*", GEMV_FINAL,
+     lambda: round(_gemv_final_zoo("geomean"), 2)),
+    ("docs/decisions.md", r"zoo 0\.70 -> \*\*[\d.]+\*\* \(min (?P<n>[\d.]+)\)", GEMV_FINAL,
+     lambda: round(_gemv_final_zoo("min"), 2)),
+    *[("docs/classes.md", rf"\| {c} \| \d+ \(\d+\) \| (?P<n>[\d.]+) \|", CLASS_TABLE,
+       lambda c=c: round(_class_table(c, "geomean"), 2))
+      for c in ("first", "conv1d", "conv3d", "dw", "thin", "medium", "gemv", "dense")],
+    *[("docs/classes.md", rf"\| {c} \| \d+ \(\d+\) \| [\d.]+ \| (?P<n>[\d.]+) \|", CLASS_TABLE,
+       lambda c=c: round(_class_table(c, "min"), 2))
+      for c in ("first", "conv1d", "conv3d", "dw", "thin", "medium", "gemv", "dense")],
+    *[("README.md", rf"{label} (?P<n>[\d.]+)x", CLASS_TABLE, lambda c=c: round(_class_table(c, "geomean"), 2))
+      for c, label in (("first", "first layers"), ("conv1d", "1-D"), ("conv3d", "3-D"), ("dw", "depthwise"),
+                       ("thin", "thin groups"), ("medium", "medium groups"), ("gemv", "GEMV-like"),
+                       ("dense", "dense"))],
 ]  # fmt: skip
 
 

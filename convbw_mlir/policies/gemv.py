@@ -225,12 +225,17 @@ def takes_by_default(problem: Any, tgt: Target, codegen: Plan) -> bool:
     """Whether the plan chooses this kernel by itself: the switch
     :data:`~convbw_mlir.policies.switches.GEMV_BY_DEFAULT` is on, the target is NVIDIA's, the problem is GEMV-like
     (:func:`is_gemv_like`), codegen would compute it by SIMT (too thin for matrix cores; no kernel of ours took
-    it), and the kernel takes it with its rule's numbers."""
+    it), the rule's lanes walk at least :data:`MIN_STEPS` positions each (fewer: a reduction too short to spread,
+    where codegen's SIMT plan measured faster) and the kernel takes it with its rule's numbers."""
     if not (switches.GEMV_BY_DEFAULT and tgt.family == "nvidia" and is_gemv_like(problem)):
         return False
     if codegen.strategy != Strategy.SIMT or takes(problem):
         return False
-    return not refusals(problem, Plan(tgt.name, Strategy.EXPLICIT, gemv=rule(problem, tgt)))
+    numbers = rule(problem, tgt)
+    # lanes walking < MIN_STEPS positions: SIMT faster on every such row of the H100 final round (#gemv-by-default)
+    if kernel(problem, numbers).steps < MIN_STEPS:
+        return False
+    return not refusals(problem, Plan(tgt.name, Strategy.EXPLICIT, gemv=numbers))
 
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
