@@ -136,7 +136,7 @@ def check(ns: argparse.Namespace) -> int:
     )  # fewer slots than encodings: slots were reused
     ok &= reused and any(r["ours"] for r in rows)  # else the check ran nothing it is about
     out = {"model": ns.model, "batch": ns.batch, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "native": ns.native, "native_launch": os.environ.get(entry.NATIVE_LAUNCH_ENV, "0"), "slots": ns.slots,
+           "native": ns.native, "native_launch": entry.native_launch_wanted(), "slots": ns.slots,
            "repeats": ns.repeats, "stats": {str(k): v for k, v in stats.items()}, "layers": rows, "reused": reused,
            "ok": ok}  # fmt: skip
     ns.json.write_text(json.dumps(out, indent=1))

@@ -186,6 +186,16 @@ def test_a_bad_native_variable_is_one_error_naming_it(monkeypatch):
     assert sw._STATE["active"].native
 
 
+def test_a_bad_native_launch_variable_is_one_error_naming_it_and_leaves_the_switch_off(monkeypatch):
+    monkeypatch.setenv("CONVBW_TORCH_NATIVE_LAUNCH", "false")  # "0" turns the launch from C++ off, nothing else
+    with pytest.raises(TypeError, match="CONVBW_TORCH_NATIVE_LAUNCH: expected 0 or 1, got 'false'"):
+        ct.enable(native=True)
+    assert not ct.is_enabled()
+    monkeypatch.setenv("CONVBW_TORCH_NATIVE_LAUNCH", "0")
+    ct.enable(native=True)
+    assert sw._STATE["active"].native
+
+
 def test_enable_and_disable_from_another_thread_never_break_a_native_backward_running_meanwhile():
     assert not backward_while_another_thread_toggles(_model(), _x(), 100, native=True)
     assert ct.stats().get("ours", 0) > 0

@@ -69,6 +69,7 @@ __all__ = [
     "kernel_of",
     "loaded_kernels",
     "memory_formats",
+    "native_launch_wanted",
     "plan_of",
     "problem_for",
     "problem_memo",
@@ -488,7 +489,22 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle
 _RAW_EXEC = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")  # torch >= 2.8: the graph's cudaGraphExec_t
 
 
-NATIVE_LAUNCH_ENV = "CONVBW_TORCH_NATIVE_LAUNCH"  # "1": the C++ hot path launches DirectCall's schedule itself
+NATIVE_LAUNCH_ENV = "CONVBW_TORCH_NATIVE_LAUNCH"  # "0": the C++ hot path never launches DirectCall's schedule itself
+
+
+def native_launch_wanted() -> bool:
+    """Whether the C++ hot path launches a direct call's schedule itself: ``$CONVBW_TORCH_NATIVE_LAUNCH``, "1" or
+    unset (on since the H100 run: docs/decisions.md#native-launch), "0" off.
+
+    Raises:
+        TypeError: the variable set to anything else, naming it and the value.
+    """
+    value = os.environ.get(NATIVE_LAUNCH_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise TypeError(f"{NATIVE_LAUNCH_ENV}: expected 0 or 1, got {value!r}")
+    return value != "0"
+
+
 # the driver functions DirectCall.native_plan hands over, in this order (switch_native.cpp: Driver)
 NATIVE_DRIVER_FUNCTIONS = ("cuLaunchKernel", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async", "cuMemcpyAsync",
                            "cuMemcpyHtoDAsync_v2", "cuMemAlloc_v2", "cuMemAllocHost_v2", "cuTensorMapEncodeTiled",
@@ -597,7 +613,7 @@ class DirectCall:
 
     def native_plan(self) -> tuple | None:
         """The schedule for the C++ hot path to launch itself on memory whose graph it does not know, where
-        ``$CONVBW_TORCH_NATIVE_LAUNCH`` is "1" (not yet run on a GPU: off by default): (the driver functions'
+        :func:`native_launch_wanted` (on unless ``$CONVBW_TORCH_NATIVE_LAUNCH`` is "0"): (the driver functions'
         addresses in :data:`NATIVE_DRIVER_FUNCTIONS`' order, 0 where absent; the steps: ``(0, CUfunction, grid +
         block + dynamic shared bytes, ((buffer, offset), ...), constants, the maps binding or -1, maps)`` a kernel,
         each map ``(binding, 0 tiled / 1 im2col, dtype, dims, strides, box, element strides, lower, upper,
@@ -605,7 +621,7 @@ class DirectCall:
         and ``(2, buffer, offset, bytes, source buffer, source offset, 0, 0)`` a copy; buffers numbered as the
         launcher's: x, dy, dW, the workspace; the tensor-map slots C++ reuses, as the launcher's
         ``slots.cap``); None else."""
-        if os.environ.get(NATIVE_LAUNCH_ENV, "0").strip() != "1" or getattr(self, "driver", None) != "cuda":
+        if not native_launch_wanted() or getattr(self, "driver", None) != "cuda":
             return None
         from convbw_mlir.cuda_launch import _libcuda
 

@@ -258,7 +258,10 @@ def enable(
         )
     from convbw_mlir.torch import native as cxx
 
-    use_native = cxx.wanted(native) and cxx.load() is not None  # the build (first time only) outside the lock
+    use_native = cxx.wanted(native)
+    if use_native:
+        ct.native_launch_wanted()  # a bad $CONVBW_TORCH_NATIVE_LAUNCH: one error here, before anything is registered
+    use_native = use_native and cxx.load() is not None  # the build (first time only) outside the lock
     with _SWITCH_LOCK:
         _register()
         if use_native:  # what the C++ side calls back into, handed over (native imports nothing of this module)
