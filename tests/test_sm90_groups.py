@@ -1,7 +1,7 @@
 """Thin and medium groups on sm_90a (issue 40 item 2): the wgmma kernel's boxed form in the product. The option
-(``wgmma-merge``) and its refusals, the default left as it was (switch ``WGMMA_MERGE_BY_DEFAULT`` off), the rule
-behind the switch, the tuner's neighbours, and the kernel convbw-explicit-kernel builds from such a plan under the
-sm_90a emulator."""
+(``wgmma-merge``) and its refusals, the default (switch ``WGMMA_MERGE_BY_DEFAULT`` on: thin groups, C 4-16, boxed;
+wider ones still the sm_80 kernel), the rule behind the switch, the tuner's neighbours, the kernel
+convbw-explicit-kernel builds from such a plan under the sm_90a emulator, and the box starts' 16-byte alignment."""
 
 from __future__ import annotations
 
@@ -26,12 +26,15 @@ def _problem(line: str, **fields) -> ConvBwdWeightProblem:
     return ConvBwdWeightProblem.from_ck(line).with_(**{"layout": 2, **fields})
 
 
-@pytest.mark.parametrize(("line", "groups"), [(RESNEXT_4, 16), (REGNETY_56, 1), (REGNETY_8, 8)])
-def test_wgmma_merge_gives_the_wgmma_kernel_with_the_groups_a_box_and_the_default_stays_the_sm80_kernel(line, groups):
+@pytest.mark.parametrize(("line", "groups", "boxed"), [(RESNEXT_4, 16, True), (REGNETY_56, 1, False),
+                                                        (REGNETY_8, 8, True)])  # fmt: skip
+def test_wgmma_merge_gives_the_wgmma_kernel_with_the_groups_a_box_and_the_default_boxes_thin_groups_only(
+    line, groups, boxed
+):
     p = _problem(line)
     assert sm90.merge_for(p) == groups
-    now = decide(p, "sm_90a")
-    assert not sm90.is_sm90(now)  # switch off: the plan before this form (the sm_80 kernel) is still the default
+    now = decide(p, "sm_90a")  # switch on: the boxed form for C 4-16, the sm_80 kernel for C = 56 (one 0.97x layer)
+    assert sm90.is_sm90(now) == boxed and (now.merge.groups == groups if boxed else True)
     plan = decide(p, "sm_90a", strategy="explicit", wgmma_merge=groups)
     assert sm90.is_sm90(plan) and plan.merge.groups == groups and plan.streamk is None
     rows = groups * p.out_channels
@@ -70,23 +73,25 @@ def test_wgmma_merge_is_refused_off_sm90a_and_without_strategy_explicit():
 
 
 def test_rule_behind_the_switch_takes_the_boxed_form_for_its_group_widths_only(monkeypatch):
-    monkeypatch.setattr(switches, "WGMMA_MERGE_BY_DEFAULT", True)
-    for line, groups in ((RESNEXT_4, 16), (REGNETY_56, 1)):
+    assert switches.WGMMA_MERGE_BY_DEFAULT and sm90.MERGE_RULE_CHANNELS == (4, 16)
+    for line, groups in ((RESNEXT_4, 16), (REGNETY_8, 8)):
         plan = decide(_problem(line), "sm_90a")
         assert sm90.is_sm90(plan) and plan.merge.groups == groups, line
         assert "by its rule (switch WGMMA_MERGE_BY_DEFAULT)" in plan.decision.detail
-    monkeypatch.setattr(sm90, "MERGE_RULE_CHANNELS", (24, 63))  # the widths the next lead may narrow it to
+    assert not sm90.is_sm90(decide(_problem(REGNETY_56), "sm_90a"))  # C = 56: outside the measured range
+    monkeypatch.setattr(sm90, "MERGE_RULE_CHANNELS", (24, 63))  # another range moves both
     assert not sm90.is_sm90(decide(_problem(RESNEXT_4), "sm_90a"))
     assert sm90.is_sm90(decide(_problem(REGNETY_56), "sm_90a"))
     assert not sm90.is_sm90(decide(_problem(RESNEXT_4), "sm_90a", strategy="explicit", merge_groups=16))
+    monkeypatch.setattr(switches, "WGMMA_MERGE_BY_DEFAULT", False)  # switch off: the sm_80 kernel everywhere
+    assert not sm90.is_sm90(decide(_problem(REGNETY_56), "sm_90a"))
 
 
-def test_tuner_offers_the_boxed_form_beside_the_sm80_kernel_and_the_sm80_kernel_beside_the_boxed_form(monkeypatch):
+def test_tuner_offers_the_boxed_form_beside_the_sm80_kernel_and_the_sm80_kernel_beside_the_boxed_form():
     p = _problem(REGNETY_56)
     base, *rivals = candidates(p, "sm_90a", max_plans=4, iree=False)
     assert not sm90.is_sm90(base.plan)
     assert any(sm90.is_sm90(v.plan) and v.plan.merge.groups == 1 for v in rivals)
-    monkeypatch.setattr(switches, "WGMMA_MERGE_BY_DEFAULT", True)
     base, *rivals = candidates(_problem(RESNEXT_4), "sm_90a", max_plans=4, iree=False)
     assert sm90.is_sm90(base.plan) and base.plan.merge.groups == 16
     kinds = [(sm90.is_sm90(v.plan), v.plan.merge and v.plan.merge.groups) for v in rivals]

@@ -311,8 +311,8 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
 BOX = 64  # channels of one im2col box: the boxed form's merged groups fit one
 MERGE_MAX_ROWS = 2 * 64  # the merged groups' K fill at most two consumer warpgroups
 # The rule behind switches.WGMMA_MERGE_BY_DEFAULT: the group widths (C, in channels a group) where the boxed form
-# takes the plan from the sm_80 kernel once the switch is on; the pack's figures set it (docs/decisions.md#wgmma-groups)
-MERGE_RULE_CHANNELS = (4, 63)
+# takes the plan from the sm_80 kernel: 4-16, where every layer measured was faster (docs/decisions.md#wgmma-groups)
+MERGE_RULE_CHANNELS = (4, 16)
 
 
 def merge_for(problem: Any) -> int:
