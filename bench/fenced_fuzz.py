@@ -112,10 +112,12 @@ def _options(alt: str, problem: ConvBwdWeightProblem) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for pair in alt.split("&"):
         key, value = pair.split("=")
-        if value == "M":  # the boxed form's most groups a box
+        if value in ("M", "S"):  # the boxed form's most groups a box; the fewest its box starts take (1 mostly)
             from convbw_mlir.policies import sm90
 
-            options[key] = sm90.merge_for(problem)
+            most = sm90.merge_for(problem)
+            options[key] = most if value == "M" else min(m for m in range(1, most + 1)
+                                                         if not sm90.merge_misaligned(problem, m))  # fmt: skip
             continue
         options[key] = (
             problem.batch
@@ -236,17 +238,20 @@ def gemv_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
 
 
 # The wgmma kernel's boxed form (profile ``thin90``, issue 40 item 2) asked for on every problem, ``M`` its most
-# groups a box (policies.sm90.merge_for), sometimes with a split, another width, or one group a box; no plan's own
-# choice beside it (the sm_80 kernel, checked by the other profiles).
+# groups a box (policies.sm90.merge_for), sometimes with a split, another width, or ``S`` the fewest groups a box
+# (one where C and K are multiples of 8: box starts on 16 bytes); no plan's own choice beside it (the sm_80 kernel,
+# checked by the other profiles).
 _THIN90_ALTERNATIVES = ("strategy=explicit&wgmma_merge=M", "strategy=explicit&wgmma_merge=M",
                         "strategy=explicit&wgmma_merge=M&k_batch=3", "strategy=explicit&wgmma_merge=M&tile_n=128",
-                        "strategy=explicit&wgmma_merge=M&tile_n=256", "strategy=explicit&wgmma_merge=1")  # fmt: skip
+                        "strategy=explicit&wgmma_merge=M&tile_n=256", "strategy=explicit&wgmma_merge=S")  # fmt: skip
 
 
 def thin90_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
     """(class, a problem of the boxed form): groups of 2-56 channels (thin: <= 16, else medium), K even or odd with
     G C and G K multiples of 8, ragged boxes (G not a multiple of the groups a box), 1- to 3-D, strides, dilations,
     asymmetric pads, f16/bf16, dW in the input type or f32, layout 2, small (the float64 check is cheap)."""
+    from convbw_mlir.policies import sm90
+
     while True:
         rank = r.choices((1, 2, 3), (2, 6, 2))[0]
         c = r.choice((2, 4, 4, 6, 8, 8, 12, 16, 16, 24, 24, 32, 40, 48, 56, 56))
@@ -265,7 +270,7 @@ def thin90_problem(r: random.Random) -> tuple[str, ConvBwdWeightProblem]:
             )  # fmt: skip
         except ValueError:
             continue
-        if p.flops <= 3e8:
+        if p.flops <= 3e8 and sm90.merge_for(p):  # a width whose box starts are on 16 bytes (merge_misaligned)
             return "thin" if max(c, k) <= 16 else "medium", p
 
 

@@ -2,8 +2,9 @@
 kernel on sm_90a, merged where its rule merges: 4-16 channels), the wgmma kernel's boxed form (``wgmma_merge``: its
 most groups a 64-channel box, the policy's split and width; and at a second width), the sm_80 kernel's merged form
 where the plan is not already it (the most groups whose K fit 64 rows: 24 and 32 channels), and cuDNN (the
-runner's). The boxed form is not the plan's default until these figures say so
-(switch ``WGMMA_MERGE_BY_DEFAULT``, rule ``policies/sm90.py: merge_rule``, widths ``MERGE_RULE_CHANNELS``).
+runner's). These figures (bench/results/h100_2026-12-06_thin90) made the boxed form the plan's default for 4-16
+channels (switch ``WGMMA_MERGE_BY_DEFAULT``, rule ``policies/sm90.py: merge_rule``, widths ``MERGE_RULE_CHANNELS``):
+a rerun's "plan now" is the boxed form there.
 
     .venv/bin/python bench/thin90.py compile DIR [--workers 2] [--cache CACHE]   # here (the IREE compiler)
     python3 -m convbw_mlir.measure.run DIR --server --out OUT/results.json         # on the GPU (one process)

@@ -16,7 +16,8 @@ integers and arrays. As the PTX ISA has them:
 - TMA im2col (``cp.async.bulk.tensor.{3,4,5}d ... .im2col``: 1-, 2-, 3-D convolutions): ``pixels`` positions
   walked through each image's bounding box at the traversal strides, innermost dim first, each read at its
   position plus the load's im2col offsets, zero outside; the corners and offsets held to the PTX ISA's widths
-  by the tensor's rank (:func:`im2col_map`);
+  by the tensor's rank (:func:`im2col_map`); either load's innermost coordinate a multiple of 16 bytes (an H100
+  stops on others with cudaErrorIllegalInstruction: the thin90 fuzz, triton-lang/triton#7385; the PTX ISA is silent);
 - ``wgmma.mma_async`` m64nNk16 (16-bit) or m64nNk32 (e4m3 / e5m2, K-major only: the PTX ISA gives
   8-bit types no transpose): A and B read through their matrix descriptors (start address, stride byte
   offset between 8-row groups, 128-byte swizzle; K-major), D = A B^T + C, and the accumulators of each
@@ -495,6 +496,7 @@ class _Hopper(_Block):
         assert dst % 1024 == 0, f"TMA box at {dst}: a 128-byte swizzled tile must be 1024-aligned"
         src = self.bindings[int(binding)]
         k0, r0 = coords
+        assert k0 * esize % 16 == 0, f"TMA at column {k0}: the innermost coordinate must be 16-byte aligned on sm_90a"
         box = np.zeros((box_rows, box_k), np.float32)  # out of bounds: zero (OOB fill none)
         r_hi, k_hi = max(min(r0 + box_rows, rows), r0), max(min(k0 + box_k, k), k0)  # wholly outside: all zero
         box[: r_hi - r0, : k_hi - k0] = src[r0:r_hi, k0:k_hi]
@@ -526,6 +528,7 @@ class _Hopper(_Block):
         n, *spatial, c = shape
         size = spatial[::-1]  # innermost first, as coords and offsets
         c0, pos, img = coords[0], list(coords[1:-1]), coords[-1]
+        assert c0 * 2 % 16 == 0, f"im2col TMA at channel {c0}: the innermost coordinate must be 16-byte aligned"
         off = [int(np.int16(v)) for v in offsets]  # the instruction's offsets are 16-bit
         assert all(0 <= v < 1 << bits for v in off), f"im2col offsets {off} past {bits} bits"
         assert all(lo <= v <= dim - 1 + up for v, lo, dim, up in zip(pos, lower, size, upper)), (

@@ -103,10 +103,11 @@ def test_the_thin90_profile_asks_for_the_boxed_form_on_thin_and_medium_groups_it
     for e in entries:
         p = fuzz.ConvBwdWeightProblem.from_dict(e["problem"])
         ((name, opts),) = e["options"].items()  # the boxed form only: no plan's own choice beside it
-        assert name.startswith("convbw:strategy=explicit") and opts["wgmma_merge"] in (1, sm90.merge_for(p))
+        assert name.startswith("convbw:strategy=explicit") and opts["wgmma_merge"] in (1, 2, 4, sm90.merge_for(p))
         try:
             plans.append((p, decide(p, "sm_90a", **opts)))
         except PlanError as err:  # only a split past a tiny problem's k tiles
             assert "split" in str(err), err
     assert len(plans) >= 32 and all(sm90.is_sm90(plan) and plan.merge is not None for _, plan in plans)
     assert {p.rank for p, _ in plans} == {1, 2, 3} and any(p.groups % sm90.merge_for(p) for p, _ in plans)
+    assert not any(sm90.merge_misaligned(p, plan.merge.groups) for p, plan in plans)  # box starts on 16 bytes

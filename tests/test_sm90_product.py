@@ -79,7 +79,7 @@ def test_sm90a_plan_round_trips_through_json_and_keys_its_own_cache_entry():
 
 @pytest.mark.parametrize(
     ("line", "fields"),
-    [("2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", {}),
+    [("2 3 32 24 24 3 3 56 56 1 1 1 1 1 1 1 1", {}),  # 24-channel groups: past the boxed form's rule (4-16)
      ("2 1 64 64 3 7 7 224 224 2 2 1 1 3 3 3 3", {}), ("3 1 8 64 64 3 3 3 8 8 8 1 1 1 1 1 1 20 1 1 20 1 1", {})],
 )  # fmt: skip
 def test_plan_on_sm90a_keeps_the_sm80_plan_for_problems_the_policy_refuses(line, fields, monkeypatch):
@@ -431,7 +431,8 @@ def test_tuner_builds_sm90a_variants_with_an_output_argument_and_ships_their_lau
 # -- the torch entry ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("capability", "line", "target"),
-    [((9, 0), RESNET_3X3, "sm_90a"), ((9, 0), "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", "sm_80"),
+    [((9, 0), RESNET_3X3, "sm_90a"), ((9, 0), "2 32 32 4 4 3 3 56 56 1 1 1 1 1 1 1 1", "sm_90a"),  # boxed
+     ((9, 0), "2 3 32 24 24 3 3 56 56 1 1 1 1 1 1 1 1", "sm_80"),  # 24-channel groups: the sm_80 kernel
      ((9, 0), "3 1 8 256 128 3 3 3 8 28 28 2 2 2 1 1 1 1 1 1 1 1 1", "sm_90a"),  # a 3-D layer: the same kernel
      ((8, 0), RESNET_3X3, "sm_80"), ((8, 9), RESNET_3X3, "sm_89"), ((10, 0), RESNET_3X3, "sm_80")],
 )  # fmt: skip

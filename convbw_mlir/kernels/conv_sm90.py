@@ -144,7 +144,7 @@ class ConvSm90:
 
     def _boxed_checks(self) -> None:
         """The boxed form's limits (``merge`` >= 1): the merged groups' channels in one box, pairs stored whole,
-        TMA's 16-byte global strides, the plain split-K grid."""
+        TMA's 16-byte global strides and box starts, the plain split-K grid."""
         if self.merge < 1 or self.merge * self.c > BOX:
             raise ValueError(f"merge: {self.merge} groups of {self.c} channels (1 .. {BOX // max(self.c, 1)}: "
                              f"their channels in one {BOX}-channel box)")  # fmt: skip
@@ -153,6 +153,11 @@ class ConvSm90:
         if (self.groups * self.c) % 8 or (self.groups * self.k) % 8:
             raise ValueError(f"groups: {self.groups} x {self.c} in, {self.k} out channels (G C and G K multiples of "
                              "8: TMA's 16-byte rows)")  # fmt: skip
+        # box b's TMA starts at x channel b m C, dy column b m K: sm_90a stops on an innermost coordinate off 16 bytes
+        if self.groups > self.merge and ((self.merge * self.c) % 8 or (self.merge * self.k) % 8):
+            mc, mk = self.merge * self.c, self.merge * self.k
+            raise ValueError(f"merge: {self.merge} x {self.c} in, {self.k} out channels = {mc}, {mk} (each a "
+                             "multiple of 8: 16 bytes, every box's TMA start)")  # fmt: skip
         if self.streamk or self.fused or self.tiling.persistent:
             raise ValueError("merge: the boxed form runs the plain split-K grid (no streamk, fused or persistent)")
 

@@ -34,8 +34,8 @@ from convbw_mlir.targets import TARGETS, Target
 
 __all__ = ["BK", "BM", "BN", "COST", "COST_RULES", "MAPS_BYTES", "MEMORY_FLOOR", "SMS", "STAGES", "STREAMK_SEGMENTS",
            "WGMMA", "CostModel", "CostRule", "auto_splits", "choose", "cost", "cost_streamk", "deciding_rules",
-           "floor_us", "flops", "is_sm90", "merge_for", "merge_refusals", "merge_rule", "plan", "refusals",
-           "streamk_workspace", "takes", "takes_by_default",
+           "floor_us", "flops", "is_sm90", "merge_for", "merge_misaligned", "merge_refusals", "merge_rule", "plan",
+           "refusals", "streamk_workspace", "takes", "takes_by_default",
            "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
@@ -313,17 +313,33 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
 BOX = 64  # channels of one im2col box: the boxed form's merged groups fit one
 MERGE_MAX_ROWS = 2 * 64  # the merged groups' K fill at most two consumer warpgroups
 # The rule behind switches.WGMMA_MERGE_BY_DEFAULT: the group widths (C, in channels a group) where the boxed form
-# takes the plan from the sm_80 kernel once the switch is on; the pack's figures set it (docs/decisions.md#wgmma-groups)
-MERGE_RULE_CHANNELS = (4, 63)
+# takes the plan from the sm_80 kernel: 4-16, where every layer measured was faster (docs/decisions.md#wgmma-groups)
+MERGE_RULE_CHANNELS = (4, 16)
 
 
 def merge_for(problem: Any) -> int:
     """The most groups the boxed form merges for ``problem`` (0: the form does not apply, C a multiple of 64 or
-    over 64): as many as fit one 64-channel box and (where K allows) two consumer warpgroups' rows, at most G."""
+    over 64, or no such count keeps its boxes' TMA starts aligned): as many as fit one 64-channel box and (where K
+    allows) two consumer warpgroups' rows, at most G, and of those the most whose box starts are 16-byte aligned
+    (:func:`merge_misaligned`)."""
     c, k = problem.in_channels, problem.out_channels
     if c % BOX == 0 or c > BOX:
         return 0
-    return max(1, min(problem.groups, BOX // c, MERGE_MAX_ROWS // k))
+    most = max(1, min(problem.groups, BOX // c, MERGE_MAX_ROWS // k))
+    return next((m for m in range(most, 0, -1) if not merge_misaligned(problem, m)), 0)
+
+
+def merge_misaligned(problem: Any, groups: int) -> str:
+    """Why ``groups`` groups a box put a box start off TMA's 16-byte alignment ("" : they do not). Box ``b`` loads x
+    from channel ``b m C`` and dy from column ``b m K`` (+ whole 64-column tiles); a TMA whose innermost coordinate
+    is not a multiple of 16 bytes stops the kernel on sm_90a (cudaErrorIllegalInstruction: the thin90 fuzz on an
+    H100, triton-lang/triton#7385, tile-ai/tilelang#2681), so ``m C`` and ``m K`` must be multiples of 8 16-bit
+    elements wherever a second box exists (one box, m = G: G C and G K, which TMA's row strides already need)."""
+    c, k = problem.in_channels, problem.out_channels
+    if groups >= problem.groups or ((groups * c) % 8 == 0 and (groups * k) % 8 == 0):
+        return ""
+    return (f"wgmma-merge: {groups} x {c} in, {k} out channels = {groups * c}, {groups * k} (each a multiple of 8: "
+            "16 bytes, the TMA start of every box's x channels and dy columns)")  # fmt: skip
 
 
 def merge_refusals(problem: Any, groups: int) -> list[str]:
@@ -339,6 +355,8 @@ def merge_refusals(problem: Any, groups: int) -> list[str]:
         why.append(f"in_channels: {c} (the boxed form stores pairs of channels: C even)")
     if (g * c) % 8 or (g * k) % 8:
         why.append(f"groups: {g} x {c} in, {k} out channels (G C and G K multiples of 8: TMA's 16-byte rows)")
+    elif misaligned := merge_misaligned(problem, groups):
+        why.append(misaligned)
     return why
 
 

@@ -35,10 +35,10 @@ GEMV_BY_DEFAULT = True
 # IREE's codegen for a plain GEMM of a very short reduction on sm_90a (an SE block's 1x1 at batch 32): measured faster
 # than our kernels there (docs/decisions.md#short-reduction-codegen).
 SHORT_REDUCTION_CODEGEN = True
-# Thin and medium groups (C < 64, not a multiple of 64) on sm_90a in the wgmma kernel's boxed form by its rule
-# (policies.sm90.merge_rule; wgmma-merge asks for it either way): off until measured side by side with the sm_80
-# kernel (docs/decisions.md#wgmma-groups; the pack .art/thin90 measures it).
-WGMMA_MERGE_BY_DEFAULT = False
+# Thin groups (C within policies.sm90.MERGE_RULE_CHANNELS, 4-16) on sm_90a in the wgmma kernel's boxed form by its
+# rule (policies.sm90.merge_rule; wgmma-merge asks for it either way): 2.0-3.1x the sm_80 kernel by width on an H100
+# (docs/decisions.md#wgmma-groups).
+WGMMA_MERGE_BY_DEFAULT = True
 # A 3-D problem with a unit filter extent (1 x kh x kw, or kd x 1 x 1 with H and W unstrided, unpadded) planned and
 # computed as its 2-D twin by reshapes on NVIDIA (problem.fold_rank; fold-rank=true asks for it either way): off
 # until measured side by side with the 3-D plan (docs/decisions.md#rank-fold; the pack .art/rankfold measures it).
