@@ -1,7 +1,7 @@
 """Issue 40's per-class table: the product's untuned sm_90a plan against cuDNN, class by class, f16 and bf16.
 
-    .venv/bin/python bench/class_table.py select [--per-class 8]                 # here: the problems, no compiler
-    .venv/bin/python bench/class_table.py compile DIR [--per-class 8] [--workers 2]        # here (IREE compiler)
+    .venv/bin/python bench/class_table.py select [--per-class 8] [--classes thin]  # here: the problems, no compiler
+    .venv/bin/python bench/class_table.py compile DIR [--per-class 8] [--classes thin] [--workers 2]  # here (IREE)
     python3 bench/class_table.py run DIR --out OUT [--deadline S]                # GPU machine: runtime and torch
     python bench/class_table.py report OUT/rows.jsonl [--card CARD] [--command CMD] > table.md
 
@@ -15,6 +15,8 @@ channels-last, the plan ``decide(problem, "sm_90a")`` gives with no tuning datab
 
 The order (:func:`round_robin`): one problem of every class in turn (its f16 and bf16 rows together), the
 classes suite's and the zoo's layers alternating within a class, so that a run cut short still holds every class.
+``--classes`` (:func:`known_classes`) keeps only some classes' rows of that order, with the full table's keys, so
+that a class re-run compares row by row with the whole table.
 ``run`` is the product's runner in its one-process-a-device form (:mod:`convbw_mlir.measure.run` ``server=True``):
 every kernel checked against float64 (the runner's sample) with NaN after x and dy, then timed by CUPTI, cuDNN
 checked and timed in the same process after it, one timing at a time; each finished row is appended to
@@ -161,10 +163,30 @@ def round_robin(by_class: dict[str, list[Pick]]) -> list[Pick]:
     return out
 
 
-def entries(per_class: int = PER_CLASS, types: tuple[str, ...] = TYPES, **kw: Any) -> list[tuple[str, Pick, Any]]:
-    """(manifest key, pick, problem in that type) in the measuring order: each layer's types together."""
+def known_classes(names: Iterable[str]) -> tuple[str, ...]:
+    """The classes named (each once, in :data:`CLASSES` order).
+
+    Raises:
+        ValueError: a name that is not a class (the known ones listed), or no name at all.
+    """
+    names = [n.strip() for n in names]
+    unknown = [n for n in names if n not in CLASSES]
+    if unknown or not names:
+        got = ",".join(unknown) if unknown else "(none)"
+        raise ValueError(f"classes: unknown class {got!r}; known: {', '.join(CLASSES)}")
+    return tuple(c for c in CLASSES if c in names)
+
+
+def entries(per_class: int = PER_CLASS, types: tuple[str, ...] = TYPES, classes: Iterable[str] | None = None,
+            **kw: Any) -> list[tuple[str, Pick, Any]]:  # fmt: skip
+    """(manifest key, pick, problem in that type) in the measuring order: each layer's types together. ``classes``:
+    only those classes' rows, keyed and ordered as in the whole table (the key's number is the layer's place in
+    the whole round-robin order), so that their rows compare one to one."""
+    keep = None if classes is None else set(known_classes(classes))
     out = []
     for i, k in enumerate(round_robin(select(per_class, **kw))):
+        if keep is not None and k.cls not in keep:
+            continue
         for t in types:
             out.append((f"{i:03d}-{k.name}.{t}", k, k.problem.with_(dtype=t, dw_dtype=t, layout=2)))
     return out
@@ -211,9 +233,11 @@ def plan_without_gemv(p: Any) -> Any:
         switches.GEMV_BY_DEFAULT = was
 
 
-def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cache: str | None) -> int:
-    """The heuristic's sm_90a kernel of every entry into ``folder`` (one manifest in the measuring order; built
-    beside and moved into place whole). A plan that is refused or fails to build is a record, not the end."""
+def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cache: str | None,
+                classes: Iterable[str] | None = None) -> int:  # fmt: skip
+    """The heuristic's sm_90a kernel of every entry (``classes``: of those classes only) into ``folder`` (one
+    manifest in the measuring order; built beside and moved into place whole). A plan that is refused or fails to
+    build is a record, not the end."""
     from importlib.metadata import version
 
     from convbw_mlir.dispatch.build import Registry
@@ -222,7 +246,8 @@ def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cach
     from convbw_mlir.files import atomic_directory
     from convbw_mlir.measure.records import ManifestEntry
 
-    todo = entries(per_class)
+    chosen = CLASSES if classes is None else known_classes(classes)
+    todo = entries(per_class, classes=chosen)
     reg = Registry(TARGET, cache)
     variants: dict[str, Any] = {}
     before: dict[str, Any] = {}
@@ -257,7 +282,7 @@ def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cach
             extra = {"class": k.cls, "source": k.source, "held_out": k.held_out}
             rows.append(ManifestEntry(k.name, key, p.to_dict(), contenders, extra).to_dict())
         manifest = {"target": TARGET, "date": time.strftime("%Y-%m-%d"), "iree_version": version("iree-base-compiler"),
-                    "per_class": per_class, "problems": rows}  # fmt: skip
+                    "per_class": per_class, "classes": list(chosen), "problems": rows}  # fmt: skip
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     bad = [(e["key"], e["contenders"]["convbw"]["error"]) for e in rows if not e["contenders"]["convbw"]["ok"]]
     print(f"{len(rows) - len(bad)} of {len(rows)} kernels in {time.monotonic() - t0:.0f} s ({workers} workers)")
@@ -435,18 +460,20 @@ def report(rows: list[dict], device: str = "-", card: str = "", command: str = "
     return "\n".join(lines) + "\n"
 
 
-def _select_table(per_class: int) -> str:
-    """The selection, class by class (no compiler, no GPU): what a pack of ``per_class`` would measure."""
+def _select_table(per_class: int, classes: Iterable[str] | None = None) -> str:
+    """The selection, class by class (no compiler, no GPU): what a pack of ``per_class`` (``classes``: of those
+    classes only) would measure, and its rows' keys in the measuring order."""
+    chosen = CLASSES if classes is None else known_classes(classes)
     by = select(per_class)
     lines = [f"| class | classes suite | zoo (held out) | layers | rows ({len(TYPES)} types) |", "|---" * 5 + "|"]
-    for c in CLASSES:
+    for c in chosen:
         picks = by[c]
         suite = sum(k.source == "classes" for k in picks)
         zoo = [k for k in picks if k.source == "zoo"]
         lines.append(f"| {c} | {suite} | {len(zoo)} ({sum(k.held_out for k in zoo)}) | {len(picks)} "
                      f"| {len(picks) * len(TYPES)} |")  # fmt: skip
-    order = round_robin(by)
-    lines += ["", "Order: " + ", ".join(f"{k.cls}:{k.name}" for k in order)]
+    keys = [key for key, _, _ in entries(per_class, types=TYPES[:1], classes=chosen)]
+    lines += ["", "Order (keys, f16; bf16 follows each): " + ", ".join(keys)]
     return "\n".join(lines) + "\n"
 
 
@@ -455,12 +482,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("select")
     s.add_argument("--per-class", type=int, default=PER_CLASS)
+    each = f"only these classes' rows, keys as in the whole table ({','.join(CLASSES)}; default all)"
+    s.add_argument("--classes", help=each)
     c = sub.add_parser("compile")
     c.add_argument("dir", type=Path)
     c.add_argument("--per-class", type=int, default=PER_CLASS, help=f"zoo layers a class (default {PER_CLASS})")
     c.add_argument("--workers", type=int, default=2)
     c.add_argument("--timeout", type=float, default=600.0, help="seconds one compile may take")
     c.add_argument("--cache", help="the kernel cache's folder (default the user's)")
+    c.add_argument("--classes", help=each)
     r = sub.add_parser("run")
     r.add_argument("dir", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -471,11 +501,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd in ("select", "compile") and args.per_class < 0:
         ap.error(f"--per-class: expected a count >= 0, got {args.per_class}")
+    classes = None
+    if args.cmd in ("select", "compile") and args.classes is not None:
+        try:
+            classes = known_classes(args.classes.split(","))
+        except ValueError as e:
+            ap.error(f"--{e}")
     if args.cmd == "select":
-        print(_select_table(args.per_class), end="")
+        print(_select_table(args.per_class, classes), end="")
         return 0
     if args.cmd == "compile":
-        return compile_all(args.dir, args.per_class, args.workers, args.timeout, args.cache)
+        return compile_all(args.dir, args.per_class, args.workers, args.timeout, args.cache, classes)
     if args.cmd == "run":
         return run(args.dir, args.out)
     rows, device = read_rows(args.results)

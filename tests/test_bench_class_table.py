@@ -88,6 +88,42 @@ def test_entries_put_each_layers_types_together_channels_last():
     assert len({e[0] for e in es}) == len(es)
 
 
+def test_classes_keep_only_those_classes_rows_with_the_whole_tables_keys_and_order():
+    """A class re-run (``--classes``) is the whole table's rows of those classes: same keys, same order, both types."""
+    whole = ct.entries(1)
+    for names in (["thin"], ["thin", "gemv"], ["gemv", "thin"]):
+        got = [key for key, _, _ in ct.entries(1, classes=names)]
+        assert got == [key for key, k, _ in whole if k.cls in names]
+    thin = ct.entries(1, classes=["thin"])
+    assert thin and {k.cls for _, k, _ in thin} == {"thin"} and [p.dtype for _, _, p in thin[:2]] == ["f16", "bf16"]
+
+
+def test_an_unknown_class_is_one_error_listing_the_known_ones(tmp_path, capsys):
+    known = "known: first, conv1d, conv3d, dw, thin, medium, gemv, dense"
+    with pytest.raises(ValueError, match=f"classes: unknown class 'thn'; {known}"):
+        ct.entries(1, classes=["thin", "thn"])
+    with pytest.raises(ValueError, match="unknown class '\\(none\\)'"):
+        ct.known_classes([])
+    with pytest.raises(ValueError, match="unknown class 'thn'"):  # before any compile or folder
+        ct.compile_all(tmp_path / "art", 1, 1, 1.0, None, classes=["thn"])
+    assert not (tmp_path / "art").exists()
+    for cmd in (["select"], ["compile", str(tmp_path / "art")]):
+        with pytest.raises(SystemExit) as e:
+            ct.main([*cmd, "--classes", "thin,thn"])
+        assert e.value.code == 1
+        assert capsys.readouterr().err == f"class_table.py: error: --classes: unknown class 'thn'; {known}\n"
+    assert not (tmp_path / "art").exists()
+
+
+def test_select_with_classes_prints_only_those_classes_and_their_keys(capsys):
+    assert ct.main(["select", "--per-class", "1", "--classes", "dw,thin"]) == 0
+    out = capsys.readouterr().out
+    rows = [r.split(" | ")[0] for r in out.splitlines() if r.startswith("| ") and "class" not in r]
+    assert rows == ["| dw", "| thin"]
+    keys = [key for key, _, _ in ct.entries(1, types=("f16",), classes=["dw", "thin"])]
+    assert out.rstrip().endswith(", ".join(keys))
+
+
 def test_kernel_of_names_the_plans_kernel():
     assert ct.kernel_of({"gemv": {"k_block": 8}}) == "gemv"
     assert ct.kernel_of({"depthwise": {"vector": 4}}) == "depthwise"
