@@ -234,12 +234,13 @@ def backward_calls(model_name: str, batch: int, dev: str) -> list[tuple]:
 def check(ns: argparse.Namespace) -> int:
     """On the GPU: every weight gradient of one model's step (eager, bf16 autocast, recorded as the switch sees it),
     computed again alone: by torch, by the C++ hot path ``--repeats`` times on the same memory (its CUDA graph is
-    recorded by the third call and launched from C++ after; with ``$CONVBW_TORCH_NATIVE_LAUNCH=1`` the schedule is
-    launched from C++ from the second call) and by the Python switch, every dW ours (``benchmark=False``); with
-    ``--python``, by the Python switch ``--repeats`` times instead of the C++ path (nothing to build: the path a user
-    gets by default). NaN fence: before each call a block of dW's size is filled with NaN and freed, so the
-    allocator hands it to dW and a dW nobody wrote shows. The C++ path's dW must be finite and equal the Python
-    path's bit for bit (the same kernel); its distance to torch's is reported (max over the entries / RMS)."""
+    recorded by the third call and launched from C++ after; with the native launch, on unless
+    ``$CONVBW_TORCH_NATIVE_LAUNCH=0``, the schedule is launched from C++ from the second call) and by the Python
+    switch, every dW ours (``benchmark=False``); with ``--python``, by the Python switch ``--repeats`` times instead
+    of the C++ path (nothing to build: the path a user gets by default). NaN fence: before each call a block of dW's
+    size is filled with NaN and freed, so the allocator hands it to dW and a dW nobody wrote shows. The C++ path's dW
+    must be finite and equal the Python path's bit for bit (the same kernel); its distance to torch's is reported
+    (max over the entries / RMS)."""
     import torch
 
     from convbw_mlir import torch as ct
