@@ -115,6 +115,16 @@ def test_pass_built_boxed_kernel_matches_float64_under_emulation(line, dtype):
     assert max_error_of_plan(p, plan, seed=3) < 1e-6
 
 
+def test_default_unsplit_boxed_plan_matches_float64_under_emulation():
+    """The plan's own choice for 8-channel groups (the boxed form, no split: the kernel writes dW itself)."""
+    from sm90_emulator import max_error_of_plan
+
+    p = _problem("2 32 2 8 8 3 3 8 8 1 1 1 1 1 1 1 1", dtype="bf16", dw_dtype="f32")
+    plan = decide(p, "sm_90a")
+    assert (plan.merge.groups, plan.k_batch) == (8, 1), plan
+    assert max_error_of_plan(p, plan, seed=5) < 1e-6
+
+
 def test_target_table_has_the_boxed_forms_wgmma_shapes():
     tgt = get_target("sm_90a")
     for line in (RESNEXT_4, REGNETY_56, REGNETY_8):
