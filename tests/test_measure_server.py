@@ -318,3 +318,30 @@ def test_kernel_fields_show_overlapping_activities_and_the_spread_of_launches():
     assert got["kernel_s"] == pytest.approx(41e-6 / 2) and got["kernels_per_call"] == 2.5
     assert got["kernel_busy_s"] == pytest.approx((12.0 + 14.0 + 12.0) * 1e-6 / 2)  # 8-10 and 50-51 counted once
     assert got["kernel_launch_us"] == [10.0, 12.0, 14.0] and got["kernel_first_us"] == 10.0
+
+
+def test_a_problems_release_frees_its_cycles_and_keeps_what_survives_out_of_later_collections():
+    """The server's free step (measure.server._release): garbage in reference cycles made after a freeze (a
+    problem's kernels and buffers) is freed; what survives is frozen, so the next problem's full collection does
+    not scan it again."""
+    import gc
+    import weakref
+
+    from convbw_mlir.measure.server import _release
+
+    class Node:
+        pass
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        cycle, keep = Node(), Node()
+        cycle.me = cycle  # freed only by a collection
+        dead = weakref.ref(cycle)
+        del cycle
+        _release()
+        assert dead() is None
+        assert gc.get_freeze_count() > frozen  # keep (and whatever else survived) is frozen now
+        assert keep is not None
+    finally:
+        gc.unfreeze()
