@@ -176,6 +176,36 @@ def probe_main(argv: list[str] | None, doc: str, name: str, parts: int, compile_
     return report(args.results, args.manifest)
 
 
+def compile_manifest(out: Path, items: list[tuple[str, Any, list[Any], dict[str, Any]]], workers: int,
+                     cache: Path | None, target: str = "sm_90a") -> int:  # fmt: skip
+    """Build each ``(name, problem, variants, extra)`` of ``items`` for ``target`` into ``out`` (written whole or
+    not at all) as the runner's manifest: keys ``NNN-name.dtype``, the first variant the plan's own, no GPU
+    reference (the runner checks against float64), ``extra`` the entry's extra fields; prints the build's table."""
+    from convbw_mlir.dispatch.build import Registry
+    from convbw_mlir.dispatch.tune import write_candidate, write_manifest
+    from convbw_mlir.files import atomic_directory
+    from convbw_mlir.measure.records import ManifestEntry
+
+    reg = Registry(target, cache)
+    for name, p, vs, _ in items:
+        for v in vs:
+            reg.declare(p, v)
+        print(f"{name} {p.dtype}: {len(vs)} kernels: {', '.join(v.name for v in vs)}", flush=True)
+    report = reg.build(max_workers=workers, progress=False)
+    by = {(r.problem, r.variant): r for r in report.results}
+    entries = []
+    with atomic_directory(out) as tmp:
+        for i, (name, p, vs, extra) in enumerate(items):
+            key = f"{i:03d}-{name}.{p.dtype}"
+            contenders: dict[str, Any] = {"reference": {"ok": False, "error": "not built (float64 checks)"}}
+            for j, v in enumerate(vs):
+                contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, by[(p, v)], heuristic=j == 0)
+            entries.append(ManifestEntry(name, key, p.to_dict(), contenders, extra).to_dict())
+        write_manifest(tmp, target, entries, report)
+    print(report.table())
+    return 0
+
+
 def result_seconds(res: dict[str, Any]) -> float | None:
     """A contender's time in a results row: its kernel time where it has one, else its call's; None unless ok."""
     if res.get("status") != "ok":

@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness import compile_manifest
+
 # (name, ckProfiler line "2 G N K C Y X H W sy sx dy dx pl pl pr pr", dtype)
 SHORT = [  # 3x3s whose reduction (N Ho Wo) is 0.5-4 k rows, with hundreds of 128 x 256 tiles
     ("short_3x3_1280_16_n8", "2 1 8 1280 1280 3 3 16 16 1 1 1 1 1 1 1 1", "f16"),
@@ -130,35 +132,9 @@ def moved(before: Path, dtype: str = "f16") -> list[tuple[str, Any, list[Any]]]:
 
 
 def compile_all(out: Path, workers: int, cache: Path, only: str = "", before: Path | None = None) -> int:
-
-    from convbw_mlir.dispatch.build import Registry
-    from convbw_mlir.dispatch.tune import write_candidate, write_manifest
-    from convbw_mlir.files import atomic_directory
-    from convbw_mlir.measure.records import ManifestEntry
-
-    reg = Registry("sm_90a", cache)
-    per = []
     chosen = moved(before) if before is not None else [(n, problem(ln, t), None) for n, ln, t in PROBLEMS]
-    for name, p, vs in [e for e in chosen if only in e[0]]:
-        vs = vs or variants(p)
-        for v in vs:
-            reg.declare(p, v)
-        per.append((name, p, vs))
-        print(f"{name}: {len(vs)} kernels: {', '.join(v.name for v in vs)}", flush=True)
-    report = reg.build(max_workers=workers, progress=False)
-    by = {(r.problem, r.variant): r for r in report.results}
-    entries = []
-    with atomic_directory(out) as tmp:
-        for i, (name, p, vs) in enumerate(per):
-            key = f"{i:03d}-{name}.{p.dtype}"
-            contenders: dict[str, Any] = {"reference": {"ok": False, "error": "not built (float64 checks)"}}
-            for j, v in enumerate(vs):
-                r = by[(p, v)]
-                contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, r, heuristic=j == 0)
-            entries.append(ManifestEntry(name, key, p.to_dict(), contenders, {"held_out": False}).to_dict())
-        write_manifest(tmp, "sm_90a", entries, report)
-    print(report.table())
-    return 0
+    items = [(name, p, vs or variants(p), {"held_out": False}) for name, p, vs in chosen if only in name]
+    return compile_manifest(out, items, workers, cache)
 
 
 def _time(res: dict[str, Any]) -> float | None:

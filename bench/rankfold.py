@@ -15,13 +15,12 @@ and R(2+1)D-18 (f16) first, then S3D's larger layers (held), then bf16 and MC3-1
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from harness import geomean, probe_main, result_seconds
+from harness import compile_manifest, geomean, probe_main, result_seconds
 
 # (name, ckProfiler line "NDim G N K C <filter> <input> <strides> <dilations> <left pads> <right pads>", dtype, set)
 _R21D = [  # convbw_mlir/suites/zoo.tsv, N = 32 (16 frames of 112x112)
@@ -100,42 +99,13 @@ def variants(p: Any) -> list[Any]:
 
 
 def compile_all(out: Path, workers: int, cache: Path) -> int:
-    from importlib.metadata import version
-
-    from convbw_mlir.dispatch.build import Registry
-    from convbw_mlir.dispatch.tune import write_candidate
-    from convbw_mlir.files import atomic_directory
-    from convbw_mlir.measure.records import ManifestEntry
     from convbw_mlir.plan import folded_twin
 
-    reg = Registry("sm_90a", cache)
-    per = []
+    items = []
     for name, line, dtype, kind in LAYERS:
         p = problem(line, dtype)
-        vs = variants(p)
-        for v in vs:
-            reg.declare(p, v)
-        per.append((name, p, vs, kind))
-        print(f"{name} {dtype}: {len(vs)} kernels: {', '.join(v.name for v in vs)}", flush=True)
-    report = reg.build(max_workers=workers, progress=False)
-    by = {(r.problem, r.variant): r for r in report.results}
-    entries = []
-    with atomic_directory(out) as tmp:
-        for i, (name, p, vs, kind) in enumerate(per):
-            key = f"{i:03d}-{name}.{p.dtype}"
-            contenders: dict[str, Any] = {"reference": {"ok": False, "error": "not built (float64 checks)"}}
-            for j, v in enumerate(vs):
-                contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, by[(p, v)], heuristic=j == 0)
-            extra = {"held_out": kind == "held", "fold": folded_twin(p)[1]}
-            entries.append(ManifestEntry(name, key, p.to_dict(), contenders, extra).to_dict())
-        manifest = {"target": "sm_90a", "date": str(datetime.date.today()),
-                    "iree_version": version("iree-base-compiler"),
-                    "build": {"engine": "local", "workers": workers, "wall_s": report.wall_s,
-                              "kernels": len(report.results)},
-                    "problems": entries}  # fmt: skip
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    print(report.table())
-    return 0
+        items.append((name, p, variants(p), {"held_out": kind == "held", "fold": folded_twin(p)[1]}))
+    return compile_manifest(out, items, workers, cache)
 
 
 def report(results: list[Path], manifest: Path) -> int:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import geomean, probe_main, result_seconds
+from harness import compile_manifest, geomean, probe_main, result_seconds
 
 # (name, ckProfiler line "NDim G N K C <filter> <input> <strides> <dilations> <left pads> <right pads>", dtype, set)
 LAYERS = [
@@ -92,34 +92,11 @@ def variants(p: Any) -> list[Any]:
 
 
 def compile_all(out: Path, workers: int, cache: Path) -> int:
-
-    from convbw_mlir.dispatch.build import Registry
-    from convbw_mlir.dispatch.tune import write_candidate, write_manifest
-    from convbw_mlir.files import atomic_directory
-    from convbw_mlir.measure.records import ManifestEntry
-
-    reg = Registry("sm_90a", cache)
-    per = []
+    items = []
     for name, line, dtype, kind in LAYERS:
         p = problem(line, dtype)
-        vs = variants(p)
-        for v in vs:
-            reg.declare(p, v)
-        per.append((name, p, vs, kind))
-        print(f"{name} {dtype}: {len(vs)} kernels: {', '.join(v.name for v in vs)}", flush=True)
-    report = reg.build(max_workers=workers, progress=False)
-    by = {(r.problem, r.variant): r for r in report.results}
-    entries = []
-    with atomic_directory(out) as tmp:
-        for i, (name, p, vs, kind) in enumerate(per):
-            key = f"{i:03d}-{name}.{p.dtype}"
-            contenders: dict[str, Any] = {"reference": {"ok": False, "error": "not built (float64 checks)"}}
-            for j, v in enumerate(vs):
-                contenders[v.name] = write_candidate(tmp, f"{key}.v{j}", v, by[(p, v)], heuristic=j == 0)
-            entries.append(ManifestEntry(name, key, p.to_dict(), contenders, {"held_out": kind == "held"}).to_dict())
-        write_manifest(tmp, "sm_90a", entries, report)
-    print(report.table())
-    return 0
+        items.append((name, p, variants(p), {"held_out": kind == "held"}))
+    return compile_manifest(out, items, workers, cache)
 
 
 def _kind(label: str) -> str:
