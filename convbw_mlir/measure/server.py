@@ -199,9 +199,8 @@ def _check_cudnn(prob: Any, torch_: Any) -> _Timed | dict[str, Any]:
 
 def _release() -> None:
     """Free what the last problem left in reference cycles (its kernels, device buffers), then move every survivor
-    out of later collections: a problem's full collection then scans what that problem allocated, not the
-    server's ~10^5 long-lived objects (:func:`gc.freeze`; the H100's servers spent 0.13-0.14 s a problem in this
-    step before, bench/results/h100_2026-12-06_gemv_final)."""
+    out of later collections (:func:`gc.freeze`): a problem's collection scans what it allocated, not the server's
+    long-lived objects (docs/timing.md, ``free_s``)."""
     gc.collect()
     gc.freeze()
 
@@ -229,7 +228,7 @@ class _Server:
                 cupti.warm_up()
             clock.lap("cupti_s")
         self.name = self.torch.name if self.torch else self.driver
-        gc.freeze()  # the start's objects (torch, CUPTI, numpy: ~10^5) out of every problem's collection (_release)
+        gc.freeze()  # the start's objects (torch, CUPTI, numpy) out of every problem's collection (_release)
 
     def problem(self, cmd: dict[str, Any]) -> None:
         """Check the candidates ``cmd["names"]`` of one problem, then time the correct ones in one batch."""
