@@ -221,6 +221,11 @@ def test_the_rate_script_times_the_server_and_the_runner_on_the_same_problems(bu
     phases = report["server"]["phases"]  # where the server's time went, summed over the problems
     assert phases["problems"] == 2 and phases["load_each"]["n"] == 4 and phases["measure_s"]["sum"] > 0
     assert "where the server's time went" in (tmp_path / "tune_rate.md").read_text()
+    steady = report["server"]["steady"]  # the server's first start left out: a tuning run pays it once
+    assert (
+        0 < steady["first_start_s"]
+        and steady["problems_per_minute_per_gpu"] > report["server"]["problems_per_minute_per_gpu"]
+    )
     # compare: a run against itself has every kernel time equal and the same rate
     r = subprocess.run([sys.executable, str(script), "compare", str(tmp_path), str(tmp_path), "--out",
                         str(tmp_path / "cmp.json")], capture_output=True, text=True)  # fmt: skip
@@ -345,3 +350,24 @@ def test_a_problems_release_frees_its_cycles_and_keeps_what_survives_out_of_late
         assert keep is not None
     finally:
         gc.unfreeze()
+
+
+def test_the_steady_rate_leaves_out_each_devices_first_server_start_only():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "tune_rate", Path(__file__).resolve().parents[1] / "bench" / "tune_rate.py"
+    )
+    tune_rate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune_rate)
+    rows = [
+        {"device_index": 0, "phases": {"server_start_s": 7.0}},
+        {"device_index": 1, "phases": {"server_start_s": 9.0}},
+        {"device_index": 0, "phases": {"server_start_s": 8.0}},
+        {"device_index": 1, "phases": {}},
+    ]  # a restart: counted
+    served = {"problems": rows, "server": {"devices": 2}}
+    got = tune_rate.steady_rate(served, 21.0)
+    assert got["first_start_s"] == 9.0 and got["wall_s"] == 12.0 and got["problems_per_minute_per_gpu"] == 10.0
+    assert tune_rate.steady_rate({"problems": [{"key": "old"}], "server": {"devices": 1}}, 5.0) is None  # no phases
