@@ -83,9 +83,17 @@ def test_ours_wrong_where_iree_is_correct_misses_the_iree_goal_even_if_ours_wins
     assert list(met["goals"].values()) == [True, True, True]
 
 
-def test_a_goal_without_figures_is_unmeasured():
-    s = hb.summary([_row("000-a.bf16", "crashed", 5.0, "no kernel")])
+def test_a_goal_without_figures_is_unmeasured_and_the_summary_keeps_its_columns():
+    rows = [_row("000-a.bf16", "crashed", 5.0, "no kernel")]
+    s = hb.summary(rows)
     assert list(s["goals"].values()) == [None, None, None] and s["geomean"] is None
+    head, rule, line = [ln for ln in hb.report(rows).splitlines() if ln.startswith("|")][:3]
+    assert head.count("|") == rule.count("|") == line.count("|") and line.endswith("unmeasured |")
+
+
+def test_ours_without_a_time_where_iree_has_a_correct_one_misses_the_iree_goal():
+    s = hb.summary([_row("000-a.bf16", "crashed", 5.0, 8.0)])
+    assert s["iree_compared"] == 0 and s["goals"][f">= {hb.GOALS['vs_iree']}x IREE's best correct form"] is False
 
 
 def test_report_writes_the_summary_line_and_a_row_a_key_with_the_plans_kernel_and_rule():
