@@ -292,9 +292,10 @@ def compile_all(folder: Path, per_class: int, workers: int, timeout: float, cach
 
 
 # -- run side (GPU machine: runtime, torch) ----------------------------------------------------------------
-def run(folder: Path, out: Path) -> int:
+def run(folder: Path, out: Path, fields: tuple[str, ...] = ("class", "source", "held_out")) -> int:
     """The runner's server over the manifest, in its order; each finished row appended to ``out/rows.jsonl``
     (a run cut short keeps its rows), the whole results in ``out/results.json`` and the table at the end.
+    ``fields``: the manifest entries' extra fields each row carries (the runner's rows have none of them).
     Checked on the runner's float64 sample (``numpy_max_flops`` 0): numpy's whole float64 dW of the large layers
     costs seconds of CPU a problem that the pack's budget does not have."""
     from convbw_mlir.measure import run as runner
@@ -303,8 +304,8 @@ def run(folder: Path, out: Path) -> int:
     rows = out / "rows.jsonl"
     rows.unlink(missing_ok=True)
     line = runner._line
-    # the runner's rows carry no entry fields of ours: class, source and held_out are added from the manifest
-    extra = {e["key"]: {k: e[k] for k in ("class", "source", "held_out") if k in e}
+    # the runner's rows carry no entry fields of ours: they are added from the manifest
+    extra = {e["key"]: {k: e[k] for k in fields if k in e}
              for e in runner.read_manifest(folder)["problems"]}  # fmt: skip
 
     def logged(row: Any) -> str:  # the runner logs each finished row through this: keep it whole
@@ -477,6 +478,18 @@ def _select_table(per_class: int, classes: Iterable[str] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def add_run_report(sub: Any) -> None:
+    """The ``run DIR --out OUT`` and ``report RESULTS... [--card] [--command]`` subcommands (this script's, and
+    those of the scripts that run and report as it does)."""
+    r = sub.add_parser("run")
+    r.add_argument("dir", type=Path)
+    r.add_argument("--out", type=Path, required=True)
+    rep = sub.add_parser("report")
+    rep.add_argument("results", type=Path, nargs="+", help="results.json or rows.jsonl files")
+    rep.add_argument("--card", default="", help="the GPU, as nvidia-smi names it")
+    rep.add_argument("--command", default="", help="the command that measured the rows")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="class_table.py", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -491,13 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--timeout", type=float, default=600.0, help="seconds one compile may take")
     c.add_argument("--cache", help="the kernel cache's folder (default the user's)")
     c.add_argument("--classes", help=each)
-    r = sub.add_parser("run")
-    r.add_argument("dir", type=Path)
-    r.add_argument("--out", type=Path, required=True)
-    rep = sub.add_parser("report")
-    rep.add_argument("results", type=Path, nargs="+", help="results.json or rows.jsonl files")
-    rep.add_argument("--card", default="", help="the GPU, as nvidia-smi names it")
-    rep.add_argument("--command", default="", help="the command that measured the rows")
+    add_run_report(sub)
     args = ap.parse_args(argv)
     if args.cmd in ("select", "compile") and args.per_class < 0:
         ap.error(f"--per-class: expected a count >= 0, got {args.per_class}")
