@@ -15,6 +15,10 @@ folder's size (keep it under the 64 MiB a call carries).
 then the first ``--classic`` problems through the child-a-problem runner, both timed by the wall clock from the
 call to the results. Writes OUT/tune_rate.json (the rates, problems a minute a GPU; verdict counts; how the two
 paths' times of the same candidates compare) and OUT/tune_rate.md, and the server's results as OUT/server.json.
+
+``phases RESULTS.json...``: the rate of ``dispatch.tune --server`` runs from their results files (problems over the
+summed wall of every pass's server, a minute a GPU; the steady rate; the deadline's cut, from log.txt beside) and
+their steps summed (``phase_summary``), a row a file and one for all.
 """
 
 from __future__ import annotations
