@@ -15,6 +15,10 @@ folder's size (keep it under the 64 MiB a call carries).
 then the first ``--classic`` problems through the child-a-problem runner, both timed by the wall clock from the
 call to the results. Writes OUT/tune_rate.json (the rates, problems a minute a GPU; verdict counts; how the two
 paths' times of the same candidates compare) and OUT/tune_rate.md, and the server's results as OUT/server.json.
+
+``phases RESULTS.json...``: the rate of ``dispatch.tune --server`` runs from their results files (problems over the
+summed wall of every pass's server, a minute a GPU; the steady rate; the deadline's cut, from log.txt beside) and
+their steps summed (``phase_summary``), a row a file and one for all.
 """
 
 from __future__ import annotations
@@ -287,6 +291,83 @@ def _prep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deadline_cut(results: Path) -> int:
+    """Problems the tuner's ``--deadline`` left untimed: its "deadline: KEY not timed" lines in log.txt beside."""
+    log = results.parent / "log.txt"
+    if not log.is_file():
+        return 0
+    return sum(
+        line.startswith("deadline: ") and line.rstrip().endswith(" not timed") for line in log.read_text().splitlines()
+    )
+
+
+def tuner_rate(results: dict[str, Any], cut: int = 0) -> dict[str, Any]:
+    """The rate of one ``dispatch.tune --server`` results.json: its problems over the summed wall of its server
+    runs (``server``: pass 1, pass 2, a phase each), problems a minute a GPU; ``steady`` leaves out each device's
+    first server start (``steady_rate``; pass 2's start is not in ``phases`` and stays in); the steps summed
+    (``phase_summary``: pass 1's rows, the only ones that carry ``phases``); ``cut``: left untimed by the deadline."""
+    runs = results.get("server") or []
+    if isinstance(runs, dict):
+        runs = [runs]
+    if not runs:
+        raise ValueError("results: no 'server' record (not a --server tuning run)")
+    gpus = max(r.get("devices", 1) for r in runs)
+    wall = sum(r["wall_s"] for r in runs)
+    n = len(results["problems"])
+    served = {"problems": results["problems"], "server": {"devices": gpus}}
+    return {
+        "problems": n, "cut": cut, "gpus": gpus, "wall_s": wall, "pass_walls_s": [r["wall_s"] for r in runs],
+        "problems_per_minute_per_gpu": 60 * n / wall / gpus if wall > 0 else float("nan"),
+        "steady": steady_rate(served, wall), "phases": phase_summary(served),
+    }  # fmt: skip
+
+
+def _phases(args: argparse.Namespace) -> int:
+    """The rate and where the time went of tuner results files: a row a file, then the steps summed over all."""
+    rows = []
+    for name in args.results:
+        path = Path(name)
+        try:
+            rows.append((path, tuner_rate(json.loads(path.read_text()), _deadline_cut(path))))
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: {name}: {e}", file=sys.stderr)
+            return 1
+    steps = [k for k in STEPS if any(k in r["phases"] for _, r in rows)]
+    lines = ["| results | problems | cut | wall s | passes s | problems/min/GPU | steady | measure s | "
+             + " | ".join(k[:-2] for k in steps) + " | load |",
+             "|---|---:|---:|---:|---|---:|---:|---:|" + "---:|" * (len(steps) + 1)]  # fmt: skip
+    total: dict[str, float] = {}
+    for path, r in rows:
+        ph = r["phases"]
+        label = str(path.parent)
+        steady = r["steady"]["problems_per_minute_per_gpu"] if r["steady"] else float("nan")
+        cells = [f"{ph[k]['sum']:.1f}" if k in ph else "-" for k in (*steps, "load_s")]
+        lines.append(f"| {label} | {r['problems']} | {r['cut']} | {r['wall_s']:.1f} | "
+                     f"{' + '.join(f'{w:.1f}' for w in r['pass_walls_s'])} | {r['problems_per_minute_per_gpu']:.1f} | "
+                     f"{steady:.1f} | {ph.get('measure_s', {}).get('sum', float('nan')):.1f} | "
+                     + " | ".join(cells) + " |")  # fmt: skip
+        for k in ("measure_s", *steps, "load_s"):
+            if k in ph:
+                total[k] = total.get(k, 0.0) + ph[k]["sum"]
+        total["wall_s"] = total.get("wall_s", 0.0) + r["wall_s"] * r["gpus"]
+        total["problems"] = total.get("problems", 0.0) + r["problems"]
+        total["cut"] = total.get("cut", 0.0) + r["cut"]
+    if total.get("wall_s"):
+        rate = 60 * total["problems"] / total["wall_s"]
+        sums = " | ".join(f"{total[k]:.1f}" if k in total else "-" for k in (*steps, "load_s"))
+        lines.append(f"| **all** | {total['problems']:.0f} | {total['cut']:.0f} | {total['wall_s']:.1f} | | "
+                     f"**{rate:.1f}** | | {total.get('measure_s', float('nan')):.1f} | {sums} |")  # fmt: skip
+        pass1 = total.get("measure_s", 0.0)
+        if pass1 > 0:
+            share = sorted(((total[k] / pass1, k) for k in steps if k in total), reverse=True)
+            lines += ["", f"- all: {rate:.1f} problems a minute a GPU (goal {GOAL:g}); pass 1's steps, share of its "
+                      "measure_s: " + ", ".join(f"{k[:-2]} {100 * f:.0f}%" for f, k in share)]  # fmt: skip
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text(json.dumps({str(p): r for p, r in rows} | {"all": total}, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -313,7 +394,14 @@ def main(argv: list[str] | None = None) -> int:
     prep = sub.add_parser("prep", help="time the CPU preparation of each problem (inputs, float64 references)")
     prep.add_argument("folder")
     prep.add_argument("--out", required=True)
+    phases = sub.add_parser(
+        "phases", help="the rate and the steps of tuner results.json files (dispatch.tune --server)"
+    )
+    phases.add_argument("results", nargs="+", help="results.json files (a deadline cut counted from log.txt beside)")
+    phases.add_argument("--out", default=None, help="the figures as JSON too")
     args = ap.parse_args(argv)
+    if args.cmd == "phases":
+        return _phases(args)
     if args.cmd == "compare":
         return _compare(args)
     if args.cmd == "prep":
