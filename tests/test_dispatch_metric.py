@@ -122,7 +122,7 @@ def test_tuning_asks_the_server_for_cudnn_in_its_first_pass(monkeypatch, tmp_pat
     monkeypatch.setattr(server, "Served", Served)
     payloads = [{"entry": None, "held": False, "timeout_s": 1.0, "cudnn": True}]
     assert list(tune._served_phase(tmp_path, payloads, [type("S", (), {"driver": "cuda"})()], print,
-                                   lambda _: False, [])) == []  # fmt: skip
+                                   lambda _: False, [], None)) == []  # fmt: skip
     assert seen == [True]
 
 

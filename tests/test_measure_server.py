@@ -153,8 +153,10 @@ def test_tuning_through_the_server_gives_the_tuners_rows_and_database(built, fau
     assert rows[2]["selected"]["path"] == "exact" and all(_decide(r)["winner"] for r in rows)
     assert all(c["status"] == "ok" for r in rows for c in r["contenders"].values())
     assert all(set(r.get("pass2") or {}) <= set(r["contenders"]) for r in rows)
-    # one server a run: pass 1 of the tuned, pass 2 where close, the held-out one
-    assert [s["servers"] for s in results["server"]] == [1] * len(results["server"]) and len(results["server"]) >= 2
+    # one server for the whole tuning run: pass 1 of the tuned starts it, pass 2 and the held-out phase reuse it
+    assert [s["servers"] for s in results["server"]] == [1] + [0] * (len(results["server"]) - 1)
+    assert len(results["server"]) >= 2
+    assert rows[0]["phases"]["server_start_s"] > 0 and all("server_start_s" not in r["phases"] for r in rows[1:])
     assert json.loads(out.read_text()) == results and len(build_database(results).entries) == 1
     assert len(records_path(out).read_text().splitlines()) == sum(
         len(r["contenders"]) + len(r.get("pass2") or {}) for r in rows
@@ -371,3 +373,28 @@ def test_the_steady_rate_leaves_out_each_devices_first_server_start_only():
     got = tune_rate.steady_rate(served, 21.0)
     assert got["first_start_s"] == 9.0 and got["wall_s"] == 12.0 and got["problems_per_minute_per_gpu"] == 10.0
     assert tune_rate.steady_rate({"problems": [{"key": "old"}], "server": {"devices": 1}}, 5.0) is None  # no phases
+
+
+def test_a_pooled_server_outlives_its_run_and_refuses_a_cudnn_run_it_was_not_started_for(built):
+    from convbw_mlir.measure.pool import resolve_devices
+    from convbw_mlir.measure.records import ManifestEntry
+    from convbw_mlir.measure.run import manifest_entries, read_manifest
+    from convbw_mlir.measure.server import Served, ServerPool
+
+    _manifest(built, ["p0", "p1"])
+    entries = manifest_entries(read_manifest(built), built)
+    assert all(isinstance(e, ManifestEntry) for e in entries)
+    slots = resolve_devices("local-task", None)
+    options = {"driver": "local-task", "device": None, "use_torch": False, "numpy_max_flops": 0.0, "check_only": False}
+    with ServerPool(slots, options, 60.0, log=lambda _: None) as pool:
+        first = Served(built, entries[:1], options, slots, 60.0, log=lambda _: None, pool=pool)
+        assert [row.contenders[SPLIT]["status"] for _, (row, _) in first] == ["ok"]
+        pid = pool.supervisors[0].pids
+        second = Served(built, entries[1:], options | {"numpy_max_flops": 1e12}, slots, 60.0, log=lambda _: None,
+                        pool=pool)  # fmt: skip
+        rows = [row for _, (row, _) in second]
+        assert rows[0].contenders[SPLIT]["status"] == "ok" and rows[0].reference.get("reference_checked") == "numpy"
+        assert (first.summary()["servers"], second.summary()["servers"], len(pid)) == (1, 0, 1)
+        with pytest.raises(ValueError, match="needs servers started with torch"):
+            Served(built, entries, options | {"use_torch": True}, slots, 60.0, pool=pool)
+    assert pool.supervisors[0].child is None  # closed with the pool

@@ -215,7 +215,6 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     """
     from importlib.metadata import version
 
-    from convbw_mlir.measure.pool import deal
     from convbw_mlir.measure.run import STEP_TIMEOUT_S, manifest_entries, read_manifest
     from convbw_mlir.targets import get_target
 
@@ -234,8 +233,13 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     t0 = time.monotonic()
     rows: dict[int, dict] = {}
     has_held = any(e.held_out for e in todo)
+    pool = None
     if server:
+        from convbw_mlir.measure.server import ServerPool
+
         results["server"] = []  # one summary a server run (pass 1, pass 2 of each phase)
+        # one server a device for every pass and phase: a start costs seconds (docs/timing.md#tuning-rate)
+        pool = ServerPool(slots, _server_options(slots, cudnn), timeout_s or STEP_TIMEOUT_S, log)
 
     def late(payload: dict) -> bool:
         # tuned problems stop at 3/4 of the deadline, so the held-out ones (fewer contenders) get measured too
@@ -245,6 +249,27 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
         log(f"deadline: {payload['entry'].key} not timed")
         return True
 
+    try:
+        _phases_of(todo, results, rows, records, out, slots, log, late, timeout_s, cudnn, folder, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+    return results
+
+
+def _server_options(slots: Sequence[Any], cudnn: bool) -> dict[str, Any]:
+    """The measuring servers' options of a tuning run (pass 2 asks for no cuDNN and no whole float64 dW)."""
+    return {"driver": slots[0].driver, "device": None, "use_torch": cudnn, "numpy_max_flops": NUMPY_MAX_FLOPS,
+            "check_only": False}  # fmt: skip
+
+
+def _phases_of(todo: list[ManifestEntry], results: dict[str, Any], rows: dict[int, dict], records: _Records,
+               out: Path, slots: Sequence[Any], log: Callable[[str], None], late: Callable[[dict], bool],
+               timeout_s: float | None, cudnn: bool, folder: Path, pool: Any) -> None:  # fmt: skip
+    """:func:`time_candidates`' two phases (tuned, then held out), each problem's row written as it comes."""
+    from convbw_mlir.measure.pool import deal
+    from convbw_mlir.measure.run import STEP_TIMEOUT_S
+
     for held in (False, True):  # the held-out phase needs every tuned problem's result: one after the other
         phase = [(i, e) for i, e in enumerate(todo) if e.held_out == held]
         payloads = []
@@ -253,8 +278,8 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
                 entry = _untuned_entry(entry, results)
             payloads.append({"folder": str(folder), "entry": entry, "held": held, "cudnn": cudnn,
                              "timeout_s": timeout_s or STEP_TIMEOUT_S})  # fmt: skip
-        if server:
-            source: Any = _served_phase(folder, payloads, slots, log, late, results["server"])
+        if pool is not None:
+            source: Any = _served_phase(folder, payloads, slots, log, late, results["server"], pool)
         else:
             source = deal(_time_problem, payloads, slots, log, lost=_lost_problem, skip=late)
         for j, done in source:
@@ -270,7 +295,6 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
             results["problems"] = [rows[i] for i in sorted(rows)]
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(results, indent=1) + "\n")
-    return results
 
 
 def records_path(out: str | os.PathLike) -> Path:
@@ -378,19 +402,18 @@ def _pass2_names(row: dict[str, Any]) -> list[str]:
 
 
 def _served_phase(folder: Path, payloads: list[dict], slots: Sequence[Any], log: Callable[[str], None],
-                  late: Callable[[dict], bool], summaries: list[dict]) -> Any:  # fmt: skip
-    """:func:`_time_problem`'s ``(j, {"row", "device"})`` of each payload, pass 1 of them all through one server a
-    device, then pass 2 of the close ones through them again (:class:`convbw_mlir.measure.server.Served`); appends
-    each server run's summary to ``summaries``."""
+                  late: Callable[[dict], bool], summaries: list[dict], pool: Any) -> Any:  # fmt: skip
+    """:func:`_time_problem`'s ``(j, {"row", "device"})`` of each payload, pass 1 of them all through ``pool``'s
+    server a device, then pass 2 of the close ones through the same servers
+    (:class:`convbw_mlir.measure.server.Served`); appends each server run's summary to ``summaries``."""
     from convbw_mlir.measure.server import Served
 
     if not payloads:
         return
-    options = {"driver": slots[0].driver, "device": None, "use_torch": payloads[0].get("cudnn", False),
-               "numpy_max_flops": NUMPY_MAX_FLOPS, "check_only": False}  # fmt: skip
+    options = _server_options(slots, payloads[0].get("cudnn", False))
     timeout_s = payloads[0]["timeout_s"]
     first = Served(folder, [p["entry"] for p in payloads], options, slots, timeout_s, log,
-                   skip=lambda i: late(payloads[i]))  # fmt: skip
+                   skip=lambda i: late(payloads[i]), pool=pool)  # fmt: skip
     rows: dict[int, tuple[dict[str, Any], str | None]] = {}
     index: dict[int, int | None] = {}
     for i, (checked, device_name) in first:
@@ -404,7 +427,8 @@ def _served_phase(folder: Path, payloads: list[dict], slots: Sequence[Any], log:
     if again:  # checked on the float64 sample only, as _second_pass
         order = sorted(again)
         entries = [(e := payloads[i]["entry"]).with_contenders({n: e.contenders[n] for n in again[i]}) for i in order]
-        second = Served(folder, entries, options | {"numpy_max_flops": 0, "use_torch": False}, slots, timeout_s, log)
+        second = Served(folder, entries, options | {"numpy_max_flops": 0, "use_torch": False}, slots, timeout_s, log,
+                        pool=pool)  # fmt: skip
         for k, (checked, _) in second:
             rows[order[k]][0]["pass2"] = checked.contenders
         summaries.append(second.summary())

@@ -238,7 +238,8 @@ class _Server:
         self.phases = phases
         clock = checks._Clock(phases)
         p = entry.conv()
-        prob = checks._Problem(p, state, self.options["numpy_max_flops"], _load_inputs(p, state))
+        flops = cmd.get("numpy_max_flops", self.options["numpy_max_flops"])  # a pooled server's run may differ
+        prob = checks._Problem(p, state, flops, _load_inputs(p, state))
         clock.lap("inputs_s")
         ready: dict[str, _Timed] = {}
         for name in cmd["names"]:
@@ -453,9 +454,12 @@ class _Supervisor:
             gpu_lock.reap(child.proc, self.lock)
             child.close()
 
-    def measure(self, folder: Path, entry: ManifestEntry, state: Path) -> ResultRow:
-        """The row of one problem (reference, contenders, cuDNN where asked), as ``measure.run``'s children's."""
-        names = checks.candidates(entry, self.options)
+    def measure(self, folder: Path, entry: ManifestEntry, state: Path,
+                run_options: dict[str, Any] | None = None) -> ResultRow:  # fmt: skip
+        """The row of one problem (reference, contenders, cuDNN where asked), as ``measure.run``'s children's;
+        ``run_options``: the run's ``use_torch`` and ``numpy_max_flops`` where they differ from the server's start."""
+        run_options = run_options or self.options
+        names = checks.candidates(entry, run_options)
         results: dict[str, dict[str, Any]] = {}
         t0 = time.perf_counter()
         self.started, served = [], []  # server starts, and the server's phases of each round
@@ -466,7 +470,7 @@ class _Supervisor:
                 break
             assert self.child is not None
             self.child.send({"cmd": "problem", "folder": str(folder), "entry": entry.to_dict(), "names": todo,
-                             "state": str(state)})  # fmt: skip
+                             "state": str(state), "numpy_max_flops": run_options["numpy_max_flops"]})  # fmt: skip
             pending: str | None = None
             while True:
                 ev = self.child.event(self.timeout_s)
@@ -507,6 +511,43 @@ class _Supervisor:
         if self.child is not None:
             self.child.kill()
             self.child = None
+
+
+class ServerPool:
+    """One server a device, kept across several :class:`Served` runs (a tuning run's passes and phases): each
+    start costs seconds (torch, CUPTI: docs/timing.md#tuning-rate), so a run that needs several sets of problems
+    measured pays it once. A server is still restarted after a candidate that failed or killed it.
+
+    Args:
+        slots: :class:`convbw_mlir.measure.pool.Device` each, one server each.
+        options: the servers' start options (as :class:`Served`'s); ``use_torch`` must be on if any run wants cuDNN.
+        timeout_s: how long a server may send nothing (a hung candidate reads crashed).
+        timing: the timing protocol of every run (:class:`ServerTiming`).
+
+    Raises:
+        ValueError: no slot.
+    """
+
+    def __init__(self, slots: Sequence[Any], options: dict[str, Any], timeout_s: float,
+                 log: Callable[[str], None] = print, timing: ServerTiming | None = None) -> None:  # fmt: skip
+        if not slots:
+            raise ValueError("slots: expected at least one device")
+        self.slots, self.timing = list(slots), timing or ServerTiming()
+        self.options = options | {"timing": asdict(self.timing)}
+        self._logs = tempfile.TemporaryDirectory(prefix="convbw-servers-")  # the servers' stderr, read on a death
+        self.supervisors = [_Supervisor(s, self.options, timeout_s, log, Path(self._logs.name)) for s in self.slots]
+
+    def close(self) -> None:
+        """Stop every server (idempotent)."""
+        for sup in self.supervisors:
+            sup.close()
+        self._logs.cleanup()
+
+    def __enter__(self) -> ServerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _phases(measure_s: float, started: list[dict[str, float]], served: list[dict[str, Any]]) -> dict[str, Any]:
@@ -553,29 +594,41 @@ class Served:
         prep_workers: CPU workers making inputs and float64 references (:data:`PREP_WORKERS`).
         timing: the timing protocol (:class:`ServerTiming`).
         skip: ``skip(i)``, asked as entry ``i`` comes up, leaves it out (a deadline): it yields nothing.
+        pool: :class:`ServerPool` whose servers measure this run and stay up after it (its slots and timing are
+            the run's; ``slots`` and ``timing`` must then be its own or None).
 
     Raises:
-        ValueError: ``prep_workers`` below 1, or no slot.
+        ValueError: ``prep_workers`` below 1, or no slot; a ``pool`` whose servers lack torch for a cuDNN run, or
+            whose slots or timing are not the run's.
     """
 
     def __init__(self, folder: Path, entries: Sequence[ManifestEntry], options: dict[str, Any], slots: Sequence[Any],
                  timeout_s: float, log: Callable[[str], None] = print, prep_workers: int = PREP_WORKERS,
-                 timing: ServerTiming | None = None, skip: Callable[[int], bool] | None = None) -> None:  # fmt: skip
+                 timing: ServerTiming | None = None, skip: Callable[[int], bool] | None = None,
+                 pool: ServerPool | None = None) -> None:  # fmt: skip
         if not (isinstance(prep_workers, int) and prep_workers >= 1):
             raise ValueError(f"prep_workers: expected a count >= 1, got {prep_workers!r}")
         if not slots:
             raise ValueError("slots: expected at least one device")
+        if pool is not None:
+            if list(slots) != pool.slots or timing not in (None, pool.timing):
+                raise ValueError("pool: its servers' slots and timing must be the run's")
+            if options["use_torch"] and not pool.options["use_torch"]:
+                raise ValueError("pool: a run with cuDNN (use_torch) needs servers started with torch")
         self.folder, self.entries, self.slots, self.log = folder, list(entries), list(slots), log
         self.timeout_s, self.prep_workers = timeout_s, prep_workers
-        self.timing = timing or ServerTiming()
+        self.timing = pool.timing if pool is not None else timing or ServerTiming()
         self.options = options | {"timing": asdict(self.timing)}
+        self.pool = pool
         self.supervisors: list[_Supervisor] = []
+        self._starts_before = 0  # the pool's servers started before this run
         self.wall_s = 0.0
         self.skip = skip
 
     def summary(self) -> dict[str, Any]:
-        """The protocol and the servers: ``timing``, ``servers`` started, ``problems_per_minute`` (wall clock)."""
-        starts = sum(len(s.pids) for s in self.supervisors)
+        """The protocol and the servers: ``timing``, ``servers`` started by this run (a pool's running servers are
+        not counted again), ``problems_per_minute`` (wall clock)."""
+        starts = sum(len(s.pids) for s in self.supervisors) - self._starts_before
         rate = 60.0 * len(self.entries) / self.wall_s if self.wall_s else None
         return {"path": "server", "timing": asdict(self.timing), "servers": starts, "devices": len(self.slots),
                 "prep_workers": self.prep_workers, "wall_s": self.wall_s, "problems_per_minute": rate}  # fmt: skip
@@ -630,7 +683,7 @@ class Served:
                         t0 = time.perf_counter()
                         future.result()
                         waited = time.perf_counter() - t0  # the CPU workers behind the GPU: inputs, references
-                        row = sup.measure(self.folder, entry, state(i))
+                        row = sup.measure(self.folder, entry, state(i), self.options)
                         row = replace(row, extra=row.extra | {"phases": {"prep_wait_s": waited,
                                                                          **row.extra["phases"]}})  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - the problem's inputs or references could not be made
@@ -643,14 +696,19 @@ class Served:
                         futures.pop(i, None)
                     done.put((i, (replace(row, device_index=sup.slot.index), sup.device_name)))
             finally:
-                sup.close()
+                if self.pool is None:  # a pool's servers stay up for its next run
+                    sup.close()
                 done.put(None)
 
         quiet = _quiet_worker if self.timing.quiet_host else None
         with concurrent.futures.ProcessPoolExecutor(self.prep_workers, mp_context=ctx, initializer=quiet) as pool:
             with guard:
                 feed(pool)
-            self.supervisors = [_Supervisor(slot, self.options, self.timeout_s, self.log, tmp) for slot in self.slots]
+            if self.pool is not None:
+                self.supervisors = self.pool.supervisors
+                self._starts_before = sum(len(s.pids) for s in self.supervisors)
+            else:
+                self.supervisors = [_Supervisor(s, self.options, self.timeout_s, self.log, tmp) for s in self.slots]
             threads = [threading.Thread(target=work, args=(s, pool), daemon=True) for s in self.supervisors]
             for t in threads:
                 t.start()
