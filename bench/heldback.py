@@ -1,12 +1,14 @@
 """Issue 39's goals 2 and 3 on the held-back set: the plan a user gets on sm_90a against cuDNN and IREE's fusilli form.
 
-    .venv/bin/python bench/heldback.py select [--types bf16,f16]                 # here: the rows, no compiler
-    .venv/bin/python bench/heldback.py compile DIR [--types bf16,f16] [--workers 2]  # here (IREE)
+    .venv/bin/python bench/heldback.py select [--types bf16,f16] [--set TSV]     # here: the rows, no compiler
+    .venv/bin/python bench/heldback.py compile DIR [--types bf16,f16] [--set TSV] [--workers 2]  # here (IREE)
     python3 bench/heldback.py run DIR --out OUT                                  # GPU machine: runtime and torch
     python bench/heldback.py report OUT/rows.jsonl [--card CARD] [--command CMD] > table.md
 
 The problems (:func:`problems`): every layer of ``bench/heldback/dense2d.tsv`` (33 dense 2-D layers of 9 models
-outside every suite, chosen before any measurement; they fit nothing), channels-last (the product's default
+outside every suite, chosen before any measurement; they fit nothing) or of ``--set`` (``dense2d_b.tsv``: the
+second set, 25 layers of 11 more models, chosen after the first set's run to judge changes made since; not measured
+yet), channels-last (the product's default
 layout), every bf16 row first, then every f16 row, so that a run cut short keeps one whole type.
 The contenders (:func:`contenders`): :data:`OURS`, exactly the variant ``compile_op`` gives a user with no options
 (:func:`convbw_mlir.dispatch.select.select`: a shipped tuning database's exact entry, the learned selector where one
@@ -81,10 +83,10 @@ def contenders(p: Any) -> tuple[list[Any], dict[str, Any]]:
     return [ours, Variant(IREE)], extra
 
 
-def compile_all(folder: Path, types: tuple[str, ...], workers: int, cache: Path | None) -> int:
+def compile_all(folder: Path, types: tuple[str, ...], workers: int, cache: Path | None, path: Path = SUITE) -> int:
     """Every row's contenders built for sm_90a into ``folder`` (the runner's manifest, in the measuring order)."""
     items = []
-    for name, p in problems(types):
+    for name, p in problems(types, path):
         vs, extra = contenders(p)
         items.append((name, p, vs, extra))
     return compile_manifest(folder, items, workers, cache, TARGET)
@@ -177,10 +179,10 @@ def report(rows: list[dict], device: str = "-", card: str = "", command: str = "
     return "\n".join(lines) + "\n"
 
 
-def _select_table(types: tuple[str, ...]) -> str:
+def _select_table(types: tuple[str, ...], path: Path = SUITE) -> str:
     """The rows in the measuring order with the plan a user gets (no compiler, no GPU)."""
     lines = ["| key | plan's kernel | path: rule | IREE |", "|---" * 4 + "|"]
-    for i, (name, p) in enumerate(problems(types)):
+    for i, (name, p) in enumerate(problems(types, path)):
         vs, extra = contenders(p)
         lines.append(f"| {i:03d}-{name}.{p.dtype} | {extra['kernel']} | {extra['path']}: {extra['rule']} "
                      f"| {'built' if len(vs) > 1 else extra['iree_note']} |")  # fmt: skip
@@ -192,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("select")
     s.add_argument("--types", default=",".join(TYPES))
+    s.add_argument("--set", type=Path, default=SUITE, help="the held-back set's .tsv (default dense2d.tsv)")
     c = sub.add_parser("compile")
+    c.add_argument("--set", type=Path, default=SUITE, help="the held-back set's .tsv (default dense2d.tsv)")
     c.add_argument("dir", type=Path)
     c.add_argument("--types", default=",".join(TYPES), help=f"some of {','.join(TYPES)} (that order)")
     c.add_argument("--workers", type=int, default=2)
@@ -205,13 +209,15 @@ def main(argv: list[str] | None = None) -> int:
             types = known_types(args.types)
         except ValueError as e:
             ap.error(f"--{e}")
+    if args.cmd in ("select", "compile") and not args.set.is_file():
+        ap.error(f"--set: no such file: {args.set}")
     if args.cmd == "compile" and args.workers < 1:
         ap.error(f"--workers: expected a count >= 1, got {args.workers}")
     if args.cmd == "select":
-        print(_select_table(types), end="")
+        print(_select_table(types, args.set), end="")
         return 0
     if args.cmd == "compile":
-        return compile_all(args.dir, types, args.workers, args.cache)
+        return compile_all(args.dir, types, args.workers, args.cache, args.set)
     if args.cmd == "run":
         return run(args.dir, args.out)
     rows, device = ct.read_rows(args.results)

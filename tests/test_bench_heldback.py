@@ -138,3 +138,23 @@ def test_an_unknown_type_is_one_error_naming_the_option_and_value(capsys):
         hb.main(["select", "--types", "bf16,f32"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1 and "--types" in err and "'bf16,f32'" in err
+
+
+def test_the_second_set_is_selectable_and_shares_no_shape_with_the_first_or_any_suite():
+    from convbw_mlir.suites import SUITES_DIR, suite_names
+
+    def shapes(text: str) -> set[tuple[str, ...]]:
+        return {tuple(line.split("\t")[1].split()) for line in text.splitlines() if line.strip() and line[0] != "#"}
+
+    second = hb.SUITE.with_name("dense2d_b.tsv")
+    seen = shapes(hb.SUITE.read_text()).union(*(shapes((SUITES_DIR / f"{s}.tsv").read_text()) for s in suite_names()))
+    assert len(shapes(second.read_text())) == 25 and not shapes(second.read_text()) & seen
+    rows = hb.problems(("bf16",), second)
+    assert len(rows) == 25 and all(p.groups == 1 and p.layout == hb.problems(("bf16",))[0][1].layout for _, p in rows)
+
+
+def test_a_missing_set_is_one_error_naming_the_option(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        hb.main(["select", "--set", str(tmp_path / "none.tsv")])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and len(err.splitlines()) == 1 and "--set" in err and "none.tsv" in err
