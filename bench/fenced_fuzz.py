@@ -361,6 +361,22 @@ def _compile_chunk(entries: list[dict], target: str, folder: Path) -> list[dict]
     return [entry]
 
 
+def _taken(opts: dict[str, Any], p: ConvBwdWeightProblem, alternatives: tuple[str, ...],
+           r: random.Random) -> dict[str, Any]:  # fmt: skip
+    """``opts`` where sm_90a's plan takes them, else the first of ``alternatives`` (in ``r``'s order) it takes, else
+    ``opts`` (the refusal is then the entry's record): a split past a tiny problem's k tiles is refused, and the
+    thin90 run of 2026-12-06 spent 3 of its 40 fresh problems on such draws."""
+    from convbw_mlir.plan import PlanError, decide
+
+    for candidate in (opts, *(_options(a, p) for a in r.sample(alternatives, len(alternatives)))):
+        try:
+            decide(p, "sm_90a", **candidate)
+        except PlanError:
+            continue
+        return candidate
+    return opts
+
+
 def plan_entries(count: int, seed: int, alternative_share: float, profile: str = "any") -> list[dict]:
     """``count`` random problems, each with the plan's choice and, for a share, one other choice."""
     entries = []
@@ -377,6 +393,8 @@ def plan_entries(count: int, seed: int, alternative_share: float, profile: str =
         options = {} if profile == "thin90" else {"convbw": {}}  # thin90: the boxed form only
         if profile == "thin90" or r.random() < alternative_share:
             opts = _options(r.choice(alternatives), p)
+            if profile == "thin90":  # a draw the plan refuses builds nothing: another the plan takes
+                opts = _taken(opts, p, alternatives, random.Random(f"{seed}/{i}"))
             options[_contender(opts)] = opts
         key = f"{prefix}{i:04d}.{p.dtype}"
         entries.append(
