@@ -35,7 +35,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import compile_manifest, geomean, probe_main, result_seconds
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness beside it, even with PYTHONSAFEPATH=1 (the pack)
+
+from harness import compile_manifest, geomean, probe_main, result_seconds  # noqa: E402
 
 TARGET = "sm_90a"
 SPLIT = Path(__file__).with_name("zoo_split.json")
