@@ -276,13 +276,15 @@ def summarize(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str,
                     "shape": _shape(entry["problem"]), "rank": len(entry["problem"]["filter_size"]),
                     "held_out": bool(entry.get("held_out")), "plan_family": fams.get(PLAN),
                     "plan": times.get(PLAN), "cudnn": times.get("cudnn"), "best": top[0] if top else None,
-                    "best_name": top[1] if top else None, "families": best, "timed": len(ours)})  # fmt: skip
+                    "best_name": top[1] if top else None, "families": best, "timed": len(ours),
+                    "times": {n: t for n, t in times.items() if n in fams and t}})  # fmt: skip
     return {"rows": out, "not_ok": bad}
 
 
 def report_lines(s: dict[str, Any]) -> list[str]:
     """The tables: a row a problem, then by family and set (tuned / held out) how often it is the best and its
-    geomean against the plan and cuDNN, then the class's verdict against cuDNN."""
+    geomean against the plan and cuDNN, then each grid point's wins and geomean against the best, then the class's
+    verdict against cuDNN."""
     fams = ["wgmma", "wgmma_sk", "sm80", "sm80_ws", "codegen"]
     lines = ["| layer | dtype | shape | set | plan kernel | plan us | cuDNN us | best | best us | plan/best | "
              "cuDNN/best | cuDNN/plan | " + " | ".join(f"{f} us" for f in fams) + " |",
@@ -309,6 +311,15 @@ def report_lines(s: dict[str, Any]) -> list[str]:
             lines.append(f"| {'held' if held else 'tune'} | {f} | {len(got)} | {wins} | "
                          f"{'-' if vs_plan is None else f'{vs_plan:.2f}'} | "
                          f"{'-' if vs_cudnn is None else f'{vs_cudnn:.2f}'} | {beats} |")  # fmt: skip
+    lines += ["", "| grid point | timed on | best on (tune) | best on (held) | geomean its time / the problem's best |",
+              "|---|---:|---:|---:|---:|"]  # fmt: skip
+    points = sorted({n for r in s["rows"] for n in r.get("times", {})})
+    for n in points:
+        got = [r for r in s["rows"] if n in r["times"]]
+        wins = [sum(1 for r in got if r["best_name"] == n and r["held_out"] == h) for h in (False, True)]
+        lines.append(
+            f"| {n} | {len(got)} | {wins[0]} | {wins[1]} | {geomean([r['times'][n] / r['best'] for r in got]):.2f} |"
+        )
     lines += ["", "| set | problems | geomean cuDNN/plan | geomean cuDNN/best of the grid | min cuDNN/best | "
               "grid's best beats cuDNN on |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for held in (False, True):

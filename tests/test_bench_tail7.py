@@ -101,6 +101,7 @@ def test_report_gives_each_familys_best_the_winner_and_the_verdict_against_cudnn
     assert "| tune | wgmma | 1 | 1 | 2.00 | 1.20 | 1 |" in text  # plan/best 20/10; cuDNN/best 12/10; beats cuDNN
     assert "| held | sm80 | 1 | 1 | 2.00 | 1.25 | 1 |" in text
     assert "| tune | 1 | 0.60 | 1.20 | 1.20 | 1 |" in text  # cuDNN/plan 12/20; the grid's best 12/10
+    assert "| convbw[wgmma_bn64_k1] | 2 | 1 | 0 | 1.73 |" in text  # 10/10 and 24/8: geomean sqrt(3)
 
 
 def test_estimate_counts_each_built_kernel_and_cudnn_a_problem_and_the_server_start():
