@@ -782,3 +782,18 @@ def test_streamk_builds_at_rank_1_and_3(line):
     assert sm90.is_sm90(plan) and plan.streamk is not None
     op = build_op(p, get_target("sm_90a"), plan, output_arg=True)
     assert op.launch.refused is None and len(op.launch.tensor_maps) == 2
+
+
+def test_sm90a_plan_takes_a_64_wide_tile_asked_on_a_wide_problem_and_the_kernel_computes_it():
+    # was a KeyError from the rule's StreamK estimate (it has no 64-wide cost); bench/tail7.py's grid asks for it
+    from sm90_emulator import max_error_of_plan
+
+    p = _problem("2 1 32 2048 512 1 1 7 7 1 1 1 1 0 0 0 0")  # ResNet-50 layer4's 1x1 at N=32: 1,568 rows
+    for asked in ({}, {"k_batch": 2}, {"streamk": "auto"}):
+        plan = decide(p, "sm_90a", strategy="explicit", tile_n=64, **asked)
+        assert sm90.is_sm90(plan) and plan.tile.n == 64, plan
+    assert decide(p, "sm_90a").tile.n != 64  # the rule weighs the narrow width only where n <= 64
+    small = ConvBwdWeightProblem(1, 4, 128, 128, (8, 8), (1, 1), dtype="f16", dw_dtype="f32", layout=2)
+    plan = decide(small, "sm_90a", strategy="explicit", tile_n=64, k_batch=2)
+    assert (plan.tile.n, plan.k_batch) == (64, 2), plan  # two 64-wide column tiles
+    assert max_error_of_plan(small, plan, seed=1) < 1e-6

@@ -475,9 +475,9 @@ def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups
     """Estimated us of StreamK on ``sms`` workgroups (each an even share of every tile's k tiles, plus the fill at
     each tile its share touches (``segments``: :data:`STREAMK_SEGMENTS`; else once), never below ``floor``, plus
     each workgroup's f32 partial out and back), or None where the tiles are too few for it
-    (:attr:`CostModel.streamk_min_tiles` a workgroup)."""
+    (:attr:`CostModel.streamk_min_tiles` a workgroup) or narrow (64 wide: the model has no StreamK cost for it)."""
     tiles = groups * -(-m // BM) * -(-n // bn)
-    if tiles < COST.streamk_min_tiles * sms:
+    if bn not in COST.tile_cost or tiles < COST.streamk_min_tiles * sms:
         return None
     ktiles = -(-reduction // BK)
     share = -(-tiles * ktiles // sms)
