@@ -84,6 +84,20 @@ def _gm(xs: list[float]) -> float:
     return statistics.geometric_mean(xs) if xs else float("nan")
 
 
+def results_files(folders: list[str]) -> list[Path]:
+    """The results.json files under ``folders``: folder by folder in the order given (each one's sorted), so a
+    problem measured twice keeps the rows of the folder named first (:func:`merged_results`).
+
+    Raises ValueError naming a folder that holds no results.json (a mistyped path must not shrink the merge)."""
+    paths: list[Path] = []
+    for d in folders:
+        found = sorted(Path(d).rglob("results.json"))
+        if not found:
+            raise ValueError(f"results: {d}: no results.json found")
+        paths += [p for p in found if p not in paths]
+    return paths
+
+
 def merged_results(paths: list[Path]) -> dict[str, Any]:
     """The rows of every results file (one device, target and IREE version), in one results object."""
     merged: dict[str, Any] | None = None
@@ -98,7 +112,7 @@ def merged_results(paths: list[Path]) -> dict[str, Any]:
         merged["device"] = merged["device"] or r["device"]
         merged["server"] += r.get("server", [])
         for row in r["problems"]:
-            if row["key"].split("-", 1)[1] not in seen:  # a problem measured twice: the first slice's
+            if row["key"].split("-", 1)[1] not in seen:  # a problem measured twice: the first file's
                 seen.add(row["key"].split("-", 1)[1])
                 merged["problems"].append(row)
     if merged is None:
@@ -129,7 +143,7 @@ def _report(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch.tune import _decide, build_database, device_noise
     from convbw_mlir.problem import ConvBwdWeightProblem
 
-    paths = sorted(p for d in args.results for p in Path(d).rglob("results.json"))
+    paths = results_files(args.results)
     results = merged_results(paths)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a candidate's compile may take (IREE's codegen of a 3-D layer: minutes)")  # fmt: skip
     c.add_argument("--out", required=True)
     r = sub.add_parser("report", help="merge the results, build the database, the held-out report (CPU)")
-    r.add_argument("results", nargs="+", help="folders holding results.json files (searched below)")
+    r.add_argument("results", nargs="+",
+                   help="folders holding results.json files (searched below); a problem measured in two keeps "
+                        "the rows of the folder named first")  # fmt: skip
     r.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "compile" and ((args.count < 1 and not args.names) or args.chunk < 1 or args.start < 0):

@@ -97,3 +97,19 @@ def test_the_reports_rate_counts_every_problem_the_runs_timed_a_re_measured_one_
     text = (out / "report.md").read_text()
     assert "65 problems timed in 2 s" in text and "**1950.0 problems a minute**" in text
     assert "| all | 60 |" in text  # the tables count each problem once
+
+
+def test_a_problem_measured_twice_keeps_the_rows_of_the_folder_named_first_and_an_empty_folder_is_an_error(tmp_path):
+    rows = _slices(tmp_path)  # s0: problems 0-29, s1: 25-59
+    s1 = json.loads((tmp_path / "s1" / "results.json").read_text())
+    for row in s1["problems"]:
+        row["contenders"]["cudnn"]["kernel_s"] = 7e-6  # the re-measure: s1's rows must win where named first
+    (tmp_path / "s1" / "results.json").write_text(json.dumps(s1))
+    out = tmp_path / "report"
+    assert zoo_tune.main(["report", str(tmp_path / "s1"), str(tmp_path / "s0"), "--out", str(out)]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    cudnn = {r["key"].split("-", 1)[1]: r["contenders"]["cudnn"]["kernel_s"] for r in merged["problems"]}
+    assert len(cudnn) == len(rows) and sum(t == 7e-6 for t in cudnn.values()) == 35
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"results: .*empty: no results.json found"):
+        zoo_tune.results_files([str(tmp_path / "s0"), str(tmp_path / "empty")])
