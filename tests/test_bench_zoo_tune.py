@@ -113,3 +113,21 @@ def test_a_problem_measured_twice_keeps_the_rows_of_the_folder_named_first_and_a
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"results: .*empty: no results.json found"):
         zoo_tune.results_files([str(tmp_path / "s0"), str(tmp_path / "empty")])
+
+
+def test_the_plans_losses_count_the_tuned_models_only_and_a_plan_not_timed_is_counted_apart(tmp_path):
+    from convbw_mlir.dispatch.generalize import read_models, read_split
+
+    rows = _slices(tmp_path)  # the plan's own variant 1.5x the best on every problem
+    rows[0]["contenders"].pop("convbw[heuristic]")  # the plan not timed there
+    results = _results(rows)
+    models, split = read_models("zoo"), read_split(zoo_tune.SPLIT)
+    got = zoo_tune.plan_rows(results, split, models)
+    tuned = [r for r in got if not r["held_out"]]
+    assert len(got) == 60 and not got[0]["measured"] and all(r["measured"] for r in got[1:])
+    assert all(r["ratio"] > 1.3 for r in got[1:]) and all(r["move"] != "same plan" for r in got[1:])
+    text = zoo_tune.misranks(got)
+    lost = sum(r["measured"] for r in tuned)
+    assert f"where today's plan was timed: {lost} ({1 - got[0]['held_out']} not:" in text
+    assert f"slower than the best on {lost}." in text
+    assert "| kernel | wgmma |" in text or "| kernel | mma.sync |" in text
