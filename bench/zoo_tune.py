@@ -84,6 +84,20 @@ def _gm(xs: list[float]) -> float:
     return statistics.geometric_mean(xs) if xs else float("nan")
 
 
+def results_files(folders: list[str]) -> list[Path]:
+    """The results.json files under ``folders``: folder by folder in the order given (each one's sorted), so a
+    problem measured twice keeps the rows of the folder named first (:func:`merged_results`).
+
+    Raises ValueError naming a folder that holds no results.json (a mistyped path must not shrink the merge)."""
+    paths: list[Path] = []
+    for d in folders:
+        found = sorted(Path(d).rglob("results.json"))
+        if not found:
+            raise ValueError(f"results: {d}: no results.json found")
+        paths += [p for p in found if p not in paths]
+    return paths
+
+
 def merged_results(paths: list[Path]) -> dict[str, Any]:
     """The rows of every results file (one device, target and IREE version), in one results object."""
     merged: dict[str, Any] | None = None
@@ -98,7 +112,7 @@ def merged_results(paths: list[Path]) -> dict[str, Any]:
         merged["device"] = merged["device"] or r["device"]
         merged["server"] += r.get("server", [])
         for row in r["problems"]:
-            if row["key"].split("-", 1)[1] not in seen:  # a problem measured twice: the first slice's
+            if row["key"].split("-", 1)[1] not in seen:  # a problem measured twice: the first file's
                 seen.add(row["key"].split("-", 1)[1])
                 merged["problems"].append(row)
     if merged is None:
@@ -123,13 +137,165 @@ def classes(problem: Any) -> str:
     return "dense kxk"
 
 
+# -- where today's plan loses on the tuned models (issue 39 item 4: candidates for named rule fixes) ----------
+MISRANK = 1 + 0.10  # a loss: the plan's time over the best measured variant's above this (generalize.WITHIN)
+SHORT_REDUCTION = 6272  # N*Ho*Wo of a 14x14 layer at batch 32: the split-doubling pattern's bound (see misranks)
+# squeeze-excite 1x1s under policies.sm90's SHORT_MIN_CHANNELS (20) at its SHORT_REDUCTION (128): the codegen rule's gap
+NARROW_SE_REDUCTION, NARROW_SE_CHANNELS = 128, 20
+
+
+def _kernel(plan: dict[str, Any] | None) -> str:
+    """The kernel family of a plan's dict: wgmma (sm_90a), mma.sync (sm_80 kernel), codegen, depthwise, simt."""
+    if plan is None:
+        return "IREE form"
+    intrinsic = (plan.get("tile") or {}).get("intrinsic", "")
+    if plan.get("strategy") in ("codegen", "iree"):
+        return "codegen"
+    if "WGMMA" in intrinsic:
+        return "wgmma"
+    if "MMA_SYNC" in intrinsic:
+        return "mma.sync"
+    return "depthwise" if plan.get("depthwise") else str(plan.get("strategy"))
+
+
+def _k_batch(plan: dict[str, Any]) -> int:
+    return (plan.get("split") or {}).get("k_batch", 1)
+
+
+def _move(plan: dict[str, Any], best: dict[str, Any]) -> str:
+    """What the best variant changed against the plan (the rule fix a loss asks for)."""
+    if best.get("form") != "convbw":
+        return "IREE form"
+    ours = best.get("plan") or {}
+    if _kernel(plan) != _kernel(ours):
+        return f"{_kernel(plan)} -> {_kernel(ours)}"
+    if bool(plan.get("streamk")) != bool(ours.get("streamk")):
+        return "StreamK off" if plan.get("streamk") else "StreamK on"
+    if _k_batch(plan) != _k_batch(ours):
+        return "split x2" if _k_batch(ours) == 2 * _k_batch(plan) else (
+            "split up" if _k_batch(ours) > _k_batch(plan) else "split down")  # fmt: skip
+    return ", ".join(sorted(k for k in plan.keys() | ours.keys() if plan.get(k) != ours.get(k))) or "same plan"
+
+
+def _bucket(value: int, edges: tuple[int, ...]) -> str:
+    return next((f"<= 2^{e.bit_length() - 1}" for e in edges if value <= e), f"> 2^{edges[-1].bit_length() - 1}")
+
+
+def plan_rows(results: dict[str, Any], split: dict[str, Any], models: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Each problem where today's plan (``plan.decide``) was among the timed candidates: its time over the best,
+    the features a rule reads, what the best changed, the plan's twice-split neighbour's time over the best
+    (where timed: same kernel and tile) and whether the problem's models are held out."""
+    from convbw_mlir.dispatch import generalize
+    from convbw_mlir.dispatch.variants import Variant
+    from convbw_mlir.plan import decide
+    from convbw_mlir.problem import ConvBwdWeightProblem
+
+    out = []
+    for row in results["problems"]:
+        times, variants = generalize._times(row), generalize._variants(row)
+        problem = ConvBwdWeightProblem.from_dict(row["problem"])
+        now = generalize._name_of(Variant("convbw", decide(problem, results["target"])), variants)
+        held = generalize.is_held_out(models.get(row["name"], []), split)
+        if now is None or now not in times:
+            out.append({"key": row["key"], "held_out": held, "measured": False})
+            continue
+        best = min(times, key=times.get)
+        plan = row["variants"][now]["plan"]
+        timed = {n: (v.get("plan") or {}) for n, v in row["variants"].items() if n in times and v.get("plan")}
+        twice = [times[n] for n, v in timed.items() if plan.get("split") and not v.get("streamk")
+                 and v.get("tile") == plan.get("tile") and _kernel(v) == _kernel(plan)
+                 and _k_batch(v) == 2 * _k_batch(plan)]  # fmt: skip
+        codegen = [times[n] for n, v in timed.items() if v.get("strategy") in ("codegen", "iree")]
+        unsplit = [times[n] for n, v in timed.items() if _kernel(v) == _kernel(plan) and _k_batch(v) == 1]
+        c, k = problem.in_channels, problem.out_channels
+        reduction = problem.batch * math.prod(problem.output_size)  # N*Ho*Wo (the runner's reduction_length)
+        short_plain = reduction <= NARROW_SE_REDUCTION and math.prod(problem.filter_size) == 1
+        out.append({"key": row["key"], "held_out": held, "measured": True, "ratio": times[now] / times[best],
+                    "twice": min(twice) / times[best] if twice else None,
+                    "codegen": min(codegen) / times[best] if codegen else None,
+                    "unsplit": min(unsplit) / times[best] if unsplit else None,
+                    "narrow_se": short_plain and problem.groups == 1 and min(c, k) < NARROW_SE_CHANNELS,
+                    "reduction": reduction,
+                    "weights": problem.groups * k * c * math.prod(problem.filter_size),
+                    "split": "StreamK" if plan.get("streamk") else "split-K" if plan.get("split") else "no split",
+                    "kernel": _kernel(plan), "filter": "1x1" if math.prod(problem.filter_size) == 1 else "kxk",
+                    "channels": "C or K not x16" if c % 16 or k % 16 else "C, K x16",
+                    "move": _move(plan, row["variants"][best])})  # fmt: skip
+    return out
+
+
+FEATURES = {
+    "reduction N*Ho*Wo": lambda r: _bucket(r["reduction"], (2**10, 2**13, 2**16)),
+    "weights G*K*C*R*S": lambda r: _bucket(r["weights"], (2**14, 2**17, 2**20)),
+    "StreamK vs split": lambda r: r["split"],
+    "kernel": lambda r: r["kernel"],
+    "filter": lambda r: r["filter"],
+    "channels": lambda r: r["channels"],
+}
+
+
+def misranks(rows: list[dict[str, Any]]) -> str:
+    """The plan's losses (time over the best > :data:`MISRANK`) on the tuned models' problems, by feature, with
+    what the best changed; then the split-doubling pattern by kernel and reduction, fitted on the tuned models'
+    rows and checked on the held-out models' rows."""
+    tuned = [r for r in rows if not r["held_out"] and r["measured"]]
+    lost = [r for r in tuned if r["ratio"] > MISRANK]
+    left = sum(not r["held_out"] and not r["measured"] for r in rows)
+    lines = [f"Tuned models' problems where today's plan was timed: {len(tuned)} ({left} not: the plan moved since "
+             f"the kernels were built); the plan more than {MISRANK - 1:.0%} slower than the best on {len(lost)}.", "",
+             "| feature | value | problems | losses | geomean loss of the losses | what the best changed (losses) |",
+             "|---|---|---:|---:|---:|---|"]  # fmt: skip
+    for feature, of in FEATURES.items():
+        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in tuned:
+            groups[of(r)].append(r)
+        for value in sorted(groups):
+            ls = [r for r in groups[value] if r["ratio"] > MISRANK]
+            moves = defaultdict(int)
+            for r in ls:
+                moves[r["move"]] += 1
+            said = ", ".join(f"{m} {n}" for m, n in sorted(moves.items(), key=lambda mn: (-mn[1], mn[0])))
+            loss = f"{_gm([r['ratio'] for r in ls]) - 1:.0%}" if ls else ""
+            lines.append(f"| {feature} | {value} | {len(groups[value])} | {len(ls)} | {loss} | {said} |")
+    lines += ["", f"Twice the plan's split (same kernel and tile), where the plan splits and that neighbour was timed: "
+              f"choices within {MISRANK - 1:.0%} of the best, the plan's against the doubled split's "
+              f"(reduction short: N*Ho*Wo <= {SHORT_REDUCTION}).", "",
+              "| kernel | reduction | tuned: problems | plan within | x2 within | held out: problems | plan within "
+              "| x2 within |", "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for kernel in ("mma.sync", "wgmma"):
+        for short in (True, False):
+            cells = []
+            for held in (False, True):
+                rs = [r for r in rows if r["held_out"] == held and r["measured"] and r["twice"] is not None
+                      and r["kernel"] == kernel and (r["reduction"] <= SHORT_REDUCTION) == short]  # fmt: skip
+                cells += [len(rs), sum(r["ratio"] <= MISRANK for r in rs), sum(r["twice"] <= MISRANK for r in rs)]
+            lines.append(f"| {kernel} | {'short' if short else 'longer'} | " + " | ".join(map(str, cells)) + " |")
+    lines += ["", f"Narrow squeeze-excite 1x1s (N*Ho*Wo <= {NARROW_SE_REDUCTION}, one group, min(C, K) < "
+              f"{NARROW_SE_CHANNELS}: short-reduction-codegen's channel floor) by the plan's kernel: choices within "
+              f"{MISRANK - 1:.0%} of the best: the plan's, IREE's codegen (where timed), the same kernel unsplit.", "",
+              "| kernel | tuned: problems | plan | codegen | unsplit | held out: problems | plan | codegen | unsplit |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for kernel in sorted({r["kernel"] for r in rows if r["measured"] and r["narrow_se"]}):
+        cells = []
+        for held in (False, True):
+            rs = [
+                r for r in rows if r["held_out"] == held and r["measured"] and r["narrow_se"] and r["kernel"] == kernel
+            ]
+            cells.append(str(len(rs)))
+            for who in ("ratio", "codegen", "unsplit"):
+                timed = [r[who] for r in rs if r[who] is not None]
+                cells.append(f"{sum(x <= MISRANK for x in timed)} of {len(timed)}")
+        lines.append(f"| {kernel} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _report(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch import generalize
     from convbw_mlir.dispatch.db import db_file_name
     from convbw_mlir.dispatch.tune import _decide, build_database, device_noise
     from convbw_mlir.problem import ConvBwdWeightProblem
 
-    paths = sorted(p for d in args.results for p in Path(d).rglob("results.json"))
+    paths = results_files(args.results)
     results = merged_results(paths)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,7 +354,8 @@ def _report(args: argparse.Namespace) -> int:
               f"| {sum(x < 0.8 for x in allx)} |", "",
               "(ratio > 1: ours faster than cuDNN.)", "",
               "## Leave-model-out (bench/zoo_split.json: 9 of 44 models held out before tuning)", "",
-              generalize.markdown(report)]  # fmt: skip
+              generalize.markdown(report), "## Where today's plan loses on the tuned models", "",
+              misranks(plan_rows(results, split, models))]  # fmt: skip
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
@@ -211,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a candidate's compile may take (IREE's codegen of a 3-D layer: minutes)")  # fmt: skip
     c.add_argument("--out", required=True)
     r = sub.add_parser("report", help="merge the results, build the database, the held-out report (CPU)")
-    r.add_argument("results", nargs="+", help="folders holding results.json files (searched below)")
+    r.add_argument("results", nargs="+",
+                   help="folders holding results.json files (searched below); a problem measured in two keeps "
+                        "the rows of the folder named first")  # fmt: skip
     r.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "compile" and ((args.count < 1 and not args.names) or args.chunk < 1 or args.start < 0):

@@ -97,3 +97,37 @@ def test_the_reports_rate_counts_every_problem_the_runs_timed_a_re_measured_one_
     text = (out / "report.md").read_text()
     assert "65 problems timed in 2 s" in text and "**1950.0 problems a minute**" in text
     assert "| all | 60 |" in text  # the tables count each problem once
+
+
+def test_a_problem_measured_twice_keeps_the_rows_of_the_folder_named_first_and_an_empty_folder_is_an_error(tmp_path):
+    rows = _slices(tmp_path)  # s0: problems 0-29, s1: 25-59
+    s1 = json.loads((tmp_path / "s1" / "results.json").read_text())
+    for row in s1["problems"]:
+        row["contenders"]["cudnn"]["kernel_s"] = 7e-6  # the re-measure: s1's rows must win where named first
+    (tmp_path / "s1" / "results.json").write_text(json.dumps(s1))
+    out = tmp_path / "report"
+    assert zoo_tune.main(["report", str(tmp_path / "s1"), str(tmp_path / "s0"), "--out", str(out)]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    cudnn = {r["key"].split("-", 1)[1]: r["contenders"]["cudnn"]["kernel_s"] for r in merged["problems"]}
+    assert len(cudnn) == len(rows) and sum(t == 7e-6 for t in cudnn.values()) == 35
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"results: .*empty: no results.json found"):
+        zoo_tune.results_files([str(tmp_path / "s0"), str(tmp_path / "empty")])
+
+
+def test_the_plans_losses_count_the_tuned_models_only_and_a_plan_not_timed_is_counted_apart(tmp_path):
+    from convbw_mlir.dispatch.generalize import read_models, read_split
+
+    rows = _slices(tmp_path)  # the plan's own variant 1.5x the best on every problem
+    rows[0]["contenders"].pop("convbw[heuristic]")  # the plan not timed there
+    results = _results(rows)
+    models, split = read_models("zoo"), read_split(zoo_tune.SPLIT)
+    got = zoo_tune.plan_rows(results, split, models)
+    tuned = [r for r in got if not r["held_out"]]
+    assert len(got) == 60 and not got[0]["measured"] and all(r["measured"] for r in got[1:])
+    assert all(r["ratio"] > 1.3 for r in got[1:]) and all(r["move"] != "same plan" for r in got[1:])
+    text = zoo_tune.misranks(got)
+    lost = sum(r["measured"] for r in tuned)
+    assert f"where today's plan was timed: {lost} ({1 - got[0]['held_out']} not:" in text
+    assert f"slower than the best on {lost}." in text
+    assert "| kernel | wgmma |" in text or "| kernel | mma.sync |" in text

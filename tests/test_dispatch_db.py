@@ -233,15 +233,31 @@ def test_mutating_a_valid_database_never_breaks_select_nor_serves_another_proble
 
 
 def test_the_shipped_sm90a_database_carries_cudnns_time_and_select_serves_its_problems_exactly():
-    """The zoo's first slice tuned on the H100 (bench/results/h100_2026-12-06_zootune): shipped, read by select."""
+    """The zoo tuned on the H100 (bench/results/h100_2026-12-06_zootune2, 600 problem-types): read by select."""
     from convbw_mlir.dispatch.select import SHIPPED, databases, select
 
     path = SHIPPED / "nvidia-h100-80gb-hbm3.sm_90a.json"
     db = TuningDB.parse(path.read_bytes(), str(path), strict=True)
-    assert db.target == "sm_90a" and len(db.entries) >= 60
+    assert db.target == "sm_90a" and len(db.entries) >= 600
     assert sum("cudnn_s" in e for e in db.entries.values()) >= 0.9 * len(db.entries)
     assert any(d.device == db.device for d in databases("sm_90a"))
     for entry in list(db.entries.values())[:5]:
         problem = ConvBwdWeightProblem.from_dict(entry["problem"])
         sel = select(problem, "sm_90a")
         assert sel.path == "exact" and sel.variant == Variant.from_dict(entry["variant"]), (problem.name, sel)
+
+
+def test_the_shipped_sm90a_learned_selector_chooses_among_the_candidates_where_no_entry_holds_the_problem():
+    """Installed by the written rule (docs/dispatch.md#zoo-sm90a): it beat nearest-neighbour and the heuristic on the
+    102 held-out problems of bench/results/h100_2026-12-06_zootune2; trained on the tuned models only."""
+    from convbw_mlir.dispatch.select import learned_selector
+
+    selector = learned_selector("sm_90a")
+    assert selector is not None and selector.meta["device"] == "NVIDIA H100 80GB HBM3"
+    assert selector.meta["problems"] == 498 and learned_selector("sm_80") is None
+    problem = ConvBwdWeightProblem.from_ck("2 1 32 120 120 3 3 28 28 1 1 1 1 1 1 1 1")  # in no database
+    sel = select(problem, "sm_90a")
+    assert sel.path == "learned" and sel.variant.plan.decision.rule == "learned"
+    assert sel.variant.options in {v.options for v in candidates(problem, "sm_90a", iree=False)}
+    check_plan(problem, sel.variant.plan)
+    assert select(problem, "sm_90a", selector=False).path != "learned"

@@ -87,6 +87,8 @@ def test_no_shipped_database_entry_is_a_known_wrong_iree_form():
     import convbw_mlir
 
     for path in (Path(convbw_mlir.__file__).parent / "tuning").glob("*.json"):
+        if path.name.startswith("selector."):  # a learned selector (trees), not a database: it stores no entries
+            continue
         db = TuningDB.load(path)
         for entry in db.entries.values():
             problem = ConvBwdWeightProblem.from_dict(entry["problem"])
