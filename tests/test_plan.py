@@ -321,7 +321,7 @@ def test_the_shipped_tuning_database_holds_no_plan_known_to_be_unsafe():
     from convbw_mlir.plan import check_plan
 
     for path in files("convbw_mlir.tuning").iterdir():
-        if path.name.endswith(".json"):
+        if path.name.endswith(".json") and not path.name.startswith("selector."):  # a learned selector: no plans
             for entry in json.loads(path.read_text())["entries"]:
                 if entry["variant"].get("plan"):
                     check_plan(
