@@ -3,7 +3,7 @@ measuring server with cuDNN beside each problem, then merge the slices into the 
 the untuned choices generalize to the held-out models (bench/zoo_split.json, written before any tuning).
 
     # here (CPU): the next COUNT problems of the slice order, in chunks of --chunk problems (one folder each)
-    .venv/bin/python bench/zoo_tune.py compile --start 0 --count 180 --out .art/zoo1
+    .venv/bin/python bench/zoo_tune.py compile --start 0 --count 180 --out .art/zoo1 [--cubin]
     # on the GPU machine: each chunk through the server, cuDNN timed after each problem's candidates
     python3 -m convbw_mlir.dispatch.tune .art/zoo1/c00 --out OUT/c00/results.json --server --cudnn --deadline S
     # here: every results.json under the folders given -> the database, the held-out report
@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -45,6 +46,10 @@ def slice_order(types: tuple[str, ...] = TYPES) -> list[tuple[str, Any]]:
 def _compile(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch.tune import compile_candidates
 
+    if args.cubin:  # ptxas's cubins, not PTX (convbw_mlir/build/cubin.py): the build's children inherit the variable
+        from convbw_mlir.build import cubin
+
+        os.environ[cubin.PTXAS_ENV] = cubin.ptxas(cubin.requested() or "1")  # no ptxas: one error, nothing built
     order = slice_order()[args.start : args.start + args.count] if not args.names else _named(args.names, args.batch)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -209,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--cache", default=None, help="kernel cache folder (default the user's)")
     c.add_argument("--build-timeout", type=float, default=30.0,
                    help="seconds a candidate's compile may take (IREE's codegen of a 3-D layer: minutes)")  # fmt: skip
+    c.add_argument("--cubin", action="store_true",
+                   help="kernels as ptxas's cubins (CONVBW_PTXAS: 1 finds ptxas, or its path), not PTX")  # fmt: skip
     c.add_argument("--out", required=True)
     r = sub.add_parser("report", help="merge the results, build the database, the held-out report (CPU)")
     r.add_argument("results", nargs="+", help="folders holding results.json files (searched below)")

@@ -97,3 +97,33 @@ def test_the_reports_rate_counts_every_problem_the_runs_timed_a_re_measured_one_
     text = (out / "report.md").read_text()
     assert "65 problems timed in 2 s" in text and "**1950.0 problems a minute**" in text
     assert "| all | 60 |" in text  # the tables count each problem once
+
+
+def _compile_args(tmp_path, *extra: str) -> list[str]:
+    return ["compile", "--start", "600", "--count", "2", "--chunk", "2", "--out", str(tmp_path / "out"), *extra]
+
+
+def test_compile_cubin_hands_the_builds_children_ptxas_and_without_it_builds_nothing(tmp_path, monkeypatch, capsys):
+    import os
+    import stat
+
+    from convbw_mlir.build import cubin
+    from convbw_mlir.dispatch import tune
+
+    seen = []
+    monkeypatch.setattr(tune, "compile_candidates", lambda problems, *a, **kw: seen.append(
+        (len(problems), os.environ.get(cubin.PTXAS_ENV))))  # fmt: skip
+    ptxas = tmp_path / "bin" / "ptxas"
+    ptxas.parent.mkdir()
+    ptxas.write_text("#!/bin/sh\n")
+    ptxas.chmod(ptxas.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(ptxas.parent))  # `1` finds this one
+    monkeypatch.delenv(cubin.PTXAS_ENV, raising=False)
+    assert zoo_tune.main(_compile_args(tmp_path, "--cubin")) == 0
+    assert seen == [(2, str(ptxas))]
+    monkeypatch.delenv(cubin.PTXAS_ENV)
+    assert zoo_tune.main(_compile_args(tmp_path / "ptx")) == 0  # without --cubin: PTX, the variable untouched
+    assert seen[-1] == (2, None)
+    monkeypatch.setenv(cubin.PTXAS_ENV, str(tmp_path / "nowhere"))
+    assert zoo_tune.main(_compile_args(tmp_path / "none", "--cubin")) == 1
+    assert "CONVBW_PTXAS=" in capsys.readouterr().err and not (tmp_path / "none").exists()
