@@ -3,9 +3,11 @@ measuring server with cuDNN beside each problem, then merge the slices into the 
 the untuned choices generalize to the held-out models (bench/zoo_split.json, written before any tuning).
 
     # here (CPU): the next COUNT problems of the slice order, in chunks of --chunk problems (one folder each)
-    .venv/bin/python bench/zoo_tune.py compile --start 0 --count 180 --out .art/zoo1
-    # on the GPU machine: each chunk through the server, cuDNN timed after each problem's candidates
-    python3 -m convbw_mlir.dispatch.tune .art/zoo1/c00 --out OUT/c00/results.json --server --cudnn --deadline S
+    .venv/bin/python bench/zoo_tune.py compile --start 0 --count 180 --out .art/zoo1 [--cubin]
+    # here: the chunks as one manifest (their kernels stay in the chunks), so that one tuning run times them all
+    .venv/bin/python bench/zoo_tune.py merge .art/zoo1/c* --out .art/zoo1/all
+    # on the GPU machine: the slice through the server, cuDNN timed after each problem's candidates
+    python3 -m convbw_mlir.dispatch.tune .art/zoo1/all --out OUT/results.json --server --cudnn --deadline S
     # here: every results.json under the folders given -> the database, the held-out report
     .venv/bin/python bench/zoo_tune.py report RESULTS_DIR... --out bench/results/<card>_<date>_zootune
 
@@ -22,6 +24,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -45,6 +48,10 @@ def slice_order(types: tuple[str, ...] = TYPES) -> list[tuple[str, Any]]:
 def _compile(args: argparse.Namespace) -> int:
     from convbw_mlir.dispatch.tune import compile_candidates
 
+    if args.cubin:  # ptxas's cubins, not PTX (convbw_mlir/build/cubin.py): the build's children inherit the variable
+        from convbw_mlir.build import cubin
+
+        os.environ[cubin.PTXAS_ENV] = cubin.ptxas(cubin.requested() or "1")  # no ptxas: one error, nothing built
     order = slice_order()[args.start : args.start + args.count] if not args.names else _named(args.names, args.batch)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,6 +72,51 @@ def _compile(args: argparse.Namespace) -> int:
             print(f"stopped: over {args.max_mib} MiB")
             break
     return 0
+
+
+def merge_chunks(chunks: list[Path], out: Path) -> int:
+    """One manifest in ``out`` over the problems of ``chunks`` (``compile``'s folders, in the order given): the
+    kernels stay in the chunks, named by path from ``out`` (the tree moves as a whole), the keys renumbered in
+    order. Returns the problem count.
+
+    Raises:
+        ValueError: a chunk without a readable manifest, chunks of another target or IREE, a problem twice.
+    """
+    from convbw_mlir.files import atomic_directory
+    from convbw_mlir.measure.records import ManifestEntry
+    from convbw_mlir.measure.run import manifest_entries, read_manifest
+
+    out = Path(out).absolute()
+    head: dict[str, Any] = {}
+    build = {"engine": "local", "workers": 0, "wall_s": 0.0, "kernels": 0}
+    entries: list[dict[str, Any]] = []
+    seen: dict[str, Path] = {}
+    for chunk in map(Path, chunks):
+        manifest = read_manifest(chunk)
+        for k in ("target", "iree_version"):
+            head.setdefault(k, manifest[k])
+            if manifest[k] != head[k]:
+                raise ValueError(f"merge: {chunk}: {k} {manifest[k]!r}, the first chunk's {head[k]!r}")
+        head["date"] = max(head.get("date", ""), manifest.get("date", ""))
+        b = manifest.get("build", {})
+        build |= {"workers": max(build["workers"], b.get("workers", 0)), "wall_s": build["wall_s"] + b.get("wall_s", 0),
+                  "kernels": build["kernels"] + b.get("kernels", 0)}  # fmt: skip
+        where = chunk.absolute()
+        for e in manifest_entries(manifest, chunk):
+            rest = e.key.split("-", 1)[-1]  # the key less the chunk's own index
+            if rest in seen:
+                raise ValueError(f"merge: {rest} is in {seen[rest]} and in {chunk}")
+            seen[rest] = chunk
+            cont = {n: r | {k: os.path.relpath(where / r[k], out) for k in ("vmfb", "launch") if r.get(k)}
+                    for n, r in e.contenders.items()}  # fmt: skip
+            entries.append(ManifestEntry(e.name, f"{len(entries):03d}-{rest}", e.problem, cont, e.extra).to_dict())
+    if not entries:
+        raise ValueError("merge: no problem in the chunks given")
+    manifest = {"target": head["target"], "date": head["date"], "iree_version": head["iree_version"], "build": build,
+                "chunks": [os.path.relpath(Path(c).absolute(), out) for c in chunks], "problems": entries}  # fmt: skip
+    with atomic_directory(out) as tmp:
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return len(entries)
 
 
 def _named(path: str, batch: int | None) -> list[tuple[str, Any]]:
@@ -376,7 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--cache", default=None, help="kernel cache folder (default the user's)")
     c.add_argument("--build-timeout", type=float, default=30.0,
                    help="seconds a candidate's compile may take (IREE's codegen of a 3-D layer: minutes)")  # fmt: skip
+    c.add_argument("--cubin", action="store_true",
+                   help="kernels as ptxas's cubins (CONVBW_PTXAS: 1 finds ptxas, or its path), not PTX")  # fmt: skip
     c.add_argument("--out", required=True)
+    m = sub.add_parser("merge", help="the chunks' problems as one manifest, for one tuning run (CPU)")
+    m.add_argument("chunks", nargs="+", help="compile's chunk folders, in the order to time them")
+    m.add_argument("--out", required=True, help="the merged manifest's folder (new, or an earlier merge's)")
     r = sub.add_parser("report", help="merge the results, build the database, the held-out report (CPU)")
     r.add_argument("results", nargs="+",
                    help="folders holding results.json files (searched below); a problem measured in two keeps "
@@ -390,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --batch: {args.batch} needs --names and must be >= 1", file=sys.stderr)
         return 1
     try:
+        if args.cmd == "merge":
+            n = merge_chunks(args.chunks, args.out)
+            print(f"{args.out}/manifest.json: {n} problems of {len(args.chunks)} chunks")
+            return 0
         return _compile(args) if args.cmd == "compile" else _report(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

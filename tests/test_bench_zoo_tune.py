@@ -5,6 +5,8 @@ leave-model-out evaluation on the committed split."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from conftest import bench_script
@@ -131,3 +133,83 @@ def test_the_plans_losses_count_the_tuned_models_only_and_a_plan_not_timed_is_co
     assert f"where today's plan was timed: {lost} ({1 - got[0]['held_out']} not:" in text
     assert f"slower than the best on {lost}." in text
     assert "| kernel | wgmma |" in text or "| kernel | mma.sync |" in text
+
+
+def _compile_args(tmp_path, *extra: str) -> list[str]:
+    return ["compile", "--start", "600", "--count", "2", "--chunk", "2", "--out", str(tmp_path / "out"), *extra]
+
+
+def test_compile_cubin_hands_the_builds_children_ptxas_and_without_it_builds_nothing(tmp_path, monkeypatch, capsys):
+    import os
+    import stat
+
+    from convbw_mlir.build import cubin
+    from convbw_mlir.dispatch import tune
+
+    seen = []
+    monkeypatch.setattr(tune, "compile_candidates", lambda problems, *a, **kw: seen.append(
+        (len(problems), os.environ.get(cubin.PTXAS_ENV))))  # fmt: skip
+    ptxas = tmp_path / "bin" / "ptxas"
+    ptxas.parent.mkdir()
+    ptxas.write_text("#!/bin/sh\n")
+    ptxas.chmod(ptxas.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(ptxas.parent))  # `1` finds this one
+    monkeypatch.delenv(cubin.PTXAS_ENV, raising=False)
+    assert zoo_tune.main(_compile_args(tmp_path, "--cubin")) == 0
+    assert seen == [(2, str(ptxas))]
+    monkeypatch.delenv(cubin.PTXAS_ENV)
+    assert zoo_tune.main(_compile_args(tmp_path / "ptx")) == 0  # without --cubin: PTX, the variable untouched
+    assert seen[-1] == (2, None)
+    monkeypatch.setenv(cubin.PTXAS_ENV, str(tmp_path / "nowhere"))
+    assert zoo_tune.main(_compile_args(tmp_path / "none", "--cubin")) == 1
+    assert "CONVBW_PTXAS=" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
+def _chunk(folder, names: list[str], target: str = "sm_90a") -> None:
+    """A compile chunk's folder: a manifest of ``names`` (keys from 000), a vmfb each and a launch folder."""
+    folder.mkdir(parents=True)
+    problems = []
+    for i, name in enumerate(names):
+        key = f"{i:03d}-{name}.f16"
+        (folder / f"{key}.v0.vmfb").write_bytes(b"vmfb")
+        (folder / f"{key}.v0.launch").mkdir()
+        contenders = {"reference": {"ok": True, "vmfb": f"{key}.v0.vmfb"},
+                      "convbw[heuristic]": {"ok": True, "vmfb": f"{key}.v0.vmfb", "launch": f"{key}.v0.launch"},
+                      "convbw[k_batch=2]": {"ok": False, "error": "did not build"}}  # fmt: skip
+        problems.append(
+            {"name": name, "key": key, "held_out": False, "problem": {"groups": 1}, "contenders": contenders}
+        )
+    manifest = {"target": target, "date": "2026-12-06", "iree_version": "3.13.0", "problems": problems,
+                "build": {"engine": "local", "workers": 2, "wall_s": 10.0, "kernels": 2 * len(names)}}  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_merge_makes_one_manifest_whose_kernels_the_tuner_finds_in_the_chunks(tmp_path):
+    from convbw_mlir.dispatch.tune import _located
+    from convbw_mlir.measure.run import manifest_entries, read_manifest
+
+    _chunk(tmp_path / "zoo" / "c00", ["a", "b"])
+    _chunk(tmp_path / "zoo" / "c01", ["c"])
+    zoo = tmp_path / "zoo"
+    assert zoo_tune.main(["merge", str(zoo / "c00"), str(zoo / "c01"), "--out", str(zoo / "all")]) == 0
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "zoo").rename(tmp_path / "moved" / "zoo")  # unpacked elsewhere: the paths are relative
+    folder = (tmp_path / "moved" / "zoo" / "all").resolve()
+    manifest = read_manifest(folder)
+    entries = manifest_entries(manifest, folder)
+    assert [e.key for e in entries] == ["000-a.f16", "001-b.f16", "002-c.f16"]
+    assert manifest["chunks"] == ["../c00", "../c01"] and manifest["build"]["kernels"] == 6
+    files = [Path(v) for e in entries for r in e.contenders.values() if r["ok"] for v in _located(folder, r).values()
+             if isinstance(v, str) and v.startswith("/")]  # fmt: skip
+    assert len(files) == 9 and all(f.exists() for f in files)
+    assert files[-1].parent.name == "c01" and files[-1].name == "000-c.f16.v0.launch"
+
+
+def test_merge_refuses_a_problem_twice_and_chunks_of_another_target_writing_nothing(tmp_path, capsys):
+    _chunk(tmp_path / "c00", ["a", "b"])
+    _chunk(tmp_path / "c01", ["b"])
+    _chunk(tmp_path / "c02", ["c"], target="sm_80")
+    for other, why in (("c01", "b.f16 is in .*c00 and in .*c01"), ("c02", "c02: target 'sm_80', the first chunk's")):
+        argv = ["merge", str(tmp_path / "c00"), str(tmp_path / other), "--out", str(tmp_path / "all")]
+        assert zoo_tune.main(argv) == 1
+        assert re.search(why, capsys.readouterr().err) and not (tmp_path / "all").exists()
