@@ -154,7 +154,8 @@ def test_compile_cubin_hands_the_builds_children_ptxas_and_without_it_builds_not
     ptxas.write_text("#!/bin/sh\n")
     ptxas.chmod(ptxas.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", str(ptxas.parent))  # `1` finds this one
-    monkeypatch.delenv(cubin.PTXAS_ENV, raising=False)
+    monkeypatch.setenv(cubin.PTXAS_ENV, "")  # the first record keeps the original: undone last, it is restored
+    monkeypatch.delenv(cubin.PTXAS_ENV)  # (compile --cubin sets it in this process: it must not leak to later tests)
     assert zoo_tune.main(_compile_args(tmp_path, "--cubin")) == 0
     assert seen == [(2, str(ptxas))]
     monkeypatch.delenv(cubin.PTXAS_ENV)
