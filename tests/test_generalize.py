@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from convbw_mlir.dispatch import candidates
 from convbw_mlir.dispatch.generalize import (
+    CHOSEN,
+    SelectorConfig,
+    cross_validate,
     evaluate,
     is_held_out,
+    model_folds,
     read_split,
     ships,
     split_by_model,
@@ -19,7 +24,7 @@ from convbw_mlir.dispatch.generalize import (
     training_rows,
     write_split,
 )
-from convbw_mlir.dispatch.learned import FEATURES, TreeSelector, features
+from convbw_mlir.dispatch.learned import FEATURES, SELECTOR_VERSION, TreeSelector, features
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 MODELS = [f"net{i:02d}" for i in range(10)]
@@ -117,9 +122,10 @@ def test_the_learned_selector_round_trips_as_json_and_predicts_as_scikit_learn_d
 
     results, models = _results(30)
     split = split_by_model(MODELS)
-    sel = train_selector(results, split, models, trees=40)
-    xs, ys = training_rows(results, split, models)
-    ref = GradientBoostingRegressor(n_estimators=40, max_depth=3, learning_rate=0.05, random_state=0).fit(xs, ys)
+    sel = train_selector(results, split, models, replace(CHOSEN, trees=40))
+    xs, ys = training_rows(results, split, models, CHOSEN.cap)
+    ref = GradientBoostingRegressor(n_estimators=40, max_depth=CHOSEN.depth, learning_rate=CHOSEN.rate,
+                                    min_samples_leaf=CHOSEN.leaf, random_state=0).fit(xs, ys)  # fmt: skip
     assert sel.predict(xs) == pytest.approx(list(ref.predict(xs)), abs=1e-9)
     sel.save(tmp_path / "selector.sm_80.json")
     back = TreeSelector.load(tmp_path / "selector.sm_80.json")
@@ -179,7 +185,7 @@ def test_an_installed_selector_chooses_after_an_exact_hit_and_a_database_folder_
 
     results, models = _results(40)
     split = split_by_model(MODELS)
-    sel = train_selector(results, split, models, trees=60)
+    sel = train_selector(results, split, models, replace(CHOSEN, trees=60))
     monkeypatch.setenv("CONVBW_CACHE_DIR", str(tmp_path / "cache"))
     p = ConvBwdWeightProblem.from_ck("2 1 16 128 64 3 3 12 12 1 1 1 1 1 1 1 1")
     assert select(p, "sm_80", dbs=[]).path == "heuristic"  # none installed
@@ -234,3 +240,130 @@ def test_models_that_are_neither_a_map_nor_a_suite_are_one_error_naming_them(tmp
         read_models(str(bad))
     with pytest.raises(ValueError, match="models: suite: nope is neither"):
         read_models("nope")
+
+
+# -- leave-model-out cross-validation on the tuned models (issue 39 goal 1) ------------------------------------
+def test_folds_deal_the_tuned_models_alone_by_name_and_a_bad_count_is_one_error():
+    split = split_by_model(MODELS)
+    folds = model_folds(split, 4)
+    assert sorted(m for f in folds for m in f) == sorted(split["tuned"]) and len(folds) == 4
+    assert model_folds(dict(split, tuned=list(reversed(split["tuned"]))), 4) == folds  # the names decide
+    for bad in (1, len(split["tuned"]) + 1):
+        with pytest.raises(ValueError, match=f"folds: expected 2 to {len(split['tuned'])}.*got {bad}"):
+            model_folds(split, bad)
+
+
+class _Spy:
+    """A trainer that records the rows it was given and chooses by ``pick`` (variants, problem) -> index."""
+
+    def __init__(self, pick):
+        self.pick, self.seen = pick, []
+
+    def __call__(self, results, split, models):
+        self.seen.append({r["name"] for r in results["problems"]})
+        return self
+
+    def choose(self, problem, variants):
+        return variants[self.pick(problem, variants)]
+
+
+def test_cross_validation_never_reads_a_held_out_row():
+    results, models = _results(60)
+    split = split_by_model(MODELS)
+    held = {r["name"] for r in results["problems"] if is_held_out(models[r["name"]], split)}
+    for r in results["problems"]:
+        if r["name"] in held:  # read, it would fail: not a problem
+            r["problem"] = r["contenders"] = r["variants"] = None
+    spy = _Spy(lambda p, vs: 0)
+    cv = cross_validate(results, split, models, folds=4, train=spy)
+    assert len(spy.seen) == 4 and held and not any(held & seen for seen in spy.seen)
+    scored = {r["name"] for r in cv["rows"]}
+    assert not scored & held and scored == {r["name"] for r in results["problems"]} - held  # each tuned one once
+    for f, fold in enumerate(model_folds(split, 4)):  # a problem is scored in its model's fold, never trained on there
+        assert {r["name"] for r in cv["rows"] if r["fold"] == f} == {n for n in scored if models[n][0] in fold}
+        assert not {n for n in scored if models[n][0] in fold} & spy.seen[f]
+
+
+def test_cross_validation_scores_what_the_goal_scores():
+    results, models = _results(40)
+    split = split_by_model(MODELS)
+    fastest = _Spy(lambda p, vs: min(range(len(vs)), key=lambda i: _law(p, vs[i])))
+    oracle = cross_validate(results, split, models, train=fastest)
+    assert oracle["selectors"]["learned"] | {"within": 0} == {"within": 0, "measured": oracle["problems"],
+                                                               "within_rate": 1.0, "geomean_loss": 0.0,
+                                                               "not_measured": 0}  # fmt: skip
+    # choosing the first candidate (the heuristic's) scores exactly as the heuristic does: within 10%, geomean loss
+    first = cross_validate(results, split, models, train=_Spy(lambda p, vs: 0))["selectors"]
+    assert first["learned"] == first["heuristic"] and first["heuristic"]["within_rate"] < 1
+    ratios = []
+    for r in results["problems"]:
+        if not is_held_out(models[r["name"]], split):
+            times = {n: c["median_s"] for n, c in r["contenders"].items()}
+            ratios.append(times["convbw[heuristic]"] / min(times.values()))
+    assert first["heuristic"]["within"] == sum(x <= 1.1 for x in ratios)
+    assert first["heuristic"]["geomean_loss"] == pytest.approx(math.prod(ratios) ** (1 / len(ratios)) - 1)
+
+
+def test_the_cv_command_scores_the_chosen_config_and_refuses_a_bad_one(tmp_path, capsys):
+    from convbw_mlir.dispatch.generalize import main
+
+    results, models = _results(80)
+    (tmp_path / "models.json").write_text(json.dumps(models))
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    write_split(tmp_path / "split.json", split_by_model(MODELS))
+    argv = ["cv", str(tmp_path / "results.json"), "--split", str(tmp_path / "split.json"), "--models",
+            str(tmp_path / "models.json"), "--out", str(tmp_path / "cv.md"), "--trees", "100"]  # fmt: skip
+    assert main(argv) == 0
+    s = json.loads((tmp_path / "cv.json").read_text())["selectors"]
+    assert s["learned"]["within_rate"] >= 0.85 and s["learned"]["geomean_loss"] < s["heuristic"]["geomean_loss"]
+    assert "| learned |" in (tmp_path / "cv.md").read_text()
+    assert main([*argv, "--folds", "1"]) == 1 and capsys.readouterr().err.startswith("error: folds: expected 2 to")
+    assert main([*argv, "--cap", "0.5"]) == 1 and "error: selector config: cap:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("field", "value"), [("trees", 0), ("depth", 2.5), ("leaf", 0), ("rate", 0.0), ("cap", 1.0)])
+def test_a_bad_selector_config_is_one_error_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"selector config: {field}: expected .* got {value!r}"):
+        SelectorConfig(**{field: value})
+
+
+def test_a_capped_target_stops_at_the_cap():
+    results, models = _results(20)
+    _, ys = training_rows(results, None, models)
+    _, capped = training_rows(results, None, models, cap=1.3)
+    assert max(ys) > math.log(1.3) and max(capped) == pytest.approx(math.log(1.3))
+    assert [min(y, math.log(1.3)) for y in ys] == pytest.approx(capped)
+
+
+def test_derived_features_count_waves_over_the_targets_sm_count(monkeypatch):
+    import dataclasses
+
+    from convbw_mlir import targets
+
+    p = ConvBwdWeightProblem.from_ck("2 1 32 96 64 3 3 14 14 1 1 1 1 1 1 1 1")  # N=32, K=96, C=64, 3x3
+    v = next(v for v in candidates(p, "sm_80", max_plans=4) if v.plan is not None and v.plan.tile is not None)
+    t = v.plan.tile
+    workgroups = math.ceil(96 / t.m) * math.ceil(64 / t.n) * 9 * v.plan.k_batch
+    row = dict(zip(FEATURES, features(p, v)))
+    sms = targets.get_target("sm_80").compute_units
+    assert row["log2_waves"] == pytest.approx(math.log2(workgroups / sms))
+    assert row["last_wave_fill"] == pytest.approx((workgroups % sms or sms) / sms)
+    assert row["log2_k_steps"] == pytest.approx(math.log2(32 * 196 / (v.plan.k_batch * t.k)))
+    assert row["tile_fill"] == pytest.approx(96 * 64 / (math.ceil(96 / t.m) * t.m * math.ceil(64 / t.n) * t.n))
+    assert row["channels_odd"] == 0 and row["log2_intensity"] == pytest.approx(math.log2(p.flops / p.min_bytes))
+    half = dataclasses.replace(targets.TARGETS["sm_80"], compute_units=sms // 2)
+    monkeypatch.setitem(targets.TARGETS, "sm_80", half)  # the SM count is the target table's, not a literal
+    assert dict(zip(FEATURES, features(p, v)))["log2_waves"] == pytest.approx(row["log2_waves"] + 1)
+
+
+def test_a_selector_file_of_the_old_version_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    from convbw_mlir.dispatch.select import learned_selector
+
+    results, models = _results(20)
+    sel = train_selector(results, split_by_model(MODELS), models, replace(CHOSEN, trees=5))
+    old = dict(sel.to_dict(), version=SELECTOR_VERSION - 1)
+    monkeypatch.setenv("CONVBW_CACHE_DIR", str(tmp_path))
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "tuning" / "selector.sm_80.json").write_text(json.dumps(old))
+    with pytest.warns(UserWarning, match=f"version {SELECTOR_VERSION - 1}, this version reads {SELECTOR_VERSION}"):
+        assert learned_selector("sm_80") is None  # no sm_80 selector ships: the old file is the only one

@@ -13,6 +13,8 @@
    evaluated here in numpy: loading it needs no scikit-learn and runs no pickled code.
    :func:`ships` says whether it beat nearest-neighbour and the heuristic on the held-out fifth; only then does it
    go into ``convbw_mlir/tuning/`` beside the database it was trained with.
+4. :func:`cross_validate`: leave-model-out folds of the tuned models alone, scored as :func:`evaluate` scores the
+   held-out ones, so that a configuration (:class:`SelectorConfig`; :data:`CHOSEN`) is chosen without them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +35,12 @@ from convbw_mlir.plan import decide
 from convbw_mlir.problem import ConvBwdWeightProblem
 
 __all__ = [
+    "CHOSEN",
     "WITHIN",
+    "SelectorConfig",
+    "cross_validate",
     "evaluate",
+    "model_folds",
     "read_models",
     "read_split",
     "ships",
@@ -105,8 +113,11 @@ def _variants(row: dict[str, Any]) -> dict[str, Variant]:
 
 
 def training_rows(results: dict[str, Any], split: dict[str, Any] | None = None,
-                  models: dict[str, list[str]] | None = None) -> tuple[list, list]:  # fmt: skip
-    """(features, log(time / best)) of every correct, timed variant of the tuned problems."""
+                  models: dict[str, list[str]] | None = None,
+                  cap: float | None = None) -> tuple[list, list]:  # fmt: skip
+    """(features, log(time / best)) of every correct, timed variant of the tuned problems; with ``cap``, a
+    variant more than ``cap`` times the best counts as ``cap`` times (how far a loser loses is not learned)."""
+    top = math.log(cap) if cap else math.inf
     xs, ys = [], []
     for row in results["problems"]:
         if _held(row, split, models):
@@ -118,25 +129,54 @@ def training_rows(results: dict[str, Any], split: dict[str, Any] | None = None,
         best = min(timed.values())
         problem = ConvBwdWeightProblem.from_dict(row["problem"])
         for name, t in timed.items():
-            xs.append(features(problem, variants[name]))
-            ys.append(math.log(t / best))
+            xs.append(features(problem, variants[name], results["target"]))
+            ys.append(min(math.log(t / best), top))
     return xs, ys
 
 
+@dataclass(frozen=True)
+class SelectorConfig:
+    """How :func:`train_selector` fits: ``trees`` of ``depth`` at learning ``rate``, at least ``leaf`` rows a leaf,
+    the target capped at ``cap`` times the best (:func:`training_rows`; None: uncapped)."""
+
+    trees: int = 200
+    depth: int = 3
+    rate: float = 0.05
+    leaf: int = 1
+    cap: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("trees", "depth", "leaf"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"selector config: {name}: expected a whole number >= 1, got {getattr(self, name)!r}")
+        if not 0 < self.rate <= 1:
+            raise ValueError(f"selector config: rate: expected a number in (0, 1], got {self.rate!r}")
+        if self.cap is not None and not self.cap > 1:
+            raise ValueError(f"selector config: cap: expected a number > 1 (times the best) or none, got {self.cap!r}")
+
+
+# Chosen by leave-model-out cross-validation on the tuned models alone (cross_validate, three draws of the folds;
+# every configuration tried: bench/results/cpu_2026-12-06_selector_cv/cv.md): the cap keeps the squared loss from
+# spending its trees on how far IREE's slow forms lose; depth 6 lets a split's worth hang on waves, slice length and
+# kernel together (depth 7 scored 1.3 problems a draw more: within the draws' spread, at twice the nodes).
+CHOSEN = SelectorConfig(trees=200, depth=6, cap=2.0)
+
+
 def train_selector(results: dict[str, Any], split: dict[str, Any] | None = None,
-                   models: dict[str, list[str]] | None = None, seed: int = 0, trees: int = 200, depth: int = 3,
-                   rate: float = 0.05) -> TreeSelector:  # fmt: skip
-    """Fit gradient-boosted trees (scikit-learn) on the tuned problems of ``results``.
+                   models: dict[str, list[str]] | None = None, config: SelectorConfig = CHOSEN,
+                   seed: int = 0) -> TreeSelector:  # fmt: skip
+    """Fit gradient-boosted trees (scikit-learn) as ``config`` says on the tuned problems of ``results``.
 
     Raises:
         ValueError: no tuned problem with a timed variant. ImportError: scikit-learn is not installed.
     """
     from sklearn.ensemble import GradientBoostingRegressor
 
-    xs, ys = training_rows(results, split, models)
+    xs, ys = training_rows(results, split, models, config.cap)
     if not xs:
         raise ValueError("results: no tuned problem with a correct, timed variant to learn from")
-    model = GradientBoostingRegressor(n_estimators=trees, max_depth=depth, learning_rate=rate, random_state=seed)
+    model = GradientBoostingRegressor(n_estimators=config.trees, max_depth=config.depth, learning_rate=config.rate,
+                                      min_samples_leaf=config.leaf, random_state=seed)  # fmt: skip
     model.fit(xs, ys)
     exported = []
     for (est,) in model.estimators_:
@@ -146,8 +186,9 @@ def train_selector(results: dict[str, Any], split: dict[str, Any] | None = None,
                          "value": t.value[:, 0, 0].tolist()})  # fmt: skip
     init = float(model.init_.constant_.ravel()[0])
     meta = {"problems": len({json.dumps(r["problem"]) for r in results["problems"] if not _held(r, split, models)}),
-            "rows": len(xs), "device": results.get("device"), "iree_version": results.get("iree_version")}  # fmt: skip
-    return TreeSelector(results["target"], init, rate, exported, FEATURES, meta)
+            "rows": len(xs), "device": results.get("device"), "iree_version": results.get("iree_version"),
+            "config": asdict(config)}  # fmt: skip
+    return TreeSelector(results["target"], init, config.rate, exported, FEATURES, meta)
 
 
 def _held(row: dict[str, Any], split: dict[str, Any] | None, models: dict[str, list[str]] | None = None) -> bool:
@@ -207,15 +248,80 @@ def evaluate(results: dict[str, Any], split: dict[str, Any] | None = None, selec
             per.setdefault(who, []).append(times[name] / best)
             entry[who] = name
         rows.append(entry)
-    summary = {who: {"within": sum(r <= 1 + WITHIN for r in ratios), "measured": len(ratios),
-                     "within_rate": sum(r <= 1 + WITHIN for r in ratios) / len(ratios),
-                     "geomean_loss": statistics.geometric_mean(ratios) - 1, "not_measured": missing.get(who, 0)}
-               for who, ratios in per.items()}  # fmt: skip
-    return {"held_out_problems": len(rows), "selectors": summary, "rows": rows}
+    return {"held_out_problems": len(rows), "selectors": _summary(per, missing), "rows": rows}
+
+
+def _summary(per: dict[str, list[float]], missing: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Each selector's choices within :data:`WITHIN` of the best, their count and geomean loss (time / best)."""
+    return {who: {"within": sum(r <= 1 + WITHIN for r in ratios), "measured": len(ratios),
+                  "within_rate": sum(r <= 1 + WITHIN for r in ratios) / len(ratios),
+                  "geomean_loss": statistics.geometric_mean(ratios) - 1, "not_measured": missing.get(who, 0)}
+            for who, ratios in per.items() if ratios}  # fmt: skip
 
 
 def _name_of(variant: Variant, variants: dict[str, Variant]) -> str | None:
     return next((n for n, v in variants.items() if v == variant), None)
+
+
+# -- leave-model-out cross-validation over the tuned models --------------------------------------------------
+CV_FOLDS = 5
+
+
+def model_folds(split: dict[str, Any], folds: int = CV_FOLDS, seed: str = "convbw-cv") -> list[list[str]]:
+    """The split's tuned models dealt into ``folds`` folds in sha256(seed, name) order (by the names alone, like
+    the split). Raises ValueError when ``folds`` is under 2 or over the tuned models."""
+    tuned = sorted(split["tuned"])
+    if not 2 <= folds <= len(tuned):
+        raise ValueError(f"folds: expected 2 to {len(tuned)} (the split's tuned models), got {folds!r}")
+    order = sorted(tuned, key=lambda m: hashlib.sha256(f"{seed}\0{m}".encode()).hexdigest())
+    return [sorted(order[f::folds]) for f in range(folds)]
+
+
+Trainer = Callable[[dict[str, Any], dict[str, Any], dict[str, list[str]] | None], Any]
+
+
+def cross_validate(results: dict[str, Any], split: dict[str, Any], models: dict[str, list[str]] | None = None,
+                   folds: int = CV_FOLDS, config: SelectorConfig = CHOSEN, train: Trainer | None = None,
+                   fold_seed: str = "convbw-cv") -> dict[str, Any]:  # fmt: skip
+    """Leave-model-out cross-validation on the split's TUNED models only: the held-out models' rows are dropped
+    before anything is fitted or scored. Each fold's models play the held-out part: a selector is trained on the
+    rest's rows alone (``train(results, fold_split, models)``, default :func:`train_selector` with ``config``),
+    scored as :func:`evaluate` scores the held-out problems (its choice among the timed variants within
+    :data:`WITHIN` of the best; the geomean loss). A problem is scored in the fold where every model it comes from
+    is that fold's or held out (a layer models of two folds share only trains); ``heuristic`` (the run's plan) is
+    scored beside. ``fold_seed`` deals the folds (:func:`model_folds`): another seed, another draw of the models.
+
+    Returns ``{"folds", "problems", "selectors": {"learned", "heuristic"}, "per_fold", "rows"}``.
+    """
+    train = train or (lambda r, s, m: train_selector(r, s, m, config))
+    tuned = dict(results, problems=[r for r in results["problems"] if not _held(r, split, models)])
+    per: dict[str, list[float]] = {"learned": [], "heuristic": []}
+    missing: dict[str, int] = {}
+    per_fold, rows = [], []
+    for f, fold in enumerate(model_folds(split, folds, fold_seed)):
+        fold_split = {"held_out": sorted({*split["held_out"], *fold}), "tuned": sorted(set(split["tuned"]) - set(fold))}
+        scored = [r for r in tuned["problems"] if _held(r, fold_split, models)]
+        selector = train(dict(tuned, problems=[r for r in tuned["problems"] if r not in scored]), fold_split, models)
+        ratios = []
+        for row in scored:
+            times, variants = _times(row), _variants(row)
+            timed = [n for n in times if n in variants]
+            if not timed:
+                continue
+            best = min(times.values())
+            problem = ConvBwdWeightProblem.from_dict(row["problem"])
+            chosen = _name_of(selector.choose(problem, [variants[n] for n in timed]), variants)
+            entry = {"name": row.get("name"), "fold": f, "best": min(times, key=times.get), "learned": chosen}
+            for who, name in (("learned", chosen), ("heuristic", row.get("heuristic"))):
+                if name in times:
+                    per[who].append(times[name] / best)
+                else:
+                    missing[who] = missing.get(who, 0) + 1
+            ratios.append(times[chosen] / best)
+            rows.append(entry)
+        per_fold.append({"models": fold, "problems": len(ratios), "within": sum(r <= 1 + WITHIN for r in ratios)})
+    return {"folds": folds, "problems": len(rows), "selectors": _summary(per, missing), "per_fold": per_fold,
+            "rows": rows}  # fmt: skip
 
 
 def ships(report: dict[str, Any]) -> bool:
@@ -262,9 +368,34 @@ def read_models(source: str) -> dict[str, list[str]]:
         raise ValueError(f"models: {e}") from None
 
 
+def cv_markdown(cv: dict[str, Any], config: SelectorConfig) -> str:
+    """The cross-validation as a table: the learned selector (``config``) and the run's heuristic, then each fold."""
+    lines = [f"Leave-model-out cross-validation, {cv['folds']} folds of the tuned models, {cv['problems']} problems "
+             f"scored; config: {asdict(config)}", "",
+             "| selector | within 10% of the best | geomean loss | not measured |", "|---|---:|---:|---:|"]  # fmt: skip
+    for who, s in sorted(cv["selectors"].items()):
+        lines.append(f"| {who} | {s['within']} of {s['measured']} ({s['within_rate']:.1%}) "
+                     f"| {s['geomean_loss']:.1%} | {s['not_measured']} |")  # fmt: skip
+    lines += ["", "| fold | models | problems | learned within 10% |", "|---:|---|---:|---:|"]
+    for i, f in enumerate(cv["per_fold"]):
+        lines.append(f"| {i} | {', '.join(f['models'])} | {f['problems']} | {f['within']} |")
+    return "\n".join(lines) + "\n"
+
+
+def read_results(path: str | os.PathLike) -> dict[str, Any]:
+    """Timing results (``results.json``, or ``xz``-compressed as committed: ``results.json.xz``)."""
+    if str(path).endswith(".xz"):
+        import lzma
+
+        return json.loads(lzma.decompress(Path(path).read_bytes()))
+    return json.loads(Path(path).read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m convbw_mlir.dispatch.generalize {split,evaluate}``: the split before tuning, the report after."""
+    """``python -m convbw_mlir.dispatch.generalize {split,evaluate,cv}``: the split before tuning, the report after,
+    the cross-validation on the tuned models that chooses a selector's configuration without the held-out ones."""
     import argparse
+    import lzma
     import sys
 
     ap = argparse.ArgumentParser(prog="python -m convbw_mlir.dispatch.generalize", description=main.__doc__)
@@ -274,27 +405,38 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--fraction", type=float, default=HELD_OUT_FRACTION)
     sp.add_argument("--out", required=True)
     ev = sub.add_parser("evaluate", help="the held-out report of timing results; train the learned selector")
-    ev.add_argument("results")
-    ev.add_argument("--split", required=True)
-    ev.add_argument("--models", required=True, help="a JSON file (problem name -> [model names]) or a suite (zoo)")
+    cv = sub.add_parser("cv", help="leave-model-out cross-validation of a selector config on the tuned models only")
+    for p in (ev, cv):
+        p.add_argument("results", help="timing results (results.json, or .json.xz)")
+        p.add_argument("--split", required=True)
+        p.add_argument("--models", required=True, help="a JSON file (problem name -> [model names]) or a suite (zoo)")
+        p.add_argument("--out", required=True, help="the report (markdown; .json beside it)")
     ev.add_argument("--selector-out", help="where the learned selector is written if it ships")
-    ev.add_argument("--out", required=True, help="the report (markdown; .json beside it)")
+    cv.add_argument("--folds", type=int, default=CV_FOLDS, help=f"folds of the tuned models (default {CV_FOLDS})")
+    for name, kind in (("trees", int), ("depth", int), ("rate", float), ("leaf", int), ("cap", float)):
+        cv.add_argument(f"--{name}", type=kind, default=getattr(CHOSEN, name), help=f"default {getattr(CHOSEN, name)}")
     args = ap.parse_args(argv)
     try:
         models = read_models(args.models)
         if args.cmd == "split":
             write_split(args.out, split_by_model([m for ms in models.values() for m in ms], args.fraction))
             return 0
-        results = json.loads(Path(args.results).read_text())
+        results = read_results(args.results)
         split = read_split(args.split)
-        selector = train_selector(results, split, models)
-        report = evaluate(results, split, selector, models)
-    except (OSError, ValueError, KeyError) as e:
+        if args.cmd == "cv":
+            config = SelectorConfig(args.trees, args.depth, args.rate, args.leaf, args.cap)
+            report = cross_validate(results, split, models, args.folds, config)
+            text = cv_markdown(report, config)
+        else:
+            selector = train_selector(results, split, models)
+            report = evaluate(results, split, selector, models)
+            text = markdown(report)
+    except (OSError, ValueError, KeyError, lzma.LZMAError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    Path(args.out).write_text(markdown(report))
+    Path(args.out).write_text(text)
     Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    if args.selector_out and ships(report):
+    if args.cmd == "evaluate" and args.selector_out and ships(report):
         selector.save(args.selector_out)
     return 0
 
