@@ -400,6 +400,34 @@ def test_a_pooled_server_outlives_its_run_and_refuses_a_cudnn_run_it_was_not_sta
     assert pool.supervisors[0].child is None  # closed with the pool
 
 
+def test_a_run_without_a_pool_measures_through_a_private_pool_whose_server_ends_with_it(built, monkeypatch):
+    """``measure.run --server`` (no pool of the caller's) and the tuner share one code path: the servers of a
+    :class:`ServerPool`."""
+    from pathlib import Path
+
+    from convbw_mlir.measure import server
+    from convbw_mlir.measure.pool import resolve_devices
+    from convbw_mlir.measure.run import manifest_entries, read_manifest
+
+    made = []
+
+    class Pool(server.ServerPool):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(server, "ServerPool", Pool)
+    _manifest(built, ["p0", "p1"])
+    entries = manifest_entries(read_manifest(built), built)
+    slots = resolve_devices("local-task", None)
+    options = {"driver": "local-task", "device": None, "use_torch": False, "numpy_max_flops": 0.0, "check_only": False}
+    run = server.Served(built, entries, options, slots, 60.0, log=lambda _: None)
+    assert [row.contenders[SPLIT]["status"] for _, (row, _) in run] == ["ok", "ok"]
+    [pool] = made
+    assert run.supervisors == pool.supervisors and run.summary()["servers"] == 1
+    assert pool.supervisors[0].child is None and not Path(pool._logs.name).exists()  # stopped, its logs removed
+
+
 def _rows_in(out, count: int, wait_s: float, proc) -> list[dict]:
     """The rows of the results file ``out`` once it holds ``count`` (read whole: it is never half-written)."""
     import time

@@ -595,7 +595,8 @@ class Served:
         timing: the timing protocol (:class:`ServerTiming`).
         skip: ``skip(i)``, asked as entry ``i`` comes up, leaves it out (a deadline): it yields nothing.
         pool: :class:`ServerPool` whose servers measure this run and stay up after it (its slots and timing are
-            the run's; ``slots`` and ``timing`` must then be its own or None).
+            the run's; ``slots`` and ``timing`` must then be its own or None). Without one, the run makes a private
+            pool whose servers stop as it ends: one code path either way.
 
     Raises:
         ValueError: ``prep_workers`` below 1, or no slot; a ``pool`` whose servers lack torch for a cuDNN run, or
@@ -635,11 +636,14 @@ class Served:
 
     def __iter__(self) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
         t0 = time.monotonic()
+        pool = self.pool or ServerPool(self.slots, self.options, self.timeout_s, self.log, self.timing)
         with tempfile.TemporaryDirectory(prefix="convbw-serve-") as tmp:
-            yield from self._run(Path(tmp))
+            yield from self._run(Path(tmp), pool)
+        if self.pool is None:
+            pool.close()
         self.wall_s = time.monotonic() - t0
 
-    def _run(self, tmp: Path) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
+    def _run(self, tmp: Path, servers: ServerPool) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
         ctx = multiprocessing.get_context("spawn")  # nothing forked from a parent that may hold threads
         todo = collections.deque(range(len(self.entries)))
         futures: dict[int, concurrent.futures.Future] = {}
@@ -696,7 +700,7 @@ class Served:
                         futures.pop(i, None)
                     done.put((i, (replace(row, device_index=sup.slot.index), sup.device_name)))
             finally:
-                if self.pool is None:  # a pool's servers stay up for its next run
+                if self.pool is None:  # a private pool's server stops with its last problem; a caller's stays up
                     sup.close()
                 done.put(None)
 
@@ -704,21 +708,22 @@ class Served:
         with concurrent.futures.ProcessPoolExecutor(self.prep_workers, mp_context=ctx, initializer=quiet) as pool:
             with guard:
                 feed(pool)
-            if self.pool is not None:
-                self.supervisors = self.pool.supervisors
-                self._starts_before = sum(len(s.pids) for s in self.supervisors)
-            else:
-                self.supervisors = [_Supervisor(s, self.options, self.timeout_s, self.log, tmp) for s in self.slots]
+            self.supervisors = servers.supervisors
+            self._starts_before = sum(len(s.pids) for s in self.supervisors)
             threads = [threading.Thread(target=work, args=(s, pool), daemon=True) for s in self.supervisors]
             for t in threads:
                 t.start()
             running = len(threads)
-            while running:
-                item = done.get()
-                if item is None:
-                    running -= 1
-                else:
-                    yield item
+            try:
+                while running:
+                    item = done.get()
+                    if item is None:
+                        running -= 1
+                    else:
+                        yield item
+            finally:
+                with guard:  # a consumer that stops early (a signal): no server takes another problem
+                    todo.clear()
             for t in threads:
                 t.join()
 
