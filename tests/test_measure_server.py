@@ -63,6 +63,7 @@ def test_a_batch_of_problems_is_measured_by_one_server_process(batch):
     assert [r["key"] for r in rows] == [f"{i:03d}-t{i}.f16" for i in range(COPIES)]  # the manifest's order
     assert all(c["status"] == "ok" and c["median_s"] > 0 for r in rows for c in r["contenders"].values())
     assert served["server"]["servers"] == 1 and served["server"]["timing"] == vars(ServerTiming())
+    assert served["server"]["problems"] == COPIES and served["server"]["ended"]
     rate = served["server"]["problems_per_minute"]
     n = len(rows[0]["contenders"])
     print(f"\nserver on the host: {COPIES} problems of {n} candidates, {rate:.0f} problems/min")  # a figure, not a test
@@ -465,6 +466,8 @@ def test_a_tuning_run_killed_after_k_problems_leaves_their_k_rows_in_a_readable_
     assert all("pass2" not in r and c["status"] == "ok" for r in rows for c in r["contenders"].values())
     pass1 = {json.loads(line)["key"] for line in records_path(out).read_text().splitlines()}
     assert pass1 == {"000-a.f16", "001-b.f16"}
+    [served] = results["server"]  # pass 1's server run as it stood at the last row: the rate still reads
+    assert served["problems"] == 2 and served["wall_s"] > 0 and served["servers"] == 1 and not served["ended"]
     # pass-1-only rows make a database and a summary; a winner awaiting pass 2 says so
     assert len(database_from_results(results, str(out)).entries) == 1
     assert all(("pass 1 only" in _decide(r)["why"]) == bool(r.get("pass2_pending")) for r in rows)

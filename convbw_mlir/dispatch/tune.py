@@ -511,6 +511,8 @@ def _served_phase(run: _Run, payloads: list[dict]) -> Iterator[tuple[int, dict[s
     first = Served(run.folder, [p["entry"] for p in payloads], options, run.slots, timeout_s, run.log,
                    skip=lambda i: run.late(payloads[i]), pool=run.pool)  # fmt: skip
     rows: dict[int, tuple[dict[str, Any], str | None]] = {}
+    summaries = run.results["server"]  # each server run's, as it stands when a row lands: a killed run's file has it
+    summaries.append(first.summary())
     for i, (checked, device_name) in first:
         # the row as _run_one's one-device run writes it (no device_index), then the tuner's fields, as _time_problem
         row = _tune_fields(replace(checked, several_devices=False).to_dict(), payloads[i]["entry"], payloads[i]["held"])
@@ -518,20 +520,23 @@ def _served_phase(run: _Run, payloads: list[dict]) -> Iterator[tuple[int, dict[s
         if again := _pass2_names(row):
             row[PASS2_PENDING] = again
         rows[i] = row, device_name
+        summaries[-1] = first.summary()
         yield i, {"row": row, "device": device_name, "passes": (1,)}
-    run.results["server"].append(first.summary())
+    summaries[-1] = first.summary()
     order = [i for i in sorted(rows) if PASS2_PENDING in rows[i][0]]
     if order:  # checked on the float64 sample only, as _second_pass
         entries = [(e := payloads[i]["entry"]).with_contenders({n: e.contenders[n] for n in rows[i][0][PASS2_PENDING]})
                    for i in order]  # fmt: skip
         second = Served(run.folder, entries, options | {"numpy_max_flops": 0, "use_torch": False}, run.slots,
                         timeout_s, run.log, skip=lambda k: run.late_pass2(entries[k]), pool=run.pool)  # fmt: skip
+        summaries.append(second.summary())
         for k, (checked, _) in second:
             row, device_name = rows[order[k]]
             row["pass2"] = checked.contenders
             del row[PASS2_PENDING]
+            summaries[-1] = second.summary()
             yield order[k], {"row": row, "device": device_name, "passes": (2,)}
-        run.results["server"].append(second.summary())
+        summaries[-1] = second.summary()
 
 
 def _lost_problem(payload: dict, why: str) -> dict[str, Any]:

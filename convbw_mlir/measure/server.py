@@ -625,23 +625,31 @@ class Served:
         self._starts_before = 0  # the pool's servers started before this run
         self.wall_s = 0.0
         self.skip = skip
+        self.measured = 0  # problems yielded so far (a deadline's ``skip`` leaves some out)
+        self._t0: float | None = None
 
     def summary(self) -> dict[str, Any]:
         """The protocol and the servers: ``timing``, ``servers`` started by this run (a pool's running servers are
-        not counted again), ``problems_per_minute`` (wall clock)."""
+        not counted again), ``problems`` measured, ``wall_s`` and ``problems_per_minute`` (wall clock); asked
+        while the run goes on, the figures so far and ``ended`` false (a run killed then leaves those)."""
         starts = sum(len(s.pids) for s in self.supervisors) - self._starts_before
-        rate = 60.0 * len(self.entries) / self.wall_s if self.wall_s else None
+        ended = self._t0 is not None and self.wall_s > 0
+        wall = self.wall_s if ended or self._t0 is None else time.monotonic() - self._t0
+        rate = 60.0 * self.measured / wall if wall else None
         return {"path": "server", "timing": asdict(self.timing), "servers": starts, "devices": len(self.slots),
-                "prep_workers": self.prep_workers, "wall_s": self.wall_s, "problems_per_minute": rate}  # fmt: skip
+                "prep_workers": self.prep_workers, "problems": self.measured, "wall_s": wall,
+                "problems_per_minute": rate, "ended": ended}  # fmt: skip
 
     def __iter__(self) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         pool = self.pool or ServerPool(self.slots, self.options, self.timeout_s, self.log, self.timing)
         with tempfile.TemporaryDirectory(prefix="convbw-serve-") as tmp:
-            yield from self._run(Path(tmp), pool)
+            for item in self._run(Path(tmp), pool):
+                self.measured += 1
+                yield item
         if self.pool is None:
             pool.close()
-        self.wall_s = time.monotonic() - t0
+        self.wall_s = max(time.monotonic() - self._t0, 1e-9)
 
     def _run(self, tmp: Path, servers: ServerPool) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
         ctx = multiprocessing.get_context("spawn")  # nothing forked from a parent that may hold threads
