@@ -643,8 +643,12 @@ class Served:
     def __iter__(self) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
         self._t0 = time.monotonic()
         pool = self.pool or ServerPool(self.slots, self.options, self.timeout_s, self.log, self.timing)
-        with tempfile.TemporaryDirectory(prefix="convbw-serve-") as tmp:
-            for item in self._run(Path(tmp), pool):
+        # closing: a consumer that stops early ends the workers' queue before the problems' folder goes
+        with (
+            tempfile.TemporaryDirectory(prefix="convbw-serve-") as tmp,
+            contextlib.closing(self._run(Path(tmp), pool)) as items,
+        ):
+            for item in items:
                 self.measured += 1
                 yield item
         if self.pool is None:
