@@ -121,3 +121,38 @@ def test_a_pass2_the_deadline_cuts_leaves_a_pass1_row_that_the_database_and_summ
     db = tune.database_from_results(json.loads(fake.out.read_text()), "results.json")
     assert len(db.entries) == 1
     assert "pass 1 only: 1 problems whose pass 2 was due and not run" in tune.summarize(results, db)
+
+
+def test_the_zoo_report_takes_pass1_only_rows_and_its_database_says_so(tmp_path):
+    """``bench/zoo_tune.py report`` over a results file a killed run left: rows awaiting their pass 2."""
+    from conftest import bench_script
+
+    from convbw_mlir.dispatch.db import TuningDB
+    from convbw_mlir.dispatch.variants import candidates
+
+    zoo_tune = bench_script("zoo_tune")
+    rows = []
+    for i, (name, p) in enumerate(zoo_tune.slice_order()[:12]):
+        vs = {v.name: v for v in candidates(p, "sm_90a", max_plans=2, iree=False)}
+        times = {n: 10e-6 * (1.5 if n == "convbw[heuristic]" else 1 + j / 10) for j, n in enumerate(vs)}
+        contenders = {n: {"status": "ok", "median_s": 80e-6, "kernel_s": t} for n, t in times.items()}
+        row = {
+            "name": name,
+            "key": f"{i:03d}-{name}.{p.dtype}",
+            "problem": p.to_dict(),
+            "contenders": contenders,
+            "heuristic": "convbw[heuristic]",
+            "held_out": False,
+            "variants": {n: v.to_dict() for n, v in vs.items()},
+        }
+        row |= {tune.PASS2_PENDING: tune._pass2_names(row)} if i % 2 else {}  # fmt: skip
+        rows.append(row)
+    (tmp_path / "cut").mkdir()
+    results = {"target": "sm_90a", "iree_version": "3.13.0", "date": "2026-12-06", "device": "NVIDIA H100 80GB HBM3",
+               "problems": rows, "server": [{"wall_s": 1.0, "ended": False}]}  # fmt: skip
+    (tmp_path / "cut" / "results.json").write_text(json.dumps(results))
+    assert sum(bool(r.get(tune.PASS2_PENDING)) for r in rows) == 6
+    assert zoo_tune.main(["report", str(tmp_path / "cut"), "--out", str(tmp_path / "report")]) == 0
+    db = TuningDB.load(tmp_path / "report" / "nvidia-h100-80gb-hbm3.sm_90a.json", strict=True)
+    whys = [e["why"] for e in db.entries.values()]
+    assert len(whys) == 12 and sum(w.endswith("; pass 1 only (its pass 2 was not run)") for w in whys) == 6
