@@ -301,6 +301,8 @@ class _Run:
     clock: Callable[[], float] = time.monotonic
     rows: dict[int, dict] = field(default_factory=dict)
     _texts: dict[int, str] = field(default_factory=dict)  # each row's JSON: a rewrite re-encodes the new one only
+    t0: float = field(init=False)
+    pace: _Pace = field(init=False)
 
     def __post_init__(self) -> None:
         self.t0 = self.clock()
