@@ -121,8 +121,9 @@ def test_tuning_asks_the_server_for_cudnn_in_its_first_pass(monkeypatch, tmp_pat
 
     monkeypatch.setattr(server, "Served", Served)
     payloads = [{"entry": None, "held": False, "timeout_s": 1.0, "cudnn": True}]
-    assert list(tune._served_phase(tmp_path, payloads, [type("S", (), {"driver": "cuda"})()], print,
-                                   lambda _: False, [], None)) == []  # fmt: skip
+    slots = [type("S", (), {"driver": "cuda"})()]
+    run = tune._Run(tmp_path, tmp_path / "r.json", slots, print, 1.0, True, {"server": []}, None)
+    assert list(tune._served_phase(run, payloads)) == []
     assert seen == [True]
 
 

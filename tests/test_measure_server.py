@@ -63,6 +63,7 @@ def test_a_batch_of_problems_is_measured_by_one_server_process(batch):
     assert [r["key"] for r in rows] == [f"{i:03d}-t{i}.f16" for i in range(COPIES)]  # the manifest's order
     assert all(c["status"] == "ok" and c["median_s"] > 0 for r in rows for c in r["contenders"].values())
     assert served["server"]["servers"] == 1 and served["server"]["timing"] == vars(ServerTiming())
+    assert served["server"]["problems"] == COPIES and served["server"]["ended"]
     rate = served["server"]["problems_per_minute"]
     n = len(rows[0]["contenders"])
     print(f"\nserver on the host: {COPIES} problems of {n} candidates, {rate:.0f} problems/min")  # a figure, not a test
@@ -398,3 +399,76 @@ def test_a_pooled_server_outlives_its_run_and_refuses_a_cudnn_run_it_was_not_sta
         with pytest.raises(ValueError, match="needs servers started with torch"):
             Served(built, entries, options | {"use_torch": True}, slots, 60.0, pool=pool)
     assert pool.supervisors[0].child is None  # closed with the pool
+
+
+def test_a_run_without_a_pool_measures_through_a_private_pool_whose_server_ends_with_it(built, monkeypatch):
+    """``measure.run --server`` (no pool of the caller's) and the tuner share one code path: the servers of a
+    :class:`ServerPool`."""
+    from pathlib import Path
+
+    from convbw_mlir.measure import server
+    from convbw_mlir.measure.pool import resolve_devices
+    from convbw_mlir.measure.run import manifest_entries, read_manifest
+
+    made = []
+
+    class Pool(server.ServerPool):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(server, "ServerPool", Pool)
+    _manifest(built, ["p0", "p1"])
+    entries = manifest_entries(read_manifest(built), built)
+    slots = resolve_devices("local-task", None)
+    options = {"driver": "local-task", "device": None, "use_torch": False, "numpy_max_flops": 0.0, "check_only": False}
+    run = server.Served(built, entries, options, slots, 60.0, log=lambda _: None)
+    assert [row.contenders[SPLIT]["status"] for _, (row, _) in run] == ["ok", "ok"]
+    [pool] = made
+    assert run.supervisors == pool.supervisors and run.summary()["servers"] == 1
+    assert pool.supervisors[0].child is None and not Path(pool._logs.name).exists()  # stopped, its logs removed
+
+
+def _rows_in(out, count: int, wait_s: float, proc) -> list[dict]:
+    """The rows of the results file ``out`` once it holds ``count`` (read whole: it is never half-written)."""
+    import time
+
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end and proc.poll() is None:
+        if out.exists() and len(rows := json.loads(out.read_text())["problems"]) >= count:
+            return rows
+        time.sleep(0.2)
+    return json.loads(out.read_text())["problems"] if out.exists() else []
+
+
+def test_a_tuning_run_killed_after_k_problems_leaves_their_k_rows_in_a_readable_results_file(built, tmp_path):
+    """A long run killed by a signal (here SIGKILL, in its third problem's hanging candidate) keeps every problem
+    timed so far: their pass-1 rows land in ``out`` and the records as each is timed, before pass 2."""
+    import os
+    import signal
+
+    from convbw_mlir.dispatch.tune import _decide, database_from_results, records_path, summarize
+
+    _manifest(built, ["a", "b", "hang", "c"])
+    out = tmp_path / "results.json"
+    with open(tmp_path / "log.txt", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "convbw_mlir.dispatch.tune", str(built), "--out", str(out),
+                                 "--server", "--timeout", "600"], stdout=log, stderr=log,
+                                start_new_session=True)  # fmt: skip
+    try:
+        rows = _rows_in(out, 2, 120.0, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the tuner, its server and its CPU workers: nothing is cleaned up
+        proc.wait()
+    assert [r["key"] for r in rows] == ["000-a.f16", "001-b.f16"], (tmp_path / "log.txt").read_text()[-2000:]
+    results = json.loads(out.read_text())  # the file as the kill left it
+    assert [r["key"] for r in results["problems"]] == ["000-a.f16", "001-b.f16"]
+    assert all("pass2" not in r and c["status"] == "ok" for r in rows for c in r["contenders"].values())
+    pass1 = {json.loads(line)["key"] for line in records_path(out).read_text().splitlines()}
+    assert pass1 == {"000-a.f16", "001-b.f16"}
+    [served] = results["server"]  # pass 1's server run as it stood at the last row: the rate still reads
+    assert served["problems"] == 2 and served["wall_s"] > 0 and served["servers"] == 1 and not served["ended"]
+    # pass-1-only rows make a database and a summary; a winner awaiting pass 2 says so
+    assert len(database_from_results(results, str(out)).entries) == 1
+    assert all(("pass 1 only" in _decide(r)["why"]) == bool(r.get("pass2_pending")) for r in rows)
+    assert "| a | tuned |" in summarize(results)

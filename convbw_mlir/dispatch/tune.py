@@ -24,8 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,11 @@ PASS2_WITHIN = 0.25
 NUMPY_MAX_FLOPS = 2e9
 # The runner's name of cuDNN's result: timed beside the candidates (``cudnn=True``), never one of them.
 CUDNN = "cudnn"
+# A row's field while its pass 2 is due and not run (the names it will re-time): the row's winner is pass 1's alone.
+PASS2_PENDING = "pass2_pending"
+# With held-out problems, the tuned phase (both passes) ends by this share of ``--deadline``: the held-out ones
+# (fewer contenders, no pass 2) get the rest.
+TUNED_SHARE = 0.75
 
 
 def held_out(index: int) -> bool:
@@ -192,10 +197,15 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
 
     Pass 1: :func:`convbw_mlir.measure.run.run_manifest` per problem (no cuDNN). Pass 2: the winner and the
     runner-up again, in a fresh process, where they are within :data:`PASS2_WITHIN`. Tuned problems
-    first, held-out ones after (their choice comes from the tuned ones); ``out`` (JSON) is rewritten after
-    each problem, so a run cut short keeps what it measured, and every measured candidate is appended to
-    the records beside it (:func:`records_path`, one JSON object a line). ``deadline_s``: stop starting
-    problems after this many seconds. ``keys``: only these manifest keys.
+    first, held-out ones after (their choice comes from the tuned ones). ``out`` (JSON) is rewritten whole
+    (through a temporary file) as each problem is timed, so a run killed at any point leaves a valid results
+    file with every problem timed so far, and every measured candidate is appended to the records beside it
+    (:func:`records_path`, one JSON object a line). ``keys``: only these manifest keys.
+
+    ``deadline_s``: the run's budget in seconds. No problem starts that would not end within it, with its pass 2
+    and the pass 2 still due of those timed (estimated from this phase's problems timed so far); with held-out
+    problems the tuned phase has :data:`TUNED_SHARE` of it. A pass 2 the deadline cuts is not run: the row keeps
+    pass 1's figures and says so (:data:`PASS2_PENDING`).
 
     ``devices``: indexes among the visible GPUs, one measuring worker pinned to each, problems dealt to
     whichever is free (:mod:`convbw_mlir.measure.pool`; default every visible GPU, one worker on the host);
@@ -204,7 +214,8 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
 
     ``server``: each phase's pass 1, then its pass 2, through one persistent measuring process a device
     (:mod:`convbw_mlir.measure.server`: candidates checked once, timed in batches, its shorter protocol) instead
-    of two children a problem; ``out`` is then rewritten as each phase ends, and names the servers (``server``).
+    of two children a problem; a problem's row lands after its pass 1 (marked :data:`PASS2_PENDING` where pass 2
+    is due) and again after its pass 2; ``out`` names the servers (``server``).
 
     ``cudnn``: cuDNN (through torch, its algorithm search done once before timing) is checked and timed in pass 1
     in the same process as the candidates, after them, never overlapping (row contender ``cudnn``); the
@@ -227,33 +238,17 @@ def time_candidates(folder: str | os.PathLike, out: str | os.PathLike, filt: str
     )
     results: dict[str, Any] = {"target": manifest["target"], "iree_version": manifest["iree_version"],
                                "date": time.strftime("%Y-%m-%d"), "device": None, "problems": []}  # fmt: skip
-    out = Path(out)
     records = _Records(records_path(out), {"target": manifest["target"], "iree_version": manifest["iree_version"],
                                            "product_version": version("convbw-mlir")})  # fmt: skip
-    t0 = time.monotonic()
-    rows: dict[int, dict] = {}
-    has_held = any(e.held_out for e in todo)
-    pool = None
-    if server:
-        from convbw_mlir.measure.server import ServerPool
+    with _Run(folder, Path(out), slots, log, timeout_s or STEP_TIMEOUT_S, cudnn, results, records,
+              deadline_s=deadline_s, has_held=any(e.held_out for e in todo)) as run:  # fmt: skip
+        if server:
+            from convbw_mlir.measure.server import ServerPool
 
-        results["server"] = []  # one summary a server run (pass 1, pass 2 of each phase)
-        # one server a device for every pass and phase: a start costs seconds (docs/timing.md#tuning-rate)
-        pool = ServerPool(slots, _server_options(slots, cudnn), timeout_s or STEP_TIMEOUT_S, log)
-
-    def late(payload: dict) -> bool:
-        # tuned problems stop at 3/4 of the deadline, so the held-out ones (fewer contenders) get measured too
-        share = 1.0 if payload["held"] or not has_held else 0.75
-        if deadline_s is None or time.monotonic() - t0 <= deadline_s * share:
-            return False
-        log(f"deadline: {payload['entry'].key} not timed")
-        return True
-
-    try:
-        _phases_of(todo, results, rows, records, out, slots, log, late, timeout_s, cudnn, folder, pool)
-    finally:
-        if pool is not None:
-            pool.close()
+            results["server"] = []  # one summary a server run (pass 1, pass 2 of each phase)
+            # one server a device for every pass and phase: a start costs seconds (docs/timing.md#tuning-rate)
+            run.pool = ServerPool(slots, _server_options(slots, cudnn), run.timeout_s, log)
+        _phases_of(run, todo)
     return results
 
 
@@ -263,38 +258,141 @@ def _server_options(slots: Sequence[Any], cudnn: bool) -> dict[str, Any]:
             "check_only": False}  # fmt: skip
 
 
-def _phases_of(todo: list[ManifestEntry], results: dict[str, Any], rows: dict[int, dict], records: _Records,
-               out: Path, slots: Sequence[Any], log: Callable[[str], None], late: Callable[[dict], bool],
-               timeout_s: float | None, cudnn: bool, folder: Path, pool: Any) -> None:  # fmt: skip
-    """:func:`time_candidates`' two phases (tuned, then held out), each problem's row written as it comes."""
+@dataclass
+class _Pace:
+    """The deadline's estimate within one phase, from pass 1's wall clock over the problems timed so far."""
+
+    start: float
+    problems: int = 0
+    candidates: int = 0
+    pending: int = 0  # candidates pass 2 will re-time
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.problems += 1
+        self.candidates += len(row["contenders"])
+        self.pending += len(row.get(PASS2_PENDING) or ())
+
+    def needed(self, now: float) -> float:
+        """Seconds one more problem needs, with its own pass 2 and the pass 2 due of those timed: pass 1's seconds
+        a problem and a candidate so far (an over-estimate of pass 2, which checks on the sample only, no cuDNN)."""
+        if not self.candidates:
+            return 0.0
+        wall = now - self.start
+        return wall / self.problems + wall / self.candidates * self.pending * (1 + 1 / self.problems)
+
+
+@dataclass
+class _Run:
+    """One tuning run's shared state: the manifest's folder, the devices and their servers (``pool``: owned, closed
+    on exit), the deadline's clock, and the results file ``out`` every row lands in as it comes (rewritten whole
+    through a temporary file, the records beside it appended)."""
+
+    folder: Path
+    out: Path
+    slots: Sequence[Any]
+    log: Callable[[str], None]
+    timeout_s: float
+    cudnn: bool
+    results: dict[str, Any]
+    records: _Records
+    pool: Any = None
+    deadline_s: float | None = None
+    has_held: bool = False
+    clock: Callable[[], float] = time.monotonic
+    rows: dict[int, dict] = field(default_factory=dict)
+    _texts: dict[int, str] = field(default_factory=dict)  # each row's JSON: a rewrite re-encodes the new one only
+    t0: float = field(init=False)
+    pace: _Pace = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.t0 = self.clock()
+        self.pace = _Pace(self.t0)
+
+    def __enter__(self) -> _Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def phase(self) -> None:
+        """A phase starts: the deadline's estimate starts afresh (held-out problems have fewer contenders)."""
+        self.pace = _Pace(self.clock())
+
+    def _budget(self, held: bool) -> float | None:
+        if self.deadline_s is None:
+            return None
+        return self.deadline_s * (1.0 if held or not self.has_held else TUNED_SHARE)
+
+    def late(self, payload: dict) -> bool:
+        """Whether pass 1 of ``payload``'s problem would end, with the pass 2 due, past its phase's budget."""
+        budget = self._budget(payload["held"])
+        now = self.clock()
+        if budget is None or now - self.t0 + self.pace.needed(now) <= budget:
+            return False
+        self.log(f"deadline: {payload['entry'].key} not timed")
+        return True
+
+    def late_pass2(self, entry: ManifestEntry) -> bool:
+        """Whether the tuned phase's budget is spent: ``entry``'s pass 2 is not run, its pass-1 row stands."""
+        budget = self._budget(False)
+        if budget is None or self.clock() - self.t0 <= budget:
+            return False
+        self.log(f"deadline: {entry.key}: pass 2 not run (pass 1's figures stand)")
+        return True
+
+    def land(self, i: int, done: dict[str, Any]) -> None:
+        """Problem ``i``'s row (``done``: ``row``, ``device``, ``passes`` new in it, default both) into the results,
+        the records and ``out``."""
+        row, device, passes = done["row"], done["device"], done.get("passes", (1, 2))
+        res = self.results
+        res["device"] = res["device"] or (device and _device_name(device, self.slots))
+        name = res["device"] if device in ("cuda", "hip") else device  # the runner's, or smi's
+        if len(self.slots) == 1:
+            row.pop("device_index", None)  # one device: the rows as before the pool
+        elif name:
+            row["device"] = name
+        self.rows[i] = row
+        self._texts.pop(i, None)
+        self.records.append(row, name or res["device"], passes)
+        if 1 in passes:
+            self.pace.add(row)
+        self.write()
+
+    def write(self) -> None:
+        """``out`` as the results stand: valid JSON whenever the run is killed."""
+        from convbw_mlir.files import write_atomic
+
+        self.results["problems"] = [self.rows[i] for i in sorted(self.rows)]
+        for i in self.rows:
+            if i not in self._texts:
+                self._texts[i] = json.dumps(self.rows[i], indent=1)
+        head = json.dumps({k: v for k, v in self.results.items() if k != "problems"}, indent=1)
+        rows = ",\n".join(self._texts[i] for i in sorted(self.rows))
+        write_atomic(str(self.out), f'{head[:-2]},\n "problems": [\n{rows}\n]\n}}\n')
+
+
+def _phases_of(run: _Run, todo: list[ManifestEntry]) -> None:
+    """:func:`time_candidates`' two phases (tuned, then held out), each problem's row landing as it comes."""
     from convbw_mlir.measure.pool import deal
-    from convbw_mlir.measure.run import STEP_TIMEOUT_S
 
     for held in (False, True):  # the held-out phase needs every tuned problem's result: one after the other
         phase = [(i, e) for i, e in enumerate(todo) if e.held_out == held]
         payloads = []
         for _, entry in phase:
             if held:  # the untuned path only: the heuristic, IREE's forms, and select's choice from the tuned ones
-                entry = _untuned_entry(entry, results)
-            payloads.append({"folder": str(folder), "entry": entry, "held": held, "cudnn": cudnn,
-                             "timeout_s": timeout_s or STEP_TIMEOUT_S})  # fmt: skip
-        if pool is not None:
-            source: Any = _served_phase(folder, payloads, slots, log, late, results["server"], pool)
+                entry = _untuned_entry(entry, run.results)
+            payloads.append({"folder": str(run.folder), "entry": entry, "held": held, "cudnn": run.cudnn,
+                             "timeout_s": run.timeout_s})  # fmt: skip
+        run.phase()
+        if run.pool is not None:
+            source: Any = _served_phase(run, payloads)
         else:
-            source = deal(_time_problem, payloads, slots, log, lost=_lost_problem, skip=late)
+            source = deal(_time_problem, payloads, run.slots, run.log, lost=_lost_problem, skip=run.late)
         for j, done in source:
-            row = done["row"]
-            results["device"] = results["device"] or (done["device"] and _device_name(done["device"], slots))
-            name = results["device"] if done["device"] in ("cuda", "hip") else done["device"]  # the runner's, or smi's
-            if len(slots) == 1:
-                row.pop("device_index", None)  # one device: the rows as before the pool
-            elif name:
-                row["device"] = name
-            rows[phase[j][0]] = row
-            records.append(row, name or results["device"])
-            results["problems"] = [rows[i] for i in sorted(rows)]
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(results, indent=1) + "\n")
+            run.land(phase[j][0], done)
+        if payloads:
+            run.write()  # the phase's server summaries
 
 
 def records_path(out: str | os.PathLike) -> Path:
@@ -350,10 +448,11 @@ class _Records:
         self.path, self.fields = path, fields
         self.run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
 
-    def append(self, row: dict[str, Any], device: str | None) -> None:
+    def append(self, row: dict[str, Any], device: str | None, passes: Collection[int] = (1, 2)) -> None:
+        """The lines of ``row``'s ``passes`` (a row lands after pass 1, then again after pass 2)."""
         lines = []
         for tag, contenders in ((1, row["contenders"]), (2, row.get("pass2") or {})):
-            for name, res in contenders.items():
+            for name, res in contenders.items() if tag in passes else ():
                 rec = TuneRecord(self.run, row["key"], row["problem"], tag, name,
                                  row.get("variants", {}).get(name, {"name": name}), **self.fields, device=device,
                                  device_index=row.get("device_index"), held_out=row["held_out"],
@@ -401,40 +500,45 @@ def _pass2_names(row: dict[str, Any]) -> list[str]:
     return again
 
 
-def _served_phase(folder: Path, payloads: list[dict], slots: Sequence[Any], log: Callable[[str], None],
-                  late: Callable[[dict], bool], summaries: list[dict], pool: Any) -> Any:  # fmt: skip
-    """:func:`_time_problem`'s ``(j, {"row", "device"})`` of each payload, pass 1 of them all through ``pool``'s
-    server a device, then pass 2 of the close ones through the same servers
-    (:class:`convbw_mlir.measure.server.Served`); appends each server run's summary to ``summaries``."""
+def _served_phase(run: _Run, payloads: list[dict]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each payload's ``(j, {"row", "device", "passes"})`` through ``run``'s servers: its pass-1 row as soon as it is
+    timed (marked :data:`PASS2_PENDING` where pass 2 is due), then, after pass 1 of them all, the row again with its
+    pass 2 (:class:`convbw_mlir.measure.server.Served`); appends each server run's summary to the results."""
     from convbw_mlir.measure.server import Served
 
     if not payloads:
         return
-    options = _server_options(slots, payloads[0].get("cudnn", False))
+    options = _server_options(run.slots, payloads[0].get("cudnn", False))
     timeout_s = payloads[0]["timeout_s"]
-    first = Served(folder, [p["entry"] for p in payloads], options, slots, timeout_s, log,
-                   skip=lambda i: late(payloads[i]), pool=pool)  # fmt: skip
+    first = Served(run.folder, [p["entry"] for p in payloads], options, run.slots, timeout_s, run.log,
+                   skip=lambda i: run.late(payloads[i]), pool=run.pool)  # fmt: skip
     rows: dict[int, tuple[dict[str, Any], str | None]] = {}
-    index: dict[int, int | None] = {}
+    summaries = run.results["server"]  # each server run's, as it stands when a row lands: a killed run's file has it
+    summaries.append(first.summary())
     for i, (checked, device_name) in first:
         # the row as _run_one's one-device run writes it (no device_index), then the tuner's fields, as _time_problem
-        row = replace(checked, several_devices=False).to_dict()
-        rows[i] = _tune_fields(row, payloads[i]["entry"], payloads[i]["held"]), device_name
-        index[i] = checked.device_index
-    summaries.append(first.summary())
-    again = {i: _pass2_names(row) for i, (row, _) in rows.items()}
-    again = {i: names for i, names in again.items() if names}
-    if again:  # checked on the float64 sample only, as _second_pass
-        order = sorted(again)
-        entries = [(e := payloads[i]["entry"]).with_contenders({n: e.contenders[n] for n in again[i]}) for i in order]
-        second = Served(folder, entries, options | {"numpy_max_flops": 0, "use_torch": False}, slots, timeout_s, log,
-                        pool=pool)  # fmt: skip
-        for k, (checked, _) in second:
-            rows[order[k]][0]["pass2"] = checked.contenders
+        row = _tune_fields(replace(checked, several_devices=False).to_dict(), payloads[i]["entry"], payloads[i]["held"])
+        row["device_index"] = checked.device_index
+        if again := _pass2_names(row):
+            row[PASS2_PENDING] = again
+        rows[i] = row, device_name
+        summaries[-1] = first.summary()
+        yield i, {"row": row, "device": device_name, "passes": (1,)}
+    summaries[-1] = first.summary()
+    order = [i for i in sorted(rows) if PASS2_PENDING in rows[i][0]]
+    if order:  # checked on the float64 sample only, as _second_pass
+        entries = [(e := payloads[i]["entry"]).with_contenders({n: e.contenders[n] for n in rows[i][0][PASS2_PENDING]})
+                   for i in order]  # fmt: skip
+        second = Served(run.folder, entries, options | {"numpy_max_flops": 0, "use_torch": False}, run.slots,
+                        timeout_s, run.log, skip=lambda k: run.late_pass2(entries[k]), pool=run.pool)  # fmt: skip
         summaries.append(second.summary())
-    for i in sorted(rows):
-        rows[i][0]["device_index"] = index[i]
-        yield i, {"row": rows[i][0], "device": rows[i][1]}
+        for k, (checked, _) in second:
+            row, device_name = rows[order[k]]
+            row["pass2"] = checked.contenders
+            del row[PASS2_PENDING]
+            summaries[-1] = second.summary()
+            yield order[k], {"row": row, "device": device_name, "passes": (2,)}
+        summaries[-1] = second.summary()
 
 
 def _lost_problem(payload: dict, why: str) -> dict[str, Any]:
@@ -540,6 +644,8 @@ def _decide(row: dict[str, Any], noise_level: float | None = None, target: str |
 
     Each kernel's time is the mean of its passes (pass 2 re-times the top two and the heuristic's plan).
     The fastest replaces the heuristic's plan only when faster by more than ``max(MIN_GAIN, noise_level)``.
+    A row whose pass 2 was due and not run (:data:`PASS2_PENDING`: the run was cut) is decided on pass 1 alone,
+    and ``why`` says so.
     """
     c = {n: r for n, r in row["contenders"].items() if n != CUDNN}
     if target is not None:
@@ -566,6 +672,8 @@ def _decide(row: dict[str, Any], noise_level: float | None = None, target: str |
         if gain <= margin:
             why = f"{winner} was only {gain:.1%} faster (noise {margin:.1%}): the heuristic's plan kept"
             winner = heur
+    if row.get(PASS2_PENDING):
+        why += "; pass 1 only (its pass 2 was not run)"
     iree = [(times[n], n) for n in times if n in IREE_FORMS]
     default = [(times[n], n) for n in times if n in ("iree_direct", "iree_torch")]
     cud = row["contenders"].get(CUDNN, {})
@@ -573,7 +681,7 @@ def _decide(row: dict[str, Any], noise_level: float | None = None, target: str |
     return {"winner": winner, "cudnn_s": cudnn_s, "median_s": times[winner], "runner_up": second, "noise": noise,
             "flipped": flipped, "heuristic": heur, "heuristic_s": times.get(heur),
             "iree_best": min(iree) if iree else None, "iree_default": min(default) if default else None, "why": why,
-            "times": times, "metric": m}  # fmt: skip
+            "times": times, "metric": m, "pass1_only": bool(row.get(PASS2_PENDING))}  # fmt: skip
 
 
 def build_database(results: dict[str, Any], device: str | None = None) -> TuningDB:
@@ -636,7 +744,7 @@ def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
              "| noise | flip | select path |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]  # fmt: skip
     ratios: dict[str, list[float]] = {"tuned_vs_iree": [], "tuned_vs_default": [], "held_vs_iree": [],
                                       "held_vs_default": [], "held_heur_vs_default": []}  # fmt: skip
-    flips = noisy = 0
+    flips = noisy = pass1_only = 0
     level = device_noise(results)
     for row in results["problems"]:
         d = _decide(row, level, results["target"])
@@ -671,6 +779,7 @@ def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
         if row.get("held_out") and d["heuristic_s"] and d["iree_default"]:
             ratios["held_heur_vs_default"].append(d["iree_default"][0] / d["heuristic_s"])
         flips += bool(d["flipped"])
+        pass1_only += d["pass1_only"]
         noisy += d["flipped"] is not None
         f = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
         noise = f"{d['noise']:.1%}" if d["noise"] is not None else "n/a"
@@ -689,6 +798,8 @@ def summarize(results: dict[str, Any], db: TuningDB | None = None) -> str:
         f"|pass 2 - pass 1| / pass 1 over re-timed kernels): {level or 0:.1%}",
         "",
     ]
+    if pass1_only:
+        lines += [f"pass 1 only: {pass1_only} problems whose pass 2 was due and not run (the run was cut)", ""]
     for k, xs in ratios.items():
         lines.append(f"- {k}: geomean {gm(xs):.2f}x over {len(xs)} problems, min {min(xs, default=float('nan')):.2f}x, "
                      f"{sum(x < 1.0 for x in xs)} below 1.0x")  # fmt: skip
@@ -703,7 +814,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder")
     ap.add_argument("--out", required=True, help="results JSON; the database and summary are written beside it")
     ap.add_argument("--filter", default="")
-    ap.add_argument("--deadline", type=float, default=None, help="seconds after which no new problem starts")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="the run's budget in seconds: no problem starts that would not end within it, its pass 2 "
+                    "included (estimated from the problems timed so far)")  # fmt: skip
     ap.add_argument("--devices", default=None, help=DEVICES_HELP)
     ap.add_argument("--timeout", type=float, default=None, help="seconds one candidate may run (default 600)")
     ap.add_argument("--server", action="store_true",

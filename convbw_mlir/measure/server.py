@@ -595,7 +595,8 @@ class Served:
         timing: the timing protocol (:class:`ServerTiming`).
         skip: ``skip(i)``, asked as entry ``i`` comes up, leaves it out (a deadline): it yields nothing.
         pool: :class:`ServerPool` whose servers measure this run and stay up after it (its slots and timing are
-            the run's; ``slots`` and ``timing`` must then be its own or None).
+            the run's; ``slots`` and ``timing`` must then be its own or None). Without one, the run makes a private
+            pool whose servers stop as it ends: one code path either way.
 
     Raises:
         ValueError: ``prep_workers`` below 1, or no slot; a ``pool`` whose servers lack torch for a cuDNN run, or
@@ -624,22 +625,37 @@ class Served:
         self._starts_before = 0  # the pool's servers started before this run
         self.wall_s = 0.0
         self.skip = skip
+        self.measured = 0  # problems yielded so far (a deadline's ``skip`` leaves some out)
+        self._t0: float | None = None
 
     def summary(self) -> dict[str, Any]:
         """The protocol and the servers: ``timing``, ``servers`` started by this run (a pool's running servers are
-        not counted again), ``problems_per_minute`` (wall clock)."""
+        not counted again), ``problems`` measured, ``wall_s`` and ``problems_per_minute`` (wall clock); asked
+        while the run goes on, the figures so far and ``ended`` false (a run killed then leaves those)."""
         starts = sum(len(s.pids) for s in self.supervisors) - self._starts_before
-        rate = 60.0 * len(self.entries) / self.wall_s if self.wall_s else None
+        ended = self._t0 is not None and self.wall_s > 0
+        wall = self.wall_s if ended or self._t0 is None else time.monotonic() - self._t0
+        rate = 60.0 * self.measured / wall if wall else None
         return {"path": "server", "timing": asdict(self.timing), "servers": starts, "devices": len(self.slots),
-                "prep_workers": self.prep_workers, "wall_s": self.wall_s, "problems_per_minute": rate}  # fmt: skip
+                "prep_workers": self.prep_workers, "problems": self.measured, "wall_s": wall,
+                "problems_per_minute": rate, "ended": ended}  # fmt: skip
 
     def __iter__(self) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
-        t0 = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="convbw-serve-") as tmp:
-            yield from self._run(Path(tmp))
-        self.wall_s = time.monotonic() - t0
+        self._t0 = time.monotonic()
+        pool = self.pool or ServerPool(self.slots, self.options, self.timeout_s, self.log, self.timing)
+        # closing: a consumer that stops early ends the workers' queue before the problems' folder goes
+        with (
+            tempfile.TemporaryDirectory(prefix="convbw-serve-") as tmp,
+            contextlib.closing(self._run(Path(tmp), pool)) as items,
+        ):
+            for item in items:
+                self.measured += 1
+                yield item
+        if self.pool is None:
+            pool.close()
+        self.wall_s = max(time.monotonic() - self._t0, 1e-9)
 
-    def _run(self, tmp: Path) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
+    def _run(self, tmp: Path, servers: ServerPool) -> Iterator[tuple[int, tuple[ResultRow, str | None]]]:
         ctx = multiprocessing.get_context("spawn")  # nothing forked from a parent that may hold threads
         todo = collections.deque(range(len(self.entries)))
         futures: dict[int, concurrent.futures.Future] = {}
@@ -696,7 +712,7 @@ class Served:
                         futures.pop(i, None)
                     done.put((i, (replace(row, device_index=sup.slot.index), sup.device_name)))
             finally:
-                if self.pool is None:  # a pool's servers stay up for its next run
+                if self.pool is None:  # a private pool's server stops with its last problem; a caller's stays up
                     sup.close()
                 done.put(None)
 
@@ -704,21 +720,22 @@ class Served:
         with concurrent.futures.ProcessPoolExecutor(self.prep_workers, mp_context=ctx, initializer=quiet) as pool:
             with guard:
                 feed(pool)
-            if self.pool is not None:
-                self.supervisors = self.pool.supervisors
-                self._starts_before = sum(len(s.pids) for s in self.supervisors)
-            else:
-                self.supervisors = [_Supervisor(s, self.options, self.timeout_s, self.log, tmp) for s in self.slots]
+            self.supervisors = servers.supervisors
+            self._starts_before = sum(len(s.pids) for s in self.supervisors)
             threads = [threading.Thread(target=work, args=(s, pool), daemon=True) for s in self.supervisors]
             for t in threads:
                 t.start()
             running = len(threads)
-            while running:
-                item = done.get()
-                if item is None:
-                    running -= 1
-                else:
-                    yield item
+            try:
+                while running:
+                    item = done.get()
+                    if item is None:
+                        running -= 1
+                    else:
+                        yield item
+            finally:
+                with guard:  # a consumer that stops early (a signal): no server takes another problem
+                    todo.clear()
             for t in threads:
                 t.join()
 
