@@ -19,6 +19,9 @@ paths' times of the same candidates compare) and OUT/tune_rate.md, and the serve
 ``phases RESULTS.json...``: the rate of ``dispatch.tune --server`` runs from their results files (problems over the
 summed wall of every pass's server, a minute a GPU; the steady rate; the deadline's cut, from log.txt beside) and
 their steps summed (``phase_summary``), a row a file and one for all.
+
+``pass2 RESULTS.json...``: what pass 2 changed, by the gap between pass 1's fastest two (the evidence for
+``dispatch.tune.PASS2_WITHIN``): problems re-timed, winners changed, and the loss of keeping pass 1's winner.
 """
 
 from __future__ import annotations
@@ -367,6 +370,54 @@ def _phases(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps({str(p): r for p, r in rows} | {"all": total}, indent=1) + "\n")
     return 0
 
+BANDS = (0.01, 0.02, 0.03, 0.05, 0.10, 0.25)  # upper edges of the pass-1 gap bands ``pass2`` reports
+
+
+def pass2_effect(rows: list[dict[str, Any]], bands: tuple[float, ...] = BANDS) -> list[dict[str, Any]]:
+    """By the gap between pass 1's fastest two (second / first - 1, in ``bands``): the problems pass 2 re-timed
+    both of, how many of them changed winner (both passes' mean, as the tuner decides), and the loss of keeping
+    pass 1's winner (its mean time over the new winner's, minus 1: max and mean)."""
+    from convbw_mlir.dispatch.tune import _metric, _ranked
+
+    seen: list[tuple[float, float]] = []
+    for row in rows:
+        p2 = {n: r for n, r in (row.get("pass2") or {}).items() if r.get("status") == "ok"}
+        m = _metric(row["contenders"], p2)
+        ranked = _ranked(row["contenders"], m)
+        if len(ranked) < 2 or not {ranked[0][1], ranked[1][1]} <= p2.keys():
+            continue
+        (t1, a), (t2, b) = ranked[:2]
+        mean = {n: (t + p2[n][m]) / 2 for t, n in ranked[:2]}
+        seen.append((t2 / t1 - 1, mean[a] / min(mean.values()) - 1))
+    out, low = [], 0.0
+    for high in bands:
+        band = [loss for gap, loss in seen if low <= gap < high]
+        out.append({"gap": [low, high], "retimed": len(band), "changed": sum(loss > 0 for loss in band),
+                    "max_loss": max(band, default=0.0), "mean_loss": statistics.fmean(band) if band else 0.0})
+        low = high
+    return out
+
+
+def _pass2(args: argparse.Namespace) -> int:
+    rows = []
+    for name in args.results:
+        try:
+            rows += json.loads(Path(name).read_text())["problems"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: {name}: {e}", file=sys.stderr)
+            return 1
+    bands = pass2_effect(rows)
+    lines = [f"{len(rows)} problems; pass 2 re-timed both of pass 1's fastest two on "
+             f"{sum(b['retimed'] for b in bands)}", "",
+             "| pass-1 gap | re-timed | winner changed | max loss of pass 1's winner | mean loss |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for b in bands:
+        lo, hi = b["gap"]
+        lines.append(f"| {lo:.0%}-{hi:.0%} | {b['retimed']} | {b['changed']} | {b['max_loss']:.2%} | "
+                     f"{b['mean_loss']:.3%} |")  # fmt: skip
+    print("\n".join(lines))
+    return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -399,7 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     phases.add_argument("results", nargs="+", help="results.json files (a deadline cut counted from log.txt beside)")
     phases.add_argument("--out", default=None, help="the figures as JSON too")
+    p2 = sub.add_parser("pass2", help="what pass 2 changed, by the gap between pass 1's fastest two")
+    p2.add_argument("results", nargs="+", help="tuner results.json files")
     args = ap.parse_args(argv)
+    if args.cmd == "pass2":
+        return _pass2(args)
     if args.cmd == "phases":
         return _phases(args)
     if args.cmd == "compare":

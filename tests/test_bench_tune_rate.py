@@ -49,3 +49,20 @@ def test_phases_refuses_a_results_file_without_server_runs(tmp_path, capsys):
     path.write_text(json.dumps({"problems": [{"key": "a"}]}))
     assert tune_rate.main(["phases", str(path)]) == 1
     assert "no 'server' record" in capsys.readouterr().err
+
+
+def test_pass2_effect_bands_problems_by_pass1s_gap_and_counts_winners_pass2_changed():
+    def row(first_us: float, second_us: float, again: tuple[float, float]) -> dict:
+        ok = lambda t: {"status": "ok", "median_s": t * 1e-5, "kernel_s": t * 1e-6}  # noqa: E731
+        return {"contenders": {"a": ok(first_us), "b": ok(second_us), "cudnn": ok(0.1)},
+                "pass2": {"a": ok(again[0]), "b": ok(again[1])}}  # fmt: skip
+
+    rows = [row(10.0, 10.05, (10.4, 10.0)),  # 0.5% apart, pass 2 turns it round: mean a 10.2, b 10.025
+            row(10.0, 10.8, (10.0, 10.8)),  # 8% apart, kept
+            row(10.0, 13.0, (10.0, 13.0)),  # 30%: outside every band
+            {"contenders": row(1, 2, (1, 2))["contenders"]}]  # never re-timed  # fmt: skip
+    bands = {tuple(b["gap"]): b for b in tune_rate.pass2_effect(rows)}
+    first, eight = bands[(0.0, 0.01)], bands[(0.05, 0.10)]
+    assert (first["retimed"], first["changed"], eight["retimed"], eight["changed"]) == (1, 1, 1, 0)
+    assert first["max_loss"] == pytest.approx(10.2 / 10.025 - 1) and eight["max_loss"] == 0.0
+    assert sum(b["retimed"] for b in bands.values()) == 2

@@ -401,6 +401,33 @@ def test_a_pooled_server_outlives_its_run_and_refuses_a_cudnn_run_it_was_not_sta
     assert pool.supervisors[0].child is None  # closed with the pool
 
 
+def test_problems_skipped_by_a_deadline_get_no_inputs_made_so_the_run_ends_at_once(built, monkeypatch):
+    """Past a deadline every later problem is skipped: none of them has its inputs and references made (zootune7 on
+    the H100: the run's end waited minutes for the preparations of the 838 problems its deadline skipped)."""
+    import concurrent.futures
+
+    from convbw_mlir.measure import server
+    from convbw_mlir.measure.pool import resolve_devices
+    from convbw_mlir.measure.run import manifest_entries, read_manifest
+
+    prepared = []
+
+    class Executor(concurrent.futures.ProcessPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            prepared.append(args[1])  # the problem's state folder
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(server.concurrent.futures, "ProcessPoolExecutor", Executor)
+    _manifest(built, [f"p{i}" for i in range(12)])
+    entries = manifest_entries(read_manifest(built), built)
+    slots = resolve_devices("local-task", None)
+    options = {"driver": "local-task", "device": None, "use_torch": False, "numpy_max_flops": 0.0, "check_only": False}
+    run = server.Served(built, entries, options, slots, 60.0, log=lambda _: None, prep_workers=1,
+                        skip=lambda i: i >= 1)  # fmt: skip
+    assert [i for i, _ in run] == [0]
+    assert len(prepared) <= 2 + server.LOOKAHEAD  # the problem measured and the look-ahead past it, no more
+
+
 def test_a_run_without_a_pool_measures_through_a_private_pool_whose_server_ends_with_it(built, monkeypatch):
     """``measure.run --server`` (no pool of the caller's) and the tuner share one code path: the servers of a
     :class:`ServerPool`."""

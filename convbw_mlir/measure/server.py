@@ -688,12 +688,18 @@ class Served:
                         if not todo:
                             return
                         i = todo.popleft()
+                    if self.skip is not None and self.skip(i):
+                        # no inputs made for a skipped problem: after a deadline every later one is skipped, and
+                        # their preparations would hold the run's end until all were made (zootune7: minutes)
+                        with guard:
+                            if (ahead := futures.pop(i, None)) is not None:
+                                ahead.cancel()  # one being made already ends; the run's folder goes with the run
+                        continue
+                    with guard:
                         if i not in futures:
                             submit(pool, i)
                         feed(pool)
                         future = futures[i]
-                    if self.skip is not None and self.skip(i):
-                        continue
                     entry = self.entries[i]
                     try:
                         t0 = time.perf_counter()
@@ -736,6 +742,8 @@ class Served:
             finally:
                 with guard:  # a consumer that stops early (a signal): no server takes another problem
                     todo.clear()
+                    for ahead in futures.values():  # nor is one prepared: the pool's end would wait for them
+                        ahead.cancel()
             for t in threads:
                 t.join()
 
