@@ -370,6 +370,7 @@ def _phases(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps({str(p): r for p, r in rows} | {"all": total}, indent=1) + "\n")
     return 0
 
+
 BANDS = (0.01, 0.02, 0.03, 0.05, 0.10, 0.25)  # upper edges of the pass-1 gap bands ``pass2`` reports
 
 
@@ -393,7 +394,8 @@ def pass2_effect(rows: list[dict[str, Any]], bands: tuple[float, ...] = BANDS) -
     for high in bands:
         band = [loss for gap, loss in seen if low <= gap < high]
         out.append({"gap": [low, high], "retimed": len(band), "changed": sum(loss > 0 for loss in band),
-                    "max_loss": max(band, default=0.0), "mean_loss": statistics.fmean(band) if band else 0.0})
+                    "max_loss": max(band, default=0.0),
+                    "mean_loss": statistics.fmean(band) if band else 0.0})  # fmt: skip
         low = high
     return out
 
