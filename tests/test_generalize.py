@@ -367,3 +367,24 @@ def test_a_selector_file_of_the_old_version_is_ignored_with_a_warning(tmp_path, 
     (tmp_path / "tuning" / "selector.sm_80.json").write_text(json.dumps(old))
     with pytest.warns(UserWarning, match=f"version {SELECTOR_VERSION - 1}, this version reads {SELECTOR_VERSION}"):
         assert learned_selector("sm_80") is None  # no sm_80 selector ships: the old file is the only one
+
+
+def test_the_selector_keeps_the_plans_matrix_instruction_however_it_scores_another():
+    """A selector that predicts the sm_80 kernel fastest on a problem the plan gives the wgmma kernel still returns
+    a wgmma variant (the second held-back set: each such switch of the selector's ran 2.3-3.2x longer)."""
+    from convbw_mlir.dispatch.learned import instruction_family
+
+    p = ConvBwdWeightProblem(groups=1, batch=16, in_channels=256, out_channels=512, input_size=(20, 20),
+                             filter_size=(3, 3), pad_low=(1, 1), pad_high=(1, 1), dtype="f16")  # fmt: skip
+    vs = candidates(p, "sm_90a", iree=False)
+    fams = [instruction_family(v) for v in vs]
+    assert fams[0] == "NV_WGMMA" and "NV_MMA_SYNC" in fams  # the plan's kernel and the sm_80 one among them
+    sync = {tuple(features(p, v, "sm_90a")) for v, f in zip(vs, fams) if f == "NV_MMA_SYNC"}
+    assert not sync & {tuple(features(p, v, "sm_90a")) for v, f in zip(vs, fams) if f != "NV_MMA_SYNC"}
+
+    class PrefersTheSm80Kernel(TreeSelector):
+        def predict(self, rows):
+            return [-1.0 if tuple(r) in sync else 0.0 for r in rows]
+
+    sel = PrefersTheSm80Kernel("sm_90a", 0.0, 1.0, [])
+    assert instruction_family(sel.choose(p, vs)) == "NV_WGMMA"

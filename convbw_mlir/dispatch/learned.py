@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,29 @@ def features(problem: ConvBwdWeightProblem, variant: Variant, target: str | None
     return row
 
 
+def instruction_family(variant: Variant) -> str | None:
+    """The family of a variant's matrix instruction (``NV_WGMMA``, ``NV_MMA_SYNC``, ``MFMA``, ``WMMA``), None where
+    its plan has no matrix-core tile (IREE's forms, codegen, simt)."""
+    tile = variant.plan.tile if variant.plan is not None else None
+    if tile is None:
+        return None
+    return re.split(r"_(?:F|I|BF)\d", tile.intrinsic, maxsplit=1)[0]
+
+
+def same_instruction(problem: ConvBwdWeightProblem, variants: list[Variant], target: str) -> list[Variant]:
+    """``variants`` less those on another matrix instruction than the plan's (wgmma <-> mma.sync): the zoo's
+    tuning rarely saw such a switch win (4 of 600 problems), and on the second held-back set each the selector made
+    ran 2.3-3.2x longer (docs/dispatch.md#generalize). All of them where none is left or the plan has no tile."""
+    from convbw_mlir.plan import decide
+
+    try:
+        own = instruction_family(Variant("convbw", decide(problem, target)))
+    except ValueError:  # no plan of ours (a PlanError): nothing to keep to
+        return variants
+    kept = [v for v in variants if instruction_family(v) in (None, own)]
+    return kept if own is not None and kept else variants
+
+
 # -- the learned selector ---------------------------------------------------------------------------------
 @dataclass
 class TreeSelector:
@@ -106,7 +130,9 @@ class TreeSelector:
         return out
 
     def choose(self, problem: ConvBwdWeightProblem, variants: list[Variant]) -> Variant:
-        """The variant of least predicted time (the first on a tie: candidates list the heuristic's first)."""
+        """The variant of least predicted time (the first on a tie: candidates list the heuristic's first) among
+        those that keep the plan's matrix instruction (:func:`same_instruction`)."""
+        variants = same_instruction(problem, variants, self.target)
         scores = self.predict([features(problem, v, self.target) for v in variants])
         return variants[min(range(len(variants)), key=lambda i: (scores[i], i))]
 
