@@ -104,6 +104,23 @@ def test_the_report_counts_each_selectors_choices_within_ten_percent_of_the_best
     assert {"select", "nearest"} <= report["selectors"].keys()
 
 
+def test_product_is_what_select_gives_untuned_with_the_installed_selector(monkeypatch):
+    """Goal 1 judges the untuned choice a user gets: ``product`` follows the installed selector, ``select`` not."""
+    import importlib
+
+    sel_mod = importlib.import_module("convbw_mlir.dispatch.select")
+
+    results, models = _results(80)
+    split = split_by_model(MODELS)
+    monkeypatch.setattr(sel_mod, "learned_selector", lambda target: None)
+    plain = evaluate(results, split, models=models)
+    assert [r.get("product") for r in plain["rows"]] == [r.get("select") for r in plain["rows"]]
+    trained = train_selector(results, split, models)
+    monkeypatch.setattr(sel_mod, "learned_selector", lambda target: trained)
+    installed = evaluate(results, split, trained, models)
+    assert installed["selectors"]["product"]["within"] > plain["selectors"]["product"]["within"]
+
+
 def test_plan_now_is_todays_plan_and_not_measured_where_the_run_never_timed_it():
     results, models = _results(20)
     split = {"held_out": ["net00", "net01"], "tuned": MODELS[2:]}

@@ -211,7 +211,9 @@ def evaluate(results: dict[str, Any], split: dict[str, Any] | None = None, selec
     Selectors: ``heuristic`` (the plan's own when the run was tuned), ``plan now`` (the plan's own today),
     ``select`` (exact, nearest or heuristic on a database of the
     tuned problems; also broken down by path), ``nearest`` (``select``'s choice where a tuned problem is near,
-    else the heuristic's), ``learned`` (``selector``, where given). Each gets ``within`` (choices within
+    else the heuristic's), ``learned`` (``selector``, where given, among the timed candidates), ``product`` (what
+    ``select`` gives a user untuned today: the installed learned selector among today's candidates, where one is
+    installed for the target). Each gets ``within`` (choices within
     :data:`WITHIN` of the best), ``measured`` (choices that were timed), ``geomean_loss`` (geomean of
     time / best, minus 1) and ``not_measured`` (a choice no candidate of the run was: left out of the rates).
     """
@@ -235,6 +237,8 @@ def evaluate(results: dict[str, Any], split: dict[str, Any] | None = None, selec
         choices = {"heuristic": row.get("heuristic"), "select": _name_of(sel.variant, variants),
                    f"select:{sel.path}": _name_of(sel.variant, variants)}  # fmt: skip
         choices["nearest"] = choices["select"] if sel.path != "heuristic" else row.get("heuristic")
+        # what a user gets untuned today: select with the installed learned selector, among today's candidates
+        choices["product"] = _name_of(select(problem, results["target"], dbs=[db]).variant, variants)
         # the plan's rules as they are now (the run recorded the heuristic of its day): not measured where they moved
         choices["plan now"] = _name_of(Variant("convbw", decide(problem, results["target"])), variants)
         if selector is not None:
