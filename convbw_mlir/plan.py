@@ -226,6 +226,8 @@ class Rule:
 def _fp8(a: _Ask) -> Plan:
     if a.given_split is not None:
         raise PlanError(f"split: {a.given_split.k_batch} (an fp8 op arrives unsplit: the fp8 GEMM splits it itself)")
+    if a.opts.wgmma_rows is not None:
+        raise PlanError(f"wgmma-rows: {a.opts.wgmma_rows} (the fp8 GEMM takes k-batch and tile-n only)")
     return sm90_fp8.plan(a.given, a.tgt, a.opts)
 
 
@@ -446,7 +448,10 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     if opts.wgmma_merge is not None and policy is not policies.sm90:
         raise PlanError(f"wgmma-merge: {opts.wgmma_merge} on target {tgt.name} (the wgmma kernel's boxed form is "
                         "written for sm_90a)")  # fmt: skip
-    asked = opts.merge_groups is not None or opts.wgmma_merge is not None
+    if opts.wgmma_rows is not None and policy is not policies.sm90:
+        raise PlanError(f"wgmma-rows: {opts.wgmma_rows} on target {tgt.name} (the wgmma kernel is written for "
+                        "sm_90a)")  # fmt: skip
+    asked = opts.merge_groups is not None or opts.wgmma_merge is not None or opts.wgmma_rows is not None
     if tgt.family == "nvidia" and not depthwise.takes(problem) and not asked:
         # depthwise always; thin groups where the implicit GEMM refuses them (odd channel counts a group)
         if depthwise.is_depthwise(problem) or policy.unsupported(problem, None):

@@ -24,6 +24,7 @@ __all__ = [
     "MergePlan",
     "STREAMK_FIXUPS",
     "WAVESPEC_PRODUCERS",
+    "WGMMA_ROWS",
     "Overrides",
     "Plan",
     "PlanError",
@@ -379,6 +380,8 @@ STRATEGY_OPTIONS = (Strategy.EXPLICIT.value, "codegen", "gemv")
 # (``relayout``), the layout-4 kernel that gathers x (``gather``), or the one that folds x's taps in shared memory
 # (``fold``).
 LAYOUT4_FORMS = ("relayout", "gather", "fold")
+# The sm_90a wgmma kernel's tile rows (Overrides.wgmma_rows): one or two consumer warpgroups of 64 rows
+WGMMA_ROWS = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -417,6 +420,9 @@ class Overrides:
         fold_rank: a 3-D problem as its 2-D twin by reshapes (:func:`convbw_mlir.problem.fold_rank`): True asks
             for it (refused by name where it does not apply), False never; None (the default): the plan's rule
             (switch ``FOLD_RANK_BY_DEFAULT``, off).
+        wgmma_rows: on sm_90a, strategy explicit: the wgmma kernel's tile rows, 64 (one consumer warpgroup) or 128
+            (two); None (the default): the policy's (:func:`convbw_mlir.policies.sm90.consumers_for`: 64 where
+            K <= 64, else 128). Not ``tile-m``, which asks for the sm_80 kernel there.
     """
 
     k_batch: int | str = "auto"
@@ -438,11 +444,12 @@ class Overrides:
     merge_groups: int | None = None
     wgmma_merge: int | None = None
     fold_rank: bool | None = None
+    wgmma_rows: int | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
     def __post_init__(self) -> None:
-        for name in ("k_batch", *self._TILE):  # numpy integers are integers too
+        for name in ("k_batch", *self._TILE, "wgmma_rows"):  # numpy integers are integers too
             value = getattr(self, name)
             if not isinstance(value, int | str | None) and _integral(value):
                 object.__setattr__(self, name, int(value))
@@ -490,6 +497,11 @@ class Overrides:
         if self.wgmma_merge is not None and self.strategy != Strategy.EXPLICIT.value:
             chosen = self.strategy or "none, the plan's choice"
             raise PlanError(f"wgmma-merge: {self.wgmma_merge} applies to strategy explicit only (strategy: {chosen})")
+        if self.wgmma_rows is not None and not (_is_int(self.wgmma_rows) and self.wgmma_rows in WGMMA_ROWS):
+            raise PlanError(f"wgmma-rows: expected 64 or 128, got {self.wgmma_rows!r}")
+        if self.wgmma_rows is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"wgmma-rows: {self.wgmma_rows} applies to strategy explicit only (strategy: {chosen})")
         if self.fold_rank is not None and not isinstance(self.fold_rank, bool):
             raise PlanError(f"fold-rank: expected true or false, got {self.fold_rank!r}")
         if not isinstance(self.reduction_innermost, bool):

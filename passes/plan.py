@@ -69,6 +69,8 @@ class PlanPass(ConvbwPass):
                                           "a GEMM; default: the plan's rule)")  # fmt: skip
         wgmma_merge: int | None = option(None, "explicit, sm_90a: groups of C < 64 channels a 64-channel box of the "
                                          "wgmma kernel's boxed form (default: the plan's rule, off)")  # fmt: skip
+        wgmma_rows: int | None = option(None, "explicit, sm_90a: the wgmma kernel's tile rows, 64 or 128 (one or two "
+                                        "consumer warpgroups; default: 64 where K <= 64, else 128)")  # fmt: skip
         fold_rank: bool | None = option(None, "a 3-D problem with a unit filter extent as its 2-D twin by reshapes: "
                                         "true or false (default: the plan's rule, off)")  # fmt: skip
 

@@ -270,7 +270,9 @@ def select(problem: ConvBwdWeightProblem, target: Target | str, device: str | No
     )
     if learned is not None:
         options = [
-            v for v in candidates(problem, tgt, iree=False) if satisfies(v.plan, deterministic, max_workspace_bytes)
+            v
+            for v in candidates(problem, tgt, iree=False, wgmma_rows=False)  # the selector's trees never saw them
+            if satisfies(v.plan, deterministic, max_workspace_bytes)
         ]
         if options:
             trained = learned.meta.get("problems")
@@ -334,7 +336,8 @@ def _constrained(problem: ConvBwdWeightProblem, tgt: Target, base: Variant, dete
     Raises:
         ValueError: none does: naming the request and the least workspace a plan needs.
     """
-    plans = [v for v in candidates(problem, tgt, max_plans=CONSTRAINED_PLANS, iree=False) if v.plan is not None]
+    found = candidates(problem, tgt, max_plans=CONSTRAINED_PLANS, iree=False, wgmma_rows=False)  # unmeasured: not here
+    plans = [v for v in found if v.plan is not None]
     for opts in UNSPLIT:
         try:
             plans.append(Variant("convbw", decide(problem, tgt, **opts), tuple(sorted(opts.items()))))

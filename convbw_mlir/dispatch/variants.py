@@ -53,7 +53,7 @@ FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
 IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
 OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
-           "strategy", "merge_groups", "streamk", "wgmma_merge", "fold_rank")  # fmt: skip
+           "strategy", "merge_groups", "streamk", "wgmma_merge", "fold_rank", "wgmma_rows")  # fmt: skip
 
 
 def known_wrong(problem: ConvBwdWeightProblem, target: Target | str, form: str) -> str | None:
@@ -254,13 +254,39 @@ def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, 
         yield from ({**boxed, "k_batch": kb, "tile_n": w} for w in (256, 192, 128) if w != n)
         yield from ({**boxed, "k_batch": k} for k in near[2:])
         return
-    yield from ({"strategy": "explicit", "k_batch": k} for k in near[:2])
+    rows64 = list(_rows64(problem, base))
+    yield from ({"strategy": "explicit", "k_batch": k} for k in near[:1])
+    yield from rows64[
+        :1
+    ]  # unsplit: the 64-row tile's best on the sm_80 kernel (docs/decisions.md#short-reduction-dense)
+    yield from ({"strategy": "explicit", "k_batch": k} for k in near[1:2])
     yield {"strategy": "explicit", "k_batch": kb} if base.streamk else {"strategy": "explicit", "streamk": "auto"}
     widths = [w for w in (256, 192, 128) if w != n]
     yield from ({"strategy": "explicit", "k_batch": kb, "tile_n": w} for w in widths[:1])
     yield from _sm80_kernel(problem)
+    yield from rows64[1:]
     yield from ({"strategy": "explicit", "k_batch": kb, "tile_n": w} for w in widths[1:])
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[2:])
+
+
+# The short reductions (N Ho Wo) where the tuner tries the wgmma kernel's 64-row tile on K > 64: the bound of
+# docs/dispatch.md#zoo-misranks (14x14 at batch 32), where no kernel of ours beat cuDNN on dense layers (issue 39)
+SHORT_DENSE_REDUCTION = 6272
+
+
+def _rows64(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
+    """The wgmma kernel's 64-row tile (one consumer warpgroup) where the plan takes two (K > 64) on a short
+    reduction: unsplit and the plan's split, the plan's width and 64. Unmeasured on a GPU: the rule never picks it
+    (``wgmma_rows``); cuDNN runs 64-row tiles on most of these layers and the sm_80 kernel's 64-row tile beat its
+    128-row one there (docs/decisions.md#short-reduction-dense)."""
+    if base.tile.subgroups_m != 2 or base.merge is not None:
+        return
+    if problem.batch * math.prod(problem.output_size) > SHORT_DENSE_REDUCTION:
+        return
+    kb, n = base.k_batch, base.tile.n
+    for bn in dict.fromkeys((n, 64)):
+        for k in dict.fromkeys((1, kb)):
+            yield {"strategy": "explicit", "wgmma_rows": 64, "k_batch": k, "tile_n": bn}
 
 
 def _sm80_kernel(problem: ConvBwdWeightProblem, merged: bool = False) -> Iterator[dict[str, Any]]:
@@ -276,8 +302,14 @@ def _sm80_kernel(problem: ConvBwdWeightProblem, merged: bool = False) -> Iterato
         yield {"strategy": "explicit", "tile_m": plan.tile.m, **merge}
 
 
-def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator[dict[str, Any]]:
-    """Override sets to try, most promising first (docs/dispatch.md#candidates)."""
+def _grid(
+    problem: ConvBwdWeightProblem, target: Target, base: Plan, wgmma_rows: bool = True
+) -> Iterator[dict[str, Any]]:
+    """Override sets to try, most promising first (docs/dispatch.md#candidates); ``wgmma_rows`` False: none
+    asking for the wgmma kernel's tile rows."""
+    if not wgmma_rows:
+        yield from (opts for opts in _grid(problem, target, base) if "wgmma_rows" not in opts)
+        return
     tgt = target
     if not tgt.is_gpu:
         for kb in (1, 2, 4):
@@ -333,10 +365,12 @@ def _grid(problem: ConvBwdWeightProblem, target: Target, base: Plan) -> Iterator
 
 
 def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: int = 6,
-               iree: bool = True, iree_forms: tuple[str, ...] = IREE_FORMS) -> list[Variant]:  # fmt: skip
+               iree: bool = True, iree_forms: tuple[str, ...] = IREE_FORMS,
+               wgmma_rows: bool = True) -> list[Variant]:  # fmt: skip
     """The valid variants of ``problem`` on ``target``: the heuristic's first, IREE's forms (with
     ``iree``, those of ``iree_forms``; the torch form only where it exists: 2-D, G=1, no epilogue; none
-    :func:`known_wrong`), then up to ``max_plans`` further plans.
+    :func:`known_wrong`), then up to ``max_plans`` further plans (``wgmma_rows`` False: none with the wgmma
+    kernel's 64-row tile on K > 64, which the tuner tries and the learned selector never saw).
 
     Raises:
         ValueError: unknown target, or a name in ``iree_forms`` that is not one of :data:`IREE_FORMS`.
@@ -356,7 +390,7 @@ def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: i
         ]
     seen = {base}
     plans = 0
-    for opts in _grid(problem, target, base.plan):
+    for opts in _grid(problem, target, base.plan, wgmma_rows):
         if plans >= max_plans:
             break
         try:

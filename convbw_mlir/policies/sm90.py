@@ -267,8 +267,8 @@ def widths_for(n: int) -> list[int]:
 
 def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     """This kernel's plan where it takes the problem and the options (``k-batch``, ``tile-n`` as the wgmma
-    N: 64, 128, 192 or 256; ``streamk``), by :func:`choose` for the rest; else the sm_80 kernels'
-    (:func:`sm80.plan`).
+    N: 64, 128, 192 or 256; ``streamk``; ``wgmma-rows``: 64 or 128 rows, one or two consumer warpgroups), by
+    :func:`choose` for the rest; else the sm_80 kernels' (:func:`sm80.plan`).
 
     Raises:
         PlanError: the kernel cannot carry the plan out (every reason, "field: value").
@@ -277,6 +277,8 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     merge = _merge(problem, tgt, opts, others)
     if merge:
         return _boxed_plan(problem, tgt, opts, merge)
+    if opts.wgmma_rows is not None:
+        _check_rows(problem, opts, others)
     if not takes(problem) or others or opts.producers is not None:
         return sm80.plan(problem, tgt, opts)
     m, n, reduction = problem.out_channels, problem.in_channels * math.prod(problem.filter_size), _reduction(problem)
@@ -287,14 +289,18 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     # an epilogue rides the second pass (the split's sum, or one rounding pass): StreamK writes dW itself
     floor = floor_us(problem, tgt)
     args = (m, n, reduction, tgt.compute_units, problem.groups, widths, problem.epilogue is None, floor)
+    if opts.wgmma_rows is not None:  # the model has no 64-row cost where K > 64: the 128-row tile's split, no StreamK
+        args = (*args[:6], False, floor)
     bn, splits, streamk = choose(*args)
-    decided = [] if opts.streamk is not None or _is_int(opts.k_batch) else deciding_rules(*args)
+    asked = opts.streamk is not None or _is_int(opts.k_batch) or opts.wgmma_rows is not None
+    decided = [] if asked else deciding_rules(*args)
     if opts.streamk is not None:  # StreamK asked: on the target's SMs (auto) or that many workgroups
         splits, streamk = 1, tgt.compute_units if opts.streamk == "auto" else opts.streamk
     if _is_int(opts.k_batch):
         splits = opts.k_batch
         streamk = streamk if opts.streamk is not None else 0
-    chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn))  # one consumer where K <= 64
+    consumers = opts.wgmma_rows // 64 if opts.wgmma_rows is not None else None  # default: one where K <= 64
+    chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn, consumers))
     if streamk:
         total = _streamk_iterations(problem, bn)
         chosen = replace(chosen, streamk=StreamKPlan(min(streamk, total), opts.streamk_fixup or "linear"))
@@ -307,6 +313,30 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         why = "; ".join(f"{r.name}: {r.reason}" for r in decided)
         chosen = replace(chosen, decision=Decision("", "", f"{what} of {bn}-wide tiles by {why}"))
     return chosen
+
+
+def _check_rows(problem: Any, opts: Overrides, others: dict[str, int]) -> None:
+    """Refuse ``wgmma-rows`` where the plain wgmma kernel cannot take it (every reason, "field: value").
+
+    Raises:
+        PlanError: naming wgmma-rows and its value, and why.
+    """
+    rows, why = opts.wgmma_rows, []
+    if others or opts.producers is not None:
+        spelled = {"m": "tile-m", "k": "tile-k"}
+        asked = {spelled.get(k, k.replace("_", "-")): v for k, v in others.items()}
+        asked.update({"producers": opts.producers} if opts.producers is not None else {})
+        why.append(f"with {', '.join(f'{k} {v}' for k, v in asked.items())} (options of the sm_80 kernel)")
+    if opts.streamk is not None and rows == 64 and problem.out_channels > 64:  # not verified on the emulator
+        why.append(f"with streamk {opts.streamk!r} (StreamK's workspace and fixup with one consumer where K > 64: "
+                   "unverified)")  # fmt: skip
+    if rows == 128 and problem.out_channels <= 64:
+        why.append(f"with out_channels {problem.out_channels} (K <= 64: the kernel's tile is 64 rows)")
+    refused = _problem_refusals(problem)
+    if refused:
+        why.append("on a problem the wgmma kernel does not take: " + "; ".join(refused))
+    if why:
+        raise PlanError(f"wgmma-rows: {rows} " + "; ".join(why))
 
 
 # -- thin and medium groups: the boxed form (conv_sm90.ConvSm90.merge) ----------------------------------------
@@ -378,9 +408,10 @@ def _merge(problem: Any, tgt: Target, opts: Overrides, others: dict[str, int]) -
     asks for the sm_80 kernels (0: not the boxed form)."""
     if opts.wgmma_merge is None:
         asked = others or opts.producers is not None or opts.merge_groups is not None or opts.streamk is not None
+        asked = asked or opts.wgmma_rows is not None  # the plain kernel's option
         return 0 if asked or opts.k_batch == "rows" else merge_rule(problem, tgt)
     for name, value in (("tile options", others), ("producers", opts.producers), ("merge-groups", opts.merge_groups),
-                        ("streamk", opts.streamk)):  # fmt: skip
+                        ("streamk", opts.streamk), ("wgmma-rows", opts.wgmma_rows)):  # fmt: skip
         if value:
             raise PlanError(f"wgmma-merge: {opts.wgmma_merge} with {name} {value!r} (the boxed form takes "
                             "k-batch and tile-n only)")  # fmt: skip
