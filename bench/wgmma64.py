@@ -163,6 +163,9 @@ def summarize(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str,
                 best[f] = (t, n)
         ours = {n: t for n, t in times.items() if n in fams and t}
         top = min(((t, n) for n, t in ours.items()), default=None)
+        for label, twin in entry["grid"].get("same_plan", {}).items():  # a point whose plan was built as another
+            if f"convbw[{twin}]" in ours:
+                ours[f"convbw[{label}]"] = ours[f"convbw[{twin}]"]
         plan = times.get(PLAN)
         out.append({"name": r["name"], "key": r["key"], "dtype": entry["problem"]["dtype"],
                     "shape": tail7._shape(entry["problem"]), "set": entry.get("set", "tune"),
