@@ -228,6 +228,8 @@ def _fp8(a: _Ask) -> Plan:
         raise PlanError(f"split: {a.given_split.k_batch} (an fp8 op arrives unsplit: the fp8 GEMM splits it itself)")
     if a.opts.wgmma_rows is not None:
         raise PlanError(f"wgmma-rows: {a.opts.wgmma_rows} (the fp8 GEMM takes k-batch and tile-n only)")
+    if a.opts.wgmma_pad_channels:
+        raise PlanError("wgmma-pad-channels: true (the fp8 GEMM takes k-batch and tile-n only)")
     return sm90_fp8.plan(a.given, a.tgt, a.opts)
 
 
@@ -451,7 +453,10 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
     if opts.wgmma_rows is not None and policy is not policies.sm90:
         raise PlanError(f"wgmma-rows: {opts.wgmma_rows} on target {tgt.name} (the wgmma kernel is written for "
                         "sm_90a)")  # fmt: skip
+    if opts.wgmma_pad_channels and policy is not policies.sm90:
+        raise PlanError(f"wgmma-pad-channels: true on target {tgt.name} (the wgmma kernel is written for sm_90a)")
     asked = opts.merge_groups is not None or opts.wgmma_merge is not None or opts.wgmma_rows is not None
+    asked = asked or opts.wgmma_pad_channels
     if tgt.family == "nvidia" and not depthwise.takes(problem) and not asked:
         # depthwise always; thin groups where the implicit GEMM refuses them (odd channel counts a group)
         if depthwise.is_depthwise(problem) or policy.unsupported(problem, None):

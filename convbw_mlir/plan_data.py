@@ -423,6 +423,9 @@ class Overrides:
         wgmma_rows: on sm_90a, strategy explicit: the wgmma kernel's tile rows, 64 (one consumer warpgroup) or 128
             (two); None (the default): the policy's (:func:`convbw_mlir.policies.sm90.consumers_for`: 64 where
             K <= 64, else 128). Not ``tile-m``, which asks for the sm_80 kernel there.
+        wgmma_pad_channels: on sm_90a, strategy explicit: True asks for the wgmma kernel on in-channels C a
+            multiple of 8 but not of 64, each tap's channels padded to whole 64-channel boxes
+            (:mod:`convbw_mlir.kernels.conv_sm90`); False (the default): such C get the sm_80 kernel.
     """
 
     k_batch: int | str = "auto"
@@ -445,6 +448,7 @@ class Overrides:
     wgmma_merge: int | None = None
     fold_rank: bool | None = None
     wgmma_rows: int | None = None
+    wgmma_pad_channels: bool = False
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
@@ -502,6 +506,11 @@ class Overrides:
         if self.wgmma_rows is not None and self.strategy != Strategy.EXPLICIT.value:
             chosen = self.strategy or "none, the plan's choice"
             raise PlanError(f"wgmma-rows: {self.wgmma_rows} applies to strategy explicit only (strategy: {chosen})")
+        if not isinstance(self.wgmma_pad_channels, bool):
+            raise PlanError(f"wgmma-pad-channels: expected true or false, got {self.wgmma_pad_channels!r}")
+        if self.wgmma_pad_channels and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"wgmma-pad-channels: true applies to strategy explicit only (strategy: {chosen})")
         if self.fold_rank is not None and not isinstance(self.fold_rank, bool):
             raise PlanError(f"fold-rank: expected true or false, got {self.fold_rank!r}")
         if not isinstance(self.reduction_innermost, bool):

@@ -221,7 +221,8 @@ def test_mn_major_descriptor_fields():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        (dict(c=48), "in_channels: 48"),
+        (dict(c=44), "in_channels: 44"),  # C % 8: x's box starts off 16 bytes (C % 64 != 0 is padded to boxes)
+        (dict(c=72, streamk=1), r"in_channels: 72 \(padded to 128: the plain split-K grid only"),
         (dict(k=100), "out_channels: 100"),
         (dict(splits=100), "splits: 100"),
         (dict(stride=(1, 1, 1)), "stride: "),  # a 3-D stride needs 3-D dilation and pad

@@ -17,7 +17,10 @@ in 1024-byte atoms of 8 rows, exactly what a TMA box with the 128-byte swizzle w
   ``(x d, y d)`` (the instruction's 16-bit im2col offsets) and reading zero outside the image: the
   padding for free, and the k tile is a plain 64-row slice of the flattened reduction, as dy's is, so
   a ragged ``Wo`` costs nothing (a tiled 4-D box of ``rows x Wo-positions`` would waste what it pads).
-  A 256-column tile is four such boxes of 64 channels each, each of its own tap (``C % 64 == 0``).
+  A 256-column tile is four such boxes of 64 channels each, each of its own tap (``C % 64 == 0``). With
+  ``C % 64 != 0`` (``C % 8 == 0``: 16-byte box starts) each tap's channels are padded to whole boxes
+  (:attr:`ConvSm90.cp`; the GEMM's N is ``taps x Cp``): a box past a group's C reads zeros (past the tensor) or
+  the next group's channels, which only feed GEMM columns the epilogue never stores (a column is its own sum).
 - The reduction past ``N Ho Wo`` reads zeros from both maps (out of bounds); split-K cuts the k tiles
   into ``splits`` slices (grid z), each writing f32 partial sums ``[splits, G, K, Y X C]`` that a second
   pass adds up.
@@ -125,8 +128,11 @@ class ConvSm90:
                 raise ValueError(f"{name}: {v} (1 in a {rank}-D convolution)")
         if self.merge:
             self._boxed_checks()
-        elif self.c % BOX:
-            raise ValueError(f"in_channels: {self.c} (the sm_90a kernel takes C a multiple of {BOX})")
+        elif self.c % 8:  # x's box starts: 16 bytes (C % 64 != 0: each tap's channels padded to whole boxes)
+            raise ValueError(f"in_channels: {self.c} (the sm_90a kernel takes C a multiple of 8)")
+        elif self.padded and (self.streamk or self.fused or self.tiling.persistent):
+            raise ValueError(f"in_channels: {self.c} (padded to {self.cp}: the plain split-K grid only, no "
+                             "streamk, fused or persistent)")  # fmt: skip
         elif self.k % 8:  # dy's rows: a multiple of 16 bytes (TMA's global strides)
             raise ValueError(f"out_channels: {self.k} (the sm_90a kernel takes K a multiple of 8)")
         if self.tiling.bn % BOX:
@@ -167,6 +173,16 @@ class ConvSm90:
         return self.merge > 0
 
     @property
+    def padded(self) -> bool:
+        """The plain form with each tap's C channels padded to whole 64-channel boxes (``C % 64 != 0``)."""
+        return not self.boxed and self.c % BOX != 0
+
+    @property
+    def cp(self) -> int:
+        """A tap's GEMM columns in the plain form: C rounded up to whole boxes."""
+        return -(-self.c // BOX) * BOX
+
+    @property
     def gemm_groups(self) -> int:
         """GEMMs of the grid's z: the groups, or (boxed) the boxes of ``merge`` groups (the last maybe fewer)."""
         return -(-self.groups // self.merge) if self.boxed else self.groups
@@ -178,8 +194,8 @@ class ConvSm90:
 
     @property
     def gemm_columns(self) -> int:
-        """The GEMM's N: ``Y X C``, or (boxed) one 64-channel box a tap."""
-        return math.prod(self.filter) * BOX if self.boxed else self.columns
+        """The GEMM's N: ``Y X C`` (``Y X Cp`` padded), or (boxed) one 64-channel box a tap."""
+        return math.prod(self.filter) * (BOX if self.boxed else self.cp)
 
     @property
     def rank(self) -> int:
@@ -340,8 +356,8 @@ def _producer(b: Ints, g: ConvSm90, pipe: Pipeline, maps: ir.Value, m0: ir.Value
         col = arith.remui(arith.addi(n0, b.c(BOX * j)), b.c(g.gemm_columns))
         if g.boxed:  # one box a tap from the first merged group's first channel (past G C: TMA reads zeros)
             c0, tap = arith.muli(group, b.c(g.merge * g.c)), arith.divui(col, b.c(BOX))
-        else:  # the group's channels
-            c0, tap = arith.addi(arith.muli(group, b.c(g.c)), arith.remui(col, b.c(g.c))), arith.divui(col, b.c(g.c))
+        else:  # the group's channels (padded: past C, channels never stored)
+            c0, tap = arith.addi(arith.muli(group, b.c(g.c)), arith.remui(col, b.c(g.cp))), arith.divui(col, b.c(g.cp))
         # the tap's im2col offsets, innermost dim first: its filter position times the dilation
         at = _digits(b, tap, g.filter)
         taps.append((c0, [arith.trunci(i16, arith.muli(f, b.c(dil))) for f, dil in zip(at, g.dilation[::-1])]))
@@ -423,8 +439,9 @@ def _consumer(b: Ints, g: ConvSm90, pipe: Pipeline, a_rows: ir.Value, count: ir.
 def _epilogue(b: Ints, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,
               split: ir.Value | None, group: ir.Value, pair_of=None) -> None:  # fmt: skip
     """Each accumulator pair to dW (or to its split's partials), per 64-column box only where the box lies
-    inside ``Y X C`` (whole boxes: ``C % 64 == 0``); ``pair_of(row, column)``: the f32 pair to store there
-    instead of the accumulators' (the fused split's sum)."""
+    inside the GEMM's columns (padded: per 8-column chunk only where its channel is below C, at dW's column
+    ``tap C + channel``); ``pair_of(row, column)``: the f32 pair to store there instead of the accumulators'
+    (the fused split's sum)."""
     t = g.tiling
     out = ir.MemRefType(c.type).element_type
     f32 = ir.F32Type.get()
@@ -437,21 +454,35 @@ def _epilogue(b: Ints, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, 
     row = arith.addi(row0, arith.addi(arith.muli(warp, k(16)), arith.divui(lane, k(4))))
     col = arith.addi(n0, arith.muli(arith.remui(lane, k(4)), k(2)))
     per_box = BOX // 2  # accumulators of one 64-column box
+
+    def store(v: int, r: ir.Value, cc: ir.Value) -> None:
+        if pair_of is None:
+            pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
+            vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
+        else:
+            vec = pair_of(r, cc)
+        if out != f32:
+            vec = arith.truncf(ir.VectorType.get([2], out), vec)
+        vector.store(vec, c, [group, r, cc] if split is None else [split, group, r, cc])
+
     for j in range(t.bn // BOX):
-        with if_(arith.cmpi(arith.CmpIPredicate.ult, arith.addi(n0, k(BOX * j)), k(g.columns))):
+        start = arith.addi(n0, k(BOX * j))
+        if g.padded:  # the box's tap and first channel; dW's column of that channel
+            within = arith.remui(start, k(g.cp))
+            shift = arith.subi(arith.addi(arith.muli(arith.divui(start, k(g.cp)), k(g.c)), within), start)
+        with if_(arith.cmpi(arith.CmpIPredicate.ult, start, k(g.gemm_columns))):
             for half in (0, 1):  # rows ``row`` and ``row + 8``: each inside K or not (K % 8 == 0 only)
                 r = arith.addi(row, k(8 * half))
                 with if_(arith.cmpi(arith.CmpIPredicate.ult, r, k(g.k))):
                     for v in range(per_box * j + 2 * half, per_box * (j + 1), 4):
                         cc = arith.addi(col, k(8 * (v // 4)))
-                        if pair_of is None:
-                            pair = [llvm.extractvalue(f32, acc, ir.DenseI64ArrayAttr.get([v + e])) for e in range(2)]
-                            vec = vector.from_elements(ir.VectorType.get([2], f32), pair)
-                        else:
-                            vec = pair_of(r, cc)
-                        if out != f32:
-                            vec = arith.truncf(ir.VectorType.get([2], out), vec)
-                        vector.store(vec, c, [group, r, cc] if split is None else [split, group, r, cc])
+                        if not g.padded:
+                            store(v, r, cc)
+                            continue
+                        # padded: an 8-column chunk lies wholly below C or wholly past it (C % 8 == 0)
+                        chunk = arith.addi(within, k(8 * (v // 4) - BOX * j))
+                        with if_(arith.cmpi(arith.CmpIPredicate.ult, chunk, k(g.c))):
+                            store(v, r, arith.addi(cc, shift))
 
 
 def _boxed_epilogue(b: Ints, g: ConvSm90, c: ir.Value, acc: ir.Value, wtid: ir.Value, row0: ir.Value, n0: ir.Value,

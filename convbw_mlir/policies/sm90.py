@@ -34,8 +34,8 @@ from convbw_mlir.targets import TARGETS, Target
 
 __all__ = ["BK", "BM", "BN", "COST", "COST_RULES", "MAPS_BYTES", "MEMORY_FLOOR", "SMS", "STAGES", "STREAMK_SEGMENTS",
            "WGMMA", "CostModel", "CostRule", "auto_splits", "choose", "cost", "cost_streamk", "deciding_rules",
-           "floor_us", "flops", "is_sm90", "merge_for", "merge_misaligned", "merge_refusals", "merge_rule", "plan",
-           "refusals", "streamk_workspace", "takes", "takes_by_default",
+           "floor_us", "flops", "is_sm90", "merge_for", "merge_misaligned", "merge_refusals", "merge_rule",
+           "padded_channels", "plan", "refusals", "streamk_workspace", "takes", "takes_by_default",
            "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
@@ -142,15 +142,18 @@ def refusals(problem: Any, plan: Plan | None = None) -> list[str]:
         if plan.streamk is not None:
             why.append(f"wgmma-merge: {plan.merge.groups} with streamk (the boxed form runs the split-K grid)")
         return why + (_plan_refusals(problem, plan, _merged_rows(problem, plan.merge.groups)) if not why else [])
-    why = _problem_refusals(problem)
+    why = _problem_refusals(problem, padded=plan is not None)  # a plan on C % 64 != 0: wgmma-pad-channels'
     if plan is not None:
         why += _plan_refusals(problem, plan)
+        if plan.streamk is not None and problem.in_channels % BOX:
+            why.append(f"streamk: with in_channels {problem.in_channels} (padded to 64-channel boxes: the split-K "
+                       "grid only)")  # fmt: skip
     return why
 
 
-def _problem_refusals(problem: Any, boxed: bool = False) -> list[str]:
+def _problem_refusals(problem: Any, boxed: bool = False, padded: bool = False) -> list[str]:
     """Why the kernel cannot compute ``problem``; ``boxed``: in its boxed form (:func:`merge_refusals` adds the
-    form's own channel limits)."""
+    form's own channel limits); ``padded``: with each tap's channels padded to whole boxes (C % 8 == 0)."""
     why = []
     fam = problem.layout_family
     if (fam.x, fam.w) != ("NHWGC", "GKYXC"):
@@ -165,7 +168,9 @@ def _problem_refusals(problem: Any, boxed: bool = False) -> list[str]:
         why.append(f"dw_dtype: {problem.dw_dtype} (f32 or {problem.dtype}, the input type)")
     if boxed:
         return why
-    if problem.in_channels % 64:
+    if padded and problem.in_channels % 8:
+        why.append(f"in_channels: {problem.in_channels} (a group's: a multiple of 8, 16-byte im2col box starts)")
+    elif not padded and problem.in_channels % 64:
         why.append(f"in_channels: {problem.in_channels} (a group's: a multiple of 64, an im2col box of 64 channels)")
     if problem.out_channels % 8:
         why.append(f"out_channels: {problem.out_channels} (a group's: a multiple of 8, dy's 16-byte TMA rows)")
@@ -277,11 +282,14 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     merge = _merge(problem, tgt, opts, others)
     if merge:
         return _boxed_plan(problem, tgt, opts, merge)
+    if opts.wgmma_pad_channels:
+        _check_padded(problem, opts, others)
     if opts.wgmma_rows is not None:
         _check_rows(problem, opts, others)
-    if not takes(problem) or others or opts.producers is not None:
+    if not (takes(problem) or opts.wgmma_pad_channels) or others or opts.producers is not None:
         return sm80.plan(problem, tgt, opts)
-    m, n, reduction = problem.out_channels, problem.in_channels * math.prod(problem.filter_size), _reduction(problem)
+    m, reduction = problem.out_channels, _reduction(problem)
+    n = padded_channels(problem.in_channels) * math.prod(problem.filter_size)  # the GEMM's N: taps x Cp
     widths = [opts.tile["n"]] if "n" in opts.tile else widths_for(n)
     if widths[0] not in (*TILE_COST, *NARROW_COST):
         names = ", ".join(map(str, (*TILE_COST, *NARROW_COST)))
@@ -289,10 +297,10 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     # an epilogue rides the second pass (the split's sum, or one rounding pass): StreamK writes dW itself
     floor = floor_us(problem, tgt)
     args = (m, n, reduction, tgt.compute_units, problem.groups, widths, problem.epilogue is None, floor)
-    if opts.wgmma_rows is not None:  # the model has no 64-row cost where K > 64: the 128-row tile's split, no StreamK
+    if opts.wgmma_rows is not None or opts.wgmma_pad_channels:  # the 128-row / unpadded model's split, no StreamK
         args = (*args[:6], False, floor)
     bn, splits, streamk = choose(*args)
-    asked = opts.streamk is not None or _is_int(opts.k_batch) or opts.wgmma_rows is not None
+    asked = opts.streamk is not None or _is_int(opts.k_batch) or opts.wgmma_rows is not None or opts.wgmma_pad_channels
     decided = [] if asked else deciding_rules(*args)
     if opts.streamk is not None:  # StreamK asked: on the target's SMs (auto) or that many workgroups
         splits, streamk = 1, tgt.compute_units if opts.streamk == "auto" else opts.streamk
@@ -332,11 +340,39 @@ def _check_rows(problem: Any, opts: Overrides, others: dict[str, int]) -> None:
                    "unverified)")  # fmt: skip
     if rows == 128 and problem.out_channels <= 64:
         why.append(f"with out_channels {problem.out_channels} (K <= 64: the kernel's tile is 64 rows)")
-    refused = _problem_refusals(problem)
+    refused = _problem_refusals(problem, padded=opts.wgmma_pad_channels)
     if refused:
         why.append("on a problem the wgmma kernel does not take: " + "; ".join(refused))
     if why:
         raise PlanError(f"wgmma-rows: {rows} " + "; ".join(why))
+
+
+def padded_channels(c: int) -> int:
+    """A tap's GEMM columns of the plain wgmma kernel: ``c`` rounded up to whole 64-channel boxes."""
+    return -(-c // BOX) * BOX
+
+
+def _check_padded(problem: Any, opts: Overrides, others: dict[str, int]) -> None:
+    """Refuse ``wgmma-pad-channels`` where the padded wgmma kernel cannot take it (every reason, "field: value").
+
+    Raises:
+        PlanError: naming wgmma-pad-channels, and why.
+    """
+    why, c = [], problem.in_channels
+    if others or opts.producers is not None:
+        spelled = {"m": "tile-m", "k": "tile-k"}
+        asked = {spelled.get(k, k.replace("_", "-")): v for k, v in others.items()}
+        asked.update({"producers": opts.producers} if opts.producers is not None else {})
+        why.append(f"with {', '.join(f'{k} {v}' for k, v in asked.items())} (options of the sm_80 kernel)")
+    if opts.streamk is not None:  # the padded epilogue is verified on the split-K grid only
+        why.append(f"with streamk {opts.streamk!r} (the padded kernel runs the split-K grid)")
+    if c % BOX == 0:
+        why.append(f"with in_channels {c} (a multiple of 64: the wgmma kernel takes it unpadded)")
+    refused = _problem_refusals(problem, padded=True)
+    if refused:
+        why.append("on a problem the wgmma kernel does not take: " + "; ".join(refused))
+    if why:
+        raise PlanError("wgmma-pad-channels: true " + "; ".join(why))
 
 
 # -- thin and medium groups: the boxed form (conv_sm90.ConvSm90.merge) ----------------------------------------
@@ -408,10 +444,11 @@ def _merge(problem: Any, tgt: Target, opts: Overrides, others: dict[str, int]) -
     asks for the sm_80 kernels (0: not the boxed form)."""
     if opts.wgmma_merge is None:
         asked = others or opts.producers is not None or opts.merge_groups is not None or opts.streamk is not None
-        asked = asked or opts.wgmma_rows is not None  # the plain kernel's option
+        asked = asked or opts.wgmma_rows is not None or opts.wgmma_pad_channels  # the plain kernel's options
         return 0 if asked or opts.k_batch == "rows" else merge_rule(problem, tgt)
     for name, value in (("tile options", others), ("producers", opts.producers), ("merge-groups", opts.merge_groups),
-                        ("streamk", opts.streamk), ("wgmma-rows", opts.wgmma_rows)):  # fmt: skip
+                        ("streamk", opts.streamk), ("wgmma-rows", opts.wgmma_rows),
+                        ("wgmma-pad-channels", opts.wgmma_pad_channels)):  # fmt: skip
         if value:
             raise PlanError(f"wgmma-merge: {opts.wgmma_merge} with {name} {value!r} (the boxed form takes "
                             "k-batch and tile-n only)")  # fmt: skip

@@ -1,0 +1,140 @@
+"""The sm_90a wgmma kernel on in-channels C a multiple of 8 but not of 64 (issue 39 goal 2, ``wgmma-pad-channels``):
+each tap's channels padded to whole 64-channel boxes. The plan option and its refusals, the kernel's dW under the
+sm_90a emulator (float64's, and no garbage past a group's C leaking into it), the tuner's grid, and ``select``,
+whose learned selector never saw the form, offered and choosing what it did before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from convbw_mlir.plan import PlanError, check_plan, decide
+from convbw_mlir.policies import sm90
+from convbw_mlir.problem import ConvBwdWeightProblem
+
+XCEPTION_PW = "2 1 32 728 728 1 1 19 19 1 1 1 1 0 0 0 0"  # Xception block5's pointwise: C = 728 = 11.4 boxes
+
+
+def _problem(line: str, **fields) -> ConvBwdWeightProblem:
+    return ConvBwdWeightProblem.from_ck(line).with_(**{"layout": 2, **fields})
+
+
+def _padded(**asked):
+    return {"strategy": "explicit", "wgmma_pad_channels": True, **asked}
+
+
+# -- the option ----------------------------------------------------------------------------------------------
+def test_pad_channels_gives_the_wgmma_kernel_where_the_default_plan_keeps_the_sm80_kernel():
+    p = _problem(XCEPTION_PW)
+    default = decide(p, "sm_90a")
+    assert not sm90.is_sm90(default)  # the default is unchanged: C % 64 != 0 is the sm_80 kernel's
+    for asked in ({}, {"k_batch": 2}, {"tile_n": 64}, {"k_batch": 4, "tile_n": 128}, {"wgmma_rows": 64}):
+        plan = decide(p, "sm_90a", **_padded(**asked))
+        assert sm90.is_sm90(plan) and plan.streamk is None and plan.merge is None, plan
+        assert plan.k_batch == asked.get("k_batch", plan.k_batch) and plan.tile.n == asked.get("tile_n", plan.tile.n)
+        assert plan.tile.m == asked.get("wgmma_rows", 128)
+        check_plan(p, plan)  # a stored plan of it replays
+        assert ("wgmma_pad_channels", True) in plan.decision.options
+
+
+@pytest.mark.parametrize(
+    ("line", "asked", "error"),
+    [
+        (XCEPTION_PW, {"wgmma_pad_channels": True}, "wgmma-pad-channels: true applies to strategy explicit only"),
+        (XCEPTION_PW, {"strategy": "explicit", "wgmma_pad_channels": 1}, "wgmma-pad-channels: expected true or false"),
+        (XCEPTION_PW, _padded(streamk="auto"), "wgmma-pad-channels: true with streamk 'auto'"),
+        (XCEPTION_PW, _padded(tile_m=64), "wgmma-pad-channels: true with tile-m 64"),
+        (XCEPTION_PW, _padded(producers=2), "wgmma-pad-channels: true with producers 2"),
+        ("2 1 32 512 256 1 1 7 7 1 1 1 1 0 0 0 0", _padded(), "wgmma-pad-channels: true with in_channels 256 .a "
+         "multiple of 64"),
+        ("2 1 32 512 921 1 1 7 7 1 1 1 1 0 0 0 0", _padded(), "wgmma-pad-channels: true on a problem the wgmma "
+         "kernel does not take: in_channels: 921 .a group's: a multiple of 8"),
+        ("2 8 32 64 16 3 3 14 14 1 1 1 1 1 1 1 1", _padded(wgmma_merge=4), "wgmma-merge: 4 with wgmma-pad-channels"),
+    ],
+)  # fmt: skip
+def test_pad_channels_is_one_error_naming_it_where_the_kernel_cannot_take_it(line, asked, error):
+    with pytest.raises(PlanError, match=error):
+        decide(_problem(line), "sm_90a", **asked)
+
+
+def test_pad_channels_is_refused_on_the_sm80_kernels_targets_and_for_fp8():
+    with pytest.raises(PlanError, match=r"wgmma-pad-channels: true on target sm_80 \(the wgmma kernel is written"):
+        decide(_problem(XCEPTION_PW), "sm_80", **_padded())
+    fp8 = _problem(XCEPTION_PW, dtype="e4m3", dw_dtype="f32")
+    with pytest.raises(PlanError, match="wgmma-pad-channels: true .the fp8 GEMM takes k-batch and tile-n only"):
+        decide(fp8, "sm_90a", **_padded())
+
+
+def test_a_stored_streamk_plan_on_padded_channels_is_refused_by_name():
+    p = _problem(XCEPTION_PW)
+    plan = decide(p, "sm_90a", **_padded())
+    from dataclasses import replace
+
+    from convbw_mlir.plan_data import StreamKPlan
+
+    with pytest.raises(PlanError, match="streamk: with in_channels 728"):
+        check_plan(p, replace(plan, streamk=StreamKPlan(4, "linear")))
+
+
+# -- the kernel, emulated --------------------------------------------------------------------------------------
+def _dw_of_plan(p: ConvBwdWeightProblem, plan, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dW ``[G, K, Y X C]`` of ``plan``'s sm_90a conv kernel as the pass builds it, under the emulator (split
+    partials summed; an element never written stays NaN)."""
+    from convbw_mlir.dialects import convbw
+    from convbw_mlir.passes.explicit_kernel import ExplicitKernel
+    from sm90_emulator import run_conv
+
+    from convbw_mlir.ir_imports import new_context
+    from convbw_mlir.kernels.conv_sm90 import from_problem
+    from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
+
+    t = plan.tile
+    g = from_problem(p, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch, 0, 0)
+    assert g.padded and g.gemm_columns == g.cp * np.prod(g.filter)
+    with new_context():
+        module = convbw.build_module(p, plan)
+        ExplicitKernel().run(module.operation)
+        out = run_conv(module, dy.reshape(g.reduction, -1), x.reshape(*x.shape[:-2], -1), g)
+    return out.sum(0) if out.ndim == 4 else out
+
+
+def _relative_error(p: ConvBwdWeightProblem, plan, seed: int = 3) -> float:
+    from convbw_mlir.reference import random_inputs, reference
+
+    x, dy = random_inputs(p, seed=seed)
+    want = reference(p, x, dy)
+    got = _dw_of_plan(p, plan, x, dy)
+    assert not np.isnan(got).any()  # every dW element written
+    got = got.reshape(want.shape)
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("k_batch", [1, 2])
+@pytest.mark.parametrize(
+    ("c", "filt", "tile_n"),
+    [(72, (1, 1), 128), (160, (1, 1), 128), (200, (1, 1), 64), (728, (1, 1), 256), (96, (3, 3), 128)],
+)  # 1.1, 2.5, 3.1 and 11.4 boxes a tap (one bn of each, tiles across taps for the 3x3)
+def test_padded_plan_computes_float64s_dw_under_emulation(c, filt, tile_n, k_batch):
+    pad = tuple(f // 2 for f in filt)
+    p = ConvBwdWeightProblem(1, 4, c, 64, (8, 8), filt, pad_low=pad, pad_high=pad, dtype="f16", dw_dtype="f32",
+                             layout=2)  # fmt: skip
+    plan = decide(p, "sm_90a", **_padded(k_batch=k_batch, tile_n=tile_n))
+    assert sm90.is_sm90(plan) and plan.k_batch == k_batch
+    assert _relative_error(p, plan) < 1e-6
+
+
+def test_garbage_past_a_groups_channels_never_reaches_its_dw():
+    """Group 0's last box reads group 1's channels (x has G C channels a pixel, no padding between groups): NaN
+    there computes only GEMM columns the epilogue drops, so group 0's dW is exact and finite."""
+    from convbw_mlir.reference import random_inputs, reference
+
+    p = ConvBwdWeightProblem(2, 4, 72, 64, (8, 8), (1, 1), dtype="f16", dw_dtype="f32", layout=2)
+    plan = decide(p, "sm_90a", **_padded(k_batch=2))
+    x, dy = random_inputs(p, seed=5)
+    want = reference(p, x, dy)
+    poisoned = x.copy()
+    poisoned[..., 1, :] = np.nan  # x [N, H, W, G, C]: group 1's channels, past group 0's C
+    got = _dw_of_plan(p, plan, poisoned, dy).reshape(want.shape)
+    assert np.isnan(got[1]).all()  # group 1 reads its own NaNs: the poison does arrive
+    assert not np.isnan(got[0]).any()
+    assert np.abs(got[0] - want[0]).max() / np.abs(want[0]).max() < 1e-6
