@@ -138,3 +138,69 @@ def test_garbage_past_a_groups_channels_never_reaches_its_dw():
     assert np.isnan(got[1]).all()  # group 1 reads its own NaNs: the poison does arrive
     assert not np.isnan(got[0]).any()
     assert np.abs(got[0] - want[0]).max() / np.abs(want[0]).max() < 1e-6
+
+
+# -- the tuner and select -----------------------------------------------------------------------------------
+def _padded_options(vs) -> list[int | None]:
+    return [dict(v.options).get("k_batch") for v in vs if dict(v.options).get("wgmma_pad_channels")]
+
+
+def test_tuner_tries_the_padded_kernel_on_dense_layers_the_sm80_kernel_has_only_because_of_c():
+    from convbw_mlir.dispatch.variants import candidates
+
+    for line in (XCEPTION_PW, "2 1 32 128 1760 1 1 7 7 1 1 1 1 0 0 0 0", "2 1 32 64 200 3 3 14 14 1 1 1 1 1 1 1 1"):
+        p = _problem(line)
+        base, *rivals = candidates(p, "sm_90a", max_plans=12, iree=False)
+        assert not sm90.is_sm90(base.plan) and base.plan.strategy.value == "explicit"
+        # the padded plan's own split, unsplit and the sm_80 plan's split (one variant where two are the same plan)
+        assert _padded_options(rivals)[:2] == [None, 1] and {1, base.plan.k_batch} <= {
+            v.plan.k_batch for v in rivals if dict(v.options).get("wgmma_pad_channels")
+        }
+        assert all(sm90.is_sm90(v.plan) for v in rivals if dict(v.options).get("wgmma_pad_channels"))
+        every = candidates(p, "sm_90a", max_plans=64, iree=False)
+        without = candidates(p, "sm_90a", max_plans=64, iree=False, wgmma_rows=False)  # what select offers
+        assert without == [v for v in every if not dict(v.options).get("wgmma_pad_channels")]
+    for line in (
+        "2 1 32 128 921 1 1 7 7 1 1 1 1 0 0 0 0",  # C odd: refused
+        "2 1 32 512 512 1 1 7 7 1 1 1 1 0 0 0 0",  # C % 64 == 0: the plain wgmma kernel's
+        "2 2 32 64 72 1 1 7 7 1 1 1 1 0 0 0 0",  # G > 1: not a dense layer
+    ):
+        assert not _padded_options(candidates(_problem(line), "sm_90a", max_plans=64, iree=False)), line
+
+
+def test_select_offers_and_chooses_on_both_held_back_sets_as_without_the_padded_kernel(monkeypatch):
+    """The installed selector's trees never saw the padded wgmma kernel: what select offers it (and so its choice)
+    on every held-back row is what it was before the form joined the grid."""
+    from pathlib import Path
+
+    from convbw_mlir.dispatch import variants
+    from convbw_mlir.dispatch.select import learned_selector, select
+    from convbw_mlir.suites import load_suite
+
+    heldback = Path(__file__).resolve().parents[1] / "bench" / "heldback"
+    rows = [
+        p.with_(layout=2) for tsv in ("dense2d.tsv", "dense2d_b.tsv") for t in ("bf16", "f16")
+        for _, p in load_suite(heldback / tsv, t)
+    ]  # fmt: skip
+    selector = learned_selector("sm_90a")
+    assert selector is not None
+    offered: list = []
+    choose = selector.choose
+
+    def recording(problem, options):
+        offered.append([(v.name, v.plan) for v in options])
+        return choose(problem, options)
+
+    monkeypatch.setattr(selector, "choose", recording)
+
+    def run() -> list:
+        offered.clear()
+        chosen = [select(p, "sm_90a", dbs=[], selector=selector) for p in rows]
+        return [(s.path, s.variant.name, s.variant.plan) for s in chosen] + list(offered)
+
+    now = run()
+    # the form is in the tuner's candidates of some of these rows (the default max_plans select asks for)
+    assert sum(bool(_padded_options(variants.candidates(p, "sm_90a", iree=False))) for p in rows) >= 4
+    monkeypatch.setattr(variants, "_padded", lambda problem, base: iter(()))  # the grid before the form
+    before = run()
+    assert len(now) == 2 * len(rows) and now == before

@@ -53,7 +53,10 @@ FORMS = ("convbw", "iree_direct", "iree_torch", "iree_fusilli")
 IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
 OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
-           "strategy", "merge_groups", "streamk", "wgmma_merge", "fold_rank", "wgmma_rows")  # fmt: skip
+           "strategy", "merge_groups", "streamk", "wgmma_merge", "fold_rank", "wgmma_rows",
+           "wgmma_pad_channels")  # fmt: skip
+# Options of forms the tuner tries and the learned selector never saw (``candidates(..., wgmma_rows=False)``)
+UNSEEN = ("wgmma_rows", "wgmma_pad_channels")
 
 
 def known_wrong(problem: ConvBwdWeightProblem, target: Target | str, form: str) -> str | None:
@@ -289,6 +292,18 @@ def _rows64(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any
             yield {"strategy": "explicit", "wgmma_rows": 64, "k_batch": k, "tile_n": bn}
 
 
+def _padded(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
+    """The wgmma kernel with each tap's channels padded to 64-channel boxes where the plan is the sm_80 kernel on
+    a dense layer only because C is not a multiple of 64: the padded plan's own split, unsplit and the sm_80 plan's
+    split. Unmeasured on a GPU: the rule never picks it (``wgmma_pad_channels``); cuDNN runs an sm90 kernel on
+    most of these layers (docs/decisions.md#short-reduction-dense)."""
+    if problem.groups != 1 or not sm90.takes_padded(problem):
+        return
+    yield {"strategy": "explicit", "wgmma_pad_channels": True}
+    for k in dict.fromkeys((1, base.k_batch)):
+        yield {"strategy": "explicit", "wgmma_pad_channels": True, "k_batch": k}
+
+
 def _sm80_kernel(problem: ConvBwdWeightProblem, merged: bool = False) -> Iterator[dict[str, Any]]:
     """The sm_80 kernel (mma.sync) on sm_90a: its M tile as sm_80's plan has it, an option the wgmma kernel has
     no knob for, so the plan hands the problem to the sm_80 kernels' rule (convbw_mlir/policies/sm90.py);
@@ -306,9 +321,9 @@ def _grid(
     problem: ConvBwdWeightProblem, target: Target, base: Plan, wgmma_rows: bool = True
 ) -> Iterator[dict[str, Any]]:
     """Override sets to try, most promising first (docs/dispatch.md#candidates); ``wgmma_rows`` False: none
-    asking for the wgmma kernel's tile rows."""
+    asking for a wgmma form the learned selector never saw (:data:`UNSEEN`: the 64-row tile, padded channels)."""
     if not wgmma_rows:
-        yield from (opts for opts in _grid(problem, target, base) if "wgmma_rows" not in opts)
+        yield from (opts for opts in _grid(problem, target, base) if not set(UNSEEN) & set(opts))
         return
     tgt = target
     if not tgt.is_gpu:
@@ -321,6 +336,7 @@ def _grid(
         yield from _sm90_grid(problem, base)
     elif base.strategy == Strategy.EXPLICIT and tgt.name == "sm_90a":  # the sm_80 kernel there: its splits +-
         yield from ({"strategy": "explicit", "k_batch": k} for k in (2 * base.k_batch, base.k_batch // 2) if k >= 1)
+        yield from _padded(problem, base)  # dense layers of C % 64 != 0: the padded wgmma kernel
         # groups of C < 64: the wgmma kernel's boxed form (docs/decisions.md#wgmma-groups)
         boxed = sm90.merge_for(problem)
         if boxed and problem.groups > 1 and not sm90.merge_refusals(problem, boxed):
@@ -370,7 +386,8 @@ def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: i
     """The valid variants of ``problem`` on ``target``: the heuristic's first, IREE's forms (with
     ``iree``, those of ``iree_forms``; the torch form only where it exists: 2-D, G=1, no epilogue; none
     :func:`known_wrong`), then up to ``max_plans`` further plans (``wgmma_rows`` False: none with the wgmma
-    kernel's 64-row tile on K > 64, which the tuner tries and the learned selector never saw).
+    kernel's 64-row tile on K > 64 or its padded channels (:data:`UNSEEN`), which the tuner tries and the
+    learned selector never saw).
 
     Raises:
         ValueError: unknown target, or a name in ``iree_forms`` that is not one of :data:`IREE_FORMS`.

@@ -35,7 +35,7 @@ from convbw_mlir.targets import TARGETS, Target
 __all__ = ["BK", "BM", "BN", "COST", "COST_RULES", "MAPS_BYTES", "MEMORY_FLOOR", "SMS", "STAGES", "STREAMK_SEGMENTS",
            "WGMMA", "CostModel", "CostRule", "auto_splits", "choose", "cost", "cost_streamk", "deciding_rules",
            "floor_us", "flops", "is_sm90", "merge_for", "merge_misaligned", "merge_refusals", "merge_rule",
-           "padded_channels", "plan", "refusals", "streamk_workspace", "takes", "takes_by_default",
+           "padded_channels", "plan", "refusals", "takes_padded", "streamk_workspace", "takes", "takes_by_default",
            "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
@@ -229,6 +229,11 @@ def is_sm90(plan: Plan) -> bool:
 def takes(problem: Any) -> bool:
     """Whether the kernel computes ``problem`` (:func:`refusals` has no reason)."""
     return not _problem_refusals(problem)
+
+
+def takes_padded(problem: Any) -> bool:
+    """Whether the kernel computes ``problem`` only with ``wgmma-pad-channels`` (C a multiple of 8, not of 64)."""
+    return problem.in_channels % BOX != 0 and not _problem_refusals(problem, padded=True)
 
 
 def takes_by_default(problem: Any) -> bool:
