@@ -71,8 +71,9 @@ class PlanPass(ConvbwPass):
                                          "wgmma kernel's boxed form (default: the plan's rule, off)")  # fmt: skip
         wgmma_rows: int | None = option(None, "explicit, sm_90a: the wgmma kernel's tile rows, 64 or 128 (one or two "
                                         "consumer warpgroups; default: 64 where K <= 64, else 128)")  # fmt: skip
-        wgmma_pad_channels: bool = option(False, "explicit, sm_90a: the wgmma kernel on in-channels a multiple of 8 "
-                                          "but not of 64, each tap's channels padded to 64-channel boxes")  # fmt: skip
+        wgmma_pad_channels: bool | None = option(None, "explicit, sm_90a: the wgmma kernel on in-channels a multiple "
+                                                 "of 8 but not of 64, each tap's channels padded to 64-channel boxes: "
+                                                 "true or false (default: off)")  # fmt: skip
         fold_rank: bool | None = option(None, "a 3-D problem with a unit filter extent as its 2-D twin by reshapes: "
                                         "true or false (default: the plan's rule, off)")  # fmt: skip
 
@@ -85,6 +86,8 @@ class PlanPass(ConvbwPass):
     def overrides(self) -> dict:
         fields = asdict(self.options)
         fields.pop("target")
+        if fields["wgmma_pad_channels"] is None:  # unset: off (None keeps it out of the printed pipeline)
+            fields.pop("wgmma_pad_channels")
         Overrides(**fields)
         return fields
 
