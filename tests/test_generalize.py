@@ -388,7 +388,7 @@ def test_a_selector_file_of_the_old_version_is_ignored_with_a_warning(tmp_path, 
 
 def test_the_selector_keeps_the_plans_matrix_instruction_however_it_scores_another():
     """A selector that predicts the sm_80 kernel fastest on a problem the plan gives the wgmma kernel still returns
-    a wgmma variant (the second held-back set: each such switch of the selector's ran 2.3-3.2x longer)."""
+    a wgmma variant (the second held-back set: each such switch of the selector's ran 1.3-3.2x longer)."""
     from convbw_mlir.dispatch.learned import instruction_family
 
     p = ConvBwdWeightProblem(groups=1, batch=16, in_channels=256, out_channels=512, input_size=(20, 20),
