@@ -176,6 +176,15 @@ def probe_main(argv: list[str] | None, doc: str, name: str, parts: int, compile_
     return report(args.results, args.manifest)
 
 
+def print_report(results: list[Path], manifest: Path, summarize: Callable[[list[dict], dict], Any],
+                 report_lines: Callable[[Any], list[str]]) -> int:  # fmt: skip
+    """A probe's tables: ``report_lines(summarize(rows, manifest))`` of the runner's part files (their rows, in
+    order) and the compile side's manifest, printed."""
+    rows = [r for f in results for r in json.loads(f.read_text())["problems"]]
+    print("\n".join(report_lines(summarize(rows, json.loads(manifest.read_text())))))
+    return 0
+
+
 def compile_manifest(out: Path, items: list[tuple[str, Any, list[Any], dict[str, Any]]], workers: int,
                      cache: Path | None, target: str = "sm_90a") -> int:  # fmt: skip
     """Build each ``(name, problem, variants, extra)`` of ``items`` for ``target`` into ``out`` (written whole or

@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness beside it, even with PYTHONSAFEPATH=1 (the pack)
 
-from harness import compile_manifest, geomean, probe_main, result_seconds  # noqa: E402
+from harness import compile_manifest, geomean, print_report, probe_main, result_seconds  # noqa: E402
 
 TARGET = "sm_90a"
 SPLIT = Path(__file__).with_name("zoo_split.json")
@@ -336,10 +336,8 @@ def report_lines(s: dict[str, Any]) -> list[str]:
 
 
 def report(results: list[Path], manifest: Path) -> int:
-    """The tables of :func:`report_lines` from the runner's results files and the compile side's manifest."""
-    rows = [r for f in results for r in json.loads(f.read_text())["problems"]]
-    print("\n".join(report_lines(summarize(rows, json.loads(manifest.read_text())))))
-    return 0
+    """The tables of :func:`report_lines` from the runner's part files and the compile side's manifest."""
+    return print_report(results, manifest, summarize, report_lines)
 
 
 def main(argv: list[str] | None = None) -> int:

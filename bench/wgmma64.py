@@ -23,7 +23,6 @@ losers whose plan is the plain wgmma kernel (:data:`HELDBACK`, both types: CHECK
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness and tail7 beside it, even with PYTHONSAFEPATH=1
 
 import tail7  # noqa: E402
-from harness import compile_manifest, geomean, probe_main, result_seconds  # noqa: E402
+from harness import compile_manifest, geomean, print_report, probe_main, result_seconds  # noqa: E402
 
 TARGET = "sm_90a"
 HELDBACK_TSV = Path(__file__).resolve().parent / "heldback" / "dense2d_b.tsv"
@@ -231,9 +230,7 @@ def report_lines(s: dict[str, Any]) -> list[str]:
 
 def report(results: list[Path], manifest: Path) -> int:
     """The tables of :func:`report_lines` from the runner's part files and the compile side's manifest."""
-    rows = [r for f in results for r in json.loads(f.read_text())["problems"]]
-    print("\n".join(report_lines(summarize(rows, json.loads(manifest.read_text())))))
-    return 0
+    return print_report(results, manifest, summarize, report_lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,6 @@ with C % 64 != 0 (:data:`HELDBACK`, both types: CHECK only).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness and tail7 be
 
 import tail7  # noqa: E402
 import wgmma64  # noqa: E402
-from harness import compile_manifest, geomean, probe_main  # noqa: E402
+from harness import compile_manifest, geomean, print_report, probe_main  # noqa: E402
 
 TARGET = "sm_90a"
 HELDBACK_TSV = Path(__file__).resolve().parent / "heldback" / "dense2d_b.tsv"
@@ -179,9 +178,7 @@ def report_lines(s: dict[str, Any]) -> list[str]:
 
 def report(results: list[Path], manifest: Path) -> int:
     """The tables of :func:`report_lines` from the runner's part files and the compile side's manifest."""
-    rows = [r for f in results for r in json.loads(f.read_text())["problems"]]
-    print("\n".join(report_lines(summarize(rows, json.loads(manifest.read_text())))))
-    return 0
+    return print_report(results, manifest, summarize, report_lines)
 
 
 def main(argv: list[str] | None = None) -> int:
