@@ -91,9 +91,9 @@ def instruction_family(variant: Variant) -> str | None:
 
 
 def same_instruction(problem: ConvBwdWeightProblem, variants: list[Variant], target: str) -> list[Variant]:
-    """``variants`` less those on another matrix instruction than the plan's (wgmma <-> mma.sync): the zoo's
-    tuning rarely saw such a switch win (4 of 600 problems), and on the second held-back set each the selector made
-    ran 1.3-3.2x longer (docs/dispatch.md#generalize). All of them where none is left or the plan has no tile."""
+    """``variants`` less those on another matrix instruction than the plan's (wgmma <-> mma.sync): the trees barely
+    saw such a switch, and where they made one on held-back layers it lost (docs/dispatch.md#generalize). All of
+    them where none is left or the plan has no tile."""
     from convbw_mlir.plan import decide
 
     try:

@@ -52,9 +52,7 @@ __all__ = [
 HELD_OUT_EVERY = 3
 # A variant replaces the heuristic's plan only when faster by more than this (or twice the measured noise).
 MIN_GAIN = 0.03
-# Pass 2 re-times the top two only where they are this close: on 290 zoo problems re-timed at up to 25% (H100)
-# it changed the winner 5 times below 2% and twice above 5%, each by one candidate's 19-45% jump in pass 2
-# (`bench/tune_rate.py pass2`, docs/timing.md#pass2)
+# Pass 2 re-times the top two only where they are this close: wider gaps it never corrected (docs/timing.md#pass2)
 PASS2_WITHIN = 0.05
 # Problems whose float64 reference numpy computes in about a second; larger ones use the GPU reference.
 NUMPY_MAX_FLOPS = 2e9

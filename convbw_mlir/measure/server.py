@@ -689,8 +689,8 @@ class Served:
                             return
                         i = todo.popleft()
                     if self.skip is not None and self.skip(i):
-                        # no inputs made for a skipped problem: after a deadline every later one is skipped, and
-                        # their preparations would hold the run's end until all were made (zootune7: minutes)
+                        # no inputs made for a skipped problem: past a deadline every later one is, and the run's
+                        # end would wait for all their preparations (docs/timing.md#tuning-rate)
                         with guard:
                             if (ahead := futures.pop(i, None)) is not None:
                                 ahead.cancel()  # one being made already ends; the run's folder goes with the run
