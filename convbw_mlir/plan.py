@@ -230,6 +230,8 @@ def _fp8(a: _Ask) -> Plan:
         raise PlanError(f"wgmma-rows: {a.opts.wgmma_rows} (the fp8 GEMM takes k-batch and tile-n only)")
     if a.opts.wgmma_pad_channels:
         raise PlanError("wgmma-pad-channels: true (the fp8 GEMM takes k-batch and tile-n only)")
+    if a.opts.wgmma_stages is not None:
+        raise PlanError(f"wgmma-stages: {a.opts.wgmma_stages} (the fp8 GEMM takes k-batch and tile-n only)")
     return sm90_fp8.plan(a.given, a.tgt, a.opts)
 
 
@@ -455,8 +457,11 @@ def _explicit(problem: ConvBwdWeightProblem, tgt: Target, opts: Overrides) -> Pl
                         "sm_90a)")  # fmt: skip
     if opts.wgmma_pad_channels and policy is not policies.sm90:
         raise PlanError(f"wgmma-pad-channels: true on target {tgt.name} (the wgmma kernel is written for sm_90a)")
+    if opts.wgmma_stages is not None and policy is not policies.sm90:
+        raise PlanError(f"wgmma-stages: {opts.wgmma_stages} on target {tgt.name} (the wgmma kernel is written for "
+                        "sm_90a)")  # fmt: skip
     asked = opts.merge_groups is not None or opts.wgmma_merge is not None or opts.wgmma_rows is not None
-    asked = asked or opts.wgmma_pad_channels
+    asked = asked or opts.wgmma_pad_channels or opts.wgmma_stages is not None
     if tgt.family == "nvidia" and not depthwise.takes(problem) and not asked:
         # depthwise always; thin groups where the implicit GEMM refuses them (odd channel counts a group)
         if depthwise.is_depthwise(problem) or policy.unsupported(problem, None):

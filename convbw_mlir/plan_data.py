@@ -25,6 +25,7 @@ __all__ = [
     "STREAMK_FIXUPS",
     "WAVESPEC_PRODUCERS",
     "WGMMA_ROWS",
+    "WGMMA_STAGES_MIN",
     "Overrides",
     "Plan",
     "PlanError",
@@ -382,6 +383,8 @@ STRATEGY_OPTIONS = (Strategy.EXPLICIT.value, "codegen", "gemv")
 LAYOUT4_FORMS = ("relayout", "gather", "fold")
 # The sm_90a wgmma kernel's tile rows (Overrides.wgmma_rows): one or two consumer warpgroups of 64 rows
 WGMMA_ROWS = (64, 128)
+# The wgmma kernel's shallowest ring (Overrides.wgmma_stages): one stage loading while one is read
+WGMMA_STAGES_MIN = 2
 
 
 @dataclass(frozen=True)
@@ -426,6 +429,10 @@ class Overrides:
         wgmma_pad_channels: on sm_90a, strategy explicit: True asks for the wgmma kernel on in-channels C a
             multiple of 8 but not of 64, each tap's channels padded to whole 64-channel boxes
             (:mod:`convbw_mlir.kernels.conv_sm90`); False (the default): such C get the sm_80 kernel.
+        wgmma_stages: on sm_90a, strategy explicit: the wgmma kernel's ring of shared-memory stages (k tiles of 64
+            in flight), 2 up to what the tile's ring fits in the target's shared memory a workgroup
+            (:func:`convbw_mlir.policies.sm90.max_stages`); None (the default): 4. Not ``stages``, which asks
+            for the sm_80 kernel there.
     """
 
     k_batch: int | str = "auto"
@@ -449,18 +456,19 @@ class Overrides:
     fold_rank: bool | None = None
     wgmma_rows: int | None = None
     wgmma_pad_channels: bool = False
+    wgmma_stages: int | None = None
 
     _TILE = ("tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages")
 
     def __post_init__(self) -> None:
-        for name in ("k_batch", *self._TILE, "wgmma_rows"):  # numpy integers are integers too
+        for name in ("k_batch", *self._TILE, "wgmma_rows", "wgmma_stages"):  # numpy integers are integers too
             value = getattr(self, name)
             if not isinstance(value, int | str | None) and _integral(value):
                 object.__setattr__(self, name, int(value))
         kb = self.k_batch
         if not (kb in ("auto", "rows") or (_is_int(kb) and kb >= 1)):
             raise PlanError(f"k-batch: expected auto, rows or a positive integer, got {kb!r}")
-        for name in ("k_batch", *self._TILE, "streamk", "merge_groups", "wgmma_merge"):
+        for name in ("k_batch", *self._TILE, "streamk", "merge_groups", "wgmma_merge", "wgmma_stages"):
             _at_most(_spelled(name), getattr(self, name))
         if self.plan_for is not None:
             _target(self.plan_for, "plan-for")
@@ -506,6 +514,12 @@ class Overrides:
         if self.wgmma_rows is not None and self.strategy != Strategy.EXPLICIT.value:
             chosen = self.strategy or "none, the plan's choice"
             raise PlanError(f"wgmma-rows: {self.wgmma_rows} applies to strategy explicit only (strategy: {chosen})")
+        stages = self.wgmma_stages
+        if stages is not None and not (_is_int(stages) and stages >= WGMMA_STAGES_MIN):
+            raise PlanError(f"wgmma-stages: expected an integer of at least {WGMMA_STAGES_MIN}, got {stages!r}")
+        if stages is not None and self.strategy != Strategy.EXPLICIT.value:
+            chosen = self.strategy or "none, the plan's choice"
+            raise PlanError(f"wgmma-stages: {stages} applies to strategy explicit only (strategy: {chosen})")
         if not isinstance(self.wgmma_pad_channels, bool):
             raise PlanError(f"wgmma-pad-channels: expected true or false, got {self.wgmma_pad_channels!r}")
         if self.wgmma_pad_channels and self.strategy != Strategy.EXPLICIT.value:

@@ -74,6 +74,9 @@ class PlanPass(ConvbwPass):
         wgmma_pad_channels: bool | None = option(None, "explicit, sm_90a: the wgmma kernel on in-channels a multiple "
                                                  "of 8 but not of 64, each tap's channels padded to 64-channel boxes: "
                                                  "true or false (default: off)")  # fmt: skip
+        wgmma_stages: int | None = option(None, "explicit, sm_90a: the wgmma kernel's ring of shared-memory stages "
+                                          "(k tiles in flight), 2 up to what the tile's ring fits in shared memory "
+                                          "(default: 4)")  # fmt: skip
         fold_rank: bool | None = option(None, "a 3-D problem with a unit filter extent as its 2-D twin by reshapes: "
                                         "true or false (default: the plan's rule, off)")  # fmt: skip
 

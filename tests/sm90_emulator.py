@@ -50,7 +50,7 @@ from convbw_mlir.ir_imports import ir
 
 FP8 = {"e4m3": np.dtype(ml_dtypes.float8_e4m3fn), "e5m2": np.dtype(ml_dtypes.float8_e5m2)}  # wgmma type: codes
 
-__all__ = ["Deadlock", "Race", "d_fragment", "im2col_map", "run_conv", "run_gemm", "tensor_map"]
+__all__ = ["Deadlock", "Race", "d_fragment", "dw_of_plan", "im2col_map", "run_conv", "run_gemm", "tensor_map"]
 
 SHARED_BASE = 80  # 16-aligned, not 1024-aligned: the kernel must round its tiles up itself
 CLUSTER = 1 << 36  # a shared::cluster address (mapa): CLUSTER | rank << 32 | shared address
@@ -724,28 +724,35 @@ def run_conv(module: ir.Module, dy: np.ndarray, x: np.ndarray, geometry, out_dty
     return c
 
 
-def max_error_of_plan(p, plan, seed: int = 1) -> float:
-    """The largest |dW - float64| over max |float64| of ``plan``'s sm_90a conv kernel as the pass builds it, split
-    partials summed here (an unsplit, fused or StreamK plan writes dW itself); NaN anywhere (an element never
-    written) fails."""
+def dw_of_plan(p, plan, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dW ``[G, K, Y X C]`` of ``plan``'s sm_90a conv kernel as the pass builds it (plain, padded, boxed, split or
+    StreamK), on ``p``'s inputs ``x`` and ``dy``; split partials summed here (an element never written stays NaN)."""
     from convbw_mlir.dialects import convbw
     from convbw_mlir.passes.explicit_kernel import ExplicitKernel
 
     from convbw_mlir.ir_imports import new_context
     from convbw_mlir.kernels.conv_sm90 import from_problem
     from convbw_mlir.kernels.gemm_sm90 import Sm90Tiling
-    from convbw_mlir.reference import random_inputs, reference
 
     t = plan.tile
     merged = plan.merge.groups if plan.merge is not None else 0
-    g = from_problem(p, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch, 0, merged)
-    x, dy = random_inputs(p, seed=seed)
+    sk = plan.streamk.workgroups if plan.streamk is not None else 0
+    g = from_problem(p, Sm90Tiling(bn=t.n, consumers=t.subgroups_m, stages=t.stages), plan.k_batch, sk, merged)
     with new_context():
         module = convbw.build_module(p, plan)
         ExplicitKernel().run(module.operation)
-        partials = run_conv(module, dy.reshape(g.reduction, -1), x.reshape(*x.shape[:-2], -1), g)
+        out = run_conv(module, dy.reshape(g.reduction, -1), x.reshape(*x.shape[:-2], -1), g)
+    return out.sum(0) if out.ndim == 4 else out
+
+
+def max_error_of_plan(p, plan, seed: int = 1) -> float:
+    """The largest |dW - float64| over max |float64| of ``plan``'s sm_90a conv kernel as the pass builds it
+    (:func:`dw_of_plan`); NaN anywhere (an element never written) fails."""
+    from convbw_mlir.reference import random_inputs, reference
+
+    x, dy = random_inputs(p, seed=seed)
     want = reference(p, x, dy)
-    got = (partials.sum(0) if partials.ndim == 4 else partials).reshape(want.shape)  # split partials, else dW
+    got = dw_of_plan(p, plan, x, dy).reshape(want.shape)
     assert not np.isnan(got).any()
     return float(np.abs(got - want).max() / np.abs(want).max())
 

@@ -23,6 +23,11 @@ ONE = Sm90Tiling(bn=64, stages=2, consumers=1)  # 256 threads: a producer and on
 STREAMK = ConvSm90(n=2, h=8, w=8, c=64, k=64, fy=1, fx=1, ho=8, wo=8, tiling=ONE, streamk=2)
 FUSED = ConvSm90(n=2, h=8, w=8, c=64, k=64, fy=1, fx=1, ho=8, wo=8, tiling=ONE, splits=2, fused=True)
 PLAIN = ConvSm90(n=2, h=8, w=8, c=64, k=64, fy=1, fx=1, ho=8, wo=8, tiling=ONE)
+# a deeper ring (plan option wgmma-stages): 6 stages over 12 k tiles (two rounds, the parity flipped), and StreamK's
+# ring running on across 2 tiles of 6 k tiles on 2 workgroups
+DEEP = Sm90Tiling(bn=64, stages=6, consumers=1)
+DEEP_PLAIN = ConvSm90(n=12, h=8, w=8, c=64, k=64, fy=1, fx=1, ho=8, wo=8, tiling=DEEP)
+DEEP_STREAMK = ConvSm90(n=6, h=8, w=8, c=128, k=64, fy=1, fx=1, ho=8, wo=8, tiling=DEEP, streamk=2)
 
 
 def without_call(monkeypatch, owner, name: str, skip: int) -> list[int]:
@@ -96,6 +101,16 @@ def test_conv_without_the_barrier_after_mbarrier_init_races_on_the_ring(monkeypa
     made = without_call(monkeypatch, kir, "sync", 0)
     with pytest.raises(Race, match="waits on an mbarrier that thread 0 .* initialized, with no barrier after"):
         conv_emulated(PLAIN)
+    assert len(made) == 1
+
+
+def test_a_deeper_ring_runs_race_free_and_its_missing_init_barrier_is_still_caught(monkeypatch):
+    for g in (DEEP_PLAIN, DEEP_STREAMK):
+        c, ref = conv_emulated(g)
+        assert not np.isnan(c).any() and _error(c, ref) < 1e-6
+    made = without_call(monkeypatch, kir, "sync", 0)
+    with pytest.raises(Race, match="waits on an mbarrier that thread 0 .* initialized, with no barrier after"):
+        conv_emulated(DEEP_PLAIN)
     assert len(made) == 1
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from convbw_mlir.cuda_launch import im2col_corners
 from convbw_mlir.loops import Split
 from convbw_mlir.plan_data import (
+    WGMMA_STAGES_MIN,
     Decision,
     MergePlan,
     Overrides,
@@ -34,8 +35,9 @@ from convbw_mlir.targets import TARGETS, Target
 
 __all__ = ["BK", "BM", "BN", "COST", "COST_RULES", "MAPS_BYTES", "MEMORY_FLOOR", "SMS", "STAGES", "STREAMK_SEGMENTS",
            "WGMMA", "CostModel", "CostRule", "auto_splits", "choose", "cost", "cost_streamk", "deciding_rules",
-           "floor_us", "flops", "is_sm90", "merge_for", "merge_misaligned", "merge_refusals", "merge_rule",
-           "padded_channels", "plan", "refusals", "takes_padded", "streamk_workspace", "takes", "takes_by_default",
+           "floor_us", "flops", "is_sm90", "max_stages", "merge_for", "merge_misaligned", "merge_refusals",
+           "merge_rule", "padded_channels", "plan", "refusals", "ring_bytes", "takes_padded", "streamk_workspace",
+           "takes", "takes_by_default",
            "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
@@ -95,6 +97,8 @@ TILE_COST = COST.tile_cost
 NARROW_COST = COST.narrow_cost
 MAX_SPLITS = 32
 STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
+STAGE_BARRIER_BYTES = 16  # a ring stage's full and empty mbarriers (gemm_sm90.Sm90Tiling.shared_bytes)
+SWIZZLE_ALIGN = 1024  # the dynamic shared memory's base rounded up to the swizzle atom (gemm_sm90.ATOM_BYTES)
 WGMMA = "NV_WGMMA_F32_64x{n}x16_{t}"  # the plan's name of the kernel's instruction (the tile marks the kernel)
 MAPS_BYTES = 256  # the maps binding: dy's CUtensorMap, then x's (128 bytes each)
 # by convolution rank: the bits of an im2col map's corners (signed) and offsets (unsigned): 3-D maps 16, 4-D 8,
@@ -193,10 +197,12 @@ def _plan_refusals(problem: Any, plan: Plan, rows: int | None = None) -> list[st
     """Why an sm_90a plan's tile and split do not fit the kernel ("field: value" lines; ``rows``: the GEMM's M
     where it is not K, the boxed form's)."""
     t, why = plan.tile, []
-    tiles = (_tile(problem, t.n, 1, rows), _tile(problem, t.n, 2, rows))
+    tiles = (_tile(problem, t.n, 1, rows, t.stages), _tile(problem, t.n, 2, rows, t.stages))
     if t.n not in (*TILE_COST, *NARROW_COST) or t not in tiles:
         why.append(f"tile: {t} (the sm_90a kernel's tiles: m 64 or 128, k 64, bn one of "
                    f"{', '.join(map(str, (*TILE_COST, *NARROW_COST)))})")  # fmt: skip
+    elif not WGMMA_STAGES_MIN <= t.stages <= max_stages(t.m, t.n, TARGETS.get(plan.target, TARGETS["sm_90a"])):
+        why.append(_stages_refusal(t.m, t.n, t.stages, TARGETS.get(plan.target, TARGETS["sm_90a"])))
     if plan.wavespec is not None or plan.depthwise is not None:
         why.append("plan: wavespec or depthwise (the sm_90a kernel has neither)")
     if plan.streamk is not None:
@@ -259,10 +265,22 @@ def _reduction(problem: Any) -> int:
     return problem.batch * math.prod(problem.output_size)
 
 
-def _tile(problem: Any, bn: int, consumers: int | None = None, rows: int | None = None) -> Tile:
+def _tile(problem: Any, bn: int, consumers: int | None = None, rows: int | None = None, stages: int = STAGES) -> Tile:
     """The plan's tile: ``consumers`` wgmma warpgroups of 64 rows (default: :func:`consumers_for` K, or ``rows``)."""
     c = consumers or consumers_for(rows or problem.out_channels)
-    return Tile(64 * c, bn, BK, c, 1, STAGES, WGMMA.format(n=bn, t=problem.dtype.upper()))
+    return Tile(64 * c, bn, BK, c, 1, stages, WGMMA.format(n=bn, t=problem.dtype.upper()))
+
+
+def ring_bytes(rows: int, bn: int, stages: int) -> int:
+    """Dynamic shared memory of the wgmma kernel (gemm_sm90.Sm90Tiling.shared_bytes): ``stages`` k tiles of A
+    (``rows x 64``) and B (``bn x 64``) 16-bit elements, two mbarriers a stage, the base's alignment."""
+    return stages * ((rows + bn) * BK * 2 + STAGE_BARRIER_BYTES) + SWIZZLE_ALIGN
+
+
+def max_stages(rows: int, bn: int, tgt: Target) -> int:
+    """The deepest ring of a ``rows x bn`` tile whose :func:`ring_bytes` fit ``tgt``'s shared memory a workgroup
+    (sm_90a: 232,448 bytes, 227 KiB: targets.py, the CUDA guide's cc 9.0 limit)."""
+    return (tgt.lds_bytes - SWIZZLE_ALIGN) // ((rows + bn) * BK * 2 + STAGE_BARRIER_BYTES)
 
 
 def consumers_for(m: int) -> int:
@@ -291,6 +309,8 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         _check_padded(problem, opts, others)
     if opts.wgmma_rows is not None:
         _check_rows(problem, opts, others)
+    if opts.wgmma_stages is not None:
+        _check_stages(problem, opts, others)
     if not (takes(problem) or opts.wgmma_pad_channels) or others or opts.producers is not None:
         return sm80.plan(problem, tgt, opts)
     m, reduction = problem.out_channels, _reduction(problem)
@@ -299,21 +319,29 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     if widths[0] not in (*TILE_COST, *NARROW_COST):
         names = ", ".join(map(str, (*TILE_COST, *NARROW_COST)))
         raise PlanError(f"tile-n: {widths[0]} (the sm_90a kernel's bn: one of {names})")
+    consumers = opts.wgmma_rows // 64 if opts.wgmma_rows is not None else None  # default: one where K <= 64
+    stages = STAGES if opts.wgmma_stages is None else opts.wgmma_stages
+    if opts.wgmma_stages is not None:  # the widths whose ring of that depth fits (the narrowest last)
+        rows = 64 * (consumers or consumers_for(m))
+        fit = [w for w in widths if stages <= max_stages(rows, w, tgt)]
+        if not fit:
+            raise PlanError(_stages_refusal(rows, min(widths), stages, tgt))
+        widths = fit
     # an epilogue rides the second pass (the split's sum, or one rounding pass): StreamK writes dW itself
     floor = floor_us(problem, tgt)
     args = (m, n, reduction, tgt.compute_units, problem.groups, widths, problem.epilogue is None, floor)
-    if opts.wgmma_rows is not None or opts.wgmma_pad_channels:  # the 128-row / unpadded model's split, no StreamK
-        args = (*args[:6], False, floor)
+    if opts.wgmma_rows is not None or opts.wgmma_pad_channels or opts.wgmma_stages is not None:
+        args = (*args[:6], False, floor)  # the 128-row, unpadded, 4-stage model's split; no StreamK
     bn, splits, streamk = choose(*args)
     asked = opts.streamk is not None or _is_int(opts.k_batch) or opts.wgmma_rows is not None or opts.wgmma_pad_channels
+    asked = asked or opts.wgmma_stages is not None
     decided = [] if asked else deciding_rules(*args)
     if opts.streamk is not None:  # StreamK asked: on the target's SMs (auto) or that many workgroups
         splits, streamk = 1, tgt.compute_units if opts.streamk == "auto" else opts.streamk
     if _is_int(opts.k_batch):
         splits = opts.k_batch
         streamk = streamk if opts.streamk is not None else 0
-    consumers = opts.wgmma_rows // 64 if opts.wgmma_rows is not None else None  # default: one where K <= 64
-    chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn, consumers))
+    chosen = Plan(tgt.name, Strategy.EXPLICIT, tile=_tile(problem, bn, consumers, stages=stages))
     if streamk:
         total = _streamk_iterations(problem, bn)
         chosen = replace(chosen, streamk=StreamKPlan(min(streamk, total), opts.streamk_fixup or "linear"))
@@ -350,6 +378,36 @@ def _check_rows(problem: Any, opts: Overrides, others: dict[str, int]) -> None:
         why.append("on a problem the wgmma kernel does not take: " + "; ".join(refused))
     if why:
         raise PlanError(f"wgmma-rows: {rows} " + "; ".join(why))
+
+
+def _check_stages(problem: Any, opts: Overrides, others: dict[str, int]) -> None:
+    """Refuse ``wgmma-stages`` where the plain wgmma kernel cannot take it (every reason, "field: value"; a depth
+    past the tile's shared memory is :func:`plan`'s, once the width is known).
+
+    Raises:
+        PlanError: naming wgmma-stages and its value, and why.
+    """
+    stages, why = opts.wgmma_stages, []
+    if others or opts.producers is not None:
+        spelled = {"m": "tile-m", "k": "tile-k"}
+        asked = {spelled.get(k, k.replace("_", "-")): v for k, v in others.items()}
+        asked.update({"producers": opts.producers} if opts.producers is not None else {})
+        why.append(f"with {', '.join(f'{k} {v}' for k, v in asked.items())} (options of the sm_80 kernel)")
+    refused = _problem_refusals(problem, padded=opts.wgmma_pad_channels)
+    if refused:
+        why.append("on a problem the wgmma kernel does not take: " + "; ".join(refused))
+    if why:
+        raise PlanError(f"wgmma-stages: {stages} " + "; ".join(why))
+
+
+def _stages_refusal(rows: int, bn: int, stages: int, tgt: Target) -> str:
+    """A ring too deep (or too shallow) for a ``rows x bn`` tile on ``tgt``, naming the most that fits."""
+    most = max_stages(rows, bn, tgt)
+    if stages < WGMMA_STAGES_MIN:
+        return f"wgmma-stages: {stages} (the ring takes {WGMMA_STAGES_MIN} to {most} stages for the {rows}x{bn} tile)"
+    return (f"wgmma-stages: {stages} (the {rows}x{bn} tile's ring of {stages} stages needs "
+            f"{ring_bytes(rows, bn, stages):,} bytes of shared memory, past {tgt.name}'s {tgt.lds_bytes:,} a "
+            f"workgroup: at most {most} stages fit)")  # fmt: skip
 
 
 def padded_channels(c: int) -> int:
@@ -449,11 +507,12 @@ def _merge(problem: Any, tgt: Target, opts: Overrides, others: dict[str, int]) -
     asks for the sm_80 kernels (0: not the boxed form)."""
     if opts.wgmma_merge is None:
         asked = others or opts.producers is not None or opts.merge_groups is not None or opts.streamk is not None
-        asked = asked or opts.wgmma_rows is not None or opts.wgmma_pad_channels  # the plain kernel's options
+        asked = asked or opts.wgmma_rows is not None or opts.wgmma_pad_channels or opts.wgmma_stages is not None
         return 0 if asked or opts.k_batch == "rows" else merge_rule(problem, tgt)
     for name, value in (("tile options", others), ("producers", opts.producers), ("merge-groups", opts.merge_groups),
                         ("streamk", opts.streamk), ("wgmma-rows", opts.wgmma_rows),
-                        ("wgmma-pad-channels", opts.wgmma_pad_channels)):  # fmt: skip
+                        ("wgmma-pad-channels", opts.wgmma_pad_channels),
+                        ("wgmma-stages", opts.wgmma_stages)):  # fmt: skip
         if value:
             raise PlanError(f"wgmma-merge: {opts.wgmma_merge} with {name} {value!r} (the boxed form takes "
                             "k-batch and tile-n only)")  # fmt: skip
