@@ -136,7 +136,8 @@ def test_tuner_tries_the_64_row_tile_on_short_dense_reductions_unsplit_and_split
     assert not _rows64_options(candidates(k64, "sm_90a", max_plans=12, iree=False))
     every = candidates(p, "sm_90a", max_plans=64, iree=False)
     without = candidates(p, "sm_90a", max_plans=64, iree=False, wgmma_rows=False)  # what select offers
-    assert without == [v for v in every if not dict(v.options).get("wgmma_rows")] and len(every) == len(without) + 2
+    assert without == [v for v in every if not set(variants.UNSEEN) & set(dict(v.options))]
+    assert len(_rows64_options(every)) == 2 and not _rows64_options(without)
 
 
 def _held_back_rows() -> list[ConvBwdWeightProblem]:

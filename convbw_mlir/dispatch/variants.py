@@ -54,9 +54,9 @@ IREE_FORMS = FORMS[1:]
 # Options a variant may carry (plan.Overrides' fields that change the kernel)
 OPTIONS = ("k_batch", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n", "stages", "gemm", "grouped",
            "strategy", "merge_groups", "streamk", "wgmma_merge", "fold_rank", "wgmma_rows",
-           "wgmma_pad_channels")  # fmt: skip
+           "wgmma_pad_channels", "wgmma_stages")  # fmt: skip
 # Options of forms the tuner tries and the learned selector never saw (``candidates(..., wgmma_rows=False)``)
-UNSEEN = ("wgmma_rows", "wgmma_pad_channels")
+UNSEEN = ("wgmma_rows", "wgmma_pad_channels", "wgmma_stages")
 
 
 def known_wrong(problem: ConvBwdWeightProblem, target: Target | str, form: str) -> str | None:
@@ -257,11 +257,12 @@ def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, 
         yield from ({**boxed, "k_batch": kb, "tile_n": w} for w in (256, 192, 128) if w != n)
         yield from ({**boxed, "k_batch": k} for k in near[2:])
         return
-    rows64 = list(_rows64(problem, base))
+    rows64, deeper = list(_rows64(problem, base)), list(_deeper(problem, base))
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[:1])
     yield from rows64[
         :1
     ]  # unsplit: the 64-row tile's best on the sm_80 kernel (docs/decisions.md#short-reduction-dense)
+    yield from deeper[:1]  # cuDNN's kernels there run deeper rings than our 4 (docs/decisions.md#short-reduction-dense)
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[1:2])
     yield {"strategy": "explicit", "k_batch": kb} if base.streamk else {"strategy": "explicit", "streamk": "auto"}
     widths = [w for w in (256, 192, 128) if w != n]
@@ -270,6 +271,7 @@ def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, 
     yield from rows64[1:]
     yield from ({"strategy": "explicit", "k_batch": kb, "tile_n": w} for w in widths[1:])
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[2:])
+    yield from deeper[1:]
 
 
 # The short reductions (N Ho Wo) where the tuner tries the wgmma kernel's 64-row tile on K > 64: the bound of
@@ -290,6 +292,27 @@ def _rows64(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any
     for bn in dict.fromkeys((n, 64)):
         for k in dict.fromkeys((1, kb)):
             yield {"strategy": "explicit", "wgmma_rows": 64, "k_batch": k, "tile_n": bn}
+
+
+# The wgmma kernel's ring depths the tuner tries on short dense reductions, each clipped to what the plan's tile fits
+# (policies/sm90.py max_stages): cuDNN's nvjet kernels there read as 13-16 stages of k = 64 on 64-wide tiles and 5-8
+# on larger ones, ours holds 4 (docs/decisions.md#short-reduction-dense item 3)
+DEEPER_STAGES = (8, 6)
+
+
+def _deeper(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
+    """The plain wgmma plan (split-K grid, not the boxed form) at its own split and width with a deeper ring
+    (:data:`DEEPER_STAGES`, each at most what its tile fits; none past the plan's own) on a short reduction
+    (:data:`SHORT_DENSE_REDUCTION`): at most two. Unmeasured on a GPU: the rule never picks it (``wgmma_stages``)."""
+    if base.merge is not None or base.streamk is not None:
+        return
+    if problem.batch * math.prod(problem.output_size) > SHORT_DENSE_REDUCTION:
+        return
+    t = base.tile
+    most = sm90.max_stages(t.m, t.n, resolve(base.target))
+    for stages in dict.fromkeys(min(d, most) for d in DEEPER_STAGES):
+        if stages > t.stages:
+            yield {"strategy": "explicit", "wgmma_stages": stages, "k_batch": base.k_batch, "tile_n": t.n}
 
 
 def _padded(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
@@ -321,7 +344,8 @@ def _grid(
     problem: ConvBwdWeightProblem, target: Target, base: Plan, wgmma_rows: bool = True
 ) -> Iterator[dict[str, Any]]:
     """Override sets to try, most promising first (docs/dispatch.md#candidates); ``wgmma_rows`` False: none
-    asking for a wgmma form the learned selector never saw (:data:`UNSEEN`: the 64-row tile, padded channels)."""
+    asking for a wgmma form the learned selector never saw (:data:`UNSEEN`: the 64-row tile, padded channels, a
+    deeper ring)."""
     if not wgmma_rows:
         yield from (opts for opts in _grid(problem, target, base) if not set(UNSEEN) & set(opts))
         return
@@ -386,8 +410,8 @@ def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: i
     """The valid variants of ``problem`` on ``target``: the heuristic's first, IREE's forms (with
     ``iree``, those of ``iree_forms``; the torch form only where it exists: 2-D, G=1, no epilogue; none
     :func:`known_wrong`), then up to ``max_plans`` further plans (``wgmma_rows`` False: none with the wgmma
-    kernel's 64-row tile on K > 64 or its padded channels (:data:`UNSEEN`), which the tuner tries and the
-    learned selector never saw).
+    kernel's 64-row tile on K > 64, its padded channels or a deeper ring (:data:`UNSEEN`), which the tuner tries
+    and the learned selector never saw).
 
     Raises:
         ValueError: unknown target, or a name in ``iree_forms`` that is not one of :data:`IREE_FORMS`.
