@@ -56,29 +56,33 @@ def test_a_held_back_row_times_the_products_choice_where_it_differs_from_the_pla
     assert [v.name for v in vs[:2]] == ["convbw[heuristic]", "convbw[product]"] and vs[0].plan != vs[1].plan
 
 
+def manifest_entry(i: int, name: str, where: str, fams: dict[str, str], same: dict[str, str]) -> dict:
+    """A fabricated manifest entry of a 1x1 2048x512 f16 layer: its grid's families and same-plan points."""
+    problem = {"dtype": "f16", "filter_size": [1, 1], "in_channels": 512, "out_channels": 2048}
+    contenders = {n: {"ok": True} for n in fams} | {"reference": {"ok": False}}
+    return {"name": name, "key": f"{i:03d}-{name}.f16", "set": where, "grid": {"families": fams, "same_plan": same},
+            "problem": problem, "contenders": contenders}  # fmt: skip
+
+
+def part_row(e: dict, us: dict[str, float], wrong: str | None = None) -> dict:
+    """A fabricated runner row of entry ``e``: each contender's kernel time (us), ``wrong`` failing its check."""
+    cont = {n: {"status": "ok", "kernel_s": t * 1e-6} for n, t in us.items()}
+    if wrong:
+        cont[wrong] = {"status": "WRONG", "error": "max rel. error 0.5"}
+    return {"name": e["name"], "key": e["key"], "contenders": cont}
+
+
 def _manifest_and_results():
     fams = {"convbw[heuristic]": "w128", "convbw[w64_bn64_k1]": "w64", "convbw[w128_bn64_k1]": "w128",
             "convbw[w64_bn128_k1]": "w64"}  # fmt: skip
-
-    def entry(i, name, where):
-        problem = {"dtype": "f16", "filter_size": [1, 1], "in_channels": 512, "out_channels": 2048}
-        grid = {"families": fams, "same_plan": {"w128_bn128_k1": "heuristic"}}
-        return {"name": name, "key": f"{i:03d}-{name}.f16", "set": where, "grid": grid, "problem": problem,
-                "contenders": {n: {"ok": True} for n in fams} | {"reference": {"ok": False}}}  # fmt: skip
-
-    man = {"problems": [entry(0, "a.tuned", "tune"), entry(1, "b.back", "heldback")]}
-
-    def row(e, us, wrong=None):
-        cont = {n: {"status": "ok", "kernel_s": t * 1e-6} for n, t in us.items()}
-        if wrong:
-            cont[wrong] = {"status": "WRONG", "error": "max rel. error 0.5"}
-        return {"name": e["name"], "key": e["key"], "contenders": cont}
-
-    rows = [row(man["problems"][0], {"convbw[heuristic]": 20.0, "convbw[w64_bn64_k1]": 8.0,
-                                     "convbw[w128_bn64_k1]": 16.0, "convbw[w64_bn128_k1]": 10.0, "cudnn": 12.0}),
-            row(man["problems"][1], {"convbw[heuristic]": 10.0, "convbw[w128_bn64_k1]": 9.0,
-                                     "convbw[w64_bn128_k1]": 12.5, "cudnn": 11.0},
-                wrong="convbw[w64_bn64_k1]")]  # fmt: skip
+    same = {"w128_bn128_k1": "heuristic"}
+    man = {"problems": [manifest_entry(0, "a.tuned", "tune", fams, same),
+                        manifest_entry(1, "b.back", "heldback", fams, same)]}  # fmt: skip
+    rows = [part_row(man["problems"][0], {"convbw[heuristic]": 20.0, "convbw[w64_bn64_k1]": 8.0,
+                                          "convbw[w128_bn64_k1]": 16.0, "convbw[w64_bn128_k1]": 10.0, "cudnn": 12.0}),
+            part_row(man["problems"][1], {"convbw[heuristic]": 10.0, "convbw[w128_bn64_k1]": 9.0,
+                                          "convbw[w64_bn128_k1]": 12.5, "cudnn": 11.0},
+                     wrong="convbw[w64_bn64_k1]")]  # fmt: skip
     return man, rows
 
 

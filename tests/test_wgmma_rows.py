@@ -147,9 +147,10 @@ def _held_back_rows() -> list[ConvBwdWeightProblem]:
     ]  # fmt: skip
 
 
-def test_select_offers_and_chooses_on_both_held_back_sets_as_without_the_64_row_tile(monkeypatch):
-    """The installed selector's trees never saw a 64-row wgmma tile on K > 64: what select offers it (and so its
-    choice) on every held-back row (bench/heldback.py select) is what it was before the tile joined the grid."""
+def select_run(monkeypatch):
+    """A function that runs ``select`` with the installed learned selector on every held-back row (bench/heldback.py
+    select) and returns each row's path, variant and plan, then what the selector was offered on each: the list a
+    test compares before and after a change to the tuner's grid."""
     selector = learned_selector("sm_90a")
     assert selector is not None
     offered: list = []
@@ -167,6 +168,13 @@ def test_select_offers_and_chooses_on_both_held_back_sets_as_without_the_64_row_
         chosen = [select(p, "sm_90a", dbs=[], selector=selector) for p in rows]
         return [(s.path, s.variant.name, s.variant.plan) for s in chosen] + list(offered)
 
+    return run
+
+
+def test_select_offers_and_chooses_on_both_held_back_sets_as_without_the_64_row_tile(monkeypatch):
+    """The installed selector's trees never saw a 64-row wgmma tile on K > 64: what select offers it (and so its
+    choice) on every held-back row (bench/heldback.py select) is what it was before the tile joined the grid."""
+    run, rows = select_run(monkeypatch), _held_back_rows()
     now = run()
     # the tile is in the tuner's candidates of some of these rows (the default max_plans select asks for)
     assert sum(bool(_rows64_options(candidates(p, "sm_90a", iree=False))) for p in rows) >= 10

@@ -224,27 +224,9 @@ def test_tuner_tries_deeper_rings_at_the_plans_split_and_width_on_short_dense_re
 def test_select_offers_and_chooses_on_both_held_back_sets_as_without_the_deeper_rings(monkeypatch):
     """The installed selector's trees never saw a deeper ring: what select offers it (and so its choice) on every
     held-back row (bench/heldback.py select) is what it was before the rings joined the grid."""
-    from test_wgmma_rows import _held_back_rows
+    from test_wgmma_rows import _held_back_rows, select_run
 
-    from convbw_mlir.dispatch.select import learned_selector, select
-
-    selector = learned_selector("sm_90a")
-    assert selector is not None
-    offered: list = []
-    choose = selector.choose
-
-    def recording(problem, options):
-        offered.append([(v.name, v.plan) for v in options])
-        return choose(problem, options)
-
-    monkeypatch.setattr(selector, "choose", recording)
-    rows = _held_back_rows()
-
-    def run() -> list:
-        offered.clear()
-        chosen = [select(p, "sm_90a", dbs=[], selector=selector) for p in rows]
-        return [(s.path, s.variant.name, s.variant.plan) for s in chosen] + list(offered)
-
+    run, rows = select_run(monkeypatch), _held_back_rows()
     now = run()
     # the rings are in the tuner's candidates of some of these rows (the default max_plans select asks for)
     assert sum(bool(_deeper_options(candidates(p, "sm_90a", iree=False))) for p in rows) >= 5

@@ -356,6 +356,16 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     return chosen
 
 
+def _sm80_options(opts: Overrides, others: dict[str, int]) -> list[str]:
+    """The sm_80 kernel's options asked beside a wgmma one (tile options but the width, producers), as one reason."""
+    if not others and opts.producers is None:
+        return []
+    spelled = {"m": "tile-m", "k": "tile-k"}
+    asked = {spelled.get(k, k.replace("_", "-")): v for k, v in others.items()}
+    asked.update({"producers": opts.producers} if opts.producers is not None else {})
+    return [f"with {', '.join(f'{k} {v}' for k, v in asked.items())} (options of the sm_80 kernel)"]
+
+
 def _check_rows(problem: Any, opts: Overrides, others: dict[str, int]) -> None:
     """Refuse ``wgmma-rows`` where the plain wgmma kernel cannot take it (every reason, "field: value").
 
@@ -363,11 +373,7 @@ def _check_rows(problem: Any, opts: Overrides, others: dict[str, int]) -> None:
         PlanError: naming wgmma-rows and its value, and why.
     """
     rows, why = opts.wgmma_rows, []
-    if others or opts.producers is not None:
-        spelled = {"m": "tile-m", "k": "tile-k"}
-        asked = {spelled.get(k, k.replace("_", "-")): v for k, v in others.items()}
-        asked.update({"producers": opts.producers} if opts.producers is not None else {})
-        why.append(f"with {', '.join(f'{k} {v}' for k, v in asked.items())} (options of the sm_80 kernel)")
+    why += _sm80_options(opts, others)
     if opts.streamk is not None and rows == 64 and problem.out_channels > 64:  # not verified on the emulator
         why.append(f"with streamk {opts.streamk!r} (StreamK's workspace and fixup with one consumer where K > 64: "
                    "unverified)")  # fmt: skip
@@ -388,11 +394,7 @@ def _check_stages(problem: Any, opts: Overrides, others: dict[str, int]) -> None
         PlanError: naming wgmma-stages and its value, and why.
     """
     stages, why = opts.wgmma_stages, []
-    if others or opts.producers is not None:
-        spelled = {"m": "tile-m", "k": "tile-k"}
-        asked = {spelled.get(k, k.replace("_", "-")): v for k, v in others.items()}
-        asked.update({"producers": opts.producers} if opts.producers is not None else {})
-        why.append(f"with {', '.join(f'{k} {v}' for k, v in asked.items())} (options of the sm_80 kernel)")
+    why += _sm80_options(opts, others)
     refused = _problem_refusals(problem, padded=opts.wgmma_pad_channels)
     if refused:
         why.append("on a problem the wgmma kernel does not take: " + "; ".join(refused))
@@ -422,11 +424,7 @@ def _check_padded(problem: Any, opts: Overrides, others: dict[str, int]) -> None
         PlanError: naming wgmma-pad-channels, and why.
     """
     why, c = [], problem.in_channels
-    if others or opts.producers is not None:
-        spelled = {"m": "tile-m", "k": "tile-k"}
-        asked = {spelled.get(k, k.replace("_", "-")): v for k, v in others.items()}
-        asked.update({"producers": opts.producers} if opts.producers is not None else {})
-        why.append(f"with {', '.join(f'{k} {v}' for k, v in asked.items())} (options of the sm_80 kernel)")
+    why += _sm80_options(opts, others)
     if opts.streamk is not None:  # the padded epilogue is verified on the split-K grid only
         why.append(f"with streamk {opts.streamk!r} (the padded kernel runs the split-K grid)")
     if c % BOX == 0:
