@@ -101,20 +101,61 @@ def _collapse_reduction(value: ir.Value, rank: int) -> ir.Value:
                                     groups).result  # fmt: skip
 
 
-def _sum_splits(partials: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | None = None) -> ir.Value:
-    """``[splits, G, M, N]`` f32 partial sums -> ``[G, M, N]`` in dW's type (a reduction IREE compiles itself);
-    the problem's ``epilogue`` (``alpha * sum + beta * D``, D ``[G, M, N]``) in the rounding generic, in f32."""
+def _sum_splits(
+    partials: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | None = None, *, nvidia: bool = False
+) -> ir.Value:
+    """``[splits, G, M, N]`` f32 partial sums -> ``[G, M, N]`` in dW's type (a reduction IREE compiles itself, in
+    split order from +0); the problem's ``epilogue`` (``alpha * sum + beta * D``, D ``[G, M, N]``) in the rounding
+    generic, in f32. On NVIDIA (``nvidia``) the sum takes our workgroup tile where IREE's own is scalar
+    (``policies.split.sum_tile``): the same generic on the flat ``[splits, G*M*N]``, as IREE's dispatch has it."""
+    from convbw_mlir.policies.split import sum_tile
+
     shape = list(ir.RankedTensorType(partials.type).shape)
     f32 = ir.F32Type.get()
-    init = linalg_d.fill(zero(f32), outs=[tensor_d.EmptyOp(shape[1:], f32).result])
-    dims = [ir.AffineDimExpr.get(i) for i in range(4)]
-    maps = [ir.AffineMap.get(4, 0, dims), ir.AffineMap.get(4, 0, dims[1:])]
+    tile = sum_tile(math.prod(shape[1:])) if nvidia else None
+    if tile is None:
+        init = linalg_d.fill(zero(f32), outs=[tensor_d.EmptyOp(shape[1:], f32).result])
+        dims = [ir.AffineDimExpr.get(i) for i in range(4)]
+        maps = [ir.AffineMap.get(4, 0, dims), ir.AffineMap.get(4, 0, dims[1:])]
 
-    @generic([partials], [init], maps, [REDUCTION, PARALLEL, PARALLEL, PARALLEL])
+        @generic([partials], [init], maps, [REDUCTION, PARALLEL, PARALLEL, PARALLEL])
+        def total(p: ir.Value, acc: ir.Value) -> ir.Value:
+            return arith_d.addf(p, acc)
+
+        return _finish(total, out, epilogue, d)
+    return _finish(_flat_sum(partials, tile), out, epilogue, d)
+
+
+def _flat_sum(partials: ir.Value, tile: tuple[int, int]) -> ir.Value:
+    """``[splits, G, M, N]`` f32 -> ``[G, M, N]``: the sum over ``[outputs, splits]`` (outputs parallel, the splits
+    unrolled in order) with ``tile`` (threads, elements a thread) as its IREE compilation info."""
+    shape = list(ir.RankedTensorType(partials.type).shape)
+    splits, outputs = shape[0], math.prod(shape[1:])
+    f32 = ir.F32Type.get()
+    flat = tensor_d.CollapseShapeOp(ir.RankedTensorType.get([splits, outputs], f32), partials,
+                                    reassociation([[0], [1, 2, 3]])).result  # fmt: skip
+    init = linalg_d.fill(zero(f32), outs=[tensor_d.EmptyOp([outputs], f32).result])
+    o, s = ir.AffineDimExpr.get(0), ir.AffineDimExpr.get(1)
+    maps = [ir.AffineMap.get(2, 0, [s, o]), ir.AffineMap.get(2, 0, [o])]
+
+    @generic([flat], [init], maps, [PARALLEL, REDUCTION])
     def total(p: ir.Value, acc: ir.Value) -> ir.Value:
         return arith_d.addf(p, acc)
 
-    return _finish(total, out, epilogue, d)
+    threads, width = tile
+    total.owner.attributes["compilation_info"] = ir.Attribute.parse(
+        "#iree_codegen.compilation_info<lowering_config = #iree_gpu.lowering_config<{"
+        f"workgroup = [{threads * width}, 0], thread = [{width}, 0], reduction = [0, {splits}]}}>, "
+        "translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<TileAndFuse> "
+        f"workgroup_size = [{threads}, 1, 1] subgroup_size = 32>>"
+    )
+    return tensor_d.ExpandShapeOp(ir.RankedTensorType.get(shape[1:], f32), total, reassociation([[0, 1, 2]]), [],
+                                  shape[1:]).result  # fmt: skip
+
+
+def _nvidia(plan) -> bool:
+    """Whether ``plan``'s target is NVIDIA's (the split sum's own tile, ``policies.split.sum_tile``)."""
+    return plan.target_info.family == "nvidia"
 
 
 def _finish(total: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | None = None) -> ir.Value:
@@ -177,7 +218,7 @@ def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Inse
         partials = build_dispatch(entry, body, [dy, x], ir.RankedTensorType.get(ws_shape, f32), top)
     partials.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
     if not depthwise_sm80_stage2():
-        return _sum_splits(partials, element_type(problem.dw_dtype))
+        return _sum_splits(partials, element_type(problem.dw_dtype), nvidia=_nvidia(plan))
     return _depthwise_sum(partials, element_type(problem.dw_dtype), plan, name, top)
 
 
@@ -256,7 +297,7 @@ def _gemv_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
         partials = build_dispatch(entry, partial(_gemv_body, k=k), [dy, x], ir.RankedTensorType.get(ws_shape, ws_t),
                                   top)  # fmt: skip
     partials.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return partials if k.direct else _sum_splits(partials, out)
+    return partials if k.direct else _sum_splits(partials, out, nvidia=_nvidia(plan))
 
 
 def _gemv_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:
@@ -305,7 +346,7 @@ def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
         d_shape = [problem.groups, problem.out_channels, math.prod(d_t.shape[2:])]
         d = tensor_d.CollapseShapeOp(ir.RankedTensorType.get(d_shape, d_t.element_type), op.operands[2], groups).result
     if plan.k_batch > 1:
-        return _sum_splits(result, out, ep, d)
+        return _sum_splits(result, out, ep, d, nvidia=_nvidia(plan))
     return result if ep is None else _finish(result, out, ep, d)
 
 
@@ -374,7 +415,7 @@ def _fp8_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionP
         return result
     partials = tensor_d.ExpandShapeOp(ir.RankedTensorType.get([splits, 1, k, c], f32), result,
                                       reassociation([[0, 1], [2], [3]]), [], [splits, 1, k, c]).result  # fmt: skip
-    total = _sum_splits(partials, out, problem.epilogue)
+    total = _sum_splits(partials, out, problem.epilogue, nvidia=_nvidia(plan))
     return tensor_d.CollapseShapeOp(ir.RankedTensorType.get([k, c], out), total, reassociation([[0, 1], [2]])).result
 
 
@@ -436,7 +477,7 @@ def _merged_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Inserti
     with ir.Location.unknown():
         result = build_dispatch(entry, body, operands, ir.RankedTensorType.get(c_shape, c_type), top)
     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return _sum_splits(result, out, ep, d) if shape.splits > 1 else result
+    return _sum_splits(result, out, ep, d, nvidia=_nvidia(plan)) if shape.splits > 1 else result
 
 
 def _merged_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, merge: tuple[int, int, int, bool],
@@ -565,7 +606,7 @@ def _gemm_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
             operands = [dy, x] if not fused or d is None else [dy, x, d]
             result = build_dispatch(entry, body, operands, result_t, top)
     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return _sum_splits(result, out, ep, d) if shape.splits > 1 else result
+    return _sum_splits(result, out, ep, d, nvidia=_nvidia(plan)) if shape.splits > 1 else result
 
 
 def _expand_groups(problem, result: ir.Value) -> ir.Value:

@@ -12,11 +12,17 @@ from convbw_mlir.plan_data import Overrides, Plan, PlanError, _is_int
 from convbw_mlir.problem import ConvBwdWeightProblem
 from convbw_mlir.targets import Target
 
-__all__ = ["EXPLICIT_SPLIT", "check", "explicit_split", "split_refusals"]
+__all__ = ["EXPLICIT_SPLIT", "OWN_SUM_TILE", "check", "explicit_split", "split_refusals", "sum_tile"]
 
 # The explicit kernel splits its flattened reduction (images x output positions) in k tiles: Split.chunk
 # counts k tiles per split.
 EXPLICIT_SPLIT = "r"
+# The split sum (stage 2) on NVIDIA with a workgroup tile of ours where IREE's own is scalar: IREE 3.13 tiles it
+# 32 threads x 4 f32 only where the outputs are a multiple of 128, else 32 x 1 (4-byte loads, 0.5 TB/s on an H100
+# at 888x888; docs/decisions.md#short-reduction-dense item 2).
+OWN_SUM_TILE = True
+# The most threads a workgroup of the split sum: 8 warps (IREE's own takes 1).
+SUM_THREADS = 256
 
 
 def explicit_split(problem: ConvBwdWeightProblem, plan: Plan, shape: Any, tiling: Any, tgt: Target, opts: Overrides,
@@ -49,3 +55,23 @@ def check(problem: ConvBwdWeightProblem, plan: Plan, refusals: Any) -> None:
     why = refusals(problem, plan)
     if why:
         raise PlanError("strategy explicit: " + "; ".join(why))
+
+
+def sum_tile(outputs: int) -> tuple[int, int] | None:
+    """``(threads, elements a thread)`` of the split sum's workgroup over ``outputs`` flat outputs, or None where
+    IREE's own tile is kept (a multiple of 128: 32 x 4, measured 2 TB/s; or no tile below divides).
+
+    A thread sums 4 (else 2) adjacent f32 of each split (one 16- or 8-byte load a split); the workgroup's tile must
+    divide ``outputs`` (IREE 3.13 scalarises a partial tile): the divisor of 32-256 threads with the fewest idle
+    lanes in its last warp, then the most threads.
+    """
+    if not OWN_SUM_TILE or outputs % 128 == 0:
+        return None
+    width = next((w for w in (4, 2) if outputs % w == 0), None)
+    if width is None:
+        return None
+    tiles = outputs // width
+    fits = [t for t in range(32, SUM_THREADS + 1) if tiles % t == 0]
+    if not fits:
+        return None
+    return max(fits, key=lambda t: (t / (32 * -(-t // 32)), t)), width
