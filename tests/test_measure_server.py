@@ -326,6 +326,7 @@ def test_kernel_fields_show_overlapping_activities_and_the_spread_of_launches():
     assert got["kernel_s"] == pytest.approx(41e-6 / 2) and got["kernels_per_call"] == 2.5
     assert got["kernel_busy_s"] == pytest.approx((12.0 + 14.0 + 12.0) * 1e-6 / 2)  # 8-10 and 50-51 counted once
     assert got["kernel_launch_us"] == [10.0, 12.0, 14.0] and got["kernel_first_us"] == 10.0
+    assert got["kernel_us_each"] == {"Memset (Device)": 0.5, "main": 18.0, "tail": 2.0}  # a call's, by name
 
 
 def test_a_problems_release_frees_its_cycles_and_keeps_what_survives_out_of_later_collections():

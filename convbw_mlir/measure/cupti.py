@@ -82,6 +82,8 @@ def work_fields(work: list[tuple[float, float, str, str]], calls: int) -> dict[s
 
     - ``kernel_s``: the activities' durations summed, a call (what the tuner ranks by);
     - ``kernels_per_call``, ``kernel_names`` (the first few);
+    - ``kernel_us_each``: each kernel's (or memset's) durations summed by name, µs a call (a split plan's main
+      kernel and its stage 2 apart; the first 8 names);
     - ``kernel_busy_s``: the time the device had any of them running, a call (below ``kernel_s`` only where
       activities overlapped: the sum then counts the overlap twice);
     - ``kernel_launch_us``: the longest-running kernel's launches, min, median and max µs (a spread that a few slow
@@ -101,6 +103,7 @@ def work_fields(work: list[tuple[float, float, str, str]], calls: int) -> dict[s
         "kernel_s": sum(a[1] for a in work) * 1e-6 / calls,
         "kernels_per_call": len(work) / calls,
         "kernel_names": sorted({a[3] for a in work})[:4],
+        "kernel_us_each": {n: round(totals[n] / calls, 3) for n in sorted(totals)[:8]},
         "kernel_busy_s": busy * 1e-6 / calls,
         "kernel_launch_us": [round(durs[0], 2), round(statistics.median(durs), 2), round(durs[-1], 2)],
         "kernel_first_us": round(launches[0][1], 2),
