@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness beside it, even with PYTHONSAFEPATH=1 (the pack)
 
-from harness import compile_manifest, load_manifest, split_manifest  # noqa: E402
+from harness import compile_manifest, load_manifest, probe_main  # noqa: E402
 
 TARGET = "sm_90a"
 SLOW = ("regnety_016.s4.b1.conv3.conv.n32", "regnet_y_400mf.trunk_output.block4.block4-0.f.c.0.n32")
@@ -169,30 +169,15 @@ def report(results: list[Path], manifest: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile")
-    c.add_argument("out", type=Path)
-    c.add_argument("--workers", type=int, default=2)
-    c.add_argument("--cache", type=Path, default=None)
-    m = sub.add_parser("merge")
-    m.add_argument("before", type=Path)
-    m.add_argument("after", type=Path)
-    m.add_argument("out", type=Path)
-    s = sub.add_parser("split")
-    s.add_argument("folder", type=Path)
-    s.add_argument("--parts", type=int, default=2)
-    r = sub.add_parser("report")
-    r.add_argument("results", type=Path, nargs="+")
-    r.add_argument("--manifest", type=Path, required=True)
-    args = ap.parse_args(argv)
-    if args.cmd == "compile":
-        return compile_all(args.out, args.workers, args.cache)
-    if args.cmd == "merge":
+    """``merge BEFORE AFTER OUT`` here; ``compile``, ``split`` and ``report`` as every probe pack's (``probe_main``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["merge"]:
+        ap = argparse.ArgumentParser(prog="splitsum.py merge", description=merge.__doc__.split("\n\n")[0])
+        for name in ("before", "after", "out"):
+            ap.add_argument(name, type=Path)
+        args = ap.parse_args(argv[1:])
         return merge(args.before, args.after, args.out)
-    if args.cmd == "split":
-        return split_manifest(args.folder, args.parts)
-    return report(args.results, args.manifest)
+    return probe_main(argv, __doc__, "splitsum", 2, compile_all, report)
 
 
 if __name__ == "__main__":
