@@ -64,7 +64,7 @@ def stage_two(p: Any, plan: Any) -> dict[str, Any]:
     ep = p.epilogue
     d_bytes = outputs * WIDTH[ep.d_dtype or p.dw_dtype] if ep is not None and ep.reads_d else 0
     moved = plan.k_batch * outputs * 4 + outputs * WIDTH[p.dw_dtype] + d_bytes
-    tile = getattr(split, "sum_tile", lambda n: None)(outputs)
+    tile = getattr(split, "sum_tile", lambda n, units: None)(outputs, plan.target_info.compute_units)
     return {"outputs": outputs, "splits": plan.k_batch, "bytes": moved, "tile": tile}
 
 

@@ -102,17 +102,18 @@ def _collapse_reduction(value: ir.Value, rank: int) -> ir.Value:
 
 
 def _sum_splits(
-    partials: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | None = None, *, nvidia: bool = False
+    partials: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | None = None, *, units: int = 0
 ) -> ir.Value:
     """``[splits, G, M, N]`` f32 partial sums -> ``[G, M, N]`` in dW's type (a reduction IREE compiles itself, in
     split order from +0); the problem's ``epilogue`` (``alpha * sum + beta * D``, D ``[G, M, N]``) in the rounding
-    generic, in f32. On NVIDIA (``nvidia``) the sum takes our workgroup tile where IREE's own is scalar
-    (``policies.split.sum_tile``): the same generic on the flat ``[splits, G*M*N]``, as IREE's dispatch has it."""
+    generic, in f32. Given the SMs of an NVIDIA target (``units``), the sum takes our workgroup tile where IREE's
+    own is scalar (``policies.split.sum_tile``): the same generic on the flat ``[splits, G*M*N]``, as IREE's
+    dispatch has it."""
     from convbw_mlir.policies.split import sum_tile
 
     shape = list(ir.RankedTensorType(partials.type).shape)
     f32 = ir.F32Type.get()
-    tile = sum_tile(math.prod(shape[1:])) if nvidia else None
+    tile = sum_tile(math.prod(shape[1:]), units) if units else None
     if tile is None:
         init = linalg_d.fill(zero(f32), outs=[tensor_d.EmptyOp(shape[1:], f32).result])
         dims = [ir.AffineDimExpr.get(i) for i in range(4)]
@@ -153,9 +154,11 @@ def _flat_sum(partials: ir.Value, tile: tuple[int, int]) -> ir.Value:
                                   shape[1:]).result  # fmt: skip
 
 
-def _nvidia(plan) -> bool:
-    """Whether ``plan``'s target is NVIDIA's (the split sum's own tile, ``policies.split.sum_tile``)."""
-    return plan.target_info.family == "nvidia"
+def _split_units(plan) -> int:
+    """The SMs a split-K plan's sum takes its own tile for (``policies.split.sum_tile``): NVIDIA's; 0 (IREE's tile)
+    on AMD (not diagnosed there). The GEMV and depthwise kernels' chunks (up to hundreds over few outputs) keep
+    IREE's: the tile was not made for them (the depthwise kernel has a stage 2 of its own)."""
+    return plan.target_info.compute_units if plan.target_info.family == "nvidia" else 0
 
 
 def _finish(total: ir.Value, out: ir.Type, epilogue=None, d: ir.Value | None = None) -> ir.Value:
@@ -218,7 +221,7 @@ def _depthwise_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Inse
         partials = build_dispatch(entry, body, [dy, x], ir.RankedTensorType.get(ws_shape, f32), top)
     partials.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
     if not depthwise_sm80_stage2():
-        return _sum_splits(partials, element_type(problem.dw_dtype), nvidia=_nvidia(plan))
+        return _sum_splits(partials, element_type(problem.dw_dtype))
     return _depthwise_sum(partials, element_type(problem.dw_dtype), plan, name, top)
 
 
@@ -297,7 +300,7 @@ def _gemv_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
         partials = build_dispatch(entry, partial(_gemv_body, k=k), [dy, x], ir.RankedTensorType.get(ws_shape, ws_t),
                                   top)  # fmt: skip
     partials.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return partials if k.direct else _sum_splits(partials, out, nvidia=_nvidia(plan))
+    return partials if k.direct else _sum_splits(partials, out)
 
 
 def _gemv_body(block: ir.Block, memrefs: list[ir.Value], k) -> None:
@@ -346,7 +349,7 @@ def _sm90_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
         d_shape = [problem.groups, problem.out_channels, math.prod(d_t.shape[2:])]
         d = tensor_d.CollapseShapeOp(ir.RankedTensorType.get(d_shape, d_t.element_type), op.operands[2], groups).result
     if plan.k_batch > 1:
-        return _sum_splits(result, out, ep, d, nvidia=_nvidia(plan))
+        return _sum_splits(result, out, ep, d, units=_split_units(plan))
     return result if ep is None else _finish(result, out, ep, d)
 
 
@@ -415,7 +418,7 @@ def _fp8_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.InsertionP
         return result
     partials = tensor_d.ExpandShapeOp(ir.RankedTensorType.get([splits, 1, k, c], f32), result,
                                       reassociation([[0, 1], [2], [3]]), [], [splits, 1, k, c]).result  # fmt: skip
-    total = _sum_splits(partials, out, problem.epilogue, nvidia=_nvidia(plan))
+    total = _sum_splits(partials, out, problem.epilogue, units=_split_units(plan))
     return tensor_d.CollapseShapeOp(ir.RankedTensorType.get([k, c], out), total, reassociation([[0, 1], [2]])).result
 
 
@@ -477,7 +480,7 @@ def _merged_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Inserti
     with ir.Location.unknown():
         result = build_dispatch(entry, body, operands, ir.RankedTensorType.get(c_shape, c_type), top)
     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return _sum_splits(result, out, ep, d, nvidia=_nvidia(plan)) if shape.splits > 1 else result
+    return _sum_splits(result, out, ep, d, units=_split_units(plan)) if shape.splits > 1 else result
 
 
 def _merged_body(block: ir.Block, memrefs: list[ir.Value], shape, tiling, merge: tuple[int, int, int, bool],
@@ -606,7 +609,7 @@ def _gemm_dispatch(op: ir.Operation, problem, plan, name: str, top: ir.Insertion
             operands = [dy, x] if not fused or d is None else [dy, x, d]
             result = build_dispatch(entry, body, operands, result_t, top)
     result.owner.attributes[PLAN_ATTR] = op.attributes[convbw.PLAN_ATTR]
-    return _sum_splits(result, out, ep, d, nvidia=_nvidia(plan)) if shape.splits > 1 else result
+    return _sum_splits(result, out, ep, d, units=_split_units(plan)) if shape.splits > 1 else result
 
 
 def _expand_groups(problem, result: ir.Value) -> ir.Value:

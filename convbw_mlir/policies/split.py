@@ -57,13 +57,15 @@ def check(problem: ConvBwdWeightProblem, plan: Plan, refusals: Any) -> None:
         raise PlanError("strategy explicit: " + "; ".join(why))
 
 
-def sum_tile(outputs: int) -> tuple[int, int] | None:
-    """``(threads, elements a thread)`` of the split sum's workgroup over ``outputs`` flat outputs, or None where
-    IREE's own tile is kept (a multiple of 128: 32 x 4, measured 2 TB/s; or no tile below divides).
+def sum_tile(outputs: int, units: int) -> tuple[int, int] | None:
+    """``(threads, elements a thread)`` of the split sum's workgroup over ``outputs`` flat outputs on a GPU of
+    ``units`` SMs, or None where IREE's own tile is kept (a multiple of 128: 32 x 4, measured 2 TB/s; or no tile
+    below fits).
 
     A thread sums 4 (else 2) adjacent f32 of each split (one 16- or 8-byte load a split); the workgroup's tile must
-    divide ``outputs`` (IREE 3.13 scalarises a partial tile): the divisor of 32-256 threads with the fewest idle
-    lanes in its last warp, then the most threads.
+    divide ``outputs`` (IREE 3.13 scalarises a partial tile) and leave a workgroup an SM at least (fewer leave SMs
+    idle: IREE's 32-wide tiles then spread further); of 32-256 threads, the fewest idle lanes in the last warp, then
+    the most threads.
     """
     if not OWN_SUM_TILE or outputs % 128 == 0:
         return None
@@ -71,7 +73,7 @@ def sum_tile(outputs: int) -> tuple[int, int] | None:
     if width is None:
         return None
     tiles = outputs // width
-    fits = [t for t in range(32, SUM_THREADS + 1) if tiles % t == 0]
+    fits = [t for t in range(32, SUM_THREADS + 1) if tiles % t == 0 and tiles // t >= units]
     if not fits:
         return None
     return max(fits, key=lambda t: (t / (32 * -(-t // 32)), t)), width
