@@ -257,12 +257,11 @@ def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, 
         yield from ({**boxed, "k_batch": kb, "tile_n": w} for w in (256, 192, 128) if w != n)
         yield from ({**boxed, "k_batch": k} for k in near[2:])
         return
-    rows64, deeper = list(_rows64(problem, base)), list(_deeper(problem, base))
+    rows64 = list(_rows64(problem, base))
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[:1])
     yield from rows64[
         :1
     ]  # unsplit: the 64-row tile's best on the sm_80 kernel (docs/decisions.md#short-reduction-dense)
-    yield from deeper[:1]  # cuDNN's kernels there run deeper rings than our 4 (docs/decisions.md#short-reduction-dense)
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[1:2])
     yield {"strategy": "explicit", "k_batch": kb} if base.streamk else {"strategy": "explicit", "streamk": "auto"}
     widths = [w for w in (256, 192, 128) if w != n]
@@ -271,7 +270,6 @@ def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, 
     yield from rows64[1:]
     yield from ({"strategy": "explicit", "k_batch": kb, "tile_n": w} for w in widths[1:])
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[2:])
-    yield from deeper[1:]
 
 
 # The short reductions (N Ho Wo) where the tuner tries the wgmma kernel's 64-row tile on K > 64: the bound of
@@ -294,25 +292,8 @@ def _rows64(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any
             yield {"strategy": "explicit", "wgmma_rows": 64, "k_batch": k, "tile_n": bn}
 
 
-# The wgmma kernel's ring depths the tuner tries on short dense reductions, each clipped to what the plan's tile fits
-# (policies/sm90.py max_stages): cuDNN's nvjet kernels there read as 13-16 stages of k = 64 on 64-wide tiles and 5-8
-# on larger ones, ours holds 4 (docs/decisions.md#short-reduction-dense item 3)
-DEEPER_STAGES = (8, 6)
-
-
-def _deeper(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
-    """The plain wgmma plan (split-K grid, not the boxed form) at its own split and width with a deeper ring
-    (:data:`DEEPER_STAGES`, each at most what its tile fits; none past the plan's own) on a short reduction
-    (:data:`SHORT_DENSE_REDUCTION`): at most two. Unmeasured on a GPU: the rule never picks it (``wgmma_stages``)."""
-    if base.merge is not None or base.streamk is not None:
-        return
-    if problem.batch * math.prod(problem.output_size) > SHORT_DENSE_REDUCTION:
-        return
-    t = base.tile
-    most = sm90.max_stages(t.m, t.n, resolve(base.target))
-    for stages in dict.fromkeys(min(d, most) for d in DEEPER_STAGES):
-        if stages > t.stages:
-            yield {"strategy": "explicit", "wgmma_stages": stages, "k_batch": base.k_batch, "tile_n": t.n}
+# No deeper ring (wgmma-stages) in the grid: at the plan's own split and width a deeper ring ran 2% slower than the 4
+# stages (16 tuned-model pairs, H100; pack wgmmastages' pre-written rule: out): docs/decisions.md#short-reduction-dense
 
 
 def _padded(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
