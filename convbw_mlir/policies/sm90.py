@@ -96,6 +96,7 @@ COST_RULES = (STREAMK_SEGMENTS, MEMORY_FLOOR)
 TILE_COST = COST.tile_cost
 NARROW_COST = COST.narrow_cost
 MAX_SPLITS = 32
+MIN_SLICE = 8  # k tiles a split's slice at least (CK's k_batch rule of thumb)
 STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
 STAGE_BARRIER_BYTES = 16  # a ring stage's full and empty mbarriers (gemm_sm90.Sm90Tiling.shared_bytes)
 SWIZZLE_ALIGN = 1024  # the dynamic shared memory's base rounded up to the swizzle atom (gemm_sm90.ATOM_BYTES)
@@ -617,8 +618,10 @@ def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups
 
 
 def _options(m: int, n: int, reduction: int, sms: int, groups: int, widths: list[int], streamk: bool, floor: float,
-             segments: bool = True) -> list[tuple[float, float, int, int, int]]:  # fmt: skip
-    """(us, us without the floor, bn, splits, streamk workgroups) of every choice :func:`choose` weighs."""
+             segments: bool = True, min_slice: int = MIN_SLICE,
+             ) -> list[tuple[float, float, int, int, int]]:  # fmt: skip
+    """(us, us without the floor, bn, splits, streamk workgroups) of every choice :func:`choose` weighs (a split's
+    slices at least ``min_slice`` k tiles)."""
     ktiles = -(-reduction // BK)
     narrow = m <= 64 or n <= 64  # a narrow tile's few tiles: splits up to one wave
 
@@ -630,7 +633,7 @@ def _options(m: int, n: int, reduction: int, sms: int, groups: int, widths: list
     options = []
     for bn in widths:
         for s in range(1, most(bn) + 1):
-            if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles:
+            if (s == 1 or ktiles // s >= min_slice) and (s - 1) * -(-ktiles // s) < ktiles:
                 us = cost(m, n, reduction, bn, s, sms, groups)
                 options.append((max(us, floor), us, bn, s, 0))
     for bn in widths if streamk and not narrow else []:
@@ -647,14 +650,15 @@ def _best(options: list[tuple[float, float, int, int, int]]) -> tuple[float, flo
 
 
 def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1, widths: list[int] | None = None,
-           streamk: bool = True, floor: float = 0.0) -> tuple[int, int, int]:  # fmt: skip
+           streamk: bool = True, floor: float = 0.0, min_slice: int = MIN_SLICE) -> tuple[int, int, int]:  # fmt: skip
     """``(bn, splits, streamk)`` of least estimated time (the tile's rows: :func:`consumers_for`): the tile width
     (of ``widths``, default :func:`widths_for`) and either
-    a split count by :func:`cost` (each slice at least 8 k tiles, CK's k_batch rule of thumb re-weighed for
-    whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by :func:`cost_streamk` (splits 1);
+    a split count by :func:`cost` (each slice at least ``min_slice`` k tiles: 8, CK's k_batch rule of thumb
+    re-weighed for whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by
+    :func:`cost_streamk` (splits 1);
     none estimated below ``floor`` us (:data:`MEMORY_FLOOR`); on a tie the wider tile, then the split, then the
     fewer splits (``streamk`` False: splits only)."""
-    best = _best(_options(m, n, reduction, sms, groups, widths or widths_for(n), streamk, floor))
+    best = _best(_options(m, n, reduction, sms, groups, widths or widths_for(n), streamk, floor, min_slice=min_slice))
     return best[2], best[3], best[4]
 
 
