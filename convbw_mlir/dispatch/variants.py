@@ -327,6 +327,11 @@ def _padded(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any
         yield {"strategy": "explicit", "wgmma_pad_channels": True, "k_batch": k}
 
 
+def _padded_plan(problem: ConvBwdWeightProblem, plan: Plan) -> bool:
+    """Whether ``plan`` is the wgmma kernel with padded channels (its plain form on C % 64 != 0)."""
+    return sm90.is_sm90(plan) and plan.merge is None and problem.in_channels % sm90.BOX != 0
+
+
 def _sm80_kernel(problem: ConvBwdWeightProblem, merged: bool = False) -> Iterator[dict[str, Any]]:
     """The sm_80 kernel (mma.sync) on sm_90a: its M tile as sm_80's plan has it, an option the wgmma kernel has
     no knob for, so the plan hands the problem to the sm_80 kernels' rule (convbw_mlir/policies/sm90.py);
@@ -441,6 +446,8 @@ def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: i
         if plan.split is not None and plan.split.dim == "n" and plan.split.padded_extent != problem.batch:
             continue  # uneven batch splits gave NaNs in IREE's sm_80 code: docs/decisions.md#even-splits
         v = Variant("convbw", plan, tuple(sorted(opts.items())))
+        if not wgmma_rows and _padded_plan(problem, plan):
+            continue  # the padded wgmma kernel off the rule's own plan: the learned selector never saw it
         if v not in seen:
             seen.add(v)
             out.append(v)
