@@ -1,7 +1,7 @@
 """The sm_90a wgmma kernel on in-channels C a multiple of 8 but not of 64 (issue 39 goal 2, ``wgmma-pad-channels``):
 each tap's channels padded to whole 64-channel boxes. The plan option and its refusals, the kernel's dW under the
-sm_90a emulator (float64's, and no garbage past a group's C leaking into it), the tuner's grid, and ``select``,
-whose learned selector never saw the form, offered and choosing what it did before."""
+sm_90a emulator (float64's, and no garbage past a group's C leaking into it), the tuner's grid, ``select`` (whose
+learned selector never saw the form: offered no padded plan but the rule's), and the plan's rule padded-channels."""
 
 from __future__ import annotations
 

@@ -318,8 +318,8 @@ def _deeper(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any
 def _padded(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
     """The wgmma kernel with each tap's channels padded to 64-channel boxes where the plan is the sm_80 kernel on
     a dense layer only because C is not a multiple of 64: the padded plan's own split, unsplit and the sm_80 plan's
-    split. Unmeasured on a GPU: the rule never picks it (``wgmma_pad_channels``); cuDNN runs an sm90 kernel on
-    most of these layers (docs/decisions.md#short-reduction-dense)."""
+    split, where the plan is still the sm_80 kernel's (more than PADDED_MAX_WASTE padded columns, or the rule's
+    switch off; elsewhere the rule pads: policies/sm90.py PADDED_CHANNELS, docs/decisions.md#short-reduction-dense)."""
     if problem.groups != 1 or not sm90.takes_padded(problem):
         return
     yield {"strategy": "explicit", "wgmma_pad_channels": True}
