@@ -132,9 +132,10 @@ def test_every_cost_rule_is_named_once_with_a_one_line_reason():
         ("2 1 64 136 136 1 1 20 20 1 1 1 1 0 0 0 0", "not measured"),
     ],
 )
-def test_on_hopper_the_sm80_kernel_takes_64_row_tiles_only_where_k_fits_them(line, measured):
-    from convbw_mlir.policies import sm80
+def test_on_hopper_the_sm80_kernel_takes_64_row_tiles_only_where_k_fits_them(line, measured, monkeypatch):
+    from convbw_mlir.policies import sm80, switches
 
+    monkeypatch.setattr(switches, "WGMMA_PAD_BY_DEFAULT", False)  # C % 8 == 0: the padded wgmma kernel's by default
     p = _p(line)
     plan = decide(p, "sm_90a")
     assert not sm90.is_sm90(plan) and plan.tile.m == 128, (measured, plan)

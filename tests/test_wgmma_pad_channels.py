@@ -1,7 +1,7 @@
 """The sm_90a wgmma kernel on in-channels C a multiple of 8 but not of 64 (issue 39 goal 2, ``wgmma-pad-channels``):
 each tap's channels padded to whole 64-channel boxes. The plan option and its refusals, the kernel's dW under the
-sm_90a emulator (float64's, and no garbage past a group's C leaking into it), the tuner's grid, and ``select``,
-whose learned selector never saw the form, offered and choosing what it did before."""
+sm_90a emulator (float64's, and no garbage past a group's C leaking into it), the tuner's grid, ``select`` (whose
+learned selector never saw the form: offered no padded plan but the rule's), and the plan's rule padded-channels."""
 
 from __future__ import annotations
 
@@ -24,10 +24,13 @@ def _padded(**asked):
 
 
 # -- the option ----------------------------------------------------------------------------------------------
-def test_pad_channels_gives_the_wgmma_kernel_where_the_default_plan_keeps_the_sm80_kernel():
+def test_pad_channels_gives_the_wgmma_kernel_where_the_default_plan_keeps_the_sm80_kernel(monkeypatch):
+    from convbw_mlir.policies import switches
+
+    monkeypatch.setattr(switches, "WGMMA_PAD_BY_DEFAULT", False)  # the rule off: the sm_80 kernel's
     p = _problem(XCEPTION_PW)
     default = decide(p, "sm_90a")
-    assert not sm90.is_sm90(default)  # the default is unchanged: C % 64 != 0 is the sm_80 kernel's
+    assert not sm90.is_sm90(default)
     for asked in ({}, {"k_batch": 2}, {"tile_n": 64}, {"k_batch": 4, "tile_n": 128}, {"wgmma_rows": 64}):
         plan = decide(p, "sm_90a", **_padded(**asked))
         assert sm90.is_sm90(plan) and plan.streamk is None and plan.merge is None, plan
@@ -145,8 +148,11 @@ def _padded_options(vs) -> list[int | None]:
     return [dict(v.options).get("k_batch") for v in vs if dict(v.options).get("wgmma_pad_channels")]
 
 
-def test_tuner_tries_the_padded_kernel_on_dense_layers_the_sm80_kernel_has_only_because_of_c():
+def test_tuner_tries_the_padded_kernel_on_dense_layers_the_sm80_kernel_has_only_because_of_c(monkeypatch):
     from convbw_mlir.dispatch.variants import candidates
+    from convbw_mlir.policies import switches
+
+    monkeypatch.setattr(switches, "WGMMA_PAD_BY_DEFAULT", False)  # the rule off: the plan is the sm_80 kernel's
 
     for line in (XCEPTION_PW, "2 1 32 128 1760 1 1 7 7 1 1 1 1 0 0 0 0", "2 1 32 64 200 3 3 14 14 1 1 1 1 1 1 1 1"):
         p = _problem(line)
@@ -204,3 +210,53 @@ def test_select_offers_and_chooses_on_both_held_back_sets_as_without_the_padded_
     monkeypatch.setattr(variants, "_padded", lambda problem, base: iter(()))  # the grid before the form
     before = run()
     assert len(now) == 2 * len(rows) and now == before
+
+
+# -- the rule (policies/sm90.py PADDED_CHANNELS: pack wgmmapad, bench/padrule.py) ------------------------------
+DENSENET121_L16 = "2 1 32 128 992 1 1 7 7 1 1 1 1 0 0 0 0"  # 1,568 rows: 25 k tiles
+
+
+@pytest.mark.parametrize(("line", "k_batch"), [(XCEPTION_PW, 3), (DENSENET121_L16, 4)])
+def test_the_plan_gives_dense_layers_of_c_a_multiple_of_8_to_the_padded_kernel_by_its_rule(line, k_batch):
+    p = _problem(line)
+    plan = decide(p, "sm_90a")
+    assert sm90.is_sm90(plan) and plan.merge is None and plan.streamk is None and plan.tile.m == 128
+    assert plan.k_batch == k_batch  # slices of 6-7 k tiles on 25 (PADDED_MIN_SLICE), where 8 gave 3 splits
+    assert plan.decision.rule == "explicit-by-default" and "by padded-channels:" in plan.decision.detail
+    assert not plan.decision.options and check_plan(p, plan) is None
+    assert decide(p, "sm_90a", **_padded()) == plan  # the option asks for the same plan
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("2 1 32 512 100 1 1 7 7 1 1 1 1 0 0 0 0", "C % 8 != 0: the kernel does not take it"),
+        ("2 1 32 512 32 1 1 7 7 1 1 1 1 0 0 0 0", "C 32 -> 64: twice the columns, past PADDED_MAX_WASTE"),
+        ("2 1 32 512 136 1 1 7 7 1 1 1 1 0 0 0 0", "C 136 -> 192: 1.41x the columns"),
+        ("2 2 32 256 200 1 1 7 7 1 1 1 1 0 0 0 0", "G > 1: not a dense layer"),
+    ],
+)
+def test_the_rule_leaves_the_sm80_kernel_where_c_is_not_a_multiple_of_8_or_pads_too_much(line, why):
+    p = _problem(line)
+    assert not sm90.pads_by_default(p), why
+    assert not sm90.is_sm90(decide(p, "sm_90a")), why
+
+
+def test_the_rules_switch_off_gives_the_sm80_kernel_back(monkeypatch):
+    from convbw_mlir.policies import switches
+
+    monkeypatch.setattr(switches, "WGMMA_PAD_BY_DEFAULT", False)
+    assert not sm90.is_sm90(decide(_problem(XCEPTION_PW), "sm_90a"))
+
+
+def test_select_gives_the_rules_padded_plan_and_offers_no_padded_plan_off_it():
+    from convbw_mlir.dispatch import variants
+    from convbw_mlir.dispatch.select import learned_selector, select
+
+    selector = learned_selector("sm_90a")
+    for line in (XCEPTION_PW, DENSENET121_L16, "2 1 32 440 440 1 1 7 7 1 1 1 1 0 0 0 0"):
+        p = _problem(line, dtype="f16")
+        offered = variants.candidates(p, "sm_90a", iree=False, wgmma_rows=False)
+        assert [v.name for v in offered if sm90.is_sm90(v.plan)] == ["convbw[heuristic]"]
+        chosen = select(p, "sm_90a", dbs=[], selector=selector)
+        assert chosen.variant.plan == decide(p, "sm_90a") and sm90.is_sm90(chosen.variant.plan), line

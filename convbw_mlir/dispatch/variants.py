@@ -299,13 +299,18 @@ def _rows64(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any
 def _padded(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, Any]]:
     """The wgmma kernel with each tap's channels padded to 64-channel boxes where the plan is the sm_80 kernel on
     a dense layer only because C is not a multiple of 64: the padded plan's own split, unsplit and the sm_80 plan's
-    split. Unmeasured on a GPU: the rule never picks it (``wgmma_pad_channels``); cuDNN runs an sm90 kernel on
-    most of these layers (docs/decisions.md#short-reduction-dense)."""
+    split, where the plan is still the sm_80 kernel's (more than PADDED_MAX_WASTE padded columns, or the rule's
+    switch off; elsewhere the rule pads: policies/sm90.py PADDED_CHANNELS, docs/decisions.md#short-reduction-dense)."""
     if problem.groups != 1 or not sm90.takes_padded(problem):
         return
     yield {"strategy": "explicit", "wgmma_pad_channels": True}
     for k in dict.fromkeys((1, base.k_batch)):
         yield {"strategy": "explicit", "wgmma_pad_channels": True, "k_batch": k}
+
+
+def _padded_plan(problem: ConvBwdWeightProblem, plan: Plan) -> bool:
+    """Whether ``plan`` is the wgmma kernel with padded channels (its plain form on C % 64 != 0)."""
+    return sm90.is_sm90(plan) and plan.merge is None and problem.in_channels % sm90.BOX != 0
 
 
 def _sm80_kernel(problem: ConvBwdWeightProblem, merged: bool = False) -> Iterator[dict[str, Any]]:
@@ -422,6 +427,8 @@ def candidates(problem: ConvBwdWeightProblem, target: Target | str, max_plans: i
         if plan.split is not None and plan.split.dim == "n" and plan.split.padded_extent != problem.batch:
             continue  # uneven batch splits gave NaNs in IREE's sm_80 code: docs/decisions.md#even-splits
         v = Variant("convbw", plan, tuple(sorted(opts.items())))
+        if not wgmma_rows and _padded_plan(problem, plan):
+            continue  # the padded wgmma kernel off the rule's own plan: the learned selector never saw it
         if v not in seen:
             seen.add(v)
             out.append(v)

@@ -33,12 +33,12 @@ from convbw_mlir.policies.sm80 import CostRule
 from convbw_mlir.policies.split import EXPLICIT_SPLIT, check, split_refusals
 from convbw_mlir.targets import TARGETS, Target
 
-__all__ = ["BK", "BM", "BN", "COST", "COST_RULES", "MAPS_BYTES", "MEMORY_FLOOR", "SMS", "STAGES", "STREAMK_SEGMENTS",
-           "WGMMA", "CostModel", "CostRule", "auto_splits", "choose", "cost", "cost_streamk", "deciding_rules",
-           "floor_us", "flops", "is_sm90", "max_stages", "merge_for", "merge_misaligned", "merge_refusals",
-           "merge_rule", "padded_channels", "plan", "refusals", "ring_bytes", "takes_padded", "streamk_workspace",
-           "takes", "takes_by_default",
-           "tensor_maps", "unsupported"]  # fmt: skip
+__all__ = ["BK", "BM", "BN", "COST", "COST_RULES", "MAPS_BYTES", "MEMORY_FLOOR", "MIN_SLICE", "PADDED_CHANNELS",
+           "PADDED_MAX_WASTE", "PADDED_MIN_SLICE", "SMS", "STAGES", "STREAMK_SEGMENTS", "WGMMA", "CostModel",
+           "CostRule", "auto_splits", "choose", "cost", "cost_streamk", "deciding_rules", "floor_us", "flops",
+           "is_sm90", "max_stages", "merge_for", "merge_misaligned", "merge_refusals", "merge_rule",
+           "padded_channels", "pads_by_default", "plan", "refusals", "ring_bytes", "streamk_workspace", "takes",
+           "takes_by_default", "takes_padded", "tensor_maps", "unsupported"]  # fmt: skip
 
 BM, BN, BK = 128, 256, 64  # the GEMM's recipe tile (2 consumer warpgroups of m64n256k16; 64 channels a box)
 SMS = TARGETS["sm_90a"].compute_units  # the rule's default grid (H100 SXM); one workgroup an SM (4 stages of 48 KiB)
@@ -90,12 +90,24 @@ MEMORY_FLOOR = CostRule(
     "no plan is estimated faster than reading x and dy and writing dW once at the target's bandwidth; at the floor "
     "the least compute-side estimate wins, not fewer splits (docs/decisions.md#sm90-cost-rules)",
 )
+PADDED_CHANNELS = CostRule(
+    "padded-channels",
+    "a dense layer with C % 8 == 0, C % 64 != 0 takes the wgmma kernel with each tap's channels padded to whole "
+    "64-channel boxes, split with slices of at least PADDED_MIN_SLICE k tiles: on the H100 (pack wgmmapad, "
+    "bench/padrule.py) 1.15-1.99x the sm_80 kernel on the tuned models' 5 layers, 0.98-2.12x on 7 held ones "
+    "(docs/decisions.md#short-reduction-dense item 4)",
+)
 COST_RULES = (STREAMK_SEGMENTS, MEMORY_FLOOR)
+# the padded kernel's split (PADDED_CHANNELS): 4 slices of 6-7 k tiles beat 3 of 8-9 on the three 25-k-tile tune rows
+PADDED_MIN_SLICE = 6
+# padded columns a real one at most (Cp / C): the most measured, C 200 -> 256; wider waste (C 32 -> 64) unmeasured
+PADDED_MAX_WASTE = 1.28
 # The tile widths the rule weighs (and the kernel takes): the model's (wide, then the narrow ones where the
 # 128 x 128+ tile would compute past the problem: splits up to one wave there)
 TILE_COST = COST.tile_cost
 NARROW_COST = COST.narrow_cost
 MAX_SPLITS = 32
+MIN_SLICE = 8  # k tiles a split's slice at least (CK's k_batch rule of thumb)
 STAGES, CONSUMERS = 4, 2  # Sm90Tiling's defaults: the kernel the rule was fitted on
 STAGE_BARRIER_BYTES = 16  # a ring stage's full and empty mbarriers (gemm_sm90.Sm90Tiling.shared_bytes)
 SWIZZLE_ALIGN = 1024  # the dynamic shared memory's base rounded up to the swizzle atom (gemm_sm90.ATOM_BYTES)
@@ -242,6 +254,15 @@ def takes_padded(problem: Any) -> bool:
     return problem.in_channels % BOX != 0 and not _problem_refusals(problem, padded=True)
 
 
+def pads_by_default(problem: Any) -> bool:
+    """Whether the plan gives ``problem`` to the padded wgmma kernel by itself (:data:`PADDED_CHANNELS`: a dense
+    layer the kernel takes only with ``wgmma-pad-channels``, at most :data:`PADDED_MAX_WASTE` padded columns a
+    real one; switch ``WGMMA_PAD_BY_DEFAULT``)."""
+    c = problem.in_channels
+    waste_ok = padded_channels(c) <= PADDED_MAX_WASTE * c
+    return switches.WGMMA_PAD_BY_DEFAULT and problem.groups == 1 and waste_ok and takes_padded(problem)
+
+
 def takes_by_default(problem: Any) -> bool:
     """Whether the plan may choose an explicit kernel by itself on sm_90a: this one where it takes the problem
     (measured faster than the sm_80 kernel: docs/timing.md#remeasured), else the sm_80 kernel's rule."""
@@ -311,7 +332,11 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         _check_rows(problem, opts, others)
     if opts.wgmma_stages is not None:
         _check_stages(problem, opts, others)
-    if not (takes(problem) or opts.wgmma_pad_channels) or others or opts.producers is not None:
+    # the padded kernel by its rule where no option asks for another kernel or a knob it was not measured with
+    unasked = opts.streamk is None and opts.wgmma_rows is None and opts.wgmma_stages is None
+    by_rule = not opts.wgmma_pad_channels and unasked and pads_by_default(problem)
+    padded = opts.wgmma_pad_channels or by_rule
+    if not (takes(problem) or padded) or others or opts.producers is not None:
         return sm80.plan(problem, tgt, opts)
     m, reduction = problem.out_channels, _reduction(problem)
     n = padded_channels(problem.in_channels) * math.prod(problem.filter_size)  # the GEMM's N: taps x Cp
@@ -330,10 +355,10 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
     # an epilogue rides the second pass (the split's sum, or one rounding pass): StreamK writes dW itself
     floor = floor_us(problem, tgt)
     args = (m, n, reduction, tgt.compute_units, problem.groups, widths, problem.epilogue is None, floor)
-    if opts.wgmma_rows is not None or opts.wgmma_pad_channels or opts.wgmma_stages is not None:
+    if opts.wgmma_rows is not None or padded or opts.wgmma_stages is not None:
         args = (*args[:6], False, floor)  # the 128-row, unpadded, 4-stage model's split; no StreamK
-    bn, splits, streamk = choose(*args)
-    asked = opts.streamk is not None or _is_int(opts.k_batch) or opts.wgmma_rows is not None or opts.wgmma_pad_channels
+    bn, splits, streamk = choose(*args, min_slice=PADDED_MIN_SLICE if padded else MIN_SLICE)
+    asked = opts.streamk is not None or _is_int(opts.k_batch) or opts.wgmma_rows is not None or padded
     asked = asked or opts.wgmma_stages is not None
     decided = [] if asked else deciding_rules(*args)
     if opts.streamk is not None:  # StreamK asked: on the target's SMs (auto) or that many workgroups
@@ -349,7 +374,12 @@ def plan(problem: Any, tgt: Target, opts: Overrides) -> Plan:
         ktiles = -(-reduction // BK)
         chosen = replace(chosen, split=Split(EXPLICIT_SPLIT, splits, -(-ktiles // splits)))
     check(problem, chosen, refusals)
-    if decided:  # the model's named terms that made this choice travel with it (the rule's decision shows them)
+    if by_rule:  # the padded kernel by its rule: the decision names it and its measurement
+        what = "no split" if chosen.split is None else f"{chosen.split.k_batch} splits"
+        chosen = replace(chosen, decision=Decision("", "", f"the wgmma kernel on in_channels {problem.in_channels} "
+                         f"padded to {padded_channels(problem.in_channels)}, {what} of {bn}-wide tiles by "
+                         f"{PADDED_CHANNELS.name}: {PADDED_CHANNELS.reason}"))  # fmt: skip
+    elif decided:  # the model's named terms that made this choice travel with it (the rule's decision shows them)
         what = "StreamK" if streamk else "no split" if splits == 1 else f"{splits} splits"
         why = "; ".join(f"{r.name}: {r.reason}" for r in decided)
         chosen = replace(chosen, decision=Decision("", "", f"{what} of {bn}-wide tiles by {why}"))
@@ -617,8 +647,10 @@ def cost_streamk(m: int, n: int, reduction: int, bn: int, sms: int = SMS, groups
 
 
 def _options(m: int, n: int, reduction: int, sms: int, groups: int, widths: list[int], streamk: bool, floor: float,
-             segments: bool = True) -> list[tuple[float, float, int, int, int]]:  # fmt: skip
-    """(us, us without the floor, bn, splits, streamk workgroups) of every choice :func:`choose` weighs."""
+             segments: bool = True, min_slice: int = MIN_SLICE,
+             ) -> list[tuple[float, float, int, int, int]]:  # fmt: skip
+    """(us, us without the floor, bn, splits, streamk workgroups) of every choice :func:`choose` weighs (a split's
+    slices at least ``min_slice`` k tiles)."""
     ktiles = -(-reduction // BK)
     narrow = m <= 64 or n <= 64  # a narrow tile's few tiles: splits up to one wave
 
@@ -630,7 +662,7 @@ def _options(m: int, n: int, reduction: int, sms: int, groups: int, widths: list
     options = []
     for bn in widths:
         for s in range(1, most(bn) + 1):
-            if (s == 1 or ktiles // s >= 8) and (s - 1) * -(-ktiles // s) < ktiles:
+            if (s == 1 or ktiles // s >= min_slice) and (s - 1) * -(-ktiles // s) < ktiles:
                 us = cost(m, n, reduction, bn, s, sms, groups)
                 options.append((max(us, floor), us, bn, s, 0))
     for bn in widths if streamk and not narrow else []:
@@ -647,14 +679,15 @@ def _best(options: list[tuple[float, float, int, int, int]]) -> tuple[float, flo
 
 
 def choose(m: int, n: int, reduction: int, sms: int = SMS, groups: int = 1, widths: list[int] | None = None,
-           streamk: bool = True, floor: float = 0.0) -> tuple[int, int, int]:  # fmt: skip
+           streamk: bool = True, floor: float = 0.0, min_slice: int = MIN_SLICE) -> tuple[int, int, int]:  # fmt: skip
     """``(bn, splits, streamk)`` of least estimated time (the tile's rows: :func:`consumers_for`): the tile width
     (of ``widths``, default :func:`widths_for`) and either
-    a split count by :func:`cost` (each slice at least 8 k tiles, CK's k_batch rule of thumb re-weighed for
-    whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by :func:`cost_streamk` (splits 1);
+    a split count by :func:`cost` (each slice at least ``min_slice`` k tiles: 8, CK's k_batch rule of thumb
+    re-weighed for whole waves, none empty; ``streamk`` 0) or StreamK on ``sms`` workgroups by
+    :func:`cost_streamk` (splits 1);
     none estimated below ``floor`` us (:data:`MEMORY_FLOOR`); on a tie the wider tile, then the split, then the
     fewer splits (``streamk`` False: splits only)."""
-    best = _best(_options(m, n, reduction, sms, groups, widths or widths_for(n), streamk, floor))
+    best = _best(_options(m, n, reduction, sms, groups, widths or widths_for(n), streamk, floor, min_slice=min_slice))
     return best[2], best[3], best[4]
 
 

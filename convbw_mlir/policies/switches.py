@@ -17,6 +17,7 @@ __all__ = [
     "SHORT_REDUCTION_CODEGEN",
     "SWITCHES",
     "WGMMA_MERGE_BY_DEFAULT",
+    "WGMMA_PAD_BY_DEFAULT",
     "current",
 ]
 
@@ -39,6 +40,10 @@ SHORT_REDUCTION_CODEGEN = True
 # rule (policies.sm90.merge_rule; wgmma-merge asks for it either way): 2.0-3.1x the sm_80 kernel by width on an H100
 # (docs/decisions.md#wgmma-groups).
 WGMMA_MERGE_BY_DEFAULT = True
+# Dense layers with C % 8 == 0, C % 64 != 0 on sm_90a in the wgmma kernel with channels padded to whole 64-channel
+# boxes (policies.sm90.PADDED_CHANNELS; wgmma-pad-channels asks for it either way), where the sm_80 kernel took them:
+# 0.98-2.12x it on the held rows of an H100 (docs/decisions.md#short-reduction-dense item 4).
+WGMMA_PAD_BY_DEFAULT = True
 # A 3-D problem with a unit filter extent (1 x kh x kw, or kd x 1 x 1 with H and W unstrided, unpadded) planned and
 # computed as its 2-D twin by reshapes on NVIDIA (problem.fold_rank; fold-rank=true asks for it either way): off
 # until measured side by side with the 3-D plan (docs/decisions.md#rank-fold; the pack .art/rankfold measures it).
@@ -52,6 +57,7 @@ SWITCHES: dict[str, str] = {
     "GEMV_BY_DEFAULT": "the split-reduction GEMV kernel for K or C small where codegen's plan is SIMT",
     "SHORT_REDUCTION_CODEGEN": "IREE's codegen for a plain GEMM of a very short reduction on sm_90a",
     "WGMMA_MERGE_BY_DEFAULT": "thin and medium groups in the sm_90a wgmma kernel's boxed form (its rule's widths)",
+    "WGMMA_PAD_BY_DEFAULT": "dense layers with C % 64 != 0 in the sm_90a wgmma kernel, channels padded to 64-boxes",
     "FOLD_RANK_BY_DEFAULT": "3-D problems with a unit filter extent as their 2-D twin by reshapes on NVIDIA",
 }
 
