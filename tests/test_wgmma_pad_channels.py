@@ -223,6 +223,8 @@ def test_the_plan_gives_dense_layers_of_c_a_multiple_of_8_to_the_padded_kernel_b
     assert sm90.is_sm90(plan) and plan.merge is None and plan.streamk is None and plan.tile.m == 128
     assert plan.k_batch == k_batch  # slices of 6-7 k tiles on 25 (PADDED_MIN_SLICE), where 8 gave 3 splits
     assert plan.decision.rule == "explicit-by-default" and "by padded-channels:" in plan.decision.detail
+    reason = sm90.PADDED_CHANNELS.reason  # the why a user reads names the rule's numbers, not the constants' names
+    assert f"at least {sm90.PADDED_MIN_SLICE} k tiles" in reason and f"at most {sm90.PADDED_MAX_WASTE} " in reason
     assert not plan.decision.options and check_plan(p, plan) is None
     assert decide(p, "sm_90a", **_padded()) == plan  # the option asks for the same plan
 

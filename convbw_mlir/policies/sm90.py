@@ -92,10 +92,10 @@ MEMORY_FLOOR = CostRule(
 )
 PADDED_CHANNELS = CostRule(
     "padded-channels",
-    "a dense layer with C % 8 == 0, C % 64 != 0 takes the wgmma kernel with each tap's channels padded to whole "
-    "64-channel boxes, split with slices of at least PADDED_MIN_SLICE k tiles: on the H100 (pack wgmmapad, "
-    "bench/padrule.py) 1.15-1.99x the sm_80 kernel on the tuned models' 5 layers, 0.98-2.12x on 7 held ones "
-    "(docs/decisions.md#short-reduction-dense item 4)",
+    "a dense layer with C % 8 == 0, C % 64 != 0 and at most 1.28 padded columns a real one takes the wgmma kernel "
+    "with each tap's channels padded to whole 64-channel boxes, split with slices of at least 6 k tiles: on the "
+    "H100 (pack wgmmapad, bench/padrule.py) 1.15-1.99x the sm_80 kernel on the tuned models' 5 layers, 0.98-2.12x "
+    "on 7 held ones (docs/decisions.md#short-reduction-dense item 4)",
 )
 COST_RULES = (STREAMK_SEGMENTS, MEMORY_FLOOR)
 # the padded kernel's split (PADDED_CHANNELS): 4 slices of 6-7 k tiles beat 3 of 8-9 on the three 25-k-tile tune rows
