@@ -73,7 +73,8 @@ class PlanPass(ConvbwPass):
                                         "consumer warpgroups; default: 64 where K <= 64, else 128)")  # fmt: skip
         wgmma_pad_channels: bool | None = option(None, "explicit, sm_90a: the wgmma kernel on in-channels a multiple "
                                                  "of 8 but not of 64, each tap's channels padded to 64-channel boxes: "
-                                                 "true or false (default: off)")  # fmt: skip
+                                                 "true (default: the plan's rule padded-channels, on dense layers "
+                                                 "padded to at most 1.28x their columns)")  # fmt: skip
         wgmma_stages: int | None = option(None, "explicit, sm_90a: the wgmma kernel's ring of shared-memory stages "
                                           "(k tiles in flight), 2 up to what the tile's ring fits in shared memory "
                                           "(default: 4)")  # fmt: skip

@@ -259,9 +259,8 @@ def _sm90_grid(problem: ConvBwdWeightProblem, base: Plan) -> Iterator[dict[str, 
         return
     rows64 = list(_rows64(problem, base))
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[:1])
-    yield from rows64[
-        :1
-    ]  # unsplit: the 64-row tile's best on the sm_80 kernel (docs/decisions.md#short-reduction-dense)
+    # unsplit first: the 64-row tile's best on the sm_80 kernel (docs/decisions.md#short-reduction-dense)
+    yield from rows64[:1]
     yield from ({"strategy": "explicit", "k_batch": k} for k in near[1:2])
     yield {"strategy": "explicit", "k_batch": kb} if base.streamk else {"strategy": "explicit", "streamk": "auto"}
     widths = [w for w in (256, 192, 128) if w != n]

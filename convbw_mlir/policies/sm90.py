@@ -90,18 +90,19 @@ MEMORY_FLOOR = CostRule(
     "no plan is estimated faster than reading x and dy and writing dW once at the target's bandwidth; at the floor "
     "the least compute-side estimate wins, not fewer splits (docs/decisions.md#sm90-cost-rules)",
 )
-PADDED_CHANNELS = CostRule(
-    "padded-channels",
-    "a dense layer with C % 8 == 0, C % 64 != 0 and at most 1.28 padded columns a real one takes the wgmma kernel "
-    "with each tap's channels padded to whole 64-channel boxes, split with slices of at least 6 k tiles: on the "
-    "H100 (pack wgmmapad, bench/padrule.py) 1.15-1.99x the sm_80 kernel on the tuned models' 5 layers, 0.98-2.12x "
-    "on 7 held ones (docs/decisions.md#short-reduction-dense item 4)",
-)
-COST_RULES = (STREAMK_SEGMENTS, MEMORY_FLOOR)
 # the padded kernel's split (PADDED_CHANNELS): 4 slices of 6-7 k tiles beat 3 of 8-9 on the three 25-k-tile tune rows
 PADDED_MIN_SLICE = 6
 # padded columns a real one at most (Cp / C): the most measured, C 200 -> 256; wider waste (C 32 -> 64) unmeasured
 PADDED_MAX_WASTE = 1.28
+PADDED_CHANNELS = CostRule(
+    "padded-channels",
+    f"a dense layer with C % 8 == 0, C % 64 != 0 and at most {PADDED_MAX_WASTE} padded columns a real one takes the "
+    f"wgmma kernel with each tap's channels padded to whole 64-channel boxes, split with slices of at least "
+    f"{PADDED_MIN_SLICE} k tiles: on the "
+    "H100 (pack wgmmapad, bench/padrule.py) 1.15-1.99x the sm_80 kernel on the tuned models' 5 layers, 0.98-2.12x "
+    "on 7 held ones (docs/decisions.md#short-reduction-dense item 4)",
+)
+COST_RULES = (STREAMK_SEGMENTS, MEMORY_FLOOR)
 # The tile widths the rule weighs (and the kernel takes): the model's (wide, then the narrow ones where the
 # 128 x 128+ tile would compute past the problem: splits up to one wave there)
 TILE_COST = COST.tile_cost
